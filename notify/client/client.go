@@ -1,0 +1,244 @@
+// Package client is the kcr CLI's side of the control socket: it finds a
+// process's socket from its PID and drives the checkpoint protocol.
+package client
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kcr-dev/kcr/notify"
+	"github.com/kcr-dev/kcr/notify/proto"
+)
+
+// Errors of Find.
+var (
+	ErrNoProcess = errors.New("no such process")
+	ErrNoSocket  = errors.New("no kcr control socket")
+)
+
+// ErrPending is returned by Resume and Restored when the app did not finish
+// its after-restore hooks within the wait; the hooks go on in the app.
+var ErrPending = errors.New("after-restore hooks still pending")
+
+// Find returns the path, as seen from this process, of the control socket
+// of process pid. It looks at the process's own fds and matches their socket
+// inodes against /proc/<pid>/net/unix, so it works across PID and mount
+// namespaces.
+func Find(pid int) (string, error) {
+	if pid <= 0 {
+		return "", fmt.Errorf("PID %d: %w", pid, ErrNoProcess)
+	}
+	proc := "/proc/" + strconv.Itoa(pid)
+	ents, err := os.ReadDir(proc + "/fd")
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return "", fmt.Errorf("PID %d: %w: check the PID (ps -p %d)", pid, ErrNoProcess, pid)
+		}
+		return "", fmt.Errorf("read fds of PID %d: %w (run kcr as root or as the process owner)", pid, err)
+	}
+	inodes := map[string]bool{}
+	for _, e := range ents {
+		l, err := os.Readlink(proc + "/fd/" + e.Name())
+		if err == nil && strings.HasPrefix(l, "socket:[") {
+			inodes[strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]")] = true
+		}
+	}
+	paths, err := listeningUnix(proc+"/net/unix", inodes)
+	if err != nil {
+		return "", fmt.Errorf("PID %d: %w", pid, err)
+	}
+	for _, p := range paths {
+		base := filepath.Base(p)
+		if !strings.HasPrefix(base, notify.SocketPrefix) || !strings.HasSuffix(base, notify.SocketSuffix) {
+			continue
+		}
+		// Reach the path through the process's root, so a socket in another
+		// mount namespace is found; fall back to the plain path when the
+		// result would exceed sun_path.
+		if rooted := proc + "/root" + p; len(rooted) < 108 {
+			if _, err := os.Stat(rooted); err == nil {
+				return rooted, nil
+			}
+		}
+		return p, nil
+	}
+	return "", fmt.Errorf("process %d (%s) has %w: link github.com/kcr-dev/kcr/notify and call notify.Start, or pass --no-hooks to dump it without hooks",
+		pid, comm(pid), ErrNoSocket)
+}
+
+// listeningUnix returns the bound paths of listening Unix sockets in a
+// /proc/net/unix table whose inodes are in want.
+func listeningUnix(table string, want map[string]bool) ([]string, error) {
+	f, err := os.Open(table)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return parseUnixTable(f, want)
+}
+
+func parseUnixTable(r io.Reader, want map[string]bool) ([]string, error) {
+	const acceptCon = 0x10000 // __SO_ACCEPTCON: listening
+	var out []string
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 1<<20)
+	first := true
+	for sc.Scan() {
+		if first { // header
+			first = false
+			continue
+		}
+		// Num RefCount Protocol Flags Type St Inode [Path]
+		f := strings.Fields(sc.Text())
+		if len(f) < 8 || !want[f[6]] {
+			continue
+		}
+		flags, err := strconv.ParseUint(f[3], 16, 32)
+		if err != nil || flags&acceptCon == 0 || !strings.HasPrefix(f[7], "/") {
+			continue
+		}
+		out = append(out, strings.Join(f[7:], " "))
+	}
+	return out, sc.Err()
+}
+
+func comm(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
+	if err != nil {
+		return "?"
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// call sends one request and reads one answer.
+func call(ctx context.Context, path string, req proto.Message, timeout time.Duration) (proto.Message, *net.UnixConn, error) {
+	var d net.Dialer
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	nc, err := d.DialContext(cctx, "unix", path)
+	if err != nil {
+		return proto.Message{}, nil, fmt.Errorf("connect to control socket %s: %w", path, err)
+	}
+	c := nc.(*net.UnixConn)
+	deadline := time.Now().Add(timeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
+	}
+	c.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
+	defer stop()
+	if err := proto.Write(c, req); err != nil {
+		c.Close()
+		return proto.Message{}, nil, fmt.Errorf("send %s to %s: %w", req.Type, path, err)
+	}
+	resp, err := proto.Read(c)
+	if err != nil {
+		c.Close()
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return proto.Message{}, nil, fmt.Errorf("no answer to %s from %s within %v: %w", req.Type, path, timeout, context.DeadlineExceeded)
+		}
+		return proto.Message{}, nil, fmt.Errorf("read answer to %s from %s: %w", req.Type, path, err)
+	}
+	if resp.Type == proto.TypeError {
+		c.Close()
+		return resp, nil, fmt.Errorf("app refused %s: %s", req.Type, resp.Error)
+	}
+	return resp, c, nil
+}
+
+// Hello asks the app who it is.
+func Hello(ctx context.Context, path string) (proto.Message, error) {
+	m, c, err := call(ctx, path, proto.Message{Type: proto.TypeHello}, 5*time.Second)
+	if c != nil {
+		c.Close()
+	}
+	return m, err
+}
+
+// CheckpointRequest is what the CLI asks of the app.
+type CheckpointRequest struct {
+	HookBudget   time.Duration // deadline of the before-checkpoint hooks
+	ResumeAfter  time.Duration // the app resumes by itself if no follow-up comes in this time
+	LeaveRunning bool
+}
+
+// HookFailure is returned by Checkpoint when a before-checkpoint hook failed.
+// The app has already resumed every resource.
+type HookFailure struct {
+	Reports []proto.HookReport
+	Msg     string
+}
+
+func (e *HookFailure) Error() string { return "before-checkpoint hooks failed, nothing was dumped, the app resumed: " + e.Msg }
+
+// Checkpoint asks the app to run its before-checkpoint hooks. On success the
+// app has answered "ready" and closed its end of the connection (Checkpoint
+// waits for that close), so the process can be dumped.
+func Checkpoint(ctx context.Context, path string, req CheckpointRequest) (proto.Message, error) {
+	m, c, err := call(ctx, path, proto.Message{Type: proto.TypeCheckpoint, HookBudget: req.HookBudget,
+		ResumeAfter: req.ResumeAfter, Leave: req.LeaveRunning}, req.HookBudget+5*time.Second)
+	if err != nil {
+		return m, err
+	}
+	defer c.Close()
+	switch m.Type {
+	case proto.TypeReady:
+	case proto.TypeBusy:
+		return m, fmt.Errorf("%w: wait for it to finish", notify.ErrBusy)
+	case proto.TypeFailed:
+		return m, &HookFailure{Reports: m.Reports, Msg: m.Error}
+	default:
+		return m, fmt.Errorf("unexpected answer %q to checkpoint", m.Type)
+	}
+	// The app closes its end right after "ready"; wait for EOF so that CRIU
+	// never sees a live half of this connection.
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var b [1]byte
+	if _, err := c.Read(b[:]); !errors.Is(err, io.EOF) {
+		return m, fmt.Errorf("app did not close the control connection after ready: %v", err)
+	}
+	return m, nil
+}
+
+// Resume tells the app that the checkpoint is over and it goes on (the dump
+// failed, or --leave-running). It waits up to wait for the after-restore
+// hooks and returns their reports, or ErrPending.
+func Resume(ctx context.Context, path, reason string, wait time.Duration) (proto.Message, error) {
+	return followup(ctx, path, proto.Message{Type: proto.TypeResume, Reason: reason, Wait: wait}, wait)
+}
+
+// Restored tells a restored process that it is a new instance, with its
+// restore generation. It waits like Resume.
+func Restored(ctx context.Context, path string, generation uint64, wait time.Duration) (proto.Message, error) {
+	return followup(ctx, path, proto.Message{Type: proto.TypeRestored, Generation: generation, Wait: wait}, wait)
+}
+
+func followup(ctx context.Context, path string, req proto.Message, wait time.Duration) (proto.Message, error) {
+	m, c, err := call(ctx, path, req, wait)
+	if c != nil {
+		c.Close()
+	}
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return m, fmt.Errorf("%w after %v: the app goes on with them (see its log)", ErrPending, wait)
+		}
+		return m, err
+	}
+	if m.Type != proto.TypeDone {
+		return m, fmt.Errorf("unexpected answer %q to %s", m.Type, req.Type)
+	}
+	if m.Error != "" {
+		return m, fmt.Errorf("after-restore hooks failed: %s", m.Error)
+	}
+	return m, nil
+}

@@ -1,0 +1,180 @@
+package notify
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/kcr-dev/kcr/notify/proto"
+)
+
+// ErrBusy is returned when a checkpoint is requested while one is running.
+var ErrBusy = errors.New("checkpoint already in progress")
+
+// HookError is one resource's hook failure. The errors of a phase are joined
+// with errors.Join, so errors.As finds each of them.
+type HookError struct {
+	Resource string
+	Phase    string // "before-checkpoint" or "after-restore"
+	Err      error
+}
+
+func (e *HookError) Error() string {
+	return fmt.Sprintf("resource %q %s: %v", e.Resource, e.Phase, e.Err)
+}
+
+func (e *HookError) Unwrap() error { return e.Err }
+
+// Report describes one resource's hook run.
+type Report = proto.HookReport
+
+// hookGrace is how long a hook may overrun its context before it is reported
+// as hung and left behind.
+const hookGrace = 100 * time.Millisecond
+
+// cycle is one checkpoint, from the first before-checkpoint hook to the last
+// after-restore hook.
+type cycle struct {
+	g *Registry
+	// done holds, in registration order, the resources whose before hook was
+	// called; they are the ones that get an after hook.
+	done []*entry
+	// frozen is set once the before phase has ended; later registrations
+	// join from the next cycle. Guarded by g.mu.
+	frozen      bool
+	lateJoiners []string
+}
+
+// begin starts a cycle, or fails with ErrBusy.
+func (g *Registry) begin() (*cycle, error) {
+	if !g.busy.TryLock() {
+		return nil, ErrBusy
+	}
+	c := &cycle{g: g}
+	g.mu.Lock()
+	g.cycle = c
+	g.mu.Unlock()
+	return c, nil
+}
+
+// end finishes the cycle and returns the names of resources that registered
+// too late to take part.
+func (c *cycle) end() []string {
+	g := c.g
+	g.mu.Lock()
+	late := c.lateJoiners
+	g.cycle = nil
+	g.mu.Unlock()
+	g.busy.Unlock()
+	return late
+}
+
+// before runs BeforeCheckpoint in reverse registration order, then for any
+// resource registered meanwhile, until none is left. It returns a report per
+// resource (in call order) and the joined errors.
+func (c *cycle) before(ctx context.Context) ([]Report, error) {
+	g := c.g
+	var reports []Report
+	var errs []error
+	seen := map[*entry]bool{}
+	for {
+		g.mu.Lock()
+		var todo []*entry
+		for _, e := range g.entries {
+			if !seen[e] {
+				todo = append(todo, e)
+			}
+		}
+		if len(todo) == 0 {
+			c.frozen = true
+			g.mu.Unlock()
+			break
+		}
+		g.mu.Unlock()
+		slices.Reverse(todo)
+		for _, e := range todo {
+			seen[e] = true
+			c.done = append(c.done, e)
+			rep, err := runHook(ctx, e, "before-checkpoint", func(ctx context.Context) error {
+				return e.res.BeforeCheckpoint(ctx)
+			})
+			reports = append(reports, rep)
+			if err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	// Restore order is registration order.
+	slices.SortFunc(c.done, func(a, b *entry) int { return int(a.seq - b.seq) })
+	return reports, errors.Join(errs...)
+}
+
+// after runs AfterRestore in registration order on every resource whose
+// before hook ran, after updating the registry's identity for a Restore.
+func (c *cycle) after(ctx context.Context, ev Event) (Event, []Report, error) {
+	g := c.g
+	g.mu.Lock()
+	if ev.Kind == Restore {
+		if ev.Generation == 0 {
+			ev.Generation = g.generation + 1
+		}
+		g.generation = ev.Generation
+		g.instanceID = newInstanceID()
+	}
+	ev.Generation = g.generation
+	ev.InstanceID = g.instanceID
+	g.mu.Unlock()
+
+	var reports []Report
+	var errs []error
+	for _, e := range c.done {
+		rep, err := runHook(ctx, e, "after-restore", func(ctx context.Context) error {
+			return e.res.AfterRestore(ctx, ev)
+		})
+		reports = append(reports, rep)
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return ev, reports, errors.Join(errs...)
+}
+
+// runHook calls fn with ctx, turns a panic into an error, and stops waiting
+// for it shortly after ctx ends, so that one hung hook cannot hold the whole
+// process suspended.
+func runHook(ctx context.Context, e *entry, phase string, fn func(context.Context) error) (Report, error) {
+	start := time.Now()
+	res := make(chan error, 1)
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				res <- fmt.Errorf("panic: %v", p)
+			}
+		}()
+		res <- fn(ctx)
+	}()
+	var err error
+	select {
+	case err = <-res:
+	case <-ctx.Done():
+		t := time.NewTimer(hookGrace)
+		select {
+		case err = <-res:
+		case <-t.C:
+			err = fmt.Errorf("did not return within its deadline (%v): %w", context.Cause(ctx), context.DeadlineExceeded)
+		}
+		t.Stop()
+	}
+	rep := Report{Name: e.name, Duration: time.Since(start)}
+	if r, ok := e.res.(Reporter); ok {
+		rep.Details = r.CheckpointReport()
+	}
+	if err != nil {
+		herr := &HookError{Resource: e.name, Phase: phase, Err: err}
+		rep.Error = herr.Error()
+		return rep, herr
+	}
+	return rep, nil
+}

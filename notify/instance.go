@@ -1,0 +1,46 @@
+package notify
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strconv"
+)
+
+// newInstanceID draws 128 bits from the kernel. crypto/rand reads getrandom
+// on every call, so a restored copy never repeats its image's values, unlike
+// a userspace PRNG whose state is part of the image.
+func newInstanceID() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("notify: crypto/rand: %v", err))
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// startTime returns field 22 of /proc/<pid>/stat: the task's start time in
+// clock ticks after boot. CRIU recreates every task at restore, so this value
+// changes, which lets a restored process notice that it is a new instance.
+func startTime(pid int) (uint64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	return parseStartTime(b)
+}
+
+func parseStartTime(stat []byte) (uint64, error) {
+	// comm (field 2) may hold spaces and parentheses; fields resume after the last ')'.
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("parse /proc stat: no ')'")
+	}
+	fields := bytes.Fields(stat[i+1:])
+	// fields[0] is field 3 (state), so field 22 is fields[19].
+	if len(fields) < 20 {
+		return 0, fmt.Errorf("parse /proc stat: %d fields after comm", len(fields))
+	}
+	return strconv.ParseUint(string(fields[19]), 10, 64)
+}

@@ -1,0 +1,163 @@
+// Package proto is the wire format of kcr's control socket: length-prefixed
+// JSON frames with a protocol version and bounded sizes.
+//
+// A frame is a 4-byte big-endian length followed by that many bytes of JSON.
+// Every message carries "v" (the protocol version) and "type".
+package proto
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+)
+
+// Version is the protocol version spoken by this kcr.
+const Version = 1
+
+// MaxFrame bounds a frame's payload so that a peer cannot make the other side
+// allocate without limit.
+const MaxFrame = 1 << 20
+
+// Message types.
+const (
+	// CLI to app.
+	TypeHello      = "hello"      // who are you; answered with TypeInfo
+	TypeCheckpoint = "checkpoint" // run before-checkpoint hooks; answered with TypeReady, TypeFailed or TypeBusy
+	TypeResume     = "resume"     // the checkpoint is over and this process goes on; answered with TypeDone
+	TypeRestored   = "restored"   // this process was restored from an image; answered with TypeDone
+
+	// App to CLI.
+	TypeInfo   = "info"
+	TypeReady  = "ready"
+	TypeFailed = "failed"
+	TypeBusy   = "busy"
+	TypeDone   = "done"
+	TypeError  = "error"
+)
+
+// Errors returned by Read and Decode.
+var (
+	ErrTooLarge   = errors.New("control message too large")
+	ErrBadVersion = errors.New("unsupported control protocol version")
+	ErrBadMessage = errors.New("malformed control message")
+)
+
+// Duration marshals as integer nanoseconds.
+type Duration = time.Duration
+
+// HookReport describes one resource's hook run.
+type HookReport struct {
+	Name     string         `json:"name"`
+	Duration Duration       `json:"duration_ns"`
+	Error    string         `json:"error,omitempty"`
+	Details  map[string]any `json:"details,omitempty"`
+}
+
+// Message is the union of all control messages. Fields that do not apply to
+// a type are left zero.
+type Message struct {
+	V    int    `json:"v"`
+	Type string `json:"type"`
+
+	// checkpoint
+	HookBudget  Duration `json:"hook_budget_ns,omitempty"`  // deadline for the before-checkpoint hooks
+	ResumeAfter Duration `json:"resume_after_ns,omitempty"` // app resumes on its own if no follow-up comes in this time
+	Leave       bool     `json:"leave_running,omitempty"`   // the CLI intends --leave-running
+
+	// resume, restored
+	Reason     string   `json:"reason,omitempty"`
+	Generation uint64   `json:"generation,omitempty"`
+	Wait       Duration `json:"wait_ns,omitempty"` // how long the CLI waits for TypeDone
+
+	// info, ready, failed, done
+	PID           int          `json:"pid,omitempty"`
+	StartTime     uint64       `json:"start_time,omitempty"` // task start time from /proc/self/stat
+	Resources     []string     `json:"resources,omitempty"`
+	Reports       []HookReport `json:"reports,omitempty"`
+	State         string       `json:"state,omitempty"`
+	InstanceID    string       `json:"instance_id,omitempty"`
+	Error         string       `json:"error,omitempty"`
+	AppGeneration uint64       `json:"app_generation,omitempty"`
+}
+
+// Encode returns the frame for m, filling in the protocol version.
+func Encode(m Message) ([]byte, error) {
+	m.V = Version
+	body, err := json.Marshal(m)
+	if err != nil {
+		return nil, fmt.Errorf("encode %s message: %w", m.Type, err)
+	}
+	if len(body) > MaxFrame {
+		return nil, fmt.Errorf("encode %s message: %d bytes: %w", m.Type, len(body), ErrTooLarge)
+	}
+	frame := make([]byte, 4+len(body))
+	binary.BigEndian.PutUint32(frame, uint32(len(body)))
+	copy(frame[4:], body)
+	return frame, nil
+}
+
+// Write writes m as one frame.
+func Write(w io.Writer, m Message) error {
+	frame, err := Encode(m)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(frame)
+	return err
+}
+
+// Read reads one frame from r and decodes it.
+func Read(r io.Reader) (Message, error) {
+	var hdr [4]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return Message{}, err
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n > MaxFrame {
+		return Message{}, fmt.Errorf("read frame of %d bytes (limit %d): %w", n, MaxFrame, ErrTooLarge)
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(r, body); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return Message{}, fmt.Errorf("read frame body: %w", err)
+	}
+	return Decode(body)
+}
+
+// Decode parses and validates a frame body.
+func Decode(body []byte) (Message, error) {
+	if len(body) > MaxFrame {
+		return Message{}, ErrTooLarge
+	}
+	var m Message
+	if err := json.Unmarshal(body, &m); err != nil {
+		return Message{}, fmt.Errorf("%w: %v", ErrBadMessage, err)
+	}
+	if m.V != Version {
+		return Message{}, fmt.Errorf("%w: peer speaks version %d, this kcr speaks %d: use the same kcr version as the app's notify library", ErrBadVersion, m.V, Version)
+	}
+	if !knownType(m.Type) {
+		return Message{}, fmt.Errorf("%w: unknown type %q", ErrBadMessage, m.Type)
+	}
+	if m.HookBudget < 0 || m.ResumeAfter < 0 || m.Wait < 0 {
+		return Message{}, fmt.Errorf("%w: negative duration", ErrBadMessage)
+	}
+	if len(m.Reports) > 4096 || len(m.Resources) > 4096 {
+		return Message{}, fmt.Errorf("%w: too many entries", ErrBadMessage)
+	}
+	return m, nil
+}
+
+func knownType(t string) bool {
+	switch t {
+	case TypeHello, TypeCheckpoint, TypeResume, TypeRestored,
+		TypeInfo, TypeReady, TypeFailed, TypeBusy, TypeDone, TypeError:
+		return true
+	}
+	return false
+}

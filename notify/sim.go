@@ -1,0 +1,60 @@
+package notify
+
+import (
+	"context"
+	"time"
+)
+
+// SimOutcome selects how a simulated checkpoint ends.
+type SimOutcome int
+
+const (
+	// SimRestore ends the cycle as if the process were restored from an
+	// image: after-restore hooks see Restore and a new identity.
+	SimRestore SimOutcome = iota
+	// SimResume ends it as if the dump had failed or --leave-running was
+	// used: after-restore hooks see Resume.
+	SimResume
+)
+
+// SimResult is what a simulated cycle did.
+type SimResult struct {
+	Before []Report // in call order
+	After  []Report // in call order
+	Event  Event    // what the after-restore hooks received
+	// BeforeErr and AfterErr are the joined hook errors of each phase.
+	BeforeErr, AfterErr error
+}
+
+// Simulate runs a full checkpoint cycle on the registry in-process, without
+// CRIU or privileges, for the service's own unit tests: before-checkpoint
+// hooks (reverse order), then, as in a real checkpoint, after-restore hooks
+// with Restore if every before hook succeeded, or with Resume if one failed.
+// budget bounds each phase (0 means 10 s). It returns ErrBusy if a checkpoint
+// is already running on the registry.
+func (g *Registry) Simulate(ctx context.Context, outcome SimOutcome, budget time.Duration) (SimResult, error) {
+	if budget <= 0 {
+		budget = 10 * time.Second
+	}
+	c, err := g.begin()
+	if err != nil {
+		return SimResult{}, err
+	}
+	defer c.end()
+
+	var r SimResult
+	bctx, cancel := context.WithTimeout(ctx, budget)
+	r.Before, r.BeforeErr = c.before(bctx)
+	cancel()
+
+	ev := Event{Kind: Restore, Reason: "restored (simulated)"}
+	if r.BeforeErr != nil {
+		ev = Event{Kind: Resume, Reason: "checkpoint failed (simulated): " + r.BeforeErr.Error()}
+	} else if outcome == SimResume {
+		ev = Event{Kind: Resume, Reason: "resumed (simulated)"}
+	}
+	actx, cancel := context.WithTimeout(ctx, budget)
+	r.Event, r.After, r.AfterErr = c.after(actx, ev)
+	cancel()
+	return r, nil
+}

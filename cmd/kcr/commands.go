@@ -1,0 +1,276 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kcr-dev/kcr/engine"
+	"github.com/kcr-dev/kcr/images"
+)
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// phaseLines prints one line per phase on stderr.
+func phaseLines(t engine.Timings) {
+	for _, p := range t {
+		fmt.Fprintf(os.Stderr, "  %-20s %s\n", p.Name, fmtDur(p.Duration()))
+	}
+}
+
+func fmtDur(d time.Duration) string {
+	switch {
+	case d >= time.Second:
+		return fmt.Sprintf("%.2fs", d.Seconds())
+	case d >= time.Millisecond:
+		return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond))
+	}
+	return fmt.Sprintf("%.0fµs", float64(d)/float64(time.Microsecond))
+}
+
+func fmtSize(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+func checkpointCmd(g *globals) *cobra.Command {
+	var o engine.CheckpointOptions
+	cmd := &cobra.Command{
+		Use:   "checkpoint PID",
+		Short: "Run the process's checkpoint hooks, dump it with CRIU and write an image",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			pid, err := strconv.Atoi(args[0])
+			if err != nil || pid <= 0 {
+				return &exitError{exitUsage, fmt.Errorf("%q is not a PID: give the numeric process id", args[0])}
+			}
+			o.PID = pid
+			o.CRIU = g.criu
+			if o.Output == "" {
+				o.Output = fmt.Sprintf("kcr-%d-%s", pid, time.Now().Format("20060102-150405"))
+			}
+			if d, err := time.ParseDuration(os.Getenv("KCR_TEST_STALL_AFTER_HOOKS")); err == nil {
+				// For the e2e test that kills kcr between hooks and dump.
+				o.AfterHooks = func() { time.Sleep(d) }
+			}
+			if o.NoHooks {
+				fmt.Fprintln(os.Stderr, "kcr: warning: --no-hooks: the process is dumped without running its hooks; open connections must be handled by CRIU (--tcp-close)")
+			}
+			res, err := engine.Checkpoint(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			m := res.Manifest
+			fmt.Fprintf(os.Stderr, "checkpointed PID %d (%s) to %s\n", pid, m.Process.Comm, res.Image)
+			phaseLines(res.Timings)
+			for _, r := range m.Resources {
+				fmt.Fprintf(os.Stderr, "  hook %-15s %s%s\n", r.Name, fmtDur(r.Duration()), details(r.Details))
+			}
+			fmt.Fprintf(os.Stderr, "  image size           %s (RSS %s)\n", fmtSize(m.TotalSize()), fmtSize(m.Process.RSSBytes))
+			for _, w := range res.Warnings {
+				fmt.Fprintln(os.Stderr, "kcr: warning: "+w)
+			}
+			if res.ResumeErr != nil {
+				fmt.Fprintln(os.Stderr, "kcr: warning: the image is complete, but the app's resume hooks: "+res.ResumeErr.Error())
+			}
+			if g.json {
+				return printJSON(map[string]any{"image": res.Image, "pid": pid, "phases": res.Timings, "manifest": m,
+					"warnings": res.Warnings, "resume_error": errString(res.ResumeErr)})
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&o.Output, "output", "o", "", "image directory to create (default ./kcr-PID-TIME)")
+	f.BoolVar(&o.LeaveRunning, "leave-running", false, "keep the process running after the dump")
+	f.DurationVar(&o.HookBudget, "timeout", 10*time.Second, "deadline for the app's before-checkpoint hooks")
+	f.BoolVar(&o.TCPClose, "tcp-close", false, "let CRIU close TCP connections that no hook closed")
+	f.BoolVar(&o.NoHooks, "no-hooks", false, "dump a process that has no kcr control socket")
+	f.BoolVar(&o.ShellJob, "shell-job", false, "dump a process attached to a terminal (detected by default)")
+	f.DurationVar(&o.ResumeAfter, "resume-after", 0, "how long the app waits for kcr after its hooks before it resumes on its own (default timeout+60s)")
+	return cmd
+}
+
+func details(d map[string]any) string {
+	if len(d) == 0 {
+		return ""
+	}
+	b, _ := json.Marshal(d)
+	return " " + string(b)
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+func restoreCmd(g *globals) *cobra.Command {
+	var o engine.RestoreOptions
+	cmd := &cobra.Command{
+		Use:   "restore IMAGE",
+		Short: "Verify an image, restore it with CRIU and run the after-restore hooks; prints the new PID",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			o.Image = args[0]
+			o.CRIU = g.criu
+			res, err := engine.Restore(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "restored %s as PID %d (generation %d)\n", o.Image, res.PID, res.Generation)
+			phaseLines(res.Timings)
+			if res.HooksPending {
+				fmt.Fprintf(os.Stderr, "kcr: warning: after-restore hooks still pending after %v; the app goes on with them (see its log)\n", o.HookWait)
+			}
+			if g.json {
+				if err := printJSON(map[string]any{"pid": res.PID, "generation": res.Generation, "instance_id": res.InstanceID,
+					"phases": res.Timings, "hooks_pending": res.HooksPending, "hook_error": errString(res.HookErr),
+					"reports": res.Reports, "log": res.LogPath}); err != nil {
+					return err
+				}
+			} else {
+				fmt.Println(res.PID)
+			}
+			if res.HookErr != nil {
+				return &exitError{exitAfterHooks, fmt.Errorf("restored as PID %d, but %w", res.PID, res.HookErr)}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.DurationVar(&o.HookWait, "wait", 30*time.Second, "how long to wait for the app's after-restore hooks")
+	f.DurationVar(&o.PIDWait, "pid-wait", 5*time.Second, "how long to wait for a zombie holding the image's PID")
+	return cmd
+}
+
+func inspectCmd(g *globals) *cobra.Command {
+	var noVerify bool
+	cmd := &cobra.Command{
+		Use:   "inspect IMAGE",
+		Short: "Show an image's manifest, sizes and timings",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var m *images.Manifest
+			var warn []string
+			if noVerify {
+				var err error
+				if m, err = images.ReadManifest(args[0]); err != nil {
+					return err
+				}
+			} else {
+				img, err := images.Open(cmd.Context(), args[0])
+				if err != nil {
+					return err
+				}
+				m, warn = img.Manifest, img.Warnings
+			}
+			if g.json {
+				return printJSON(m)
+			}
+			w := os.Stdout
+			fmt.Fprintf(w, "image         %s (format %s v%d, verified: %v)\n", args[0], m.Format, m.FormatVersion, !noVerify)
+			fmt.Fprintf(w, "created       %s on %s (kernel %s, CRIU %s, kcr %s)\n", m.Created.Format(time.RFC3339), m.Host, m.Kernel, m.CRIUVersion, m.KCRVersion)
+			fmt.Fprintf(w, "process       PID %d %s (uid %d), cwd %s\n", m.Process.PID, m.Process.Comm, m.Process.UID, m.Process.Cwd)
+			fmt.Fprintf(w, "command       %s\n", strings.Join(m.Process.Cmdline, " "))
+			fmt.Fprintf(w, "size          %s in %d files, pages %s, RSS at dump %s\n", fmtSize(m.TotalSize()), len(m.Files), fmtSize(m.PagesSize()), fmtSize(m.Process.RSSBytes))
+			fmt.Fprintf(w, "options       leave-running=%v tcp-close=%v shell-job=%v no-hooks=%v\n", m.Options.LeaveRunning, m.Options.TCPClose, m.Options.ShellJob, m.NoHooks)
+			if m.ControlSocket != "" {
+				fmt.Fprintf(w, "socket        %s\n", m.ControlSocket)
+			}
+			fmt.Fprintln(w, "phases")
+			for _, p := range m.Phases {
+				fmt.Fprintf(w, "  %-20s %s\n", p.Name, fmtDur(p.Duration()))
+			}
+			if s := m.CRIUStats; s != (images.CRIUStats{}) {
+				fmt.Fprintf(w, "criu          frozen %s (freezing %s, memdump %s, memwrite %s), pages scanned %d, written %d\n",
+					fmtDur(time.Duration(s.FrozenTimeUS)*time.Microsecond), fmtDur(time.Duration(s.FreezingTimeUS)*time.Microsecond),
+					fmtDur(time.Duration(s.MemdumpTimeUS)*time.Microsecond), fmtDur(time.Duration(s.MemwriteTimeUS)*time.Microsecond),
+					s.PagesScanned, s.PagesWritten)
+			}
+			if len(m.Resources) > 0 {
+				fmt.Fprintln(w, "resources (before-checkpoint hooks, in call order)")
+				for _, r := range m.Resources {
+					fmt.Fprintf(w, "  %-20s %s%s\n", r.Name, fmtDur(r.Duration()), details(r.Details))
+				}
+			}
+			for _, x := range warn {
+				fmt.Fprintln(os.Stderr, "kcr: warning: "+x)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&noVerify, "no-verify", false, "read the manifest without checking the files' checksums")
+	return cmd
+}
+
+func versionCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print kcr's version",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if g.json {
+				return printJSON(map[string]string{"kcr": engine.Version, "go": runtime.Version()})
+			}
+			fmt.Printf("kcr %s (%s %s/%s)\n", engine.Version, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+			return nil
+		},
+	}
+}
+
+func doctorCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "doctor",
+		Short: "Check that this machine can checkpoint and restore, and say how to fix what is missing",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			checks := engine.Doctor(cmd.Context(), g.criu)
+			failed := 0
+			for _, c := range checks {
+				if !c.OK {
+					failed++
+				}
+			}
+			if g.json {
+				if err := printJSON(checks); err != nil {
+					return err
+				}
+			} else {
+				for _, c := range checks {
+					mark := "ok  "
+					if !c.OK {
+						mark = "FAIL"
+					}
+					fmt.Printf("%s %-28s %s\n", mark, c.Name, c.Detail)
+					if c.Fix != "" {
+						fmt.Printf("     %-28s fix: %s\n", "", c.Fix)
+					}
+				}
+			}
+			if failed > 0 {
+				return &exitError{exitNoCRIU, fmt.Errorf("%d problem(s) found; see the fixes above", failed)}
+			}
+			return nil
+		},
+	}
+}

@@ -1,0 +1,119 @@
+// Command kcr checkpoints and restores Go services with CRIU.
+//
+// Exit codes:
+//
+//	0  success
+//	1  other error
+//	2  usage error
+//	3  the app's before-checkpoint hooks failed: nothing dumped, the app resumed
+//	4  CRIU failed (dump or restore); the app, if it was running, resumed
+//	5  the image is missing, incomplete or corrupt
+//	6  the target process does not exist or has no kcr control socket
+//	7  CRIU is missing or unusable on this kernel
+//	8  restored, but the after-restore hooks failed
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kcr-dev/kcr/criu"
+	"github.com/kcr-dev/kcr/engine"
+	"github.com/kcr-dev/kcr/images"
+	"github.com/kcr-dev/kcr/notify/client"
+)
+
+// Exit codes; see the package comment.
+const (
+	exitOK = iota
+	exitErr
+	exitUsage
+	exitHooks
+	exitCRIU
+	exitImage
+	exitTarget
+	exitNoCRIU
+	exitAfterHooks
+)
+
+type globals struct {
+	json    bool
+	verbose bool
+	criu    string
+}
+
+// exitError carries an exit code through cobra.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var g globals
+	root := &cobra.Command{
+		Use:           "kcr",
+		Short:         "Checkpoint and restore Go services (and their Kafka clients) with CRIU",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRun: func(cmd *cobra.Command, args []string) {
+			lvl := slog.LevelWarn
+			if g.verbose {
+				lvl = slog.LevelDebug
+			}
+			slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})))
+		},
+	}
+	root.PersistentFlags().BoolVar(&g.json, "json", false, "print the result as JSON on stdout")
+	root.PersistentFlags().BoolVarP(&g.verbose, "verbose", "v", false, "log debug details on stderr")
+	root.PersistentFlags().StringVar(&g.criu, "criu", "", "path of the criu binary (default: $KCR_CRIU, then PATH)")
+	root.AddCommand(checkpointCmd(&g), restoreCmd(&g), inspectCmd(&g), doctorCmd(&g), versionCmd(&g))
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &exitError{exitUsage, err} })
+
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return
+	}
+	fmt.Fprintln(os.Stderr, "kcr: "+err.Error())
+	os.Exit(exitCode(err))
+}
+
+// exitCode maps an error to the documented exit codes.
+func exitCode(err error) int {
+	var ee *exitError
+	var he *engine.HookError
+	var ce *criu.Error
+	var pe *criu.PIDInUseError
+	switch {
+	case errors.As(err, &ee):
+		return ee.code
+	case errors.As(err, &he):
+		return exitHooks
+	case errors.Is(err, criu.ErrNotFound), errors.Is(err, engine.ErrCRIUUnusable):
+		return exitNoCRIU
+	case errors.As(err, &ce), errors.As(err, &pe):
+		return exitCRIU
+	case errors.Is(err, engine.ErrNoProcess), errors.Is(err, client.ErrNoProcess), errors.Is(err, client.ErrNoSocket):
+		return exitTarget
+	case isImageError(err):
+		return exitImage
+	}
+	return exitErr
+}
+
+func isImageError(err error) bool {
+	var ie *images.Error
+	return errors.As(err, &ie) || errors.Is(err, fs.ErrNotExist)
+}

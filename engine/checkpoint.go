@@ -1,0 +1,276 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/kcr-dev/kcr/criu"
+	"github.com/kcr-dev/kcr/images"
+	"github.com/kcr-dev/kcr/notify/client"
+	"github.com/kcr-dev/kcr/notify/proto"
+)
+
+// CheckpointOptions configures Checkpoint.
+type CheckpointOptions struct {
+	PID    int
+	Output string // image directory to create; must not exist or be empty
+	// LeaveRunning keeps the process running after the dump; it resumes
+	// with Resume semantics.
+	LeaveRunning bool
+	// HookBudget bounds the before-checkpoint hooks (default 10 s).
+	HookBudget time.Duration
+	// ResumeAfter is how long the app waits for kcr after its hooks ran
+	// before it resumes by itself (default HookBudget + 60 s).
+	ResumeAfter time.Duration
+	// TCPClose lets CRIU dump TCP connections that no hook closed; they are
+	// closed in the restored process.
+	TCPClose bool
+	// NoHooks dumps a process that has no kcr control socket.
+	NoHooks bool
+	// ShellJob forces CRIU's shell-job mode; it is detected otherwise.
+	ShellJob bool
+	CRIU     string // explicit CRIU path (--criu)
+	Logger   *slog.Logger
+	// AfterDump, if set, runs after the hooks succeeded and before CRIU is
+	// started (tests use it to kill kcr at that point).
+	AfterHooks func()
+}
+
+// CheckpointResult describes a written image.
+type CheckpointResult struct {
+	Image    string
+	Manifest *images.Manifest
+	Timings  Timings
+	// ResumeErr is set when the app was left running and its resume hooks
+	// failed or are still pending; the image is complete all the same.
+	ResumeErr error
+	Warnings  []string
+}
+
+// HookError is returned when the app's before-checkpoint hooks failed; no
+// image was written and the app resumed.
+type HookError struct {
+	Reports []proto.HookReport
+	Msg     string
+}
+
+func (e *HookError) Error() string {
+	var failed []string
+	for _, r := range e.Reports {
+		if r.Error != "" && !strings.Contains(r.Error, "after-restore") {
+			failed = append(failed, r.Error)
+		}
+	}
+	if len(failed) == 0 {
+		failed = []string{e.Msg}
+	}
+	return "checkpoint aborted, the app resumed: " + strings.Join(failed, "; ")
+}
+
+// Checkpoint runs the app's hooks, dumps it with CRIU and writes an image.
+// Whatever fails, the app is resumed and no partial image is left behind.
+func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, error) {
+	log := logger(o.Logger)
+	start := time.Now()
+	if o.HookBudget <= 0 {
+		o.HookBudget = 10 * time.Second
+	}
+	if o.ResumeAfter <= 0 {
+		o.ResumeAfter = o.HookBudget + 60*time.Second
+	}
+	proc, err := processInfo(o.PID)
+	if err != nil {
+		return nil, err
+	}
+	criuPath, criuVersion, err := CRIU(ctx, o.CRIU)
+	if err != nil {
+		return nil, err
+	}
+
+	// Sockets CRIU can never dump (MPTCP) are found before any hook runs,
+	// so that the app is not disturbed for nothing.
+	if probs, err := criu.Preflight(o.PID); err == nil {
+		if err := fatalProblems(probs, o.TCPClose, true); err != nil {
+			return nil, err
+		}
+	} else {
+		log.Debug("preflight", "err", err)
+	}
+
+	var sock string
+	if o.NoHooks {
+		if p, err := client.Find(o.PID); err == nil {
+			log.Warn("the process has a kcr control socket, but --no-hooks skips its hooks", "socket", p)
+		}
+	} else {
+		sock, err = client.Find(o.PID)
+		if err != nil {
+			return nil, err
+		}
+	}
+
+	shell := o.ShellJob
+	if !shell {
+		if need, err := criu.ShellJobNeeded(o.PID); err == nil && need {
+			shell = true
+		}
+	}
+
+	b, err := images.Create(o.Output)
+	if err != nil {
+		return nil, err
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			b.Abort()
+		}
+	}()
+
+	res := &CheckpointResult{Image: b.Final()}
+	var reports []proto.HookReport
+	hooksRan := false
+	// resume tells the app to go on after a failure; with a fresh context,
+	// because ctx may be what failed.
+	resume := func(reason string) error {
+		if !hooksRan {
+			return nil
+		}
+		rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, err := client.Resume(rctx, sock, reason, 20*time.Second)
+		if err != nil {
+			log.Warn("resume after failed checkpoint", "err", err)
+		}
+		return err
+	}
+
+	if sock != "" {
+		t := time.Now()
+		m, err := client.Checkpoint(ctx, sock, client.CheckpointRequest{
+			HookBudget: o.HookBudget, ResumeAfter: o.ResumeAfter, LeaveRunning: o.LeaveRunning})
+		res.Timings.add(PhaseHooks, time.Since(t))
+		var hf *client.HookFailure
+		if errors.As(err, &hf) {
+			return nil, &HookError{Reports: hf.Reports, Msg: hf.Msg}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("before-checkpoint hooks: %w", err)
+		}
+		hooksRan = true
+		reports = m.Reports
+	}
+	if o.AfterHooks != nil {
+		o.AfterHooks()
+	}
+	if err := ctx.Err(); err != nil {
+		resume("checkpoint cancelled")
+		return nil, err
+	}
+
+	// What is left open after the hooks decides whether CRIU can succeed.
+	if probs, err := criu.Preflight(o.PID); err == nil {
+		if err := fatalProblems(probs, o.TCPClose, false); err != nil {
+			resume("checkpoint aborted: " + err.Error())
+			return nil, err
+		}
+	}
+
+	t := time.Now()
+	dr, err := criu.Dump(ctx, criuPath, criu.DumpOptions{
+		PID: o.PID, ImagesDir: b.CRIUDir(), LeaveRunning: o.LeaveRunning,
+		ShellJob: shell, FileLocks: true, TCPClose: o.TCPClose,
+	})
+	res.Timings.add(PhaseFreezeDump, time.Since(t))
+	if err != nil {
+		resume("dump failed: " + err.Error())
+		return nil, err
+	}
+	pause := time.Since(start)
+
+	if o.LeaveRunning {
+		t := time.Now()
+		if hooksRan {
+			rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			_, res.ResumeErr = client.Resume(rctx, sock, "leave-running", 20*time.Second)
+			cancel()
+		}
+		res.Timings.add(PhaseResume, time.Since(t))
+	} else {
+		// The process must really be gone before the image is declared done:
+		// a restore on this host needs its PID.
+		t := time.Now()
+		if _, err := criu.WaitGone(ctx, o.PID, 10*time.Second); err != nil {
+			res.Warnings = append(res.Warnings, fmt.Sprintf("dumped process %d did not exit: %v", o.PID, err))
+		}
+		res.Timings.add(PhaseExit, time.Since(t))
+	}
+	_ = pause
+
+	m := &images.Manifest{
+		KCRVersion:    Version,
+		CRIUVersion:   criuVersion.String(),
+		Kernel:        kernel(),
+		Host:          hostname(),
+		Process:       proc,
+		ControlSocket: sock,
+		NoHooks:       o.NoHooks,
+		Options:       images.Options{LeaveRunning: o.LeaveRunning, TCPClose: o.TCPClose, ShellJob: shell, FileLocks: true},
+	}
+	for _, r := range reports {
+		m.Resources = append(m.Resources, images.ResourceReport{Name: r.Name, DurationNS: int64(r.Duration), Details: r.Details, Error: r.Error})
+	}
+	if s := dr.Stats; s != nil {
+		m.CRIUStats = images.CRIUStats{
+			FreezingTimeUS: s.FreezingTime.Microseconds(), FrozenTimeUS: s.FrozenTime.Microseconds(),
+			MemdumpTimeUS: s.MemdumpTime.Microseconds(), MemwriteTimeUS: s.MemwriteTime.Microseconds(),
+			PagesScanned: int64(s.PagesScanned), PagesSkippedParent: int64(s.PagesSkippedParent), PagesWritten: int64(s.PagesWritten),
+		}
+	}
+	t = time.Now()
+	// Phases are recorded before commit; image write and total are
+	// measured around it and added to the result afterwards.
+	m.Phases = append(m.Phases, res.Timings...)
+	img, err := b.Commit(context.WithoutCancel(ctx), m)
+	if err != nil {
+		return nil, fmt.Errorf("write image: %w", err)
+	}
+	committed = true
+	res.Timings.add(PhaseImageWrite, time.Since(t))
+	res.Timings.add(PhaseTotal, time.Since(start))
+	res.Manifest = img.Manifest
+	return res, nil
+}
+
+// fatalProblems turns preflight findings into an error. Before the hooks
+// only what no hook can fix (MPTCP) counts.
+func fatalProblems(probs []criu.Problem, tcpClose, beforeHooks bool) error {
+	var msgs []string
+	hint := ""
+	for _, p := range probs {
+		switch {
+		case p.Cause == criu.CauseMPTCP:
+			msgs = append(msgs, p.String())
+			hint = criu.CauseMPTCP.Hint()
+		case beforeHooks:
+		case p.Cause == criu.CauseTCPEstablished && !tcpClose:
+			msgs = append(msgs, p.String())
+			if hint == "" {
+				hint = "no hook closed it: close it in a BeforeCheckpoint hook, or pass --tcp-close to let CRIU drop it"
+			}
+		case p.Cause == criu.CauseExternalUnix:
+			msgs = append(msgs, p.String())
+			if hint == "" {
+				hint = criu.CauseExternalUnix.Hint()
+			}
+		}
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	return &criu.Error{Op: "dump", First: "CRIU cannot dump " + strings.Join(msgs, ", "), Hint: hint}
+}

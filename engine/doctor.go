@@ -1,0 +1,88 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kcr-dev/kcr/criu"
+)
+
+// Check is one finding of Doctor.
+type Check struct {
+	Name   string `json:"name"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail"`
+	Fix    string `json:"fix,omitempty"`
+}
+
+// Doctor checks that this machine can checkpoint and restore: CRIU found,
+// recent enough for the kernel, "criu check" passing, privileges and the
+// kernel features kcr relies on.
+func Doctor(ctx context.Context, explicitCRIU string) []Check {
+	var out []Check
+	add := func(name string, ok bool, detail, fix string) {
+		c := Check{Name: name, OK: ok, Detail: detail}
+		if !ok {
+			c.Fix = fix
+		}
+		out = append(out, c)
+	}
+	rel, _ := criu.KernelRelease()
+
+	path, err := criu.Find(explicitCRIU)
+	if err != nil {
+		add("criu", false, err.Error(), "run scripts/install-criu.sh")
+	} else {
+		add("criu", true, path, "")
+		v, err := criu.ReadVersion(ctx, path)
+		if err != nil {
+			add("criu version", false, err.Error(), "reinstall CRIU with scripts/install-criu.sh")
+		} else if err := criu.CheckKernel(v, rel); err != nil {
+			add("criu version", false, err.Error(), "run scripts/install-criu.sh")
+		} else {
+			add("criu version", true, fmt.Sprintf("%s on kernel %s", v, rel), "")
+		}
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		outp, err := criu.Check(cctx, path)
+		cancel()
+		lines := strings.Split(strings.TrimSpace(outp), "\n")
+		last := lines[len(lines)-1]
+		add("criu check", err == nil, last, "see `"+path+" check` output; usually a kernel without CONFIG_CHECKPOINT_RESTORE")
+	}
+
+	root := os.Geteuid() == 0
+	capOK := root
+	detail := fmt.Sprintf("euid %d", os.Geteuid())
+	if hdr, data := (unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}), [2]unix.CapUserData{}; unix.Capget(&hdr, &data[0]) == nil {
+		has := func(c uint) bool { return data[c/32].Effective&(1<<(c%32)) != 0 }
+		sys := has(unix.CAP_SYS_ADMIN)
+		cr := has(unix.CAP_CHECKPOINT_RESTORE)
+		capOK = sys || (cr && has(unix.CAP_SYS_PTRACE))
+		detail += fmt.Sprintf(", CAP_SYS_ADMIN=%v CAP_CHECKPOINT_RESTORE=%v", sys, cr)
+	}
+	add("privileges", capOK, detail, "run kcr as root (or with CAP_CHECKPOINT_RESTORE, CAP_SYS_PTRACE)")
+
+	_, err = os.Stat("/proc/self/map_files")
+	add("kernel: checkpoint/restore", err == nil, "/proc/self/map_files", "use a kernel built with CONFIG_CHECKPOINT_RESTORE=y")
+	_, err = os.Stat("/proc/sys/kernel/ns_last_pid")
+	add("kernel: PID control", err == nil, "/proc/sys/kernel/ns_last_pid", "use a kernel built with CONFIG_CHECKPOINT_RESTORE=y")
+	_, err = os.Stat("/proc/self/ns/time")
+	add("kernel: time namespaces", err == nil, "/proc/self/ns/time (restored processes keep their monotonic clock)", "use a kernel >= 5.6 with CONFIG_TIME_NS")
+	uffd := fileExists("/dev/userfaultfd") || fileExists("/proc/sys/vm/unprivileged_userfaultfd")
+	add("kernel: userfaultfd", uffd, "needed only for lazy restore", "use a kernel with CONFIG_USERFAULTFD=y")
+	if !strings.Contains(os.Getenv("GODEBUG"), "multipathtcp=0") {
+		out = append(out, Check{Name: "note: MPTCP", OK: true,
+			Detail: "Go >= 1.24 listens with MPTCP by default and CRIU cannot dump MPTCP: run services with GODEBUG=multipathtcp=0, or add `godebug multipathtcp=0` to their go.mod"})
+	}
+	return out
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}

@@ -1,0 +1,139 @@
+// Package engine orchestrates kcr's commands: it talks to the target over
+// its control socket (notify/client), drives CRIU (criu) and writes and
+// verifies images (images). It returns results and errors; it never prints.
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kcr-dev/kcr/criu"
+	"github.com/kcr-dev/kcr/images"
+)
+
+// Version is kcr's version, recorded in every image.
+var Version = "0.1.0-dev"
+
+// Phase names, in the order they happen.
+const (
+	PhaseHooks      = "hooks"
+	PhaseFreezeDump = "freeze+dump"
+	PhaseExit       = "exit"
+	PhaseImageWrite = "image write"
+	PhaseResume     = "resume hooks"
+	PhaseVerify     = "verify"
+	PhaseRestore    = "restore"
+	PhaseAfterHooks = "after-restore hooks"
+	PhaseTotal      = "total"
+	PhasePIDWait    = "pid wait"
+	PhaseCheckpoint = "checkpoint"
+	PhasePause      = "pause"
+)
+
+// Timings records phase durations in order.
+type Timings []images.Phase
+
+func (t *Timings) add(name string, d time.Duration) {
+	*t = append(*t, images.Phase{Name: name, DurationNS: int64(d)})
+}
+
+// Get returns the duration of the named phase, or 0.
+func (t Timings) Get(name string) time.Duration {
+	for _, p := range t {
+		if p.Name == name {
+			return p.Duration()
+		}
+	}
+	return 0
+}
+
+// CRIU locates CRIU and checks that it works on this kernel.
+func CRIU(ctx context.Context, explicit string) (path string, v criu.Version, err error) {
+	path, err = criu.Find(explicit)
+	if err != nil {
+		return "", v, err
+	}
+	v, err = criu.ReadVersion(ctx, path)
+	if err != nil {
+		return "", v, fmt.Errorf("%w: %s: %w (reinstall it with scripts/install-criu.sh)", ErrCRIUUnusable, path, err)
+	}
+	rel, err := criu.KernelRelease()
+	if err != nil {
+		return "", v, err
+	}
+	if err := criu.CheckKernel(v, rel); err != nil {
+		return "", v, fmt.Errorf("%w: %s: %w", ErrCRIUUnusable, path, err)
+	}
+	return path, v, nil
+}
+
+func logger(l *slog.Logger) *slog.Logger {
+	if l == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return l
+}
+
+// ErrCRIUUnusable is wrapped when the CRIU found cannot work on this kernel.
+var ErrCRIUUnusable = errors.New("criu unusable")
+
+// ErrNoProcess is returned for a PID that does not exist.
+var ErrNoProcess = errors.New("no such process")
+
+// processInfo describes a live process from /proc.
+func processInfo(pid int) (images.Process, error) {
+	p := images.Process{PID: pid}
+	dir := "/proc/" + strconv.Itoa(pid)
+	if _, err := os.Stat(dir); err != nil {
+		return p, fmt.Errorf("PID %d: %w: check the PID (ps -p %d)", pid, ErrNoProcess, pid)
+	}
+	if b, err := os.ReadFile(dir + "/stat"); err == nil {
+		if i := strings.LastIndexByte(string(b), ')'); i > 0 {
+			if f := strings.Fields(string(b)[i+1:]); len(f) > 0 && (f[0] == "Z" || f[0] == "X") {
+				return p, fmt.Errorf("PID %d is a zombie: %w", pid, ErrNoProcess)
+			}
+		}
+	}
+	p.Exe, _ = os.Readlink(dir + "/exe")
+	p.Cwd, _ = os.Readlink(dir + "/cwd")
+	if b, err := os.ReadFile(dir + "/cmdline"); err == nil {
+		p.Cmdline = strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+	}
+	if b, err := os.ReadFile(dir + "/comm"); err == nil {
+		p.Comm = strings.TrimSpace(string(b))
+	}
+	if b, err := os.ReadFile(dir + "/status"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			switch {
+			case len(f) >= 2 && f[0] == "Uid:":
+				p.UID, _ = strconv.Atoi(f[1])
+			case len(f) >= 2 && f[0] == "VmRSS:":
+				kb, _ := strconv.ParseInt(f[1], 10, 64)
+				p.RSSBytes = kb * 1024
+			}
+		}
+	}
+	return p, nil
+}
+
+func hostname() string {
+	h, _ := os.Hostname()
+	return h
+}
+
+func kernel() string {
+	var u unix.Utsname
+	if unix.Uname(&u) != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(u.Release[:])
+}

@@ -1,0 +1,250 @@
+package images
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"time"
+)
+
+// Manifest describes an image. It is stored as indented JSON in
+// manifest.json. Callers fill most fields; [Builder.Commit] fills Format,
+// FormatVersion and Files, and Created if it is zero.
+type Manifest struct {
+	Format        string `json:"format"`
+	FormatVersion int    `json:"format_version"`
+
+	KCRVersion  string    `json:"kcr_version"`
+	CRIUVersion string    `json:"criu_version"`
+	Kernel      string    `json:"kernel"`
+	Host        string    `json:"host"`
+	Created     time.Time `json:"created"` // UTC
+
+	Process Process `json:"process"`
+
+	// ControlSocket is the path of the application's control socket; empty
+	// when checkpointed with NoHooks.
+	ControlSocket string  `json:"control_socket"`
+	NoHooks       bool    `json:"no_hooks"`
+	Options       Options `json:"options"`
+
+	Resources []ResourceReport `json:"resources"`
+	Phases    []Phase          `json:"phases"`
+	CRIUStats CRIUStats        `json:"criu_stats,omitzero"`
+
+	// Files lists every regular file in the image except manifest.json,
+	// sorted by Path.
+	Files []FileEntry `json:"files"`
+}
+
+// Process describes the checkpointed process.
+type Process struct {
+	PID      int      `json:"pid"`
+	Exe      string   `json:"exe"`
+	Cmdline  []string `json:"cmdline"`
+	Cwd      string   `json:"cwd"`
+	UID      int      `json:"uid"`
+	Comm     string   `json:"comm"`
+	RSSBytes int64    `json:"rss_bytes"`
+}
+
+// Options records the checkpoint options that affect restore.
+type Options struct {
+	LeaveRunning bool `json:"leave_running"`
+	TCPClose     bool `json:"tcp_close"`
+	ShellJob     bool `json:"shell_job"`
+	FileLocks    bool `json:"file_locks"`
+}
+
+// ResourceReport is what one application resource (a connection pool, a
+// consumer…) reported when it was prepared for checkpoint.
+type ResourceReport struct {
+	Name       string         `json:"name"`
+	DurationNS int64          `json:"duration_ns"`
+	Details    map[string]any `json:"details,omitempty"` // free-form counts
+	Error      string         `json:"error,omitempty"`
+}
+
+// Duration returns how long the resource took to prepare.
+func (r ResourceReport) Duration() time.Duration { return time.Duration(r.DurationNS) }
+
+// Phase is the duration of one step of the checkpoint, such as "hooks",
+// "freeze+dump", "image write" or "total".
+type Phase struct {
+	Name       string `json:"name"`
+	DurationNS int64  `json:"duration_ns"`
+}
+
+// Duration returns how long the phase took.
+func (p Phase) Duration() time.Duration { return time.Duration(p.DurationNS) }
+
+// CRIUStats holds CRIU's dump statistics. Zero means unknown.
+type CRIUStats struct {
+	FreezingTimeUS     int64 `json:"freezing_time_us,omitempty"`
+	FrozenTimeUS       int64 `json:"frozen_time_us,omitempty"`
+	MemdumpTimeUS      int64 `json:"memdump_time_us,omitempty"`
+	MemwriteTimeUS     int64 `json:"memwrite_time_us,omitempty"`
+	PagesScanned       int64 `json:"pages_scanned,omitempty"`
+	PagesSkippedParent int64 `json:"pages_skipped_parent,omitempty"`
+	PagesWritten       int64 `json:"pages_written,omitempty"`
+}
+
+// FileEntry is one file of the image.
+type FileEntry struct {
+	Path   string `json:"path"` // slash-separated, relative to the image root
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"` // lower-case hex
+}
+
+// TotalSize returns the sum of the sizes of all files in the image.
+func (m *Manifest) TotalSize() int64 {
+	var n int64
+	for _, f := range m.Files {
+		n += f.Size
+	}
+	return n
+}
+
+// PagesSize returns the sum of the sizes of CRIU's memory page files
+// (pages-*.img), which dominate an image's size.
+func (m *Manifest) PagesSize() int64 {
+	var n int64
+	for _, f := range m.Files {
+		if ok, _ := path.Match("pages-*.img", path.Base(f.Path)); ok {
+			n += f.Size
+		}
+	}
+	return n
+}
+
+// ReadManifest reads and validates the manifest of the image in dir
+// without checking the image's files; use [Open] for that. It refuses
+// anything that is not a complete kcr image of a supported version.
+func ReadManifest(dir string) (*Manifest, error) {
+	fi, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, newError(dir, "", ErrNotExist, err, "does not exist: check the image path")
+	case err != nil:
+		return nil, fmt.Errorf("images: %s: %w%s", dir, err, ioHint(err))
+	case !fi.IsDir():
+		return nil, newError(dir, "", ErrNotDir, nil, `is not a directory: a kcr image is a directory written by "kcr checkpoint"`)
+	case isTempName(filepath.Base(dir)):
+		return nil, newError(dir, "", ErrIncomplete, nil, "incomplete image from an interrupted checkpoint; delete it")
+	}
+
+	mpath := filepath.Join(dir, ManifestName)
+	mfi, err := os.Lstat(mpath)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, noManifest(dir)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("images: %s: %w%s", dir, err, ioHint(err))
+	}
+	if !mfi.Mode().IsRegular() {
+		return nil, newError(dir, ManifestName, ErrUnsafePath, nil,
+			fmt.Sprintf("%s is a %s, not a regular file: refusing to read it; %s", ManifestName, kindOf(mfi.Mode()), damaged))
+	}
+	if mfi.Size() > MaxManifestSize {
+		return nil, manifestTooBig(dir)
+	}
+	f, err := os.Open(mpath)
+	if err != nil {
+		return nil, fmt.Errorf("images: %s: %w%s", dir, err, ioHint(err))
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxManifestSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("images: %s: read %s: %w", dir, ManifestName, err)
+	}
+	if len(data) > MaxManifestSize {
+		return nil, manifestTooBig(dir)
+	}
+	return decodeManifest(dir, data)
+}
+
+// noManifest explains why a directory without manifest.json is refused.
+func noManifest(dir string) error {
+	if _, err := os.Lstat(filepath.Join(dir, manifestTmp)); err == nil {
+		return newError(dir, "", ErrIncomplete, nil, "incomplete image from an interrupted checkpoint; delete it")
+	}
+	if d, err := os.Open(dir); err == nil {
+		names, _ := d.Readdirnames(1)
+		d.Close()
+		if len(names) == 0 {
+			return newError(dir, "", ErrEmpty, nil, `is empty: not a kcr image (was it written by "kcr checkpoint"?)`)
+		}
+	}
+	return newError(dir, ManifestName, ErrNotImage, nil, ManifestName+` missing: not a kcr image (was it written by "kcr checkpoint"?)`)
+}
+
+func manifestTooBig(dir string) error {
+	return newError(dir, ManifestName, ErrCorruptManifest, nil,
+		fmt.Sprintf("%s is corrupt: larger than %d bytes; %s", ManifestName, MaxManifestSize, damaged))
+}
+
+func corruptManifest(dir string, cause error, what string) error {
+	return newError(dir, ManifestName, ErrCorruptManifest, cause,
+		fmt.Sprintf("%s is corrupt: %s; %s", ManifestName, what, damaged))
+}
+
+// decodeManifest parses and validates manifest data.
+func decodeManifest(dir string, data []byte) (*Manifest, error) {
+	// Check format and version before the full decode: a newer version may
+	// have changed field types, and "upgrade kcr" is then the right advice.
+	var hdr struct {
+		Format  string `json:"format"`
+		Version int    `json:"format_version"`
+	}
+	if err := json.Unmarshal(data, &hdr); err != nil {
+		return nil, corruptManifest(dir, err, err.Error())
+	}
+	if hdr.Format != Format {
+		return nil, newError(dir, ManifestName, ErrNotImage, nil,
+			fmt.Sprintf("not a kcr image (format %q in %s, want %q)", hdr.Format, ManifestName, Format))
+	}
+	if hdr.Version > FormatVersion {
+		return nil, newError(dir, ManifestName, ErrVersion, nil,
+			fmt.Sprintf("image format version %d is newer than this kcr supports (%d): upgrade kcr", hdr.Version, FormatVersion))
+	}
+	if hdr.Version < 1 {
+		return nil, corruptManifest(dir, nil, fmt.Sprintf("format_version %d is invalid", hdr.Version))
+	}
+	m := new(Manifest)
+	if err := json.Unmarshal(data, m); err != nil {
+		return nil, corruptManifest(dir, err, err.Error())
+	}
+	if err := validateFiles(dir, m.Files); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// validateFiles refuses file entries that are malformed or point outside
+// the image.
+func validateFiles(dir string, files []FileEntry) error {
+	seen := make(map[string]bool, len(files))
+	for _, f := range files {
+		if !fs.ValidPath(f.Path) || f.Path == "." {
+			return newError(dir, f.Path, ErrUnsafePath, nil,
+				fmt.Sprintf("%s lists %q, which escapes the image: refusing it; the manifest was tampered with or %s", ManifestName, f.Path, damaged))
+		}
+		if seen[f.Path] {
+			return corruptManifest(dir, nil, fmt.Sprintf("%s is listed twice", f.Path))
+		}
+		seen[f.Path] = true
+		if f.Size < 0 {
+			return corruptManifest(dir, nil, fmt.Sprintf("%s has negative size %d", f.Path, f.Size))
+		}
+		if b, err := hex.DecodeString(f.SHA256); err != nil || len(b) != 32 {
+			return corruptManifest(dir, nil, fmt.Sprintf("%s has invalid sha256 %q", f.Path, f.SHA256))
+		}
+	}
+	return nil
+}

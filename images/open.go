@@ -1,0 +1,172 @@
+package images
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// Image is an image that has been read and verified.
+type Image struct {
+	// Dir is the image directory.
+	Dir string
+	// Manifest is the image's parsed manifest.
+	Manifest *Manifest
+	// Extra lists files on disk that the manifest does not, sorted. They
+	// are ignored; CRIU, for one, writes stats-restore at restore time.
+	Extra []string
+	// Warnings lists problems that do not prevent using the image, such
+	// as permissions wider than 0700/0600.
+	Warnings []string
+}
+
+// CRIUDir returns the directory holding CRIU's image files.
+func (im *Image) CRIUDir() string { return filepath.Join(im.Dir, CRIUSubdir) }
+
+// Size returns the total size of the files listed in the manifest.
+func (im *Image) Size() int64 { return im.Manifest.TotalSize() }
+
+// Open reads the image in dir and verifies it: every file listed in the
+// manifest must exist inside the image, as a regular file not reached
+// through a symlink, with the recorded size and SHA-256. Errors wrap the
+// package's sentinel errors. Hashing stops early when ctx is done.
+func Open(ctx context.Context, dir string) (*Image, error) {
+	m, err := ReadManifest(dir)
+	if err != nil {
+		return nil, err
+	}
+	im := &Image{Dir: dir, Manifest: m}
+	if err := im.verify(ctx); err != nil {
+		return nil, err
+	}
+	return im, nil
+}
+
+// verify checks the files on disk against the manifest: first sizes and
+// types, which is cheap, then content hashes.
+func (im *Image) verify(ctx context.Context) error {
+	dir := im.Dir
+	// os.Root keeps every access inside the image even if a path or a
+	// symlink in it points elsewhere.
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return fmt.Errorf("images: %s: %w%s", dir, err, ioHint(err))
+	}
+	defer root.Close()
+
+	onDisk := make(map[string]fs.FileInfo)
+	var loose []string // group- or other-accessible entries
+	err = fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		fi, err := d.Info() // lstat: symlinks are not followed
+		if err != nil {
+			return err
+		}
+		onDisk[p] = fi
+		if fi.Mode().Type() != fs.ModeSymlink && fi.Mode().Perm()&0o077 != 0 {
+			loose = append(loose, fmt.Sprintf("%s mode %04o", p, fi.Mode().Perm()))
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("images: %s: list image: %w%s", dir, err, ioHint(err))
+	}
+
+	listed := make(map[string]bool, len(im.Manifest.Files))
+	for _, f := range im.Manifest.Files {
+		listed[f.Path] = true
+		if err := checkEntry(dir, f, onDisk); err != nil {
+			return err
+		}
+	}
+	for _, f := range im.Manifest.Files {
+		if err := checkContent(ctx, root, dir, f); err != nil {
+			return err
+		}
+	}
+
+	for p, fi := range onDisk {
+		if !fi.IsDir() && p != ManifestName && !listed[p] {
+			im.Extra = append(im.Extra, p)
+		}
+	}
+	slices.Sort(im.Extra)
+	if len(loose) > 0 {
+		slices.Sort(loose)
+		im.Warnings = append(im.Warnings, fmt.Sprintf(
+			"%d entries are accessible to group or others (e.g. %s) but images hold process memory: run chmod -R go-rwx %s",
+			len(loose), loose[0], dir))
+	}
+	return nil
+}
+
+// checkEntry checks that f is a regular file of the recorded size, not
+// reached through a symlink.
+func checkEntry(dir string, f FileEntry, onDisk map[string]fs.FileInfo) error {
+	parts := strings.Split(f.Path, "/")
+	for i := range parts {
+		p := strings.Join(parts[:i+1], "/")
+		fi, ok := onDisk[p]
+		if !ok || (i < len(parts)-1 && !fi.IsDir() && fi.Mode().Type() != fs.ModeSymlink) {
+			return newError(dir, f.Path, ErrMissing, nil,
+				fmt.Sprintf("%s is missing (listed in %s); %s", f.Path, ManifestName, damaged))
+		}
+		if fi.Mode().Type() == fs.ModeSymlink {
+			return newError(dir, f.Path, ErrUnsafePath, nil,
+				fmt.Sprintf("%s is a symlink: refusing to follow it out of the image; %s", p, damaged))
+		}
+	}
+	fi := onDisk[f.Path]
+	switch {
+	case !fi.Mode().IsRegular():
+		return newError(dir, f.Path, ErrCorrupt, nil,
+			fmt.Sprintf("%s is corrupt: a %s, not a regular file; %s", f.Path, kindOf(fi.Mode()), damaged))
+	case fi.Size() != f.Size:
+		return sizeError(dir, f, fi.Size())
+	}
+	return nil
+}
+
+// checkContent hashes f and compares it with the manifest.
+func checkContent(ctx context.Context, root *os.Root, dir string, f FileEntry) error {
+	file, err := root.Open(filepath.FromSlash(f.Path))
+	if errors.Is(err, fs.ErrNotExist) {
+		return newError(dir, f.Path, ErrMissing, err,
+			fmt.Sprintf("%s is missing (listed in %s); %s", f.Path, ManifestName, damaged))
+	}
+	if err != nil {
+		return fmt.Errorf("images: %s: %w%s", dir, err, ioHint(err))
+	}
+	defer file.Close()
+	n, sum, err := hashReader(ctx, file)
+	if err != nil {
+		return fmt.Errorf("images: %s: read %s: %w%s", dir, f.Path, err, ioHint(err))
+	}
+	if n != f.Size {
+		return sizeError(dir, f, n)
+	}
+	if !strings.EqualFold(sum, f.SHA256) {
+		return newError(dir, f.Path, ErrCorrupt, nil,
+			fmt.Sprintf("%s is corrupt: sha256 mismatch; %s", f.Path, damaged))
+	}
+	return nil
+}
+
+func sizeError(dir string, f FileEntry, got int64) error {
+	kind, what := ErrTruncated, "truncated"
+	if got > f.Size {
+		kind, what = ErrCorrupt, "corrupt"
+	}
+	return newError(dir, f.Path, kind, nil,
+		fmt.Sprintf("%s is %s: %d bytes, manifest says %d; %s", f.Path, what, got, f.Size, damaged))
+}

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Stop the Kafka broker started by scripts/kafka-up.sh (same KCR_KAFKA_HOME).
+# SIGTERM, wait up to KCR_KAFKA_STOP_TIMEOUT seconds (default 20), then SIGKILL.
+# Idempotent: succeeds (and removes the pid file) when nothing is running.
+# Keeps the jar cache and the last broker.log / data dir for post-mortems.
+set -euo pipefail
+
+t_start=${EPOCHREALTIME:-$(date +%s.%N)}
+script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=kafka/common.sh
+. "$script_dir/kafka/common.sh"
+
+KHOME=${KCR_KAFKA_HOME:-/var/tmp/kcr-kafka}
+if [[ ! -d $KHOME ]]; then
+	echo "kafka: no broker running ($KHOME does not exist)"
+	exit 0
+fi
+KHOME=$(cd "$KHOME" && pwd)
+PIDFILE=$KHOME/kafka.pid
+
+exec 9>"$KHOME/.lock"
+if command -v flock >/dev/null 2>&1; then
+	flock -w 120 9 || echo "kafka-down: $KHOME/.lock is busy; stopping anyway" >&2
+fi
+
+mapfile -t pids < <(our_pids)
+if ((${#pids[@]} == 0)); then
+	rm -f "$PIDFILE"
+	echo "kafka: no broker running (home $KHOME)"
+	exit 0
+fi
+status=0
+stop_pids "${pids[@]}" || status=1
+rm -f "$PIDFILE"
+now=${EPOCHREALTIME:-$(date +%s.%N)}
+echo "kafka: stopped broker pid ${pids[*]} in $(awk -v a="$t_start" -v b="$now" 'BEGIN { printf "%.1fs", b - a }')"
+exit $status

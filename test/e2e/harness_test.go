@@ -1,0 +1,312 @@
+// Package e2e runs kcr end to end: real CRIU, real processes, and (for the
+// Kafka tests) a real Apache Kafka broker. In CI (CI=true) or with KCR_E2E=1
+// a missing CRIU, root or broker fails the tests; elsewhere they are skipped.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	binDir   string // kcr and test programs, mode 0755
+	kcrBin   string
+	appBin   string
+	setupOK  bool
+	setupErr string
+)
+
+func required() bool { return os.Getenv("CI") == "true" || os.Getenv("KCR_E2E") == "1" }
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "kcr-e2e-bin-")
+	if err != nil {
+		panic(err)
+	}
+	os.Chmod(dir, 0o755)
+	binDir = dir
+	kcrBin = filepath.Join(dir, "kcr")
+	appBin = filepath.Join(dir, "testapp")
+	setupOK = true
+	for _, b := range [][2]string{{kcrBin, "../../cmd/kcr"}, {appBin, "./testapp"}} {
+		out, err := exec.Command("go", "build", "-o", b[0], b[1]).CombinedOutput()
+		if err != nil {
+			setupOK, setupErr = false, fmt.Sprintf("go build %s: %v\n%s", b[1], err, out)
+		}
+	}
+	if setupOK && os.Geteuid() != 0 {
+		setupOK, setupErr = false, "e2e tests need root (CRIU)"
+	}
+	if setupOK {
+		if out, err := exec.Command(kcrBin, "doctor").CombinedOutput(); err != nil {
+			setupOK, setupErr = false, fmt.Sprintf("kcr doctor failed (run scripts/install-criu.sh):\n%s", out)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// need fails or skips the test when the environment cannot run it.
+func need(t *testing.T) {
+	t.Helper()
+	if setupOK {
+		return
+	}
+	if required() {
+		t.Fatalf("e2e environment missing: %s", setupErr)
+	}
+	t.Skipf("e2e environment missing (set KCR_E2E=1 to make this fatal): %s", setupErr)
+}
+
+// app is a started testapp.
+type app struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	pid    int
+	out    string // its event log
+	listen string
+	sock   string
+	done   chan struct{}
+}
+
+type event map[string]any
+
+func (e event) str(k string) string { s, _ := e[k].(string); return s }
+
+// echoServer accepts connections and echoes; it counts accepts.
+type echoServer struct {
+	ln      net.Listener
+	mu      sync.Mutex
+	accepts int
+}
+
+func newEcho(t *testing.T) *echoServer {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &echoServer{ln: ln}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			e.mu.Lock()
+			e.accepts++
+			e.mu.Unlock()
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 512)
+				for {
+					n, err := c.Read(buf)
+					if err != nil {
+						return
+					}
+					c.Write(buf[:n])
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() { ln.Close() })
+	return e
+}
+
+func (e *echoServer) addr() string { return e.ln.Addr().String() }
+func (e *echoServer) count() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.accepts
+}
+
+// startApp starts testapp detached: own session, stdin /dev/null, output to
+// an O_APPEND file, MPTCP off unless asked for.
+func startApp(t *testing.T, args ...string) *app {
+	t.Helper()
+	dir := t.TempDir()
+	outPath := filepath.Join(dir, "app.log")
+	f, err := os.OpenFile(outPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cmd := exec.Command(appBin, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.Env = append(os.Environ(), "GODEBUG=multipathtcp=0", "KCR_SOCKET_DIR="+filepath.Join(dir, "sock"))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	a := &app{t: t, cmd: cmd, pid: cmd.Process.Pid, out: outPath, done: make(chan struct{})}
+	// Reap it as soon as it exits: a dump kills it, and kcr waits for the
+	// PID to be free.
+	go func() { cmd.Wait(); close(a.done) }()
+	t.Cleanup(func() { a.kill() })
+	ev := a.waitEvent(10*time.Second, func(e event) bool { return e["ev"] == "ready" || e["ev"] == "fatal" })
+	if ev["ev"] == "fatal" {
+		t.Fatalf("testapp failed to start: %v", ev)
+	}
+	a.listen, a.sock = ev.str("listen"), ev.str("socket")
+	return a
+}
+
+func (a *app) kill() {
+	syscall.Kill(a.pid, syscall.SIGKILL)
+}
+
+// events returns all events logged so far (by every incarnation: restored
+// copies append to the same file).
+func (a *app) events() []event {
+	b, _ := os.ReadFile(a.out)
+	var evs []event
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		var e event
+		if json.Unmarshal(sc.Bytes(), &e) == nil {
+			evs = append(evs, e)
+		}
+	}
+	return evs
+}
+
+// waitEvent waits for an event matching ok and returns it.
+func (a *app) waitEvent(timeout time.Duration, ok func(event) bool) event {
+	a.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		for _, e := range a.events() {
+			if ok(e) {
+				return e
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	b, _ := os.ReadFile(a.out)
+	a.t.Fatalf("timed out after %v waiting for an event; app log:\n%s", timeout, b)
+	return nil
+}
+
+// since returns events after the n-th.
+func (a *app) since(n int) []event {
+	evs := a.events()
+	if n > len(evs) {
+		return nil
+	}
+	return evs[n:]
+}
+
+// state asks the app's TCP listener for its counter, generation and instance id.
+func state(t *testing.T, addr string) (counter int64, gen uint64, id string) {
+	t.Helper()
+	var lastErr error
+	for i := 0; i < 50; i++ {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.SetDeadline(time.Now().Add(2 * time.Second))
+			line, err := bufio.NewReader(c).ReadString('\n')
+			c.Close()
+			if err == nil {
+				f := strings.Fields(line)
+				if len(f) == 3 {
+					counter, _ = strconv.ParseInt(f[0], 10, 64)
+					gen, _ = strconv.ParseUint(f[1], 10, 64)
+					return counter, gen, f[2]
+				}
+			}
+			lastErr = err
+		} else {
+			lastErr = err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("state listener %s: %v", addr, lastErr)
+	return
+}
+
+// kcrResult is one run of the kcr binary.
+type kcrResult struct {
+	code   int
+	stdout string
+	stderr string
+}
+
+func kcr(t *testing.T, args ...string) kcrResult {
+	t.Helper()
+	cmd := exec.Command(kcrBin, args...)
+	var so, se bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &so, &se
+	err := cmd.Run()
+	r := kcrResult{stdout: so.String(), stderr: se.String()}
+	if ee, ok := err.(*exec.ExitError); ok {
+		r.code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("run kcr: %v", err)
+	}
+	t.Logf("kcr %s -> exit %d\n%s%s", strings.Join(args, " "), r.code, r.stderr, r.stdout)
+	return r
+}
+
+func mustKCR(t *testing.T, args ...string) kcrResult {
+	t.Helper()
+	r := kcr(t, args...)
+	if r.code != 0 {
+		t.Fatalf("kcr %s: exit %d: %s", strings.Join(args, " "), r.code, r.stderr)
+	}
+	return r
+}
+
+// restore runs kcr restore --json and returns the new PID, killed at cleanup.
+func restore(t *testing.T, image string, extra ...string) (pid int, out map[string]any) {
+	t.Helper()
+	r := mustKCR(t, append([]string{"restore", "--json", image}, extra...)...)
+	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
+		t.Fatalf("kcr restore --json: %v: %q", err, r.stdout)
+	}
+	pid = int(out["pid"].(float64))
+	t.Cleanup(func() { killWait(pid) })
+	return pid, out
+}
+
+// killWait kills pid and waits until it is gone (PID 1 reaps restored
+// processes, sometimes slowly).
+func killWait(pid int) {
+	syscall.Kill(pid, syscall.SIGKILL)
+	for i := 0; i < 500; i++ {
+		if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err != nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func alive(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	return i > 0 && len(b) > i+2 && b[i+2] != 'Z'
+}
+
+func names(evs []event, kind string) []string {
+	var out []string
+	for _, e := range evs {
+		if e["ev"] == kind {
+			out = append(out, e.str("name"))
+		}
+	}
+	return out
+}

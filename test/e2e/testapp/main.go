@@ -1,0 +1,199 @@
+// Command testapp is the target program of kcr's end-to-end tests. It keeps
+// in-memory state (a counter a goroutine advances), a listening TCP socket
+// that reports that state, and an outbound TCP connection that a registered
+// hook closes before a checkpoint and reopens after it. It writes one JSON
+// line per event to stdout, which the tests read.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/kcr-dev/kcr/notify"
+	"github.com/kcr-dev/kcr/notify/proto"
+)
+
+var out = json.NewEncoder(os.Stdout)
+var outMu sync.Mutex
+
+func emit(ev string, kv ...any) {
+	m := map[string]any{"ev": ev, "pid": os.Getpid(), "t": time.Now().UnixNano()}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i].(string)] = kv[i+1]
+	}
+	outMu.Lock()
+	out.Encode(m)
+	outMu.Unlock()
+}
+
+func main() {
+	listen := flag.String("listen", "127.0.0.1:0", "address of the state listener")
+	echo := flag.String("echo", "", "address of an echo server to keep a connection to")
+	failHook := flag.String("fail-hook", "", "name of a resource whose before-checkpoint hook fails")
+	unhooked := flag.String("unhooked", "", "address to keep an extra connection to that no hook closes")
+	mptcp := flag.Bool("mptcp", false, "listen with MPTCP")
+	dial := flag.String("dial", "", "connect to this control socket, send hello, print the answer and exit")
+	flag.Parse()
+	if *dial != "" {
+		os.Exit(dialMode(*dial))
+	}
+
+	var counter atomic.Int64
+	var conn struct {
+		sync.Mutex
+		c     net.Conn
+		dials int
+	}
+	connect := func() error {
+		if *echo == "" {
+			return nil
+		}
+		c, err := net.DialTimeout("tcp", *echo, 5*time.Second)
+		if err != nil {
+			return err
+		}
+		conn.Lock()
+		conn.c = c
+		conn.dials++
+		n := conn.dials
+		conn.Unlock()
+		emit("connected", "dials", n)
+		return nil
+	}
+	if err := connect(); err != nil {
+		emit("fatal", "err", err.Error())
+		os.Exit(1)
+	}
+
+	hook := func(name string, before func() error, after func(notify.Event) error) {
+		notify.Register(name, notify.Func(
+			func(ctx context.Context) error {
+				emit("before", "name", name)
+				if name == *failHook {
+					return errors.New("refusing on purpose")
+				}
+				if before != nil {
+					return before()
+				}
+				return nil
+			},
+			func(ctx context.Context, ev notify.Event) error {
+				emit("after", "name", name, "kind", ev.Kind.String(), "gen", ev.Generation, "instance", ev.InstanceID,
+					"reason", ev.Reason, "self", ev.SelfDetected)
+				if after != nil {
+					return after(ev)
+				}
+				return nil
+			}))
+	}
+	hook("state", nil, nil)
+	hook("conn", func() error {
+		conn.Lock()
+		defer conn.Unlock()
+		if conn.c != nil {
+			conn.c.Close()
+			conn.c = nil
+		}
+		return nil
+	}, func(notify.Event) error { return connect() })
+	hook("worker", nil, nil)
+
+	if *unhooked != "" {
+		c, err := net.Dial("tcp", *unhooked)
+		if err != nil {
+			emit("fatal", "err", err.Error())
+			os.Exit(1)
+		}
+		defer c.Close()
+	}
+
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(*mptcp)
+	ln, err := lc.Listen(context.Background(), "tcp", *listen)
+	if err != nil {
+		emit("fatal", "err", err.Error())
+		os.Exit(1)
+	}
+	srv, err := notify.Start()
+	if err != nil {
+		emit("fatal", "err", err.Error())
+		os.Exit(1)
+	}
+	defer srv.Close()
+
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			gen, id := notify.Identity()
+			fmt.Fprintf(c, "%d %d %s\n", counter.Load(), gen, id)
+			c.Close()
+		}
+	}()
+
+	// The worker advances the state and uses the outbound connection.
+	go func() {
+		buf := make([]byte, 5)
+		for i := 0; ; i++ {
+			time.Sleep(10 * time.Millisecond)
+			counter.Add(1)
+			if i%10 != 0 {
+				continue
+			}
+			conn.Lock()
+			if c := conn.c; c != nil {
+				c.SetDeadline(time.Now().Add(2 * time.Second))
+				if _, err := c.Write([]byte("ping\n")); err == nil {
+					_, err = c.Read(buf)
+				}
+			}
+			conn.Unlock()
+		}
+	}()
+
+	emit("ready", "listen", ln.Addr().String(), "socket", srv.Path())
+	sig := make(chan os.Signal, 1)
+	signalNotify(sig)
+	<-sig
+	emit("exit")
+}
+
+func dialMode(path string) int {
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		fmt.Println("dial error:", err)
+		if errors.Is(err, syscall.EACCES) {
+			return 3
+		}
+		return 2
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if err := proto.Write(c, proto.Message{Type: proto.TypeHello}); err != nil {
+		fmt.Println("write error:", err)
+		return 2
+	}
+	m, err := proto.Read(bufio.NewReader(c))
+	if err != nil {
+		fmt.Println("read error:", err)
+		return 2
+	}
+	fmt.Println(m.Type, strings.TrimSpace(m.Error))
+	if m.Type == proto.TypeError {
+		return 4
+	}
+	return 0
+}

@@ -1,0 +1,164 @@
+package criu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"google.golang.org/protobuf/proto"
+)
+
+// logLevel is CRIU's most verbose level: kcr keeps the logs for diagnosis.
+const logLevel = 4
+
+// DumpOptions configures Dump.
+type DumpOptions struct {
+	PID       int    // root of the process tree to dump
+	ImagesDir string // existing directory for the images (and the log and stats-dump)
+	LogFile   string // log file name inside ImagesDir; default "dump.log"
+
+	// LeaveRunning keeps the tree running after the dump. Otherwise CRIU
+	// kills it; use WaitGone before restoring it on this machine.
+	LeaveRunning bool
+	// ShellJob allows a tree attached to a terminal or not leading its own
+	// session (see ShellJobNeeded). Such trees restore badly.
+	ShellJob bool
+	// FileLocks dumps file locks (flock, POSIX locks) held by the tree.
+	FileLocks bool
+	// TCPClose dumps open TCP connections as closed; the restored process
+	// sees them fail. Restore must be given TCPClose as well.
+	TCPClose bool
+	// TCPEstablished dumps open TCP connections for repair on restore (same
+	// machine/addresses only, peer must cooperate). Restore needs it too.
+	TCPEstablished bool
+
+	// Notify, if set, is called at each CRIU stage (see NotifyFunc).
+	Notify NotifyFunc
+}
+
+// DumpResult describes a successful dump.
+type DumpResult struct {
+	Duration time.Duration // wall time, starting criu included
+	LogPath  string
+	// Stats is CRIU's stats-dump; nil (with StatsErr set) if unreadable.
+	Stats    *DumpStats
+	StatsErr error
+}
+
+// Dump checkpoints the process tree rooted at opts.PID into opts.ImagesDir
+// with "criu swrk". On failure the error is an *Error carrying the first
+// real error of the log and a hint.
+//
+// Cancelling ctx kills CRIU; a tree being dumped at that moment may be left
+// stopped or damaged, so prefer a generous deadline over cancellation.
+func Dump(ctx context.Context, criuPath string, opts DumpOptions) (*DumpResult, error) {
+	if opts.PID <= 0 {
+		return nil, fmt.Errorf("criu dump: invalid PID %d", opts.PID)
+	}
+	if opts.ImagesDir == "" {
+		return nil, errors.New("criu dump: no images directory")
+	}
+	logFile := opts.LogFile
+	if logFile == "" {
+		logFile = "dump.log"
+	}
+	if filepath.Base(logFile) != logFile {
+		return nil, fmt.Errorf("criu dump: log file %q must be a plain name (it goes into the images directory)", logFile)
+	}
+	dir, err := os.Open(opts.ImagesDir)
+	if err != nil {
+		return nil, fmt.Errorf("criu dump: images directory: %w", err)
+	}
+	defer dir.Close()
+	logPath := filepath.Join(opts.ImagesDir, logFile)
+
+	start := time.Now()
+	s, err := startSwrk(ctx, criuPath, !opts.ShellJob)
+	if err != nil {
+		return nil, err
+	}
+	req := &rpc.CriuReq{
+		Type: rpc.CriuReqType_DUMP.Enum(),
+		Opts: &rpc.CriuOpts{
+			ImagesDirFd:    proto.Int32(int32(dir.Fd())),
+			Pid:            proto.Int32(int32(opts.PID)),
+			LeaveRunning:   proto.Bool(opts.LeaveRunning),
+			ShellJob:       proto.Bool(opts.ShellJob),
+			FileLocks:      proto.Bool(opts.FileLocks),
+			TcpClose:       proto.Bool(opts.TCPClose),
+			TcpEstablished: proto.Bool(opts.TCPEstablished),
+			LogLevel:       proto.Int32(logLevel),
+			LogFile:        proto.String(logFile),
+			NotifyScripts:  proto.Bool(opts.Notify != nil),
+		},
+	}
+	resp, callErr := s.call(req, opts.Notify)
+	elapsed := time.Since(start)
+	output, waitErr := s.close()
+	if err := respError(ctx, "dump", resp, callErr, output, waitErr, logPath); err != nil {
+		return nil, err
+	}
+	res := &DumpResult{Duration: elapsed, LogPath: logPath}
+	res.Stats, res.StatsErr = ReadDumpStats(opts.ImagesDir)
+	return res, nil
+}
+
+// respError turns the outcome of one swrk request into an error (nil on
+// success).
+func respError(ctx context.Context, op string, resp *rpc.CriuResp, callErr error, output string, waitErr error, logPath string) error {
+	if resp != nil && resp.GetSuccess() && callErr == nil {
+		return nil
+	}
+	var errs []error
+	if ctx.Err() != nil {
+		errs = append(errs, fmt.Errorf("criu %s interrupted: %w", op, ctx.Err()))
+	}
+	if callErr != nil {
+		errs = append(errs, callErr)
+	}
+	if resp != nil && !resp.GetSuccess() {
+		msg := resp.GetCrErrmsg()
+		if msg == "" {
+			msg = "CRIU reported failure"
+		}
+		if no := resp.GetCrErrno(); no != 0 {
+			msg = fmt.Sprintf("%s (errno %d)", msg, no)
+		}
+		errs = append(errs, errors.New(msg))
+	}
+	if resp == nil && waitErr != nil {
+		errs = append(errs, fmt.Errorf("criu swrk: %w", waitErr))
+	}
+	if output != "" {
+		errs = append(errs, fmt.Errorf("criu said: %s", strings.Join(strings.Fields(output), " ")))
+	}
+	return newError(op, logPath, output, joinErrors(errs))
+}
+
+// joinedError is errors.Join on one line.
+type joinedError []error
+
+func (j joinedError) Error() string {
+	s := make([]string, len(j))
+	for i, e := range j {
+		s[i] = e.Error()
+	}
+	return strings.Join(s, "; ")
+}
+
+func (j joinedError) Unwrap() []error { return j }
+
+func joinErrors(errs []error) error {
+	switch len(errs) {
+	case 0:
+		return nil
+	case 1:
+		return errs[0]
+	}
+	return joinedError(errs)
+}

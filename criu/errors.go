@@ -1,0 +1,206 @@
+package criu
+
+import (
+	"bufio"
+	"io"
+	"os"
+	"regexp"
+	"strings"
+)
+
+// Cause classifies a CRIU failure that kcr knows how to explain.
+type Cause string
+
+// Known causes. CauseUnknown means the log matched no known pattern.
+const (
+	CauseUnknown        Cause = ""
+	CauseTCPEstablished Cause = "tcp-established"
+	CauseExternalUnix   Cause = "external-unix-socket"
+	CausePIDInUse       Cause = "pid-in-use"
+	CauseMPTCP          Cause = "mptcp"
+	CausePermission     Cause = "permission"
+	CauseShellJob       Cause = "shell-job"
+	CauseNoProcess      Cause = "no-such-process"
+	CauseTCPCloseNeeded Cause = "tcp-close-needed"
+)
+
+var hints = map[Cause]string{
+	CauseTCPEstablished: "a TCP connection is still open: close it in a hook, or pass --tcp-close",
+	CauseExternalUnix:   "a connected Unix socket leads outside the process: close it in a hook",
+	CausePIDInUse:       "a PID the image needs is in use by another process: restore needs the original PIDs; stop that process, or run the service under \"kcr run\" so it gets its own PID namespace",
+	CauseMPTCP:          "MPTCP socket: Go >= 1.24 listens with MPTCP by default; set GODEBUG=multipathtcp=0, add `godebug multipathtcp=0` to go.mod, or ListenConfig.SetMultipathTCP(false)",
+	CausePermission:     "run as root (CAP_SYS_ADMIN, CAP_CHECKPOINT_RESTORE)",
+	CauseShellJob:       "the process is not detached (it does not lead its own session, or it has a controlling terminal): start it with setsid and stdin from /dev/null, or pass --shell-job",
+	CauseNoProcess:      "the process is gone: check the PID",
+	CauseTCPCloseNeeded: "the image was dumped with --tcp-close: restore it with --tcp-close too",
+}
+
+// Hint returns the advice kcr gives for c ("" for CauseUnknown).
+func (c Cause) Hint() string { return hints[c] }
+
+// causePatterns are tried in order on every error line of a log; the first
+// cause found anywhere in the log wins over later ones in this list.
+var causePatterns = []struct {
+	cause Cause
+	re    *regexp.Regexp
+}{
+	{CauseMPTCP, regexp.MustCompile(`Unsupported proto 262|IPPROTO_MPTCP|proto 262`)},
+	{CauseTCPCloseNeeded, regexp.MustCompile(`Need to set the --tcp-close option`)},
+	{CauseTCPEstablished, regexp.MustCompile(`(?i)connected TCP socket|tcp-established|TCP connection`)},
+	{CauseExternalUnix, regexp.MustCompile(`(?i)external socket is used|ext-unix-sk|half of stream unix connection|unix socket .* without peer|Runaway socket`)},
+	{CausePIDInUse, regexp.MustCompile(`Can't fork for \d+: File exists|PID \d+ is in use`)},
+	{CauseShellJob, regexp.MustCompile(`(?i)not a session leader|shell-job|shell_job|controlling terminal`)},
+	{CauseNoProcess, regexp.MustCompile(`No such process`)},
+	{CausePermission, regexp.MustCompile(`(?i)operation not permitted|permission denied|CAP_SYS_ADMIN|CAP_CHECKPOINT_RESTORE|capability .* missing`)},
+}
+
+// logLineRE splits "(00.012345) Error (criu/sk-inet.c:188): message".
+var logLineRE = regexp.MustCompile(`^\s*(?:\(\s*[0-9.]+\)\s*)?(?:pie: \d+: )?(Error|Warn) \(([^)]*)\): ?(.*)$`)
+
+// harmless reports error lines CRIU prints that do not explain a failure:
+// when kcr runs without CAP_SYS_RESOURCE (containers, some VMs) CRIU cannot
+// raise its rlimits and logs an Operation not permitted error, then carries on.
+func harmless(msg string) bool {
+	l := strings.ToLower(msg)
+	return strings.Contains(l, "rlimit") && strings.Contains(l, "not permitted")
+}
+
+// ParseLog scans a CRIU log and returns the first real error message (its
+// "Error (file:line): " prefix removed, harmless rlimit errors skipped) and a
+// hint if a known cause appears anywhere in the log's error lines.
+func ParseLog(r io.Reader) (first, hint string) {
+	first, c := parseLog(r)
+	return first, c.Hint()
+}
+
+// ParseLogFile is ParseLog on a file; a missing file gives "", "".
+func ParseLogFile(path string) (first, hint string) {
+	first, c := parseLogFile(path)
+	return first, c.Hint()
+}
+
+func parseLogFile(path string) (string, Cause) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", CauseUnknown
+	}
+	defer f.Close()
+	return parseLog(f)
+}
+
+func parseLog(r io.Reader) (first string, cause Cause) {
+	rank := len(causePatterns)
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		m := logLineRE.FindStringSubmatch(sc.Text())
+		if m == nil || m[1] != "Error" {
+			continue
+		}
+		msg := strings.TrimSpace(m[3])
+		if msg == "" || harmless(msg) {
+			continue
+		}
+		if first == "" {
+			first = msg
+		}
+		cause, rank = classify(msg, cause, rank)
+	}
+	return first, cause
+}
+
+// classify returns the cause msg matches if it ranks before the cause found
+// so far (rank is that cause's index in causePatterns).
+func classify(msg string, cause Cause, rank int) (Cause, int) {
+	for i := 0; i < rank; i++ {
+		if causePatterns[i].re.MatchString(msg) {
+			return causePatterns[i].cause, i
+		}
+	}
+	return cause, rank
+}
+
+// parseOutput is parseLog for what criu printed on stdout/stderr before it
+// had a log file (e.g. "CRIU needs to have the CAP_SYS_ADMIN or the
+// CAP_CHECKPOINT_RESTORE capability"): every non-empty line counts.
+func parseOutput(out string) (first string, cause Cause) {
+	rank := len(causePatterns)
+	for _, line := range strings.Split(out, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || harmless(line) {
+			continue
+		}
+		if m := logLineRE.FindStringSubmatch(line); m != nil {
+			if m[1] != "Error" {
+				continue
+			}
+			line = strings.TrimSpace(m[3])
+		}
+		if first == "" {
+			first = strings.TrimSuffix(line, ":")
+		}
+		cause, rank = classify(line, cause, rank)
+	}
+	return first, cause
+}
+
+// Error is a failed CRIU operation.
+type Error struct {
+	Op    string // "dump", "restore", ...
+	First string // first real error line of CRIU's log, prefix removed
+	Log   string // path of CRIU's log file ("" if none)
+	Cause Cause  // recognised cause, or CauseUnknown
+	Hint  string // advice for Cause ("" if none)
+	// Err is the underlying error when there is one: a failed hook, the
+	// error CRIU reported over RPC, or how the criu process ended.
+	Err error
+}
+
+// Error formats e as one line:
+// "criu dump failed: <first error> (log: <path>); hint: <hint>".
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString("criu ")
+	b.WriteString(e.Op)
+	b.WriteString(" failed")
+	switch {
+	case e.First != "":
+		b.WriteString(": ")
+		b.WriteString(e.First)
+	case e.Err != nil:
+		b.WriteString(": ")
+		b.WriteString(e.Err.Error())
+	}
+	if e.Log != "" {
+		b.WriteString(" (log: ")
+		b.WriteString(e.Log)
+		b.WriteString(")")
+	}
+	if e.Hint != "" {
+		b.WriteString("; hint: ")
+		b.WriteString(e.Hint)
+	}
+	return b.String()
+}
+
+// Unwrap returns e.Err.
+func (e *Error) Unwrap() error { return e.Err }
+
+// newError builds an *Error for op from the log at logPath and, failing
+// that, from what criu printed (output).
+func newError(op, logPath, output string, err error) *Error {
+	first, c := parseLogFile(logPath)
+	if _, statErr := os.Stat(logPath); statErr != nil {
+		logPath = ""
+	}
+	if first == "" || c == CauseUnknown {
+		ofirst, oc := parseOutput(output)
+		if first == "" {
+			first = ofirst
+		}
+		if c == CauseUnknown {
+			c = oc
+		}
+	}
+	return &Error{Op: op, First: first, Log: logPath, Cause: c, Hint: c.Hint(), Err: err}
+}

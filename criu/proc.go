@@ -1,0 +1,245 @@
+package criu
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// procStat holds the fields of /proc/<pid>/stat kcr uses.
+type procStat struct {
+	comm      string
+	state     byte
+	ppid      int
+	pgrp      int
+	session   int
+	ttyNr     int
+	startTime uint64
+}
+
+func readProcStat(pid int) (*procStat, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return nil, err
+	}
+	return parseProcStat(b)
+}
+
+func parseProcStat(b []byte) (*procStat, error) {
+	open, close := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
+	if open < 0 || close < open {
+		return nil, fmt.Errorf("malformed /proc stat %q", b)
+	}
+	f := strings.Fields(string(b[close+1:]))
+	if len(f) < 20 || len(f[0]) != 1 {
+		return nil, fmt.Errorf("malformed /proc stat %q", b)
+	}
+	s := &procStat{comm: string(b[open+1 : close]), state: f[0][0]}
+	ints := []*int{&s.ppid, &s.pgrp, &s.session, &s.ttyNr}
+	for i, p := range ints {
+		v, err := strconv.Atoi(f[1+i])
+		if err != nil {
+			return nil, fmt.Errorf("malformed /proc stat %q", b)
+		}
+		*p = v
+	}
+	st, err := strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("malformed /proc stat %q", b)
+	}
+	s.startTime = st
+	return s, nil
+}
+
+// ShellJobNeeded reports whether CRIU needs --shell-job (ShellJob) to dump
+// pid: the process has a controlling terminal (tty_nr in /proc/<pid>/stat is
+// not 0), or it is not the leader of its own session (its session leads
+// outside the tree and CRIU refuses: "not a session leader"). A service
+// started detached (setsid, stdin from /dev/null) needs neither. Such jobs
+// restore badly: prefer starting the service detached.
+func ShellJobNeeded(pid int) (bool, error) {
+	st, err := readProcStat(pid)
+	if err != nil {
+		return false, fmt.Errorf("criu: process %d: %w", pid, err)
+	}
+	return st.ttyNr != 0 || st.session != pid, nil
+}
+
+// WaitGone waits, for at most timeout, until /proc/<pid> is gone: not
+// running and not a zombie either. After a dump without LeaveRunning CRIU
+// kills the tree, but its PIDs stay taken until the parent reaps the zombies
+// (PID 1 may take a second or two), and a restore before that fails with
+// "Can't fork for <pid>: File exists". It returns how long it waited. A
+// process's zombie is only reaped by its parent: if the parent is the
+// calling program, it must Wait for it itself.
+func WaitGone(ctx context.Context, pid int, timeout time.Duration) (time.Duration, error) {
+	start := time.Now()
+	first, err := readProcStat(pid)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return 0, nil
+		}
+		return 0, fmt.Errorf("criu: process %d: %w", pid, err)
+	}
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		st, err := readProcStat(pid)
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				return time.Since(start), nil
+			}
+			return time.Since(start), fmt.Errorf("criu: process %d: %w", pid, err)
+		}
+		if st.startTime != first.startTime {
+			return time.Since(start), nil // gone; the PID now belongs to someone else
+		}
+		select {
+		case <-ctx.Done():
+			return time.Since(start), ctx.Err()
+		case <-deadline.C:
+			what := fmt.Sprintf("process %d (%q) is still running", pid, st.comm)
+			if st.state == 'Z' {
+				what = fmt.Sprintf("process %d (%q) is a zombie its parent %d has not reaped", pid, st.comm, st.ppid)
+				if st.ppid == os.Getpid() {
+					what += " (that is this program: it must wait for its child)"
+				}
+			}
+			return time.Since(start), fmt.Errorf("criu: after %s %s", timeout, what)
+		case <-tick.C:
+		}
+	}
+}
+
+// ErrPIDInUse is matched (errors.Is) by *PIDInUseError.
+var ErrPIDInUse = errors.New("PID in use")
+
+// PIDInUseError says a PID that a restore needs is taken.
+type PIDInUseError struct {
+	PID     int
+	Owner   int    // the process holding it (== PID unless PID is a thread of Owner)
+	Comm    string // Owner's command name
+	Cmdline string // Owner's command line, space-separated
+	Zombie  bool   // held by a zombie that was not reaped in time
+}
+
+func (e *PIDInUseError) Error() string {
+	var who string
+	switch {
+	case e.Zombie:
+		who = fmt.Sprintf("a zombie of %q that its parent has not reaped", e.Comm)
+	case e.Owner != e.PID:
+		who = fmt.Sprintf("a thread of process %d %q (cmdline %q)", e.Owner, e.Comm, e.Cmdline)
+	default:
+		who = fmt.Sprintf("%q (cmdline %q)", e.Comm, e.Cmdline)
+	}
+	return fmt.Sprintf("PID %d is in use by %s: restore needs the original PID; stop that process, or run the service under \"kcr run\" so it gets its own PID namespace", e.PID, who)
+}
+
+// Is makes errors.Is(err, ErrPIDInUse) true.
+func (e *PIDInUseError) Is(target error) bool { return target == ErrPIDInUse }
+
+// CheckPIDFree returns nil if pid is free for a restore. If a zombie holds
+// it, it waits up to zombieWait for the zombie to be reaped. If a live
+// process (or a thread of one: thread IDs share the PID space) holds it, it
+// returns a *PIDInUseError naming that process.
+func CheckPIDFree(ctx context.Context, pid int, zombieWait time.Duration) error {
+	st, err := readProcStat(pid)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("criu: process %d: %w", pid, err)
+	}
+	owner := tgid(pid)
+	if st.state == 'Z' && owner == pid {
+		if _, err := WaitGone(ctx, pid, zombieWait); err == nil {
+			return nil
+		} else if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return &PIDInUseError{PID: pid, Owner: pid, Comm: st.comm, Zombie: true}
+	}
+	e := &PIDInUseError{PID: pid, Owner: owner, Comm: st.comm, Cmdline: cmdline(owner)}
+	if owner != pid {
+		if ost, err := readProcStat(owner); err == nil {
+			e.Comm = ost.comm
+		}
+	}
+	return e
+}
+
+// CheckImagePIDsFree checks, with CheckPIDFree, every PID and thread ID that
+// restoring imagesDir will need. It returns the first conflict.
+func CheckImagePIDsFree(ctx context.Context, imagesDir string, zombieWait time.Duration) error {
+	tasks, err := ImageTasks(imagesDir)
+	if err != nil {
+		return err
+	}
+	for _, t := range tasks {
+		ids := append([]int{t.PID}, t.Threads...)
+		for i, id := range ids {
+			if i > 0 && id == t.PID {
+				continue
+			}
+			if err := CheckPIDFree(ctx, id, zombieWait); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// tgid returns the thread group (process) that task id belongs to, or id.
+func tgid(id int) int {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(id) + "/status")
+	if err != nil {
+		return id
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
+			if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && n > 0 {
+				return n
+			}
+		}
+	}
+	return id
+}
+
+func cmdline(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " "))
+}
+
+// processTree returns pid and all its descendants (pid first).
+func processTree(pid int) []int {
+	seen := map[int]bool{pid: true}
+	out := []int{pid}
+	for i := 0; i < len(out); i++ {
+		p := strconv.Itoa(out[i])
+		tasks, _ := os.ReadDir("/proc/" + p + "/task")
+		for _, t := range tasks {
+			b, err := os.ReadFile("/proc/" + p + "/task/" + t.Name() + "/children")
+			if err != nil {
+				continue
+			}
+			for _, c := range strings.Fields(string(b)) {
+				if n, err := strconv.Atoi(c); err == nil && !seen[n] {
+					seen[n] = true
+					out = append(out, n)
+				}
+			}
+		}
+	}
+	return out
+}

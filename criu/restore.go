@@ -1,0 +1,135 @@
+package criu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"google.golang.org/protobuf/proto"
+)
+
+// RestoreOptions configures Restore.
+type RestoreOptions struct {
+	ImagesDir string // images written by Dump; only read
+	// WorkDir receives the log and stats-restore (CRIU writes both to its
+	// work directory). Give each restore its own WorkDir, so that several
+	// restores of one image can run at once; if empty, ImagesDir is used.
+	WorkDir string
+	LogFile string // log file name inside WorkDir; default "restore.log"
+
+	// TCPClose, TCPEstablished, ShellJob and FileLocks must match the
+	// options the image was dumped with.
+	TCPClose       bool
+	TCPEstablished bool
+	ShellJob       bool
+	FileLocks      bool
+	// LazyPages restores memory lazily through userfaultfd: CRIU expects a
+	// "criu lazy-pages" daemon serving the pages on WorkDir's
+	// lazy-pages.socket (not started by this package yet).
+	LazyPages bool
+
+	// Notify, if set, is called at each CRIU stage (see NotifyFunc).
+	Notify NotifyFunc
+}
+
+// RestoreResult describes a successful restore.
+type RestoreResult struct {
+	PID      int           // PID of the restored root process
+	Duration time.Duration // wall time, starting criu included
+	LogPath  string
+	// Stats is CRIU's stats-restore; nil (with StatsErr set) if unreadable.
+	Stats    *RestoreStats
+	StatsErr error
+}
+
+// Restore restores the tree dumped in opts.ImagesDir with "criu swrk" and
+// returns the PID of its root. The restored tree is detached from the
+// caller: CRIU restores it as a child of the criu process (not with
+// rst_sibling), which exits once the restore is done, so the tree is
+// re-parented to the nearest child subreaper or PID 1. The caller need not
+// (and cannot) wait for it, and may exit while it keeps running. CRIU puts
+// the restored tree into a new time namespace. Every PID and thread ID of the
+// image must be free (see CheckImagePIDsFree).
+//
+// Cancelling ctx kills CRIU, which then kills the half-restored tree.
+func Restore(ctx context.Context, criuPath string, opts RestoreOptions) (*RestoreResult, error) {
+	if opts.ImagesDir == "" {
+		return nil, errors.New("criu restore: no images directory")
+	}
+	workDir := opts.WorkDir
+	if workDir == "" {
+		workDir = opts.ImagesDir
+	}
+	logFile := opts.LogFile
+	if logFile == "" {
+		logFile = "restore.log"
+	}
+	if filepath.Base(logFile) != logFile {
+		return nil, fmt.Errorf("criu restore: log file %q must be a plain name (it goes into the work directory)", logFile)
+	}
+	imgDir, err := os.Open(opts.ImagesDir)
+	if err != nil {
+		return nil, fmt.Errorf("criu restore: images directory: %w", err)
+	}
+	defer imgDir.Close()
+	wDir, err := os.Open(workDir)
+	if err != nil {
+		return nil, fmt.Errorf("criu restore: work directory: %w", err)
+	}
+	defer wDir.Close()
+	logPath := filepath.Join(workDir, logFile)
+
+	var notifiedPID int
+	notify := func(script string, pid int) error {
+		if script == "post-restore" && pid > 0 {
+			notifiedPID = pid
+		}
+		if opts.Notify != nil {
+			return opts.Notify(script, pid)
+		}
+		return nil
+	}
+
+	start := time.Now()
+	s, err := startSwrk(ctx, criuPath, !opts.ShellJob)
+	if err != nil {
+		return nil, err
+	}
+	req := &rpc.CriuReq{
+		Type: rpc.CriuReqType_RESTORE.Enum(),
+		Opts: &rpc.CriuOpts{
+			ImagesDirFd:    proto.Int32(int32(imgDir.Fd())),
+			WorkDirFd:      proto.Int32(int32(wDir.Fd())),
+			LeaveRunning:   proto.Bool(false),
+			ShellJob:       proto.Bool(opts.ShellJob),
+			FileLocks:      proto.Bool(opts.FileLocks),
+			TcpClose:       proto.Bool(opts.TCPClose),
+			TcpEstablished: proto.Bool(opts.TCPEstablished),
+			LazyPages:      proto.Bool(opts.LazyPages),
+			LogLevel:       proto.Int32(logLevel),
+			LogFile:        proto.String(logFile),
+			NotifyScripts:  proto.Bool(opts.Notify != nil),
+			// Not RstSibling: that would make the tree our child.
+		},
+	}
+	resp, callErr := s.call(req, notify)
+	elapsed := time.Since(start)
+	output, waitErr := s.close()
+	if err := respError(ctx, "restore", resp, callErr, output, waitErr, logPath); err != nil {
+		return nil, err
+	}
+	pid := int(resp.GetRestore().GetPid())
+	if pid <= 0 {
+		pid = notifiedPID
+	}
+	if pid <= 0 {
+		return nil, &Error{Op: "restore", Log: logPath, Err: errors.New("CRIU reported success but no PID")}
+	}
+	res := &RestoreResult{PID: pid, Duration: elapsed, LogPath: logPath}
+	res.Stats, res.StatsErr = ReadRestoreStats(workDir)
+	return res, nil
+}

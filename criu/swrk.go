@@ -1,0 +1,162 @@
+package criu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+)
+
+// NotifyFunc is called for each CRIU action-script notification when set in
+// DumpOptions or RestoreOptions. script is CRIU's name for the stage:
+// "pre-dump", "query-ext-files", "post-dump" (dump, in that order; plus
+// "network-lock"/"network-unlock" when the tree has its own network
+// namespace), "pre-restore", "post-restore", "pre-resume", "post-resume"
+// (restore, in that order; plus "setup-namespaces" and friends when
+// namespaces are restored). pid is set for the stages that have one
+// (post-restore: the restored root PID). Returning an error makes CRIU
+// abort the operation (a failing "post-dump" on a leave-running dump, for
+// example, resumes the tree and fails the dump).
+type NotifyFunc func(script string, pid int) error
+
+// maxMsg bounds one RPC message. CRIU's responses are small (a few hundred
+// bytes); SEQPACKET truncates rather than splits, and we check MSG_TRUNC.
+const maxMsg = 1 << 20
+
+// swrk is one "criu swrk" child and our end of its socket.
+type swrk struct {
+	cmd    *exec.Cmd
+	conn   *net.UnixConn
+	stderr *os.File // memfd collecting criu's stdout+stderr
+	stop   func() bool
+}
+
+// startSwrk starts "criu swrk 3". The socketpair is created close-on-exec;
+// the child's end is handed over as fd 3 through ExtraFiles (dup2'd without
+// CLOEXEC in the child only), so neither end leaks into other children that
+// the program starts concurrently. Cancelling ctx kills the criu process.
+func startSwrk(ctx context.Context, criuPath string, ownGroup bool) (*swrk, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("criu: socketpair: %w", err)
+	}
+	ours := os.NewFile(uintptr(fds[0]), "criu-swrk")
+	theirs := os.NewFile(uintptr(fds[1]), "criu-swrk-child")
+	defer theirs.Close()
+
+	c, err := net.FileConn(ours) // dups (CLOEXEC); ours is closed below
+	ours.Close()
+	if err != nil {
+		return nil, fmt.Errorf("criu: swrk socket: %w", err)
+	}
+	conn := c.(*net.UnixConn)
+
+	out, err := memfd("criu-swrk-output")
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+
+	cmd := exec.Command(criuPath, "swrk", "3")
+	cmd.ExtraFiles = []*os.File{theirs}
+	cmd.Stdout = out
+	cmd.Stderr = out
+	// Keep terminal signals (Ctrl-C in kcr's terminal) away from CRIU: a
+	// half-done dump must not be interrupted behind our back. Not for shell
+	// jobs, which are restored into CRIU's session and process group.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: ownGroup}
+	if err := cmd.Start(); err != nil {
+		conn.Close()
+		out.Close()
+		return nil, fmt.Errorf("criu: start %s swrk: %w", criuPath, err)
+	}
+	s := &swrk{cmd: cmd, conn: conn, stderr: out}
+	s.stop = context.AfterFunc(ctx, func() {
+		_ = cmd.Process.Kill()
+		_ = conn.SetDeadline(time.Unix(1, 0))
+	})
+	return s, nil
+}
+
+func memfd(name string) (*os.File, error) {
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("criu: memfd_create: %w", err)
+	}
+	return os.NewFile(uintptr(fd), name), nil
+}
+
+// call sends req and returns CRIU's final response, answering NOTIFY
+// messages in between with notify (if nil, every notification is
+// acknowledged). If a hook failed, the final response is returned together
+// with the hook's error. A response with success=false is otherwise returned
+// with a nil error; the caller turns it into an *Error with the log.
+func (s *swrk) call(req *rpc.CriuReq, notify NotifyFunc) (*rpc.CriuResp, error) {
+	var notifyErr error
+	buf := make([]byte, maxMsg)
+	for {
+		b, err := proto.Marshal(req)
+		if err != nil {
+			return nil, fmt.Errorf("criu: marshal request: %w", err)
+		}
+		if _, err := s.conn.Write(b); err != nil {
+			return nil, fmt.Errorf("criu: send %s request: %w", req.GetType(), err)
+		}
+		n, _, flags, _, err := s.conn.ReadMsgUnix(buf, nil)
+		if err != nil {
+			if errors.Is(err, io.EOF) || n == 0 {
+				return nil, fmt.Errorf("criu swrk exited without answering the %s request", req.GetType())
+			}
+			return nil, fmt.Errorf("criu: read response: %w", err)
+		}
+		if n == 0 {
+			return nil, fmt.Errorf("criu swrk exited without answering the %s request", req.GetType())
+		}
+		if flags&unix.MSG_TRUNC != 0 {
+			return nil, fmt.Errorf("criu: response larger than %d bytes", maxMsg)
+		}
+		resp := &rpc.CriuResp{}
+		if err := proto.Unmarshal(buf[:n], resp); err != nil {
+			return nil, fmt.Errorf("criu: unmarshal response: %w", err)
+		}
+		if resp.GetType() != rpc.CriuReqType_NOTIFY {
+			return resp, notifyErr
+		}
+		ok := true
+		if notify != nil {
+			nt := resp.GetNotify()
+			if err := notify(nt.GetScript(), int(nt.GetPid())); err != nil {
+				notifyErr = fmt.Errorf("criu %s hook: %w", nt.GetScript(), err)
+				ok = false
+			}
+		}
+		req = &rpc.CriuReq{
+			Type:          rpc.CriuReqType_NOTIFY.Enum(),
+			NotifySuccess: proto.Bool(ok),
+		}
+	}
+}
+
+// close shuts the socket (criu swrk exits on EOF), waits for the process and
+// returns what it printed. The error, if any, is the wait status.
+func (s *swrk) close() (output string, err error) {
+	s.conn.Close()
+	err = s.cmd.Wait()
+	s.stop()
+	if _, serr := s.stderr.Seek(0, io.SeekStart); serr == nil {
+		b, _ := io.ReadAll(io.LimitReader(s.stderr, 64<<10))
+		output = strings.TrimSpace(string(b))
+	}
+	s.stderr.Close()
+	return output, err
+}

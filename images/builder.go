@@ -126,7 +126,7 @@ func (b *Builder) Commit(ctx context.Context, m *Manifest) (*Image, error) {
 	if m == nil {
 		return nil, fmt.Errorf("images: %s: commit with nil manifest; pass the checkpoint's manifest", b.final)
 	}
-	files, dirs, err := b.seal(ctx)
+	files, _, err := b.seal(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -138,10 +138,10 @@ func (b *Builder) Commit(ctx context.Context, m *Manifest) (*Image, error) {
 	if err := b.writeManifest(m); err != nil {
 		return nil, err
 	}
-	for _, d := range dirs {
-		if err := syncDir(d); err != nil {
-			return nil, fmt.Errorf("images: %s: sync %s: %w", b.final, d, err)
-		}
+	// One syncfs makes every file, the manifest and the directories durable
+	// before the rename publishes them; per-file fsyncs cost a flush each.
+	if err := syncFS(b.tmp); err != nil {
+		return nil, fmt.Errorf("images: %s: sync: %w", b.final, err)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("images: %s: commit: %w", b.final, err)
@@ -208,7 +208,7 @@ func (b *Builder) seal(ctx context.Context) ([]FileEntry, []string, error) {
 	return files, dirs, nil
 }
 
-// sealFile makes p private, hashes it and fsyncs it.
+// sealFile makes p private and hashes it. Commit syncs the file system.
 func sealFile(ctx context.Context, p string) (FileEntry, error) {
 	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
@@ -222,14 +222,11 @@ func sealFile(ctx context.Context, p string) (FileEntry, error) {
 	if err != nil {
 		return FileEntry{}, fmt.Errorf("hash %s: %w", p, err)
 	}
-	if err := f.Sync(); err != nil {
-		return FileEntry{}, err
-	}
 	return FileEntry{Size: n, SHA256: sum}, nil
 }
 
-// writeManifest writes manifest.json atomically: to a temporary file,
-// fsynced, then renamed.
+// writeManifest writes manifest.json atomically: to a temporary file, then
+// renamed. Commit syncs it with the rest.
 func (b *Builder) writeManifest(m *Manifest) error {
 	data, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
@@ -244,9 +241,6 @@ func (b *Builder) writeManifest(m *Manifest) error {
 	_, err = f.Write(data)
 	if err == nil {
 		err = f.Chmod(filePerm)
-	}
-	if err == nil {
-		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr

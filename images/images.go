@@ -15,6 +15,8 @@
 package images
 
 import (
+	"golang.org/x/sys/unix"
+
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -142,6 +144,16 @@ func hashReader(ctx context.Context, r io.Reader) (int64, string, error) {
 
 // syncDir fsyncs a directory so that entries created or renamed in it are
 // durable.
+// syncFS flushes the file system that holds dir.
+func syncFS(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return unix.Syncfs(int(f.Fd()))
+}
+
 func syncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {

@@ -19,6 +19,11 @@
 # untouched and no apt source is added to the system. The wrapper `exec`s, so
 # the PID and every inherited fd survive (go-criu's `criu swrk <fd>`).
 #
+# Established TCP connections: CRIU's default network lock runs the
+# `iptables` binary, which this host does not have. Use --network-lock
+# nftables (go-criu: NetworkLock: rpc.CriuNetworkLockMethod_NFTABLES), which
+# uses the bundled libnftables in-process, or --tcp-close.
+#
 # Idempotent: a stamp file makes a repeated run silent and take a few ms.
 # Prints one line on success, one clear "install-criu: ERROR: ..." line (plus
 # the tail of the log) and exits non-zero on failure.

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Times "kcr checkpoint" against a plain "criu dump", and "kcr restore"
+# against a plain "criu restore", alternating on the same process in one run,
+# and prints medians and ratios.
+#
+#   sudo scripts/bench.sh [rounds]      (default 15)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds="${1:-15}"
+[ "$(id -u)" = 0 ] || { echo "bench.sh: run as root" >&2; exit 1; }
+scripts/install-criu.sh >/dev/null
+criu="${KCR_CRIU:-$(command -v criu || echo /usr/local/sbin/criu)}"
+
+work=$(mktemp -d /var/tmp/kcr-bench.XXXXXX)
+trap 'kill -9 $(cat "$work"/pid 2>/dev/null) 2>/dev/null || true; rm -rf "$work"' EXIT
+go build -o "$work/kcr" ./cmd/kcr
+go build -o "$work/testapp" ./test/e2e/testapp
+
+now() { date +%s%N; }
+wait_gone() { for _ in $(seq 500); do [ -e "/proc/$1" ] || return 0; sleep 0.01; done; echo "PID $1 did not go away" >&2; exit 1; }
+wait_socket() { for _ in $(seq 500); do ls /proc/"$1"/fd >/dev/null 2>&1 && grep -q kcr- /proc/"$1"/net/unix 2>/dev/null && return 0; sleep 0.01; done; }
+
+GODEBUG=multipathtcp=0 KCR_SOCKET_DIR="$work/sock" setsid "$work/testapp" </dev/null >>"$work/app.log" 2>&1 &
+pid=$!
+echo "$pid" >"$work/pid"
+sleep 0.5
+wait_socket "$pid"
+rss=$(awk '/VmRSS/{print $2}' /proc/$pid/status)
+
+declare -a kc cd kr cr
+for i in $(seq "$rounds"); do
+	rm -rf "$work/k" "$work/c"; mkdir -p "$work/c"
+	t0=$(now); "$work/kcr" checkpoint --leave-running -o "$work/k" "$pid" 2>/dev/null; t1=$(now)
+	"$criu" dump -t "$pid" -D "$work/c" --leave-running --file-locks -o dump.log; t2=$(now)
+	kc+=($(( (t1 - t0) / 1000 ))); cd+=($(( (t2 - t1) / 1000 )))
+	hooks_us=$(sed -n 's/.*"name": "hooks",[^0-9]*\([0-9]*\).*/\1/p' <("$work/kcr" inspect --json --no-verify "$work/k" | tr -d '\n'))
+	hk+=($(( ${hooks_us:-0} / 1000 )))
+
+	# Restores need the PID free: kill the original (outside the timing).
+	kill -9 "$pid"; wait "$pid" 2>/dev/null || true; wait_gone "$pid"
+	t0=$(now); "$work/kcr" restore "$work/k" >/dev/null 2>&1; t1=$(now)
+	kr+=($(( (t1 - t0) / 1000 )))
+	kill -9 "$pid"; wait_gone "$pid"
+	t0=$(now); "$criu" restore -D "$work/c" -d --file-locks -o restore.log; t1=$(now)
+	cr+=($(( (t1 - t0) / 1000 )))
+	wait_socket "$pid"
+done
+
+median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END{ if (NR%2) print a[(NR+1)/2]; else print int((a[NR/2]+a[NR/2+1])/2) }'; }
+mk=$(median "${kc[@]}"); mc=$(median "${cd[@]}"); mh=$(median "${hk[@]}")
+mkr=$(median "${kr[@]}"); mcr=$(median "${cr[@]}")
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", a/b}'; }
+echo "kcr bench: $rounds rounds, one process (RSS $((rss / 1024)) MiB), medians in ms"
+printf '  %-34s %8.1f\n' "kcr checkpoint --leave-running" "$(awk -v x="$mk" 'BEGIN{print x/1000}')"
+printf '  %-34s %8.1f\n' "  of which app hooks (protocol incl.)" "$(awk -v x="$mh" 'BEGIN{print x/1000}')"
+printf '  %-34s %8.1f\n' "criu dump --leave-running" "$(awk -v x="$mc" 'BEGIN{print x/1000}')"
+printf '  %-34s %8.1f\n' "kcr restore" "$(awk -v x="$mkr" 'BEGIN{print x/1000}')"
+printf '  %-34s %8.1f\n' "criu restore -d" "$(awk -v x="$mcr" 'BEGIN{print x/1000}')"
+echo "  ratio checkpoint kcr/criu:            $(ratio "$mk" "$mc")"
+echo "  ratio checkpoint (kcr - hooks)/criu:  $(ratio "$((mk - mh))" "$mc")"
+echo "  ratio restore kcr/criu:               $(ratio "$mkr" "$mcr")"

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs kcr's whole test suite, end-to-end tests included, as root on a fresh
+# Linux machine: installs CRIU, starts a real Apache Kafka broker on loopback,
+# runs every Go test, and stops the broker again.
+#
+#   sudo scripts/test.sh            # everything
+#   sudo scripts/test.sh -run Foo   # extra go test flags
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+	echo "scripts/test.sh: run as root: CRIU needs it (sudo scripts/test.sh)" >&2
+	exit 1
+fi
+export KCR_E2E=1 GOFLAGS="${GOFLAGS:-} -buildvcs=false"
+
+scripts/install-criu.sh
+if ! command -v kcat >/dev/null 2>&1; then
+	(apt-get install -y -qq kcat >/dev/null 2>&1 || { apt-get update -qq >/dev/null && apt-get install -y -qq kcat >/dev/null; }) ||
+		{ echo "scripts/test.sh: cannot install kcat" >&2; exit 1; }
+fi
+scripts/kafka-up.sh
+trap 'scripts/kafka-down.sh >/dev/null 2>&1 || true' EXIT
+export KCR_KAFKA_BROKERS="${KCR_KAFKA_BROKERS:-127.0.0.1:${KCR_KAFKA_PORT:-9092}}"
+
+# One package at a time: the end-to-end tests restore processes at their
+# original PIDs, and parallel packages would compete for CPU and PIDs.
+go vet ./...
+go test -race -p 1 -count=1 -timeout 25m "$@" ./...

@@ -11,12 +11,14 @@
 //     CRIU binary (kcr doctor).
 //   - Preflight, ShellJobNeeded: look at a target before dumping it.
 //   - Dump, WaitGone: checkpoint a process tree and wait for it to vanish.
-//   - ImageTasks, CheckPIDFree, CheckImagePIDsFree: make sure the PIDs an
-//     image needs are free.
+//   - ImageTasks, CheckPIDFree, CheckImagePIDsFree: make sure the PIDs and
+//     thread IDs an image needs are free.
 //   - Restore: bring an image back as a detached process tree.
+//   - ReadDumpStats, ReadRestoreStats: CRIU's own timings and page counts.
 //
-// Failures carry the first real error line of CRIU's log and, when the cause
-// is recognised, a hint (see Error and ParseLog). Nothing here prints.
+// Failures of Dump and Restore are *Error values carrying the first real
+// error line of CRIU's log and, when the cause is recognised, a Cause and a
+// hint (see ParseLog). Nothing here prints.
 //
 // Everything needs root (CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE plus
 // CAP_SYS_PTRACE) and CRIU >= 4.2 on kernels >= 6.16.

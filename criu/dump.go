@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -70,6 +71,9 @@ func Dump(ctx context.Context, criuPath string, opts DumpOptions) (*DumpResult, 
 	if filepath.Base(logFile) != logFile {
 		return nil, fmt.Errorf("criu dump: log file %q must be a plain name (it goes into the images directory)", logFile)
 	}
+	if _, err := os.Stat("/proc/" + strconv.Itoa(opts.PID)); errors.Is(err, os.ErrNotExist) {
+		return nil, &Error{Op: "dump", First: fmt.Sprintf("no process with PID %d", opts.PID), Cause: CauseNoProcess, Hint: CauseNoProcess.Hint()}
+	}
 	dir, err := os.Open(opts.ImagesDir)
 	if err != nil {
 		return nil, fmt.Errorf("criu dump: images directory: %w", err)
@@ -114,10 +118,13 @@ func respError(ctx context.Context, op string, resp *rpc.CriuResp, callErr error
 	if resp != nil && resp.GetSuccess() && callErr == nil {
 		return nil
 	}
-	var errs []error
 	if ctx.Err() != nil {
-		errs = append(errs, fmt.Errorf("criu %s interrupted: %w", op, ctx.Err()))
+		// criu was killed; whatever else went wrong follows from that.
+		e := newError(op, logPath, "", fmt.Errorf("interrupted: %w", ctx.Err()))
+		e.First, e.Cause, e.Hint = "", CauseUnknown, ""
+		return e
 	}
+	var errs []error
 	if callErr != nil {
 		errs = append(errs, callErr)
 	}
@@ -137,7 +144,12 @@ func respError(ctx context.Context, op string, resp *rpc.CriuResp, callErr error
 	if output != "" {
 		errs = append(errs, fmt.Errorf("criu said: %s", strings.Join(strings.Fields(output), " ")))
 	}
-	return newError(op, logPath, output, joinErrors(errs))
+	e := newError(op, logPath, output, joinErrors(errs))
+	var he *hookError
+	if errors.As(callErr, &he) {
+		e.First = he.Error() // CRIU only says "RPC client reported script error"
+	}
+	return e
 }
 
 // joinedError is errors.Join on one line.

@@ -136,7 +136,7 @@ func (s *swrk) call(req *rpc.CriuReq, notify NotifyFunc) (*rpc.CriuResp, error) 
 		if notify != nil {
 			nt := resp.GetNotify()
 			if err := notify(nt.GetScript(), int(nt.GetPid())); err != nil {
-				notifyErr = fmt.Errorf("criu %s hook: %w", nt.GetScript(), err)
+				notifyErr = &hookError{script: nt.GetScript(), err: err}
 				ok = false
 			}
 		}
@@ -160,3 +160,12 @@ func (s *swrk) close() (output string, err error) {
 	s.stderr.Close()
 	return output, err
 }
+
+// hookError is a NotifyFunc's failure.
+type hookError struct {
+	script string
+	err    error
+}
+
+func (e *hookError) Error() string { return e.script + " hook: " + e.err.Error() }
+func (e *hookError) Unwrap() error { return e.err }

@@ -27,12 +27,13 @@ sleep 0.5
 wait_socket "$pid"
 rss=$(awk '/VmRSS/{print $2}' /proc/$pid/status)
 
-declare -a kc cd kr cr
+declare -a kc cd cs hk kr cr
 for i in $(seq "$rounds"); do
 	rm -rf "$work/k" "$work/c"; mkdir -p "$work/c"
 	t0=$(now); "$work/kcr" checkpoint --leave-running -o "$work/k" "$pid" 2>/dev/null; t1=$(now)
 	"$criu" dump -t "$pid" -D "$work/c" --leave-running --file-locks -o dump.log; t2=$(now)
-	kc+=($(( (t1 - t0) / 1000 ))); cd+=($(( (t2 - t1) / 1000 )))
+	sync -f "$work/c"; t3=$(now)
+	kc+=($(( (t1 - t0) / 1000 ))); cd+=($(( (t2 - t1) / 1000 ))); cs+=($(( (t3 - t1) / 1000 )))
 	hooks_us=$(sed -n 's/.*"name": "hooks",[^0-9]*\([0-9]*\).*/\1/p' <("$work/kcr" inspect --json --no-verify "$work/k" | tr -d '\n'))
 	hk+=($(( ${hooks_us:-0} / 1000 )))
 
@@ -47,15 +48,17 @@ for i in $(seq "$rounds"); do
 done
 
 median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END{ if (NR%2) print a[(NR+1)/2]; else print int((a[NR/2]+a[NR/2+1])/2) }'; }
-mk=$(median "${kc[@]}"); mc=$(median "${cd[@]}"); mh=$(median "${hk[@]}")
+mk=$(median "${kc[@]}"); mc=$(median "${cd[@]}"); ms=$(median "${cs[@]}"); mh=$(median "${hk[@]}")
 mkr=$(median "${kr[@]}"); mcr=$(median "${cr[@]}")
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", a/b}'; }
 echo "kcr bench: $rounds rounds, one process (RSS $((rss / 1024)) MiB), medians in ms"
 printf '  %-34s %8.1f\n' "kcr checkpoint --leave-running" "$(awk -v x="$mk" 'BEGIN{print x/1000}')"
 printf '  %-34s %8.1f\n' "  of which app hooks (protocol incl.)" "$(awk -v x="$mh" 'BEGIN{print x/1000}')"
 printf '  %-34s %8.1f\n' "criu dump --leave-running" "$(awk -v x="$mc" 'BEGIN{print x/1000}')"
+printf '  %-34s %8.1f\n' "criu dump --leave-running + syncfs" "$(awk -v x="$ms" 'BEGIN{print x/1000}')"
 printf '  %-34s %8.1f\n' "kcr restore" "$(awk -v x="$mkr" 'BEGIN{print x/1000}')"
 printf '  %-34s %8.1f\n' "criu restore -d" "$(awk -v x="$mcr" 'BEGIN{print x/1000}')"
 echo "  ratio checkpoint kcr/criu:            $(ratio "$mk" "$mc")"
 echo "  ratio checkpoint (kcr - hooks)/criu:  $(ratio "$((mk - mh))" "$mc")"
+echo "  ratio checkpoint (kcr - hooks)/(criu + syncfs): $(ratio "$((mk - mh))" "$ms")"
 echo "  ratio restore kcr/criu:               $(ratio "$mkr" "$mcr")"

@@ -1,6 +1,7 @@
 package notify
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -79,7 +80,7 @@ func (c *cycle) before(ctx context.Context) ([]Report, error) {
 	var reports []Report
 	var errs []error
 	seen := map[*entry]bool{}
-	for {
+	for round := 0; ; round++ {
 		g.mu.Lock()
 		var todo []*entry
 		for _, e := range g.entries {
@@ -87,8 +88,14 @@ func (c *cycle) before(ctx context.Context) ([]Report, error) {
 				todo = append(todo, e)
 			}
 		}
-		if len(todo) == 0 {
+		// Newcomers join only while the phase's deadline holds: hooks that
+		// keep registering resources must not stretch the phase without end.
+		// Those left out are late joiners, like the ones after the phase.
+		if len(todo) == 0 || (round > 0 && ctx.Err() != nil) {
 			c.frozen = true
+			for _, e := range todo {
+				c.lateJoiners = append(c.lateJoiners, e.name)
+			}
 			g.mu.Unlock()
 			break
 		}
@@ -107,7 +114,7 @@ func (c *cycle) before(ctx context.Context) ([]Report, error) {
 		}
 	}
 	// Restore order is registration order.
-	slices.SortFunc(c.done, func(a, b *entry) int { return int(a.seq - b.seq) })
+	slices.SortFunc(c.done, func(a, b *entry) int { return cmp.Compare(a.seq, b.seq) })
 	return reports, errors.Join(errs...)
 }
 

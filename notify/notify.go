@@ -156,12 +156,13 @@ func NewRegistry() *Registry {
 // Register adds a resource under a name used in reports and errors. It never
 // blocks, also when called from a hook.
 //
-// A resource registered while before-checkpoint hooks are running takes part
-// in that checkpoint: its BeforeCheckpoint runs after those of the resources
-// that were already registered, and its AfterRestore runs last. A resource
-// registered after the before-checkpoint phase has ended (while the process is
-// being dumped or restored) joins from the next checkpoint on; the registry
-// logs this and counts it in the cycle's report.
+// A resource registered while before-checkpoint hooks are running, before the
+// phase's deadline, takes part in that checkpoint: its BeforeCheckpoint runs
+// after those of the resources that were already registered, and its
+// AfterRestore runs last. A resource registered later (after the deadline, or
+// while the process is being dumped or restored) joins from the next
+// checkpoint on; the server logs this, and Simulate reports it in
+// SimResult.LateJoiners.
 //
 // The returned function removes the resource. Removing it during a cycle does
 // not take it out of that cycle.

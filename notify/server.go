@@ -11,7 +11,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 
@@ -45,6 +47,9 @@ type serverConfig struct {
 	pollEvery   time.Duration
 	restoreWait time.Duration
 	afterBudget time.Duration
+	// startTime reads a task's start time; a field so that tests can fake a
+	// restore, which needs CRIU otherwise.
+	startTime func(pid int) (uint64, error)
 }
 
 // WithSocketPath binds the control socket at path. Its base name must start
@@ -102,6 +107,7 @@ func (g *Registry) Start(opts ...Option) (*Server, error) {
 		pollEvery:   100 * time.Millisecond,
 		restoreWait: time.Second,
 		afterBudget: DefaultAfterBudget,
+		startTime:   startTime,
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -122,7 +128,9 @@ func (g *Registry) Start(opts ...Option) (*Server, error) {
 	if len(base) <= len(SocketPrefix)+len(SocketSuffix) || base[:len(SocketPrefix)] != SocketPrefix || filepath.Ext(base) != SocketSuffix {
 		return nil, fmt.Errorf("notify: socket name %q must look like kcr-NAME.sock so that kcr can find it", base)
 	}
-	removeStale(path)
+	if live := removeStale(path); live {
+		return nil, fmt.Errorf("notify: listen on %s: another process is serving a control socket there (pass another WithSocketPath or WithSocketDir): %w", path, syscall.EADDRINUSE)
+	}
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("notify: listen on %s: %w", path, err)
@@ -153,18 +161,23 @@ func defaultSocketDir() string {
 }
 
 // removeStale removes a socket file left behind by a dead process, but never
-// one that somebody still listens on.
-func removeStale(path string) {
+// one that somebody still listens on; it reports whether one does. Only
+// ECONNREFUSED proves that nobody listens: a full backlog (EAGAIN), a timeout
+// or EACCES do not, and the file is then left alone for bind to fail on.
+func removeStale(path string) (live bool) {
 	fi, err := os.Lstat(path)
 	if err != nil || fi.Mode().Type() != os.ModeSocket {
-		return
+		return false
 	}
 	c, err := net.DialTimeout("unix", path, 200*time.Millisecond)
 	if err == nil {
 		c.Close()
-		return
+		return true
 	}
-	os.Remove(path)
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		os.Remove(path)
+	}
+	return false
 }
 
 // Path returns the control socket's path.
@@ -245,12 +258,26 @@ func (s *Server) handle(c *net.UnixConn) {
 			attrs = append(attrs, "peer_uid", cred.Uid, "peer_pid", cred.Pid)
 		}
 		s.cfg.log.Warn("kcr control socket: refused peer with another uid", attrs...)
+		// Take the request first: answering and closing before it came in
+		// would make the peer's write fail (EPIPE) and hide the answer.
+		c.SetReadDeadline(time.Now().Add(time.Second))
+		proto.Read(c)
 		c.SetWriteDeadline(time.Now().Add(time.Second))
 		proto.Write(c, proto.Message{Type: proto.TypeError, Error: "permission denied: only root or the process owner may control it"})
 		return
 	}
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	// Close must not wait for a client that connected and sends nothing.
+	stopRead := make(chan struct{})
+	go func() {
+		select {
+		case <-s.quit:
+			c.SetReadDeadline(time.Now())
+		case <-stopRead:
+		}
+	}()
 	m, err := proto.Read(c)
+	close(stopRead)
 	if err != nil {
 		if !errors.Is(err, io.EOF) {
 			s.cfg.log.Warn("kcr control socket: bad request", "err", err)
@@ -268,17 +295,26 @@ func (s *Server) handle(c *net.UnixConn) {
 		closeConn = false
 		s.checkpoint(c, m)
 	case proto.TypeResume, proto.TypeRestored:
+		f := followup{msg: m, reply: make(chan proto.Message, 1)}
+		// Hand f over under s.mu: checkpoint clears s.followups and drains
+		// the channel under s.mu too, so f is either taken by await or
+		// answered by the drain, never left without an answer.
 		s.mu.Lock()
 		ch := s.followups
+		queued := false
+		if ch != nil {
+			select {
+			case ch <- f:
+				queued = true
+			default:
+			}
+		}
 		s.mu.Unlock()
 		if ch == nil {
 			s.reply(c, proto.Message{Type: proto.TypeError, Error: "no checkpoint is waiting for a " + m.Type + " message"})
 			return
 		}
-		f := followup{msg: m, reply: make(chan proto.Message, 1)}
-		select {
-		case ch <- f:
-		default:
+		if !queued {
 			s.reply(c, proto.Message{Type: proto.TypeError, Error: "a follow-up is already being handled"})
 			return
 		}
@@ -289,15 +325,79 @@ func (s *Server) handle(c *net.UnixConn) {
 	}
 }
 
-func (s *Server) reply(c *net.UnixConn, m proto.Message) {
+func (s *Server) reply(c *net.UnixConn, m proto.Message) error {
 	c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-	if err := proto.Write(c, m); err != nil {
+	err := proto.Write(c, m)
+	if errors.Is(err, proto.ErrTooLarge) {
+		// Huge hook errors or details must not cost the CLI its answer.
+		s.cfg.log.Warn("kcr control socket: reply too large; dropping report details", "type", m.Type)
+		err = proto.Write(c, shrink(m))
+		if errors.Is(err, proto.ErrTooLarge) {
+			err = proto.Write(c, proto.Message{Type: m.Type, PID: m.PID, StartTime: m.StartTime, State: m.State,
+				InstanceID: m.InstanceID, AppGeneration: m.AppGeneration, Error: cut(m.Error, 4<<10)})
+		}
+	}
+	if err != nil {
 		s.cfg.log.Debug("kcr control socket: reply", "type", m.Type, "err", err)
 	}
+	return err
+}
+
+// shrink drops report details, keeps at most proto.MaxEntries reports (the
+// failed ones first) and resources, and cuts long strings so that m fits a
+// frame.
+func shrink(m proto.Message) proto.Message {
+	if len(m.Resources) > proto.MaxEntries {
+		m.Resources = m.Resources[:proto.MaxEntries]
+	}
+	if len(m.Reports) > proto.MaxEntries {
+		keep := make([]bool, len(m.Reports))
+		n := 0
+		for pass := 0; pass < 2; pass++ {
+			for i, r := range m.Reports {
+				if n < proto.MaxEntries && !keep[i] && (pass == 1 || r.Error != "") {
+					keep[i] = true
+					n++
+				}
+			}
+		}
+		var reps []proto.HookReport
+		for i, r := range m.Reports {
+			if keep[i] {
+				reps = append(reps, r)
+			}
+		}
+		m.Reports = reps
+	}
+	// Room for every string even if JSON escaping makes it 6 times longer.
+	n := max(64, proto.MaxFrame/(8*(2+2*len(m.Reports)+len(m.Resources))))
+	m.Error = cut(m.Error, n)
+	m.Reason = cut(m.Reason, n)
+	res := make([]string, len(m.Resources))
+	for i, r := range m.Resources {
+		res[i] = cut(r, n)
+	}
+	m.Resources = res
+	reps := make([]proto.HookReport, len(m.Reports))
+	for i, r := range m.Reports {
+		reps[i] = proto.HookReport{Name: cut(r.Name, n), Duration: r.Duration, Error: cut(r.Error, n)}
+	}
+	m.Reports = reps
+	return m
+}
+
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "… (truncated)"
 }
 
 func (s *Server) info() proto.Message {
-	st, _ := startTime(s.pid)
+	st, _ := s.cfg.startTime(s.pid)
 	gen, id := s.g.Identity()
 	s.mu.Lock()
 	state := s.state
@@ -333,7 +433,7 @@ func (s *Server) checkpoint(c *net.UnixConn, m proto.Message) {
 	if resumeAfter > s.cfg.maxSuspend {
 		resumeAfter = s.cfg.maxSuspend
 	}
-	st0, _ := startTime(s.pid)
+	st0, _ := s.cfg.startTime(s.pid)
 	s.setState("checkpointing")
 
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
@@ -356,6 +456,21 @@ func (s *Server) checkpoint(c *net.UnixConn, m proto.Message) {
 		c.Close()
 		return
 	}
+	select {
+	case <-s.quit:
+		// Closed while the hooks ran: await would resume at once, so the
+		// CLI must not be told to dump.
+		s.setState("resuming")
+		actx, cancel := context.WithTimeout(context.Background(), s.cfg.afterBudget)
+		cyc.after(actx, Event{Kind: Resume, Reason: "control socket closed during checkpoint"})
+		cancel()
+		cyc.end()
+		s.setState("idle")
+		s.reply(c, proto.Message{Type: proto.TypeError, Error: "the control socket was closed during the before-checkpoint hooks; the app resumed"})
+		c.Close()
+		return
+	default:
+	}
 
 	// Ready: open the follow-up channel first, then answer and close the
 	// connection, so CRIU sees no half of a Unix connection to the CLI.
@@ -364,13 +479,31 @@ func (s *Server) checkpoint(c *net.UnixConn, m proto.Message) {
 	s.followups = ch
 	s.state = "waiting"
 	s.mu.Unlock()
-	s.reply(c, proto.Message{Type: proto.TypeReady, PID: s.pid, StartTime: st0, Reports: reports})
+	werr := s.reply(c, proto.Message{Type: proto.TypeReady, PID: s.pid, StartTime: st0, Reports: reports})
 	c.Close()
 
-	ev, f := s.await(ch, st0, resumeAfter)
+	var ev Event
+	var f *followup
+	if werr != nil {
+		// The CLI is gone (it gave up waiting for the hooks, or died): nobody
+		// will dump this process, so do not stay suspended for resumeAfter.
+		log.Warn("kcr: could not send ready; resuming", "err", werr)
+		ev = Event{Kind: Resume, Reason: "kcr went away before the checkpoint: " + werr.Error()}
+	} else {
+		ev, f = s.await(ch, st0, resumeAfter)
+	}
 
 	s.mu.Lock()
 	s.followups = nil
+	// A follow-up that came in after await stopped listening gets an answer.
+	for drained := false; !drained; {
+		select {
+		case g := <-ch:
+			g.reply <- proto.Message{Type: proto.TypeError, Error: "the checkpoint is no longer waiting for a follow-up: " + ev.Reason}
+		default:
+			drained = true
+		}
+	}
 	s.state = "restoring"
 	s.mu.Unlock()
 	abudget := s.cfg.afterBudget
@@ -409,32 +542,44 @@ func (s *Server) await(ch chan followup, st0 uint64, resumeAfter time.Duration) 
 	poll := time.NewTicker(s.cfg.pollEvery)
 	defer poll.Stop()
 	restored := func() bool {
-		st, err := startTime(s.pid)
+		st, err := s.cfg.startTime(s.pid)
 		return err == nil && st != st0
+	}
+	// graceWait runs once the process knows it was restored but kcr's
+	// message has not come yet: give it a moment, it carries the restore
+	// generation.
+	graceWait := func() (Event, *followup) {
+		grace := time.NewTimer(s.cfg.restoreWait)
+		defer grace.Stop()
+		selfDetected := Event{Kind: Restore, Reason: "restored (kcr's after-restore message did not arrive)", SelfDetected: true}
+		select {
+		case f := <-ch:
+			return s.eventFor(f, true), &f
+		case <-grace.C:
+			return selfDetected, nil
+		case <-s.quit:
+			return selfDetected, nil
+		}
 	}
 	for {
 		select {
 		case f := <-ch:
 			return s.eventFor(f, restored()), &f
 		case <-poll.C:
-			if !restored() {
-				continue
-			}
-			// Restored, but kcr's message has not come yet: give it a moment,
-			// it carries the restore generation.
-			grace := time.NewTimer(s.cfg.restoreWait)
-			select {
-			case f := <-ch:
-				grace.Stop()
-				return s.eventFor(f, true), &f
-			case <-grace.C:
-				return Event{Kind: Restore, Reason: "restored (kcr's after-restore message did not arrive)", SelfDetected: true}, nil
+			if restored() {
+				return graceWait()
 			}
 		case <-s.quit:
+			if restored() {
+				return graceWait()
+			}
 			return Event{Kind: Resume, Reason: "control socket closed during checkpoint"}, nil
 		case <-deadline.C:
+			// After a restore the monotonic clock may be far ahead of the
+			// dumped process's, so this timer fires at once: the restore must
+			// still wait for kcr's message.
 			if restored() {
-				return Event{Kind: Restore, Reason: "restored (kcr's after-restore message did not arrive)", SelfDetected: true}, nil
+				return graceWait()
 			}
 			s.cfg.log.Warn("kcr: no follow-up from kcr after checkpoint; resuming on our own", "after", resumeAfter)
 			return Event{Kind: Resume, Reason: fmt.Sprintf("no follow-up from kcr within %v", resumeAfter)}, nil

@@ -24,6 +24,9 @@ type SimResult struct {
 	Event  Event    // what the after-restore hooks received
 	// BeforeErr and AfterErr are the joined hook errors of each phase.
 	BeforeErr, AfterErr error
+	// LateJoiners names the resources registered after the before phase had
+	// ended; they were not part of this cycle and join from the next one.
+	LateJoiners []string
 }
 
 // Simulate runs a full checkpoint cycle on the registry in-process, without
@@ -40,7 +43,12 @@ func (g *Registry) Simulate(ctx context.Context, outcome SimOutcome, budget time
 	if err != nil {
 		return SimResult{}, err
 	}
-	defer c.end()
+	ended := false
+	defer func() {
+		if !ended {
+			c.end()
+		}
+	}()
 
 	var r SimResult
 	bctx, cancel := context.WithTimeout(ctx, budget)
@@ -56,5 +64,7 @@ func (g *Registry) Simulate(ctx context.Context, outcome SimOutcome, budget time
 	actx, cancel := context.WithTimeout(ctx, budget)
 	r.Event, r.After, r.AfterErr = c.after(actx, ev)
 	cancel()
+	ended = true
+	r.LateJoiners = c.end()
 	return r, nil
 }

@@ -97,16 +97,34 @@ func parseUnixTable(r io.Reader, want map[string]bool) ([]string, error) {
 			first = false
 			continue
 		}
-		// Num RefCount Protocol Flags Type St Inode [Path]
-		f := strings.Fields(sc.Text())
-		if len(f) < 8 || !want[f[6]] {
+		// Num RefCount Protocol Flags Type St Inode [Path]. The kernel
+		// prints the path raw after one space, so it may hold runs of
+		// spaces or end in one: cut it from the line, do not re-join fields.
+		line := sc.Text()
+		var f [7]string
+		rest := line
+		ok := true
+		for i := range f {
+			rest = strings.TrimLeft(rest, " ")
+			end := strings.IndexByte(rest, ' ')
+			if end < 0 {
+				end = len(rest)
+			}
+			f[i], rest = rest[:end], rest[end:]
+			if f[i] == "" {
+				ok = false
+				break
+			}
+		}
+		if !ok || !want[f[6]] || !strings.HasPrefix(rest, " ") {
 			continue
 		}
+		path := rest[1:]
 		flags, err := strconv.ParseUint(f[3], 16, 32)
-		if err != nil || flags&acceptCon == 0 || !strings.HasPrefix(f[7], "/") {
-			continue
+		if err != nil || flags&acceptCon == 0 || !strings.HasPrefix(path, "/") {
+			continue // not listening, or unbound or abstract ('@')
 		}
-		out = append(out, strings.Join(f[7:], " "))
+		out = append(out, path)
 	}
 	return out, sc.Err()
 }
@@ -137,12 +155,23 @@ func call(ctx context.Context, path string, req proto.Message, timeout time.Dura
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
 	defer stop()
 	if err := proto.Write(c, req); err != nil {
+		// The app may have answered (a refusal) and closed before taking
+		// the request: its answer is more telling than EPIPE.
+		if resp, rerr := proto.Read(c); rerr == nil && resp.Type == proto.TypeError {
+			c.Close()
+			return resp, nil, fmt.Errorf("app refused %s: %s", req.Type, resp.Error)
+		}
 		c.Close()
 		return proto.Message{}, nil, fmt.Errorf("send %s to %s: %w", req.Type, path, err)
 	}
 	resp, err := proto.Read(c)
 	if err != nil {
 		c.Close()
+		if cerr := ctx.Err(); cerr != nil {
+			// The caller gave up (or was interrupted): say so, rather than
+			// passing it off as the app being slow.
+			return proto.Message{}, nil, fmt.Errorf("waiting for the answer to %s from %s: %w", req.Type, path, context.Cause(ctx))
+		}
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() {
 			return proto.Message{}, nil, fmt.Errorf("no answer to %s from %s within %v: %w", req.Type, path, timeout, context.DeadlineExceeded)
@@ -179,14 +208,21 @@ type HookFailure struct {
 	Msg     string
 }
 
-func (e *HookFailure) Error() string { return "before-checkpoint hooks failed, nothing was dumped, the app resumed: " + e.Msg }
+func (e *HookFailure) Error() string {
+	return "before-checkpoint hooks failed, nothing was dumped, the app resumed: " + e.Msg
+}
 
 // Checkpoint asks the app to run its before-checkpoint hooks. On success the
 // app has answered "ready" and closed its end of the connection (Checkpoint
 // waits for that close), so the process can be dumped.
 func Checkpoint(ctx context.Context, path string, req CheckpointRequest) (proto.Message, error) {
+	// The app runs its hooks for up to its own default when we send none.
+	budget := req.HookBudget
+	if budget <= 0 {
+		budget = notify.DefaultHookBudget
+	}
 	m, c, err := call(ctx, path, proto.Message{Type: proto.TypeCheckpoint, HookBudget: req.HookBudget,
-		ResumeAfter: req.ResumeAfter, Leave: req.LeaveRunning}, req.HookBudget+5*time.Second)
+		ResumeAfter: req.ResumeAfter, Leave: req.LeaveRunning}, budget+5*time.Second)
 	if err != nil {
 		return m, err
 	}
@@ -211,8 +247,9 @@ func Checkpoint(ctx context.Context, path string, req CheckpointRequest) (proto.
 }
 
 // Resume tells the app that the checkpoint is over and it goes on (the dump
-// failed, or --leave-running). It waits up to wait for the after-restore
-// hooks and returns their reports, or ErrPending.
+// failed, or --leave-running). It waits up to wait (0: the app's default
+// after-restore budget and a margin) for the after-restore hooks and returns
+// their reports, or ErrPending.
 func Resume(ctx context.Context, path, reason string, wait time.Duration) (proto.Message, error) {
 	return followup(ctx, path, proto.Message{Type: proto.TypeResume, Reason: reason, Wait: wait}, wait)
 }
@@ -224,6 +261,10 @@ func Restored(ctx context.Context, path string, generation uint64, wait time.Dur
 }
 
 func followup(ctx context.Context, path string, req proto.Message, wait time.Duration) (proto.Message, error) {
+	if wait <= 0 {
+		// A zero timeout would give up before the request is even read.
+		wait = notify.DefaultAfterBudget + 5*time.Second
+	}
 	m, c, err := call(ctx, path, req, wait)
 	if c != nil {
 		c.Close()

@@ -21,6 +21,9 @@ const Version = 1
 // allocate without limit.
 const MaxFrame = 1 << 20
 
+// MaxEntries bounds the number of resources and of reports in a message.
+const MaxEntries = 4096
+
 // Message types.
 const (
 	// CLI to app.
@@ -86,6 +89,10 @@ type Message struct {
 // Encode returns the frame for m, filling in the protocol version.
 func Encode(m Message) ([]byte, error) {
 	m.V = Version
+	// Never send what Decode refuses.
+	if len(m.Reports) > MaxEntries || len(m.Resources) > MaxEntries {
+		return nil, fmt.Errorf("encode %s message: %d reports, %d resources (limit %d): %w", m.Type, len(m.Reports), len(m.Resources), MaxEntries, ErrTooLarge)
+	}
 	body, err := json.Marshal(m)
 	if err != nil {
 		return nil, fmt.Errorf("encode %s message: %w", m.Type, err)
@@ -147,7 +154,7 @@ func Decode(body []byte) (Message, error) {
 	if m.HookBudget < 0 || m.ResumeAfter < 0 || m.Wait < 0 {
 		return Message{}, fmt.Errorf("%w: negative duration", ErrBadMessage)
 	}
-	if len(m.Reports) > 4096 || len(m.Resources) > 4096 {
+	if len(m.Reports) > MaxEntries || len(m.Resources) > MaxEntries {
 		return Message{}, fmt.Errorf("%w: too many entries", ErrBadMessage)
 	}
 	return m, nil

@@ -1,0 +1,8 @@
+package client
+
+import (
+	"os"
+	"syscall"
+)
+
+func statIno(fi os.FileInfo) uint64 { return fi.Sys().(*syscall.Stat_t).Ino }

@@ -1,0 +1,20 @@
+package notify
+
+import "time"
+
+// Test seams, compiled only into this package's tests.
+
+// WithStartTimeFunc replaces the /proc/<pid>/stat start-time reader, so that
+// a test can fake the restore of the process, which otherwise needs CRIU.
+func WithStartTimeFunc(f func(pid int) (uint64, error)) Option {
+	return func(c *serverConfig) { c.startTime = f }
+}
+
+// WithPollEvery sets how often a waiting checkpoint polls the start time.
+func WithPollEvery(d time.Duration) Option {
+	return func(c *serverConfig) { c.pollEvery = d }
+}
+
+var ParseStartTime = parseStartTime
+
+const HookGrace = hookGrace

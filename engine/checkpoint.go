@@ -200,9 +200,10 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 			cancel()
 		}
 		res.Timings.add(PhaseResume, time.Since(t))
-	} else {
+	} else if !proc.PIDNamespace {
 		// The process must really be gone before the image is declared done:
-		// a restore on this host needs its PID.
+		// a restore on this host needs its PID. (Init of its own PID
+		// namespace is restored into a new namespace and needs no PID.)
 		t := time.Now()
 		if _, err := criu.WaitGone(ctx, o.PID, 10*time.Second); err != nil {
 			res.Warnings = append(res.Warnings, fmt.Sprintf("dumped process %d did not exit: %v", o.PID, err))

@@ -116,6 +116,9 @@ func processInfo(pid int) (images.Process, error) {
 			switch {
 			case len(f) >= 2 && f[0] == "Uid:":
 				p.UID, _ = strconv.Atoi(f[1])
+			case len(f) >= 3 && f[0] == "NSpid:":
+				// Host PID, then the PID in each nested namespace.
+				p.PIDNamespace = f[len(f)-1] == "1"
 			case len(f) >= 2 && f[0] == "VmRSS:":
 				kb, _ := strconv.ParseInt(f[1], 10, 64)
 				p.RSSBytes = kb * 1024

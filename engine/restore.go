@@ -15,6 +15,7 @@ import (
 
 	"github.com/kcr-dev/kcr/criu"
 	"github.com/kcr-dev/kcr/images"
+	"github.com/kcr-dev/kcr/notify"
 	"github.com/kcr-dev/kcr/notify/client"
 	"github.com/kcr-dev/kcr/notify/proto"
 )
@@ -32,11 +33,22 @@ type RestoreOptions struct {
 	// $TMPDIR/kcr-restore-*).
 	WorkDir string
 	Logger  *slog.Logger
+	// Lazy restores memory on demand through CRIU's lazy-pages daemon
+	// (userfaultfd), so that restore time does not grow with RSS.
+	Lazy bool
+	// Count restores that many clones at once (0 or 1: one). Only images
+	// of processes started with "kcr run" (init of their own PID namespace)
+	// can be restored more than once at a time.
+	Count int
+	// Name labels the clones: NAME, or NAME-1 … NAME-N with Count > 1. The
+	// app sees it in notify.Event.Name.
+	Name string
 }
 
 // RestoreResult describes a restored process.
 type RestoreResult struct {
 	PID        int
+	Name       string
 	Generation uint64
 	InstanceID string
 	Timings    Timings
@@ -49,9 +61,26 @@ type RestoreResult struct {
 	HookErr error
 }
 
+// ErrNotClonable is returned for Count > 1 on an image whose process was
+// not init of its own PID namespace.
+var ErrNotClonable = errors.New("image cannot be restored more than once at a time")
+
 // Restore verifies an image, restores it with CRIU, and tells the restored
-// process that it is a new instance.
+// process that it is a new instance. It is RestoreClones with one clone.
 func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
+	o.Count = 1
+	res, err := RestoreClones(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	return res[0], nil
+}
+
+// RestoreClones restores o.Count clones of an image concurrently. Each gets
+// its own restore generation and instance id, so its own Kafka client ids.
+// On error, the clones restored so far keep running and are returned with
+// the error.
+func RestoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreResult, error) {
 	start := time.Now()
 	if o.HookWait <= 0 {
 		o.HookWait = 30 * time.Second
@@ -59,32 +88,81 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	if o.PIDWait <= 0 {
 		o.PIDWait = 5 * time.Second
 	}
-	res := &RestoreResult{}
-
+	if o.Count <= 0 {
+		o.Count = 1
+	}
+	var pre Timings
 	t := time.Now()
 	img, err := images.Open(ctx, o.Image)
 	if err != nil {
 		return nil, err
 	}
-	res.Timings.add(PhaseVerify, time.Since(t))
+	pre.add(PhaseVerify, time.Since(t))
 	m := img.Manifest
-
+	if o.Count > 1 && !m.Process.PIDNamespace {
+		return nil, fmt.Errorf("%s: %w: PID %d was not init of its own PID namespace; start the service with \"kcr run\" to clone it", o.Image, ErrNotClonable, m.Process.PID)
+	}
 	criuPath, _, err := CRIU(ctx, o.CRIU)
 	if err != nil {
 		return nil, err
 	}
-
-	t = time.Now()
-	if err := criu.CheckImagePIDsFree(ctx, img.CRIUDir(), o.PIDWait); err != nil {
-		return nil, err
+	if !m.Process.PIDNamespace {
+		t = time.Now()
+		if err := criu.CheckImagePIDsFree(ctx, img.CRIUDir(), o.PIDWait); err != nil {
+			return nil, err
+		}
+		if w := time.Since(t); w > 50*time.Millisecond {
+			pre.add(PhasePIDWait, w)
+		}
 	}
-	if w := time.Since(t); w > 50*time.Millisecond {
-		res.Timings.add(PhasePIDWait, w)
-	}
 
+	results := make([]*RestoreResult, o.Count)
+	errs := make([]error, o.Count)
+	done := make(chan struct{})
+	for i := range o.Count {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			name := o.Name
+			if o.Count > 1 {
+				if name == "" {
+					name = "clone"
+				}
+				name = fmt.Sprintf("%s-%d", name, i+1)
+			}
+			results[i], errs[i] = restoreOne(ctx, o, img, criuPath, name)
+		}()
+	}
+	for range o.Count {
+		<-done
+	}
+	var ok []*RestoreResult
+	var failed []error
+	for i, r := range results {
+		if errs[i] != nil {
+			failed = append(failed, errs[i])
+			continue
+		}
+		r.Timings = append(append(Timings{}, pre...), r.Timings...)
+		r.Timings.add(PhaseTotal, time.Since(start))
+		ok = append(ok, r)
+	}
+	if len(failed) > 0 {
+		if o.Count == 1 {
+			return nil, failed[0]
+		}
+		return ok, fmt.Errorf("%d of %d clones failed to restore: %w", len(failed), o.Count, failed[0])
+	}
+	return ok, nil
+}
+
+// restoreOne restores one copy of a verified image.
+func restoreOne(ctx context.Context, o RestoreOptions, img *images.Image, criuPath, name string) (*RestoreResult, error) {
+	m := img.Manifest
+	res := &RestoreResult{Name: name}
 	work := o.WorkDir
-	if work == "" {
-		work, err = os.MkdirTemp("", "kcr-restore-")
+	var err error
+	if work == "" || o.Count > 1 {
+		work, err = os.MkdirTemp(o.WorkDir, "kcr-restore-")
 		if err != nil {
 			return nil, fmt.Errorf("restore work directory: %w", err)
 		}
@@ -95,9 +173,9 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	}
 	res.Generation = gen
 
-	t = time.Now()
+	t := time.Now()
 	rr, err := criu.Restore(ctx, criuPath, criu.RestoreOptions{
-		ImagesDir: img.CRIUDir(), WorkDir: work,
+		ImagesDir: img.CRIUDir(), WorkDir: work, LazyPages: o.Lazy,
 		TCPClose: m.Options.TCPClose, ShellJob: m.Options.ShellJob, FileLocks: m.Options.FileLocks,
 	})
 	res.Timings.add(PhaseRestore, time.Since(t))
@@ -109,7 +187,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 
 	if !m.NoHooks {
 		t = time.Now()
-		done, err := afterRestore(ctx, rr.PID, gen, o.HookWait)
+		done, err := afterRestore(ctx, rr.PID, m.Process.PID, gen, name, o.HookWait)
 		res.Timings.add(PhaseAfterHooks, time.Since(t))
 		res.Reports = done.Reports
 		res.InstanceID = done.InstanceID
@@ -120,18 +198,35 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 			res.HookErr = err
 		}
 	}
-	res.Timings.add(PhaseTotal, time.Since(start))
 	return res, nil
 }
 
 // afterRestore sends the restored message. The socket was restored by CRIU,
-// so it is found through the new PID like any other.
-func afterRestore(ctx context.Context, pid int, gen uint64, wait time.Duration) (proto.Message, error) {
-	sock, err := client.Find(pid)
-	if err != nil {
-		return proto.Message{}, fmt.Errorf("restored process %d: %w", pid, err)
+// so it is found through the new PID like any other. A clone with a new
+// host PID moves its socket to one named after that PID (the image's path
+// is shared by every clone), so kcr waits for that one.
+func afterRestore(ctx context.Context, pid, origPID int, gen uint64, name string, wait time.Duration) (proto.Message, error) {
+	own := notify.SocketPrefix + strconv.Itoa(pid) + notify.SocketSuffix
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		sock, err := client.Find(pid)
+		if err == nil && (pid == origPID || filepath.Base(sock) == own) {
+			return client.RestoredAs(ctx, sock, gen, name, wait)
+		}
+		if time.Now().After(deadline) {
+			if err != nil {
+				return proto.Message{}, fmt.Errorf("restored process %d: %w", pid, err)
+			}
+			// The app did not move its socket: it is not a clone, or it
+			// already detected its restore by itself. Use what is there.
+			return client.RestoredAs(ctx, sock, gen, name, wait)
+		}
+		select {
+		case <-ctx.Done():
+			return proto.Message{}, ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
 	}
-	return client.Restored(ctx, sock, gen, wait)
 }
 
 // generationFile counts the restores of an image on this host. It is not

@@ -52,6 +52,10 @@ type Process struct {
 	UID      int      `json:"uid"`
 	Comm     string   `json:"comm"`
 	RSSBytes int64    `json:"rss_bytes"`
+	// PIDNamespace is set when the process was init of a PID namespace of
+	// its own (started by "kcr run"): its image can be restored many times
+	// at once.
+	PIDNamespace bool `json:"pid_namespace,omitempty"`
 }
 
 // Options records the checkpoint options that affect restore.

@@ -20,11 +20,13 @@ func newInstanceID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// startTime returns field 22 of /proc/<pid>/stat: the task's start time in
+// startTime returns field 22 of /proc/self/stat: the task's start time in
 // clock ticks after boot. CRIU recreates every task at restore, so this value
 // changes, which lets a restored process notice that it is a new instance.
-func startTime(pid int) (uint64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+// It reads /proc/self, not /proc/<getpid>: in a PID namespace of its own the
+// process is PID 1 there, while /proc is usually the host's.
+func startTime(int) (uint64, error) {
+	b, err := os.ReadFile("/proc/self/stat")
 	if err != nil {
 		return 0, err
 	}
@@ -43,4 +45,16 @@ func parseStartTime(stat []byte) (uint64, error) {
 		return 0, fmt.Errorf("parse /proc stat: %d fields after comm", len(fields))
 	}
 	return strconv.ParseUint(string(fields[19]), 10, 64)
+}
+
+// hostPID returns this process's PID as seen by /proc, which is the host's
+// PID when the process runs in a PID namespace of its own without a mount
+// namespace (as under "kcr run"). kcr looks processes up by that PID.
+func hostPID() int {
+	if l, err := os.Readlink("/proc/self"); err == nil {
+		if pid, err := strconv.Atoi(l); err == nil && pid > 0 {
+			return pid
+		}
+	}
+	return os.Getpid()
 }

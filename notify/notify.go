@@ -68,6 +68,8 @@ type Event struct {
 	// Reason says why, for logs: "restored", "leave-running", "checkpoint
 	// failed: …", "no follow-up from kcr within 30s", ….
 	Reason string
+	// Name is the name kcr restore --name gave this clone ("" if none).
+	Name string
 	// SelfDetected is true when the process found out by itself that it was
 	// restored, because kcr's after-restore message was late or lost.
 	SelfDetected bool

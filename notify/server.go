@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -70,7 +71,7 @@ func WithMaxSuspend(d time.Duration) Option { return func(c *serverConfig) { c.m
 
 // WithRestoreGrace sets how long a process that detected by itself that it
 // was restored waits for kcr's after-restore message (which carries the
-// restore generation) before running its hooks anyway. Default 1 s.
+// restore generation) before running its hooks anyway. Default 2 s.
 func WithRestoreGrace(d time.Duration) Option { return func(c *serverConfig) { c.restoreWait = d } }
 
 // WithAfterBudget bounds the after-restore phase when kcr does not say.
@@ -104,15 +105,15 @@ func (g *Registry) Start(opts ...Option) (*Server, error) {
 	cfg := serverConfig{
 		log:         slog.Default(),
 		maxSuspend:  DefaultMaxSuspend,
-		pollEvery:   100 * time.Millisecond,
-		restoreWait: time.Second,
+		pollEvery:   25 * time.Millisecond,
+		restoreWait: 2 * time.Second,
 		afterBudget: DefaultAfterBudget,
 		startTime:   startTime,
 	}
 	for _, o := range opts {
 		o(&cfg)
 	}
-	pid := os.Getpid()
+	pid := hostPID()
 	path := cfg.path
 	if path == "" {
 		dir := cfg.dir
@@ -128,6 +129,19 @@ func (g *Registry) Start(opts ...Option) (*Server, error) {
 	if len(base) <= len(SocketPrefix)+len(SocketSuffix) || base[:len(SocketPrefix)] != SocketPrefix || filepath.Ext(base) != SocketSuffix {
 		return nil, fmt.Errorf("notify: socket name %q must look like kcr-NAME.sock so that kcr can find it", base)
 	}
+	ln, err := listen(path)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{g: g, cfg: cfg, ln: ln, path: path, pid: pid, uid: os.Getuid(), state: "idle", quit: make(chan struct{})}
+	s.wg.Add(1)
+	go s.serve(ln)
+	cfg.log.Debug("kcr control socket listening", "path", path)
+	return s, nil
+}
+
+// listen binds a control socket at path, mode 0600.
+func listen(path string) (*net.UnixListener, error) {
 	if live := removeStale(path); live {
 		return nil, fmt.Errorf("notify: listen on %s: another process is serving a control socket there (pass another WithSocketPath or WithSocketDir): %w", path, syscall.EADDRINUSE)
 	}
@@ -140,11 +154,42 @@ func (g *Registry) Start(opts ...Option) (*Server, error) {
 		ln.Close()
 		return nil, fmt.Errorf("notify: chmod %s: %w", path, err)
 	}
-	s := &Server{g: g, cfg: cfg, ln: ln, path: path, pid: pid, uid: os.Getuid(), state: "idle", quit: make(chan struct{})}
+	return ln, nil
+}
+
+// rebind moves the control socket to a path named after the process's new
+// host PID. Clones restored from one image in PID namespaces of their own
+// share the image's socket path; each moves to its own so that kcr reaches
+// every clone through its PID. The old path is left alone: it may be a
+// sibling's by now.
+func (s *Server) rebind(pid int) {
+	s.mu.Lock()
+	old, oldPath := s.ln, s.path
+	closed := s.closed
+	s.mu.Unlock()
+	if closed || pid == s.pid {
+		return
+	}
+	base := strings.TrimSuffix(filepath.Base(oldPath), SocketSuffix)
+	if prev := SocketPrefix + strconv.Itoa(s.pid); base == prev {
+		base = SocketPrefix + strconv.Itoa(pid)
+	} else {
+		base += "-" + strconv.Itoa(pid)
+	}
+	path := filepath.Join(filepath.Dir(oldPath), base+SocketSuffix)
+	ln, err := listen(path)
+	if err != nil {
+		s.cfg.log.Warn("kcr: cannot move the control socket after restore; keeping the old one", "path", path, "err", err)
+		return
+	}
+	s.mu.Lock()
+	s.ln, s.path, s.pid = ln, path, pid
+	s.mu.Unlock()
+	old.SetUnlinkOnClose(false)
+	old.Close()
 	s.wg.Add(1)
-	go s.serve()
-	cfg.log.Debug("kcr control socket listening", "path", path)
-	return s, nil
+	go s.serve(ln)
+	s.cfg.log.Debug("kcr control socket moved after restore", "path", path)
 }
 
 func defaultSocketDir() string {
@@ -181,7 +226,11 @@ func removeStale(path string) (live bool) {
 }
 
 // Path returns the control socket's path.
-func (s *Server) Path() string { return s.path }
+func (s *Server) Path() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.path
+}
 
 // Close stops serving and removes the socket. A checkpoint cycle that is
 // waiting for its follow-up resumes first.
@@ -193,17 +242,18 @@ func (s *Server) Close() error {
 	}
 	s.closed = true
 	close(s.quit)
+	ln := s.ln
 	s.mu.Unlock()
-	err := s.ln.Close()
+	err := ln.Close()
 	s.wg.Wait()
 	return err
 }
 
-func (s *Server) serve() {
+func (s *Server) serve(ln *net.UnixListener) {
 	defer s.wg.Done()
 	sem := make(chan struct{}, 8) // bound concurrent control connections
 	for {
-		c, err := s.ln.AcceptUnix()
+		c, err := ln.AcceptUnix()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
@@ -253,7 +303,7 @@ func (s *Server) handle(c *net.UnixConn) {
 	}()
 	cred, ok := s.peerAllowed(c)
 	if !ok {
-		attrs := []any{"path", s.path}
+		attrs := []any{"path", s.Path()}
 		if cred != nil {
 			attrs = append(attrs, "peer_uid", cred.Uid, "peer_pid", cred.Pid)
 		}
@@ -402,8 +452,14 @@ func (s *Server) info() proto.Message {
 	s.mu.Lock()
 	state := s.state
 	s.mu.Unlock()
-	return proto.Message{Type: proto.TypeInfo, PID: os.Getpid(), StartTime: st, Resources: s.g.Names(),
+	return proto.Message{Type: proto.TypeInfo, PID: s.hostPID(), StartTime: st, Resources: s.g.Names(),
 		State: state, InstanceID: id, AppGeneration: gen}
+}
+
+func (s *Server) hostPID() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pid
 }
 
 func (s *Server) setState(st string) {
@@ -479,7 +535,7 @@ func (s *Server) checkpoint(c *net.UnixConn, m proto.Message) {
 	s.followups = ch
 	s.state = "waiting"
 	s.mu.Unlock()
-	werr := s.reply(c, proto.Message{Type: proto.TypeReady, PID: s.pid, StartTime: st0, Reports: reports})
+	werr := s.reply(c, proto.Message{Type: proto.TypeReady, PID: s.hostPID(), StartTime: st0, Reports: reports})
 	c.Close()
 
 	var ev Event
@@ -525,7 +581,7 @@ func (s *Server) checkpoint(c *net.UnixConn, m proto.Message) {
 		log.Warn("kcr: resources registered during the checkpoint join from the next one", "resources", late)
 	}
 	if f != nil {
-		done := proto.Message{Type: proto.TypeDone, PID: os.Getpid(), Reports: after, InstanceID: ev.InstanceID,
+		done := proto.Message{Type: proto.TypeDone, PID: s.hostPID(), Reports: after, InstanceID: ev.InstanceID,
 			AppGeneration: ev.Generation, State: ev.Kind.String()}
 		if aerr != nil {
 			done.Error = aerr.Error()
@@ -564,9 +620,14 @@ func (s *Server) await(ch chan followup, st0 uint64, resumeAfter time.Duration) 
 	for {
 		select {
 		case f := <-ch:
-			return s.eventFor(f, restored()), &f
+			r := restored()
+			if r {
+				s.rebind(hostPID())
+			}
+			return s.eventFor(f, r), &f
 		case <-poll.C:
 			if restored() {
+				s.rebind(hostPID())
 				return graceWait()
 			}
 		case <-s.quit:
@@ -579,6 +640,7 @@ func (s *Server) await(ch chan followup, st0 uint64, resumeAfter time.Duration) 
 			// dumped process's, so this timer fires at once: the restore must
 			// still wait for kcr's message.
 			if restored() {
+				s.rebind(hostPID())
 				return graceWait()
 			}
 			s.cfg.log.Warn("kcr: no follow-up from kcr after checkpoint; resuming on our own", "after", resumeAfter)
@@ -592,7 +654,7 @@ func (s *Server) eventFor(f followup, restored bool) Event {
 	if m.Type == proto.TypeRestored || restored {
 		// The start time is the ground truth: a "resume" sent to a restored
 		// copy still makes it a new instance.
-		return Event{Kind: Restore, Generation: m.Generation, Reason: "restored"}
+		return Event{Kind: Restore, Generation: m.Generation, Name: m.Name, Reason: "restored"}
 	}
 	reason := m.Reason
 	if reason == "" {

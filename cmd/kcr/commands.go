@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -129,30 +130,60 @@ func restoreCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "restore IMAGE",
 		Short: "Verify an image, restore it with CRIU and run the after-restore hooks; prints the new PID",
-		Args:  cobra.ExactArgs(1),
+		Long: `Verify an image, restore it with CRIU and run the after-restore hooks.
+
+With --count N, N clones are restored at once, each with its own restore
+generation and instance id (so its own Kafka client ids); this needs an
+image of a service started with "kcr run". One line per clone is printed:
+host PID, name and restore time.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.Image = args[0]
 			o.CRIU = g.criu
-			res, err := engine.Restore(cmd.Context(), o)
+			clones, err := engine.RestoreClones(cmd.Context(), o)
+			if err != nil && len(clones) == 0 {
+				return err
+			}
+			var hookErr error
+			var out []map[string]any
+			for _, res := range clones {
+				if o.Count > 1 {
+					fmt.Fprintf(os.Stderr, "restored %s as PID %d (generation %d) in %s\n", res.Name, res.PID, res.Generation, fmtDur(res.Timings.Get(engine.PhaseRestore)))
+				} else {
+					fmt.Fprintf(os.Stderr, "restored %s as PID %d (generation %d)\n", o.Image, res.PID, res.Generation)
+					phaseLines(res.Timings)
+				}
+				if res.HooksPending {
+					fmt.Fprintf(os.Stderr, "kcr: warning: PID %d: after-restore hooks still pending after %v; the app goes on with them (see its log)\n", res.PID, o.HookWait)
+				}
+				if res.HookErr != nil && hookErr == nil {
+					hookErr = fmt.Errorf("restored as PID %d, but %w", res.PID, res.HookErr)
+				}
+				out = append(out, map[string]any{"pid": res.PID, "name": res.Name, "generation": res.Generation,
+					"instance_id": res.InstanceID, "phases": res.Timings, "hooks_pending": res.HooksPending,
+					"hook_error": errString(res.HookErr), "reports": res.Reports, "log": res.LogPath})
+				if !g.json {
+					if o.Count > 1 {
+						fmt.Printf("%d\t%s\t%s\n", res.PID, res.Name, fmtDur(res.Timings.Get(engine.PhaseRestore)))
+					} else {
+						fmt.Println(res.PID)
+					}
+				}
+			}
+			if g.json {
+				var v any = out
+				if o.Count <= 1 {
+					v = out[0]
+				}
+				if err := printJSON(v); err != nil {
+					return err
+				}
+			}
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(os.Stderr, "restored %s as PID %d (generation %d)\n", o.Image, res.PID, res.Generation)
-			phaseLines(res.Timings)
-			if res.HooksPending {
-				fmt.Fprintf(os.Stderr, "kcr: warning: after-restore hooks still pending after %v; the app goes on with them (see its log)\n", o.HookWait)
-			}
-			if g.json {
-				if err := printJSON(map[string]any{"pid": res.PID, "generation": res.Generation, "instance_id": res.InstanceID,
-					"phases": res.Timings, "hooks_pending": res.HooksPending, "hook_error": errString(res.HookErr),
-					"reports": res.Reports, "log": res.LogPath}); err != nil {
-					return err
-				}
-			} else {
-				fmt.Println(res.PID)
-			}
-			if res.HookErr != nil {
-				return &exitError{exitAfterHooks, fmt.Errorf("restored as PID %d, but %w", res.PID, res.HookErr)}
+			if hookErr != nil {
+				return &exitError{exitAfterHooks, hookErr}
 			}
 			return nil
 		},
@@ -160,6 +191,55 @@ func restoreCmd(g *globals) *cobra.Command {
 	f := cmd.Flags()
 	f.DurationVar(&o.HookWait, "wait", 30*time.Second, "how long to wait for the app's after-restore hooks")
 	f.DurationVar(&o.PIDWait, "pid-wait", 5*time.Second, "how long to wait for a zombie holding the image's PID")
+	f.IntVar(&o.Count, "count", 1, "restore this many clones at once (images of services started with kcr run)")
+	f.StringVar(&o.Name, "name", "", "name of the restored instance (clones are NAME-1 … NAME-N)")
+	f.BoolVar(&o.Lazy, "lazy", false, "restore memory on demand through CRIU's lazy-pages daemon")
+	return cmd
+}
+
+func runCmd(g *globals) *cobra.Command {
+	var o engine.RunOptions
+	var ready time.Duration
+	cmd := &cobra.Command{
+		Use:   "run [flags] -- PROG [ARGS...]",
+		Short: "Start a service so that it can be checkpointed and cloned; prints its PID",
+		Long: `Start a service so that it can be checkpointed and cloned.
+
+The service runs as init of a PID namespace of its own (no mount namespace),
+as leader of its own session, with stdin from /dev/null and stdout and stderr
+appended to a log. GODEBUG=multipathtcp=0 is set unless GODEBUG already sets
+multipathtcp. kcr waits until the service's kcr control socket is up, prints
+its host PID and exits; the service keeps running.
+
+As init of its namespace, the service is the parent of every orphaned
+process in it, and Go does not reap orphans: a service that starts
+subprocesses which outlive their parent should reap them, or run with
+--no-pid-namespace (and then cannot be cloned).`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			o.Args = args
+			o.ReadyTimeout = ready
+			res, err := engine.Run(cmd.Context(), o)
+			if res != nil && errors.Is(err, engine.ErrNoSocketYet) {
+				fmt.Fprintln(os.Stderr, "kcr: warning: "+err.Error())
+				err = nil
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "started %s as PID %d (log %s)\n", args[0], res.PID, res.Log)
+			if g.json {
+				return printJSON(map[string]any{"pid": res.PID, "log": res.Log, "socket": res.Socket})
+			}
+			fmt.Println(res.PID)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Log, "log", "", "file for the service's output, opened with O_APPEND (default ./PROG.log)")
+	f.BoolVar(&o.NoPIDNamespace, "no-pid-namespace", false, "run in the host's PID namespace (no clones)")
+	f.StringArrayVarP(&o.Env, "env", "e", nil, "add KEY=VALUE to the environment")
+	f.DurationVar(&ready, "ready-timeout", 10*time.Second, "how long to wait for the service's control socket (0: do not wait)")
 	return cmd
 }
 

@@ -4,6 +4,7 @@ package client
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -56,6 +58,12 @@ func Find(pid int) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("PID %d: %w", pid, err)
 	}
+	// A clone restored in a PID namespace briefly holds the image's socket
+	// and then its own, named after its PID: prefer that one.
+	own := notify.SocketPrefix + strconv.Itoa(pid) + notify.SocketSuffix
+	slices.SortStableFunc(paths, func(a, b string) int {
+		return cmp.Compare(b2i(filepath.Base(b) == own), b2i(filepath.Base(a) == own))
+	})
 	for _, p := range paths {
 		base := filepath.Base(p)
 		if !strings.HasPrefix(base, notify.SocketPrefix) || !strings.HasSuffix(base, notify.SocketSuffix) {
@@ -127,6 +135,13 @@ func parseUnixTable(r io.Reader, want map[string]bool) ([]string, error) {
 		out = append(out, path)
 	}
 	return out, sc.Err()
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func comm(pid int) string {
@@ -257,7 +272,12 @@ func Resume(ctx context.Context, path, reason string, wait time.Duration) (proto
 // Restored tells a restored process that it is a new instance, with its
 // restore generation. It waits like Resume.
 func Restored(ctx context.Context, path string, generation uint64, wait time.Duration) (proto.Message, error) {
-	return followup(ctx, path, proto.Message{Type: proto.TypeRestored, Generation: generation, Wait: wait}, wait)
+	return RestoredAs(ctx, path, generation, "", wait)
+}
+
+// RestoredAs is Restored for a clone that kcr restore --name named.
+func RestoredAs(ctx context.Context, path string, generation uint64, name string, wait time.Duration) (proto.Message, error) {
+	return followup(ctx, path, proto.Message{Type: proto.TypeRestored, Generation: generation, Name: name, Wait: wait}, wait)
 }
 
 func followup(ctx context.Context, path string, req proto.Message, wait time.Duration) (proto.Message, error) {

@@ -73,6 +73,7 @@ type Message struct {
 	// resume, restored
 	Reason     string   `json:"reason,omitempty"`
 	Generation uint64   `json:"generation,omitempty"`
+	Name       string   `json:"name,omitempty"`    // restored: the clone's name (kcr restore --name)
 	Wait       Duration `json:"wait_ns,omitempty"` // how long the CLI waits for TypeDone
 
 	// info, ready, failed, done

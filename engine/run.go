@@ -1,0 +1,132 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kcr-dev/kcr/notify/client"
+)
+
+// RunOptions configures Run.
+type RunOptions struct {
+	Args []string // program and arguments
+	// Log receives the program's stdout and stderr, opened with O_APPEND
+	// (CRIU cannot restore a regular file that grew after the dump unless it
+	// is append-only). Default: ./NAME.log.
+	Log string
+	// NoPIDNamespace runs the program in the host's PID namespace; it then
+	// cannot be restored more than once at a time.
+	NoPIDNamespace bool
+	// Env is added to the environment. GODEBUG=multipathtcp=0 is added
+	// unless GODEBUG already sets multipathtcp.
+	Env []string
+	// ReadyTimeout is how long to wait for the program's kcr control
+	// socket (0: do not wait).
+	ReadyTimeout time.Duration
+}
+
+// RunResult describes a started service.
+type RunResult struct {
+	PID    int    // host PID
+	Log    string // absolute path of the log
+	Socket string // control socket, if it appeared within ReadyTimeout
+}
+
+// ErrNoSocketYet is returned by Run when the program runs but opened no kcr
+// control socket within the ready timeout.
+var ErrNoSocketYet = errors.New("no kcr control socket yet")
+
+// Run starts a service so that it can be checkpointed and cloned: in a PID
+// namespace of its own where it is init (no mount namespace, so /proc and
+// paths stay the host's), as leader of its own session, with stdin from
+// /dev/null and its output appended to a log. kcr keeps no fd of it and
+// does not wait for it.
+func Run(ctx context.Context, o RunOptions) (*RunResult, error) {
+	if len(o.Args) == 0 {
+		return nil, errors.New("no program given: kcr run [flags] -- PROG ARGS")
+	}
+	prog, err := exec.LookPath(o.Args[0])
+	if err != nil {
+		return nil, fmt.Errorf("program %q: %w", o.Args[0], err)
+	}
+	logPath := o.Log
+	if logPath == "" {
+		logPath = filepath.Base(o.Args[0]) + ".log"
+	}
+	if logPath, err = filepath.Abs(logPath); err != nil {
+		return nil, err
+	}
+	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open log: %w", err)
+	}
+	defer logf.Close()
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		return nil, err
+	}
+	defer null.Close()
+
+	env := append(os.Environ(), o.Env...)
+	if !strings.Contains(lastValue(env, "GODEBUG"), "multipathtcp=") {
+		godebug := lastValue(env, "GODEBUG")
+		if godebug != "" {
+			godebug += ","
+		}
+		env = append(env, "GODEBUG="+godebug+"multipathtcp=0")
+	}
+	cmd := exec.Command(prog, o.Args[1:]...)
+	cmd.Args[0] = o.Args[0]
+	cmd.Env = env
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = null, logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if !o.NoPIDNamespace {
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWPID
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", o.Args[0], err)
+	}
+	res := &RunResult{PID: cmd.Process.Pid, Log: logPath}
+	// Reap it if it dies while we wait; once kcr exits, init adopts it.
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	if o.ReadyTimeout <= 0 {
+		return res, nil
+	}
+	deadline := time.NewTimer(o.ReadyTimeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-exited:
+			return nil, fmt.Errorf("%s exited at start (%v): see %s", o.Args[0], err, logPath)
+		case <-ctx.Done():
+			return res, ctx.Err()
+		case <-deadline.C:
+			return res, fmt.Errorf("%s (PID %d) runs, but %w after %v: does it call notify.Start?", o.Args[0], res.PID, ErrNoSocketYet, o.ReadyTimeout)
+		case <-tick.C:
+			if p, err := client.Find(res.PID); err == nil {
+				res.Socket = p
+				return res, nil
+			}
+		}
+	}
+}
+
+func lastValue(env []string, key string) string {
+	v := ""
+	for _, kv := range env {
+		if k, val, ok := strings.Cut(kv, "="); ok && k == key {
+			v = val
+		}
+	}
+	return v
+}

@@ -28,6 +28,8 @@ func TestParseLog(t *testing.T) {
 		{"no-such-process.log", "Unable to detach from 999999: No such process", CauseNoProcess},
 		{"tcp-close-needed.log", "Need to set the --tcp-close options.", CauseTCPCloseNeeded},
 		{"dump-ok.log", "", CauseUnknown}, // only the harmless rlimit error
+		// Errors of restored tasks carry their PID: "     1: Error (...)".
+		{"unix-bind-race.log", "unix: Can't bind id 0xb ino 198309 addr /tmp/rt/sock2/kcr-5253.sock: Address already in use", CauseUnknown},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			f, err := os.Open(filepath.Join("testdata/logs", tc.file))

@@ -55,7 +55,7 @@ var causePatterns = []struct {
 }
 
 // logLineRE splits "(00.012345) Error (criu/sk-inet.c:188): message".
-var logLineRE = regexp.MustCompile(`^\s*(?:\(\s*[0-9.]+\)\s*)?(?:pie: \d+: )?(Error|Warn) \(([^)]*)\): ?(.*)$`)
+var logLineRE = regexp.MustCompile(`^\s*(?:\(\s*[0-9.]+\)\s*)?(?:pie: \d+: )?(?:\d+: )?(Error|Warn) \(([^)]*)\): ?(.*)$`)
 
 // harmless reports error lines CRIU prints that do not explain a failure:
 // when kcr runs without CAP_SYS_RESOURCE (containers, some VMs) CRIU cannot

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -174,10 +175,24 @@ func restoreOne(ctx context.Context, o RestoreOptions, img *images.Image, criuPa
 	res.Generation = gen
 
 	t := time.Now()
-	rr, err := criu.Restore(ctx, criuPath, criu.RestoreOptions{
-		ImagesDir: img.CRIUDir(), WorkDir: work, LazyPages: o.Lazy,
-		TCPClose: m.Options.TCPClose, ShellJob: m.Options.ShellJob, FileLocks: m.Options.FileLocks,
-	})
+	var rr *criu.RestoreResult
+	for attempt := 1; ; attempt++ {
+		rr, err = criu.Restore(ctx, criuPath, criu.RestoreOptions{
+			ImagesDir: img.CRIUDir(), WorkDir: work, LazyPages: o.Lazy,
+			TCPClose: m.Options.TCPClose, ShellJob: m.Options.ShellJob, FileLocks: m.Options.FileLocks,
+		})
+		// Clones restore the same bound Unix socket paths; CRIU unlinks and
+		// binds, and a sibling can bind in between. The clone then moves
+		// its control socket, so another try settles it.
+		if err == nil || o.Count <= 1 || attempt == 10 || !bindRace(err) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(time.Duration(5+rand.IntN(40)) * time.Millisecond):
+		}
+	}
 	res.Timings.add(PhaseRestore, time.Since(t))
 	if err != nil {
 		return nil, err
@@ -199,6 +214,11 @@ func restoreOne(ctx context.Context, o RestoreOptions, img *images.Image, criuPa
 		}
 	}
 	return res, nil
+}
+
+func bindRace(err error) bool {
+	var ce *criu.Error
+	return errors.As(err, &ce) && strings.Contains(ce.First, "Can't bind") && strings.Contains(ce.First, "Address already in use")
 }
 
 // afterRestore sends the restored message. The socket was restored by CRIU,

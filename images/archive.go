@@ -1,0 +1,668 @@
+package images
+
+import (
+	"archive/tar"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sys/unix"
+)
+
+// An image archive is one file holding a whole image, to copy it to
+// another host: a tar stream compressed with zstd (a standard .tar.zst,
+// which "tar --zstd -xf" also unpacks). Its first entry is manifest.json,
+// byte for byte as in the image; then come the files the manifest lists,
+// in its order, as regular files of mode 0600. Nothing else is archived:
+// files the manifest does not list (such as the restore counter kcr keeps
+// in the image) stay behind.
+//
+// [Import] trusts nothing in an archive: it refuses unsafe or unlisted
+// entries and anything but regular files and directories, checks every
+// file's size and SHA-256 against the manifest while unpacking it into a
+// hidden temporary directory, and renames that into place only once the
+// whole image has been verified.
+
+// ErrBadArchive: an image archive cannot be read: it is not zstd or tar,
+// it is truncated, or its compressed data is damaged.
+var ErrBadArchive = errors.New("unreadable image archive")
+
+const (
+	// ArchiveExt is the customary file name extension of image archives.
+	ArchiveExt = ".tar.zst"
+
+	// archiveDamaged is the fix suggested for an archive that fails a check.
+	archiveDamaged = "the archive is damaged or was tampered with; export the image again"
+	// maxArchiveWindow bounds the memory a hostile archive can make the
+	// zstd decoder allocate; kcr writes 8 MiB windows.
+	maxArchiveWindow = 64 << 20
+)
+
+// Export verifies the image in dir with [Open] and writes it to w as a
+// zstd-compressed tar stream: manifest.json first, then every file the
+// manifest lists, in order. Files are hashed again as they are archived,
+// so a file changed since the verification is refused rather than
+// exported. On error, what was written to w is not a valid archive.
+func Export(ctx context.Context, dir string, w io.Writer) error {
+	_, err := export(ctx, dir, w)
+	return err
+}
+
+func export(ctx context.Context, dir string, w io.Writer) (*Image, error) {
+	im, err := Open(ctx, dir)
+	if err != nil {
+		return nil, err
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, fmt.Errorf("images: %s: %w%s", dir, err, ioHint(err))
+	}
+	defer root.Close()
+
+	// Archive the manifest's exact bytes, and make sure they are the ones
+	// Open verified.
+	raw, err := readRootFile(root, ManifestName, MaxManifestSize)
+	if errors.Is(err, errTooBig) {
+		return nil, manifestTooBig(dir)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("images: %s: read %s: %w%s", dir, ManifestName, err, ioHint(err))
+	}
+	m, err := decodeManifest(dir, raw)
+	if err != nil {
+		return nil, err
+	}
+	if !slices.Equal(m.Files, im.Manifest.Files) {
+		return nil, newError(dir, ManifestName, ErrCorruptManifest, nil,
+			ManifestName+" changed while exporting: is something rewriting this image? export it again")
+	}
+
+	zw, err := zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedDefault))
+	if err != nil {
+		return nil, fmt.Errorf("images: %s: zstd: %w", dir, err)
+	}
+	// On error zw is deliberately not closed: the partial output must not
+	// end like a complete zstd stream. Its goroutines end with each block.
+	tw := tar.NewWriter(zw)
+	// Every entry gets the checkpoint's time and no owner, so exporting
+	// an image twice gives the same archive.
+	mtime := m.Created.Truncate(time.Second)
+	header := func(name string, size int64) *tar.Header {
+		return &tar.Header{Typeflag: tar.TypeReg, Name: name, Size: size, Mode: filePerm, ModTime: mtime}
+	}
+	writeErr := func(err error) error {
+		return fmt.Errorf("images: %s: write archive: %w%s", dir, err, ioHint(err))
+	}
+	if err := tw.WriteHeader(header(ManifestName, int64(len(raw)))); err != nil {
+		return nil, writeErr(err)
+	}
+	if _, err := tw.Write(raw); err != nil {
+		return nil, writeErr(err)
+	}
+	buf := make([]byte, 1<<20)
+	for _, f := range m.Files {
+		if err := exportFile(ctx, root, dir, f, tw, header(f.Path, f.Size), buf); err != nil {
+			return nil, err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, writeErr(err)
+	}
+	if err := zw.Close(); err != nil {
+		return nil, writeErr(err)
+	}
+	return im, nil
+}
+
+// exportFile appends f to the archive, checking it against the manifest
+// as it goes.
+func exportFile(ctx context.Context, root *os.Root, dir string, f FileEntry, tw *tar.Writer, hdr *tar.Header, buf []byte) error {
+	file, err := root.Open(filepath.FromSlash(f.Path))
+	if errors.Is(err, fs.ErrNotExist) {
+		return newError(dir, f.Path, ErrMissing, err,
+			fmt.Sprintf("%s is missing (listed in %s; it vanished while exporting); %s", f.Path, ManifestName, damaged))
+	}
+	if err != nil {
+		return fmt.Errorf("images: %s: %w%s", dir, err, ioHint(err))
+	}
+	defer file.Close()
+	if fi, err := file.Stat(); err != nil {
+		return fmt.Errorf("images: %s: %w", dir, err)
+	} else if !fi.Mode().IsRegular() {
+		return newError(dir, f.Path, ErrCorrupt, nil,
+			fmt.Sprintf("%s is corrupt: a %s, not a regular file; %s", f.Path, kindOf(fi.Mode()), damaged))
+	} else if fi.Size() != f.Size {
+		return sizeError(dir, f, fi.Size())
+	}
+	if err := tw.WriteHeader(hdr); err != nil {
+		return fmt.Errorf("images: %s: write archive: %w%s", dir, err, ioHint(err))
+	}
+	h := sha256.New()
+	src := &trackReader{r: ctxReader{ctx, file}}
+	n, err := io.CopyBuffer(io.MultiWriter(tw, h), io.LimitReader(src, f.Size), buf)
+	if err == nil && src.err == nil && n == f.Size {
+		// The file must not have grown either.
+		if k, _ := src.Read(buf[:1]); k > 0 {
+			n++
+		}
+	}
+	switch {
+	case src.err != nil:
+		if ctx.Err() != nil {
+			return fmt.Errorf("images: %s: export: %w", dir, ctx.Err())
+		}
+		return fmt.Errorf("images: %s: read %s: %w%s", dir, f.Path, src.err, ioHint(src.err))
+	case err != nil:
+		return fmt.Errorf("images: %s: write archive: %w%s", dir, err, ioHint(err))
+	case n != f.Size:
+		return sizeError(dir, f, n)
+	case hex.EncodeToString(h.Sum(nil)) != strings.ToLower(f.SHA256):
+		return newError(dir, f.Path, ErrCorrupt, nil,
+			fmt.Sprintf("%s is corrupt: sha256 mismatch (it changed while exporting); %s", f.Path, damaged))
+	}
+	return nil
+}
+
+// ExportFile exports the image in dir (see [Export]) to a new archive
+// file, mode 0600. The archive is written to a hidden temporary sibling,
+// synced and renamed into place, so file never holds a partial archive;
+// an existing file is never replaced. It returns the verified image and
+// the archive's size in bytes.
+func ExportFile(ctx context.Context, dir, file string) (*Image, int64, error) {
+	if file == "" {
+		return nil, 0, fmt.Errorf("images: %s: no archive file name given; pass -o FILE", dir)
+	}
+	parent, base := filepath.Split(file)
+	if parent == "" {
+		parent = "."
+	}
+	if base == "" {
+		return nil, 0, fmt.Errorf("images: %s: %s names a directory; give a file name such as img%s", dir, file, ArchiveExt)
+	}
+	if _, err := os.Lstat(file); err == nil {
+		return nil, 0, newError(file, "", ErrExists, nil, "already exists; choose another -o or remove it")
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, 0, fmt.Errorf("images: %s: %w%s", file, err, ioHint(err))
+	}
+	tmp, err := os.CreateTemp(parent, "."+base+tmpMarker+"*") // mode 0600
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, 0, fmt.Errorf("images: %s: directory %s does not exist: create it first", file, parent)
+		}
+		return nil, 0, fmt.Errorf("images: %s: create temporary file: %w%s", file, err, ioHint(err))
+	}
+	done := false
+	defer func() {
+		if !done {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	cw := &countWriter{w: tmp}
+	im, err := export(ctx, dir, cw)
+	if err != nil {
+		return nil, 0, err
+	}
+	if err := tmp.Chmod(filePerm); err == nil {
+		err = tmp.Sync()
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("images: %s: write archive: %w%s", file, err, ioHint(err))
+	}
+	if err := tmp.Close(); err != nil {
+		return nil, 0, fmt.Errorf("images: %s: write archive: %w%s", file, err, ioHint(err))
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, 0, fmt.Errorf("images: %s: export: %w", file, err)
+	}
+	if err := renameNoReplace(tmp.Name(), file); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return nil, 0, newError(file, "", ErrExists, err, "already exists (created during the export); choose another -o or remove it")
+		}
+		return nil, 0, fmt.Errorf("images: %s: rename %s into place: %w", file, tmp.Name(), err)
+	}
+	done = true
+	if err := syncDir(parent); err != nil {
+		return nil, 0, fmt.Errorf("images: %s: sync directory: %w", file, err)
+	}
+	return im, cw.n, nil
+}
+
+// renameNoReplace renames oldpath to newpath unless newpath exists.
+func renameNoReplace(oldpath, newpath string) error {
+	err := unix.Renameat2(unix.AT_FDCWD, oldpath, unix.AT_FDCWD, newpath, unix.RENAME_NOREPLACE)
+	if !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOSYS) {
+		return err
+	}
+	// The file system lacks RENAME_NOREPLACE: link(2) refuses to replace too.
+	if err := os.Link(oldpath, newpath); err != nil {
+		return err
+	}
+	return os.Remove(oldpath)
+}
+
+// Import reads an image archive written by [Export] from r and unpacks it
+// as a new image at final, which must not exist or be an empty directory
+// (as for [Create]). The archive's manifest must come first; every later
+// entry must be a regular file the manifest lists, or a directory holding
+// one; absolute paths, ".." components, links, devices, duplicate and
+// unlisted entries are refused. Each file is checked against the
+// manifest's size and SHA-256 as it is written, and every listed file must
+// be present. The image is built in a hidden temporary sibling, like
+// Create's, synced and renamed into place only once all of it has been
+// verified: on error nothing is left at final. Errors wrap the sentinel
+// errors, [ErrBadArchive] for an unreadable or truncated archive; their
+// Dir is final.
+func Import(ctx context.Context, r io.Reader, final string) (*Image, error) {
+	return importArchive(ctx, r, final, final)
+}
+
+// ImportFile imports the archive file (see [Import]). Errors name file.
+func ImportFile(ctx context.Context, file, final string) (*Image, error) {
+	f, err := os.Open(file)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, newError(file, "", ErrNotExist, err, "does not exist: check the archive path")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("images: %s: %w%s", file, err, ioHint(err))
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.IsDir() {
+		return nil, newError(file, "", ErrBadArchive, nil,
+			`is a directory, not an archive: give a file written by "kcr export" (an image directory needs no import)`)
+	}
+	return importArchive(ctx, f, final, file)
+}
+
+// importer unpacks one archive. label names the archive in errors.
+type importer struct {
+	ctx   context.Context
+	label string
+	b     *Builder
+	root  *os.Root // b.tmp
+	m     *Manifest
+	raw   []byte // manifest.json as archived
+
+	listed map[string]FileEntry
+	dirs   map[string]bool // ancestors of listed files: allowed directory entries
+	seen   map[string]bool // entries unpacked so far
+	made   map[string]bool // directories created
+	buf    []byte
+}
+
+func importArchive(ctx context.Context, r io.Reader, final, label string) (*Image, error) {
+	b, err := Create(final)
+	if err != nil {
+		return nil, err
+	}
+	defer b.Abort()
+	root, err := os.OpenRoot(b.tmp)
+	if err != nil {
+		return nil, fmt.Errorf("images: %s: %w", final, err)
+	}
+	defer root.Close()
+
+	zr, err := zstd.NewReader(ctxReader{ctx, r}, zstd.WithDecoderMaxWindow(maxArchiveWindow))
+	if err != nil {
+		return nil, fmt.Errorf("images: %s: zstd: %w", label, err)
+	}
+	defer zr.Close()
+	im := &importer{
+		ctx: ctx, label: label, b: b, root: root,
+		seen: map[string]bool{}, made: map[string]bool{".": true, CRIUSubdir: true},
+		buf: make([]byte, 1<<20),
+	}
+	tr := tar.NewReader(zr)
+	for i := 0; ; i++ {
+		hdr, err := tr.Next()
+		if errors.Is(err, tar.ErrInsecurePath) && hdr != nil {
+			err = nil // checkName says why, with the fix
+		}
+		if err == io.EOF && i == 0 {
+			return nil, im.badArchive(nil, "is empty: not a kcr image archive (was it written by \"kcr export\"?)")
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, im.readError(err, "")
+		}
+		name, err := im.checkName(hdr)
+		if err != nil {
+			return nil, err
+		}
+		if i == 0 {
+			if err := im.readManifest(hdr, name, tr); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if err := im.unpack(hdr, name, tr); err != nil {
+			return nil, err
+		}
+	}
+	// Read the zstd stream to its end so that its checksum is verified.
+	if _, err := io.CopyBuffer(io.Discard, zr, im.buf); err != nil {
+		return nil, im.readError(err, "")
+	}
+	for _, f := range im.m.Files {
+		if !im.seen[f.Path] {
+			return nil, im.errorf(f.Path, ErrMissing, nil,
+				"%s is missing from the archive (listed in %s); %s", f.Path, ManifestName, archiveDamaged)
+		}
+	}
+	return im.commit()
+}
+
+// checkName refuses entries whose path is unsafe or whose type is neither
+// a regular file nor a directory, whatever the manifest says. It returns
+// the slash-separated path, without a directory's trailing slash.
+func (im *importer) checkName(hdr *tar.Header) (string, error) {
+	name := hdr.Name
+	if hdr.Typeflag == tar.TypeDir {
+		name = strings.TrimSuffix(name, "/")
+	}
+	switch {
+	case strings.HasPrefix(name, "/"):
+		return "", im.errorf(name, ErrUnsafePath, nil,
+			"archive entry %q is an absolute path: refusing to write outside the image; %s", hdr.Name, archiveDamaged)
+	case slices.Contains(strings.Split(name, "/"), ".."):
+		return "", im.errorf(name, ErrUnsafePath, nil,
+			"archive entry %q has a \"..\" component: refusing to write outside the image; %s", hdr.Name, archiveDamaged)
+	case !fs.ValidPath(name) || name == "." || strings.ContainsRune(name, 0):
+		return "", im.errorf(name, ErrUnsafePath, nil,
+			"archive entry %q is not a clean relative path: refusing it; %s", hdr.Name, archiveDamaged)
+	}
+	switch hdr.Typeflag {
+	case tar.TypeReg, tar.TypeDir:
+		return name, nil
+	}
+	kind := tarKind(hdr)
+	return "", im.errorf(name, ErrUnsafePath, nil,
+		"archive entry %s is a %s: image archives hold only regular files and directories; %s", name, kind, archiveDamaged)
+}
+
+// tarKind names a tar entry type for messages.
+func tarKind(hdr *tar.Header) string {
+	switch hdr.Typeflag {
+	case tar.TypeSymlink:
+		return fmt.Sprintf("symlink to %q", hdr.Linkname)
+	case tar.TypeLink:
+		return fmt.Sprintf("hard link to %q", hdr.Linkname)
+	case tar.TypeChar:
+		return "character device"
+	case tar.TypeBlock:
+		return "block device"
+	case tar.TypeFifo:
+		return "named pipe"
+	}
+	return fmt.Sprintf("special entry (tar type %q)", hdr.Typeflag)
+}
+
+// readManifest reads and validates the first entry, which must be the
+// manifest.
+func (im *importer) readManifest(hdr *tar.Header, name string, tr *tar.Reader) error {
+	if name != ManifestName || hdr.Typeflag != tar.TypeReg {
+		return im.errorf(name, ErrNotImage, nil,
+			"first archive entry is %q, not %s: not a kcr image archive (was it written by \"kcr export\"?)", hdr.Name, ManifestName)
+	}
+	if hdr.Size > MaxManifestSize {
+		return im.errorf(ManifestName, ErrCorruptManifest, nil,
+			"%s is corrupt: %d bytes, larger than %d; %s", ManifestName, hdr.Size, MaxManifestSize, archiveDamaged)
+	}
+	raw := make([]byte, hdr.Size)
+	if _, err := io.ReadFull(tr, raw); err != nil {
+		return im.readError(err, ManifestName)
+	}
+	m, err := decodeManifest(im.label, raw)
+	if err != nil {
+		return im.rehome(err)
+	}
+	im.m, im.raw = m, raw
+	im.listed = make(map[string]FileEntry, len(m.Files))
+	im.dirs = map[string]bool{CRIUSubdir: true}
+	for _, f := range m.Files {
+		if f.Path == ManifestName || f.Path == manifestTmp {
+			return im.errorf(f.Path, ErrUnsafePath, nil,
+				"%s lists %q, a name kcr reserves for the manifest: refusing it; %s", ManifestName, f.Path, archiveDamaged)
+		}
+		im.listed[f.Path] = f
+		for d := path.Dir(f.Path); d != "."; d = path.Dir(d) {
+			im.dirs[d] = true
+		}
+	}
+	for _, f := range m.Files {
+		if im.dirs[f.Path] {
+			return im.errorf(f.Path, ErrCorruptManifest, nil,
+				"%s is corrupt: it lists %s both as a file and as a directory; %s", ManifestName, f.Path, archiveDamaged)
+		}
+	}
+	im.seen[ManifestName] = true
+	return nil
+}
+
+// unpack writes one entry after the manifest into the temporary image.
+func (im *importer) unpack(hdr *tar.Header, name string, tr *tar.Reader) error {
+	if im.seen[name] {
+		return im.errorf(name, ErrUnsafePath, nil,
+			"archive entry %s appears twice: refusing it, a second copy could replace a verified file; %s", name, archiveDamaged)
+	}
+	im.seen[name] = true
+	if hdr.Typeflag == tar.TypeDir {
+		if !im.dirs[name] {
+			return im.errorf(name, ErrUnsafePath, nil,
+				"archive entry %s/ is a directory that holds no file listed in %s: refusing it; %s", name, ManifestName, archiveDamaged)
+		}
+		return im.mkdirs(name)
+	}
+	f, ok := im.listed[name]
+	if !ok {
+		return im.errorf(name, ErrUnsafePath, nil,
+			"archive entry %s is not listed in %s: refusing to unpack it; %s", name, ManifestName, archiveDamaged)
+	}
+	if hdr.Size != f.Size {
+		return im.rehome(sizeError(im.label, f, hdr.Size))
+	}
+	if err := im.mkdirs(path.Dir(name)); err != nil {
+		return err
+	}
+	out, err := im.root.OpenFile(filepath.FromSlash(name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, filePerm)
+	if err != nil {
+		return im.writeError(name, err)
+	}
+	defer out.Close()
+	h := sha256.New()
+	src := &trackReader{r: tr}
+	n, err := io.CopyBuffer(io.MultiWriter(out, h), src, im.buf)
+	switch {
+	case src.err != nil:
+		return im.readError(src.err, name)
+	case err != nil:
+		return im.writeError(name, err)
+	case n != f.Size:
+		return im.rehome(sizeError(im.label, f, n))
+	case hex.EncodeToString(h.Sum(nil)) != strings.ToLower(f.SHA256):
+		return im.errorf(name, ErrCorrupt, nil,
+			"%s is corrupt: sha256 mismatch with %s; %s", name, ManifestName, archiveDamaged)
+	}
+	// Chmod explicitly: the umask may have narrowed 0600.
+	if err := out.Chmod(filePerm); err != nil {
+		return im.writeError(name, err)
+	}
+	if err := out.Close(); err != nil {
+		return im.writeError(name, err)
+	}
+	return nil
+}
+
+// mkdirs creates dir and its parents in the temporary image, mode 0700.
+func (im *importer) mkdirs(dir string) error {
+	if im.made[dir] {
+		return nil
+	}
+	if err := im.mkdirs(path.Dir(dir)); err != nil {
+		return err
+	}
+	p := filepath.FromSlash(dir)
+	err := im.root.Mkdir(p, dirPerm)
+	if err == nil {
+		err = im.root.Chmod(p, dirPerm)
+	}
+	if err != nil {
+		// A listed file is in the way: the manifest lists both a file
+		// and files under it.
+		return im.writeError(dir, err)
+	}
+	im.made[dir] = true
+	return nil
+}
+
+// commit writes the manifest, syncs and renames the image into place, as
+// [Builder.Commit] does, but keeps the manifest's archived bytes.
+func (im *importer) commit() (*Image, error) {
+	b := im.b
+	tmp := filepath.Join(b.tmp, manifestTmp)
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, filePerm)
+	if err != nil {
+		return nil, fmt.Errorf("images: %s: write manifest: %w", b.final, err)
+	}
+	_, err = f.Write(im.raw)
+	if err == nil {
+		err = f.Chmod(filePerm)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(b.tmp, ManifestName))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("images: %s: write manifest: %w%s", b.final, err, ioHint(err))
+	}
+	if err := syncFS(b.tmp); err != nil {
+		return nil, fmt.Errorf("images: %s: sync: %w", b.final, err)
+	}
+	if err := im.ctx.Err(); err != nil {
+		return nil, fmt.Errorf("images: %s: import: %w", b.final, err)
+	}
+	if err := syscall.Rename(b.tmp, b.final); err != nil {
+		if errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) || errors.Is(err, syscall.ENOTDIR) {
+			return nil, newError(b.final, "", ErrExists, err, "already exists (created during the import); choose another -o or remove it")
+		}
+		return nil, fmt.Errorf("images: %s: rename %s into place: %w", b.final, b.tmp, err)
+	}
+	b.done = true
+	if err := syncDir(filepath.Dir(b.final)); err != nil {
+		return nil, fmt.Errorf("images: %s: sync parent directory: %w", b.final, err)
+	}
+	return &Image{Dir: b.final, Manifest: im.m}, nil
+}
+
+func (im *importer) errorf(p string, kind, cause error, format string, args ...any) error {
+	return newError(im.label, p, kind, cause, fmt.Sprintf(format, args...))
+}
+
+// rehome turns an image error about the archived data into one about the
+// archive, with the archive's fix.
+func (im *importer) rehome(err error) error {
+	e, ok := errors.AsType[*Error](err)
+	if !ok {
+		return err
+	}
+	c := *e
+	c.Dir = im.label
+	c.msg = strings.ReplaceAll(c.msg, "the manifest was tampered with or "+damaged, archiveDamaged)
+	c.msg = strings.ReplaceAll(c.msg, damaged, archiveDamaged)
+	return &c
+}
+
+func (im *importer) badArchive(cause error, msg string) error {
+	return newError(im.label, "", ErrBadArchive, cause, msg)
+}
+
+// readError explains an error reading the archive, while reading entry p
+// if not empty.
+func (im *importer) readError(err error, p string) error {
+	if cerr := im.ctx.Err(); cerr != nil {
+		return fmt.Errorf("images: %s: import: %w", im.label, cerr)
+	}
+	where := ""
+	if p != "" {
+		where = " in " + p
+	}
+	switch {
+	case errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF):
+		if p != "" {
+			where = " (it ends in " + p + ")"
+		}
+		return im.badArchive(err, fmt.Sprintf("archive is truncated%s: copy it again in full, or export the image again", where))
+	case errors.Is(err, zstd.ErrMagicMismatch):
+		return im.badArchive(err, `is not a zstd-compressed archive: give a file written by "kcr export"`)
+	case errors.Is(err, tar.ErrHeader):
+		return im.badArchive(err, fmt.Sprintf("archive is not a valid tar stream%s (%v): give a file written by \"kcr export\", or export the image again", where, err))
+	case errors.Is(err, os.ErrPermission):
+		return fmt.Errorf("images: %s: read archive: %w%s", im.label, err, ioHint(err))
+	}
+	return im.badArchive(err, fmt.Sprintf("archive is unreadable%s (%v): it is truncated or damaged; copy it again, or export the image again", where, err))
+}
+
+func (im *importer) writeError(p string, err error) error {
+	return fmt.Errorf("images: %s: write %s: %w%s", im.b.final, p, err, ioHint(err))
+}
+
+// trackReader records the first error of its underlying reader other than
+// io.EOF, to tell read errors from write errors in a copy.
+type trackReader struct {
+	r   io.Reader
+	err error
+}
+
+func (t *trackReader) Read(p []byte) (int, error) {
+	n, err := t.r.Read(p)
+	if err != nil && err != io.EOF && t.err == nil {
+		t.err = err
+	}
+	return n, err
+}
+
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+var errTooBig = errors.New("file too big")
+
+// readRootFile reads name from root, refusing more than limit bytes.
+func readRootFile(root *os.Root, name string, limit int64) ([]byte, error) {
+	f, err := root.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > limit {
+		return nil, errTooBig
+	}
+	return data, nil
+}

@@ -1,0 +1,489 @@
+package images
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/klauspost/compress/zstd"
+)
+
+// entry is one entry of a hand-made test archive.
+type entry struct {
+	hdr  tar.Header
+	data []byte
+}
+
+func regEntry(name string, data []byte) entry {
+	return entry{tar.Header{Typeflag: tar.TypeReg, Name: name, Size: int64(len(data)), Mode: 0o600}, data}
+}
+
+// makeTar writes entries as an uncompressed tar stream.
+func makeTar(t *testing.T, entries []entry) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range entries {
+		hdr := e.hdr
+		if err := tw.WriteHeader(&hdr); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write(e.data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func compress(t *testing.T, data []byte) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	zw, err := zstd.NewWriter(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := zw.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func decompress(t *testing.T, data []byte) []byte {
+	t.Helper()
+	zr, err := zstd.NewReader(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer zr.Close()
+	out, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// makeArchive writes entries as a zstd-compressed tar stream.
+func makeArchive(t *testing.T, entries []entry) []byte {
+	t.Helper()
+	return compress(t, makeTar(t, entries))
+}
+
+// readArchive lists the entries of an archive.
+func readArchive(t *testing.T, data []byte) []entry {
+	t.Helper()
+	tr := tar.NewReader(bytes.NewReader(decompress(t, data)))
+	var out []entry
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, entry{*hdr, b})
+	}
+}
+
+// imageEntries returns what Export archives for the image in dir:
+// manifest.json, then the listed files in manifest order.
+func imageEntries(t *testing.T, dir string) []entry {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(dir, ManifestName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := ReadManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := []entry{regEntry(ManifestName, raw)}
+	for _, f := range m.Files {
+		b, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(f.Path)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, regEntry(f.Path, b))
+	}
+	return out
+}
+
+func exportBytes(t *testing.T, dir string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := Export(context.Background(), dir, &buf); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// sameImage checks that two image directories hold the same manifest and
+// listed files.
+func sameImage(t *testing.T, want, got string) {
+	t.Helper()
+	for _, e := range imageEntries(t, want) {
+		b, err := os.ReadFile(filepath.Join(got, filepath.FromSlash(e.hdr.Name)))
+		if err != nil {
+			t.Errorf("%s: %v", e.hdr.Name, err)
+		} else if !bytes.Equal(b, e.data) {
+			t.Errorf("%s differs after the round trip", e.hdr.Name)
+		}
+	}
+}
+
+// nothingLeft checks that a refused import left nothing in parent: no
+// image, no temporary directory.
+func nothingLeft(t *testing.T, parent string) {
+	t.Helper()
+	if got := dirNames(t, parent); len(got) != 0 {
+		t.Errorf("refused import left %q in %s", got, parent)
+	}
+}
+
+func TestExportImportRoundTrip(t *testing.T) {
+	src := build(t)
+	// Files the manifest does not list are not exported.
+	must(t, os.WriteFile(filepath.Join(src, "restores"), []byte("3\n"), 0o600))
+	must(t, os.WriteFile(filepath.Join(src, "criu", "stats-restore"), []byte("x"), 0o600))
+
+	data := exportBytes(t, src)
+	var names []string
+	for _, e := range readArchive(t, data) {
+		names = append(names, e.hdr.Name)
+		if e.hdr.Typeflag != tar.TypeReg || e.hdr.Mode != 0o600 || e.hdr.Uid != 0 || e.hdr.Uname != "" {
+			t.Errorf("entry %s: type %q mode %o uid %d uname %q; want a plain 0600 file", e.hdr.Name, e.hdr.Typeflag, e.hdr.Mode, e.hdr.Uid, e.hdr.Uname)
+		}
+	}
+	var want []string
+	for _, e := range imageEntries(t, src) {
+		want = append(want, e.hdr.Name)
+	}
+	if !reflect.DeepEqual(names, want) {
+		t.Errorf("archive entries %q, want %q", names, want)
+	}
+	if !bytes.Equal(exportBytes(t, src), data) {
+		t.Error("exporting the same image twice gave different archives")
+	}
+
+	parent := t.TempDir()
+	final := filepath.Join(parent, "imported")
+	im, err := Import(context.Background(), bytes.NewReader(data), final)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if im.Dir != final {
+		t.Errorf("Dir = %q, want %q", im.Dir, final)
+	}
+	if got := dirNames(t, parent); !reflect.DeepEqual(got, []string{"imported"}) {
+		t.Errorf("parent holds %q, want only the image", got)
+	}
+	opened, err := Open(context.Background(), final)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(opened.Extra) != 0 || len(opened.Warnings) != 0 {
+		t.Errorf("imported image: Extra %q, Warnings %q; want none", opened.Extra, opened.Warnings)
+	}
+	orig, _ := ReadManifest(src)
+	if !reflect.DeepEqual(opened.Manifest, orig) || !reflect.DeepEqual(im.Manifest, orig) {
+		t.Error("manifest changed in the round trip")
+	}
+	sameImage(t, src, final)
+	for _, d := range []string{"", "criu", "criu/sub", "criu/sub/deeper"} {
+		if m := mode(t, filepath.Join(final, d)); m != 0o700 {
+			t.Errorf("%s/ mode %04o, want 0700", d, m)
+		}
+	}
+	for _, f := range append(want, ManifestName) {
+		if m := mode(t, filepath.Join(final, f)); m != 0o600 {
+			t.Errorf("%s mode %04o, want 0600", f, m)
+		}
+	}
+}
+
+func TestExportImportFile(t *testing.T) {
+	src := build(t)
+	dir := t.TempDir()
+	file := filepath.Join(dir, "img"+ArchiveExt)
+	im, size, err := ExportFile(context.Background(), src, file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Size() != size || size == 0 {
+		t.Errorf("ExportFile reported %d bytes, file has %d", size, fi.Size())
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("archive mode %04o, want 0600", fi.Mode().Perm())
+	}
+	if im.Dir != src || im.Size() == 0 {
+		t.Errorf("ExportFile image %q size %d", im.Dir, im.Size())
+	}
+	if got := dirNames(t, dir); !reflect.DeepEqual(got, []string{"img" + ArchiveExt}) {
+		t.Errorf("archive directory holds %q", got)
+	}
+
+	// An existing file is never replaced.
+	_, _, err = ExportFile(context.Background(), src, file)
+	checkErr(t, err, ErrExists, file, "already exists; choose another -o or remove it")
+	if fi2, _ := os.Stat(file); fi2.Size() != fi.Size() || !fi2.ModTime().Equal(fi.ModTime()) {
+		t.Error("existing archive was modified")
+	}
+	if _, _, err := ExportFile(context.Background(), src, filepath.Join(dir, "nope", "x.tar.zst")); err == nil || !strings.Contains(err.Error(), "does not exist: create it first") {
+		t.Errorf("ExportFile into a missing directory: %v", err)
+	}
+
+	final := filepath.Join(t.TempDir(), "img")
+	if _, err := ImportFile(context.Background(), file, final); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(context.Background(), final); err != nil {
+		t.Fatal(err)
+	}
+	sameImage(t, src, final)
+
+	missing := filepath.Join(dir, "missing.tar.zst")
+	_, err = ImportFile(context.Background(), missing, filepath.Join(t.TempDir(), "x"))
+	checkErr(t, err, ErrNotExist, missing, "does not exist")
+	_, err = ImportFile(context.Background(), src, filepath.Join(t.TempDir(), "x"))
+	checkErr(t, err, ErrBadArchive, "is a directory, not an archive")
+}
+
+func TestExportDamagedImage(t *testing.T) {
+	src := build(t)
+	p := filepath.Join(src, "criu", "pages-1.img")
+	b, _ := os.ReadFile(p)
+	b[100] ^= 0xff
+	must(t, os.WriteFile(p, b, 0o600))
+
+	var buf bytes.Buffer
+	err := Export(context.Background(), src, &buf)
+	checkErr(t, err, ErrCorrupt, "criu/pages-1.img is corrupt: sha256 mismatch")
+	if buf.Len() != 0 {
+		t.Errorf("Export wrote %d bytes of a damaged image", buf.Len())
+	}
+	dir := t.TempDir()
+	_, _, err = ExportFile(context.Background(), src, filepath.Join(dir, "a.tar.zst"))
+	checkErr(t, err, ErrCorrupt, "criu/pages-1.img")
+	nothingLeft(t, dir)
+
+	err = Export(context.Background(), filepath.Join(dir, "none"), io.Discard)
+	checkErr(t, err, ErrNotExist)
+}
+
+// TestImportTampered flips one byte of a file's payload inside the tar
+// stream: the zstd layer is valid, the SHA-256 is not.
+func TestImportTampered(t *testing.T) {
+	src := build(t)
+	raw := decompress(t, exportBytes(t, src))
+	i := bytes.Index(raw, bytes.Repeat([]byte{0xAB}, 4096)) // criu/pages-1.img
+	if i < 0 {
+		t.Fatal("pages-1.img payload not found in the tar stream")
+	}
+	raw[i+1000] ^= 0x01
+	data := compress(t, raw)
+
+	parent := t.TempDir()
+	final := filepath.Join(parent, "img")
+	_, err := Import(context.Background(), bytes.NewReader(data), final)
+	checkErr(t, err, ErrCorrupt, final, "criu/pages-1.img is corrupt: sha256 mismatch", "export the image again")
+	if e, ok := errors.AsType[*Error](err); !ok || e.Path != "criu/pages-1.img" {
+		t.Errorf("error path: %+v", e)
+	}
+	nothingLeft(t, parent)
+
+	// ImportFile names the archive.
+	file := filepath.Join(t.TempDir(), "bad.tar.zst")
+	must(t, os.WriteFile(file, data, 0o600))
+	_, err = ImportFile(context.Background(), file, final)
+	checkErr(t, err, ErrCorrupt, file, "criu/pages-1.img is corrupt")
+	nothingLeft(t, parent)
+}
+
+func TestImportTruncated(t *testing.T) {
+	src := build(t)
+	data := exportBytes(t, src)
+	parent := t.TempDir()
+	final := filepath.Join(parent, "img")
+	for _, n := range []int{len(data) / 2, len(data) - 5, 10, 4} {
+		_, err := Import(context.Background(), bytes.NewReader(data[:n]), final)
+		t.Logf("cut at %d of %d: %v", n, len(data), err)
+		checkErr(t, err, ErrBadArchive, final, "truncated", "copy it again")
+		nothingLeft(t, parent)
+	}
+	// Damaged compressed data is refused too, whatever layer notices it.
+	bad := bytes.Clone(data)
+	bad[len(bad)/2] ^= 0x55
+	_, err := Import(context.Background(), bytes.NewReader(bad), final)
+	t.Logf("damaged compressed data: %v", err)
+	if err == nil {
+		t.Error("import of damaged compressed data succeeded")
+	} else if !errors.Is(err, ErrBadArchive) && !errors.Is(err, ErrCorrupt) {
+		t.Errorf("damaged compressed data: %v; want ErrBadArchive or ErrCorrupt", err)
+	}
+	nothingLeft(t, parent)
+}
+
+func TestImportRefused(t *testing.T) {
+	src := build(t)
+	good := imageEntries(t, src) // manifest, then 8 files
+	outside := t.TempDir()
+	abs := filepath.Join(outside, "abs-evil")
+
+	with := func(extra ...entry) []entry { return append(append([]entry{}, good...), extra...) }
+	hdr := func(typ byte, name, link string) entry {
+		return entry{tar.Header{Typeflag: typ, Name: name, Linkname: link, Mode: 0o600}, nil}
+	}
+	manifest := func(edit func(m map[string]any)) []entry {
+		var m map[string]any
+		must(t, json.Unmarshal(good[0].data, &m))
+		edit(m)
+		b, err := json.Marshal(m)
+		must(t, err)
+		return append([]entry{regEntry(ManifestName, b)}, good[1:]...)
+	}
+	resized := func(i int, data []byte) []entry {
+		out := append([]entry{}, good...)
+		out[i] = regEntry(out[i].hdr.Name, data)
+		return out
+	}
+
+	tests := []struct {
+		name    string
+		entries []entry
+		raw     []byte // instead of entries
+		want    error
+		frags   []string
+	}{
+		{"dot-dot", with(regEntry("../evil", []byte("pwned"))), nil, ErrUnsafePath, []string{`"../evil"`, `".." component`}},
+		{"inner dot-dot", with(regEntry("criu/../../evil", []byte("pwned"))), nil, ErrUnsafePath, []string{`".." component`}},
+		{"absolute", with(regEntry(abs, []byte("pwned"))), nil, ErrUnsafePath, []string{"absolute path"}},
+		{"unclean", with(regEntry("criu/./x", nil)), nil, ErrUnsafePath, []string{"not a clean relative path"}},
+		{"symlink", with(hdr(tar.TypeSymlink, "criu/link", "/etc/passwd")), nil, ErrUnsafePath, []string{"criu/link is a symlink", "only regular files and directories"}},
+		{"symlink over a listed file", append([]entry{good[0], hdr(tar.TypeSymlink, "criu/core-1.img", "/etc/shadow")}, good[2:]...), nil, ErrUnsafePath, []string{"criu/core-1.img is a symlink"}},
+		{"hard link", with(hdr(tar.TypeLink, "criu/hl", "criu/core-1.img")), nil, ErrUnsafePath, []string{"hard link"}},
+		{"device", with(entry{tar.Header{Typeflag: tar.TypeChar, Name: "criu/null", Devmajor: 1, Devminor: 3, Mode: 0o600}, nil}), nil, ErrUnsafePath, []string{"character device"}},
+		{"fifo", with(hdr(tar.TypeFifo, "criu/fifo", "")), nil, ErrUnsafePath, []string{"named pipe"}},
+		{"unlisted file", with(regEntry("criu/extra.img", []byte("x"))), nil, ErrUnsafePath, []string{"criu/extra.img is not listed in manifest.json"}},
+		{"unlisted dir", with(hdr(tar.TypeDir, "evil/", "")), nil, ErrUnsafePath, []string{"evil/ is a directory that holds no file listed"}},
+		{"duplicate", with(good[3]), nil, ErrUnsafePath, []string{good[3].hdr.Name + " appears twice"}},
+		{"second manifest", with(good[0]), nil, ErrUnsafePath, []string{"manifest.json appears twice"}},
+		{"missing file", append(append([]entry{}, good[:2]...), good[3:]...), nil, ErrMissing, []string{good[2].hdr.Name + " is missing from the archive"}},
+		{"manifest not first", append([]entry{good[1], good[0]}, good[2:]...), nil, ErrNotImage, []string{`first archive entry is "` + good[1].hdr.Name + `", not manifest.json`}},
+		{"no manifest", good[1:], nil, ErrNotImage, []string{"not manifest.json"}},
+		{"shorter than manifest", resized(4, []byte("short")), nil, ErrTruncated, []string{good[4].hdr.Name + " is truncated: 5 bytes, manifest says"}},
+		{"longer than manifest", resized(4, bytes.Repeat([]byte{1}, 5000)), nil, ErrCorrupt, []string{good[4].hdr.Name + " is corrupt: 5000 bytes"}},
+		{"oversize manifest", []entry{regEntry(ManifestName, bytes.Repeat([]byte(" "), MaxManifestSize+1))}, nil, ErrCorruptManifest, []string{"larger than"}},
+		{"corrupt manifest", []entry{regEntry(ManifestName, []byte("{"))}, nil, ErrCorruptManifest, []string{"manifest.json is corrupt", "export the image again"}},
+		{"manifest lists ../", manifest(setFirstPath("../x")), nil, ErrUnsafePath, []string{`lists "../x"`}},
+		{"manifest lists itself", manifest(setFirstPath(ManifestName)), nil, ErrUnsafePath, []string{"reserves"}},
+		{"newer format", manifest(func(m map[string]any) { m["format_version"] = 99 }), nil, ErrVersion, []string{"upgrade kcr"}},
+		{"empty", nil, nil, ErrBadArchive, []string{"is empty"}},
+		{"not zstd", nil, makeTar(t, good), ErrBadArchive, []string{"not a zstd-compressed archive"}},
+		{"not tar", nil, compress(t, bytes.Repeat([]byte("not a tar "), 100)), ErrBadArchive, []string{"not a valid tar stream"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			data := tc.raw
+			if data == nil {
+				data = makeArchive(t, tc.entries)
+			}
+			parent := t.TempDir()
+			final := filepath.Join(parent, "img")
+			_, err := Import(context.Background(), bytes.NewReader(data), final)
+			t.Log(err)
+			checkErr(t, err, tc.want, tc.frags...)
+			if tc.want != ErrBadArchive && errors.Is(err, ErrBadArchive) {
+				t.Errorf("error %q also matches ErrBadArchive", err)
+			}
+			nothingLeft(t, parent)
+			for _, p := range []string{filepath.Join(parent, "evil"), filepath.Join(filepath.Dir(parent), "evil"), abs} {
+				if _, err := os.Lstat(p); !errors.Is(err, fs.ErrNotExist) {
+					t.Errorf("%s written outside the image: %v", p, err)
+				}
+			}
+		})
+	}
+}
+
+func TestImportDirectoryEntries(t *testing.T) {
+	src := build(t)
+	good := imageEntries(t, src)
+	dir := func(name string) entry {
+		return entry{tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: 0o755}, nil}
+	}
+	entries := append([]entry{good[0], dir("criu/"), dir("criu/sub/"), dir("criu/sub/deeper/")}, good[1:]...)
+	final := filepath.Join(t.TempDir(), "img")
+	if _, err := Import(context.Background(), bytes.NewReader(makeArchive(t, entries)), final); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(context.Background(), final); err != nil {
+		t.Fatal(err)
+	}
+	if m := mode(t, filepath.Join(final, "criu", "sub")); m != 0o700 {
+		t.Errorf("criu/sub mode %04o, want 0700", m)
+	}
+}
+
+func TestImportDestination(t *testing.T) {
+	data := exportBytes(t, build(t))
+	parent := t.TempDir()
+
+	full := filepath.Join(parent, "full")
+	must(t, os.MkdirAll(full, 0o700))
+	must(t, os.WriteFile(filepath.Join(full, "precious"), []byte("keep"), 0o600))
+	_, err := Import(context.Background(), bytes.NewReader(data), full)
+	checkErr(t, err, ErrExists, full, "already exists; choose another -o or remove it")
+	if got := dirNames(t, full); !reflect.DeepEqual(got, []string{"precious"}) {
+		t.Errorf("destination clobbered: holds %q", got)
+	}
+	if got := dirNames(t, parent); !reflect.DeepEqual(got, []string{"full"}) {
+		t.Errorf("parent holds %q", got)
+	}
+
+	empty := filepath.Join(parent, "empty")
+	must(t, os.Mkdir(empty, 0o755))
+	if _, err := Import(context.Background(), bytes.NewReader(data), empty); err != nil {
+		t.Fatalf("import into an empty directory: %v", err)
+	}
+	if _, err := Open(context.Background(), empty); err != nil {
+		t.Fatal(err)
+	}
+	if m := mode(t, empty); m != 0o700 {
+		t.Errorf("imported image mode %04o, want 0700", m)
+	}
+}
+
+func TestImportCanceled(t *testing.T) {
+	data := exportBytes(t, build(t))
+	parent := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := Import(ctx, bytes.NewReader(data), filepath.Join(parent, "img"))
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("Import with canceled ctx: %v", err)
+	}
+	nothingLeft(t, parent)
+}

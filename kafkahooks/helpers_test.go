@@ -1,0 +1,289 @@
+package kafkahooks
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kcr-dev/kcr/notify"
+)
+
+// fake is an in-process kfake cluster whose listener records the client id
+// of every request, so that tests see identities from the broker's side.
+type fake struct {
+	c     *kfake.Cluster
+	addrs []string
+	port  int
+	sniff *sniffer
+}
+
+func newFake(t testing.TB, partitions int32, topics ...string) *fake {
+	t.Helper()
+	s := &sniffer{}
+	opts := []kfake.Opt{
+		kfake.NumBrokers(1),
+		kfake.GroupMinSessionTimeout(50 * time.Millisecond),
+		kfake.ListenFn(func(network, address string) (net.Listener, error) {
+			ln, err := net.Listen(network, address)
+			if err != nil {
+				return nil, err
+			}
+			return &sniffListener{Listener: ln, s: s}, nil
+		}),
+	}
+	if len(topics) > 0 {
+		opts = append(opts, kfake.SeedTopics(partitions, topics...))
+	}
+	c, err := kfake.NewCluster(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	addrs := c.ListenAddrs()
+	_, p, _ := net.SplitHostPort(addrs[0])
+	port, _ := strconv.Atoi(p)
+	return &fake{c: c, addrs: addrs, port: port, sniff: s}
+}
+
+type sniffed struct {
+	key      int16
+	clientID string
+}
+
+type sniffer struct {
+	mu   sync.Mutex
+	seen []sniffed
+}
+
+func (s *sniffer) add(key int16, id string) {
+	s.mu.Lock()
+	s.seen = append(s.seen, sniffed{key, id})
+	s.mu.Unlock()
+}
+
+// mark returns a position; since returns the client ids of requests with
+// the given API key seen after it.
+func (s *sniffer) mark() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.seen)
+}
+
+func (s *sniffer) since(mark int, key int16) map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ids := map[string]int{}
+	for _, x := range s.seen[mark:] {
+		if x.key == key {
+			ids[x.clientID]++
+		}
+	}
+	return ids
+}
+
+type sniffListener struct {
+	net.Listener
+	s *sniffer
+}
+
+func (l *sniffListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &sniffConn{Conn: c, s: l.s}, nil
+}
+
+// sniffConn parses the request headers (size, key, version, correlation id,
+// client id) of the bytes the broker reads.
+type sniffConn struct {
+	net.Conn
+	s   *sniffer
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (c *sniffConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.mu.Lock()
+		c.buf = append(c.buf, p[:n]...)
+		for len(c.buf) >= 4 {
+			size := int(binary.BigEndian.Uint32(c.buf))
+			if len(c.buf) < 4+size {
+				break
+			}
+			f := c.buf[4 : 4+size]
+			if len(f) >= 10 {
+				key := int16(binary.BigEndian.Uint16(f))
+				l := int(int16(binary.BigEndian.Uint16(f[8:])))
+				id := ""
+				if l > 0 && 10+l <= len(f) {
+					id = string(f[10 : 10+l])
+				}
+				c.s.add(key, id)
+			}
+			c.buf = c.buf[4+size:]
+		}
+		c.mu.Unlock()
+	}
+	return n, err
+}
+
+const (
+	keyProduce = 0
+	keyFetch   = 1
+	keyJoin    = 11
+)
+
+// established counts this network namespace's ESTABLISHED TCP connections
+// to port, i.e. client sockets still connected to the fake broker.
+func established(t testing.TB, port int) int {
+	t.Helper()
+	n := 0
+	for _, file := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		f, err := os.Open(file)
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(f)
+		sc.Scan() // header
+		for sc.Scan() {
+			fields := strings.Fields(sc.Text())
+			if len(fields) < 4 || fields[3] != "01" {
+				continue
+			}
+			rem := fields[2]
+			i := strings.LastIndexByte(rem, ':')
+			p, err := strconv.ParseUint(rem[i+1:], 16, 16)
+			if err == nil && int(p) == port {
+				n++
+			}
+		}
+		f.Close()
+	}
+	return n
+}
+
+// logSink is a slog.Handler that keeps records for assertions and forwards
+// them to t.Log while the test runs (with -v).
+type logSink struct {
+	mu   sync.Mutex
+	recs []slog.Record
+	t    testing.TB
+	done bool
+}
+
+func newLog(t testing.TB) (*slog.Logger, *logSink) {
+	s := &logSink{t: t}
+	t.Cleanup(func() {
+		s.mu.Lock()
+		s.done = true
+		s.mu.Unlock()
+	})
+	return slog.New(s), s
+}
+
+func (s *logSink) Enabled(context.Context, slog.Level) bool { return true }
+func (s *logSink) WithAttrs([]slog.Attr) slog.Handler       { return s }
+func (s *logSink) WithGroup(string) slog.Handler            { return s }
+func (s *logSink) Handle(_ context.Context, r slog.Record) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.recs = append(s.recs, r.Clone())
+	if !s.done && testing.Verbose() {
+		var b strings.Builder
+		r.Attrs(func(a slog.Attr) bool {
+			fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
+			return true
+		})
+		s.t.Logf("%s %s%s", r.Level, r.Message, b.String())
+	}
+	return nil
+}
+
+func (s *logSink) count(level slog.Level) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, r := range s.recs {
+		if r.Level == level {
+			n++
+		}
+	}
+	return n
+}
+
+// hook registers a probe resource. Registered before the resource under
+// test, its BeforeCheckpoint runs after that resource's and its AfterRestore
+// before that resource's.
+func hook(reg *notify.Registry, before func(context.Context) error, after func(context.Context, notify.Event) error) {
+	reg.Register("probe", notify.Func(before, after))
+}
+
+// readTopic reads every record of topic, from the start to the end offsets
+// at the time of the call, with an independent franz-go client.
+func readTopic(t testing.TB, addrs []string, topic string) []*kgo.Record {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 0 {
+			want[o.Partition] = o.Offset
+		}
+	})
+	got := map[int32]int64{}
+	var recs []*kgo.Record
+	for len(want) > 0 {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("reading %s: %v (still want %v)", topic, err, want)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			if end, ok := want[r.Partition]; ok && r.Offset < end {
+				recs = append(recs, r)
+				got[r.Partition] = r.Offset + 1
+				if got[r.Partition] >= end {
+					delete(want, r.Partition)
+				}
+			}
+		})
+	}
+	return recs
+}
+
+// waitFor polls cond every 10ms until it holds or d passes.
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

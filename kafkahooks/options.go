@@ -1,0 +1,84 @@
+package kafkahooks
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/kcr-dev/kcr/notify"
+)
+
+// Opt configures a Writer, a Reader or one of the helpers (OnCheckpoint,
+// IdleConns, TrackConns). Options that do not apply to a constructor are
+// ignored by it.
+type Opt interface {
+	apply(*config)
+}
+
+type opt func(*config)
+
+func (o opt) apply(c *config) { o(c) }
+
+type config struct {
+	registry   *notify.Registry
+	name       string
+	log        *slog.Logger
+	clientID   string
+	backoffMin time.Duration
+	backoffMax time.Duration
+}
+
+func newConfig(defaultName string, opts []Opt) config {
+	c := config{
+		registry:   notify.Default,
+		name:       defaultName,
+		backoffMin: 100 * time.Millisecond,
+		backoffMax: 5 * time.Second,
+	}
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&c)
+		}
+	}
+	if c.registry == nil {
+		c.registry = notify.Default
+	}
+	if c.log == nil {
+		c.log = slog.Default()
+	}
+	c.log = c.log.With("resource", c.name)
+	if c.backoffMax < c.backoffMin {
+		c.backoffMax = c.backoffMin
+	}
+	return c
+}
+
+// WithRegistry registers the resource with r instead of notify.Default. Tests
+// use it to run checkpoint cycles with (*notify.Registry).Simulate on a
+// registry of their own.
+func WithRegistry(r *notify.Registry) Opt { return opt(func(c *config) { c.registry = r }) }
+
+// WithName sets the name the resource is registered under; it appears in
+// kcr's reports, errors, logs and the image manifest. The default is
+// "kafka-writer/<topic>" for a Writer and "kafka-reader/<group>" or
+// "kafka-reader/<topic>/<partition>" for a Reader.
+func WithName(name string) Opt { return opt(func(c *config) { c.name = name }) }
+
+// WithLogger sets the logger (default slog.Default()). Every record carries
+// the attribute resource=<name>.
+func WithLogger(l *slog.Logger) Opt { return opt(func(c *config) { c.log = l }) }
+
+// WithClientID sets the base client id. The client id sent to brokers is the
+// base id until the first restore, and base + "-" + the first 8 hex digits of
+// notify.Event.InstanceID after each restore, so that every restored clone is
+// told apart in broker logs, quotas and group descriptions. The default base
+// is the ClientID of the template's *kafka.Transport (Writer) or
+// ReaderConfig.Dialer (Reader), or kafka.DefaultClientID if that is empty.
+func WithClientID(id string) Opt { return opt(func(c *config) { c.clientID = id }) }
+
+// WithRetryBackoff bounds the backoff between resends of records carried
+// across a checkpoint, while the broker cannot be reached after a restore.
+// Such records are resent until they are acknowledged or the Writer is
+// closed; they are never given up on. Default 100ms to 5s.
+func WithRetryBackoff(min, max time.Duration) Opt {
+	return opt(func(c *config) { c.backoffMin, c.backoffMax = min, max })
+}

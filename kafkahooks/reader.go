@@ -1,0 +1,603 @@
+package kafkahooks
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kcr-dev/kcr/notify"
+)
+
+// Reader is a kafka.Reader that takes part in kcr checkpoints. It has the
+// methods of kafka.Reader and behaves the same outside checkpoints; it owns
+// one kafka.Reader per checkpoint cycle, each with a kafka.Dialer whose
+// connections the Reader tracks.
+//
+// # Before a checkpoint
+//
+// The Reader closes its gate: FetchMessage, ReadMessage and CommitMessages
+// calls that start from then on block until the process is resumed or
+// restored, or until their own ctx ends. They never fail because a
+// checkpoint happened.
+//
+// It then closes the kafka.Reader. Fetch calls in progress return and wait
+// at the gate too; a record such a call received while the gate was closing
+// is not handed to the application. For a consumer group, kafka-go's Close
+// flushes pending commits (also the batches of a CommitInterval) and leaves
+// the group, so that the other members take over its partitions at once
+// (kafka-go sends LeaveGroup from ConsumerGroup.Close). If the Close does not
+// end within the hook's budget, the Reader closes every connection anyway.
+// Records that were prefetched but never handed to the application are
+// dropped and counted in CheckpointReport: they are fetched again from the
+// committed offset.
+//
+// # After a restore or resume
+//
+// A new kafka.Reader is created and the gate opens. On Restore its Dialer's
+// ClientID is the base id + "-" + the first 8 hex digits of
+// Event.InstanceID; on Resume it is unchanged. A group reader joins the group
+// as a new member and continues from the committed offsets. A partition
+// reader (no GroupID) continues at exactly the offset of the next record the
+// application would have received.
+//
+// # Delivery
+//
+// For groups, records handed to the application but not committed before the
+// checkpoint may be delivered again (at-least-once); committed ones are not,
+// because the Reader never moves a committed offset back: a CommitMessages
+// for a record that was fetched before the checkpoint, whose partition the
+// new kafka.Reader has not handed out from that offset (or has committed
+// beyond), is dropped (it returns nil and is counted as a stale commit; the
+// record is, or was, delivered again).
+//
+// # Cost
+//
+// Outside checkpoints FetchMessage costs two atomic loads more than
+// kafka.Reader.FetchMessage, plus, for group readers, one lookup in a small
+// read-only map (the partitions handed out since the last restore).
+type Reader struct {
+	cfg        config
+	rcfg       kafka.ReaderConfig
+	baseDialer kafka.Dialer
+	group      bool
+
+	state        atomic.Pointer[readerState]
+	blocked      atomic.Int64 // callers waiting at the gate
+	dropped      atomic.Int64 // records received from kafka-go but not handed out, this cycle
+	minDropped   atomic.Int64 // partition readers: lowest offset dropped this cycle
+	staleCommits atomic.Int64
+
+	unregister func()
+	bg         sync.WaitGroup
+
+	mu           sync.Mutex
+	gate         chan struct{}
+	closed       bool
+	conns        *connTracker // the current kafka.Reader's connections
+	next         int64        // partition readers: where the next kafka.Reader starts
+	acc          kafka.ReaderStats
+	baseClientID string
+	clientID     string
+
+	reportMu sync.Mutex
+	report   map[string]any
+}
+
+type readerState struct {
+	r      *kafka.Reader // current kafka.Reader; while the gate is closed, the closed one
+	gate   chan struct{} // non-nil while the gate is closed
+	closed bool
+	handed *handedTable // group readers: partitions handed out since the last cycle
+}
+
+// NewReader returns a Reader configured like kafka.NewReader(c), registered
+// with the registry (WithRegistry, default notify.Default) under a name
+// (WithName). Like kafka.NewReader it panics if c is invalid.
+//
+// c.Dialer (default kafka.DefaultDialer) is copied for every kafka.Reader
+// the Reader creates, with a DialFunc that tracks connections (wrapping
+// c.Dialer.DialFunc if set) and the current client id.
+//
+// Changing
+//
+//	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, GroupID: "g", Topic: "events"})
+//
+// to
+//
+//	r := kafkahooks.NewReader(kafka.ReaderConfig{Brokers: brokers, GroupID: "g", Topic: "events"})
+//
+// is all a service needs.
+func NewReader(c kafka.ReaderConfig, opts ...Opt) *Reader {
+	name := "kafka-reader/"
+	switch {
+	case c.GroupID != "":
+		name += c.GroupID
+	default:
+		name += c.Topic + "/" + strconv.Itoa(c.Partition)
+	}
+	cfg := newConfig(name, opts)
+	r := &Reader{cfg: cfg, rcfg: c, group: c.GroupID != "", next: kafka.FirstOffset}
+	if c.Dialer != nil {
+		r.baseDialer = *c.Dialer
+	} else {
+		r.baseDialer = *kafka.DefaultDialer
+	}
+	r.baseClientID = cfg.clientID
+	if r.baseClientID == "" {
+		r.baseClientID = r.baseDialer.ClientID
+	}
+	if r.baseClientID == "" {
+		r.baseClientID = kafka.DefaultClientID
+	}
+	r.clientID = r.baseClientID
+	r.minDropped.Store(math.MaxInt64)
+	r.state.Store(&readerState{r: r.newInner(), handed: newHandedTable()})
+	r.unregister = cfg.registry.Register(cfg.name, r)
+	return r
+}
+
+// newInner creates a kafka.Reader with a fresh Dialer. Called with r.mu held
+// (or before r is shared).
+func (r *Reader) newInner() *kafka.Reader {
+	d := r.baseDialer
+	dial := d.DialFunc
+	if dial == nil {
+		dial = (&net.Dialer{LocalAddr: d.LocalAddr, FallbackDelay: d.FallbackDelay, KeepAlive: d.KeepAlive}).DialContext
+	}
+	r.conns = newConnTracker(dial, nil)
+	d.DialFunc = r.conns.DialContext
+	d.ClientID = r.clientID
+	c := r.rcfg
+	c.Dialer = &d
+	inner := kafka.NewReader(c)
+	if !r.group && r.next != kafka.FirstOffset {
+		inner.SetOffset(r.next)
+	}
+	return inner
+}
+
+// FetchMessage is kafka.Reader.FetchMessage. During a checkpoint it waits
+// until the process is resumed or restored, or until ctx ends. After Close it
+// returns io.EOF.
+func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
+	for {
+		s := r.state.Load()
+		if s.gate != nil || s.closed {
+			if err := r.wait(ctx, s, io.EOF); err != nil {
+				return kafka.Message{}, err
+			}
+			continue
+		}
+		m, err := s.r.FetchMessage(ctx)
+		if r.state.Load() != s {
+			// A checkpoint (or Close) began meanwhile: this record is
+			// not handed out; it is fetched again later.
+			if err == nil {
+				r.drop(m.Offset)
+			}
+			continue
+		}
+		if err == nil && r.group {
+			s.handed.note(m.Topic, m.Partition, m.Offset)
+		}
+		return m, err
+	}
+}
+
+func (r *Reader) drop(offset int64) {
+	r.dropped.Add(1)
+	if r.group {
+		return
+	}
+	for {
+		cur := r.minDropped.Load()
+		if offset >= cur || r.minDropped.CompareAndSwap(cur, offset) {
+			return
+		}
+	}
+}
+
+// ReadMessage is kafka.Reader.ReadMessage: FetchMessage, then, for a group,
+// CommitMessages.
+func (r *Reader) ReadMessage(ctx context.Context) (kafka.Message, error) {
+	m, err := r.FetchMessage(ctx)
+	if err != nil {
+		return kafka.Message{}, fmt.Errorf("fetching message: %w", err)
+	}
+	if r.group {
+		if err := r.CommitMessages(ctx, m); err != nil {
+			return kafka.Message{}, fmt.Errorf("committing message: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// CommitMessages is kafka.Reader.CommitMessages. During a checkpoint it waits
+// until the process is resumed or restored, or until ctx ends. Commits of
+// records fetched before a checkpoint that would not move their partition's
+// offset forward are dropped; see the type's documentation.
+func (r *Reader) CommitMessages(ctx context.Context, msgs ...kafka.Message) error {
+	if !r.group {
+		return r.state.Load().r.CommitMessages(ctx, msgs...) // kafka-go's error
+	}
+	for {
+		s := r.state.Load()
+		if s.gate != nil || s.closed {
+			if err := r.wait(ctx, s, io.ErrClosedPipe); err != nil {
+				return err
+			}
+			continue
+		}
+		keep := s.handed.current(msgs)
+		if n := len(msgs) - len(keep); n > 0 {
+			r.staleCommits.Add(int64(n))
+			r.cfg.log.Debug("dropped commits of records fetched before a checkpoint", "records", n)
+		}
+		if len(keep) == 0 {
+			return nil
+		}
+		err := s.r.CommitMessages(ctx, keep...)
+		if err != nil && r.state.Load() != s {
+			continue // closed for a checkpoint: decide again after it
+		}
+		if err == nil {
+			s.handed.committed(keep)
+		}
+		return err
+	}
+}
+
+func (r *Reader) wait(ctx context.Context, s *readerState, closedErr error) error {
+	if s.closed {
+		return closedErr
+	}
+	r.blocked.Add(1)
+	defer r.blocked.Add(-1)
+	select {
+	case <-s.gate:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Config returns the configuration of the current kafka.Reader: the one
+// given to NewReader, with kafka-go's defaults and the Reader's Dialer.
+func (r *Reader) Config() kafka.ReaderConfig { return r.state.Load().r.Config() }
+
+// Lag is kafka.Reader.Lag.
+func (r *Reader) Lag() int64 { return r.state.Load().r.Lag() }
+
+// Offset is kafka.Reader.Offset: -1 for a group reader, else the offset of
+// the next record FetchMessage returns.
+func (r *Reader) Offset() int64 {
+	if r.group {
+		return -1
+	}
+	r.mu.Lock()
+	s := r.state.Load()
+	if s.gate != nil {
+		defer r.mu.Unlock()
+		return r.next
+	}
+	r.mu.Unlock()
+	return s.r.Offset()
+}
+
+// SetOffset is kafka.Reader.SetOffset. During a checkpoint it sets the
+// offset the reader continues from after it.
+func (r *Reader) SetOffset(offset int64) error {
+	if r.group {
+		return r.state.Load().r.SetOffset(offset) // kafka-go's error
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.state.Load()
+	switch {
+	case s.closed:
+		return io.ErrClosedPipe
+	case s.gate != nil:
+		r.next = offset
+		return nil
+	}
+	return s.r.SetOffset(offset)
+}
+
+// SetOffsetAt is kafka.Reader.SetOffsetAt. During a checkpoint it waits
+// until the process is resumed or restored, or until ctx ends.
+func (r *Reader) SetOffsetAt(ctx context.Context, t time.Time) error {
+	for {
+		s := r.state.Load()
+		if s.gate != nil || s.closed {
+			if err := r.wait(ctx, s, io.ErrClosedPipe); err != nil {
+				return err
+			}
+			continue
+		}
+		err := s.r.SetOffsetAt(ctx, t)
+		if err != nil && r.state.Load() != s {
+			continue
+		}
+		return err
+	}
+}
+
+// ReadLag is kafka.Reader.ReadLag. During a checkpoint it waits until the
+// process is resumed or restored, or until ctx ends.
+func (r *Reader) ReadLag(ctx context.Context) (int64, error) {
+	for {
+		s := r.state.Load()
+		if s.gate != nil || s.closed {
+			if err := r.wait(ctx, s, io.ErrClosedPipe); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		lag, err := s.r.ReadLag(ctx)
+		if err != nil && r.state.Load() != s {
+			continue
+		}
+		return lag, err
+	}
+}
+
+// Stats returns the kafka.Reader statistics since the last call, summed over
+// the kafka.Reader values the Reader used in that time.
+func (r *Reader) Stats() kafka.ReaderStats {
+	r.mu.Lock()
+	acc := r.acc
+	r.acc = kafka.ReaderStats{}
+	r.mu.Unlock()
+	st := r.state.Load().r.Stats()
+	addReaderStats(&st, acc)
+	return st
+}
+
+// ClientID returns the client id of the current kafka.Reader's Dialer.
+func (r *Reader) ClientID() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.clientID
+}
+
+// Name returns the name the Reader is registered under.
+func (r *Reader) Name() string { return r.cfg.name }
+
+// Close is kafka.Reader.Close (a group reader commits what is pending and
+// leaves the group). It also unregisters the Reader and closes all its
+// connections; blocked calls return io.EOF (FetchMessage) or
+// io.ErrClosedPipe.
+func (r *Reader) Close() error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	r.closed = true
+	s := r.state.Load()
+	r.state.Store(&readerState{r: s.r, closed: true, handed: s.handed})
+	if r.gate != nil {
+		close(r.gate)
+		r.gate = nil
+	}
+	conns := r.conns
+	r.mu.Unlock()
+	r.unregister()
+
+	var err error
+	if s.gate == nil {
+		err = s.r.Close()
+		r.absorb(s.r)
+	}
+	r.bg.Wait()
+	conns.closeAll(true)
+	return err
+}
+
+func (r *Reader) absorb(inner *kafka.Reader) kafka.ReaderStats {
+	st := inner.Stats()
+	r.mu.Lock()
+	addReaderStats(&r.acc, st)
+	r.mu.Unlock()
+	return st
+}
+
+// BeforeCheckpoint implements notify.Resource; see the type's documentation.
+func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
+	start := time.Now()
+	r.mu.Lock()
+	if r.closed || r.gate != nil {
+		r.mu.Unlock()
+		return nil
+	}
+	s := r.state.Load()
+	r.gate = make(chan struct{})
+	r.dropped.Store(0)
+	r.minDropped.Store(math.MaxInt64)
+	r.state.Store(&readerState{r: s.r, gate: r.gate, handed: s.handed})
+	inner, conns := s.r, r.conns
+	done := make(chan struct{})
+	r.bg.Add(1)
+	go func() {
+		defer r.bg.Done()
+		inner.Close()
+		close(done)
+	}()
+	r.mu.Unlock()
+
+	closed := true
+	select {
+	case <-done:
+	case <-ctx.Done():
+		closed = false
+	}
+	n := conns.closeAll(true)
+	st := r.absorb(inner)
+
+	rep := map[string]any{
+		"phase":              "before-checkpoint",
+		"client_id":          r.ClientID(),
+		"group":              r.rcfg.GroupID,
+		"closed_cleanly":     closed,
+		"prefetched_dropped": st.QueueLength + r.dropped.Load(),
+		"callers_blocked":    r.blocked.Load(),
+		"connections_closed": n,
+	}
+	if r.group {
+		rep["left_group"] = closed
+	} else {
+		next := inner.Offset()
+		if md := r.minDropped.Load(); md < next {
+			next = md
+		}
+		r.mu.Lock()
+		r.next = next
+		r.mu.Unlock()
+		rep["next_offset"] = next
+	}
+	elapsed := time.Since(start)
+	rep["duration_ms"] = elapsed.Milliseconds()
+	r.setReport(rep)
+	if closed {
+		r.cfg.log.Debug("kafka reader quiesced", "prefetched_dropped", rep["prefetched_dropped"], "duration", elapsed)
+	} else {
+		r.cfg.log.Warn("kafka reader did not close within the checkpoint budget; connections closed without leaving the group or flushing commits (records will be redelivered)",
+			"duration", elapsed, "cause", context.Cause(ctx))
+	}
+	return nil
+}
+
+// AfterRestore implements notify.Resource; see the type's documentation.
+func (r *Reader) AfterRestore(ctx context.Context, ev notify.Event) error {
+	start := time.Now()
+	r.mu.Lock()
+	if r.closed || r.gate == nil {
+		r.mu.Unlock()
+		return nil
+	}
+	if ev.Kind == notify.Restore {
+		r.clientID = r.baseClientID + "-" + shortID(ev)
+	}
+	inner := r.newInner()
+	r.state.Store(&readerState{r: inner, handed: newHandedTable()})
+	close(r.gate)
+	r.gate = nil
+	rep := map[string]any{
+		"phase":           "after-restore",
+		"event":           ev.Kind.String(),
+		"client_id":       r.clientID,
+		"callers_blocked": r.blocked.Load(),
+		"stale_commits":   r.staleCommits.Load(),
+	}
+	if !r.group {
+		rep["next_offset"] = r.next
+	}
+	r.mu.Unlock()
+	rep["duration_ms"] = time.Since(start).Milliseconds()
+	r.setReport(rep)
+	return nil
+}
+
+// CheckpointReport implements notify.Reporter: the counts of the last hook
+// run, which land in the image manifest.
+func (r *Reader) CheckpointReport() map[string]any {
+	r.reportMu.Lock()
+	defer r.reportMu.Unlock()
+	return copyMap(r.report)
+}
+
+func (r *Reader) setReport(m map[string]any) {
+	r.reportMu.Lock()
+	r.report = m
+	r.reportMu.Unlock()
+}
+
+// handedTable records, per partition, the first offset a kafka.Reader
+// generation handed out and the highest offset the application committed
+// through it. It is read on every fetch, so it is a copy-on-write map.
+type handedTable struct {
+	mu sync.Mutex
+	m  atomic.Pointer[map[tpKey]*tpMark]
+}
+
+type tpKey struct {
+	topic     string
+	partition int
+}
+
+type tpMark struct {
+	first     int64
+	committed atomic.Int64 // highest committed offset + 1; 0 if none
+}
+
+func newHandedTable() *handedTable {
+	h := &handedTable{}
+	m := map[tpKey]*tpMark{}
+	h.m.Store(&m)
+	return h
+}
+
+func (h *handedTable) note(topic string, partition int, offset int64) {
+	k := tpKey{topic, partition}
+	if _, ok := (*h.m.Load())[k]; ok {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	old := *h.m.Load()
+	if _, ok := old[k]; ok {
+		return
+	}
+	m := make(map[tpKey]*tpMark, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	m[k] = &tpMark{first: offset}
+	h.m.Store(&m)
+}
+
+// current returns the messages whose commit moves their partition forward
+// from what this generation handed out and committed.
+func (h *handedTable) current(msgs []kafka.Message) []kafka.Message {
+	m := *h.m.Load()
+	ok := func(msg *kafka.Message) bool {
+		mk := m[tpKey{msg.Topic, msg.Partition}]
+		return mk != nil && msg.Offset >= mk.first && msg.Offset+1 > mk.committed.Load()
+	}
+	for i := range msgs {
+		if !ok(&msgs[i]) {
+			keep := append([]kafka.Message(nil), msgs[:i]...)
+			for j := i + 1; j < len(msgs); j++ {
+				if ok(&msgs[j]) {
+					keep = append(keep, msgs[j])
+				}
+			}
+			return keep
+		}
+	}
+	return msgs
+}
+
+func (h *handedTable) committed(msgs []kafka.Message) {
+	m := *h.m.Load()
+	for i := range msgs {
+		mk := m[tpKey{msgs[i].Topic, msgs[i].Partition}]
+		if mk == nil {
+			continue
+		}
+		for {
+			cur := mk.committed.Load()
+			if msgs[i].Offset+1 <= cur || mk.committed.CompareAndSwap(cur, msgs[i].Offset+1) {
+				break
+			}
+		}
+	}
+}

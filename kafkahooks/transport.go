@@ -1,0 +1,435 @@
+package kafkahooks
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
+	"github.com/segmentio/kafka-go/protocol/produce"
+	"github.com/segmentio/kafka-go/sasl"
+)
+
+// errTransportClosed fails requests held across a checkpoint when the Writer
+// is closed before they could be delivered.
+var errTransportClosed = errors.New("kafkahooks: writer closed before records held across a checkpoint could be delivered")
+
+// interruptedError is returned to kafka-go for a produce request that was on
+// the wire when the checkpoint budget ran out and its connection was closed.
+// Its outcome is unknown (the broker may have appended it), so it is reported
+// as a temporary error: the kafka.Writer retries the batch with a fresh
+// request, which waits at the transport's gate and is sent after the restore.
+// This costs the batch one of its MaxAttempts.
+type interruptedError struct{ err error }
+
+func (e *interruptedError) Error() string {
+	return "kafkahooks: produce request interrupted by a checkpoint (will be retried after restore): " + e.err.Error()
+}
+func (e *interruptedError) Unwrap() error   { return e.err }
+func (e *interruptedError) Temporary() bool { return true }
+
+// transportTemplate holds the settings of the user's *kafka.Transport, from
+// which a fresh transport is built for every generation of connections.
+type transportTemplate struct {
+	dial           func(context.Context, string, string) (net.Conn, error)
+	dialTimeout    time.Duration
+	idleTimeout    time.Duration
+	metadataTTL    time.Duration
+	metadataTopics []string
+	tls            *tls.Config
+	sasl           sasl.Mechanism
+	resolver       kafka.BrokerResolver
+	ctx            context.Context
+}
+
+func templateOf(t *kafka.Transport) transportTemplate {
+	if t == nil {
+		// kafka.DefaultTransport's settings.
+		return transportTemplate{dial: (&net.Dialer{Timeout: 3 * time.Second}).DialContext}
+	}
+	return transportTemplate{
+		dial:           t.Dial,
+		dialTimeout:    t.DialTimeout,
+		idleTimeout:    t.IdleTimeout,
+		metadataTTL:    t.MetadataTTL,
+		metadataTopics: t.MetadataTopics,
+		tls:            t.TLS,
+		sasl:           t.SASL,
+		resolver:       t.Resolver,
+		ctx:            t.Context,
+	}
+}
+
+// transportGen is one generation of connections: a kafka.Transport whose
+// dials are tracked. A paused or closed generation has no transport.
+type transportGen struct {
+	t      *kafka.Transport
+	conns  *connTracker
+	cancel context.CancelFunc
+	ready  chan struct{} // paused: closed when a new generation is installed
+}
+
+// gatedTransport is the kafka.RoundTripper of every kafka.Writer that a
+// Writer creates. It forwards requests to the current generation's
+// kafka.Transport; during a checkpoint it has none, and requests wait at its
+// gate. After the restore a fresh kafka.Transport (new connections, possibly
+// a new client id) takes over, and the waiting requests go out on it.
+//
+// Produce requests that waited at the gate carry records across the
+// checkpoint. They are copied (their record set can be encoded only once)
+// and resent until acknowledged, with backoff, while the broker is
+// unreachable; they are given up only when the Writer is closed.
+type gatedTransport struct {
+	tmpl          transportTemplate
+	log           *slog.Logger
+	resendTimeout time.Duration
+	backoffMin    time.Duration
+	backoffMax    time.Duration
+	dials         atomic.Int64
+
+	gen atomic.Pointer[transportGen]
+
+	mu       sync.Mutex
+	life     context.Context // canceled by stopHeld
+	stopLife context.CancelFunc
+	stop     <-chan struct{} // life.Done()
+
+	held        atomic.Int64 // produce requests waiting at the gate or being resent
+	heldRecords atomic.Int64
+	resent      atomic.Int64 // records delivered after being held
+
+	// carrying is set from pause until the Writer has its next
+	// kafka.Writer (endCarry): meanwhile every produce request comes from
+	// the kafka.Writer closed for the checkpoint and carries its records
+	// across it, also one that kafka-go (re)tries only after the restore,
+	// having been in its backoff or batch timer at the dump. Such a request
+	// must be resent until acknowledged too: sent as usual, a broker that
+	// cannot be reached fails it at once (no metadata: "topic not found"),
+	// and kafka-go gives the records up.
+	carrying atomic.Bool
+}
+
+func newGatedTransport(tmpl transportTemplate, clientID string, resendTimeout, bmin, bmax time.Duration, log *slog.Logger) *gatedTransport {
+	p := &gatedTransport{
+		tmpl:          tmpl,
+		log:           log,
+		resendTimeout: resendTimeout,
+		backoffMin:    bmin,
+		backoffMax:    bmax,
+	}
+	p.life, p.stopLife = context.WithCancel(context.Background())
+	p.stop = p.life.Done()
+	p.gen.Store(p.newGen(clientID))
+	return p
+}
+
+func (p *gatedTransport) newGen(clientID string) *transportGen {
+	base := p.tmpl.ctx
+	if base == nil {
+		base = context.Background()
+	}
+	ctx, cancel := context.WithCancel(base)
+	conns := newConnTracker(p.tmpl.dial, &p.dials)
+	t := &kafka.Transport{
+		Dial:           conns.DialContext,
+		DialTimeout:    p.tmpl.dialTimeout,
+		IdleTimeout:    p.tmpl.idleTimeout,
+		MetadataTTL:    p.tmpl.metadataTTL,
+		MetadataTopics: p.tmpl.metadataTopics,
+		ClientID:       clientID,
+		TLS:            p.tmpl.tls,
+		SASL:           p.tmpl.sasl,
+		Resolver:       p.tmpl.resolver,
+		Context:        ctx,
+	}
+	return &transportGen{t: t, conns: conns, cancel: cancel}
+}
+
+// RoundTrip implements kafka.RoundTripper. Outside checkpoints it costs two
+// atomic loads more than the kafka.Transport it forwards to.
+func (p *gatedTransport) RoundTrip(ctx context.Context, addr net.Addr, req kafka.Request) (kafka.Response, error) {
+	g := p.gen.Load()
+	if g.t != nil {
+		if p.carrying.Load() {
+			if _, ok := req.(*produce.Request); ok {
+				return p.roundTripHeld(ctx, addr, req)
+			}
+		}
+		res, err := g.t.RoundTrip(ctx, addr, req)
+		if err == nil || p.gen.Load() == g {
+			return res, err
+		}
+		// A checkpoint closed the connections under this request.
+		if _, ok := req.(*produce.Request); ok {
+			return nil, &interruptedError{err}
+		}
+	}
+	return p.roundTripHeld(ctx, addr, req)
+}
+
+// roundTripHeld handles a request that met the gate closed (or, for other
+// than produce requests, was interrupted by a checkpoint).
+func (p *gatedTransport) roundTripHeld(ctx context.Context, addr net.Addr, req kafka.Request) (kafka.Response, error) {
+	pr, ok := req.(*produce.Request)
+	if !ok {
+		// Metadata and the like: they can be sent again as they are, and
+		// the caller's ctx bounds the wait.
+		for {
+			g := p.gen.Load()
+			switch {
+			case g.t != nil:
+				res, err := g.t.RoundTrip(ctx, addr, req)
+				if err == nil || p.gen.Load() == g {
+					return res, err
+				}
+			case g.ready != nil:
+				select {
+				case <-g.ready:
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				case <-p.stop:
+					return nil, errTransportClosed
+				}
+			default:
+				return nil, errTransportClosed
+			}
+		}
+	}
+
+	// A produce request, not encoded yet: its records are carried across
+	// the checkpoint. The ctx kafka-go gave it (its WriteTimeout) is
+	// ignored, since the records must not be failed because of a
+	// checkpoint; the Writer's Close stops the resends.
+	h, err := holdProduce(pr)
+	if err != nil {
+		return nil, err
+	}
+	p.held.Add(1)
+	p.heldRecords.Add(int64(h.records))
+	defer func() {
+		p.held.Add(-1)
+		p.heldRecords.Add(-int64(h.records))
+	}()
+	backoff := p.backoffMin
+	for attempt := 1; ; attempt++ {
+		g := p.gen.Load()
+		switch {
+		case g.t != nil:
+			rctx, cancel := context.WithTimeout(p.life, p.resendTimeout)
+			res, err := g.t.RoundTrip(rctx, addr, h.request())
+			cancel()
+			if err == nil {
+				p.resent.Add(int64(h.records))
+				return res, nil
+			}
+			if p.isStopped() {
+				return nil, errTransportClosed
+			}
+			if p.gen.Load() != g {
+				continue // paused again: wait at the gate
+			}
+			p.log.Debug("resending records held across a checkpoint", "attempt", attempt, "records", h.records, "err", err, "backoff", backoff)
+			// Drop the pools so that the next attempt starts with fresh
+			// metadata rather than a cached failure.
+			g.t.CloseIdleConnections()
+			t := time.NewTimer(backoff)
+			select {
+			case <-t.C:
+			case <-p.stop:
+				t.Stop()
+				return nil, errTransportClosed
+			}
+			backoff = min(2*backoff, p.backoffMax)
+		case g.ready != nil:
+			select {
+			case <-g.ready:
+			case <-p.stop:
+				return nil, errTransportClosed
+			}
+		default:
+			return nil, errTransportClosed
+		}
+	}
+}
+
+func (p *gatedTransport) isStopped() bool {
+	select {
+	case <-p.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// pause closes the gate, closes every connection of the current generation
+// and discards its transport. It returns how many connections were open.
+func (p *gatedTransport) pause() int {
+	p.mu.Lock()
+	g := p.gen.Load()
+	if g.t == nil {
+		p.mu.Unlock()
+		return 0
+	}
+	p.carrying.Store(true)
+	p.gen.Store(&transportGen{ready: make(chan struct{})})
+	p.mu.Unlock()
+	return p.retire(g)
+}
+
+// endCarry ends what pause began for produce requests: the Writer's next
+// kafka.Writer sends its own as usual.
+func (p *gatedTransport) endCarry() { p.carrying.Store(false) }
+
+func (p *gatedTransport) retire(g *transportGen) int {
+	n := g.conns.closeAll(true)
+	g.t.CloseIdleConnections()
+	g.cancel()
+	return n
+}
+
+// resume installs a fresh transport with clientID and opens the gate.
+func (p *gatedTransport) resume(clientID string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.isStopped() {
+		return
+	}
+	old := p.gen.Load()
+	p.gen.Store(p.newGen(clientID))
+	if old.ready != nil {
+		close(old.ready)
+	} else if old.t != nil {
+		p.retire(old)
+	}
+}
+
+// stopHeld makes held produce requests give up.
+func (p *gatedTransport) stopHeld() { p.stopLife() }
+
+// shutdown stops held requests and closes every connection for good.
+func (p *gatedTransport) shutdown() {
+	p.stopHeld()
+	p.mu.Lock()
+	g := p.gen.Load()
+	p.gen.Store(&transportGen{})
+	p.mu.Unlock()
+	if g.t != nil {
+		p.retire(g)
+	} else if g.ready != nil {
+		close(g.ready)
+	}
+}
+
+// openConns returns how many connections of the current generation are open.
+func (p *gatedTransport) openConns() int {
+	if g := p.gen.Load(); g.conns != nil {
+		return g.conns.open()
+	}
+	return 0
+}
+
+// heldProduce is a copy of a produce request whose records can be encoded
+// again for every attempt.
+type heldProduce struct {
+	base    produce.Request
+	topics  []heldTopic
+	records int
+}
+
+type heldTopic struct {
+	topic string
+	parts []heldPartition
+}
+
+type heldPartition struct {
+	partition int32
+	version   int8
+	attrs     protocol.Attributes
+	recs      []heldRecord
+}
+
+type heldRecord struct {
+	offset     int64
+	time       time.Time
+	key, value []byte
+	headers    []protocol.Header
+}
+
+func holdProduce(r *produce.Request) (*heldProduce, error) {
+	h := &heldProduce{base: produce.Request{TransactionalID: r.TransactionalID, Acks: r.Acks, Timeout: r.Timeout}}
+	for _, t := range r.Topics {
+		ht := heldTopic{topic: t.Topic}
+		for _, part := range t.Partitions {
+			hp := heldPartition{partition: part.Partition, version: part.RecordSet.Version, attrs: part.RecordSet.Attributes}
+			if rr := part.RecordSet.Records; rr != nil {
+				for {
+					rec, err := rr.ReadRecord()
+					if errors.Is(err, io.EOF) {
+						break
+					}
+					if err != nil {
+						return nil, err
+					}
+					hr := heldRecord{offset: rec.Offset, time: rec.Time, headers: append([]protocol.Header(nil), rec.Headers...)}
+					if hr.key, err = readBytes(rec.Key); err != nil {
+						return nil, err
+					}
+					if hr.value, err = readBytes(rec.Value); err != nil {
+						return nil, err
+					}
+					hp.recs = append(hp.recs, hr)
+				}
+			}
+			h.records += len(hp.recs)
+			ht.parts = append(ht.parts, hp)
+		}
+		h.topics = append(h.topics, ht)
+	}
+	return h, nil
+}
+
+func readBytes(b protocol.Bytes) ([]byte, error) {
+	if b == nil {
+		return nil, nil
+	}
+	defer b.Close()
+	out, err := io.ReadAll(b)
+	if out == nil && err == nil {
+		out = []byte{}
+	}
+	return out, err
+}
+
+// request builds a fresh request with fresh record readers.
+func (h *heldProduce) request() *produce.Request {
+	r := h.base
+	r.Topics = make([]produce.RequestTopic, len(h.topics))
+	for i, t := range h.topics {
+		rt := produce.RequestTopic{Topic: t.topic, Partitions: make([]produce.RequestPartition, len(t.parts))}
+		for j, part := range t.parts {
+			recs := make([]protocol.Record, len(part.recs))
+			for k, hr := range part.recs {
+				recs[k] = protocol.Record{
+					Offset:  hr.offset,
+					Time:    hr.time,
+					Key:     protocol.NewBytes(hr.key),
+					Value:   protocol.NewBytes(hr.value),
+					Headers: hr.headers,
+				}
+			}
+			rt.Partitions[j] = produce.RequestPartition{
+				Partition: part.partition,
+				RecordSet: protocol.RecordSet{Version: part.version, Attributes: part.attrs, Records: protocol.NewRecordReader(recs...)},
+			}
+		}
+		r.Topics[i] = rt
+	}
+	return &r
+}

@@ -1,0 +1,533 @@
+package kafkahooks
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kcr-dev/kcr/notify"
+)
+
+// Writer is a kafka.Writer that takes part in kcr checkpoints. It has the
+// methods of kafka.Writer and behaves the same outside checkpoints; it owns
+// a sequence of kafka.Writer values (one per checkpoint cycle) that share a
+// transport managed by the Writer.
+//
+// # Before a checkpoint
+//
+// The Writer closes its gate: WriteMessages calls that start from then on
+// block until the process is resumed or restored, or until their own ctx
+// ends. No call ever fails because a checkpoint happened.
+//
+// It then closes the current kafka.Writer, which flushes every batch it
+// buffers (also those of an Async writer), waits for the acknowledgements of
+// all in-flight records and delivers every Completion callback. If that ends
+// within the hook's budget, everything was drained; the Writer then closes
+// all connections.
+//
+// If the budget runs out first, the Writer closes every connection anyway
+// and the records not yet acknowledged stay in memory, inside the closing
+// kafka.Writer: they are part of the image and are sent after the restore,
+// before any new record. Sync callers that wrote them keep waiting in
+// WriteMessages and get the result of that send. A request that was on the
+// wire when its connection was closed is retried by kafka-go (this uses one
+// of the batch's MaxAttempts) and may be stored twice: delivery is
+// at-least-once, records are never dropped because of a checkpoint.
+// CheckpointReport and a warning log say how many records were carried.
+//
+// # After a restore or resume
+//
+// A fresh kafka.Transport is installed. On Restore the client id becomes the
+// base id + "-" + the first 8 hex digits of Event.InstanceID, so that clones
+// of one image are told apart; on Resume it is unchanged. Carried records are
+// sent first, in order (kafka-go keeps the order per partition); when they
+// are all acknowledged a new kafka.Writer is created and the gate opens.
+//
+// If the broker cannot be reached, carried records are resent with backoff
+// (WithRetryBackoff) until acknowledged; they are given up only by Close.
+// The after-restore hook returns when the gate is open or when its ctx ends;
+// in the latter case the resends go on in the background and the gate opens
+// when they succeed. Blocked callers wait until then or until their ctx ends.
+//
+// # Cost
+//
+// Outside checkpoints WriteMessages costs an atomic load and two atomic adds
+// (for the record counts of the report) more than kafka.Writer.WriteMessages,
+// and every request an atomic load more than kafka.Transport.RoundTrip.
+type Writer struct {
+	cfg       config
+	tmpl      writerTemplate
+	transport *gatedTransport
+	async     bool
+
+	state atomic.Pointer[writerState]
+	// inflight counts, in its low 40 bits, the records handed to kafka-go
+	// and not yet acknowledged or failed, and above them (callUnit) the
+	// calls inside kafka.Writer.WriteMessages: one atomic add on entry and
+	// one on exit keep both.
+	inflight atomic.Int64
+	blocked  atomic.Int64 // callers waiting at the gate
+
+	unregister func()
+	bg         sync.WaitGroup
+	done       chan struct{} // closed by Close
+
+	mu           sync.Mutex
+	gate         chan struct{} // non-nil while the gate is closed
+	inCycle      bool
+	closed       bool
+	closeDone    chan struct{} // closed when the kafka.Writer being drained has closed
+	statsSrc     *kafka.Writer // the newest kafka.Writer, for Stats
+	acc          kafka.WriterStats
+	baseClientID string
+	clientID     string
+
+	reportMu sync.Mutex
+	report   map[string]any
+}
+
+type writerState struct {
+	w      *kafka.Writer // nil while the gate is closed and after Close
+	gate   chan struct{} // closed when the gate opens again
+	closed bool
+}
+
+// writerTemplate holds the settings of the template kafka.Writer. kafka.Writer
+// values hold locks, so the settings are copied field by field.
+type writerTemplate struct {
+	w          kafka.Writer
+	completion func([]kafka.Message, error)
+}
+
+// NewWriter returns a Writer configured like template, registered with the
+// registry (WithRegistry, default notify.Default) under a name (WithName).
+//
+// Every exported field of template is used, except Transport: it must be nil
+// (kafka.DefaultTransport's settings are used) or a *kafka.Transport whose
+// settings (Dial, TLS, SASL, timeouts, ClientID, …) are copied into the
+// transports the Writer creates. Any other kafka.RoundTripper panics, because
+// the Writer could not close its connections. template itself is not used
+// after NewWriter returns and must not be used to write.
+//
+// Changing
+//
+//	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: "events"}
+//
+// to
+//
+//	w := kafkahooks.NewWriter(&kafka.Writer{Addr: kafka.TCP(brokers...), Topic: "events"})
+//
+// is all a service needs.
+func NewWriter(template *kafka.Writer, opts ...Opt) *Writer {
+	if template == nil {
+		panic("kafkahooks: NewWriter with nil template")
+	}
+	var kt *kafka.Transport
+	switch t := template.Transport.(type) {
+	case nil:
+	case *kafka.Transport:
+		kt = t
+	default:
+		panic(fmt.Sprintf("kafkahooks: NewWriter: unsupported Transport %T; use a *kafka.Transport or nil", template.Transport))
+	}
+	name := "kafka-writer"
+	if template.Topic != "" {
+		name += "/" + template.Topic
+	}
+	cfg := newConfig(name, opts)
+	w := &Writer{cfg: cfg, async: template.Async, done: make(chan struct{})}
+	copyWriterSettings(&w.tmpl.w, template)
+	w.tmpl.completion = template.Completion
+
+	w.baseClientID = cfg.clientID
+	if w.baseClientID == "" && kt != nil {
+		w.baseClientID = kt.ClientID
+	}
+	if w.baseClientID == "" {
+		w.baseClientID = kafka.DefaultClientID
+	}
+	w.clientID = w.baseClientID
+
+	resend := template.WriteTimeout
+	if resend <= 0 {
+		resend = 10 * time.Second
+	}
+	w.transport = newGatedTransport(templateOf(kt), w.clientID, resend, cfg.backoffMin, cfg.backoffMax, cfg.log)
+	inner := w.newInner()
+	w.statsSrc = inner
+	w.state.Store(&writerState{w: inner})
+	w.unregister = cfg.registry.Register(cfg.name, w)
+	return w
+}
+
+// NewWriterFromConfig is NewWriter for code that used the deprecated
+// kafka.NewWriter(kafka.WriterConfig): the config is turned into a template
+// by kafka.NewWriter, with the same defaults. The Dialer's ClientID, TLS,
+// SASL and timeouts carry over.
+func NewWriterFromConfig(c kafka.WriterConfig, opts ...Opt) *Writer {
+	return NewWriter(kafka.NewWriter(c), opts...)
+}
+
+func copyWriterSettings(dst, src *kafka.Writer) {
+	dst.Addr = src.Addr
+	dst.Topic = src.Topic
+	dst.Balancer = src.Balancer
+	dst.MaxAttempts = src.MaxAttempts
+	dst.WriteBackoffMin = src.WriteBackoffMin
+	dst.WriteBackoffMax = src.WriteBackoffMax
+	dst.BatchSize = src.BatchSize
+	dst.BatchBytes = src.BatchBytes
+	dst.BatchTimeout = src.BatchTimeout
+	dst.ReadTimeout = src.ReadTimeout
+	dst.WriteTimeout = src.WriteTimeout
+	dst.RequiredAcks = src.RequiredAcks
+	dst.Async = src.Async
+	dst.Completion = src.Completion
+	dst.Compression = src.Compression
+	dst.Logger = src.Logger
+	dst.ErrorLogger = src.ErrorLogger
+	dst.Transport = src.Transport
+	dst.AllowAutoTopicCreation = src.AllowAutoTopicCreation
+}
+
+// newInner creates the kafka.Writer of a new cycle.
+func (w *Writer) newInner() *kafka.Writer {
+	inner := &kafka.Writer{}
+	copyWriterSettings(inner, &w.tmpl.w)
+	inner.Transport = w.transport
+	if w.async {
+		// Count acknowledged records for the checkpoint report.
+		user := w.tmpl.completion
+		inner.Completion = func(msgs []kafka.Message, err error) {
+			w.inflight.Add(-int64(len(msgs)))
+			if user != nil {
+				user(msgs, err)
+			}
+		}
+	}
+	return inner
+}
+
+// WriteMessages writes msgs like kafka.Writer.WriteMessages. During a
+// checkpoint it waits until the process is resumed or restored, or until ctx
+// ends (then it returns ctx.Err()). After Close it returns io.ErrClosedPipe.
+func (w *Writer) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
+	n := int64(len(msgs))
+	for {
+		s := w.state.Load()
+		if s.w == nil {
+			if err := w.wait(ctx, s); err != nil {
+				return err
+			}
+			continue
+		}
+		w.inflight.Add(callUnit + n)
+		err := s.w.WriteMessages(ctx, msgs...)
+		if err != nil || !w.async {
+			w.inflight.Add(-callUnit - n)
+		} else {
+			// Accepted async records are counted down by Completion.
+			w.inflight.Add(-callUnit)
+		}
+		if err == io.ErrClosedPipe && w.state.Load() != s {
+			// A checkpoint closed that kafka.Writer before it took the
+			// records: wait at the gate and write them to the next one.
+			continue
+		}
+		return err
+	}
+}
+
+func (w *Writer) wait(ctx context.Context, s *writerState) error {
+	if s.closed {
+		return io.ErrClosedPipe
+	}
+	w.blocked.Add(1)
+	defer w.blocked.Add(-1)
+	select {
+	case <-s.gate:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Stats returns the kafka.Writer statistics since the last call, summed over
+// the kafka.Writer values the Writer used in that time. Dials counts the
+// connections the Writer's transports opened.
+func (w *Writer) Stats() kafka.WriterStats {
+	w.mu.Lock()
+	src := w.statsSrc
+	acc := w.acc
+	w.acc = kafka.WriterStats{}
+	w.mu.Unlock()
+	st := src.Stats()
+	addWriterStats(&st, acc)
+	st.Dials += w.transport.dials.Swap(0)
+	st.ClientID = w.ClientID()
+	return st
+}
+
+// ClientID returns the client id the Writer currently sends to brokers.
+func (w *Writer) ClientID() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.clientID
+}
+
+// Name returns the name the Writer is registered under.
+func (w *Writer) Name() string { return w.cfg.name }
+
+// Close flushes pending records like kafka.Writer.Close, unregisters the
+// Writer and closes its connections. WriteMessages calls blocked at the gate
+// return io.ErrClosedPipe. Records carried across a checkpoint that are still
+// waiting for the broker get one more attempt; those that fail are reported
+// as failed to their callers (WriteErrors) or Completion, as kafka-go does
+// for records it cannot deliver.
+func (w *Writer) Close() error {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return nil
+	}
+	w.closed = true
+	close(w.done)
+	s := w.state.Load()
+	w.state.Store(&writerState{closed: true})
+	if w.gate != nil {
+		close(w.gate)
+		w.gate = nil
+	}
+	closeDone := w.closeDone
+	w.mu.Unlock()
+	w.unregister()
+
+	if s.w != nil {
+		w.closeInner(s.w)
+		w.absorb(s.w)
+	}
+	if closeDone != nil {
+		w.transport.stopHeld()
+		<-closeDone
+	}
+	w.bg.Wait()
+	w.transport.shutdown()
+	return nil
+}
+
+const callUnit = 1 << 40
+
+// records returns how many records kafka-go holds for the Writer.
+func (w *Writer) records() int64 { return w.inflight.Load() & (callUnit - 1) }
+
+// closeInner closes a kafka.Writer that the gate keeps new calls away from.
+//
+// kafka.Writer.Close has a race: a WriteMessages call that passed its
+// "closed" check but has not queued its records yet when Close runs creates
+// a partition writer that Close does not see, and Close then waits for that
+// writer's goroutine forever. So once the kafka.Writer refuses new calls and
+// every call that got in has left, Close is called again: it closes such
+// partition writers (after flushing them) and lets the first Close return.
+func (w *Writer) closeInner(inner *kafka.Writer) {
+	closed := make(chan struct{})
+	go func() {
+		inner.Close()
+		close(closed)
+	}()
+	if inner.Addr != nil {
+		// WriteMessages without messages fails with io.ErrClosedPipe
+		// once Close has marked the writer closed.
+		for inner.WriteMessages(context.Background()) != io.ErrClosedPipe {
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+	for d := 50 * time.Microsecond; w.inflight.Load() >= callUnit; d = min(2*d, 50*time.Millisecond) {
+		select {
+		case <-closed:
+			return
+		case <-time.After(d):
+		}
+	}
+	inner.Close()
+	<-closed
+}
+
+// absorb adds the final statistics of a closed kafka.Writer to the totals.
+func (w *Writer) absorb(inner *kafka.Writer) {
+	st := inner.Stats()
+	w.mu.Lock()
+	addWriterStats(&w.acc, st)
+	w.mu.Unlock()
+}
+
+// BeforeCheckpoint implements notify.Resource; see the type's documentation.
+func (w *Writer) BeforeCheckpoint(ctx context.Context) error {
+	start := time.Now()
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return nil
+	}
+	w.inCycle = true
+	pending := w.records()
+	if w.gate == nil {
+		w.gate = make(chan struct{})
+		s := w.state.Load()
+		w.state.Store(&writerState{gate: w.gate})
+		done := make(chan struct{})
+		w.closeDone = done
+		inner := s.w
+		go func() {
+			w.closeInner(inner)
+			w.absorb(inner)
+			close(done)
+		}()
+	}
+	// Otherwise the gate is still closed since the previous cycle, whose
+	// carried records are still being resent: keep waiting for them.
+	done := w.closeDone
+	clientID := w.clientID
+	w.mu.Unlock()
+
+	drained := true
+	select {
+	case <-done:
+	case <-ctx.Done():
+		drained = false
+	}
+	conns := w.transport.pause()
+
+	carried := int64(0)
+	if !drained {
+		carried = w.records()
+	}
+	elapsed := time.Since(start)
+	rep := map[string]any{
+		"phase":              "before-checkpoint",
+		"client_id":          clientID,
+		"async":              w.async,
+		"drained":            drained,
+		"records_pending":    pending,
+		"records_drained":    max(pending-carried, 0),
+		"records_carried":    carried,
+		"callers_blocked":    w.blocked.Load(),
+		"connections_closed": conns,
+		"duration_ms":        elapsed.Milliseconds(),
+	}
+	w.setReport(rep)
+	if drained {
+		w.cfg.log.Debug("kafka writer quiesced", "records_drained", pending, "callers_blocked", rep["callers_blocked"], "duration", elapsed)
+	} else {
+		w.cfg.log.Warn("kafka writer could not drain within the checkpoint budget; unacknowledged records are carried across the checkpoint and sent after restore",
+			"records_carried", carried, "records_drained", rep["records_drained"], "callers_blocked", rep["callers_blocked"], "duration", elapsed, "cause", context.Cause(ctx))
+	}
+	return nil
+}
+
+// AfterRestore implements notify.Resource; see the type's documentation.
+func (w *Writer) AfterRestore(ctx context.Context, ev notify.Event) error {
+	start := time.Now()
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return nil
+	}
+	w.inCycle = false
+	if ev.Kind == notify.Restore {
+		w.clientID = w.baseClientID + "-" + shortID(ev)
+	}
+	clientID := w.clientID
+	w.transport.resume(clientID)
+	done := w.closeDone
+	carried := w.records()
+	w.mu.Unlock()
+
+	open := true
+	if done != nil {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			open = false
+		}
+	}
+	pendingNow := w.records()
+	if open {
+		w.open()
+	} else {
+		w.mu.Lock()
+		if !w.closed {
+			w.bg.Add(1)
+			go func() {
+				defer w.bg.Done()
+				select {
+				case <-done:
+					w.open()
+					w.cfg.log.Info("kafka writer delivered the records carried across the checkpoint; writes resume", "duration", time.Since(start))
+				case <-w.done:
+				}
+			}()
+		}
+		w.mu.Unlock()
+		w.cfg.log.Warn("kafka writer could not deliver carried records within the after-restore budget; resending in the background, writes stay blocked until then",
+			"records_carried", w.records(), "cause", context.Cause(ctx))
+	}
+	w.setReport(map[string]any{
+		"phase":             "after-restore",
+		"event":             ev.Kind.String(),
+		"client_id":         clientID,
+		"records_carried":   carried,
+		"records_delivered": max(carried-pendingNow, 0),
+		"gate_open":         open,
+		"callers_blocked":   w.blocked.Load(),
+		"duration_ms":       time.Since(start).Milliseconds(),
+	})
+	return nil
+}
+
+// open creates the next kafka.Writer and opens the gate, unless the Writer
+// was closed or another checkpoint has begun (its AfterRestore opens it).
+func (w *Writer) open() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed || w.inCycle || w.gate == nil {
+		return
+	}
+	w.transport.endCarry()
+	inner := w.newInner()
+	w.statsSrc = inner
+	w.closeDone = nil
+	w.state.Store(&writerState{w: inner})
+	close(w.gate)
+	w.gate = nil
+}
+
+// CheckpointReport implements notify.Reporter: the counts of the last hook
+// run, which land in the image manifest.
+func (w *Writer) CheckpointReport() map[string]any {
+	w.reportMu.Lock()
+	defer w.reportMu.Unlock()
+	return copyMap(w.report)
+}
+
+func (w *Writer) setReport(m map[string]any) {
+	w.reportMu.Lock()
+	w.report = m
+	w.reportMu.Unlock()
+}
+
+// shortID returns the first 8 hex digits of the instance id.
+func shortID(ev notify.Event) string {
+	id := ev.InstanceID
+	if id == "" {
+		return fmt.Sprintf("g%d", ev.Generation)
+	}
+	if len(id) > 8 {
+		id = id[:8]
+	}
+	return id
+}

@@ -1,0 +1,457 @@
+package kafkahooks
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kcr-dev/kcr/notify"
+)
+
+func testWriter(addrs []string, topic string) *kafka.Writer {
+	return &kafka.Writer{
+		Addr:            kafka.TCP(addrs...),
+		Topic:           topic,
+		RequiredAcks:    kafka.RequireAll,
+		BatchSize:       20,
+		BatchTimeout:    5 * time.Millisecond,
+		WriteBackoffMin: 10 * time.Millisecond,
+		WriteBackoffMax: 50 * time.Millisecond,
+		WriteTimeout:    3 * time.Second,
+		ReadTimeout:     3 * time.Second,
+	}
+}
+
+// TestWriterCycles writes numbered records from several goroutines while a
+// checkpoint→restore and a checkpoint→resume are simulated. Every record
+// whose WriteMessages returned nil must be on the topic; calls that started
+// while the gate was closed must block and then succeed; no connection to
+// the broker may survive the before-checkpoint phase; the client id seen by
+// the broker must change on Restore and not on Resume.
+func TestWriterCycles(t *testing.T) {
+	k := newFake(t, 3, "w")
+	reg := notify.NewRegistry()
+	log, _ := newLog(t)
+
+	var gateClosedAt atomic.Int64 // when the probe saw the gate closed
+	var connsAtDump []int
+	hook(reg, func(ctx context.Context) error {
+		// Runs after the writer's hook: the gate is closed, connections gone.
+		gateClosedAt.Store(time.Now().UnixNano())
+		connsAtDump = append(connsAtDump, established(t, k.port))
+		time.Sleep(150 * time.Millisecond) // writers stay blocked at the gate
+		return nil
+	}, func(ctx context.Context, ev notify.Event) error {
+		return nil
+	})
+	w := NewWriter(testWriter(k.addrs, "w"), WithRegistry(reg), WithName("w"), WithLogger(log), WithClientID("svc"))
+	defer w.Close()
+
+	const writers = 8
+	var (
+		mu             sync.Mutex
+		acked          = map[string]bool{}
+		duringGate     int
+		duringGateFail int
+		failures       []error
+	)
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for g := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ctx.Err() == nil; i++ {
+				v := fmt.Sprintf("%d-%d", g, i)
+				started := time.Now().UnixNano()
+				err := w.WriteMessages(context.Background(), kafka.Message{Key: []byte(v), Value: []byte(v)})
+				// Blocked across the checkpoint: started before the probe
+				// saw the gate closed, returned after its sleep.
+				closedAt := gateClosedAt.Load()
+				across := closedAt != 0 && started < closedAt && time.Now().UnixNano() > closedAt+int64(100*time.Millisecond)
+				mu.Lock()
+				if err == nil {
+					acked[v] = true
+				} else {
+					failures = append(failures, err)
+				}
+				if across {
+					duringGate++
+					if err != nil {
+						duringGateFail++
+					}
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+
+	ackedCount := func() int { mu.Lock(); defer mu.Unlock(); return len(acked) }
+	waitFor(t, 10*time.Second, "first records", func() bool { return ackedCount() > 200 })
+	if ids := k.sniff.since(0, keyProduce); len(ids) != 1 || ids["svc"] == 0 {
+		t.Fatalf("client ids before any checkpoint = %v, want only svc", ids)
+	}
+
+	// Checkpoint → restore.
+	res, err := reg.Simulate(context.Background(), notify.SimRestore, 5*time.Second)
+	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
+		t.Fatalf("simulate: %v %v %v", err, res.BeforeErr, res.AfterErr)
+	}
+	rep := res.Before[0].Details // the writer's hook runs first
+	if res.Before[0].Name != "w" || rep["drained"] != true || rep["records_carried"] != int64(0) {
+		t.Fatalf("before report = %s %v", res.Before[0].Name, rep)
+	}
+	if n := rep["callers_blocked"].(int64); n == 0 {
+		t.Errorf("report: no caller blocked at the gate: %v", rep)
+	}
+	wantID := "svc-" + res.Event.InstanceID[:8]
+	if got := w.ClientID(); got != wantID {
+		t.Fatalf("ClientID after restore = %q, want %q", got, wantID)
+	}
+	mark := k.sniff.mark()
+	n := ackedCount()
+	waitFor(t, 10*time.Second, "records after restore", func() bool { return ackedCount() > n+200 })
+	if ids := k.sniff.since(mark, keyProduce); len(ids) != 1 || ids[wantID] == 0 {
+		t.Fatalf("client ids after restore = %v, want only %s", ids, wantID)
+	}
+
+	// Checkpoint → resume: identity unchanged.
+	res, err = reg.Simulate(context.Background(), notify.SimResume, 5*time.Second)
+	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
+		t.Fatalf("simulate resume: %v %v %v", err, res.BeforeErr, res.AfterErr)
+	}
+	mark = k.sniff.mark()
+	n = ackedCount()
+	waitFor(t, 10*time.Second, "records after resume", func() bool { return ackedCount() > n+200 })
+	if ids := k.sniff.since(mark, keyProduce); len(ids) != 1 || ids[wantID] == 0 {
+		t.Fatalf("client ids after resume = %v, want only %s", ids, wantID)
+	}
+	stop()
+	wg.Wait()
+
+	for i, c := range connsAtDump {
+		if c != 0 {
+			t.Errorf("cycle %d: %d connections to the broker still established after the before-checkpoint hooks", i, c)
+		}
+	}
+	if len(failures) > 0 {
+		t.Fatalf("%d WriteMessages calls failed, first: %v", len(failures), failures[0])
+	}
+	if duringGate == 0 {
+		t.Fatal("no WriteMessages call was blocked across a checkpoint")
+	}
+	if duringGateFail > 0 {
+		t.Fatalf("%d calls blocked across a checkpoint failed", duringGateFail)
+	}
+	t.Logf("%d records acked, %d calls blocked across a checkpoint", len(acked), duringGate)
+
+	onTopic := map[string]int{}
+	for _, r := range readTopic(t, k.addrs, "w") {
+		onTopic[string(r.Value)]++
+	}
+	missing := 0
+	for v := range acked {
+		if onTopic[v] == 0 {
+			missing++
+		}
+	}
+	if missing > 0 {
+		t.Fatalf("%d of %d acknowledged records are not on the topic", missing, len(acked))
+	}
+}
+
+// TestWriterAsyncCompletions checks that every Completion of an Async writer
+// is delivered before its BeforeCheckpoint returns, even for records that sat
+// in a batch waiting for BatchTimeout, and that none is lost.
+func TestWriterAsyncCompletions(t *testing.T) {
+	k := newFake(t, 2, "a")
+	reg := notify.NewRegistry()
+	log, _ := newLog(t)
+
+	var completed, failed atomic.Int64
+	var atDump int64 = -1
+	hook(reg, func(ctx context.Context) error {
+		atDump = completed.Load()
+		return nil
+	}, nil)
+	tmpl := testWriter(k.addrs, "a")
+	tmpl.Async = true
+	tmpl.BatchSize = 1000
+	tmpl.BatchTimeout = time.Hour // only the checkpoint's flush sends them
+	tmpl.Completion = func(msgs []kafka.Message, err error) {
+		if err != nil {
+			failed.Add(int64(len(msgs)))
+			return
+		}
+		completed.Add(int64(len(msgs)))
+	}
+	w := NewWriter(tmpl, WithRegistry(reg), WithLogger(log))
+	defer w.Close()
+
+	const n = 500
+	for i := range n {
+		v := strconv.Itoa(i)
+		if err := w.WriteMessages(context.Background(), kafka.Message{Value: []byte(v)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(50 * time.Millisecond)
+	if c := completed.Load(); c != 0 {
+		t.Fatalf("%d records completed before the checkpoint; the test wants them buffered", c)
+	}
+	res, err := reg.Simulate(context.Background(), notify.SimRestore, 5*time.Second)
+	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
+		t.Fatalf("simulate: %v %v %v", err, res.BeforeErr, res.AfterErr)
+	}
+	if atDump != n || failed.Load() != 0 {
+		t.Fatalf("completions when the before phase ended = %d (failed %d), want %d", atDump, failed.Load(), n)
+	}
+	rep := res.Before[0].Details
+	if rep["records_drained"] != int64(n) || rep["records_carried"] != int64(0) {
+		t.Fatalf("report = %v", rep)
+	}
+	// And the writer keeps working after restore.
+	if err := w.WriteMessages(context.Background(), kafka.Message{Value: []byte("after")}); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	if got := len(readTopic(t, k.addrs, "a")); got != n+1 {
+		t.Fatalf("%d records on the topic, want %d", got, n+1)
+	}
+}
+
+// blockProduce makes the fake broker hold every produce request while
+// blocked is set, until release is called: a broker too slow to drain within
+// the checkpoint budget.
+type blockProduce struct {
+	blocked  atomic.Bool
+	mu       sync.Mutex
+	released chan struct{}
+	held     atomic.Int64
+}
+
+func newBlockProduce(c *kfake.Cluster) *blockProduce {
+	b := &blockProduce{released: make(chan struct{})}
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if b.blocked.Load() {
+			b.mu.Lock()
+			ch := b.released
+			b.mu.Unlock()
+			b.held.Add(1)
+			c.SleepControl(func() { <-ch })
+		}
+		return nil, nil, false
+	})
+	return b
+}
+
+func (b *blockProduce) block() {
+	b.mu.Lock()
+	b.released = make(chan struct{})
+	b.mu.Unlock()
+	b.blocked.Store(true)
+}
+
+func (b *blockProduce) release() {
+	b.blocked.Store(false)
+	b.mu.Lock()
+	close(b.released)
+	b.mu.Unlock()
+}
+
+// TestWriterCarryAcross makes draining impossible within the budget: the
+// broker holds produce requests. BeforeCheckpoint must return within its
+// budget, report the carried records, log a warning and leave no connection;
+// after the restore (broker answering again) every record is delivered, in
+// order, and every Completion reports success.
+func TestWriterCarryAcross(t *testing.T) {
+	k := newFake(t, 1, "c")
+	bp := newBlockProduce(k.c)
+	reg := notify.NewRegistry()
+	log, sink := newLog(t)
+
+	var conns = -1
+	hook(reg, func(ctx context.Context) error {
+		conns = established(t, k.port)
+		return nil
+	}, func(ctx context.Context, ev notify.Event) error {
+		bp.release() // the broker is back before the writer's after-restore hook
+		return nil
+	})
+	var completed, failed atomic.Int64
+	tmpl := testWriter(k.addrs, "c")
+	tmpl.Async = true
+	tmpl.BatchSize = 20
+	tmpl.Completion = func(msgs []kafka.Message, err error) {
+		if err != nil {
+			failed.Add(int64(len(msgs)))
+			t.Errorf("completion error: %v", err)
+			return
+		}
+		completed.Add(int64(len(msgs)))
+	}
+	w := NewWriter(tmpl, WithRegistry(reg), WithLogger(log), WithRetryBackoff(10*time.Millisecond, 100*time.Millisecond))
+	defer w.Close()
+	// Warm up metadata so that the first batch is on the wire when blocked.
+	if err := w.WriteMessages(context.Background(), kafka.Message{Value: []byte("-1")}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "warm-up record", func() bool { return completed.Load() == 1 })
+
+	bp.block()
+	const n = 200
+	for i := range n {
+		if err := w.WriteMessages(context.Background(), kafka.Message{Value: []byte(strconv.Itoa(i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 5*time.Second, "a produce request held by the broker", func() bool { return bp.held.Load() > 0 })
+
+	// A sync caller blocked at the gate, with and without a deadline.
+	syncW := make(chan error, 1)
+	go func() {
+		time.Sleep(100 * time.Millisecond) // inside the before phase
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		if err := w.WriteMessages(ctx, kafka.Message{Value: []byte("deadline")}); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("write with deadline during the checkpoint: %v, want DeadlineExceeded", err)
+		}
+		syncW <- w.WriteMessages(context.Background(), kafka.Message{Value: []byte(strconv.Itoa(n))})
+	}()
+
+	const budget = 400 * time.Millisecond
+	start := time.Now()
+	res, err := reg.Simulate(context.Background(), notify.SimRestore, budget)
+	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
+		t.Fatalf("simulate: %v %v %v", err, res.BeforeErr, res.AfterErr)
+	}
+	before := res.Before[0]
+	if before.Duration > budget+100*time.Millisecond {
+		t.Errorf("before-checkpoint took %v with a budget of %v", before.Duration, budget)
+	}
+	rep := before.Details
+	if rep["drained"] != false || rep["records_carried"].(int64) <= 0 {
+		t.Fatalf("before report = %v, want records carried", rep)
+	}
+	if conns != 0 {
+		t.Errorf("%d connections to the broker established after the before phase", conns)
+	}
+	if sink.count(slog.LevelWarn) == 0 {
+		t.Error("no warning logged for carried records")
+	}
+	after := res.After[len(res.After)-1].Details
+	if after["gate_open"] != true {
+		t.Fatalf("after report = %v, want the gate open", after)
+	}
+	if err := <-syncW; err != nil {
+		t.Fatalf("sync write blocked during the checkpoint: %v", err)
+	}
+	w.Close()
+	t.Logf("cycle took %v; before %v; after %v", time.Since(start), rep, after)
+
+	if c := completed.Load(); c != n+2 || failed.Load() != 0 {
+		t.Fatalf("completions %d (failed %d), want %d", c, failed.Load(), n+2)
+	}
+	// First occurrences on the partition are in write order; duplicates of
+	// the request that was on the wire are allowed.
+	seen := map[string]bool{}
+	var order []int
+	for _, r := range readTopic(t, k.addrs, "c") {
+		if v := string(r.Value); !seen[v] {
+			seen[v] = true
+			if i, err := strconv.Atoi(v); err == nil && i >= 0 && i < n {
+				order = append(order, i)
+			}
+		}
+	}
+	if len(order) != n {
+		t.Fatalf("%d distinct records of %d on the topic", len(order), n)
+	}
+	for i, v := range order {
+		if v != i {
+			t.Fatalf("record %d on the topic is %d: order broken (%v…)", i, v, order[max(0, i-3):min(len(order), i+3)])
+		}
+	}
+}
+
+// TestWriterBrokerDownAfterRestore: the broker still holds produce requests
+// after the restore. The after-restore hook must return when its budget
+// ends, with the gate still closed (new writes block, a write with a
+// deadline fails with it), and the writer must deliver the carried records
+// and open the gate by itself once the broker answers.
+func TestWriterBrokerDownAfterRestore(t *testing.T) {
+	k := newFake(t, 1, "d")
+	bp := newBlockProduce(k.c)
+	reg := notify.NewRegistry()
+	log, _ := newLog(t)
+	tmpl := testWriter(k.addrs, "d")
+	tmpl.BatchSize = 1
+	w := NewWriter(tmpl, WithRegistry(reg), WithLogger(log), WithRetryBackoff(10*time.Millisecond, 50*time.Millisecond))
+	defer w.Close()
+	if err := w.WriteMessages(context.Background(), kafka.Message{Value: []byte("warm")}); err != nil {
+		t.Fatal(err)
+	}
+
+	bp.block()
+	first := make(chan error, 1)
+	go func() { first <- w.WriteMessages(context.Background(), kafka.Message{Value: []byte("carried")}) }()
+	waitFor(t, 5*time.Second, "held produce", func() bool { return bp.held.Load() > 0 })
+
+	const budget = 300 * time.Millisecond
+	res, err := reg.Simulate(context.Background(), notify.SimRestore, budget)
+	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
+		t.Fatalf("simulate: %v %v %v", err, res.BeforeErr, res.AfterErr)
+	}
+	if res.After[0].Duration > budget+100*time.Millisecond {
+		t.Errorf("after-restore took %v with a budget of %v", res.After[0].Duration, budget)
+	}
+	if open := res.After[0].Details["gate_open"]; open != false {
+		t.Fatalf("after report = %v, want the gate still closed", res.After[0].Details)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	err = w.WriteMessages(ctx, kafka.Message{Value: []byte("deadline")})
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("write with deadline while resending: %v, want DeadlineExceeded", err)
+	}
+	blocked := make(chan error, 1)
+	go func() { blocked <- w.WriteMessages(context.Background(), kafka.Message{Value: []byte("blocked")}) }()
+	select {
+	case err := <-first:
+		t.Fatalf("carried write returned %v before the broker answered", err)
+	case err := <-blocked:
+		t.Fatalf("write returned %v while the gate was closed", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+
+	bp.release()
+	for _, ch := range []chan error{first, blocked} {
+		select {
+		case err := <-ch:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("write still blocked after the broker came back")
+		}
+	}
+	w.Close()
+	seen := map[string]bool{}
+	for _, r := range readTopic(t, k.addrs, "d") {
+		seen[string(r.Value)] = true
+	}
+	if !seen["carried"] || !seen["blocked"] {
+		t.Fatalf("records on the topic: %v", seen)
+	}
+}

@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# kcr's demo, on a fresh Linux machine as root:
+#
+#   sudo scripts/demo.sh
+#
+# Starts an embedded Kafka broker (franz-go's kfake, in memory, loopback), a
+# load generator producing 200 orders/s, and a Kafka pipeline service with a
+# slow, warm start. Under load it checkpoints the pipeline with kcr (the
+# process is gone: scaled to zero), leaves it dead while orders pile up,
+# restores it, lets it catch up, and then checks with an independent reader
+# that every order has a result. Prints cold-start vs restore time to the
+# first result, kcr's phase timings and a PASS/FAIL verdict.
+#
+# Environment: KCR_DEMO_RATE (orders/s, default 200), KCR_DEMO_WARMUP
+# (default 3s), KCR_DEMO_CACHE_MB (default 64), KCR_DEMO_DOWN (seconds the
+# service stays dead, default 2), KCR_DEMO_DRAIN=false (the pipeline does
+# not finish the orders in hand before the checkpoint: the Kafka hooks alone
+# give at-least-once, and some orders get a second result), KCR_DEMO_KEEP=1
+# keeps the work directory.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+rate="${KCR_DEMO_RATE:-200}"
+warmup="${KCR_DEMO_WARMUP:-3s}"
+cache_mb="${KCR_DEMO_CACHE_MB:-64}"
+down="${KCR_DEMO_DOWN:-2}"
+drain="${KCR_DEMO_DRAIN:-true}"
+
+if [ "$(id -u)" != 0 ]; then
+	echo "scripts/demo.sh: run as root: CRIU needs it (sudo scripts/demo.sh)" >&2
+	exit 1
+fi
+if ! command -v go >/dev/null 2>&1; then
+	echo "scripts/demo.sh: the Go toolchain is needed (https://go.dev/dl/): go not found on PATH" >&2
+	exit 1
+fi
+
+work=$(mktemp -d /var/tmp/kcr-demo.XXXXXX)
+bin="$work/bin"
+pids=()     # processes to stop at exit: broker, loadgen, pipeline (original, then restored)
+ok=0
+cleanup() {
+	local rc=$?
+	trap - EXIT INT TERM
+	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+	for _ in $(seq 100); do
+		alive=0
+		for p in "${pids[@]}"; do [ -e "/proc/$p" ] && ! grep -q '^State:.*Z' "/proc/$p/status" 2>/dev/null && alive=1; done
+		[ "$alive" = 0 ] && break
+		sleep 0.05
+	done
+	for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+	if [ "$ok" = 1 ] && [ -z "${KCR_DEMO_KEEP:-}" ]; then
+		rm -rf "$work"
+	else
+		echo "logs and image kept in $work" >&2
+	fi
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+now() { date +%s%N; }
+T0=$(now)
+say() { printf '[%5.1fs] %s\n' "$(awk -v a="$(now)" -v b="$T0" 'BEGIN{print (a-b)/1e9}')" "$*"; }
+detail() { sed 's/^/          /'; }
+fail() {
+	say "FAIL: $*"
+	for f in pipeline.log loadgen.log broker.log; do
+		[ -s "$work/$f" ] && { echo "--- last lines of $f"; tail -n 8 "$work/$f"; }
+	done
+	exit 1
+}
+ms() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.0f", (a-b)/1e6}'; }
+
+# field NAME: the value of a top-level JSON field of the line on stdin.
+field() { sed -n "s/.*\"$1\":\"\{0,1\}\([^,\"}]*\).*/\1/p" | head -n1; }
+# wait_event FILE SECONDS PATTERN [PATTERN2]: print the first line of FILE
+# matching PATTERN (and PATTERN2), waiting for it.
+wait_event() {
+	local line
+	for _ in $(seq $(($2 * 50))); do
+		line=$(grep -e "$3" "$1" 2>/dev/null | grep -m1 -e "${4:-.}" || true)
+		[ -n "$line" ] && { echo "$line"; return 0; }
+		sleep 0.02
+	done
+	return 1
+}
+alive() { [ -e "/proc/$1" ] && ! grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null; }
+
+echo "kcr demo: checkpoint and restore a Kafka pipeline under load"
+scripts/install-criu.sh | detail
+say "building kcr and the examples (a first build takes a minute or two)"
+t=$(now)
+GOFLAGS="${GOFLAGS:-} -buildvcs=false" go build -o "$bin/" ./cmd/kcr ./examples/broker ./examples/loadgen ./examples/pipeline ./examples/verify
+say "built in $(ms "$(now)" "$t") ms"
+
+port=19092
+while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 1)); done
+brokers="127.0.0.1:$port"
+export GODEBUG=multipathtcp=0
+
+"$bin/broker" -addr "$brokers" -topics orders:3,results:3 >"$work/broker.log" 2>&1 &
+pids+=($!)
+wait_event "$work/broker.log" 10 '"ready"' >/dev/null || fail "the broker did not start"
+say "embedded Kafka broker (kfake) on $brokers: topics orders (3 partitions), results (3)"
+
+"$bin/loadgen" -brokers "$brokers" -rate "$rate/s" -log-every 0 >"$work/loadgen.out" 2>>"$work/loadgen.log" &
+loadgen=$!
+pids+=($loadgen)
+say "loadgen: $rate orders/s into 'orders'"
+
+# The service runs detached: own session, stdin /dev/null, log opened with
+# O_APPEND (>>), as CRIU needs.
+log="$work/pipeline.log"
+t_start=$(now)
+setsid "$bin/pipeline" -brokers "$brokers" -group pipeline -in orders -out results \
+	-warmup "$warmup" -cache-mb "$cache_mb" -client-id pipeline -drain="$drain" </dev/null >>"$log" 2>&1 &
+pid=$!
+disown "$pid" # CRIU's dump kills it: no "Killed" message from bash
+pids+=($pid)
+pid=$(wait_event "$log" 10 '"ev":"start"' | field pid) || fail "the pipeline did not start"
+pids+=($pid)
+say "pipeline started cold, PID $pid (warm-up $warmup, $cache_mb MiB cache)"
+first=$(wait_event "$log" 60 '"ev":"first-result"') || fail "no first result from the pipeline"
+cold_ms=$(ms "$(echo "$first" | field t)" "$t_start")
+say "pipeline: first result $cold_ms ms after start"
+
+# Let it run under load for a bit, then make sure it keeps up.
+sleep 2
+stats=$(grep '"ev":"stats"' "$log" | tail -n1)
+say "pipeline: $(echo "$stats" | field processed) orders processed so far, lag $(echo "$stats" | field lag)"
+alive "$pid" || fail "the pipeline died"
+
+image="$work/pipeline.img"
+say "kcr checkpoint $pid  (under load)"
+t=$(now)
+"$bin/kcr" checkpoint -o "$image" "$pid" 2>"$work/checkpoint.txt" || { cat "$work/checkpoint.txt"; fail "kcr checkpoint failed"; }
+ckpt_ms=$(ms "$(now)" "$t")
+t_dead=$(now)
+grep -v '^checkpointed' "$work/checkpoint.txt" | sed 's/ {.*}$//' | detail
+rh=$(grep 'hook kafka-reader' "$work/checkpoint.txt" || true)
+wh=$(grep 'hook kafka-writer' "$work/checkpoint.txt" || true)
+echo "  kafkahooks: reader left its group: $(echo "$rh" | field left_group); writer records in flight: $(echo "$wh" | field records_pending)" | detail
+alive "$pid" && fail "the pipeline still runs after the checkpoint"
+say "pipeline is gone (scaled to zero); orders keep coming for ${down}s"
+sleep "$down"
+
+say "kcr restore"
+t_restore=$(now)
+newpid=$(TMPDIR="$work" "$bin/kcr" restore "$image" 2>"$work/restore.txt") || { cat "$work/restore.txt"; fail "kcr restore failed"; }
+restore_cmd_ms=$(ms "$(now)" "$t_restore")
+pids+=($newpid)
+grep -v '^restored' "$work/restore.txt" | detail
+after=$(wait_event "$log" 30 '"ev":"after-restore"' '"kind":"restore"') || fail "the restored pipeline did not run its after-restore hooks"
+gen=$(echo "$after" | field generation)
+inst=$(echo "$after" | field instance)
+say "restored as PID $newpid, generation $gen, new instance ${inst:0:8}"
+first=$(wait_event "$log" 30 '"ev":"first-result"' '"after":"restore"') || fail "no result from the restored pipeline"
+restore_ms=$(ms "$(echo "$first" | field t)" "$t_restore")
+down_ms=$(ms "$(echo "$first" | field t)" "$t_dead")
+say "restored pipeline: first new result $restore_ms ms after 'kcr restore' began"
+
+sleep 3
+kill -TERM "$loadgen"
+wait "$loadgen" || fail "loadgen failed"
+last=$(cat "$work/loadgen.out")
+say "loadgen stopped after order $last; waiting for the pipeline to catch up"
+
+"$bin/verify" -brokers "$brokers" -wait 20s -json-file "$work/verify.json" >"$work/verify.txt" 2>>"$work/verify.log" && verdict=PASS || verdict=FAIL
+alive "$newpid" || verdict=FAIL
+say "verify (independent franz-go reader of both topics):"
+detail <"$work/verify.txt"
+
+# Summary.
+top() { sed -n "s/^  \"$1\": \([0-9]*\).*/\1/p" "$work/verify.json"; } # top-level number in verify's JSON
+orders=$(top orders)
+results=$(top results)
+missing=$(top missing)
+dups=$(top duplicates)
+hooks=$(awk '$1=="hooks"{print $2}' "$work/checkpoint.txt")
+dump=$(awk '$1=="freeze+dump"{print $2}' "$work/checkpoint.txt")
+ckpt_total=$(awk '$1=="total"{print $2}' "$work/checkpoint.txt")
+restore_total=$(awk '$1=="total"{print $2}' "$work/restore.txt")
+size=$(sed -n 's/^ *image size *//p' "$work/checkpoint.txt")
+echo
+echo "summary"
+printf '  %-34s %s\n' "cold start to first result" "$cold_ms ms (warm-up $warmup, $cache_mb MiB cache)"
+printf '  %-34s %s\n' "restore to first result" "$restore_ms ms ($(awk -v a="$cold_ms" -v b="$restore_ms" 'BEGIN{printf "%.1f", a/(b>0?b:1)}')x faster; kcr restore itself ${restore_total:-$restore_cmd_ms ms})"
+printf '  %-34s %s\n' "checkpoint under load" "${ckpt_total:-$ckpt_ms ms} (hooks ${hooks:-?}, freeze+dump ${dump:-?})"
+printf '  %-34s %s\n' "image vs memory" "${size:-?}"
+printf '  %-34s %s\n' "service down (scaled to zero)" "$down_ms ms, from the dump to the first new result"
+printf '  %-34s %s\n' "orders / results / missing / dups" "$orders / $results / $missing / $dups"
+echo "  $verdict"
+[ "$verdict" = PASS ] || exit 1
+ok=1

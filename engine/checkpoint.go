@@ -34,7 +34,9 @@ type CheckpointOptions struct {
 	// ShellJob forces CRIU's shell-job mode; it is detected otherwise.
 	ShellJob bool
 	CRIU     string // explicit CRIU path (--criu)
-	Logger   *slog.Logger
+	// CRIULogLevel is CRIU's log level (default 2; 4 for debugging).
+	CRIULogLevel int
+	Logger       *slog.Logger
 	// AfterDump, if set, runs after the hooks succeeded and before CRIU is
 	// started (tests use it to kill kcr at that point).
 	AfterHooks func()
@@ -183,7 +185,7 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 	t := time.Now()
 	dr, err := criu.Dump(ctx, criuPath, criu.DumpOptions{
 		PID: o.PID, ImagesDir: b.CRIUDir(), LeaveRunning: o.LeaveRunning,
-		ShellJob: shell, FileLocks: true, TCPClose: o.TCPClose,
+		ShellJob: shell, FileLocks: true, TCPClose: o.TCPClose, LogLevel: o.CRIULogLevel,
 	})
 	res.Timings.add(PhaseFreezeDump, time.Since(t))
 	if err != nil {

@@ -65,6 +65,9 @@ func checkpointCmd(g *globals) *cobra.Command {
 			}
 			o.PID = pid
 			o.CRIU = g.criu
+			if g.verbose {
+				o.CRIULogLevel = 4
+			}
 			if o.Output == "" {
 				o.Output = fmt.Sprintf("kcr-%d-%s", pid, time.Now().Format("20060102-150405"))
 			}

@@ -74,10 +74,58 @@ type DumpResult struct {
 // Cancelling ctx kills CRIU; a tree being dumped at that moment may be left
 // stopped or damaged, so prefer a generous deadline over cancellation.
 func Dump(ctx context.Context, criuPath string, opts DumpOptions) (*DumpResult, error) {
+	start := time.Now()
+	s, err := StartSession(ctx, criuPath, opts.ShellJob)
+	if err != nil {
+		return nil, err
+	}
+	res, err := s.Dump(ctx, opts)
+	if res != nil {
+		res.Duration = time.Since(start)
+	}
+	return res, err
+}
+
+// Session is a started "criu swrk" that waits for one dump. Starting CRIU
+// takes several milliseconds (more through a wrapper and a private loader);
+// a session started before the target's hooks run keeps that out of the
+// time the target is suspended. (CRIU's swrk serves one request, so the
+// version is read with ReadVersion.)
+type Session struct {
+	s *swrk
+}
+
+// StartSession starts CRIU for one dump. shellJob must match the dump's
+// DumpOptions.ShellJob (a shell job's CRIU stays in kcr's process group).
+// Cancelling ctx kills CRIU. Close a session that is not used for a dump.
+func StartSession(ctx context.Context, criuPath string, shellJob bool) (*Session, error) {
+	s, err := startSwrk(ctx, criuPath, !shellJob)
+	if err != nil {
+		return nil, err
+	}
+	return &Session{s: s}, nil
+}
+
+// Close stops a session that was not used for a dump. It is safe after Dump.
+func (ss *Session) Close() {
+	if ss.s != nil {
+		ss.s.close()
+		ss.s = nil
+	}
+}
+
+// Dump runs the session's dump; the session is closed afterwards.
+// DumpResult.Duration covers the dump request only.
+func (ss *Session) Dump(ctx context.Context, opts DumpOptions) (*DumpResult, error) {
+	if ss.s == nil {
+		return nil, errors.New("criu dump: session already used")
+	}
 	if opts.PID <= 0 {
+		ss.Close()
 		return nil, fmt.Errorf("criu dump: invalid PID %d", opts.PID)
 	}
 	if opts.ImagesDir == "" {
+		ss.Close()
 		return nil, errors.New("criu dump: no images directory")
 	}
 	logFile := opts.LogFile
@@ -85,23 +133,24 @@ func Dump(ctx context.Context, criuPath string, opts DumpOptions) (*DumpResult, 
 		logFile = "dump.log"
 	}
 	if filepath.Base(logFile) != logFile {
+		ss.Close()
 		return nil, fmt.Errorf("criu dump: log file %q must be a plain name (it goes into the images directory)", logFile)
 	}
 	if _, err := os.Stat("/proc/" + strconv.Itoa(opts.PID)); errors.Is(err, os.ErrNotExist) {
+		ss.Close()
 		return nil, &Error{Op: "dump", First: fmt.Sprintf("no process with PID %d", opts.PID), Cause: CauseNoProcess, Hint: CauseNoProcess.Hint()}
 	}
 	dir, err := os.Open(opts.ImagesDir)
 	if err != nil {
+		ss.Close()
 		return nil, fmt.Errorf("criu dump: images directory: %w", err)
 	}
 	defer dir.Close()
 	logPath := filepath.Join(opts.ImagesDir, logFile)
 
 	start := time.Now()
-	s, err := startSwrk(ctx, criuPath, !opts.ShellJob)
-	if err != nil {
-		return nil, err
-	}
+	s := ss.s
+	ss.s = nil
 	req := &rpc.CriuReq{
 		Type: rpc.CriuReqType_DUMP.Enum(),
 		Opts: &rpc.CriuOpts{

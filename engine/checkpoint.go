@@ -88,10 +88,20 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 	if err != nil {
 		return nil, err
 	}
-	criuPath, criuVersion, err := CRIU(ctx, o.CRIU)
+
+	shell := o.ShellJob
+	if !shell {
+		if need, err := criu.ShellJobNeeded(o.PID); err == nil && need {
+			shell = true
+		}
+	}
+	// CRIU starts now, so that its start-up and version check happen before
+	// the app is disturbed, not while it is suspended.
+	sess, criuVersion, err := session(ctx, o.CRIU, shell)
 	if err != nil {
 		return nil, err
 	}
+	defer sess.Close()
 
 	// Sockets CRIU can never dump (MPTCP) are found before any hook runs,
 	// so that the app is not disturbed for nothing.
@@ -112,13 +122,6 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 		sock, err = client.Find(o.PID)
 		if err != nil {
 			return nil, err
-		}
-	}
-
-	shell := o.ShellJob
-	if !shell {
-		if need, err := criu.ShellJobNeeded(o.PID); err == nil && need {
-			shell = true
 		}
 	}
 
@@ -183,7 +186,7 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 	}
 
 	t := time.Now()
-	dr, err := criu.Dump(ctx, criuPath, criu.DumpOptions{
+	dr, err := sess.Dump(ctx, criu.DumpOptions{
 		PID: o.PID, ImagesDir: b.CRIUDir(), LeaveRunning: o.LeaveRunning,
 		ShellJob: shell, FileLocks: true, TCPClose: o.TCPClose, LogLevel: o.CRIULogLevel,
 	})

@@ -61,18 +61,54 @@ func CRIU(ctx context.Context, explicit string) (path string, v criu.Version, er
 	if err != nil {
 		return "", v, err
 	}
+	v, err = checkVersion(ctx, path)
+	return path, v, err
+}
+
+// checkVersion reads CRIU's version and checks it against the kernel.
+func checkVersion(ctx context.Context, path string) (v criu.Version, err error) {
 	v, err = criu.ReadVersion(ctx, path)
 	if err != nil {
-		return "", v, fmt.Errorf("%w: %s: %w (reinstall it with scripts/install-criu.sh)", ErrCRIUUnusable, path, err)
+		return v, fmt.Errorf("%w: %s: %w (reinstall it with scripts/install-criu.sh)", ErrCRIUUnusable, path, err)
 	}
 	rel, err := criu.KernelRelease()
 	if err != nil {
-		return "", v, err
+		return v, err
 	}
 	if err := criu.CheckKernel(v, rel); err != nil {
-		return "", v, fmt.Errorf("%w: %s: %w", ErrCRIUUnusable, path, err)
+		return v, fmt.Errorf("%w: %s: %w", ErrCRIUUnusable, path, err)
 	}
-	return path, v, nil
+	return v, nil
+}
+
+// session starts CRIU for a dump and checks its version against the
+// kernel (both at once), before the target is disturbed.
+func session(ctx context.Context, explicit string, shellJob bool) (*criu.Session, criu.Version, error) {
+	path, err := criu.Find(explicit)
+	if err != nil {
+		return nil, criu.Version{}, err
+	}
+	type started struct {
+		s   *criu.Session
+		err error
+	}
+	ch := make(chan started, 1)
+	go func() {
+		s, err := criu.StartSession(ctx, path, shellJob)
+		ch <- started{s, err}
+	}()
+	v, verr := checkVersion(ctx, path)
+	st := <-ch
+	if verr != nil || st.err != nil {
+		if st.s != nil {
+			st.s.Close()
+		}
+		if verr == nil {
+			verr = fmt.Errorf("%w: %s: %w (reinstall it with scripts/install-criu.sh)", ErrCRIUUnusable, path, st.err)
+		}
+		return nil, v, verr
+	}
+	return st.s, v, nil
 }
 
 func logger(l *slog.Logger) *slog.Logger {

@@ -8,10 +8,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +26,7 @@ var (
 	binDir   string // kcr and test programs, mode 0755
 	kcrBin   string
 	appBin   string
+	kafkaBin string // kafkaapp, for kafka_test.go
 	setupOK  bool
 	setupErr string
 )
@@ -39,8 +42,9 @@ func TestMain(m *testing.M) {
 	binDir = dir
 	kcrBin = filepath.Join(dir, "kcr")
 	appBin = filepath.Join(dir, "testapp")
+	kafkaBin = filepath.Join(dir, "kafkaapp")
 	setupOK = true
-	for _, b := range [][2]string{{kcrBin, "../../cmd/kcr"}, {appBin, "./testapp"}} {
+	for _, b := range [][2]string{{kcrBin, "../../cmd/kcr"}, {appBin, "./testapp"}, {kafkaBin, "./kafkaapp"}} {
 		out, err := exec.Command("go", "build", "-o", b[0], b[1]).CombinedOutput()
 		if err != nil {
 			setupOK, setupErr = false, fmt.Sprintf("go build %s: %v\n%s", b[1], err, out)
@@ -80,6 +84,10 @@ type app struct {
 	listen string
 	sock   string
 	done   chan struct{}
+
+	logMu  sync.Mutex
+	logOff int64   // bytes of out parsed into logEvs
+	logEvs []event // events parsed so far
 }
 
 type event map[string]any
@@ -136,6 +144,13 @@ func (e *echoServer) count() int {
 // an O_APPEND file, MPTCP off unless asked for.
 func startApp(t *testing.T, args ...string) *app {
 	t.Helper()
+	return startProg(t, appBin, args...)
+}
+
+// startProg starts bin like startApp starts testapp; bin must log a "ready"
+// event with "listen" and "socket" (or "fatal") like testapp.
+func startProg(t *testing.T, bin string, args ...string) *app {
+	t.Helper()
 	dir := t.TempDir()
 	outPath := filepath.Join(dir, "app.log")
 	f, err := os.OpenFile(outPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
@@ -143,7 +158,7 @@ func startApp(t *testing.T, args ...string) *app {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	cmd := exec.Command(appBin, args...)
+	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.Env = append(os.Environ(), "GODEBUG=multipathtcp=0", "KCR_SOCKET_DIR="+filepath.Join(dir, "sock"))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -157,7 +172,7 @@ func startApp(t *testing.T, args ...string) *app {
 	t.Cleanup(func() { a.kill() })
 	ev := a.waitEvent(10*time.Second, func(e event) bool { return e["ev"] == "ready" || e["ev"] == "fatal" })
 	if ev["ev"] == "fatal" {
-		t.Fatalf("testapp failed to start: %v", ev)
+		t.Fatalf("%s failed to start: %v", filepath.Base(bin), ev)
 	}
 	a.listen, a.sock = ev.str("listen"), ev.str("socket")
 	return a
@@ -168,18 +183,33 @@ func (a *app) kill() {
 }
 
 // events returns all events logged so far (by every incarnation: restored
-// copies append to the same file).
+// copies append to the same file). It parses only what was appended since
+// the last call.
 func (a *app) events() []event {
-	b, _ := os.ReadFile(a.out)
-	var evs []event
+	a.logMu.Lock()
+	defer a.logMu.Unlock()
+	f, err := os.Open(a.out)
+	if err != nil {
+		return slices.Clip(a.logEvs)
+	}
+	defer f.Close()
+	b, _ := io.ReadAll(io.NewSectionReader(f, a.logOff, 1<<62))
+	// Only whole lines: the app may be in the middle of writing one.
+	if i := bytes.LastIndexByte(b, '\n'); i >= 0 {
+		b = b[:i+1]
+	} else {
+		b = nil
+	}
+	a.logOff += int64(len(b))
 	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(nil, 16<<20)
 	for sc.Scan() {
 		var e event
 		if json.Unmarshal(sc.Bytes(), &e) == nil {
-			evs = append(evs, e)
+			a.logEvs = append(a.logEvs, e)
 		}
 	}
-	return evs
+	return slices.Clip(a.logEvs)
 }
 
 // waitEvent waits for an event matching ok and returns it.

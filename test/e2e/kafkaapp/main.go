@@ -1,0 +1,502 @@
+// Command kafkaapp is the target program of kcr's Kafka end-to-end tests. It
+// produces numbered records at a steady rate and/or consumes a topic as a
+// member of a consumer group, through kafkahooks' Writer and Reader, and
+// serves kcr's control socket (notify.Start).
+//
+// It writes one JSON line per event to stdout, which the tests read:
+//
+//	ready        the state listener's address and the control socket
+//	acked        {"from":N,"to":M}: records N..M (values) were acknowledged
+//	write-error  a WriteMessages call failed (the records are written again)
+//	proc         {"p":P,"from":A,"to":B,"committed":bool}: offsets A..B of
+//	             partition P were processed, then committed
+//	pending      from the last before-checkpoint hook: the records handed to
+//	             the Writer and not acknowledged yet, and the Writer's report
+//	after        from the last after-restore hook: kind, generation,
+//	             instance id and the client ids of the Writer and the Reader
+//	log          kafkahooks' and notify's slog records
+//	exit         after SIGTERM, once everything was flushed and closed
+//
+// Its state listener answers every connection with one JSON line: goroutine
+// and open fd counts, identity, client ids and counters.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kcr-dev/kcr/kafkahooks"
+	"github.com/kcr-dev/kcr/notify"
+)
+
+var (
+	out   = json.NewEncoder(os.Stdout)
+	outMu sync.Mutex
+)
+
+func emit(ev string, kv ...any) {
+	m := map[string]any{"ev": ev, "pid": os.Getpid(), "t": time.Now().UnixNano()}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i].(string)] = kv[i+1]
+	}
+	outMu.Lock()
+	out.Encode(m)
+	outMu.Unlock()
+}
+
+type config struct {
+	brokers        []string
+	topic, group   string
+	clientID       string
+	rate           int
+	async          bool
+	writers        int
+	batch          int
+	consume        bool
+	sessionTimeout time.Duration
+	heartbeat      time.Duration
+}
+
+func main() {
+	var c config
+	brokers := flag.String("brokers", "127.0.0.1:9092", "comma-separated bootstrap brokers")
+	flag.StringVar(&c.topic, "topic", "", "topic to produce to and consume from")
+	flag.StringVar(&c.group, "group", "", "consumer group (with -consume)")
+	flag.StringVar(&c.clientID, "client-id", "kafkaapp", "base client id of the Writer and the Reader")
+	flag.IntVar(&c.rate, "produce-rate", 0, "records per second to produce (0: no producer)")
+	flag.BoolVar(&c.async, "async", false, "use an Async writer")
+	flag.IntVar(&c.writers, "writers", 4, "goroutines calling WriteMessages (sync writer)")
+	flag.IntVar(&c.batch, "batch", 10, "most records per WriteMessages call")
+	flag.BoolVar(&c.consume, "consume", false, "consume -topic as a member of -group, committing after processing")
+	flag.DurationVar(&c.sessionTimeout, "session-timeout", 6*time.Second, "consumer group session timeout")
+	flag.DurationVar(&c.heartbeat, "heartbeat", time.Second, "consumer group heartbeat interval")
+	listen := flag.String("listen", "127.0.0.1:0", "address of the state listener")
+	logLevel := flag.String("log-level", "info", "level of the slog records logged as ev=log (debug, info, warn)")
+	flag.Parse()
+	c.brokers = strings.Split(*brokers, ",")
+	if c.topic == "" || (c.consume && c.group == "") || c.writers < 1 || c.batch < 1 {
+		emit("fatal", "err", "need -topic, -group with -consume, positive -writers and -batch")
+		os.Exit(2)
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
+		emit("fatal", "err", err.Error())
+		os.Exit(2)
+	}
+	slog.SetDefault(slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: lvl})).With("ev", "log", "pid", os.Getpid()))
+	if err := run(c, *listen); err != nil {
+		emit("fatal", "err", err.Error())
+		os.Exit(1)
+	}
+}
+
+type app struct {
+	cfg config
+	w   *kafkahooks.Writer
+	r   *kafkahooks.Reader
+
+	next    chan int // record numbers to write, in order
+	retry   chan []int
+	acked   atomic.Int64
+	failed  atomic.Int64
+	procd   atomic.Int64
+	pending struct {
+		sync.Mutex
+		m map[int]struct{}
+	}
+	takeMu sync.Mutex // one writer takes numbers at a time: batches are runs
+}
+
+func run(c config, listen string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	a := &app{cfg: c, next: make(chan int, 4096), retry: make(chan []int, 1024)}
+	a.pending.m = map[int]struct{}{}
+
+	// Registered first: its before-checkpoint hook runs last, once the
+	// Writer and the Reader have quiesced.
+	notify.Register("kafkaapp-probe", notify.Func(a.beforeLast, nil))
+	if c.rate > 0 {
+		tmpl := &kafka.Writer{
+			Addr:         kafka.TCP(c.brokers...),
+			Topic:        c.topic,
+			BatchTimeout: 5 * time.Millisecond,
+			BatchSize:    100,
+			RequiredAcks: kafka.RequireAll,
+			Async:        c.async,
+			WriteTimeout: 5 * time.Second,
+		}
+		if c.async {
+			tmpl.Completion = a.completion
+		}
+		a.w = kafkahooks.NewWriter(tmpl, kafkahooks.WithClientID(c.clientID), kafkahooks.WithRetryBackoff(100*time.Millisecond, 2*time.Second))
+	}
+	if c.consume {
+		a.r = kafkahooks.NewReader(kafka.ReaderConfig{
+			Brokers:           c.brokers,
+			GroupID:           c.group,
+			Topic:             c.topic,
+			MaxWait:           500 * time.Millisecond,
+			SessionTimeout:    c.sessionTimeout,
+			HeartbeatInterval: c.heartbeat,
+			RebalanceTimeout:  c.sessionTimeout,
+			JoinGroupBackoff:  500 * time.Millisecond,
+			ReadBackoffMin:    50 * time.Millisecond,
+			ReadBackoffMax:    500 * time.Millisecond,
+			StartOffset:       kafka.FirstOffset,
+		}, kafkahooks.WithClientID(c.clientID))
+	}
+	// Registered last: its after-restore hook runs last, once the Writer and
+	// the Reader have their new client ids.
+	notify.Register("kafkaapp", notify.Func(nil, a.afterLast))
+
+	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", listen)
+	if err != nil {
+		return err
+	}
+	srv, err := notify.Start()
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	go a.serveState(ln)
+
+	var wg sync.WaitGroup
+	wctx, wstop := context.WithCancel(context.Background())
+	if a.w != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); a.generate(ctx) }()
+		n := c.writers
+		if c.async {
+			n = 1
+		}
+		for i := 0; i < n; i++ {
+			wg.Add(1)
+			go func() { defer wg.Done(); a.writeLoop(ctx, wctx) }()
+		}
+	}
+	var cwg sync.WaitGroup
+	if a.r != nil {
+		cwg.Add(1)
+		go func() { defer cwg.Done(); a.consumeLoop(ctx) }()
+	}
+	emit("ready", "listen", ln.Addr().String(), "socket", srv.Path())
+
+	<-ctx.Done()
+	wg.Wait()
+	wstop()
+	var werr, rerr error
+	if a.w != nil {
+		werr = a.w.Close() // flushes an Async writer's records
+	}
+	cwg.Wait()
+	if a.r != nil {
+		rerr = a.r.Close()
+	}
+	emit("exit", "acked", a.acked.Load(), "processed", a.procd.Load(), "pending", a.pendingRuns(),
+		"writer_close", errString(werr), "reader_close", errString(rerr))
+	ln.Close()
+	return nil
+}
+
+// generate hands out record numbers 1, 2, … at the configured rate. Ticks
+// missed while the process was stopped or checkpointed are not made up for.
+func (a *app) generate(ctx context.Context) {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	last := time.Now()
+	credit := 0.0
+	n := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			dt := now.Sub(last)
+			last = now
+			credit += float64(a.cfg.rate) * min(dt, 50*time.Millisecond).Seconds()
+			for ; credit >= 1; credit-- {
+				n++
+				select {
+				case a.next <- n:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}
+}
+
+// take returns the next batch of numbers to write: records to retry first,
+// else a run of new ones.
+func (a *app) take(ctx context.Context) []int {
+	select {
+	case b := <-a.retry:
+		return b
+	default:
+	}
+	a.takeMu.Lock()
+	defer a.takeMu.Unlock()
+	var b []int
+	select {
+	case b = <-a.retry:
+		return b
+	case n := <-a.next:
+		b = append(b, n)
+	case <-ctx.Done():
+		return nil
+	}
+	for len(b) < a.cfg.batch {
+		select {
+		case n := <-a.next:
+			b = append(b, n)
+		default:
+			return b
+		}
+	}
+	return b
+}
+
+func (a *app) writeLoop(ctx, wctx context.Context) {
+	for {
+		b := a.take(ctx)
+		if b == nil {
+			return
+		}
+		msgs := make([]kafka.Message, len(b))
+		for i, n := range b {
+			msgs[i] = kafka.Message{Key: []byte(strconv.Itoa(n)), Value: []byte(strconv.Itoa(n))}
+		}
+		a.addPending(b)
+		// wctx ends only after every writer returned: records handed to
+		// the Writer are never abandoned by the app.
+		err := a.w.WriteMessages(wctx, msgs...)
+		switch {
+		case err != nil:
+			a.donePending(b)
+			a.failed.Add(int64(len(b)))
+			emit("write-error", "err", err.Error(), "records", runs(b))
+			if wctx.Err() != nil {
+				return
+			}
+			time.Sleep(200 * time.Millisecond)
+			a.retry <- b
+		case !a.cfg.async:
+			a.donePending(b)
+			a.ackRuns(b)
+		}
+	}
+}
+
+// completion is the Async writer's Completion callback.
+func (a *app) completion(msgs []kafka.Message, err error) {
+	b := make([]int, 0, len(msgs))
+	for _, m := range msgs {
+		n, _ := strconv.Atoi(string(m.Value))
+		b = append(b, n)
+	}
+	a.donePending(b)
+	if err != nil {
+		a.failed.Add(int64(len(b)))
+		emit("write-error", "err", err.Error(), "records", runs(b), "async", true)
+		select {
+		case a.retry <- b:
+		default:
+			emit("lost", "records", runs(b)) // never expected: the retry queue is large
+		}
+		return
+	}
+	a.ackRuns(b)
+}
+
+func (a *app) ackRuns(b []int) {
+	a.acked.Add(int64(len(b)))
+	for _, r := range runs(b) {
+		emit("acked", "from", r[0], "to", r[1])
+	}
+}
+
+func (a *app) addPending(b []int) {
+	a.pending.Lock()
+	for _, n := range b {
+		a.pending.m[n] = struct{}{}
+	}
+	a.pending.Unlock()
+}
+
+func (a *app) donePending(b []int) {
+	a.pending.Lock()
+	for _, n := range b {
+		delete(a.pending.m, n)
+	}
+	a.pending.Unlock()
+}
+
+func (a *app) pendingRuns() [][2]int {
+	a.pending.Lock()
+	b := make([]int, 0, len(a.pending.m))
+	for n := range a.pending.m {
+		b = append(b, n)
+	}
+	a.pending.Unlock()
+	return runs(b)
+}
+
+// consumeLoop fetches records, processes them and commits them in small
+// batches (at-least-once).
+func (a *app) consumeLoop(ctx context.Context) {
+	var batch []kafka.Message
+	errs := 0
+	for {
+		fctx, cancel := ctx, context.CancelFunc(func() {})
+		if len(batch) > 0 {
+			fctx, cancel = context.WithTimeout(ctx, 20*time.Millisecond)
+		}
+		m, err := a.r.FetchMessage(fctx)
+		cancel()
+		switch {
+		case err == nil:
+			batch = append(batch, m)
+			if len(batch) < 50 {
+				continue
+			}
+		case ctx.Err() != nil:
+			a.commit(batch)
+			return
+		case errors.Is(err, context.DeadlineExceeded):
+		default:
+			if errs++; errs <= 20 || errs%100 == 0 {
+				emit("fetch-error", "err", err.Error(), "count", errs)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		a.commit(batch)
+		batch = batch[:0]
+	}
+}
+
+func (a *app) commit(batch []kafka.Message) {
+	if len(batch) == 0 {
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	err := a.r.CommitMessages(cctx, batch...)
+	cancel()
+	if err != nil {
+		emit("commit-error", "err", err.Error())
+	}
+	a.procd.Add(int64(len(batch)))
+	byPart := map[int][]int{}
+	for _, m := range batch {
+		byPart[m.Partition] = append(byPart[m.Partition], int(m.Offset))
+	}
+	for p, offs := range byPart {
+		for _, r := range runs(offs) {
+			emit("proc", "p", p, "from", r[0], "to", r[1], "committed", err == nil)
+		}
+	}
+}
+
+func (a *app) beforeLast(ctx context.Context) error {
+	var rep map[string]any
+	if a.w != nil {
+		rep = a.w.CheckpointReport()
+	}
+	emit("pending", "records", a.pendingRuns(), "writer", rep)
+	return nil
+}
+
+func (a *app) afterLast(ctx context.Context, ev notify.Event) error {
+	emit("after", "kind", ev.Kind.String(), "gen", ev.Generation, "instance", ev.InstanceID, "reason", ev.Reason,
+		"writer_client", a.writerClient(), "reader_client", a.readerClient())
+	return nil
+}
+
+func (a *app) writerClient() string {
+	if a.w == nil {
+		return ""
+	}
+	return a.w.ClientID()
+}
+
+func (a *app) readerClient() string {
+	if a.r == nil {
+		return ""
+	}
+	return a.r.ClientID()
+}
+
+// serveState answers every connection with one JSON line.
+func (a *app) serveState(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		gen, id := notify.Identity()
+		a.pending.Lock()
+		pending := len(a.pending.m)
+		a.pending.Unlock()
+		b, _ := json.Marshal(map[string]any{
+			"goroutines": runtime.NumGoroutine(), "fds": openFDs(),
+			"gen": gen, "instance": id, "writer_client": a.writerClient(), "reader_client": a.readerClient(),
+			"acked": a.acked.Load(), "failed": a.failed.Load(), "processed": a.procd.Load(), "pending": pending,
+		})
+		c.SetWriteDeadline(time.Now().Add(2 * time.Second))
+		c.Write(append(b, '\n'))
+		c.Close()
+	}
+}
+
+// openFDs counts the open file descriptors, less the one reading them.
+func openFDs() int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return -1
+	}
+	return len(ents) - 1
+}
+
+// runs turns numbers into sorted [first, last] runs of consecutive ones.
+func runs(b []int) [][2]int {
+	if len(b) == 0 {
+		return nil
+	}
+	s := slices.Clone(b)
+	slices.Sort(s)
+	s = slices.Compact(s)
+	var out [][2]int
+	start, prev := s[0], s[0]
+	for _, n := range s[1:] {
+		if n != prev+1 {
+			out = append(out, [2]int{start, prev})
+			start = n
+		}
+		prev = n
+	}
+	return append(out, [2]int{start, prev})
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}

@@ -157,16 +157,26 @@ func RestoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreResult, err
 }
 
 // restoreOne restores one copy of a verified image.
-func restoreOne(ctx context.Context, o RestoreOptions, img *images.Image, criuPath, name string) (*RestoreResult, error) {
+func restoreOne(ctx context.Context, o RestoreOptions, img *images.Image, criuPath, name string) (res *RestoreResult, err error) {
 	m := img.Manifest
-	res := &RestoreResult{Name: name}
+	res = &RestoreResult{Name: name}
 	work := o.WorkDir
-	var err error
 	if work == "" || o.Count > 1 {
 		work, err = os.MkdirTemp(o.WorkDir, "kcr-restore-")
 		if err != nil {
 			return nil, fmt.Errorf("restore work directory: %w", err)
 		}
+		// Our own work directory goes once the restore succeeded; after a
+		// failure it stays for its log. The lazy-pages daemon keeps using
+		// its work directory after the restore.
+		defer func() {
+			if err == nil && !o.Lazy {
+				os.RemoveAll(work)
+				if res != nil {
+					res.LogPath = ""
+				}
+			}
+		}()
 	}
 	gen, err := nextGeneration(img.Dir)
 	if err != nil {

@@ -15,7 +15,8 @@
 # (default 3s), KCR_DEMO_CACHE_MB (default 64), KCR_DEMO_DOWN (seconds the
 # service stays dead, default 2), KCR_DEMO_DRAIN=false (the pipeline does
 # not finish the orders in hand before the checkpoint: the Kafka hooks alone
-# give at-least-once, and some orders get a second result), KCR_DEMO_KEEP=1
+# give at-least-once, and some orders get a second result), KCR_DEMO_RESULT
+# (append one line of figures to this file, for scripts/bench-kafka.sh), KCR_DEMO_KEEP=1
 # keeps the work directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -194,5 +195,13 @@ printf '  %-34s %s\n' "image vs memory" "${size:-?}"
 printf '  %-34s %s\n' "service down (scaled to zero)" "$down_ms ms, from the dump to the first new result"
 printf '  %-34s %s\n' "orders / results / missing / dups" "$orders / $results / $missing / $dups"
 echo "  $verdict"
+if [ -n "${KCR_DEMO_RESULT:-}" ]; then
+	# One line for scripts/bench-kafka.sh: cold_ms restore_ms pause_ns image_bytes rss_bytes missing dups
+	m=$("$bin/kcr" inspect --json --no-verify "$image" | tr -d ' \n')
+	phase() { printf '%s' "$m" | grep -o "\"name\":\"$1\",\"duration_ns\":[0-9]*" | grep -o '[0-9]*$'; }
+	img_bytes=$(printf '%s' "$m" | grep -o '"size":[0-9]*' | grep -o '[0-9]*$' | awk '{s+=$1} END{print s}')
+	rss=$(printf '%s' "$m" | grep -o '"rss_bytes":[0-9]*' | grep -o '[0-9]*$')
+	echo "$cold_ms $restore_ms $(( $(phase hooks) + $(phase 'freeze+dump') )) $img_bytes $rss $missing $dups" >>"$KCR_DEMO_RESULT"
+fi
 [ "$verdict" = PASS ] || exit 1
 ok=1

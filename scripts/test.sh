@@ -15,10 +15,6 @@ fi
 export KCR_E2E=1 GOFLAGS="${GOFLAGS:-} -buildvcs=false"
 
 scripts/install-criu.sh
-if ! command -v kcat >/dev/null 2>&1; then
-	(apt-get install -y -qq kcat >/dev/null 2>&1 || { apt-get update -qq >/dev/null && apt-get install -y -qq kcat >/dev/null; }) ||
-		{ echo "scripts/test.sh: cannot install kcat" >&2; exit 1; }
-fi
 scripts/kafka-up.sh
 trap 'scripts/kafka-down.sh >/dev/null 2>&1 || true' EXIT
 export KCR_KAFKA_BROKERS="${KCR_KAFKA_BROKERS:-127.0.0.1:${KCR_KAFKA_PORT:-9092}}"

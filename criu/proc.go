@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -81,7 +82,8 @@ func WaitGone(ctx context.Context, pid int, timeout time.Duration) (time.Duratio
 	start := time.Now()
 	first, err := readProcStat(pid)
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
+		// A task being torn down answers ESRCH before its /proc entry goes.
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
 			return 0, nil
 		}
 		return 0, fmt.Errorf("criu: process %d: %w", pid, err)
@@ -93,7 +95,7 @@ func WaitGone(ctx context.Context, pid int, timeout time.Duration) (time.Duratio
 	for {
 		st, err := readProcStat(pid)
 		if err != nil {
-			if errors.Is(err, os.ErrNotExist) {
+			if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
 				return time.Since(start), nil
 			}
 			return time.Since(start), fmt.Errorf("criu: process %d: %w", pid, err)

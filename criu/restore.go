@@ -27,9 +27,12 @@ type RestoreOptions struct {
 	TCPEstablished bool
 	ShellJob       bool
 	FileLocks      bool
-	// LazyPages restores memory lazily through userfaultfd: CRIU expects a
-	// "criu lazy-pages" daemon serving the pages on WorkDir's
-	// lazy-pages.socket (not started by this package yet).
+	// LazyPages restores memory lazily through userfaultfd: Restore starts
+	// a "criu lazy-pages" daemon for the images (see StartLazyPages),
+	// restores without copying private anonymous memory, and leaves the
+	// daemon serving page faults and copying the rest in the background;
+	// it exits by itself when all pages are in (RestoreResult.Lazy). Works
+	// on images of any Dump. Give the restore a WorkDir of its own.
 	LazyPages bool
 
 	// Notify, if set, is called at each CRIU stage (see NotifyFunc).
@@ -44,6 +47,10 @@ type RestoreResult struct {
 	// Stats is CRIU's stats-restore; nil (with StatsErr set) if unreadable.
 	Stats    *RestoreStats
 	StatsErr error
+	// Lazy is the lazy-pages daemon still serving the tree's memory (nil
+	// unless RestoreOptions.LazyPages). Its log is Lazy.LogPath. Do not
+	// kill it, nor touch the images, before Lazy.Done().
+	Lazy *LazyPages
 }
 
 // Restore restores the tree dumped in opts.ImagesDir with "criu swrk" and
@@ -95,9 +102,16 @@ func Restore(ctx context.Context, criuPath string, opts RestoreOptions) (*Restor
 	}
 
 	start := time.Now()
+	var lazy *LazyPages
+	if opts.LazyPages {
+		lazy, err = StartLazyPages(ctx, criuPath, LazyPagesOptions{ImagesDir: opts.ImagesDir, WorkDir: workDir})
+		if err != nil {
+			return nil, err
+		}
+	}
 	s, err := startSwrk(ctx, criuPath, !opts.ShellJob)
 	if err != nil {
-		return nil, err
+		return nil, lazy.abort(err)
 	}
 	req := &rpc.CriuReq{
 		Type: rpc.CriuReqType_RESTORE.Enum(),
@@ -120,16 +134,16 @@ func Restore(ctx context.Context, criuPath string, opts RestoreOptions) (*Restor
 	elapsed := time.Since(start)
 	output, waitErr := s.close()
 	if err := respError(ctx, "restore", resp, callErr, output, waitErr, logPath); err != nil {
-		return nil, err
+		return nil, lazy.abort(err)
 	}
 	pid := int(resp.GetRestore().GetPid())
 	if pid <= 0 {
 		pid = notifiedPID
 	}
 	if pid <= 0 {
-		return nil, &Error{Op: "restore", Log: logPath, Err: errors.New("CRIU reported success but no PID")}
+		return nil, lazy.abort(&Error{Op: "restore", Log: logPath, Err: errors.New("CRIU reported success but no PID")})
 	}
-	res := &RestoreResult{PID: pid, Duration: elapsed, LogPath: logPath}
+	res := &RestoreResult{PID: pid, Duration: elapsed, LogPath: logPath, Lazy: lazy}
 	res.Stats, res.StatsErr = ReadRestoreStats(workDir)
 	return res, nil
 }

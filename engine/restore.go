@@ -34,6 +34,9 @@ type RestoreOptions struct {
 	// $TMPDIR/kcr-restore-*).
 	WorkDir string
 	Logger  *slog.Logger
+	// Rehash verifies every file's checksum, also those unchanged on disk
+	// since they were last verified.
+	Rehash bool
 	// Lazy restores memory on demand through CRIU's lazy-pages daemon
 	// (userfaultfd), so that restore time does not grow with RSS.
 	Lazy bool
@@ -94,7 +97,11 @@ func RestoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreResult, err
 	}
 	var pre Timings
 	t := time.Now()
-	img, err := images.Open(ctx, o.Image)
+	open := images.Open
+	if o.Rehash {
+		open = images.OpenRehash
+	}
+	img, err := open(ctx, o.Image)
 	if err != nil {
 		return nil, err
 	}

@@ -159,6 +159,17 @@ func (b *Builder) Commit(ctx context.Context, m *Manifest) (*Image, error) {
 	if err := syncDir(filepath.Dir(b.final)); err != nil {
 		return nil, fmt.Errorf("images: %s: sync parent directory: %w", b.final, err)
 	}
+	// The files were just hashed in a private directory: the first restore
+	// need not read them again.
+	ids := make(map[string]fileID, len(files))
+	for _, f := range files {
+		if id, ok := statID(b.final, f.Path, f.SHA256); ok {
+			ids[f.Path] = id
+		}
+	}
+	if len(ids) == len(files) {
+		writeVerified(b.final, ids)
+	}
 	return &Image{Dir: b.final, Manifest: m}, nil
 }
 

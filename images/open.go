@@ -23,6 +23,9 @@ type Image struct {
 	// Warnings lists problems that do not prevent using the image, such
 	// as permissions wider than 0700/0600.
 	Warnings []string
+	// Cached counts the files that were not hashed again because they are
+	// unchanged since they were last verified.
+	Cached int
 }
 
 // CRIUDir returns the directory holding CRIU's image files.
@@ -35,13 +38,25 @@ func (im *Image) Size() int64 { return im.Manifest.TotalSize() }
 // manifest must exist inside the image, as a regular file not reached
 // through a symlink, with the recorded size and SHA-256. Errors wrap the
 // package's sentinel errors. Hashing stops early when ctx is done.
+//
+// Files unchanged on disk since they were last hashed (see VerifiedName)
+// are not hashed again; OpenRehash hashes everything.
 func Open(ctx context.Context, dir string) (*Image, error) {
+	return open(ctx, dir, true)
+}
+
+// OpenRehash is Open without the verification cache: every file is hashed.
+func OpenRehash(ctx context.Context, dir string) (*Image, error) {
+	return open(ctx, dir, false)
+}
+
+func open(ctx context.Context, dir string, useCache bool) (*Image, error) {
 	m, err := ReadManifest(dir)
 	if err != nil {
 		return nil, err
 	}
 	im := &Image{Dir: dir, Manifest: m}
-	if err := im.verify(ctx); err != nil {
+	if err := im.verify(ctx, useCache); err != nil {
 		return nil, err
 	}
 	return im, nil
@@ -49,7 +64,7 @@ func Open(ctx context.Context, dir string) (*Image, error) {
 
 // verify checks the files on disk against the manifest: first sizes and
 // types, which is cheap, then content hashes.
-func (im *Image) verify(ctx context.Context) error {
+func (im *Image) verify(ctx context.Context, useCache bool) error {
 	dir := im.Dir
 	// os.Root keeps every access inside the image even if a path or a
 	// symlink in it points elsewhere.
@@ -89,14 +104,33 @@ func (im *Image) verify(ctx context.Context) error {
 			return err
 		}
 	}
+	var cache map[string]fileID
+	if useCache {
+		cache = readVerified(root)
+	}
+	hashed, ids := 0, make(map[string]fileID, len(im.Manifest.Files))
 	for _, f := range im.Manifest.Files {
+		before, ok := idOf(onDisk[f.Path], f.SHA256)
+		if ok && cache[f.Path] == before {
+			im.Cached++
+			ids[f.Path] = before
+			continue
+		}
 		if err := checkContent(ctx, root, dir, f); err != nil {
 			return err
 		}
+		hashed++
+		// Vouch only for a file that did not change while it was hashed.
+		if after, ok2 := statID(dir, f.Path, f.SHA256); ok && ok2 && after == before {
+			ids[f.Path] = before
+		}
+	}
+	if hashed > 0 && len(ids) == len(im.Manifest.Files) {
+		writeVerified(dir, ids)
 	}
 
 	for p, fi := range onDisk {
-		if !fi.IsDir() && p != ManifestName && !listed[p] {
+		if !fi.IsDir() && p != ManifestName && p != VerifiedName && !listed[p] {
 			im.Extra = append(im.Extra, p)
 		}
 	}

@@ -197,6 +197,7 @@ host PID, name and restore time.`,
 	f.IntVar(&o.Count, "count", 1, "restore this many clones at once (images of services started with kcr run)")
 	f.StringVar(&o.Name, "name", "", "name of the restored instance (clones are NAME-1 … NAME-N)")
 	f.BoolVar(&o.Lazy, "lazy", false, "restore memory on demand through CRIU's lazy-pages daemon")
+	f.BoolVar(&o.Rehash, "rehash", false, "hash every file, also those unchanged on disk since they were last verified")
 	return cmd
 }
 
@@ -247,7 +248,7 @@ subprocesses which outlive their parent should reap them, or run with
 }
 
 func inspectCmd(g *globals) *cobra.Command {
-	var noVerify bool
+	var noVerify, rehash bool
 	cmd := &cobra.Command{
 		Use:   "inspect IMAGE",
 		Short: "Show an image's manifest, sizes and timings",
@@ -255,23 +256,33 @@ func inspectCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var m *images.Manifest
 			var warn []string
+			cached := 0
 			if noVerify {
 				var err error
 				if m, err = images.ReadManifest(args[0]); err != nil {
 					return err
 				}
 			} else {
-				img, err := images.Open(cmd.Context(), args[0])
+				open := images.Open
+				if rehash {
+					open = images.OpenRehash
+				}
+				img, err := open(cmd.Context(), args[0])
 				if err != nil {
 					return err
 				}
 				m, warn = img.Manifest, img.Warnings
+				cached = img.Cached
 			}
 			if g.json {
 				return printJSON(m)
 			}
 			w := os.Stdout
-			fmt.Fprintf(w, "image         %s (format %s v%d, verified: %v)\n", args[0], m.Format, m.FormatVersion, !noVerify)
+			verified := "not verified"
+			if !noVerify {
+				verified = fmt.Sprintf("verified: %d files hashed, %d unchanged since their last check", len(m.Files)-cached, cached)
+			}
+			fmt.Fprintf(w, "image         %s (format %s v%d, %s)\n", args[0], m.Format, m.FormatVersion, verified)
 			fmt.Fprintf(w, "created       %s on %s (kernel %s, CRIU %s, kcr %s)\n", m.Created.Format(time.RFC3339), m.Host, m.Kernel, m.CRIUVersion, m.KCRVersion)
 			fmt.Fprintf(w, "process       PID %d %s (uid %d), cwd %s\n", m.Process.PID, m.Process.Comm, m.Process.UID, m.Process.Cwd)
 			fmt.Fprintf(w, "command       %s\n", strings.Join(m.Process.Cmdline, " "))
@@ -303,6 +314,7 @@ func inspectCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&noVerify, "no-verify", false, "read the manifest without checking the files' checksums")
+	cmd.Flags().BoolVar(&rehash, "rehash", false, "hash every file, also those unchanged on disk since they were last verified")
 	return cmd
 }
 

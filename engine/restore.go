@@ -63,6 +63,11 @@ type RestoreResult struct {
 	HooksPending bool
 	// HookErr is set when after-restore hooks failed. The process runs.
 	HookErr error
+	// LazyPID and LazyLog name the lazy-pages daemon of a lazy restore. It
+	// serves the pages not restored yet and exits when all are copied; it
+	// must not be killed before, nor the image removed.
+	LazyPID int
+	LazyLog string
 }
 
 // ErrNotClonable is returned for Count > 1 on an image whose process was
@@ -216,6 +221,9 @@ func restoreOne(ctx context.Context, o RestoreOptions, img *images.Image, criuPa
 	}
 	res.PID = rr.PID
 	res.LogPath = rr.LogPath
+	if rr.Lazy != nil {
+		res.LazyPID, res.LazyLog = rr.Lazy.PID, rr.Lazy.LogPath
+	}
 
 	if !m.NoHooks {
 		t = time.Now()

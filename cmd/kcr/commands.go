@@ -156,6 +156,9 @@ host PID, name and restore time.`,
 					fmt.Fprintf(os.Stderr, "restored %s as PID %d (generation %d)\n", o.Image, res.PID, res.Generation)
 					phaseLines(res.Timings)
 				}
+				if res.LazyPID != 0 {
+					fmt.Fprintf(os.Stderr, "lazy-pages daemon PID %d serves the remaining memory and exits when done (log %s); keep the image until then\n", res.LazyPID, res.LazyLog)
+				}
 				if res.HooksPending {
 					fmt.Fprintf(os.Stderr, "kcr: warning: PID %d: after-restore hooks still pending after %v; the app goes on with them (see its log)\n", res.PID, o.HookWait)
 				}
@@ -164,7 +167,8 @@ host PID, name and restore time.`,
 				}
 				out = append(out, map[string]any{"pid": res.PID, "name": res.Name, "generation": res.Generation,
 					"instance_id": res.InstanceID, "phases": res.Timings, "hooks_pending": res.HooksPending,
-					"hook_error": errString(res.HookErr), "reports": res.Reports, "log": res.LogPath})
+					"hook_error": errString(res.HookErr), "reports": res.Reports, "log": res.LogPath,
+					"lazy_pages_pid": res.LazyPID, "lazy_pages_log": res.LazyLog})
 				if !g.json {
 					if o.Count > 1 {
 						fmt.Printf("%d\t%s\t%s\n", res.PID, res.Name, fmtDur(res.Timings.Get(engine.PhaseRestore)))

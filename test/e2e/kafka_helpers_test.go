@@ -247,7 +247,9 @@ func (k *kafkaEnv) waitGroup(group, topic string, timeout time.Duration, what st
 type topicRecord struct {
 	partition int32
 	offset    int64
-	n         int // the record's value, a number
+	n         int    // the record's value, a number
+	inst      string // kafkaapp's "inst" header: the writer's instance id
+	hpid      int    // kafkaapp's "hpid" header: the writer's host PID
 }
 
 // readTopic reads every record of topic up to its current end offsets with
@@ -285,7 +287,16 @@ func (k *kafkaEnv) readTopic(topic string) []topicRecord {
 			if err != nil {
 				t.Errorf("record %s/%d@%d has value %q, not a number", r.Topic, r.Partition, r.Offset, r.Value)
 			}
-			recs = append(recs, topicRecord{r.Partition, r.Offset, n})
+			tr := topicRecord{partition: r.Partition, offset: r.Offset, n: n}
+			for _, h := range r.Headers {
+				switch h.Key {
+				case "inst":
+					tr.inst = string(h.Value)
+				case "hpid":
+					tr.hpid, _ = strconv.Atoi(string(h.Value))
+				}
+			}
+			recs = append(recs, tr)
 			next[r.Partition] = r.Offset + 1
 		})
 	}
@@ -474,8 +485,13 @@ type kapp struct {
 func (k *kafkaEnv) start(args ...string) *kapp {
 	k.t.Helper()
 	a := &kapp{app: startProg(k.t, kafkaBin, append([]string{"-brokers", k.brokers}, args...)...), k: k}
-	// KCR_E2E_KEEP_LOGS=DIR keeps the apps' event logs for a post-mortem;
-	// a failed test prints the end of each.
+	k.keepLog(a)
+	return a
+}
+
+// keepLog keeps a's event log at cleanup with KCR_E2E_KEEP_LOGS=DIR, for a
+// post-mortem; a failed test prints the end of it.
+func (k *kafkaEnv) keepLog(a *kapp) {
 	k.t.Cleanup(func() {
 		if dir := os.Getenv("KCR_E2E_KEEP_LOGS"); dir != "" {
 			b, _ := os.ReadFile(a.out)
@@ -492,7 +508,6 @@ func (k *kafkaEnv) start(args ...string) *kapp {
 			k.t.Logf("last events of kafkaapp %d:\n%s", a.pid, strings.Join(lines, "\n"))
 		}
 	})
-	return a
 }
 
 // appState is what kafkaapp's state listener says.

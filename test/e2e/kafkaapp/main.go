@@ -3,13 +3,20 @@
 // member of a consumer group, through kafkahooks' Writer and Reader, and
 // serves kcr's control socket (notify.Start).
 //
-// It writes one JSON line per event to stdout, which the tests read:
+// It writes one JSON line per event to stdout, which the tests read. Every
+// event has "pid" (getpid(), 1 in a PID namespace of kcr run) and "hpid", the
+// host PID (/proc/self of the host's procfs), which tells the clones of one
+// image apart from their first event on, before kcr told them who they are.
 //
 //	ready        the state listener's address and the control socket
-//	acked        {"from":N,"to":M}: records N..M (values) were acknowledged
+//	acked        {"from":N,"to":M,"inst":I,"rhpid":H}: records N..M (values)
+//	             were acknowledged; I and H are their "inst" and "hpid"
+//	             headers (the writer's identity when it built them)
 //	write-error  a WriteMessages call failed (the records are written again)
-//	proc         {"p":P,"from":A,"to":B,"committed":bool}: offsets A..B of
-//	             partition P were processed, then committed
+//	proc         {"p":P,"from":A,"to":B}: offsets A..B of partition P were
+//	             processed; the commit follows (at-least-once), so an
+//	             offset a killed process committed was always logged
+//	commit-error a commit failed (the records will be processed again)
 //	pending      from the last before-checkpoint hook: the records handed to
 //	             the Writer and not acknowledged yet, and the Writer's report
 //	after        from the last after-restore hook: kind, generation,
@@ -51,13 +58,43 @@ var (
 )
 
 func emit(ev string, kv ...any) {
-	m := map[string]any{"ev": ev, "pid": os.Getpid(), "t": time.Now().UnixNano()}
+	m := map[string]any{"ev": ev, "pid": os.Getpid(), "hpid": hostPID(), "t": time.Now().UnixNano()}
 	for i := 0; i+1 < len(kv); i += 2 {
 		m[kv[i].(string)] = kv[i+1]
 	}
 	outMu.Lock()
 	out.Encode(m)
 	outMu.Unlock()
+}
+
+// hostPID returns the PID of this process in the host's PID namespace: kcr
+// run gives no mount namespace, so /proc is the host's procfs. It is read
+// each time: a restored clone has a new one.
+func hostPID() int {
+	s, err := os.Readlink("/proc/self")
+	if err != nil {
+		return -1
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// hpidHandler adds the host PID of the moment to every slog record.
+type hpidHandler struct{ slog.Handler }
+
+func (h hpidHandler) Handle(ctx context.Context, r slog.Record) error {
+	r.AddAttrs(slog.Int("hpid", hostPID()))
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h hpidHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return hpidHandler{h.Handler.WithAttrs(as)}
+}
+func (h hpidHandler) WithGroup(name string) slog.Handler {
+	return hpidHandler{h.Handler.WithGroup(name)}
 }
 
 type config struct {
@@ -99,7 +136,7 @@ func main() {
 		emit("fatal", "err", err.Error())
 		os.Exit(2)
 	}
-	slog.SetDefault(slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: lvl})).With("ev", "log", "pid", os.Getpid()))
+	slog.SetDefault(slog.New(hpidHandler{slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: lvl})}).With("ev", "log", "pid", os.Getpid()))
 	if err := run(c, *listen); err != nil {
 		emit("fatal", "err", err.Error())
 		os.Exit(1)
@@ -280,9 +317,14 @@ func (a *app) writeLoop(ctx, wctx context.Context) {
 		if b == nil {
 			return
 		}
+		// The records say who built them: the instance id (changed by the
+		// after-restore hooks) and the host PID (changed by the restore).
+		_, inst := notify.Identity()
+		hpid := strconv.Itoa(hostPID())
 		msgs := make([]kafka.Message, len(b))
 		for i, n := range b {
-			msgs[i] = kafka.Message{Key: []byte(strconv.Itoa(n)), Value: []byte(strconv.Itoa(n))}
+			msgs[i] = kafka.Message{Key: []byte(strconv.Itoa(n)), Value: []byte(strconv.Itoa(n)),
+				Headers: []kafka.Header{{Key: "inst", Value: []byte(inst)}, {Key: "hpid", Value: []byte(hpid)}}}
 		}
 		a.addPending(b)
 		// wctx ends only after every writer returned: records handed to
@@ -300,7 +342,7 @@ func (a *app) writeLoop(ctx, wctx context.Context) {
 			a.retry <- b
 		case !a.cfg.async:
 			a.donePending(b)
-			a.ackRuns(b)
+			a.ackRuns(b, inst, hpid)
 		}
 	}
 }
@@ -308,9 +350,23 @@ func (a *app) writeLoop(ctx, wctx context.Context) {
 // completion is the Async writer's Completion callback.
 func (a *app) completion(msgs []kafka.Message, err error) {
 	b := make([]int, 0, len(msgs))
+	// An Async writer batches records of several WriteMessages calls:
+	// group them by the identity they carry.
+	type stamp struct{ inst, hpid string }
+	by := map[stamp][]int{}
 	for _, m := range msgs {
 		n, _ := strconv.Atoi(string(m.Value))
 		b = append(b, n)
+		var s stamp
+		for _, h := range m.Headers {
+			switch h.Key {
+			case "inst":
+				s.inst = string(h.Value)
+			case "hpid":
+				s.hpid = string(h.Value)
+			}
+		}
+		by[s] = append(by[s], n)
 	}
 	a.donePending(b)
 	if err != nil {
@@ -323,13 +379,18 @@ func (a *app) completion(msgs []kafka.Message, err error) {
 		}
 		return
 	}
-	a.ackRuns(b)
+	for s, ns := range by {
+		a.ackRuns(ns, s.inst, s.hpid)
+	}
 }
 
-func (a *app) ackRuns(b []int) {
+// ackRuns logs records acknowledged, with the identity they carry (one
+// WriteMessages call or Completion is records of one batch, built at once).
+func (a *app) ackRuns(b []int, inst, hpid string) {
 	a.acked.Add(int64(len(b)))
+	rh, _ := strconv.Atoi(hpid)
 	for _, r := range runs(b) {
-		emit("acked", "from", r[0], "to", r[1])
+		emit("acked", "from", r[0], "to", r[1], "inst", inst, "rhpid", rh)
 	}
 }
 
@@ -396,12 +457,8 @@ func (a *app) commit(batch []kafka.Message) {
 	if len(batch) == 0 {
 		return
 	}
-	cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	err := a.r.CommitMessages(cctx, batch...)
-	cancel()
-	if err != nil {
-		emit("commit-error", "err", err.Error())
-	}
+	// Logged before the commit: whatever a killed process committed was
+	// logged as processed.
 	a.procd.Add(int64(len(batch)))
 	byPart := map[int][]int{}
 	for _, m := range batch {
@@ -409,8 +466,14 @@ func (a *app) commit(batch []kafka.Message) {
 	}
 	for p, offs := range byPart {
 		for _, r := range runs(offs) {
-			emit("proc", "p", p, "from", r[0], "to", r[1], "committed", err == nil)
+			emit("proc", "p", p, "from", r[0], "to", r[1])
 		}
+	}
+	cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	err := a.r.CommitMessages(cctx, batch...)
+	cancel()
+	if err != nil {
+		emit("commit-error", "err", err.Error(), "records", len(batch))
 	}
 }
 

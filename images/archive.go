@@ -551,21 +551,8 @@ func (im *importer) commit() (*Image, error) {
 	if err != nil {
 		return nil, fmt.Errorf("images: %s: write manifest: %w%s", b.final, err, ioHint(err))
 	}
-	if err := syncFS(b.tmp); err != nil {
-		return nil, fmt.Errorf("images: %s: sync: %w", b.final, err)
-	}
-	if err := im.ctx.Err(); err != nil {
-		return nil, fmt.Errorf("images: %s: import: %w", b.final, err)
-	}
-	if err := syscall.Rename(b.tmp, b.final); err != nil {
-		if errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) || errors.Is(err, syscall.ENOTDIR) {
-			return nil, newError(b.final, "", ErrExists, err, "already exists (created during the import); choose another -o or remove it")
-		}
-		return nil, fmt.Errorf("images: %s: rename %s into place: %w", b.final, b.tmp, err)
-	}
-	b.done = true
-	if err := syncDir(filepath.Dir(b.final)); err != nil {
-		return nil, fmt.Errorf("images: %s: sync parent directory: %w", b.final, err)
+	if err := b.publish(im.ctx, "import"); err != nil {
+		return nil, err
 	}
 	return &Image{Dir: b.final, Manifest: im.m}, nil
 }

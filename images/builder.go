@@ -138,26 +138,8 @@ func (b *Builder) Commit(ctx context.Context, m *Manifest) (*Image, error) {
 	if err := b.writeManifest(m); err != nil {
 		return nil, err
 	}
-	// One syncfs makes every file, the manifest and the directories durable
-	// before the rename publishes them; per-file fsyncs cost a flush each.
-	if err := syncFS(b.tmp); err != nil {
-		return nil, fmt.Errorf("images: %s: sync: %w", b.final, err)
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("images: %s: commit: %w", b.final, err)
-	}
-	// rename(2), unlike os.Rename, atomically replaces an empty directory
-	// and refuses a non-empty one, so a destination that filled up since
-	// Create is never clobbered.
-	if err := syscall.Rename(b.tmp, b.final); err != nil {
-		if errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) || errors.Is(err, syscall.ENOTDIR) {
-			return nil, newError(b.final, "", ErrExists, err, "already exists (created during the checkpoint); choose another -o or remove it")
-		}
-		return nil, fmt.Errorf("images: %s: rename %s into place: %w", b.final, b.tmp, err)
-	}
-	b.done = true
-	if err := syncDir(filepath.Dir(b.final)); err != nil {
-		return nil, fmt.Errorf("images: %s: sync parent directory: %w", b.final, err)
+	if err := b.publish(ctx, "checkpoint"); err != nil {
+		return nil, err
 	}
 	// The files were just hashed in a private directory: the first restore
 	// need not read them again.
@@ -171,6 +153,33 @@ func (b *Builder) Commit(ctx context.Context, m *Manifest) (*Image, error) {
 		writeVerified(b.final, ids)
 	}
 	return &Image{Dir: b.final, Manifest: m}, nil
+}
+
+// publish makes the temporary directory durable and renames it into place;
+// op names what built it, for errors.
+func (b *Builder) publish(ctx context.Context, op string) error {
+	// One syncfs makes every file, the manifest and the directories durable
+	// before the rename publishes them; per-file fsyncs cost a flush each.
+	if err := syncFS(b.tmp); err != nil {
+		return fmt.Errorf("images: %s: sync: %w", b.final, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("images: %s: %s: %w", b.final, op, err)
+	}
+	// rename(2), unlike os.Rename, atomically replaces an empty directory
+	// and refuses a non-empty one, so a destination that filled up since
+	// Create is never clobbered.
+	if err := syscall.Rename(b.tmp, b.final); err != nil {
+		if errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) || errors.Is(err, syscall.ENOTDIR) {
+			return newError(b.final, "", ErrExists, err, "already exists (created during the "+op+"); choose another -o or remove it")
+		}
+		return fmt.Errorf("images: %s: rename %s into place: %w", b.final, b.tmp, err)
+	}
+	b.done = true
+	if err := syncDir(filepath.Dir(b.final)); err != nil {
+		return fmt.Errorf("images: %s: sync parent directory: %w", b.final, err)
+	}
+	return nil
 }
 
 // seal walks the temporary directory, fixes permissions and hashes and

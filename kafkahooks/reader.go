@@ -34,7 +34,8 @@ import (
 // flushes pending commits (also the batches of a CommitInterval) and leaves
 // the group, so that the other members take over its partitions at once
 // (kafka-go sends LeaveGroup from ConsumerGroup.Close). If the Close does not
-// end within the hook's budget, the Reader closes every connection anyway.
+// end within the hook's budget (less a reserve for later hooks, as for
+// Writer), the Reader closes every connection anyway.
 // Records that were prefetched but never handed to the application are
 // dropped and counted in CheckpointReport: they are fetched again from the
 // committed offset.
@@ -52,17 +53,26 @@ import (
 //
 // For groups, records handed to the application but not committed before the
 // checkpoint may be delivered again (at-least-once); committed ones are not,
-// because the Reader never moves a committed offset back: a CommitMessages
-// for a record that was fetched before the checkpoint, whose partition the
-// new kafka.Reader has not handed out from that offset (or has committed
-// beyond), is dropped (it returns nil and is counted as a stale commit; the
-// record is, or was, delivered again).
+// because the Reader never moves a committed offset back across a
+// checkpoint: after one, a CommitMessages for a record that may have been
+// fetched before it (its partition was handed out up to its offset) is
+// dropped unless the new kafka.Reader handed that partition out from at most
+// that offset and has not committed beyond it. A dropped commit returns nil
+// and is counted (stale_commits in the report, a running total); its record
+// is, or was, delivered again. Until the first checkpoint, commits pass
+// unchanged.
+//
+// kafka-go itself can move an offset back when a plain rebalance (not a
+// checkpoint) falls between a FetchMessage and its CommitMessages: the
+// commit goes out with the new generation, for a partition that another
+// member may have advanced meanwhile. The Reader does not change that.
 //
 // # Cost
 //
 // Outside checkpoints FetchMessage costs two atomic loads more than
 // kafka.Reader.FetchMessage, plus, for group readers, one lookup in a small
-// read-only map (the partitions handed out since the last restore).
+// read-only map (the partitions handed out since the last checkpoint) and an
+// atomic store.
 type Reader struct {
 	cfg        config
 	rcfg       kafka.ReaderConfig
@@ -83,6 +93,7 @@ type Reader struct {
 	closed       bool
 	conns        *connTracker // the current kafka.Reader's connections
 	next         int64        // partition readers: where the next kafka.Reader starts
+	nextSet      bool         // next was set by SetOffset during this checkpoint
 	acc          kafka.ReaderStats
 	baseClientID string
 	clientID     string
@@ -139,7 +150,7 @@ func NewReader(c kafka.ReaderConfig, opts ...Opt) *Reader {
 	}
 	r.clientID = r.baseClientID
 	r.minDropped.Store(math.MaxInt64)
-	r.state.Store(&readerState{r: r.newInner(), handed: newHandedTable()})
+	r.state.Store(&readerState{r: r.newInner(), handed: newHandedTable(nil)})
 	r.unregister = cfg.registry.Register(cfg.name, r)
 	return r
 }
@@ -177,6 +188,11 @@ func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 			continue
 		}
 		m, err := s.r.FetchMessage(ctx)
+		if err == nil && r.group {
+			// Noted before the check below, so that a checkpoint
+			// beginning right after it still sees this record.
+			s.handed.note(m.Topic, m.Partition, m.Offset)
+		}
 		if r.state.Load() != s {
 			// A checkpoint (or Close) began meanwhile: this record is
 			// not handed out; it is fetched again later.
@@ -184,9 +200,6 @@ func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 				r.drop(m.Offset)
 			}
 			continue
-		}
-		if err == nil && r.group {
-			s.handed.note(m.Topic, m.Partition, m.Offset)
 		}
 		return m, err
 	}
@@ -305,7 +318,7 @@ func (r *Reader) SetOffset(offset int64) error {
 	case s.closed:
 		return io.ErrClosedPipe
 	case s.gate != nil:
-		r.next = offset
+		r.next, r.nextSet = offset, true
 		return nil
 	}
 	return s.r.SetOffset(offset)
@@ -433,12 +446,14 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 	}()
 	r.mu.Unlock()
 
+	dctx, cancel := drainContext(ctx)
 	closed := true
 	select {
 	case <-done:
-	case <-ctx.Done():
+	case <-dctx.Done():
 		closed = false
 	}
+	cancel()
 	n := conns.closeAll(true)
 	st := r.absorb(inner)
 
@@ -453,13 +468,17 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 	}
 	if r.group {
 		rep["left_group"] = closed
+		rep["stale_commits"] = r.staleCommits.Load()
 	} else {
 		next := inner.Offset()
 		if md := r.minDropped.Load(); md < next {
 			next = md
 		}
 		r.mu.Lock()
-		r.next = next
+		if !r.nextSet {
+			r.next = next
+		}
+		next = r.next
 		r.mu.Unlock()
 		rep["next_offset"] = next
 	}
@@ -487,7 +506,7 @@ func (r *Reader) AfterRestore(ctx context.Context, ev notify.Event) error {
 		r.clientID = r.baseClientID + "-" + shortID(ev)
 	}
 	inner := r.newInner()
-	r.state.Store(&readerState{r: inner, handed: newHandedTable()})
+	r.state.Store(&readerState{r: inner, handed: r.state.Load().handed.next()})
 	close(r.gate)
 	r.gate = nil
 	rep := map[string]any{
@@ -495,11 +514,11 @@ func (r *Reader) AfterRestore(ctx context.Context, ev notify.Event) error {
 		"event":           ev.Kind.String(),
 		"client_id":       r.clientID,
 		"callers_blocked": r.blocked.Load(),
-		"stale_commits":   r.staleCommits.Load(),
 	}
 	if !r.group {
 		rep["next_offset"] = r.next
 	}
+	r.nextSet = false
 	r.mu.Unlock()
 	rep["duration_ms"] = time.Since(start).Milliseconds()
 	r.setReport(rep)
@@ -520,12 +539,20 @@ func (r *Reader) setReport(m map[string]any) {
 	r.reportMu.Unlock()
 }
 
-// handedTable records, per partition, the first offset a kafka.Reader
-// generation handed out and the highest offset the application committed
-// through it. It is read on every fetch, so it is a copy-on-write map.
+// handedTable records, per partition, the first and last offsets that one
+// kafka.Reader generation handed out and the highest offset the application
+// committed through it. It is read on every fetch, so it is a copy-on-write
+// map; the offsets are atomics.
 type handedTable struct {
 	mu sync.Mutex
 	m  atomic.Pointer[map[tpKey]*tpMark]
+	// hint is the partition of the last note: kafka-go hands out records
+	// in runs per partition, so this usually spares the map lookup.
+	hint atomic.Pointer[tpMark]
+	// before holds, per partition, the highest offset handed out by the
+	// generations before this one (immutable); empty until the first
+	// checkpoint.
+	before map[tpKey]int64
 }
 
 type tpKey struct {
@@ -534,42 +561,79 @@ type tpKey struct {
 }
 
 type tpMark struct {
+	key       tpKey
 	first     int64
+	last      atomic.Int64
 	committed atomic.Int64 // highest committed offset + 1; 0 if none
 }
 
-func newHandedTable() *handedTable {
-	h := &handedTable{}
+func newHandedTable(before map[tpKey]int64) *handedTable {
+	h := &handedTable{before: before}
 	m := map[tpKey]*tpMark{}
 	h.m.Store(&m)
 	return h
 }
 
+// next returns the table of the next generation.
+func (h *handedTable) next() *handedTable {
+	before := make(map[tpKey]int64, len(h.before))
+	for k, v := range h.before {
+		before[k] = v
+	}
+	for k, mk := range *h.m.Load() {
+		if last, ok := before[k]; !ok || mk.last.Load() > last {
+			before[k] = mk.last.Load()
+		}
+	}
+	return newHandedTable(before)
+}
+
 func (h *handedTable) note(topic string, partition int, offset int64) {
+	if mk := h.hint.Load(); mk != nil && mk.key.partition == partition && mk.key.topic == topic {
+		mk.last.Store(offset)
+		return
+	}
 	k := tpKey{topic, partition}
-	if _, ok := (*h.m.Load())[k]; ok {
+	if mk := (*h.m.Load())[k]; mk != nil {
+		mk.last.Store(offset)
+		h.hint.Store(mk)
 		return
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	old := *h.m.Load()
-	if _, ok := old[k]; ok {
+	if mk := old[k]; mk != nil {
+		mk.last.Store(offset)
+		h.hint.Store(mk)
 		return
 	}
 	m := make(map[tpKey]*tpMark, len(old)+1)
 	for k, v := range old {
 		m[k] = v
 	}
-	m[k] = &tpMark{first: offset}
+	mk := &tpMark{key: k, first: offset}
+	mk.last.Store(offset)
+	m[k] = mk
 	h.m.Store(&m)
+	h.hint.Store(mk)
 }
 
-// current returns the messages whose commit moves their partition forward
-// from what this generation handed out and committed.
+// current returns the messages to commit: all of them, except those that
+// may have been handed out before the last checkpoint (their partition was
+// handed out up to at least their offset before it) and whose commit would
+// not move the partition forward from what this generation handed out and
+// committed.
 func (h *handedTable) current(msgs []kafka.Message) []kafka.Message {
+	if len(h.before) == 0 {
+		return msgs // no checkpoint yet: kafka-go's behaviour
+	}
 	m := *h.m.Load()
 	ok := func(msg *kafka.Message) bool {
-		mk := m[tpKey{msg.Topic, msg.Partition}]
+		k := tpKey{msg.Topic, msg.Partition}
+		if last, seen := h.before[k]; !seen || msg.Offset > last {
+			return true
+		}
+		mk := m[k]
 		return mk != nil && msg.Offset >= mk.first && msg.Offset+1 > mk.committed.Load()
 	}
 	for i := range msgs {

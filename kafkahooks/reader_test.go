@@ -25,14 +25,16 @@ func groupConfig(addrs []string, group, topic, clientID string) kafka.ReaderConf
 		Dialer:            &kafka.Dialer{ClientID: clientID, Timeout: 5 * time.Second},
 		StartOffset:       kafka.FirstOffset,
 		HeartbeatInterval: 50 * time.Millisecond,
-		SessionTimeout:    2 * time.Second,
-		RebalanceTimeout:  2 * time.Second,
-		JoinGroupBackoff:  50 * time.Millisecond,
-		MaxWait:           100 * time.Millisecond,
-		ReadBackoffMin:    10 * time.Millisecond,
-		ReadBackoffMax:    50 * time.Millisecond,
-		QueueCapacity:     50,
-		MaxAttempts:       10,
+		// Long: a member that does not leave the group on Close would keep
+		// its partitions for this long.
+		SessionTimeout:   30 * time.Second,
+		RebalanceTimeout: 2 * time.Second,
+		JoinGroupBackoff: 50 * time.Millisecond,
+		MaxWait:          100 * time.Millisecond,
+		ReadBackoffMin:   10 * time.Millisecond,
+		ReadBackoffMax:   50 * time.Millisecond,
+		QueueCapacity:    50,
+		MaxAttempts:      10,
 	}
 }
 
@@ -71,10 +73,16 @@ func members(ctx context.Context, adm *kadm.Client, group string) map[string][]i
 }
 
 // TestReaderGroup runs two group readers, A and B, over a topic that keeps
-// receiving records. A is checkpointed: while its checkpoint is under way B
-// must own every partition (A left the group); after the restore A rejoins
-// with a new client id. Committed offsets must never go backwards and every
-// record must be processed at least once.
+// receiving records. A is checkpointed while it is busy: while its
+// checkpoint is under way B must own every partition (A left the group);
+// after the restore A rejoins with a new client id. Committed offsets must
+// never go backwards and every record must be processed at least once.
+//
+// kafka-go by itself can move an offset back when a plain rebalance happens
+// between a FetchMessage and its CommitMessages (the commit goes out with the
+// new generation, for a partition another member may have advanced). That is
+// not what this test is about, so no records are produced while the group
+// forms and while A rejoins: at those rebalances no record is in flight.
 func TestReaderGroup(t *testing.T) {
 	const topic, group, parts = "g", "grp", 4
 	k := newFake(t, parts, topic)
@@ -90,21 +98,62 @@ func TestReaderGroup(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
-	// Producer: a record every 2ms.
+	// Producer: a record every 2ms while producing is on.
 	prod := NewWriter(&kafka.Writer{Addr: kafka.TCP(k.addrs...), Topic: topic, BatchSize: 1, RequiredAcks: kafka.RequireAll},
 		WithRegistry(notify.NewRegistry()), WithLogger(log))
 	defer prod.Close()
+	var producing atomic.Bool
 	prodDone := make(chan struct{})
 	go func() {
 		defer close(prodDone)
-		for i := 0; ctx.Err() == nil; i++ {
+		for i := 0; ctx.Err() == nil; {
+			if !producing.Load() {
+				time.Sleep(time.Millisecond)
+				continue
+			}
 			if err := prod.WriteMessages(ctx, kafka.Message{Value: []byte(strconv.Itoa(i))}); err != nil {
 				return
 			}
+			i++
 			produced.Add(1)
 			time.Sleep(2 * time.Millisecond)
 		}
 	}()
+	allProcessed := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for i := range produced.Load() {
+			if processed[strconv.FormatInt(i, 10)] == 0 {
+				return false
+			}
+		}
+		return true
+	}
+	// quiet stops producing and waits until every record was processed
+	// and every partition's commit reached its end offset.
+	quiet := func(ctx context.Context) bool {
+		producing.Store(false)
+		time.Sleep(10 * time.Millisecond) // a write in progress
+		for ctx.Err() == nil {
+			if allProcessed() {
+				ends, err1 := adm.ListEndOffsets(ctx, topic)
+				offs, err2 := adm.FetchOffsets(ctx, group)
+				if err1 == nil && err2 == nil {
+					done := true
+					ends.Each(func(e kadm.ListedOffset) {
+						if o, ok := offs.Lookup(topic, e.Partition); e.Offset > 0 && (!ok || o.At < e.Offset) {
+							done = false
+						}
+					})
+					if done {
+						return true
+					}
+				}
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		return false
+	}
 
 	// Committed offsets never go backwards.
 	var backwards []string
@@ -152,17 +201,27 @@ func TestReaderGroup(t *testing.T) {
 	}
 
 	var duringCheckpoint map[string][]int32
+	var takeover time.Duration
 	hook(regA, func(hctx context.Context) error {
-		// Runs after A's hook: A has left the group; B must take over.
+		// Runs after A's hook: A has left the group; B must take over at
+		// once, not after A's session timeout.
+		start := time.Now()
 		for hctx.Err() == nil {
 			if m := members(hctx, adm, group); len(m) == 1 && len(m["b"]) == parts {
-				duringCheckpoint = m
+				duringCheckpoint, takeover = m, time.Since(start)
 				return nil
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
 		return nil
-	}, nil)
+	}, func(hctx context.Context, ev notify.Event) error {
+		// Runs before A's hook: let B finish what it holds before A
+		// rejoins and takes partitions from it.
+		if !quiet(hctx) {
+			t.Error("B did not catch up while A was checkpointed")
+		}
+		return nil
+	})
 	a := NewReader(groupConfig(k.addrs, group, topic, "a"), WithRegistry(regA), WithName("A"), WithLogger(log))
 	defer a.Close()
 	b := NewReader(groupConfig(k.addrs, group, topic, "b"), WithRegistry(regB), WithName("B"), WithLogger(log))
@@ -173,7 +232,8 @@ func TestReaderGroup(t *testing.T) {
 		m := members(ctx, adm, group)
 		return len(m) == 2 && len(m["a"]) > 0 && len(m["b"]) > 0
 	})
-	time.Sleep(200 * time.Millisecond)
+	producing.Store(true)
+	time.Sleep(300 * time.Millisecond)
 
 	res, err := regA.Simulate(context.Background(), notify.SimRestore, 5*time.Second)
 	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
@@ -182,6 +242,7 @@ func TestReaderGroup(t *testing.T) {
 	if duringCheckpoint == nil {
 		t.Fatal("B did not get every partition while A was checkpointed")
 	}
+	t.Logf("B owned all partitions %v after A's before-checkpoint hook", takeover)
 	rep := res.Before[0].Details
 	if rep["left_group"] != true || rep["connections_closed"] != 0 {
 		t.Errorf("A's before report = %v", rep)
@@ -195,7 +256,9 @@ func TestReaderGroup(t *testing.T) {
 		m := members(ctx, adm, group)
 		return len(m) == 2 && len(m[newID]) > 0 && len(m["b"]) > 0
 	})
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond)
+	producing.Store(true)
+	time.Sleep(300 * time.Millisecond)
 
 	// Stop producing, then wait until every record was processed.
 	prod.Close()
@@ -205,16 +268,7 @@ func TestReaderGroup(t *testing.T) {
 		t.Fatal("producer did not stop")
 	}
 	total := produced.Load()
-	waitFor(t, 15*time.Second, "every record processed", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		for i := range total {
-			if processed[strconv.FormatInt(i, 10)] == 0 {
-				return false
-			}
-		}
-		return true
-	})
+	waitFor(t, 15*time.Second, "every record processed", allProcessed)
 	cancel()
 	<-aDone
 	<-bDone
@@ -384,5 +438,123 @@ func TestReaderGate(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("blocked fetch did not return after restore")
+	}
+}
+
+// TestHandedTable checks the commit filter: unchanged before any checkpoint
+// (also for commits of records the reader never fetched, a way to seek);
+// after one, commits of records fetched before it are dropped unless the new
+// generation handed their partition out from at most their offset and did
+// not commit beyond.
+func TestHandedTable(t *testing.T) {
+	msg := func(p int, off int64) kafka.Message { return kafka.Message{Topic: "t", Partition: p, Offset: off} }
+	h := newHandedTable(nil)
+	if got := h.current([]kafka.Message{msg(0, 5), msg(9, 100)}); len(got) != 2 {
+		t.Fatalf("before any checkpoint: kept %v", got)
+	}
+	for off := int64(10); off <= 20; off++ {
+		h.note("t", 0, off)
+	}
+	h.note("t", 1, 7)
+	h = h.next() // checkpoint: partition 0 was handed out up to 20, 1 up to 7
+	for _, c := range []struct {
+		m    kafka.Message
+		keep bool
+	}{
+		{msg(0, 15), false}, // fetched before; partition not handed out again yet
+		{msg(0, 21), true},  // never handed out before the checkpoint
+		{msg(2, 3), true},   // partition unknown before the checkpoint
+	} {
+		if got := len(h.current([]kafka.Message{c.m})) == 1; got != c.keep {
+			t.Errorf("%+v: kept %v, want %v", c.m, got, c.keep)
+		}
+	}
+	h.note("t", 0, 12) // redelivered from the committed offset 12
+	if got := h.current([]kafka.Message{msg(0, 11), msg(0, 15)}); len(got) != 1 || got[0].Offset != 15 {
+		t.Fatalf("after redelivery from 12: kept %v, want only offset 15", got)
+	}
+	h.committed([]kafka.Message{msg(0, 18)})
+	if got := h.current([]kafka.Message{msg(0, 15)}); len(got) != 0 {
+		t.Fatalf("commit behind this generation's commit kept: %v", got)
+	}
+	if got := h.current([]kafka.Message{msg(0, 19)}); len(got) != 1 {
+		t.Fatalf("commit ahead of this generation's commit dropped")
+	}
+	h = h.next()
+	if got := h.current([]kafka.Message{msg(1, 7), msg(0, 20)}); len(got) != 0 {
+		t.Fatalf("two checkpoints later, records fetched before both kept: %v", got)
+	}
+}
+
+// TestReaderCommitIntervalFlushed: commits batched by CommitInterval are
+// flushed by the before-checkpoint hook, which also leaves the group (the
+// group is empty while the checkpoint is under way); after the restore the
+// reader continues after the last committed record.
+func TestReaderCommitIntervalFlushed(t *testing.T) {
+	const topic, group = "ci", "cig"
+	k := newFake(t, 1, topic)
+	adm := admin(t, k.addrs)
+	reg := notify.NewRegistry()
+	log, _ := newLog(t)
+	w := NewWriter(&kafka.Writer{Addr: kafka.TCP(k.addrs...), Topic: topic, BatchSize: 100, BatchTimeout: time.Millisecond},
+		WithRegistry(notify.NewRegistry()), WithLogger(log))
+	defer w.Close()
+	var msgs []kafka.Message
+	for i := range 30 {
+		msgs = append(msgs, kafka.Message{Value: []byte(strconv.Itoa(i))})
+	}
+	if err := w.WriteMessages(context.Background(), msgs...); err != nil {
+		t.Fatal(err)
+	}
+
+	var committedAtDump int64 = -1
+	var stateAtDump string
+	hook(reg, func(ctx context.Context) error {
+		if os, err := adm.FetchOffsets(ctx, group); err == nil {
+			if o, ok := os.Lookup(topic, 0); ok {
+				committedAtDump = o.At
+			}
+		}
+		if gs, err := adm.DescribeGroups(ctx, group); err == nil {
+			stateAtDump = gs[group].State
+		}
+		return nil
+	}, nil)
+	c := groupConfig(k.addrs, group, topic, "ci")
+	c.CommitInterval = time.Hour // only Close flushes
+	r := NewReader(c, WithRegistry(reg), WithLogger(log))
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	for i := range 20 {
+		m, err := r.FetchMessage(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Offset != int64(i) {
+			t.Fatalf("offset %d, want %d", m.Offset, i)
+		}
+		if err := r.CommitMessages(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if os, err := adm.FetchOffsets(ctx, group); err == nil {
+		if o, ok := os.Lookup(topic, 0); ok && o.At > 0 {
+			t.Fatalf("offset %d committed before the checkpoint; CommitInterval should hold it", o.At)
+		}
+	}
+	res, err := reg.Simulate(context.Background(), notify.SimRestore, 5*time.Second)
+	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
+		t.Fatalf("simulate: %v %v %v", err, res.BeforeErr, res.AfterErr)
+	}
+	if committedAtDump != 20 {
+		t.Fatalf("committed offset during the checkpoint = %d, want 20 (flushed by Close)", committedAtDump)
+	}
+	if stateAtDump != "Empty" {
+		t.Fatalf("group state during the checkpoint = %q, want Empty (left)", stateAtDump)
+	}
+	m, err := r.FetchMessage(ctx)
+	if err != nil || m.Offset != 20 {
+		t.Fatalf("first fetch after restore: offset %d, %v; want 20", m.Offset, err)
 	}
 }

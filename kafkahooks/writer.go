@@ -28,7 +28,9 @@ import (
 // buffers (also those of an Async writer), waits for the acknowledgements of
 // all in-flight records and delivers every Completion callback. If that ends
 // within the hook's budget, everything was drained; the Writer then closes
-// all connections.
+// all connections. (It stops waiting when a tenth of the budget, at most 1 s,
+// is left, so that the hooks that run after it, those of resources
+// registered before it, still get time.)
 //
 // If the budget runs out first, the Writer closes every connection anyway
 // and the records not yet acknowledged stay in memory, inside the closing
@@ -36,8 +38,9 @@ import (
 // before any new record. Sync callers that wrote them keep waiting in
 // WriteMessages and get the result of that send. A request that was on the
 // wire when its connection was closed is retried by kafka-go (this uses one
-// of the batch's MaxAttempts) and may be stored twice: delivery is
-// at-least-once, records are never dropped because of a checkpoint.
+// of the batch's MaxAttempts: with MaxAttempts 1 the batch fails, as on any
+// network error) and may be stored twice: delivery is at-least-once, records
+// are not dropped because of a checkpoint.
 // CheckpointReport and a warning log say how many records were carried.
 //
 // # After a restore or resume
@@ -286,9 +289,9 @@ func (w *Writer) Name() string { return w.cfg.name }
 // Close flushes pending records like kafka.Writer.Close, unregisters the
 // Writer and closes its connections. WriteMessages calls blocked at the gate
 // return io.ErrClosedPipe. Records carried across a checkpoint that are still
-// waiting for the broker get one more attempt; those that fail are reported
-// as failed to their callers (WriteErrors) or Completion, as kafka-go does
-// for records it cannot deliver.
+// waiting for the broker are given up: they are reported as failed to their
+// callers (WriteErrors) or to Completion, as kafka-go does for records it
+// cannot deliver.
 func (w *Writer) Close() error {
 	w.mu.Lock()
 	if w.closed {
@@ -394,12 +397,14 @@ func (w *Writer) BeforeCheckpoint(ctx context.Context) error {
 	clientID := w.clientID
 	w.mu.Unlock()
 
+	dctx, cancel := drainContext(ctx)
 	drained := true
 	select {
 	case <-done:
-	case <-ctx.Done():
+	case <-dctx.Done():
 		drained = false
 	}
+	cancel()
 	conns := w.transport.pause()
 
 	carried := int64(0)
@@ -429,6 +434,22 @@ func (w *Writer) BeforeCheckpoint(ctx context.Context) error {
 	return nil
 }
 
+// drainReserve is the share of the remaining budget a before-checkpoint hook
+// leaves unused when it waits for a drain that does not finish, so that the
+// hooks after it (resources registered earlier) still get time.
+const drainReserve = 10
+
+// drainContext returns ctx shortened by a tenth of its remaining time (at
+// most a second): how long a hook may wait for a drain.
+func drainContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return context.WithCancel(ctx)
+	}
+	reserve := min(time.Until(deadline)/drainReserve, time.Second)
+	return context.WithDeadline(ctx, deadline.Add(-reserve))
+}
+
 // AfterRestore implements notify.Resource; see the type's documentation.
 func (w *Writer) AfterRestore(ctx context.Context, ev notify.Event) error {
 	start := time.Now()
@@ -449,11 +470,13 @@ func (w *Writer) AfterRestore(ctx context.Context, ev notify.Event) error {
 
 	open := true
 	if done != nil {
+		dctx, cancel := drainContext(ctx)
 		select {
 		case <-done:
-		case <-ctx.Done():
+		case <-dctx.Done():
 			open = false
 		}
+		cancel()
 	}
 	pendingNow := w.records()
 	if open {

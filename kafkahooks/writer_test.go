@@ -330,7 +330,7 @@ func TestWriterCarryAcross(t *testing.T) {
 		syncW <- w.WriteMessages(context.Background(), kafka.Message{Value: []byte(strconv.Itoa(n))})
 	}()
 
-	const budget = 400 * time.Millisecond
+	const budget = time.Second
 	start := time.Now()
 	res, err := reg.Simulate(context.Background(), notify.SimRestore, budget)
 	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {

@@ -32,14 +32,39 @@ for n in 1 3 8; do
 	walls=() per=()
 	for _ in $(seq "$rounds"); do
 		t0=$(now)
-		out=$("$work/kcr" restore --json --count "$n" "$work/img" 2>/dev/null)
+		out=$("$work/kcr" restore --json --count "$n" "$work/img" 2>/dev/null) || { echo "kcr restore --count $n failed" >&2; exit 1; }
 		t1=$(now)
 		walls+=($(( (t1 - t0) / 1000 )))
 		# restore phase of each clone, in µs
 		while read -r ns; do per+=($(( ns / 1000 ))); done < <(printf '%s' "$out" | tr -d '\n ' | grep -o '"name":"restore","duration_ns":[0-9]*' | grep -o '[0-9]*$')
-		for p in $(printf '%s' "$out" | tr -d '\n ' | grep -o '"pid":[0-9]*' | grep -o '[0-9]*'); do kill -9 "$p" 2>/dev/null || true; done
+		for p in $(printf '%s' "$out" | tr -d '\n ' | grep -o '"pid":[0-9]*' | grep -o '[0-9]*'); do pids+=("$p"); kill -9 "$p" 2>/dev/null || true; done
 		sleep 0.3
 	done
 	mw=$(median "${walls[@]}"); mp=$(median "${per[@]}")
 	printf '  %-8s %14.1f %18.1f %16.1f\n' "$n" "$(awk -v x="$mw" 'BEGIN{print x/1000}')" "$(awk -v x="$mp" 'BEGIN{print x/1000}')" "$(awk -v x="$mw" -v n="$n" 'BEGIN{print x/1000/n}')"
+done
+
+# Image and archive size against RSS: the test app above, and heaps of
+# 64 and 256 MiB (lazyheap, dumped without hooks).
+go build -o "$work/lazyheap" ./criu/testdata/lazyheap
+echo
+echo "image and archive size against RSS"
+printf '  %-22s %10s %12s %14s %10s\n' program "RSS (MiB)" "image (MiB)" "archive (MiB)" "archive/RSS"
+row() { # name rss_kib image
+	"$work/kcr" export "$3" -o "$3.tar.zst" 2>/dev/null
+	local img arc
+	img=$(du -sb --exclude=verified --exclude=restores "$3" | awk '{print $1}')
+	arc=$(stat -c %s "$3.tar.zst")
+	printf '  %-22s %10.1f %12.1f %14.2f %10.3f\n' "$1" "$(awk -v x="$2" 'BEGIN{print x/1024}')" "$(awk -v x="$img" 'BEGIN{print x/1048576}')" "$(awk -v x="$arc" 'BEGIN{print x/1048576}')" "$(awk -v a="$arc" -v r="$2" 'BEGIN{print a/(r*1024)}')"
+}
+row testapp "$rss" "$work/img"
+for mb in 64 256; do
+	GODEBUG=multipathtcp=0 setsid "$work/lazyheap" -mb "$mb" -portfile "$work/port$mb" </dev/null >>"$work/heap.log" 2>&1 &
+	hp=$!
+	disown "$hp" # the dump kills it: no "Killed" from bash
+	pids+=("$hp")
+	for _ in $(seq 600); do [ -s "$work/port$mb" ] && break; sleep 0.05; done
+	hrss=$(awk '/VmRSS/{print $2}' "/proc/$hp/status")
+	"$work/kcr" checkpoint --no-hooks -o "$work/heap$mb" "$hp" 2>/dev/null
+	row "lazyheap -mb $mb" "$hrss" "$work/heap$mb"
 done

@@ -186,6 +186,7 @@ func (b *Builder) publish(ctx context.Context, op string) error {
 // fsyncs every file. It returns the file entries sorted by path and the
 // directories to fsync.
 func (b *Builder) seal(ctx context.Context) ([]FileEntry, []string, error) {
+	hs := newHasher()
 	files := []FileEntry{} // "files": [] rather than null when empty
 	var dirs []string
 	err := filepath.WalkDir(b.tmp, func(p string, d fs.DirEntry, err error) error {
@@ -210,7 +211,7 @@ func (b *Builder) seal(ctx context.Context) ([]FileEntry, []string, error) {
 			return newError(b.final, rel, ErrUnsafePath, nil,
 				fmt.Sprintf("%s is a %s: images may hold only regular files and directories; remove it", rel, kindOf(d.Type())))
 		}
-		e, err := sealFile(ctx, p)
+		e, err := sealFile(ctx, hs, p)
 		if err != nil {
 			return err
 		}
@@ -229,7 +230,7 @@ func (b *Builder) seal(ctx context.Context) ([]FileEntry, []string, error) {
 }
 
 // sealFile makes p private and hashes it. Commit syncs the file system.
-func sealFile(ctx context.Context, p string) (FileEntry, error) {
+func sealFile(ctx context.Context, hs *hasher, p string) (FileEntry, error) {
 	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
 		return FileEntry{}, err
@@ -238,7 +239,7 @@ func sealFile(ctx context.Context, p string) (FileEntry, error) {
 	if err := f.Chmod(filePerm); err != nil {
 		return FileEntry{}, err
 	}
-	n, sum, err := hashReader(ctx, f)
+	n, sum, err := hs.sum(ctx, f)
 	if err != nil {
 		return FileEntry{}, fmt.Errorf("hash %s: %w", p, err)
 	}

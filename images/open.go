@@ -109,6 +109,7 @@ func (im *Image) verify(ctx context.Context, useCache bool) error {
 		cache = readVerified(root)
 	}
 	hashed, ids := 0, make(map[string]fileID, len(im.Manifest.Files))
+	hs := newHasher()
 	for _, f := range im.Manifest.Files {
 		before, ok := idOf(onDisk[f.Path], f.SHA256)
 		if ok && cache[f.Path] == before {
@@ -116,7 +117,7 @@ func (im *Image) verify(ctx context.Context, useCache bool) error {
 			ids[f.Path] = before
 			continue
 		}
-		if err := checkContent(ctx, root, dir, f); err != nil {
+		if err := checkContent(ctx, hs, root, dir, f); err != nil {
 			return err
 		}
 		hashed++
@@ -172,7 +173,7 @@ func checkEntry(dir string, f FileEntry, onDisk map[string]fs.FileInfo) error {
 }
 
 // checkContent hashes f and compares it with the manifest.
-func checkContent(ctx context.Context, root *os.Root, dir string, f FileEntry) error {
+func checkContent(ctx context.Context, hs *hasher, root *os.Root, dir string, f FileEntry) error {
 	file, err := root.Open(filepath.FromSlash(f.Path))
 	if errors.Is(err, fs.ErrNotExist) {
 		return newError(dir, f.Path, ErrMissing, err,
@@ -182,7 +183,7 @@ func checkContent(ctx context.Context, root *os.Root, dir string, f FileEntry) e
 		return fmt.Errorf("images: %s: %w%s", dir, err, ioHint(err))
 	}
 	defer file.Close()
-	n, sum, err := hashReader(ctx, file)
+	n, sum, err := hs.sum(ctx, file)
 	if err != nil {
 		return fmt.Errorf("images: %s: read %s: %w%s", dir, f.Path, err, ioHint(err))
 	}

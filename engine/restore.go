@@ -100,6 +100,16 @@ func RestoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreResult, err
 	if o.Count <= 0 {
 		o.Count = 1
 	}
+	// CRIU's version check runs while the image is verified.
+	type found struct {
+		path string
+		err  error
+	}
+	criuCh := make(chan found, 1)
+	go func() {
+		p, _, err := CRIU(ctx, o.CRIU)
+		criuCh <- found{p, err}
+	}()
 	var pre Timings
 	t := time.Now()
 	open := images.Open
@@ -108,17 +118,20 @@ func RestoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreResult, err
 	}
 	img, err := open(ctx, o.Image)
 	if err != nil {
+		<-criuCh
 		return nil, err
 	}
 	pre.add(PhaseVerify, time.Since(t))
 	m := img.Manifest
 	if o.Count > 1 && !m.Process.PIDNamespace {
+		<-criuCh
 		return nil, fmt.Errorf("%s: %w: PID %d was not init of its own PID namespace; start the service with \"kcr run\" to clone it", o.Image, ErrNotClonable, m.Process.PID)
 	}
-	criuPath, _, err := CRIU(ctx, o.CRIU)
-	if err != nil {
-		return nil, err
+	fc := <-criuCh
+	if fc.err != nil {
+		return nil, fc.err
 	}
+	criuPath := fc.path
 	if !m.Process.PIDNamespace {
 		t = time.Now()
 		if err := criu.CheckImagePIDsFree(ctx, img.CRIUDir(), o.PIDWait); err != nil {

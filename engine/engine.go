@@ -67,7 +67,7 @@ func CRIU(ctx context.Context, explicit string) (path string, v criu.Version, er
 
 // checkVersion reads CRIU's version and checks it against the kernel.
 func checkVersion(ctx context.Context, path string) (v criu.Version, err error) {
-	v, err = criu.ReadVersion(ctx, path)
+	v, err = readVersionCached(ctx, path)
 	if err != nil {
 		return v, fmt.Errorf("%w: %s: %w (reinstall it with scripts/install-criu.sh)", ErrCRIUUnusable, path, err)
 	}

@@ -126,7 +126,15 @@ func (b *Builder) Commit(ctx context.Context, m *Manifest) (*Image, error) {
 	if m == nil {
 		return nil, fmt.Errorf("images: %s: commit with nil manifest; pass the checkpoint's manifest", b.final)
 	}
+	// Writing the dump back to disk and hashing it take about as long as
+	// each other; they overlap. publish syncs again, which then only has
+	// the manifest and the new modes to write.
+	synced := make(chan error, 1)
+	go func() { synced <- syncFS(b.tmp) }()
 	files, _, err := b.seal(ctx)
+	if serr := <-synced; err == nil && serr != nil {
+		err = fmt.Errorf("images: %s: sync: %w", b.final, serr)
+	}
 	if err != nil {
 		return nil, err
 	}

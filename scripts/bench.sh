@@ -3,10 +3,11 @@
 # against a plain "criu restore", alternating on the same process in one run,
 # and prints medians and ratios.
 #
-#   sudo scripts/bench.sh [rounds]      (default 15)
+#   sudo scripts/bench.sh [rounds] [heap MiB]    (default 15 rounds, 0 MiB)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-15}"
+heap_mb="${2:-0}"
 [ "$(id -u)" = 0 ] || { echo "bench.sh: run as root" >&2; exit 1; }
 scripts/install-criu.sh >/dev/null
 criu="${KCR_CRIU:-$(command -v criu || echo /usr/local/sbin/criu)}"
@@ -20,11 +21,12 @@ now() { date +%s%N; }
 wait_gone() { for _ in $(seq 500); do [ -e "/proc/$1" ] || return 0; sleep 0.01; done; echo "PID $1 did not go away" >&2; exit 1; }
 wait_socket() { for _ in $(seq 500); do ls /proc/"$1"/fd >/dev/null 2>&1 && grep -q kcr- /proc/"$1"/net/unix 2>/dev/null && return 0; sleep 0.01; done; }
 
-GODEBUG=multipathtcp=0 KCR_SOCKET_DIR="$work/sock" setsid "$work/testapp" </dev/null >>"$work/app.log" 2>&1 &
+GODEBUG=multipathtcp=0 KCR_SOCKET_DIR="$work/sock" setsid "$work/testapp" -heap-mb "$heap_mb" </dev/null >>"$work/app.log" 2>&1 &
 pid=$!
 echo "$pid" >"$work/pid"
 sleep 0.5
 wait_socket "$pid"
+[ "$heap_mb" = 0 ] || sleep 1
 rss=$(awk '/VmRSS/{print $2}' /proc/$pid/status)
 
 declare -a kc cd cs hk kr cr

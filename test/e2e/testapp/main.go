@@ -44,10 +44,17 @@ func main() {
 	unhooked := flag.String("unhooked", "", "address to keep an extra connection to that no hook closes")
 	mptcp := flag.Bool("mptcp", false, "listen with MPTCP")
 	dial := flag.String("dial", "", "connect to this control socket, send hello, print the answer and exit")
+	heapMB := flag.Int("heap-mb", 0, "keep this many MiB of filled memory (warm state for benchmarks)")
 	flag.Parse()
 	if *dial != "" {
 		os.Exit(dialMode(*dial))
 	}
+
+	heap := make([]byte, *heapMB<<20)
+	for i := range heap {
+		heap[i] = byte(i * 7)
+	}
+	defer func() { _ = heap[len(heap)/2:] }()
 
 	var counter atomic.Int64
 	var conn struct {

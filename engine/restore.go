@@ -63,6 +63,9 @@ type RestoreResult struct {
 	HooksPending bool
 	// HookErr is set when after-restore hooks failed. The process runs.
 	HookErr error
+	// CRIUStats is CRIU's own account of the restore (stats-restore), nil
+	// if it could not be read.
+	CRIUStats *criu.RestoreStats
 	// LazyPID and LazyLog name the lazy-pages daemon of a lazy restore. It
 	// serves the pages not restored yet and exits when all are copied; it
 	// must not be killed before, nor the image removed.
@@ -234,6 +237,7 @@ func restoreOne(ctx context.Context, o RestoreOptions, img *images.Image, criuPa
 	}
 	res.PID = rr.PID
 	res.LogPath = rr.LogPath
+	res.CRIUStats = rr.Stats
 	if rr.Lazy != nil {
 		res.LazyPID, res.LazyLog = rr.Lazy.PID, rr.Lazy.LogPath
 	}

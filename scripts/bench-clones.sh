@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Restore time of 1, 3 and 8 clones of one image (kcr run + kcr restore
-# --count N), medians over several rounds in one run.
+# Issue 4's figures in one run: the restore time of 1, 3 and 8 clones of one
+# image (kcr run + kcr restore --count N); image and archive size against
+# RSS; and restore time against RSS, plain and lazy (scripts/bench-lazy.sh).
+# Medians over several rounds.
 #
 #   sudo scripts/bench-clones.sh [rounds]    (default 5)
 set -euo pipefail
@@ -68,3 +70,6 @@ for mb in 64 256; do
 	"$work/kcr" checkpoint --no-hooks -o "$work/heap$mb" "$hp" 2>/dev/null
 	row "lazyheap -mb $mb" "$hrss" "$work/heap$mb"
 done
+
+echo
+scripts/bench-lazy.sh 64,256,1024 "$rounds" | sed -n '/^medians/,$p'

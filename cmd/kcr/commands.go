@@ -155,6 +155,9 @@ host PID, name and restore time.`,
 				} else {
 					fmt.Fprintf(os.Stderr, "restored %s as PID %d (generation %d)\n", o.Image, res.PID, res.Generation)
 					phaseLines(res.Timings)
+					if st := res.CRIUStats; st != nil {
+						fmt.Fprintf(os.Stderr, "  criu: restore %s (forking %s), pages restored %d\n", fmtDur(st.RestoreTime), fmtDur(st.ForkingTime), st.PagesRestored)
+					}
 				}
 				if res.LazyPID != 0 {
 					fmt.Fprintf(os.Stderr, "lazy-pages daemon PID %d serves the remaining memory and exits when done (log %s); keep the image until then\n", res.LazyPID, res.LazyLog)
@@ -168,7 +171,7 @@ host PID, name and restore time.`,
 				out = append(out, map[string]any{"pid": res.PID, "name": res.Name, "generation": res.Generation,
 					"instance_id": res.InstanceID, "phases": res.Timings, "hooks_pending": res.HooksPending,
 					"hook_error": errString(res.HookErr), "reports": res.Reports, "log": res.LogPath,
-					"lazy_pages_pid": res.LazyPID, "lazy_pages_log": res.LazyLog})
+					"lazy_pages_pid": res.LazyPID, "lazy_pages_log": res.LazyLog, "criu_stats": res.CRIUStats})
 				if !g.json {
 					if o.Count > 1 {
 						fmt.Printf("%d\t%s\t%s\n", res.PID, res.Name, fmtDur(res.Timings.Get(engine.PhaseRestore)))

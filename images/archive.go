@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/klauspost/compress/zstd"
@@ -533,23 +532,8 @@ func (im *importer) mkdirs(dir string) error {
 // [Builder.Commit] does, but keeps the manifest's archived bytes.
 func (im *importer) commit() (*Image, error) {
 	b := im.b
-	tmp := filepath.Join(b.tmp, manifestTmp)
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, filePerm)
-	if err != nil {
-		return nil, fmt.Errorf("images: %s: write manifest: %w", b.final, err)
-	}
-	_, err = f.Write(im.raw)
-	if err == nil {
-		err = f.Chmod(filePerm)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, filepath.Join(b.tmp, ManifestName))
-	}
-	if err != nil {
-		return nil, fmt.Errorf("images: %s: write manifest: %w%s", b.final, err, ioHint(err))
+	if err := b.writeManifestBytes(im.raw); err != nil {
+		return nil, err
 	}
 	if err := b.publish(im.ctx, "import"); err != nil {
 		return nil, err

@@ -254,18 +254,22 @@ func sealFile(ctx context.Context, hs *hasher, p string) (FileEntry, error) {
 	return FileEntry{Size: n, SHA256: sum}, nil
 }
 
-// writeManifest writes manifest.json atomically: to a temporary file, then
-// renamed. Commit syncs it with the rest.
+// writeManifest encodes m and writes it as manifest.json.
 func (b *Builder) writeManifest(m *Manifest) error {
 	data, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return fmt.Errorf("images: %s: encode manifest: %w", b.final, err)
 	}
-	data = append(data, '\n')
+	return b.writeManifestBytes(append(data, '\n'))
+}
+
+// writeManifestBytes writes data as manifest.json: to a temporary file,
+// then renamed. Commit and import sync it with the rest.
+func (b *Builder) writeManifestBytes(data []byte) error {
 	tmp := filepath.Join(b.tmp, manifestTmp)
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, filePerm)
 	if err != nil {
-		return fmt.Errorf("images: %s: write manifest: %w", b.final, err)
+		return fmt.Errorf("images: %s: write manifest: %w%s", b.final, err, ioHint(err))
 	}
 	_, err = f.Write(data)
 	if err == nil {
@@ -278,7 +282,7 @@ func (b *Builder) writeManifest(m *Manifest) error {
 		err = os.Rename(tmp, filepath.Join(b.tmp, ManifestName))
 	}
 	if err != nil {
-		return fmt.Errorf("images: %s: write manifest: %w", b.final, err)
+		return fmt.Errorf("images: %s: write manifest: %w%s", b.final, err, ioHint(err))
 	}
 	return nil
 }

@@ -133,7 +133,7 @@ func (g *Registry) Start(opts ...Option) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{g: g, cfg: cfg, ln: ln, path: path, pid: pid, uid: os.Getuid(), state: "idle", quit: make(chan struct{})}
+	s := &Server{g: g, cfg: cfg, ln: ln, path: path, pid: pid, uid: os.Geteuid(), state: "idle", quit: make(chan struct{})}
 	s.wg.Add(1)
 	go s.serve(ln)
 	cfg.log.Debug("kcr control socket listening", "path", path)

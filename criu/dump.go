@@ -14,14 +14,14 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// logLevel is CRIU's debug level, for restores and the lazy-pages daemon,
-// whose logs kcr reads.
+// logLevel is CRIU's debug level, for the lazy-pages daemon, whose log kcr
+// reads for its statistics.
 const logLevel = 4
 
-// dumpLogLevel is CRIU's default level (errors and warnings) for dumps: the
-// debug level writes a thousand lines for a small process and slows the dump
-// by about a quarter, while the process is frozen. DumpOptions.LogLevel (kcr
-// -v) raises it.
+// dumpLogLevel is CRIU's default level (errors and warnings) for dumps and
+// restores: the debug level writes a thousand lines for a small process and
+// slows a dump by about a quarter, while the process is frozen.
+// DumpOptions.LogLevel and RestoreOptions.LogLevel (kcr -v) raise it.
 const dumpLogLevel = 2
 
 // level returns l, or the dump default for 0.

@@ -237,7 +237,6 @@ func TestE2EDumpRestore(t *testing.T) {
 	ctx := context.Background()
 	tg := startTarget(t, false, "-listen", "127.0.0.1:0")
 	tg.ping(t)
-	fdsBefore := fdTable(t, tg.pid)
 
 	if need, err := ShellJobNeeded(tg.pid); err != nil || need {
 		t.Fatalf("ShellJobNeeded = %v, %v", need, err)
@@ -255,6 +254,8 @@ func TestE2EDumpRestore(t *testing.T) {
 	if err != nil || len(p) != 0 {
 		t.Fatalf("Preflight = %v, %v", p, err)
 	}
+	// Only now: the ping's connection is gone from the fd table too.
+	fdsBefore := fdTable(t, tg.pid)
 
 	img := mkdir(t, "img")
 	res, err := Dump(ctx, criu, DumpOptions{PID: tg.pid, ImagesDir: img})

@@ -20,6 +20,9 @@ type RestoreOptions struct {
 	// restores of one image can run at once; if empty, ImagesDir is used.
 	WorkDir string
 	LogFile string // log file name inside WorkDir; default "restore.log"
+	// LogLevel is CRIU's log level, 1 (errors) to 4 (debug); default 2,
+	// as for dumps.
+	LogLevel int
 
 	// TCPClose, TCPEstablished, ShellJob and FileLocks must match the
 	// options the image was dumped with.
@@ -124,7 +127,7 @@ func Restore(ctx context.Context, criuPath string, opts RestoreOptions) (*Restor
 			TcpClose:       proto.Bool(opts.TCPClose),
 			TcpEstablished: proto.Bool(opts.TCPEstablished),
 			LazyPages:      proto.Bool(opts.LazyPages),
-			LogLevel:       proto.Int32(logLevel),
+			LogLevel:       proto.Int32(level(opts.LogLevel)),
 			LogFile:        proto.String(logFile),
 			NotifyScripts:  proto.Bool(opts.Notify != nil),
 			// Not RstSibling: that would make the tree our child.

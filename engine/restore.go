@@ -34,6 +34,8 @@ type RestoreOptions struct {
 	// $TMPDIR/kcr-restore-*).
 	WorkDir string
 	Logger  *slog.Logger
+	// CRIULogLevel is CRIU's log level (default 2; 4 for debugging).
+	CRIULogLevel int
 	// Rehash verifies every file's checksum, also those unchanged on disk
 	// since they were last verified.
 	Rehash bool
@@ -216,7 +218,7 @@ func restoreOne(ctx context.Context, o RestoreOptions, img *images.Image, criuPa
 	var rr *criu.RestoreResult
 	for attempt := 1; ; attempt++ {
 		rr, err = criu.Restore(ctx, criuPath, criu.RestoreOptions{
-			ImagesDir: img.CRIUDir(), WorkDir: work, LazyPages: o.Lazy,
+			ImagesDir: img.CRIUDir(), WorkDir: work, LazyPages: o.Lazy, LogLevel: o.CRIULogLevel,
 			TCPClose: m.Options.TCPClose, ShellJob: m.Options.ShellJob, FileLocks: m.Options.FileLocks,
 		})
 		// Clones restore the same bound Unix socket paths; CRIU unlinks and

@@ -143,6 +143,9 @@ host PID, name and restore time.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.Image = args[0]
 			o.CRIU = g.criu
+			if g.verbose {
+				o.CRIULogLevel = 4
+			}
 			clones, err := engine.RestoreClones(cmd.Context(), o)
 			if err != nil && len(clones) == 0 {
 				return err

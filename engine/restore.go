@@ -224,7 +224,7 @@ func restoreOne(ctx context.Context, o RestoreOptions, img *images.Image, criuPa
 		// Clones restore the same bound Unix socket paths; CRIU unlinks and
 		// binds, and a sibling can bind in between. The clone then moves
 		// its control socket, so another try settles it.
-		if err == nil || o.Count <= 1 || attempt == 10 || !bindRace(err) {
+		if err == nil || o.Count <= 1 || attempt == 10 || !bindRace(err, m.ControlSocket) {
 			break
 		}
 		select {
@@ -260,9 +260,18 @@ func restoreOne(ctx context.Context, o RestoreOptions, img *images.Image, criuPa
 	return res, nil
 }
 
-func bindRace(err error) bool {
+// bindRace reports a CRIU failure caused by a sibling clone restoring the
+// same bound Unix socket path at the same moment: bind finds the path taken,
+// or the file CRIU just bound is unlinked before it sets its owner.
+func bindRace(err error, controlSocket string) bool {
 	var ce *criu.Error
-	return errors.As(err, &ce) && strings.Contains(ce.First, "Can't bind") && strings.Contains(ce.First, "Address already in use")
+	if !errors.As(err, &ce) {
+		return false
+	}
+	if strings.Contains(ce.First, "Can't bind") && strings.Contains(ce.First, "Address already in use") {
+		return true
+	}
+	return controlSocket != "" && strings.Contains(ce.First, filepath.Base(controlSocket))
 }
 
 // afterRestore sends the restored message. The socket was restored by CRIU,

@@ -273,7 +273,8 @@ type kcrResult struct {
 	stderr string
 }
 
-func kcr(t *testing.T, args ...string) kcrResult {
+// runKCR runs the kcr binary and returns its exit code and output.
+func runKCR(t *testing.T, args ...string) kcrResult {
 	t.Helper()
 	cmd := exec.Command(kcrBin, args...)
 	var so, se bytes.Buffer
@@ -285,7 +286,19 @@ func kcr(t *testing.T, args ...string) kcrResult {
 	} else if err != nil {
 		t.Fatalf("run kcr: %v", err)
 	}
+	return r
+}
+
+func (r kcrResult) log(t *testing.T, args []string) {
+	t.Helper()
 	t.Logf("kcr %s -> exit %d\n%s%s", strings.Join(args, " "), r.code, r.stderr, r.stdout)
+}
+
+// kcr runs kcr and logs its output.
+func kcr(t *testing.T, args ...string) kcrResult {
+	t.Helper()
+	r := runKCR(t, args...)
+	r.log(t, args)
 	return r
 }
 

@@ -712,18 +712,9 @@ func manifestResource(t *testing.T, img, name string) map[string]any {
 // kcrQuiet runs kcr and logs its output only when it fails.
 func kcrQuiet(t *testing.T, args ...string) kcrResult {
 	t.Helper()
-	cmd := exec.Command(kcrBin, args...)
-	var so, se strings.Builder
-	cmd.Stdout, cmd.Stderr = &so, &se
-	err := cmd.Run()
-	r := kcrResult{stdout: so.String(), stderr: se.String()}
-	if ee, ok := err.(*exec.ExitError); ok {
-		r.code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatalf("run kcr: %v", err)
-	}
+	r := runKCR(t, args...)
 	if r.code != 0 {
-		t.Logf("kcr %s -> exit %d\n%s%s", strings.Join(args, " "), r.code, r.stderr, r.stdout)
+		r.log(t, args)
 	}
 	return r
 }

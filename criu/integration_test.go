@@ -23,10 +23,9 @@ import (
 )
 
 var (
-	helperOnce sync.Once
-	helperBin  string
-	helperErr  error
-	helperDir  string
+	progMu    sync.Mutex
+	progBins  = map[string]string{}
+	helperDir string // where test programs are built; removed by TestMain
 )
 
 func TestMain(m *testing.M) {
@@ -62,23 +61,34 @@ func needCRIU(t *testing.T) string {
 	return path
 }
 
+// helper builds ./testdata/helper once.
 func helper(t *testing.T) string {
 	t.Helper()
-	helperOnce.Do(func() {
-		helperDir, helperErr = os.MkdirTemp("", "kcr-criu-test-")
-		if helperErr != nil {
-			return
-		}
-		helperBin = filepath.Join(helperDir, "helper")
-		out, err := exec.Command("go", "build", "-o", helperBin, "./testdata/helper").CombinedOutput()
-		if err != nil {
-			helperErr = fmt.Errorf("go build ./testdata/helper: %v\n%s", err, out)
-		}
-	})
-	if helperErr != nil {
-		t.Fatal(helperErr)
+	return testProgram(t, "helper")
+}
+
+// testProgram builds ./testdata/<name> once per test binary.
+func testProgram(t *testing.T, name string) string {
+	t.Helper()
+	progMu.Lock()
+	defer progMu.Unlock()
+	if bin, ok := progBins[name]; ok {
+		return bin
 	}
-	return helperBin
+	if helperDir == "" {
+		dir, err := os.MkdirTemp("", "kcr-criu-test-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		helperDir = dir
+	}
+	bin := filepath.Join(helperDir, name)
+	out, err := exec.Command("go", "build", "-o", bin, "./testdata/"+name).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build ./testdata/%s: %v\n%s", name, err, out)
+	}
+	progBins[name] = bin
+	return bin
 }
 
 type target struct {
@@ -125,7 +135,7 @@ func startTarget(t *testing.T, mptcpDefault bool, args ...string) *target {
 
 // kill kills the target if it (still) is our helper and waits until it is gone.
 func (tg *target) kill(t *testing.T) {
-	if !strings.Contains(cmdline(tg.pid), helperBin) {
+	if !strings.Contains(cmdline(tg.pid), helper(t)) {
 		return
 	}
 	syscall.Kill(tg.pid, syscall.SIGKILL)

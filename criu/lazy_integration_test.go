@@ -14,35 +14,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 )
-
-var (
-	progMu   sync.Mutex
-	progBins = map[string]string{}
-)
-
-// testProgram builds ./testdata/<name> once, next to the helper (so that
-// TestMain removes it).
-func testProgram(t *testing.T, name string) string {
-	t.Helper()
-	helper(t)
-	progMu.Lock()
-	defer progMu.Unlock()
-	if bin, ok := progBins[name]; ok {
-		return bin
-	}
-	bin := filepath.Join(helperDir, name)
-	out, err := exec.Command("go", "build", "-o", bin, "./testdata/"+name).CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build ./testdata/%s: %v\n%s", name, err, out)
-	}
-	progBins[name] = bin
-	return bin
-}
 
 // heapTarget is a running testdata/lazyheap.
 type heapTarget struct {

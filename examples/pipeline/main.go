@@ -1,0 +1,185 @@
+// Command pipeline is the service of kcr's demo: a Kafka consumer-producer
+// with a slow, warm start, made checkpointable by kafkahooks.
+//
+//	pipeline -brokers 127.0.0.1:19092 -group pipeline -in orders -out results \
+//	    [-warmup 3s] [-cache-mb 64] [-client-id pipeline] [-drain=true]
+//
+// It builds a lookup cache of -cache-mb MiB over -warmup (what a real
+// service spends loading models, caches or JIT state), then consumes -in as a
+// member of -group and, for every order, produces one numbered result to
+// -out and commits the order once the result is acknowledged
+// (at-least-once). A result's key is the order's id; its value carries the
+// result's sequence number, the restore generation and instance id, so that
+// examples/verify can tell copies apart.
+//
+// With -drain (the default) a before-checkpoint hook stops taking orders and
+// finishes the batch in hand before kafkahooks' Reader and Writer quiesce, so
+// that no order gets a second result after a restore. With -drain=false only
+// kafkahooks' guarantees hold: an order whose result was produced but not yet
+// committed is processed again (at-least-once).
+//
+// It writes one JSON line per event to stdout:
+//
+//	start         the process started (pid)
+//	warm          the cache is built (ms, bytes)
+//	first-result  the first result acknowledged after start, restore or resume ("after")
+//	stats         every -stats-every: orders processed, consumer lag
+//	after-restore the after-restore hook ran (kind, generation, instance)
+//	exit          after SIGTERM, once the clients are closed
+//
+// kafkahooks' and notify's logs go to stderr as JSON.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kcr-dev/kcr/kafkahooks"
+	"github.com/kcr-dev/kcr/notify"
+)
+
+var (
+	out   = json.NewEncoder(os.Stdout)
+	outMu sync.Mutex
+)
+
+func emit(ev string, kv ...any) {
+	m := map[string]any{"ev": ev, "src": "pipeline", "t": time.Now().UnixNano()}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i].(string)] = kv[i+1]
+	}
+	outMu.Lock()
+	out.Encode(m)
+	outMu.Unlock()
+}
+
+type config struct {
+	brokers    []string
+	group      string
+	in, out    string
+	clientID   string
+	warmup     time.Duration
+	cacheMB    int
+	drain      bool
+	statsEvery time.Duration
+	batch      int
+}
+
+func main() {
+	var c config
+	brokers := flag.String("brokers", "127.0.0.1:19092", "comma-separated bootstrap brokers")
+	flag.StringVar(&c.group, "group", "pipeline", "consumer group")
+	flag.StringVar(&c.in, "in", "orders", "topic of the orders")
+	flag.StringVar(&c.out, "out", "results", "topic of the results")
+	flag.StringVar(&c.clientID, "client-id", "pipeline", "base Kafka client id; a restored copy appends its instance id")
+	flag.DurationVar(&c.warmup, "warmup", 3*time.Second, "time the cache takes to build before the first order is taken")
+	flag.IntVar(&c.cacheMB, "cache-mb", 64, "size of the warm cache in MiB")
+	flag.BoolVar(&c.drain, "drain", true, "finish the orders in hand before a checkpoint (no second results)")
+	flag.DurationVar(&c.statsEvery, "stats-every", time.Second, "how often to log a stats event (0: never)")
+	flag.IntVar(&c.batch, "batch", 64, "most orders per produce and commit")
+	flag.Parse()
+	c.brokers = strings.Split(*brokers, ",")
+	if c.cacheMB < 0 || c.warmup < 0 || c.batch < 1 || c.group == "" || c.in == "" || c.out == "" {
+		fmt.Fprintln(os.Stderr, "pipeline: need -group, -in, -out, -batch ≥ 1, and no negative -warmup or -cache-mb")
+		os.Exit(2)
+	}
+	slog.SetDefault(slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("src", "pipeline"))
+	emit("start", "pid", os.Getpid())
+	if err := run(c); err != nil {
+		emit("fatal", "err", err.Error())
+		os.Exit(1)
+	}
+}
+
+func run(c config) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	t0 := time.Now()
+	cache, err := BuildCache(ctx, c.cacheMB, c.warmup)
+	if err != nil {
+		return nil // stopped during the warm-up
+	}
+	emit("warm", "ms", time.Since(t0).Milliseconds(), "bytes", cache.Bytes())
+
+	// Created in this order, so that a checkpoint quiesces the pipeline
+	// first, then the Writer, then the Reader, and a restore brings them
+	// back the other way round.
+	r := kafkahooks.NewReader(kafka.ReaderConfig{
+		Brokers:           c.brokers,
+		GroupID:           c.group,
+		Topic:             c.in,
+		StartOffset:       kafka.FirstOffset,
+		MaxWait:           250 * time.Millisecond,
+		SessionTimeout:    6 * time.Second,
+		HeartbeatInterval: time.Second,
+		RebalanceTimeout:  6 * time.Second,
+		JoinGroupBackoff:  250 * time.Millisecond,
+		ReadBackoffMin:    20 * time.Millisecond,
+		ReadBackoffMax:    250 * time.Millisecond,
+	}, kafkahooks.WithClientID(c.clientID))
+	w := kafkahooks.NewWriter(&kafka.Writer{
+		Addr:         kafka.TCP(c.brokers...),
+		Topic:        c.out,
+		Balancer:     &kafka.Hash{},
+		RequiredAcks: kafka.RequireAll, // acknowledged means written by the broker, not by a socket
+		BatchTimeout: time.Millisecond,
+		BatchSize:    c.batch,
+		WriteTimeout: 5 * time.Second,
+	}, kafkahooks.WithClientID(c.clientID))
+
+	p := &Pipeline{In: r, Out: w, Cache: cache, Emit: emit, Batch: c.batch}
+	p.init()
+	var before func(context.Context) error
+	if c.drain {
+		before = p.Drain
+	}
+	notify.Register("pipeline", notify.Func(before, p.Continue))
+
+	srv, err := notify.Start()
+	if err != nil {
+		return fmt.Errorf("control socket: %w", err)
+	}
+	defer srv.Close()
+
+	if c.statsEvery > 0 {
+		go func() {
+			tick := time.NewTicker(c.statsEvery)
+			defer tick.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+					emit("stats", "processed", p.Processed(), "lag", r.Stats().Lag)
+				}
+			}
+		}()
+	}
+
+	err = p.Run(ctx)
+	cerr := w.Close()
+	rerr := r.Close()
+	emit("exit", "processed", p.Processed())
+	if err != nil {
+		return err
+	}
+	if cerr != nil {
+		return fmt.Errorf("closing the writer: %w", cerr)
+	}
+	if rerr != nil {
+		return fmt.Errorf("closing the reader: %w", rerr)
+	}
+	return nil
+}

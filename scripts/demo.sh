@@ -78,18 +78,21 @@ ms() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.0f", (a-b)/1e6}'; }
 
 # field NAME: the value of a top-level JSON field of the line on stdin.
 field() { sed -n "s/.*\"$1\":\"\{0,1\}\([^,\"}]*\).*/\1/p" | head -n1; }
+alive() { [ -e "/proc/$1" ] && ! grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null; }
 # wait_event FILE SECONDS PATTERN [PATTERN2]: print the first line of FILE
-# matching PATTERN (and PATTERN2), waiting for it.
+# matching PATTERN (and PATTERN2), waiting for it; gives up at once when the
+# process $watch (if set) has died.
+watch=
 wait_event() {
 	local line
 	for _ in $(seq $(($2 * 50))); do
 		line=$(grep -e "$3" "$1" 2>/dev/null | grep -m1 -e "${4:-.}" || true)
 		[ -n "$line" ] && { echo "$line"; return 0; }
+		[ -n "$watch" ] && ! alive "$watch" && { echo "scripts/demo.sh: process $watch died" >&2; return 1; }
 		sleep 0.02
 	done
 	return 1
 }
-alive() { [ -e "/proc/$1" ] && ! grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null; }
 
 echo "kcr demo: checkpoint and restore a Kafka pipeline under load"
 scripts/install-criu.sh | detail
@@ -124,6 +127,7 @@ disown "$pid" # CRIU's dump kills it: no "Killed" message from bash
 pids+=($pid)
 pid=$(wait_event "$log" 10 '"ev":"start"' | field pid) || fail "the pipeline did not start"
 pids+=($pid)
+watch=$pid
 say "pipeline started cold, PID $pid (warm-up $warmup, $cache_mb MiB cache)"
 first=$(wait_event "$log" 60 '"ev":"first-result"') || fail "no first result from the pipeline"
 cold_ms=$(ms "$(echo "$first" | field t)" "$t_start")
@@ -140,6 +144,7 @@ say "kcr checkpoint $pid  (under load)"
 t=$(now)
 "$bin/kcr" checkpoint -o "$image" "$pid" 2>"$work/checkpoint.txt" || { cat "$work/checkpoint.txt"; fail "kcr checkpoint failed"; }
 ckpt_ms=$(ms "$(now)" "$t")
+watch=
 t_dead=$(now)
 grep -v '^checkpointed' "$work/checkpoint.txt" | sed 's/ {.*}$//' | detail
 rh=$(grep 'hook kafka-reader' "$work/checkpoint.txt" || true)
@@ -154,6 +159,7 @@ t_restore=$(now)
 newpid=$(TMPDIR="$work" "$bin/kcr" restore "$image" 2>"$work/restore.txt") || { cat "$work/restore.txt"; fail "kcr restore failed"; }
 restore_cmd_ms=$(ms "$(now)" "$t_restore")
 pids+=($newpid)
+watch=$newpid
 grep -v '^restored' "$work/restore.txt" | detail
 after=$(wait_event "$log" 30 '"ev":"after-restore"' '"kind":"restore"') || fail "the restored pipeline did not run its after-restore hooks"
 gen=$(echo "$after" | field generation)

@@ -123,6 +123,7 @@ t_start=$(now)
 setsid "$bin/pipeline" -brokers "$brokers" -group pipeline -in orders -out results \
 	-warmup "$warmup" -cache-mb "$cache_mb" -client-id pipeline -drain="$drain" </dev/null >>"$log" 2>&1 &
 pid=$!
+watch=$pid
 disown "$pid" # CRIU's dump kills it: no "Killed" message from bash
 pids+=($pid)
 pid=$(wait_event "$log" 10 '"ev":"start"' | field pid) || fail "the pipeline did not start"

@@ -37,9 +37,12 @@ type CheckpointOptions struct {
 	// CRIULogLevel is CRIU's log level (default 2; 4 for debugging).
 	CRIULogLevel int
 	Logger       *slog.Logger
-	// AfterDump, if set, runs after the hooks succeeded and before CRIU is
-	// started (tests use it to kill kcr at that point).
+	// AfterHooks, if set, runs after the hooks succeeded and before CRIU is
+	// asked to dump (tests use it to kill kcr at that point).
 	AfterHooks func()
+	// AfterDump, if set, runs after CRIU's dump and before the image is
+	// published (tests kill kcr there; "kcr recover" finishes the image).
+	AfterDump func()
 }
 
 // CheckpointResult describes a written image.
@@ -185,6 +188,26 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 		}
 	}
 
+	// The draft manifest lets "kcr recover" finish the image if kcr dies
+	// after the dump and before the image is published.
+	m := &images.Manifest{
+		KCRVersion:    Version,
+		CRIUVersion:   criuVersion.String(),
+		Kernel:        kernel(),
+		Host:          hostname(),
+		Process:       proc,
+		ControlSocket: sock,
+		NoHooks:       o.NoHooks,
+		Options:       images.Options{LeaveRunning: o.LeaveRunning, TCPClose: o.TCPClose, ShellJob: shell, FileLocks: true},
+	}
+	for _, r := range reports {
+		m.Resources = append(m.Resources, images.ResourceReport{Name: r.Name, DurationNS: int64(r.Duration), Details: r.Details, Error: r.Error})
+	}
+	if err := b.WritePending(m); err != nil {
+		resume("checkpoint aborted: " + err.Error())
+		return nil, err
+	}
+
 	t := time.Now()
 	dr, err := sess.Dump(ctx, criu.DumpOptions{
 		PID: o.PID, ImagesDir: b.CRIUDir(), LeaveRunning: o.LeaveRunning,
@@ -196,6 +219,9 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 		return nil, err
 	}
 	pause := time.Since(start)
+	if o.AfterDump != nil {
+		o.AfterDump()
+	}
 
 	if o.LeaveRunning {
 		t := time.Now()
@@ -217,19 +243,6 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 	}
 	_ = pause
 
-	m := &images.Manifest{
-		KCRVersion:    Version,
-		CRIUVersion:   criuVersion.String(),
-		Kernel:        kernel(),
-		Host:          hostname(),
-		Process:       proc,
-		ControlSocket: sock,
-		NoHooks:       o.NoHooks,
-		Options:       images.Options{LeaveRunning: o.LeaveRunning, TCPClose: o.TCPClose, ShellJob: shell, FileLocks: true},
-	}
-	for _, r := range reports {
-		m.Resources = append(m.Resources, images.ResourceReport{Name: r.Name, DurationNS: int64(r.Duration), Details: r.Details, Error: r.Error})
-	}
 	if s := dr.Stats; s != nil {
 		m.CRIUStats = images.CRIUStats{
 			FreezingTimeUS: s.FreezingTime.Microseconds(), FrozenTimeUS: s.FrozenTime.Microseconds(),

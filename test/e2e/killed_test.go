@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -85,4 +86,103 @@ func slowCRIU(t *testing.T, d time.Duration) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// kcr SIGKILLed after CRIU dumped the app and before the image was
+// published: the app is gone, but the image is not lost. "kcr recover"
+// finishes it, the restored app produces again, and the broker has every
+// record the app saw acknowledged.
+func TestKCRKilledBeforePublish(t *testing.T) {
+	k := needKafka(t)
+	topic := k.newTopic("killed-dump", 3)
+	a := k.start("-topic", topic, "-produce-rate", "200", "-client-id", "killed-dump")
+	a.waitAcked(200, 30*time.Second)
+	dir := t.TempDir()
+	img := filepath.Join(dir, "img")
+	cmd := exec.Command(kcrBin, "checkpoint", "-o", img, strconv.Itoa(a.pid))
+	cmd.Env = append(os.Environ(), "KCR_TEST_STALL_AFTER_DUMP=60s")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-a.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the app was not dumped")
+	}
+	time.Sleep(100 * time.Millisecond)
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	if _, err := os.Stat(img); err == nil {
+		t.Fatal("an image was published although kcr died before publishing it")
+	}
+	// An unfinished image is refused by restore.
+	if r := kcrQuiet(t, "restore", img); r.code == 0 {
+		t.Fatal("restore of the unpublished image succeeded")
+	}
+	r := mustKCR(t, "recover", dir)
+	if !strings.Contains(r.stderr, "recovered "+img) {
+		t.Fatalf("kcr recover: %q", r.stderr)
+	}
+	mustKCR(t, "inspect", img) // verifies every checksum
+	// kcr SIGKILLed during a restore (CRIU slow to start): CRIU dies with
+	// it, and the image, untouched, restores afterwards.
+	rs := exec.Command(kcrBin, "restore", img)
+	rs.Env = append(os.Environ(), "KCR_CRIU="+slowCRIU(t, 3*time.Second))
+	if err := rs.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	rs.Process.Signal(syscall.SIGKILL)
+	rs.Wait()
+	time.Sleep(2500 * time.Millisecond) // past the wrapper's sleep
+	if alive(a.pid) {
+		t.Fatal("an orphaned CRIU restored the app after kcr died")
+	}
+	mustKCR(t, "inspect", img)
+	before := acked(a.events())
+	n1 := len(a.events())
+	pid, _ := restore(t, img)
+	if ev := a.waitAfter(n1, 30*time.Second); ev.str("kind") != "restore" {
+		t.Fatalf("after restore: %v", ev)
+	}
+	a.waitAcked(len(before)+100, 30*time.Second)
+	a.stop(pid)
+	k.checkAcked(topic, acked(a.events()))
+}
+
+// kcr SIGKILLed in the middle of CRIU's dump (a 1 GiB heap makes it take a
+// second or more): CRIU dies with it (Pdeathsig), the tree is released and
+// goes on, and the app resumes; no image is published.
+func TestKCRKilledDuringDump(t *testing.T) {
+	need(t)
+	a := startApp(t, "-heap-mb", "1024")
+	img := filepath.Join(t.TempDir(), "img")
+	cmd := exec.Command(kcrBin, "checkpoint", "-o", img, strconv.Itoa(a.pid))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	a.waitEvent(20*time.Second, func(e event) bool { return e["ev"] == "before" && e.str("name") == "state" })
+	time.Sleep(400 * time.Millisecond)
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	killed := time.Now()
+	e := a.waitEvent(10*time.Second, func(e event) bool { return e["ev"] == "after" && e.str("name") == "state" })
+	resumed := time.Since(killed)
+	if e.str("kind") != "resume" {
+		t.Fatalf("after kcr died mid-dump: %v, want a resume", e)
+	}
+	c0, _, _ := state(t, a.listen)
+	time.Sleep(100 * time.Millisecond)
+	if c1, _, _ := state(t, a.listen); c1 <= c0 || !alive(a.pid) {
+		t.Fatal("the app does not run after kcr died mid-dump")
+	}
+	t.Logf("kcr killed mid-dump: the app resumed %v later", resumed.Round(time.Millisecond))
+	if resumed > 3*time.Second {
+		t.Errorf("resumed %v after kcr died; want ≤ 3s (goal 1s)", resumed)
+	}
+	if _, err := os.Stat(img); err == nil {
+		t.Fatal("an image was published although kcr died mid-dump")
+	}
+	// And the app can be checkpointed again.
+	mustKCR(t, "checkpoint", "--leave-running", "-o", filepath.Join(t.TempDir(), "img2"), strconv.Itoa(a.pid))
 }

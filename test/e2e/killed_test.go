@@ -24,22 +24,44 @@ func TestKCRKilledDuringCheckpoint(t *testing.T) {
 		// after the app's last before-checkpoint hook ran.
 		env  func(t *testing.T) []string
 		kill time.Duration
+		args []string // for kafkaapp
 	}{
+		// Before the hooks: nothing happened to the app.
+		// (CRIU's version check is slow: kcr dies before it connects.)
+		{"before-hooks", func(t *testing.T) []string { return []string{"KCR_CRIU=" + slowCRIU(t, 3*time.Second, "--version")} }, 0, nil},
+		// During a slow hook: its context is cancelled, every hook resumes.
+		{"slow-hook", func(*testing.T) []string { return nil }, 300 * time.Millisecond, []string{"-slow-hook", "20s"}},
 		// After the hooks, before CRIU is asked to dump.
-		{"after-hooks", func(*testing.T) []string { return []string{"KCR_TEST_STALL_AFTER_HOOKS=60s"} }, 300 * time.Millisecond},
+		{"after-hooks", func(*testing.T) []string { return []string{"KCR_TEST_STALL_AFTER_HOOKS=60s"} }, 300 * time.Millisecond, nil},
 		// CRIU slow to start: kcr dies while the dump request waits for it.
-		{"slow-criu", func(t *testing.T) []string { return []string{"KCR_CRIU=" + slowCRIU(t, 3*time.Second)} }, 300 * time.Millisecond},
+		{"slow-criu", func(t *testing.T) []string { return []string{"KCR_CRIU=" + slowCRIU(t, 3*time.Second, "swrk")} }, 300 * time.Millisecond, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			k := needKafka(t)
 			topic := k.newTopic("killed", 3)
-			a := k.start("-topic", topic, "-produce-rate", "200", "-client-id", "killed")
+			a := k.start(append([]string{"-topic", topic, "-produce-rate", "200", "-client-id", "killed"}, c.args...)...)
 			a.waitAcked(200, 30*time.Second)
 			n0 := len(a.events())
 			cmd := exec.Command(kcrBin, "checkpoint", "-o", filepath.Join(t.TempDir(), "img"), strconv.Itoa(a.pid))
 			cmd.Env = append(os.Environ(), c.env(t)...)
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
+			}
+			if c.name == "before-hooks" {
+				time.Sleep(time.Second)
+				cmd.Process.Signal(syscall.SIGKILL)
+				cmd.Wait()
+				base := len(acked(a.events()))
+				time.Sleep(4 * time.Second) // past the wrapper's sleep
+				if n := count(a.since(n0), "pending") + count(a.since(n0), "after"); n != 0 {
+					t.Fatalf("hooks ran although kcr died before it asked for them")
+				}
+				if len(acked(a.events())) < base+100 {
+					t.Fatal("the app stopped producing")
+				}
+				a.stop(a.pid)
+				k.checkAcked(topic, acked(a.events()))
+				return
 			}
 			eventually(t, 20*time.Second, "the before-checkpoint hooks", func() (bool, string) {
 				return count(a.since(n0), "pending") > 0, "no pending event yet"
@@ -73,16 +95,26 @@ func TestKCRKilledDuringCheckpoint(t *testing.T) {
 	}
 }
 
-// slowCRIU returns a CRIU wrapper that sleeps d before "criu swrk" starts.
-func slowCRIU(t *testing.T, d time.Duration) string {
+// slowCRIU returns a CRIU wrapper that sleeps d before CRIU runs with first
+// argument arg ("swrk", "--version").
+func slowCRIU(t *testing.T, d time.Duration, arg string) string {
 	t.Helper()
 	real, err := exec.LookPath("criu")
 	if err != nil {
 		t.Fatalf("criu: %v", err)
 	}
-	p := filepath.Join(binDir, "slow-criu-"+strconv.Itoa(int(d.Milliseconds())))
-	script := fmt.Sprintf("#!/bin/sh\n[ \"$1\" = swrk ] && sleep %.3f\nexec %s \"$@\"\n", d.Seconds(), real)
+	// A file of its own each time: kcr caches CRIU's version per binary.
+	f, err := os.CreateTemp(binDir, "slow-criu-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	p := f.Name()
+	script := fmt.Sprintf("#!/bin/sh\n[ \"$1\" = %s ] && sleep %.3f\nexec %s \"$@\"\n", arg, d.Seconds(), real)
 	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(p, 0o755); err != nil { // CreateTemp made it 0600
 		t.Fatal(err)
 	}
 	return p
@@ -127,7 +159,7 @@ func TestKCRKilledBeforePublish(t *testing.T) {
 	// kcr SIGKILLed during a restore (CRIU slow to start): CRIU dies with
 	// it, and the image, untouched, restores afterwards.
 	rs := exec.Command(kcrBin, "restore", img)
-	rs.Env = append(os.Environ(), "KCR_CRIU="+slowCRIU(t, 3*time.Second))
+	rs.Env = append(os.Environ(), "KCR_CRIU="+slowCRIU(t, 3*time.Second, "swrk"))
 	if err := rs.Start(); err != nil {
 		t.Fatal(err)
 	}

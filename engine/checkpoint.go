@@ -107,9 +107,10 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 	defer sess.Close()
 
 	// Sockets CRIU can never dump (MPTCP) are found before any hook runs,
-	// so that the app is not disturbed for nothing.
+	// so that the app is not disturbed for nothing; without hooks, all
+	// that CRIU would refuse is found here, once.
 	if probs, err := criu.Preflight(o.PID); err == nil {
-		if err := fatalProblems(probs, o.TCPClose, true); err != nil {
+		if err := fatalProblems(probs, o.TCPClose, !o.NoHooks); err != nil {
 			return nil, err
 		}
 	} else {
@@ -181,10 +182,13 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 	}
 
 	// What is left open after the hooks decides whether CRIU can succeed.
-	if probs, err := criu.Preflight(o.PID); err == nil {
-		if err := fatalProblems(probs, o.TCPClose, false); err != nil {
-			resume("checkpoint aborted: " + err.Error())
-			return nil, err
+	// Without hooks the first look already judged everything.
+	if !o.NoHooks {
+		if probs, err := criu.Preflight(o.PID); err == nil {
+			if err := fatalProblems(probs, o.TCPClose, false); err != nil {
+				resume("checkpoint aborted: " + err.Error())
+				return nil, err
+			}
 		}
 	}
 

@@ -32,7 +32,7 @@ rss=$(awk '/VmRSS/{print $2}' /proc/$pid/status)
 declare -a kc cd cs hk kr cr fz wd
 for i in $(seq "$rounds"); do
 	rm -rf "$work/k" "$work/c"; mkdir -p "$work/c"
-	t0=$(now); "$work/kcr" checkpoint --leave-running -o "$work/k" "$pid" 2>/dev/null; t1=$(now)
+	t0=$(now); "$work/kcr" checkpoint --no-hooks --leave-running -o "$work/k" "$pid" 2>/dev/null; t1=$(now)
 	"$criu" dump -t "$pid" -D "$work/c" --leave-running --file-locks -o dump.log; t2=$(now)
 	sync -f "$work/c"; t3=$(now)
 	kc+=($(( (t1 - t0) / 1000 ))); cd+=($(( (t2 - t1) / 1000 ))); cs+=($(( (t3 - t1) / 1000 )))
@@ -62,7 +62,7 @@ mkr=$(median "${kr[@]}"); mcr=$(median "${cr[@]}")
 mfz=$(median "${fz[@]}"); mwd=$(median "${wd[@]}")
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", a/b}'; }
 echo "kcr bench: $rounds rounds, one process (RSS $((rss / 1024)) MiB), medians in ms"
-printf '  %-34s %8.1f\n' "kcr checkpoint --leave-running" "$(awk -v x="$mk" 'BEGIN{print x/1000}')"
+printf '  %-34s %8.1f\n' "kcr checkpoint --no-hooks -R" "$(awk -v x="$mk" 'BEGIN{print x/1000}')"
 printf '  %-34s %8.1f\n' "  of which app hooks (protocol incl.)" "$(awk -v x="$mh" 'BEGIN{print x/1000}')"
 printf '  %-34s %8.1f\n' "  of which CRIU's dump request" "$(awk -v x="$mwd" 'BEGIN{print x/1000}')"
 printf '  %-34s %8.1f\n' "  rest: start, preflight, image" "$(awk -v x="$((mk - mh - mwd))" 'BEGIN{print x/1000}')"

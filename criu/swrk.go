@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -74,8 +75,19 @@ func startSwrk(ctx context.Context, criuPath string, ownGroup bool) (*swrk, erro
 	// Keep terminal signals (Ctrl-C in kcr's terminal) away from CRIU: a
 	// half-done dump must not be interrupted behind our back. Not for shell
 	// jobs, which are restored into CRIU's session and process group.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: ownGroup}
-	if err := cmd.Start(); err != nil {
+	//
+	// Pdeathsig: CRIU dies with kcr, so an orphaned CRIU never starts or
+	// finishes a dump nobody will publish or resume. A CRIU killed in the
+	// middle of a dump releases the tree, which goes on running (ptrace
+	// detaches it; checked with a 1.5 GiB process killed mid-memory-dump).
+	// The signal fires when the thread that forked CRIU exits, not the
+	// process: the fork runs on a locked thread, and since this goroutine
+	// never ends locked, Go never retires that thread while kcr lives.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: ownGroup, Pdeathsig: syscall.SIGKILL}
+	runtime.LockOSThread()
+	err = cmd.Start()
+	runtime.UnlockOSThread()
+	if err != nil {
 		conn.Close()
 		out.Close()
 		return nil, fmt.Errorf("criu: start %s swrk: %w", criuPath, err)

@@ -37,9 +37,12 @@ type CheckpointOptions struct {
 	// CRIULogLevel is CRIU's log level (default 2; 4 for debugging).
 	CRIULogLevel int
 	Logger       *slog.Logger
-	// AfterDump, if set, runs after the hooks succeeded and before CRIU is
-	// started (tests use it to kill kcr at that point).
+	// AfterHooks, if set, runs after the hooks succeeded and before CRIU is
+	// asked to dump (tests use it to kill kcr at that point).
 	AfterHooks func()
+	// AfterDump, if set, runs after CRIU's dump and before the image is
+	// published (tests kill kcr there; "kcr recover" finishes the image).
+	AfterDump func()
 }
 
 // CheckpointResult describes a written image.
@@ -104,9 +107,10 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 	defer sess.Close()
 
 	// Sockets CRIU can never dump (MPTCP) are found before any hook runs,
-	// so that the app is not disturbed for nothing.
+	// so that the app is not disturbed for nothing; without hooks, all
+	// that CRIU would refuse is found here, once.
 	if probs, err := criu.Preflight(o.PID); err == nil {
-		if err := fatalProblems(probs, o.TCPClose, true); err != nil {
+		if err := fatalProblems(probs, o.TCPClose, !o.NoHooks); err != nil {
 			return nil, err
 		}
 	} else {
@@ -178,11 +182,34 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 	}
 
 	// What is left open after the hooks decides whether CRIU can succeed.
-	if probs, err := criu.Preflight(o.PID); err == nil {
-		if err := fatalProblems(probs, o.TCPClose, false); err != nil {
-			resume("checkpoint aborted: " + err.Error())
-			return nil, err
+	// Without hooks the first look already judged everything.
+	if !o.NoHooks {
+		if probs, err := criu.Preflight(o.PID); err == nil {
+			if err := fatalProblems(probs, o.TCPClose, false); err != nil {
+				resume("checkpoint aborted: " + err.Error())
+				return nil, err
+			}
 		}
+	}
+
+	// The draft manifest lets "kcr recover" finish the image if kcr dies
+	// after the dump and before the image is published.
+	m := &images.Manifest{
+		KCRVersion:    Version,
+		CRIUVersion:   criuVersion.String(),
+		Kernel:        kernel(),
+		Host:          hostname(),
+		Process:       proc,
+		ControlSocket: sock,
+		NoHooks:       o.NoHooks,
+		Options:       images.Options{LeaveRunning: o.LeaveRunning, TCPClose: o.TCPClose, ShellJob: shell, FileLocks: true},
+	}
+	for _, r := range reports {
+		m.Resources = append(m.Resources, images.ResourceReport{Name: r.Name, DurationNS: int64(r.Duration), Details: r.Details, Error: r.Error})
+	}
+	if err := b.WritePending(m); err != nil {
+		resume("checkpoint aborted: " + err.Error())
+		return nil, err
 	}
 
 	t := time.Now()
@@ -196,6 +223,9 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 		return nil, err
 	}
 	pause := time.Since(start)
+	if o.AfterDump != nil {
+		o.AfterDump()
+	}
 
 	if o.LeaveRunning {
 		t := time.Now()
@@ -217,19 +247,6 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 	}
 	_ = pause
 
-	m := &images.Manifest{
-		KCRVersion:    Version,
-		CRIUVersion:   criuVersion.String(),
-		Kernel:        kernel(),
-		Host:          hostname(),
-		Process:       proc,
-		ControlSocket: sock,
-		NoHooks:       o.NoHooks,
-		Options:       images.Options{LeaveRunning: o.LeaveRunning, TCPClose: o.TCPClose, ShellJob: shell, FileLocks: true},
-	}
-	for _, r := range reports {
-		m.Resources = append(m.Resources, images.ResourceReport{Name: r.Name, DurationNS: int64(r.Duration), Details: r.Details, Error: r.Error})
-	}
 	if s := dr.Stats; s != nil {
 		m.CRIUStats = images.CRIUStats{
 			FreezingTimeUS: s.FreezingTime.Microseconds(), FrozenTimeUS: s.FrozenTime.Microseconds(),

@@ -146,6 +146,9 @@ func (b *Builder) Commit(ctx context.Context, m *Manifest) (*Image, error) {
 	if err := b.writeManifest(m); err != nil {
 		return nil, err
 	}
+	if err := os.Remove(filepath.Join(b.tmp, PendingName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("images: %s: remove draft manifest: %w", b.final, err)
+	}
 	if err := b.publish(ctx, "checkpoint"); err != nil {
 		return nil, err
 	}
@@ -215,6 +218,8 @@ func (b *Builder) seal(ctx context.Context) ([]FileEntry, []string, error) {
 			return os.Chmod(p, dirPerm)
 		case rel == ManifestName || rel == manifestTmp:
 			return nil // replaced by writeManifest
+		case rel == PendingName:
+			return nil // the draft, removed once the manifest is written
 		case !d.Type().IsRegular():
 			return newError(b.final, rel, ErrUnsafePath, nil,
 				fmt.Sprintf("%s is a %s: images may hold only regular files and directories; remove it", rel, kindOf(d.Type())))

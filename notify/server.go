@@ -21,6 +21,9 @@ import (
 	"github.com/kcr-dev/kcr/notify/proto"
 )
 
+// errKCRGone cancels the before-checkpoint hooks when kcr hangs up.
+var errKCRGone = errors.New("kcr went away during the before-checkpoint hooks")
+
 // Defaults for checkpoint requests that leave a value out, and the bounds
 // the app holds to whatever the CLI asks.
 const (
@@ -343,7 +346,7 @@ func (s *Server) handle(c *net.UnixConn) {
 	case proto.TypeCheckpoint:
 		// checkpoint closes c itself, before it answers "ready".
 		closeConn = false
-		s.checkpoint(c, m)
+		s.checkpoint(c, m, newPeer(cred.Pid))
 	case proto.TypeResume, proto.TypeRestored:
 		f := followup{msg: m, reply: make(chan proto.Message, 1)}
 		// Hand f over under s.mu: checkpoint clears s.followups and drains
@@ -470,7 +473,11 @@ func (s *Server) setState(st string) {
 
 // checkpoint runs one cycle: before hooks, "ready", then the wait for the
 // CLI's follow-up, and the after hooks. It returns when the cycle is over.
-func (s *Server) checkpoint(c *net.UnixConn, m proto.Message) {
+//
+// kcr is watched throughout: while the hooks run through the connection
+// (its hangup cancels the hooks), afterwards through its PID, so that the app
+// resumes at once when kcr dies instead of waiting for resumeAfter.
+func (s *Server) checkpoint(c *net.UnixConn, m proto.Message, kcr peer) {
 	cyc, err := s.g.begin()
 	if err != nil {
 		s.reply(c, proto.Message{Type: proto.TypeBusy, Error: ErrBusy.Error()})
@@ -493,7 +500,21 @@ func (s *Server) checkpoint(c *net.UnixConn, m proto.Message) {
 	s.setState("checkpointing")
 
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	ctx, cancelCause := context.WithCancelCause(ctx)
+	hup, stopWatch := hangup(c)
+	hooksDone := make(chan struct{})
+	go func() {
+		select {
+		case <-hup:
+			log.Warn("kcr went away while the before-checkpoint hooks ran; cancelling them")
+			cancelCause(errKCRGone)
+		case <-hooksDone:
+		}
+	}()
 	reports, berr := cyc.before(ctx)
+	close(hooksDone)
+	stopWatch()
+	cancelCause(nil)
 	cancel()
 
 	if berr != nil {
@@ -546,7 +567,7 @@ func (s *Server) checkpoint(c *net.UnixConn, m proto.Message) {
 		log.Warn("kcr: could not send ready; resuming", "err", werr)
 		ev = Event{Kind: Resume, Reason: "kcr went away before the checkpoint: " + werr.Error()}
 	} else {
-		ev, f = s.await(ch, st0, resumeAfter)
+		ev, f = s.await(ch, st0, resumeAfter, kcr)
 	}
 
 	s.mu.Lock()
@@ -590,9 +611,11 @@ func (s *Server) checkpoint(c *net.UnixConn, m proto.Message) {
 	}
 }
 
-// await waits for the CLI's follow-up, the deadline, or the sign that the
-// process was restored (its start time changed), and says what happened.
-func (s *Server) await(ch chan followup, st0 uint64, resumeAfter time.Duration) (Event, *followup) {
+// await waits for the CLI's follow-up, the deadline, kcr's death, or the
+// sign that the process was restored (its start time changed), and says what
+// happened. A restore is checked first: a restored copy outlives the kcr
+// that dumped it, and is a new instance all the same.
+func (s *Server) await(ch chan followup, st0 uint64, resumeAfter time.Duration, kcr peer) (Event, *followup) {
 	deadline := time.NewTimer(resumeAfter)
 	defer deadline.Stop()
 	poll := time.NewTicker(s.cfg.pollEvery)
@@ -629,6 +652,10 @@ func (s *Server) await(ch chan followup, st0 uint64, resumeAfter time.Duration) 
 			if restored() {
 				s.rebind(hostPID())
 				return graceWait()
+			}
+			if kcr.gone() {
+				s.cfg.log.Warn("kcr exited before its follow-up; resuming", "kcr_pid", kcr.pid)
+				return Event{Kind: Resume, Reason: fmt.Sprintf("kcr (PID %d) exited before its follow-up", kcr.pid)}, nil
 			}
 		case <-s.quit:
 			if restored() {

@@ -45,6 +45,13 @@ func TestMain(m *testing.M) {
 		}
 		fmt.Println("OK " + info.Type)
 		os.Exit(0)
+	case "checkpoint":
+		// A stand-in for kcr: asks for a checkpoint, says so, and waits to
+		// be killed.
+		m, err := client.Checkpoint(context.Background(), os.Getenv("KCR_NOTIFY_TEST_SOCK"),
+			client.CheckpointRequest{HookBudget: 30 * time.Second, ResumeAfter: 2 * time.Minute})
+		fmt.Println("ANSWER", m.Type, err)
+		select {}
 	default:
 		fmt.Fprintln(os.Stderr, "unknown helper mode")
 		os.Exit(2)
@@ -971,4 +978,88 @@ func TestPeerCredentials(t *testing.T) {
 	if _, err := client.Hello(ctx(t), f.path); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// startKCR starts a stand-in for kcr in another process that asks for a
+// checkpoint and then hangs; the returned function SIGKILLs it.
+func startKCR(t *testing.T, sock string) (answered <-chan string, kill func()) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self)
+	cmd.Env = append(os.Environ(), helperEnv+"=checkpoint", "KCR_NOTIFY_TEST_SOCK="+sock)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ch := make(chan string, 1)
+	go func() {
+		b := make([]byte, 256)
+		n, _ := out.Read(b)
+		ch <- string(b[:n])
+	}()
+	kill = func() { cmd.Process.Kill(); cmd.Wait() }
+	t.Cleanup(kill)
+	return ch, kill
+}
+
+// TestKCRKilledWhileWaiting: kcr is SIGKILLed after the app answered ready
+// (as if it died before or during the dump). The app resumes within a
+// moment, not after the 2-minute resumeAfter it was given.
+func TestKCRKilledWhileWaiting(t *testing.T) {
+	f := newFixture(t)
+	answered, kill := startKCR(t, f.path)
+	select {
+	case a := <-answered:
+		if !strings.HasPrefix(a, "ANSWER ready") {
+			t.Fatalf("stand-in got %q", a)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no ready")
+	}
+	f.noAfter(200 * time.Millisecond) // kcr alive: the app waits
+	kill()
+	killed := time.Now()
+	ev := f.waitAfter(5 * time.Second)
+	if d := time.Since(killed); d > time.Second {
+		t.Errorf("resumed %v after kcr died, want ≤ 1s", d)
+	}
+	if ev.Kind != notify.Resume || !strings.Contains(ev.Reason, "exited before its follow-up") {
+		t.Errorf("event = %+v, want a resume because kcr exited", ev)
+	}
+	f.waitIdle()
+}
+
+// TestKCRKilledDuringHooks: kcr dies while a slow hook runs; the hook's
+// context is cancelled and every resource resumes at once.
+func TestKCRKilledDuringHooks(t *testing.T) {
+	f := newFixture(t)
+	entered := make(chan struct{})
+	var once sync.Once
+	f.g.Register("slow", notify.Func(func(ctx context.Context) error {
+		once.Do(func() { close(entered) })
+		<-ctx.Done()
+		return context.Cause(ctx)
+	}, nil))
+	_, kill := startKCR(t, f.path)
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("hook not called")
+	}
+	kill()
+	killed := time.Now()
+	ev := f.waitAfter(5 * time.Second)
+	if d := time.Since(killed); d > time.Second {
+		t.Errorf("resumed %v after kcr died, want ≤ 1s", d)
+	}
+	if ev.Kind != notify.Resume || !strings.Contains(ev.Reason, "kcr went away") {
+		t.Errorf("event = %+v, want a resume because kcr went away", ev)
+	}
+	f.waitIdle()
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -74,6 +75,10 @@ func checkpointCmd(g *globals) *cobra.Command {
 			if d, err := time.ParseDuration(os.Getenv("KCR_TEST_STALL_AFTER_HOOKS")); err == nil {
 				// For the e2e test that kills kcr between hooks and dump.
 				o.AfterHooks = func() { time.Sleep(d) }
+			}
+			if d, err := time.ParseDuration(os.Getenv("KCR_TEST_STALL_AFTER_DUMP")); err == nil {
+				// For the e2e test that kills kcr between dump and publish.
+				o.AfterDump = func() { time.Sleep(d) }
 			}
 			if o.NoHooks {
 				fmt.Fprintln(os.Stderr, "kcr: warning: --no-hooks: the process is dumped without running its hooks; open connections must be handled by CRIU (--tcp-close)")
@@ -255,6 +260,35 @@ subprocesses which outlive their parent should reap them, or run with
 	f.StringArrayVarP(&o.Env, "env", "e", nil, "add KEY=VALUE to the environment")
 	f.DurationVar(&ready, "ready-timeout", 10*time.Second, "how long to wait for the service's control socket (0: do not wait)")
 	return cmd
+}
+
+func recoverCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "recover DIR",
+		Short: "Finish images whose kcr checkpoint died after the dump (DIR: the hidden .NAME.kcr-tmp-* directory, or the directory holding them)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			dirs := []string{args[0]}
+			if !strings.Contains(filepath.Base(filepath.Clean(args[0])), ".kcr-tmp-") {
+				if dirs = images.FindPending(args[0]); len(dirs) == 0 {
+					return fmt.Errorf("%s: %w: no interrupted checkpoint with a finished dump in it", args[0], images.ErrNotRecoverable)
+				}
+			}
+			var out []string
+			for _, d := range dirs {
+				img, err := images.Recover(cmd.Context(), d)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(os.Stderr, "kcr: recovered %s\n", img.Dir)
+				out = append(out, img.Dir)
+			}
+			if g.json {
+				return printJSON(map[string]any{"images": out})
+			}
+			return nil
+		},
+	}
 }
 
 func inspectCmd(g *globals) *cobra.Command {

@@ -79,7 +79,7 @@ func main() {
 	root.PersistentFlags().BoolVar(&g.json, "json", false, "print the result as JSON on stdout")
 	root.PersistentFlags().BoolVarP(&g.verbose, "verbose", "v", false, "log debug details on stderr")
 	root.PersistentFlags().StringVar(&g.criu, "criu", "", "path of the criu binary (default: $KCR_CRIU, then PATH)")
-	root.AddCommand(checkpointCmd(&g), restoreCmd(&g), runCmd(&g), inspectCmd(&g), doctorCmd(&g), versionCmd(&g), exportCmd(&g), importCmd(&g))
+	root.AddCommand(checkpointCmd(&g), restoreCmd(&g), runCmd(&g), inspectCmd(&g), recoverCmd(&g), doctorCmd(&g), versionCmd(&g), exportCmd(&g), importCmd(&g))
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &exitError{exitUsage, err} })
 
 	err := root.ExecuteContext(ctx)
@@ -105,7 +105,7 @@ func exitCode(err error) int {
 		return exitNoCRIU
 	case errors.As(err, &ce), errors.As(err, &pe):
 		return exitCRIU
-	case errors.Is(err, engine.ErrNotClonable):
+	case errors.Is(err, engine.ErrNotClonable), errors.Is(err, images.ErrNotRecoverable):
 		return exitImage
 	case errors.Is(err, engine.ErrNoProcess), errors.Is(err, client.ErrNoProcess), errors.Is(err, client.ErrNoSocket):
 		return exitTarget

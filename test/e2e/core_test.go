@@ -197,7 +197,7 @@ func TestMPTCPListener(t *testing.T) {
 	}
 }
 
-// 5. kcr killed after the hooks → the app resumes by itself.
+// 5. kcr killed after the hooks → the app resumes by itself at once.
 func TestKilledCLI(t *testing.T) {
 	need(t)
 	a := startApp(t)
@@ -212,11 +212,12 @@ func TestKilledCLI(t *testing.T) {
 	cmd.Wait()
 	killed := time.Now()
 	e := a.waitEvent(10*time.Second, func(e event) bool { return e["ev"] == "after" && e.str("name") == "state" })
-	if e.str("kind") != "resume" || !strings.Contains(e.str("reason"), "no follow-up") {
-		t.Fatalf("after kcr died: %v, want resume for lack of follow-up", e)
+	if e.str("kind") != "resume" || !strings.Contains(e.str("reason"), "exited before its follow-up") {
+		t.Fatalf("after kcr died: %v, want resume because kcr exited", e)
 	}
-	if d := time.Since(killed); d > 4*time.Second {
-		t.Fatalf("app resumed %v after kcr died; deadline was 2s", d)
+	// The app watches kcr's PID: it does not wait for --resume-after.
+	if d := time.Since(killed); d > time.Second {
+		t.Fatalf("app resumed %v after kcr died; want ≤ 1s", d)
 	}
 	c0, _, _ := state(t, a.listen)
 	time.Sleep(100 * time.Millisecond)

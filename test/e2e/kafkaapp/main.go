@@ -108,6 +108,7 @@ type config struct {
 	consume        bool
 	sessionTimeout time.Duration
 	heartbeat      time.Duration
+	slowHook       time.Duration
 }
 
 func main() {
@@ -124,6 +125,7 @@ func main() {
 	flag.DurationVar(&c.sessionTimeout, "session-timeout", 6*time.Second, "consumer group session timeout")
 	flag.DurationVar(&c.heartbeat, "heartbeat", time.Second, "consumer group heartbeat interval")
 	listen := flag.String("listen", "127.0.0.1:0", "address of the state listener")
+	flag.DurationVar(&c.slowHook, "slow-hook", 0, "a before-checkpoint hook that runs last and takes this long (or until its deadline)")
 	logLevel := flag.String("log-level", "info", "level of the slog records logged as ev=log (debug, info, warn)")
 	flag.Parse()
 	c.brokers = strings.Split(*brokers, ",")
@@ -167,8 +169,18 @@ func run(c config, listen string) error {
 	a := &app{cfg: c, next: make(chan int, 4096), retry: make(chan []int, 1024)}
 	a.pending.m = map[int]struct{}{}
 
+	if c.slowHook > 0 {
+		notify.Register("kafkaapp-slow", notify.Func(func(ctx context.Context) error {
+			select {
+			case <-time.After(c.slowHook):
+				return nil
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
+		}, nil))
+	}
 	// Registered first: its before-checkpoint hook runs last, once the
-	// Writer and the Reader have quiesced.
+	// Writer and the Reader have quiesced (only -slow-hook runs after it).
 	notify.Register("kafkaapp-probe", notify.Func(a.beforeLast, nil))
 	if c.rate > 0 {
 		tmpl := &kafka.Writer{

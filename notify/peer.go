@@ -1,0 +1,103 @@
+package notify
+
+import (
+	"net"
+	"os"
+	"strconv"
+	"time"
+)
+
+// peer identifies the kcr process on the other end of a control connection:
+// its PID (SO_PEERCRED, in our PID namespace) and its start time, so that a
+// PID reused by another process is not taken for kcr.
+type peer struct {
+	pid   int
+	start uint64
+}
+
+// newPeer reads pid's start time. pid 0 means the peer is outside our PID
+// namespace (a service under "kcr run"): it cannot be watched through /proc.
+func newPeer(pid int32) peer {
+	p := peer{pid: int(pid)}
+	if p.pid > 0 {
+		if st, err := procStartTime(p.pid); err == nil {
+			p.start = st
+		} else {
+			p.pid = 0
+		}
+	}
+	return p
+}
+
+// watchable reports whether gone can tell.
+func (p peer) watchable() bool { return p.pid > 0 }
+
+// gone reports whether the peer process has exited (or is a zombie). It
+// reads /proc and holds no file descriptor, so CRIU may dump the app at any
+// moment of the watch.
+func (p peer) gone() bool {
+	if p.pid <= 0 {
+		return false
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/stat")
+	if err != nil {
+		return os.IsNotExist(err)
+	}
+	st, err := parseStartTime(b)
+	if err != nil {
+		return false
+	}
+	return st != p.start || zombie(b)
+}
+
+func procStartTime(pid int) (uint64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	return parseStartTime(b)
+}
+
+// zombie reports whether a /proc stat line's state is Z or X.
+func zombie(stat []byte) bool {
+	for i := len(stat) - 1; i >= 0; i-- {
+		if stat[i] == ')' {
+			if i+2 < len(stat) {
+				s := stat[i+2]
+				return s == 'Z' || s == 'X'
+			}
+			return false
+		}
+	}
+	return false
+}
+
+// hangup returns a channel closed when the peer of c closes its end (kcr
+// exited or was killed) and a function that stops watching; c must not be
+// read by anyone else until stop returns. kcr sends nothing after its
+// checkpoint request, so any read result means the peer went away.
+func hangup(c *net.UnixConn) (gone <-chan struct{}, stop func()) {
+	ch := make(chan struct{})
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(done)
+		var b [1]byte
+		_, err := c.Read(b[:])
+		select {
+		case <-stopped:
+			// Our own deadline: not a hangup.
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				return
+			}
+		default:
+		}
+		close(ch)
+	}()
+	return ch, func() {
+		close(stopped)
+		c.SetReadDeadline(time.Now())
+		<-done
+		c.SetReadDeadline(time.Time{})
+	}
+}

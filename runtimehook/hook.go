@@ -159,10 +159,7 @@ func Run(ctx context.Context, env Env, o Options) (*Result, error) {
 	case ActionPostDump:
 		return res, postDump(env, o)
 	case ActionPostRestore:
-		// The restored tree is still stopped: it could not answer. The
-		// message goes at post-resume.
-		o.Logger.Debug("post-restore: the after-restore message follows at post-resume", "init_pid", env.InitPID)
-		return res, nil
+		return res, postRestore(env, o)
 	case ActionPostResume:
 		return res, postResume(ctx, env, o, res)
 	}
@@ -312,13 +309,7 @@ func postResume(ctx context.Context, env Env, o Options, res *Result) error {
 		log.Info("post-resume: no kcr control socket in the restored tree, nothing to do", "init_pid", env.InitPID, "processes", res.Processes)
 		return nil
 	}
-	// The restore counter lives beside CRIU's images, as in a kcr image.
-	var gen uint64
-	if env.ImageDir != "" {
-		if gen, err = engine.NextGeneration(env.ImageDir); err != nil {
-			log.Debug("post-resume: no restore counter", "err", err)
-		}
-	}
+	gen := takeGeneration(env, o)
 	actx, cancel := context.WithTimeout(ctx, o.AfterWait+5*time.Second)
 	defer cancel()
 	errs := make([]error, len(ts))
@@ -345,6 +336,48 @@ func postResume(ctx context.Context, env Env, o Options, res *Result) error {
 	wg.Wait()
 	res.Targets = ts
 	return errors.Join(errs...)
+}
+
+// postRestore counts the restore. The restored tree is still stopped and
+// could not answer: the message goes at post-resume, when CRIU has already
+// closed its images directory, so the count is kept until then.
+func postRestore(env Env, o Options) error {
+	if env.ImageDir == "" {
+		return nil
+	}
+	// The restore counter lives beside CRIU's images, as in a kcr image.
+	gen, err := engine.NextGeneration(env.ImageDir)
+	if err != nil {
+		o.Logger.Debug("post-restore: no restore counter", "err", err)
+		return nil
+	}
+	if err := os.MkdirAll(o.StateDir, 0o700); err != nil {
+		return nil
+	}
+	os.WriteFile(generationFile(o, env.CRIUPID), []byte(strconv.FormatUint(gen, 10)), 0o600)
+	return nil
+}
+
+func generationFile(o Options, criuPID int) string {
+	return filepath.Join(o.StateDir, "restore-"+strconv.Itoa(criuPID))
+}
+
+// takeGeneration returns the count postRestore kept for this CRIU, or
+// counts now if it could not (a direct call with the images still there).
+func takeGeneration(env Env, o Options) uint64 {
+	p := generationFile(o, env.CRIUPID)
+	if b, err := os.ReadFile(p); err == nil {
+		os.Remove(p)
+		if g, err := strconv.ParseUint(string(b), 10, 64); err == nil {
+			return g
+		}
+	}
+	if env.ImageDir != "" {
+		if g, err := engine.NextGeneration(env.ImageDir); err == nil {
+			return g
+		}
+	}
+	return 0
 }
 
 func startTime(pid int) uint64 {

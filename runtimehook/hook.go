@@ -236,8 +236,9 @@ func preDump(ctx context.Context, env Env, o Options, res *Result) error {
 		}
 	}
 	if len(failed) == 0 {
+		dir, _ := os.Readlink(env.ImageDir) // CRIU's fd: gone when the watcher looks
 		file, err := writeState(o, state{CRIUPID: env.CRIUPID, CRIUStart: startTime(env.CRIUPID), InitPID: env.InitPID,
-			Targets: ts, Deadline: time.Now().Add(o.ResumeAfter)})
+			Targets: ts, Deadline: time.Now().Add(o.ResumeAfter), ImageDir: dir})
 		if err == nil {
 			err = o.SpawnWatcher(file)
 			if err != nil {

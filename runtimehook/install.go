@@ -28,7 +28,7 @@ const (
 // InstallOptions configures Install and Remove.
 type InstallOptions struct {
 	Config string // CRIU configuration file (default DefaultConfig)
-	Hook   string // action script path, a link to Exe (default DefaultHook)
+	Hook   string // the action script to write, which runs Exe (default DefaultHook)
 	Exe    string // the kcr binary (default: this executable)
 	// TCPClose adds "tcp-close": CRIU closes TCP connections no hook
 	// closed (at dump) and restores them closed.
@@ -67,7 +67,8 @@ type InstallResult struct {
 	HookChanged   bool   `json:"hook_changed"`
 }
 
-// Install links opts.Hook to the kcr binary and puts kcr's block (the
+// Install writes the action script opts.Hook, which runs the kcr binary,
+// and puts kcr's block (the
 // action-script line, and tcp-close if asked) into the CRIU configuration
 // file, keeping everything else in it. Running it again changes nothing.
 func Install(o InstallOptions) (*InstallResult, error) {
@@ -75,7 +76,7 @@ func Install(o InstallOptions) (*InstallResult, error) {
 		return nil, err
 	}
 	res := &InstallResult{Config: o.Config, Hook: o.Hook, Target: o.Exe}
-	changed, err := link(o.Hook, o.Exe)
+	changed, err := writeScript(o.Hook, o.Exe)
 	if err != nil {
 		return nil, err
 	}
@@ -105,8 +106,8 @@ func Install(o InstallOptions) (*InstallResult, error) {
 }
 
 // Remove takes kcr's block out of the CRIU configuration file (removing the
-// file if nothing else is left in it) and removes the hook link if it
-// points to a kcr binary. Running it again changes nothing.
+// file if nothing else is left in it) and removes the action script if kcr
+// wrote it. Running it again changes nothing.
 func Remove(o InstallOptions) (*InstallResult, error) {
 	if o.Exe == "" {
 		o.Exe = "-" // not needed to remove
@@ -134,10 +135,13 @@ func Remove(o InstallOptions) (*InstallResult, error) {
 			res.ConfigChanged = true
 		}
 	}
-	if dest, err := os.Readlink(o.Hook); err == nil {
-		if filepath.Base(dest) != "kcr" && !strings.Contains(filepath.Base(dest), "kcr") {
-			return nil, fmt.Errorf("%s links to %s, not to kcr: left alone (remove it yourself)", o.Hook, dest)
-		}
+	switch mine, err := ours(o.Hook); {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return nil, err
+	case !mine:
+		return nil, fmt.Errorf("%s is not kcr's action script: left alone (remove it yourself)", o.Hook)
+	default:
 		if err := os.Remove(o.Hook); err != nil {
 			return nil, fmt.Errorf("remove %s: %w", o.Hook, err)
 		}
@@ -165,18 +169,47 @@ func withoutBlock(b []byte) []byte {
 	return []byte(strings.Join(out, ""))
 }
 
-// link makes hook a symbolic link to exe; it reports whether it changed.
-// It replaces an older link, never a file.
-func link(hook, exe string) (bool, error) {
-	fi, err := os.Lstat(hook)
-	switch {
+// scriptMarker is in every action script Install writes.
+const scriptMarker = "# kcr-criu-hook: written by kcr install-runtime-hook"
+
+// script is the action script: CRIU runs it at every stage of a dump or a
+// restore, and only pre-dump and post-resume need kcr. Starting kcr costs
+// milliseconds, a shell a fraction of one.
+func script(exe string) []byte {
+	return []byte("#!/bin/sh\n" + scriptMarker + ".\n" +
+		"# CRIU runs it at every stage; only these need kcr (see kcr criu-hook --help).\n" +
+		"case \"$CRTOOLS_SCRIPT_ACTION\" in\n" +
+		"pre-dump|post-resume) exec '" + strings.ReplaceAll(exe, "'", `'\''`) + "' criu-hook ;;\n" +
+		"esac\n")
+}
+
+// ours reports whether the file at p is an action script (or a link)
+// that kcr installed.
+func ours(p string) (bool, error) {
+	fi, err := os.Lstat(p)
+	if err != nil {
+		return false, err
+	}
+	if fi.Mode()&os.ModeSymlink != 0 {
+		dest, _ := os.Readlink(p)
+		return strings.Contains(filepath.Base(dest), "kcr"), nil
+	}
+	b, err := os.ReadFile(p)
+	return err == nil && bytes.Contains(b, []byte(scriptMarker)), err
+}
+
+// writeScript writes the action script at hook; it reports whether it
+// changed. It replaces an older one, never somebody else's file.
+func writeScript(hook, exe string) (bool, error) {
+	want := script(exe)
+	switch mine, err := ours(hook); {
 	case errors.Is(err, os.ErrNotExist):
 	case err != nil:
 		return false, err
-	case fi.Mode()&os.ModeSymlink == 0:
-		return false, fmt.Errorf("%s exists and is not a link to kcr: remove it or pass another --hook", hook)
+	case !mine:
+		return false, fmt.Errorf("%s exists and is not kcr's action script: remove it or pass another --hook", hook)
 	default:
-		if dest, _ := os.Readlink(hook); dest == exe {
+		if b, err := os.ReadFile(hook); err == nil && bytes.Equal(b, want) {
 			return false, nil
 		}
 	}
@@ -184,13 +217,12 @@ func link(hook, exe string) (bool, error) {
 		return false, err
 	}
 	tmp := hook + ".kcr-tmp"
-	os.Remove(tmp)
-	if err := os.Symlink(exe, tmp); err != nil {
-		return false, fmt.Errorf("link %s to %s: %w", hook, exe, err)
+	if err := os.WriteFile(tmp, want, 0o755); err != nil {
+		return false, fmt.Errorf("write %s: %w", hook, err)
 	}
 	if err := os.Rename(tmp, hook); err != nil {
 		os.Remove(tmp)
-		return false, fmt.Errorf("link %s to %s: %w", hook, exe, err)
+		return false, fmt.Errorf("write %s: %w", hook, err)
 	}
 	return true, nil
 }

@@ -24,6 +24,7 @@ type state struct {
 	Targets   []Target  `json:"targets"`
 	Deadline  time.Time `json:"deadline"` // the apps resume by themselves then
 	Dumped    bool      `json:"dumped"`   // post-dump ran: the dump succeeded
+	ImageDir  string    `json:"image_dir,omitempty"`
 }
 
 func stateFile(o Options, criuPID int) string {
@@ -81,6 +82,11 @@ func Watch(ctx context.Context, file string, o Options) error {
 	}
 	if s, err := readState(file); err == nil {
 		st.Dumped = s.Dumped
+	}
+	// The installed script skips post-dump (a kcr start while the tree is
+	// frozen); CRIU writes its inventory last, once the dump succeeded.
+	if _, err := os.Stat(filepath.Join(st.ImageDir, "inventory.img")); err == nil && st.ImageDir != "" {
+		st.Dumped = true
 	}
 	reason := "dump failed"
 	if st.Dumped {

@@ -166,8 +166,9 @@ func Run(ctx context.Context, env Env, o Options) (*Result, error) {
 	return res, nil
 }
 
-// targets lists the processes of env's tree that have a control socket.
-func targets(env Env, res *Result) ([]Target, error) {
+// targets lists the processes of env's tree that have a control socket,
+// and logs when there is none.
+func targets(env Env, o Options, res *Result) ([]Target, error) {
 	if env.InitPID <= 0 {
 		return nil, fmt.Errorf("%s: CRTOOLS_INIT_PID is not set: use CRIU >= 3.19, which sets it for every action", env.Action)
 	}
@@ -188,18 +189,17 @@ func targets(env Env, res *Result) ([]Target, error) {
 		}
 		ts = append(ts, Target{PID: pid, StartTime: st, Socket: sock})
 	}
+	if len(ts) == 0 {
+		o.Logger.Info(env.Action+": no kcr control socket in the process tree, nothing to do", "init_pid", env.InitPID, "processes", res.Processes)
+	}
 	return ts, nil
 }
 
 func preDump(ctx context.Context, env Env, o Options, res *Result) error {
 	log := o.Logger
-	ts, err := targets(env, res)
-	if err != nil {
+	ts, err := targets(env, o, res)
+	if err != nil || len(ts) == 0 {
 		return err
-	}
-	if len(ts) == 0 {
-		log.Info("pre-dump: no kcr control socket in the process tree, nothing to do", "init_pid", env.InitPID, "processes", res.Processes)
-		return nil
 	}
 	// Every app quiesces at once: the pause is the slowest app's, not the sum.
 	hctx, cancel := context.WithTimeout(ctx, o.HookBudget+5*time.Second)
@@ -302,13 +302,9 @@ func postDump(env Env, o Options) error {
 
 func postResume(ctx context.Context, env Env, o Options, res *Result) error {
 	log := o.Logger
-	ts, err := targets(env, res)
-	if err != nil {
+	ts, err := targets(env, o, res)
+	if err != nil || len(ts) == 0 {
 		return err
-	}
-	if len(ts) == 0 {
-		log.Info("post-resume: no kcr control socket in the restored tree, nothing to do", "init_pid", env.InitPID, "processes", res.Processes)
-		return nil
 	}
 	gen := takeGeneration(env, o)
 	actx, cancel := context.WithTimeout(ctx, o.AfterWait+5*time.Second)

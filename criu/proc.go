@@ -223,6 +223,21 @@ func cmdline(pid int) string {
 	return strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " "))
 }
 
+// ProcessTree returns pid and all its descendants (pid first), from
+// /proc/<pid>/task/*/children. Processes that exit meanwhile are left out.
+func ProcessTree(pid int) []int { return processTree(pid) }
+
+// StartTime returns the start time of process pid (field 22 of
+// /proc/<pid>/stat, in clock ticks since boot): with the PID, it names one
+// process, as a PID alone may be reused.
+func StartTime(pid int) (uint64, error) {
+	st, err := readProcStat(pid)
+	if err != nil {
+		return 0, err
+	}
+	return st.startTime, nil
+}
+
 // processTree returns pid and all its descendants (pid first).
 func processTree(pid int) []int {
 	seen := map[int]bool{pid: true}

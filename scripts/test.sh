@@ -15,6 +15,7 @@ fi
 export KCR_E2E=1 GOFLAGS="${GOFLAGS:-} -buildvcs=false"
 
 scripts/install-criu.sh
+scripts/install-runc.sh
 scripts/kafka-up.sh
 trap 'scripts/kafka-down.sh >/dev/null 2>&1 || true' EXIT
 export KCR_KAFKA_BROKERS="${KCR_KAFKA_BROKERS:-127.0.0.1:${KCR_KAFKA_PORT:-9092}}"

@@ -80,6 +80,8 @@ func main() {
 	root.PersistentFlags().BoolVarP(&g.verbose, "verbose", "v", false, "log debug details on stderr")
 	root.PersistentFlags().StringVar(&g.criu, "criu", "", "path of the criu binary (default: $KCR_CRIU, then PATH)")
 	root.AddCommand(checkpointCmd(&g), restoreCmd(&g), runCmd(&g), inspectCmd(&g), recoverCmd(&g), doctorCmd(&g), versionCmd(&g), exportCmd(&g), importCmd(&g))
+	root.AddCommand(criuHookCmd(&g), installHookCmd(&g))
+	os.Args = asCRIUHook(os.Args)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &exitError{exitUsage, err} })
 
 	err := root.ExecuteContext(ctx)

@@ -126,6 +126,7 @@ func main() {
 	flag.DurationVar(&c.heartbeat, "heartbeat", time.Second, "consumer group heartbeat interval")
 	listen := flag.String("listen", "127.0.0.1:0", "address of the state listener")
 	flag.DurationVar(&c.slowHook, "slow-hook", 0, "a before-checkpoint hook that runs last and takes this long (or until its deadline)")
+	failCheckpoint := flag.Bool("fail-checkpoint", false, "register a resource whose before-checkpoint hook fails")
 	logLevel := flag.String("log-level", "info", "level of the slog records logged as ev=log (debug, info, warn)")
 	flag.Parse()
 	c.brokers = strings.Split(*brokers, ",")
@@ -139,6 +140,9 @@ func main() {
 		os.Exit(2)
 	}
 	slog.SetDefault(slog.New(hpidHandler{slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: lvl})}).With("ev", "log", "pid", os.Getpid()))
+	if *failCheckpoint {
+		notify.Register("failing", notify.Func(func(context.Context) error { return errors.New("refusing the checkpoint (-fail-checkpoint)") }, nil))
+	}
 	if err := run(c, *listen); err != nil {
 		emit("fatal", "err", err.Error())
 		os.Exit(1)

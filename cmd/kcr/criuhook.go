@@ -1,0 +1,138 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kcr-dev/kcr/runtimehook"
+)
+
+// asCRIUHook makes the binary, run as kcr-criu-hook (the link CRIU runs as
+// its action script, with no arguments), run "kcr criu-hook".
+func asCRIUHook(args []string) []string {
+	if len(args) > 0 && filepath.Base(args[0]) == runtimehook.ScriptName {
+		return append([]string{args[0], "criu-hook"}, args[1:]...)
+	}
+	return args
+}
+
+// envDuration reads a duration from the environment: CRIU passes a script
+// no arguments, but the runtime's environment.
+func envDuration(name string, def time.Duration) time.Duration {
+	if d, err := time.ParseDuration(os.Getenv(name)); err == nil && d > 0 {
+		return d
+	}
+	return def
+}
+
+func criuHookCmd(g *globals) *cobra.Command {
+	var o runtimehook.Options
+	hookLogger := func() *slog.Logger {
+		lvl := slog.LevelInfo
+		if g.verbose || os.Getenv("KCR_HOOK_DEBUG") != "" {
+			lvl = slog.LevelDebug
+		}
+		// stderr is CRIU's log (dump.log, restore.log), which the runtime
+		// names when it fails.
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})).With("src", "kcr-criu-hook")
+	}
+	cmd := &cobra.Command{
+		Use:   "criu-hook",
+		Short: "CRIU action script: run the kcr hooks of a tree that a container runtime checkpoints or restores",
+		Long: `CRIU runs this (as the link ` + runtimehook.DefaultHook + `, see kcr install-runtime-hook) at every
+stage of a dump or restore. At pre-dump it runs the before-checkpoint hooks of every process of
+the tree of $CRTOOLS_INIT_PID that has a kcr control socket and fails (so that CRIU aborts) if one
+fails; at post-resume it sends the after-restore message. Defaults come from $KCR_HOOK_TIMEOUT,
+$KCR_HOOK_RESUME_AFTER and $KCR_HOOK_AFTER_WAIT. It logs to stderr, which is CRIU's log.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			env, err := runtimehook.EnvFromOS()
+			if err != nil {
+				return &exitError{exitUsage, err}
+			}
+			o.Logger = hookLogger()
+			t := time.Now()
+			res, err := runtimehook.Run(cmd.Context(), env, o)
+			if err != nil {
+				o.Logger.Error(env.Action+" failed", "err", err, "took", time.Since(t).Round(time.Microsecond))
+				if _, ok := err.(*runtimehook.HookError); ok {
+					return &exitError{exitHooks, err}
+				}
+				return err
+			}
+			o.Logger.Debug(env.Action+" done", "targets", len(res.Targets), "took", time.Since(t).Round(time.Microsecond))
+			if g.json {
+				return printJSON(res)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.DurationVar(&o.HookBudget, "timeout", envDuration("KCR_HOOK_TIMEOUT", 10*time.Second), "deadline for the apps' before-checkpoint hooks")
+	f.DurationVar(&o.ResumeAfter, "resume-after", envDuration("KCR_HOOK_RESUME_AFTER", 0), "how long an app waits for the end of the checkpoint before it resumes on its own (default timeout+60s)")
+	f.DurationVar(&o.AfterWait, "after-wait", envDuration("KCR_HOOK_AFTER_WAIT", 10*time.Second), "how long post-resume waits for the after-restore hooks")
+	f.StringVar(&o.StateDir, "state-dir", os.Getenv("KCR_HOOK_STATE_DIR"), "directory of the resume watcher's state (default /run/kcr/criu-hook)")
+
+	watch := &cobra.Command{
+		Use:    "watch STATE",
+		Short:  "resume the apps of a checkpoint once CRIU is done (started by pre-dump)",
+		Hidden: true,
+		Args:   cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			o.Logger = hookLogger()
+			if err := runtimehook.Watch(cmd.Context(), args[0], o); err != nil {
+				o.Logger.Warn("watch", "err", err)
+				return err
+			}
+			return nil
+		},
+	}
+	cmd.AddCommand(watch)
+	return cmd
+}
+
+func installHookCmd(g *globals) *cobra.Command {
+	var o runtimehook.InstallOptions
+	var remove bool
+	cmd := &cobra.Command{
+		Use:   "install-runtime-hook",
+		Short: "Make CRIU run kcr's hooks when runc (Podman, CRI-O, the kubelet) checkpoints a container",
+		Long: `Links the action script (--hook) to this kcr binary and adds kcr's block to the CRIU
+configuration file that runc reads (--config; a container's org.criu.config annotation names
+another one), keeping the rest of the file. Idempotent; --remove undoes it.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var res *runtimehook.InstallResult
+			var err error
+			if remove {
+				res, err = runtimehook.Remove(o)
+			} else {
+				res, err = runtimehook.Install(o)
+			}
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(res)
+			}
+			what := map[bool]string{false: "unchanged", true: "updated"}
+			if remove {
+				fmt.Fprintf(os.Stderr, "removed kcr's CRIU hook: %s %s, %s %s\n", res.Config, what[res.ConfigChanged], res.Hook, what[res.HookChanged])
+				return nil
+			}
+			fmt.Fprintf(os.Stderr, "CRIU runs kcr's hooks: %s %s; %s -> %s %s\n", res.Config, what[res.ConfigChanged], res.Hook, res.Target, what[res.HookChanged])
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Config, "config", runtimehook.DefaultConfig, "CRIU configuration file to change")
+	f.StringVar(&o.Hook, "hook", runtimehook.DefaultHook, "path of the action script (a link to kcr)")
+	f.BoolVar(&o.TCPClose, "tcp-close", false, "also let CRIU close TCP connections that no hook closed")
+	f.BoolVar(&remove, "remove", false, "take kcr's block out of the configuration and remove the link")
+	return cmd
+}

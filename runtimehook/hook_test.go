@@ -1,0 +1,164 @@
+package runtimehook
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/kcr-dev/kcr/notify"
+)
+
+// startApp serves a registry's control socket in this process, which is
+// then the "tree" CRIU would dump.
+func startApp(t *testing.T, before error) (events chan notify.Event) {
+	t.Helper()
+	g := notify.NewRegistry()
+	events = make(chan notify.Event, 4)
+	g.Register("r", notify.Func(func(context.Context) error { return before },
+		func(_ context.Context, ev notify.Event) error { events <- ev; return nil }))
+	srv, err := g.Start(notify.WithSocketDir(t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	return events
+}
+
+// fakeCRIU is a process standing for CRIU: the watcher waits for its exit.
+func fakeCRIU(t *testing.T) *exec.Cmd {
+	t.Helper()
+	c := exec.Command("sleep", "30")
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Process.Kill(); c.Wait() })
+	return c
+}
+
+func waitEvent(t *testing.T, ch chan notify.Event) notify.Event {
+	t.Helper()
+	select {
+	case ev := <-ch:
+		return ev
+	case <-time.After(10 * time.Second):
+		t.Fatal("no after-restore event")
+	}
+	return notify.Event{}
+}
+
+func TestPreDumpThenFailedDumpResumes(t *testing.T) {
+	events := startApp(t, nil)
+	criu := fakeCRIU(t)
+	watched := make(chan error, 1)
+	o := Options{StateDir: t.TempDir(), HookBudget: 2 * time.Second}
+	o.SpawnWatcher = func(file string) error {
+		go func() { watched <- Watch(context.Background(), file, o) }()
+		return nil
+	}
+	env := Env{Action: ActionPreDump, InitPID: os.Getpid(), CRIUPID: criu.Process.Pid}
+	res, err := Run(context.Background(), env, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Targets) != 1 || res.Targets[0].PID != os.Getpid() {
+		t.Fatalf("targets %+v, want this process", res.Targets)
+	}
+	select {
+	case ev := <-events:
+		t.Fatalf("resumed while CRIU still runs: %+v", ev)
+	case <-time.After(200 * time.Millisecond):
+	}
+	criu.Process.Kill() // CRIU exits without post-dump: the dump failed
+	ev := waitEvent(t, events)
+	if ev.Kind != notify.Resume || ev.Reason != "dump failed" {
+		t.Errorf("event %+v, want Resume after a failed dump", ev)
+	}
+	if err := <-watched; err != nil {
+		t.Errorf("watch: %v", err)
+	}
+}
+
+func TestPostDumpLeaveRunning(t *testing.T) {
+	events := startApp(t, nil)
+	criu := fakeCRIU(t)
+	o := Options{StateDir: t.TempDir()}
+	var file string
+	o.SpawnWatcher = func(f string) error { file = f; return nil }
+	env := Env{Action: ActionPreDump, InitPID: os.Getpid(), CRIUPID: criu.Process.Pid}
+	if _, err := Run(context.Background(), env, o); err != nil {
+		t.Fatal(err)
+	}
+	env.Action = ActionPostDump
+	if _, err := Run(context.Background(), env, o); err != nil {
+		t.Fatal(err)
+	}
+	criu.Process.Kill()
+	if err := Watch(context.Background(), file, o); err != nil {
+		t.Fatal(err)
+	}
+	if ev := waitEvent(t, events); ev.Kind != notify.Resume || ev.Reason != "leave-running" {
+		t.Errorf("event %+v, want Resume for leave-running", ev)
+	}
+	if _, err := os.Stat(file); !os.IsNotExist(err) {
+		t.Errorf("state file left behind: %v", err)
+	}
+}
+
+func TestPreDumpHookFails(t *testing.T) {
+	events := startApp(t, errors.New("not now"))
+	o := Options{StateDir: t.TempDir(), SpawnWatcher: func(string) error { t.Error("watcher started for a failed checkpoint"); return nil }}
+	_, err := Run(context.Background(), Env{Action: ActionPreDump, InitPID: os.Getpid(), CRIUPID: os.Getppid()}, o)
+	var he *HookError
+	if !errors.As(err, &he) || len(he.Failed) != 1 {
+		t.Fatalf("err %v, want a HookError", err)
+	}
+	if ev := waitEvent(t, events); ev.Kind != notify.Resume {
+		t.Errorf("event %+v, want Resume", ev)
+	}
+}
+
+func TestWatcherCannotStart(t *testing.T) {
+	events := startApp(t, nil)
+	o := Options{StateDir: t.TempDir(), SpawnWatcher: func(string) error { return errors.New("no exec") }}
+	_, err := Run(context.Background(), Env{Action: ActionPreDump, InitPID: os.Getpid(), CRIUPID: os.Getppid()}, o)
+	if err == nil {
+		t.Fatal("pre-dump succeeded without a watcher to resume the app")
+	}
+	if ev := waitEvent(t, events); ev.Kind != notify.Resume {
+		t.Errorf("event %+v, want Resume", ev)
+	}
+}
+
+func TestPostResumeRestores(t *testing.T) {
+	events := startApp(t, nil)
+	o := Options{StateDir: t.TempDir()}
+	// A restore message needs a checkpoint waiting for it.
+	o.SpawnWatcher = func(string) error { return nil }
+	criu := fakeCRIU(t)
+	if _, err := Run(context.Background(), Env{Action: ActionPreDump, InitPID: os.Getpid(), CRIUPID: criu.Process.Pid}, o); err != nil {
+		t.Fatal(err)
+	}
+	img := t.TempDir()
+	res, err := Run(context.Background(), Env{Action: ActionPostResume, InitPID: os.Getpid(), ImageDir: img}, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := waitEvent(t, events); ev.Kind != notify.Restore || ev.Generation != 1 {
+		t.Errorf("event %+v, want Restore generation 1", ev)
+	}
+	if len(res.Targets) != 1 {
+		t.Errorf("targets %+v", res.Targets)
+	}
+}
+
+func TestNoInitPID(t *testing.T) {
+	if _, err := Run(context.Background(), Env{Action: ActionPreDump}, Options{}); err == nil {
+		t.Fatal("pre-dump without CRTOOLS_INIT_PID succeeded")
+	}
+	if _, err := Run(context.Background(), Env{Action: "network-lock"}, Options{}); err != nil {
+		t.Fatalf("other actions are no-ops: %v", err)
+	}
+}

@@ -1,0 +1,146 @@
+package runtimehook
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kcr-dev/kcr/notify/client"
+)
+
+// state is what pre-dump leaves for post-dump and the watcher, in a file
+// named after CRIU's PID (post-dump is run by the same CRIU).
+type state struct {
+	CRIUPID   int       `json:"criu_pid"`
+	CRIUStart uint64    `json:"criu_start_time"`
+	InitPID   int       `json:"init_pid"`
+	Targets   []Target  `json:"targets"`
+	Deadline  time.Time `json:"deadline"` // the apps resume by themselves then
+	Dumped    bool      `json:"dumped"`   // post-dump ran: the dump succeeded
+	ImageDir  string    `json:"image_dir,omitempty"`
+}
+
+func stateFile(o Options, criuPID int) string {
+	return filepath.Join(o.StateDir, "criu-"+strconv.Itoa(criuPID)+".json")
+}
+
+func writeState(o Options, st state) (string, error) {
+	if err := os.MkdirAll(o.StateDir, 0o700); err != nil {
+		return "", fmt.Errorf("criu-hook state directory: %w", err)
+	}
+	b, err := json.Marshal(st)
+	if err != nil {
+		return "", err
+	}
+	p := stateFile(o, st.CRIUPID)
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return "", fmt.Errorf("criu-hook state: %w", err)
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		os.Remove(tmp)
+		return "", fmt.Errorf("criu-hook state: %w", err)
+	}
+	return p, nil
+}
+
+func readState(p string) (state, error) {
+	var st state
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return st, err
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		return st, fmt.Errorf("criu-hook state %s: %w", p, err)
+	}
+	return st, nil
+}
+
+// Watch waits until the CRIU named in the state file has exited, then sends
+// Resume to every app of the file that still runs (the dump failed, or left
+// the tree running) and removes the file. Apps that were dumped are gone.
+// It gives up at the state's deadline, when the apps resume by themselves.
+func Watch(ctx context.Context, file string, o Options) error {
+	o.defaults()
+	log := o.Logger
+	st, err := readState(file)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(file)
+	ctx, cancel := context.WithDeadline(ctx, st.Deadline)
+	defer cancel()
+	if err := waitExit(ctx, st.CRIUPID, st.CRIUStart); err != nil {
+		return fmt.Errorf("waiting for CRIU (PID %d) to finish: %w; the apps resume by themselves", st.CRIUPID, err)
+	}
+	if s, err := readState(file); err == nil {
+		st.Dumped = s.Dumped
+	}
+	// The installed script skips post-dump (a kcr start while the tree is
+	// frozen); CRIU writes its inventory last, once the dump succeeded.
+	if _, err := os.Stat(filepath.Join(st.ImageDir, "inventory.img")); err == nil && st.ImageDir != "" {
+		st.Dumped = true
+	}
+	reason := "dump failed"
+	if st.Dumped {
+		reason = "leave-running"
+	}
+	which := make([]bool, len(st.Targets))
+	n := 0
+	for i, t := range st.Targets {
+		// A dumped and killed app is gone, or a zombie without fds.
+		if startTime(t.PID) != t.StartTime {
+			continue
+		}
+		if _, err := client.Find(t.PID); err != nil {
+			continue
+		}
+		which[i] = true
+		n++
+	}
+	if n == 0 {
+		log.Debug("criu-hook watch: every app was dumped", "criu_pid", st.CRIUPID)
+		return nil
+	}
+	resumeAll(st.Targets, which, reason, o)
+	return nil
+}
+
+// waitExit waits until process pid, started at start, has exited.
+func waitExit(ctx context.Context, pid int, start uint64) error {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return nil
+		}
+		return err
+	}
+	defer unix.Close(fd)
+	if startTime(pid) != start {
+		return nil // the PID was reused: ours is gone
+	}
+	for {
+		ms := 1000
+		if dl, ok := ctx.Deadline(); ok {
+			ms = max(0, min(ms, int(time.Until(dl).Milliseconds())))
+		}
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, ms)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			return err
+		}
+		if n > 0 {
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+}

@@ -1,0 +1,369 @@
+package e2e
+
+// Containers: kafkaapp, built static, runs in a runc container (a bundle
+// from "runc spec": its rootfs is a directory with that one binary, no
+// network namespace, so it reaches the host's loopback broker) and is
+// checkpointed with plain "runc checkpoint". CRIU runs kcr's hooks because
+// the container's org.criu.config annotation names a CRIU configuration
+// file of the test's own, written by "kcr install-runtime-hook --config":
+// /etc/criu/runc.conf, which other runc users read, is never touched.
+
+import (
+	"encoding/json"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	staticOnce sync.Once
+	staticBin  string // kafkaapp, CGO_ENABLED=0
+	staticErr  string
+)
+
+// staticKafkaapp builds kafkaapp without cgo, so that it runs in a rootfs
+// that holds nothing else.
+func staticKafkaapp(t *testing.T) string {
+	t.Helper()
+	staticOnce.Do(func() {
+		p := filepath.Join(binDir, "kafkaapp-static")
+		cmd := exec.Command("go", "build", "-o", p, "./kafkaapp")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			staticErr = err.Error() + "\n" + string(out)
+			return
+		}
+		staticBin = p
+	})
+	if staticBin == "" {
+		t.Fatalf("build static kafkaapp: %s", staticErr)
+	}
+	return staticBin
+}
+
+// container is a runc container running kafkaapp.
+type container struct {
+	*kapp
+	t      *testing.T
+	id     string
+	root   string // runc --root: this test's own state directory
+	bundle string
+	conf   string // the CRIU configuration file of org.criu.config
+}
+
+// runcPath returns runc, or fails or skips the test.
+func runcPath(t *testing.T) string {
+	t.Helper()
+	p, err := exec.LookPath("runc")
+	if err != nil {
+		skipOrFail(t, "runc is not installed (scripts/install-runc.sh installs it)")
+	}
+	return p
+}
+
+// newContainer makes a bundle for kafkaapp with args and the CRIU
+// configuration of "kcr install-runtime-hook" (with extra flags), and starts it.
+func newContainer(t *testing.T, k *kafkaEnv, installFlags []string, args ...string) *container {
+	t.Helper()
+	runcPath(t)
+	bin := staticKafkaapp(t)
+	dir := t.TempDir()
+	c := &container{t: t, id: uniqueName("ctr"), root: filepath.Join(dir, "runc"), bundle: filepath.Join(dir, "bundle"),
+		conf: filepath.Join(dir, "criu.conf")}
+	rootfs := filepath.Join(c.bundle, "rootfs")
+	if err := os.MkdirAll(rootfs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(rootfs, "kafkaapp"), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("runc", "spec", "--bundle", c.bundle).CombinedOutput(); err != nil {
+		t.Fatalf("runc spec: %v: %s", err, out)
+	}
+	hook := filepath.Join(dir, "kcr-criu-hook")
+	mustKCR(t, append([]string{"install-runtime-hook", "--config", c.conf, "--hook", hook}, installFlags...)...)
+
+	var spec map[string]any
+	p := filepath.Join(c.bundle, "config.json")
+	b, err = os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &spec); err != nil {
+		t.Fatal(err)
+	}
+	proc := spec["process"].(map[string]any)
+	proc["terminal"] = false
+	proc["args"] = append([]any{"/kafkaapp", "-brokers", k.brokers}, toAny(args)...)
+	proc["env"] = append(proc["env"].([]any), "GODEBUG=multipathtcp=0")
+	delete(proc, "rlimits") // root lacks CAP_SYS_RESOURCE here
+	spec["root"].(map[string]any)["readonly"] = false
+	linux := spec["linux"].(map[string]any)
+	var nss []any
+	for _, n := range linux["namespaces"].([]any) {
+		if n.(map[string]any)["type"] != "network" {
+			nss = append(nss, n)
+		}
+	}
+	linux["namespaces"] = nss
+	spec["annotations"] = map[string]any{"org.criu.config": c.conf}
+	b, _ = json.MarshalIndent(spec, "", " ")
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	c.kapp = &kapp{app: &app{t: t, out: filepath.Join(dir, "app.log"), done: make(chan struct{})}, k: k}
+	k.keepLog(c.kapp)
+	t.Cleanup(func() {
+		exec.Command("runc", "--root", c.root, "kill", c.id, "KILL").Run()
+		time.Sleep(100 * time.Millisecond)
+		exec.Command("runc", "--root", c.root, "delete", "-f", c.id).Run()
+	})
+	c.runc(nil, "run", "-d", "--bundle", c.bundle, c.id)
+	ev := c.waitEvent(20*time.Second, func(e event) bool { return e["ev"] == "ready" || e["ev"] == "fatal" })
+	if ev["ev"] == "fatal" {
+		t.Fatalf("kafkaapp failed to start in the container: %v", ev)
+	}
+	c.listen = ev.str("listen")
+	c.pid = c.hostPID()
+	return c
+}
+
+func toAny(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}
+
+// runc runs a runc command whose container output goes through a pipe into
+// the app's log: a host file would be outside the container's mount
+// namespace, which CRIU cannot dump. It returns runc's exit error.
+func (c *container) runc(wantErr *error, args ...string) string {
+	c.t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	logf, err := os.OpenFile(c.out, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	go func() { io.Copy(logf, r); r.Close(); logf.Close() }()
+	// The container's stdin is a pipe too, closed at once.
+	ir, iw, err := os.Pipe()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	iw.Close()
+	defer ir.Close()
+	var out strings.Builder
+	cmd := exec.Command("runc", append([]string{"--root", c.root}, args...)...)
+	if args[0] == "checkpoint" {
+		// runc's own output, nothing the container keeps.
+		cmd.Stdout, cmd.Stderr = &out, &out
+		w.Close()
+	} else {
+		// Files, not writers: the container inherits them, and exec would
+		// wait for it to close a pipe of its own.
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = ir, w, w
+	}
+	err = cmd.Run()
+	w.Close()
+	if wantErr != nil {
+		*wantErr = err
+	} else if err != nil {
+		c.t.Fatalf("runc %s: %v\n%s", strings.Join(args, " "), err, out.String())
+	}
+	return out.String()
+}
+
+// hostPID returns the host PID of the container's init (runc state).
+func (c *container) hostPID() int {
+	c.t.Helper()
+	out, err := exec.Command("runc", "--root", c.root, "state", c.id).Output()
+	if err != nil {
+		c.t.Fatalf("runc state %s: %v", c.id, err)
+	}
+	var st struct {
+		Pid    int    `json:"pid"`
+		Status string `json:"status"`
+	}
+	json.Unmarshal(out, &st)
+	return st.Pid
+}
+
+func (c *container) status() string {
+	out, err := exec.Command("runc", "--root", c.root, "state", c.id).Output()
+	if err != nil {
+		return "gone"
+	}
+	var st struct {
+		Status string `json:"status"`
+	}
+	json.Unmarshal(out, &st)
+	return st.Status
+}
+
+func readFile(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestContainerRuncCheckpointRestore: plain "runc checkpoint" runs the
+// hooks, "runc restore" gives a new identity, and no record is lost.
+func TestContainerRuncCheckpointRestore(t *testing.T) {
+	k := needKafka(t)
+	topic := k.newTopic("runc", 1)
+	c := newContainer(t, k, nil, "-topic", topic, "-produce-rate", "200", "-client-id", "ctr")
+	c.waitAcked(100, 30*time.Second)
+	before := c.state()
+	n0 := len(c.events())
+
+	img := filepath.Join(t.TempDir(), "img")
+	t0 := time.Now()
+	c.runc(nil, "checkpoint", "--image-path", img, "--work-path", img, c.id)
+	t.Logf("runc checkpoint with the kcr hook: %v", time.Since(t0))
+	dumpLog := readFile(t, filepath.Join(img, "dump.log"))
+	if !strings.Contains(dumpLog, "pre-dump: before-checkpoint hooks done") {
+		t.Fatalf("dump.log does not show kcr's pre-dump hooks:\n%s", dumpLog)
+	}
+	// The app's last hook ran; records its callers had not handed over yet
+	// wait at the Writer's gate and are sent after the restore.
+	pending, _ := c.pendingAt(n0)
+	if s := c.status(); s != "stopped" && s != "gone" {
+		t.Fatalf("after runc checkpoint the container is %q, want it stopped", s)
+	}
+	ackedBefore := len(acked(c.events()))
+
+	n1 := len(c.events())
+	t0 = time.Now()
+	c.runc(nil, "restore", "-d", "--image-path", img, "--work-path", img, "--bundle", c.bundle, c.id)
+	t.Logf("runc restore with the kcr hook: %v", time.Since(t0))
+	after := c.waitAfter(n1, 20*time.Second)
+	if after.str("kind") != "restore" {
+		t.Fatalf("after runc restore the hooks ran with kind %q, want restore: %v", after.str("kind"), after)
+	}
+	if id := after.str("instance"); id == "" || id == before.Instance {
+		t.Errorf("restored instance id %q, before %q: want a new one", id, before.Instance)
+	}
+	if w := after.str("writer_client"); w == before.WriterClient || !strings.HasPrefix(w, "ctr-") {
+		t.Errorf("writer client id after restore %q, before %q: want a new ctr-… one", w, before.WriterClient)
+	}
+	if !strings.Contains(readFile(t, filepath.Join(img, "restore.log")), "post-resume: restored") {
+		t.Errorf("restore.log does not show kcr's post-resume message")
+	}
+	c.pid = c.hostPID()
+	c.waitAcked(ackedBefore+100, 30*time.Second)
+	c.stop(c.pid)
+	on := k.checkAcked(topic, acked(c.events()))
+	for _, n := range pending {
+		if on[n] == 0 {
+			t.Errorf("record %d, pending at the checkpoint, is not on the topic", n)
+		}
+	}
+}
+
+// TestContainerRuncLeaveRunning: --leave-running resumes the same instance.
+func TestContainerRuncLeaveRunning(t *testing.T) {
+	k := needKafka(t)
+	topic := k.newTopic("runc-leave", 1)
+	c := newContainer(t, k, nil, "-topic", topic, "-produce-rate", "200", "-client-id", "ctr")
+	c.waitAcked(100, 30*time.Second)
+	before := c.state()
+	n0 := len(c.events())
+	img := filepath.Join(t.TempDir(), "img")
+	c.runc(nil, "checkpoint", "--leave-running", "--image-path", img, "--work-path", img, c.id)
+	after := c.waitAfter(n0, 20*time.Second)
+	if after.str("kind") != "resume" || after.str("reason") != "leave-running" {
+		t.Fatalf("after runc checkpoint --leave-running: kind %q reason %q, want resume, leave-running", after.str("kind"), after.str("reason"))
+	}
+	if w := after.str("writer_client"); w != before.WriterClient {
+		t.Errorf("writer client id changed on resume: %q, before %q", w, before.WriterClient)
+	}
+	if s := c.status(); s != "running" {
+		t.Fatalf("container %q after --leave-running", s)
+	}
+	n := len(acked(c.events()))
+	c.waitAcked(n+100, 30*time.Second)
+	c.stop(c.pid)
+	k.checkAcked(topic, acked(c.events()))
+}
+
+// TestContainerRuncFailingHook: a failing hook makes runc checkpoint fail;
+// the container keeps running and producing.
+func TestContainerRuncFailingHook(t *testing.T) {
+	k := needKafka(t)
+	topic := k.newTopic("runc-fail", 1)
+	c := newContainer(t, k, nil, "-topic", topic, "-produce-rate", "200", "-fail-checkpoint")
+	c.waitAcked(100, 30*time.Second)
+	n0 := len(c.events())
+	img := filepath.Join(t.TempDir(), "img")
+	var err error
+	out := c.runc(&err, "checkpoint", "--image-path", img, "--work-path", img, c.id)
+	if err == nil {
+		t.Fatalf("runc checkpoint succeeded although a hook failed:\n%s", out)
+	}
+	dumpLog := readFile(t, filepath.Join(img, "dump.log"))
+	if !strings.Contains(dumpLog, "refusing the checkpoint") {
+		t.Errorf("dump.log does not name the failing hook:\n%s", dumpLog)
+	}
+	if s := c.status(); s != "running" {
+		t.Fatalf("container %q after a failed checkpoint, want running", s)
+	}
+	after := c.waitAfter(n0, 20*time.Second)
+	if after.str("kind") != "resume" {
+		t.Errorf("after a failed checkpoint: kind %q, want resume", after.str("kind"))
+	}
+	n := len(acked(c.events()))
+	c.waitAcked(n+100, 30*time.Second)
+	c.stop(c.pid)
+	k.checkAcked(topic, acked(c.events()))
+}
+
+// TestCRIUHookNoSocket: on a tree without a kcr control socket the hook
+// does nothing, says so, and lets CRIU go on.
+func TestCRIUHookNoSocket(t *testing.T) {
+	need(t)
+	sleep := exec.Command("sleep", "60")
+	if err := sleep.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { sleep.Process.Kill(); sleep.Wait() }()
+	for _, action := range []string{"pre-dump", "post-dump", "post-resume", "network-lock"} {
+		cmd := exec.Command(kcrBin, "criu-hook")
+		cmd.Env = append(os.Environ(), "CRTOOLS_SCRIPT_ACTION="+action, "CRTOOLS_INIT_PID="+strconv.Itoa(sleep.Process.Pid),
+			"KCR_HOOK_STATE_DIR="+t.TempDir())
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("kcr criu-hook %s on a tree without socket: %v\n%s", action, err, out)
+		}
+		if action == "pre-dump" && !strings.Contains(string(out), "no kcr control socket in the process tree, nothing to do") {
+			t.Errorf("pre-dump did not say it had nothing to do:\n%s", out)
+		}
+	}
+	if sleep.ProcessState != nil || syscall.Kill(sleep.Process.Pid, 0) != nil {
+		t.Fatalf("the process was disturbed")
+	}
+	// Run by hand, it explains what it is for.
+	r := runKCR(t, "criu-hook")
+	if r.code != 2 || !strings.Contains(r.stderr, "CRTOOLS_SCRIPT_ACTION") {
+		t.Errorf("kcr criu-hook without CRIU: exit %d, %q", r.code, r.stderr)
+	}
+}

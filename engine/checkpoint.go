@@ -117,7 +117,7 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 		log.Debug("preflight", "err", err)
 	}
 
-	var sock string
+	var sock *client.Socket
 	if o.NoHooks {
 		if p, err := client.Find(o.PID); err == nil {
 			log.Warn("the process has a kcr control socket, but --no-hooks skips its hooks", "socket", p)
@@ -151,16 +151,16 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 		}
 		rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		_, err := client.Resume(rctx, sock, reason, 20*time.Second)
+		_, err := sock.Resume(rctx, reason, 20*time.Second)
 		if err != nil {
 			log.Warn("resume after failed checkpoint", "err", err)
 		}
 		return err
 	}
 
-	if sock != "" {
+	if sock != nil {
 		t := time.Now()
-		m, err := client.Checkpoint(ctx, sock, client.CheckpointRequest{
+		m, err := sock.Checkpoint(ctx, client.CheckpointRequest{
 			HookBudget: o.HookBudget, ResumeAfter: o.ResumeAfter, LeaveRunning: o.LeaveRunning})
 		res.Timings.add(PhaseHooks, time.Since(t))
 		var hf *client.HookFailure
@@ -172,6 +172,12 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 		}
 		hooksRan = true
 		reports = m.Reports
+		// The peer check vouched for the listener; the app must agree on
+		// which process it is.
+		if m.PID != o.PID {
+			resume("checkpoint aborted: the app answered for another PID")
+			return nil, fmt.Errorf("%w: %s of PID %d answered ready for PID %d: refusing to dump", client.ErrUnsafeSocket, sock.Path, o.PID, m.PID)
+		}
 	}
 	if o.AfterHooks != nil {
 		o.AfterHooks()
@@ -200,7 +206,7 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 		Kernel:        kernel(),
 		Host:          hostname(),
 		Process:       proc,
-		ControlSocket: sock,
+		ControlSocket: sockPath(sock),
 		NoHooks:       o.NoHooks,
 		Options:       images.Options{LeaveRunning: o.LeaveRunning, TCPClose: o.TCPClose, ShellJob: shell, FileLocks: true},
 	}
@@ -231,7 +237,7 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 		t := time.Now()
 		if hooksRan {
 			rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			_, res.ResumeErr = client.Resume(rctx, sock, "leave-running", 20*time.Second)
+			_, res.ResumeErr = sock.Resume(rctx, "leave-running", 20*time.Second)
 			cancel()
 		}
 		res.Timings.add(PhaseResume, time.Since(t))
@@ -296,4 +302,11 @@ func fatalProblems(probs []criu.Problem, tcpClose, beforeHooks bool) error {
 		return nil
 	}
 	return &criu.Error{Op: "dump", First: "CRIU cannot dump " + strings.Join(msgs, ", "), Hint: hint}
+}
+
+func sockPath(s *client.Socket) string {
+	if s == nil {
+		return ""
+	}
+	return s.Path
 }

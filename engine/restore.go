@@ -283,8 +283,8 @@ func afterRestore(ctx context.Context, pid, origPID int, gen uint64, name string
 	deadline := time.Now().Add(3 * time.Second)
 	for {
 		sock, err := client.Find(pid)
-		if err == nil && (pid == origPID || filepath.Base(sock) == own) {
-			return client.RestoredAs(ctx, sock, gen, name, wait)
+		if err == nil && (pid == origPID || filepath.Base(sock.Path) == own) {
+			return sock.RestoredAs(ctx, gen, name, wait)
 		}
 		if time.Now().After(deadline) {
 			if err != nil {
@@ -292,7 +292,7 @@ func afterRestore(ctx context.Context, pid, origPID int, gen uint64, name string
 			}
 			// The app did not move its socket: it is not a clone, or it
 			// already detected its restore by itself. Use what is there.
-			return client.RestoredAs(ctx, sock, gen, name, wait)
+			return sock.RestoredAs(ctx, gen, name, wait)
 		}
 		select {
 		case <-ctx.Done():

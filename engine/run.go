@@ -114,7 +114,7 @@ func Run(ctx context.Context, o RunOptions) (*RunResult, error) {
 			return res, fmt.Errorf("%s (PID %d) runs, but %w after %v: does it call notify.Start?", o.Args[0], res.PID, ErrNoSocketYet, o.ReadyTimeout)
 		case <-tick.C:
 			if p, err := client.Find(res.PID); err == nil {
-				res.Socket = p
+				res.Socket = p.Path
 				return res, nil
 			}
 		}

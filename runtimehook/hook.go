@@ -120,6 +120,9 @@ func (o *Options) defaults() {
 	}
 }
 
+// sock is t's control socket, reached and checked through t.PID.
+func (t Target) sock() *client.Socket { return &client.Socket{PID: t.PID, Path: t.Socket} }
+
 // Target is a process of the tree with a kcr control socket.
 type Target struct {
 	PID       int                `json:"pid"`
@@ -187,7 +190,7 @@ func targets(env Env, o Options, res *Result) ([]Target, error) {
 		if err != nil {
 			continue // exited meanwhile
 		}
-		ts = append(ts, Target{PID: pid, StartTime: st, Socket: sock})
+		ts = append(ts, Target{PID: pid, StartTime: st, Socket: sock.Path})
 	}
 	if len(ts) == 0 {
 		o.Logger.Info(env.Action+": no kcr control socket in the process tree, nothing to do", "init_pid", env.InitPID, "processes", res.Processes)
@@ -211,7 +214,7 @@ func preDump(ctx context.Context, env Env, o Options, res *Result) error {
 		go func() {
 			defer wg.Done()
 			t := time.Now()
-			m, err := client.Checkpoint(hctx, ts[i].Socket, client.CheckpointRequest{HookBudget: o.HookBudget, ResumeAfter: o.ResumeAfter})
+			m, err := ts[i].sock().Checkpoint(hctx, client.CheckpointRequest{HookBudget: o.HookBudget, ResumeAfter: o.ResumeAfter})
 			ts[i].Reports = m.Reports
 			if err != nil {
 				ts[i].Error = err.Error()
@@ -272,7 +275,7 @@ func resumeAll(ts []Target, which []bool, reason string, o Options) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, err := client.Resume(ctx, t.Socket, reason, o.AfterWait)
+			_, err := t.sock().Resume(ctx, reason, o.AfterWait)
 			o.Logger.Log(ctx, level(err), "resumed", "pid", t.PID, "reason", reason, "err", err)
 		}()
 	}
@@ -316,7 +319,7 @@ func postResume(ctx context.Context, env Env, o Options, res *Result) error {
 		go func() {
 			defer wg.Done()
 			t := time.Now()
-			m, err := client.Restored(actx, ts[i].Socket, gen, o.AfterWait)
+			m, err := ts[i].sock().RestoredAs(actx, gen, "", o.AfterWait)
 			ts[i].Reports = m.Reports
 			switch {
 			case errors.Is(err, client.ErrPending):

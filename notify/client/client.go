@@ -31,21 +31,23 @@ var (
 // its after-restore hooks within the wait; the hooks go on in the app.
 var ErrPending = errors.New("after-restore hooks still pending")
 
-// Find returns the path, as seen from this process, of the control socket
-// of process pid. It looks at the process's own fds and matches their socket
-// inodes against /proc/<pid>/net/unix, so it works across PID and mount
-// namespaces.
-func Find(pid int) (string, error) {
+// Find returns the control socket of process pid. It looks at the
+// process's own fds and matches their socket inodes against
+// /proc/<pid>/net/unix, so it works across PID and mount namespaces. The
+// socket's path is the one the process bound, in its own mount namespace;
+// the Socket's methods reach it through /proc/<pid>/root and check that the
+// process (or a child) of the right user answers.
+func Find(pid int) (*Socket, error) {
 	if pid <= 0 {
-		return "", fmt.Errorf("PID %d: %w", pid, ErrNoProcess)
+		return nil, fmt.Errorf("PID %d: %w", pid, ErrNoProcess)
 	}
 	proc := "/proc/" + strconv.Itoa(pid)
 	ents, err := os.ReadDir(proc + "/fd")
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return "", fmt.Errorf("PID %d: %w: check the PID (ps -p %d)", pid, ErrNoProcess, pid)
+			return nil, fmt.Errorf("PID %d: %w: check the PID (ps -p %d)", pid, ErrNoProcess, pid)
 		}
-		return "", fmt.Errorf("read fds of PID %d: %w (run kcr as root or as the process owner)", pid, err)
+		return nil, fmt.Errorf("read fds of PID %d: %w (run kcr as root or as the process owner)", pid, err)
 	}
 	inodes := map[string]bool{}
 	for _, e := range ents {
@@ -56,7 +58,7 @@ func Find(pid int) (string, error) {
 	}
 	paths, err := listeningUnix(proc+"/net/unix", inodes)
 	if err != nil {
-		return "", fmt.Errorf("PID %d: %w", pid, err)
+		return nil, fmt.Errorf("PID %d: %w", pid, err)
 	}
 	// A clone restored in a PID namespace briefly holds the image's socket
 	// and then its own, named after its PID: prefer that one.
@@ -69,17 +71,9 @@ func Find(pid int) (string, error) {
 		if !strings.HasPrefix(base, notify.SocketPrefix) || !strings.HasSuffix(base, notify.SocketSuffix) {
 			continue
 		}
-		// Reach the path through the process's root, so a socket in another
-		// mount namespace is found; fall back to the plain path when the
-		// result would exceed sun_path.
-		if rooted := proc + "/root" + p; len(rooted) < 108 {
-			if _, err := os.Stat(rooted); err == nil {
-				return rooted, nil
-			}
-		}
-		return p, nil
+		return &Socket{PID: pid, Path: p}, nil
 	}
-	return "", fmt.Errorf("process %d (%s) has %w: link github.com/kcr-dev/kcr/notify and call notify.Start, or pass --no-hooks to dump it without hooks",
+	return nil, fmt.Errorf("process %d (%s) has %w: link github.com/kcr-dev/kcr/notify and call notify.Start, or pass --no-hooks to dump it without hooks",
 		pid, comm(pid), ErrNoSocket)
 }
 
@@ -94,9 +88,18 @@ func listeningUnix(table string, want map[string]bool) ([]string, error) {
 	return parseUnixTable(f, want)
 }
 
+// ErrUnsafeSocket is returned when a process's control socket cannot be
+// trusted: its path is ambiguous or holds control characters, it is
+// reached through a symlink, or another process answers on it.
+var ErrUnsafeSocket = errors.New("untrusted control socket")
+
+// parseUnixTable reads a /proc/net/unix table. The kernel prints sun_path
+// raw, so a path with a newline forges lines: a wanted inode on two lines,
+// or a wanted path with a control character, fails the whole table.
 func parseUnixTable(r io.Reader, want map[string]bool) ([]string, error) {
 	const acceptCon = 0x10000 // __SO_ACCEPTCON: listening
 	var out []string
+	seen := map[string]bool{}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64*1024), 1<<20)
 	first := true
@@ -124,7 +127,14 @@ func parseUnixTable(r io.Reader, want map[string]bool) ([]string, error) {
 				break
 			}
 		}
-		if !ok || !want[f[6]] || !strings.HasPrefix(rest, " ") {
+		if !ok || !want[f[6]] {
+			continue
+		}
+		if seen[f[6]] {
+			return nil, fmt.Errorf("%w: socket inode %s appears twice in the socket table (a bound path holds a newline)", ErrUnsafeSocket, f[6])
+		}
+		seen[f[6]] = true
+		if !strings.HasPrefix(rest, " ") {
 			continue
 		}
 		path := rest[1:]
@@ -132,10 +142,15 @@ func parseUnixTable(r io.Reader, want map[string]bool) ([]string, error) {
 		if err != nil || flags&acceptCon == 0 || !strings.HasPrefix(path, "/") {
 			continue // not listening, or unbound or abstract ('@')
 		}
+		if i := strings.IndexFunc(path, isControl); i >= 0 {
+			return nil, fmt.Errorf("%w: listening socket path %q holds a control character", ErrUnsafeSocket, path)
+		}
 		out = append(out, path)
 	}
 	return out, sc.Err()
 }
+
+func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
 
 func b2i(b bool) int {
 	if b {
@@ -152,16 +167,38 @@ func comm(pid int) string {
 	return strings.TrimSpace(string(b))
 }
 
-// call sends one request and reads one answer.
-func call(ctx context.Context, path string, req proto.Message, timeout time.Duration) (proto.Message, *net.UnixConn, error) {
+// dialer connects to a control socket.
+type dialer func(ctx context.Context) (*net.UnixConn, error)
+
+// dialPath connects to path as it is.
+func dialPath(ctx context.Context, path string) (*net.UnixConn, error) {
 	var d net.Dialer
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	nc, err := d.DialContext(cctx, "unix", path)
 	if err != nil {
-		return proto.Message{}, nil, fmt.Errorf("connect to control socket %s: %w", path, err)
+		return nil, err
 	}
-	c := nc.(*net.UnixConn)
+	return nc.(*net.UnixConn), nil
+}
+
+// atPath dials a path the caller trusts.
+func atPath(path string) dialer {
+	return func(ctx context.Context) (*net.UnixConn, error) {
+		c, err := dialPath(ctx, path)
+		if err != nil {
+			return nil, fmt.Errorf("connect to control socket %s: %w", path, err)
+		}
+		return c, nil
+	}
+}
+
+// call sends one request and reads one answer.
+func call(ctx context.Context, dial dialer, path string, req proto.Message, timeout time.Duration) (proto.Message, *net.UnixConn, error) {
+	c, err := dial(ctx)
+	if err != nil {
+		return proto.Message{}, nil, err
+	}
 	deadline := time.Now().Add(timeout)
 	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
 		deadline = dl
@@ -200,9 +237,14 @@ func call(ctx context.Context, path string, req proto.Message, timeout time.Dura
 	return resp, c, nil
 }
 
-// Hello asks the app who it is.
+// Hello asks the app listening on path, which the caller trusts, who it is.
+// Use [Find] and the [Socket]'s methods for another user's process.
 func Hello(ctx context.Context, path string) (proto.Message, error) {
-	m, c, err := call(ctx, path, proto.Message{Type: proto.TypeHello}, 5*time.Second)
+	return hello(ctx, atPath(path), path)
+}
+
+func hello(ctx context.Context, dial dialer, path string) (proto.Message, error) {
+	m, c, err := call(ctx, dial, path, proto.Message{Type: proto.TypeHello}, 5*time.Second)
 	if c != nil {
 		c.Close()
 	}
@@ -229,14 +271,19 @@ func (e *HookFailure) Error() string {
 
 // Checkpoint asks the app to run its before-checkpoint hooks. On success the
 // app has answered "ready" and closed its end of the connection (Checkpoint
-// waits for that close), so the process can be dumped.
+// waits for that close), so the process can be dumped. path is trusted as
+// for [Hello].
 func Checkpoint(ctx context.Context, path string, req CheckpointRequest) (proto.Message, error) {
+	return checkpoint(ctx, atPath(path), path, req)
+}
+
+func checkpoint(ctx context.Context, dial dialer, path string, req CheckpointRequest) (proto.Message, error) {
 	// The app runs its hooks for up to its own default when we send none.
 	budget := req.HookBudget
 	if budget <= 0 {
 		budget = notify.DefaultHookBudget
 	}
-	m, c, err := call(ctx, path, proto.Message{Type: proto.TypeCheckpoint, HookBudget: req.HookBudget,
+	m, c, err := call(ctx, dial, path, proto.Message{Type: proto.TypeCheckpoint, HookBudget: req.HookBudget,
 		ResumeAfter: req.ResumeAfter, Leave: req.LeaveRunning}, budget+5*time.Second)
 	if err != nil {
 		return m, err
@@ -266,7 +313,7 @@ func Checkpoint(ctx context.Context, path string, req CheckpointRequest) (proto.
 // after-restore budget and a margin) for the after-restore hooks and returns
 // their reports, or ErrPending.
 func Resume(ctx context.Context, path, reason string, wait time.Duration) (proto.Message, error) {
-	return followup(ctx, path, proto.Message{Type: proto.TypeResume, Reason: reason, Wait: wait}, wait)
+	return followup(ctx, atPath(path), path, proto.Message{Type: proto.TypeResume, Reason: reason, Wait: wait}, wait)
 }
 
 // Restored tells a restored process that it is a new instance, with its
@@ -277,15 +324,15 @@ func Restored(ctx context.Context, path string, generation uint64, wait time.Dur
 
 // RestoredAs is Restored for a clone that kcr restore --name named.
 func RestoredAs(ctx context.Context, path string, generation uint64, name string, wait time.Duration) (proto.Message, error) {
-	return followup(ctx, path, proto.Message{Type: proto.TypeRestored, Generation: generation, Name: name, Wait: wait}, wait)
+	return followup(ctx, atPath(path), path, proto.Message{Type: proto.TypeRestored, Generation: generation, Name: name, Wait: wait}, wait)
 }
 
-func followup(ctx context.Context, path string, req proto.Message, wait time.Duration) (proto.Message, error) {
+func followup(ctx context.Context, dial dialer, path string, req proto.Message, wait time.Duration) (proto.Message, error) {
 	if wait <= 0 {
 		// A zero timeout would give up before the request is even read.
 		wait = notify.DefaultAfterBudget + 5*time.Second
 	}
-	m, c, err := call(ctx, path, req, wait)
+	m, c, err := call(ctx, dial, path, req, wait)
 	if c != nil {
 		c.Close()
 	}

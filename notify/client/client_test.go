@@ -125,12 +125,10 @@ func TestFindSelf(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Find(self): %v", err)
 	}
-	a, err1 := os.Stat(p)
-	b, err2 := os.Stat(s.Path())
-	if err1 != nil || err2 != nil || !os.SameFile(a, b) {
-		t.Fatalf("Find = %q, server at %q (%v %v)", p, s.Path(), err1, err2)
+	if p.PID != os.Getpid() || p.Path != s.Path() {
+		t.Fatalf("Find = %+v, server at %q", p, s.Path())
 	}
-	m, err := Hello(context.Background(), p)
+	m, err := p.Hello(context.Background())
 	if err != nil || m.PID != os.Getpid() {
 		t.Fatalf("Hello through the found path: %+v, %v", m, err)
 	}
@@ -251,5 +249,18 @@ func TestConnectError(t *testing.T) {
 	_, err := Hello(context.Background(), filepath.Join(t.TempDir(), "kcr-none.sock"))
 	if err == nil || !strings.Contains(err.Error(), "connect to control socket") {
 		t.Fatalf("Hello on a missing socket: %v", err)
+	}
+}
+
+// TestParseUnixTableForged: a path with a newline forges a line; the
+// wanted inode on two lines, or a control character, refuses the table.
+func TestParseUnixTableForged(t *testing.T) {
+	for _, table := range []string{
+		"h\n0: 2 0 10000 1 1 7 /a/x\n0: 2 0 10000 1 1 7 /v/kcr-v.sock\n",
+		"h\n0: 2 0 10000 1 1 7 /a/kcr-\x1b]0;x\x07.sock\n",
+	} {
+		if got, err := parseUnixTable(strings.NewReader(table), map[string]bool{"7": true}); !errors.Is(err, ErrUnsafeSocket) {
+			t.Errorf("%q: %q, %v; want ErrUnsafeSocket", table, got, err)
+		}
 	}
 }

@@ -1,0 +1,177 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kcr-dev/kcr/notify/proto"
+)
+
+// Socket is a process's control socket as Find found it. kcr may run as
+// root against a process of another user, who chose the path and can
+// change what is behind it, so every connection is made afresh and checked:
+//
+//   - the path is resolved inside the process's root (/proc/<pid>/root)
+//     without following any symlink, and connected to through the file
+//     descriptor of what it resolved to, whatever its length;
+//   - the listener on the other end (SO_PEERCRED) must be the process or
+//     one of its descendants, and run as root or as the process's user.
+type Socket struct {
+	PID  int    // the process, as seen from kcr
+	Path string // the path it bound, in its own mount namespace
+}
+
+func (s *Socket) String() string { return s.Path }
+
+// Hello asks the app who it is.
+func (s *Socket) Hello(ctx context.Context) (proto.Message, error) {
+	return hello(ctx, s.dial, s.Path)
+}
+
+// Checkpoint is [Checkpoint] on s.
+func (s *Socket) Checkpoint(ctx context.Context, req CheckpointRequest) (proto.Message, error) {
+	return checkpoint(ctx, s.dial, s.Path, req)
+}
+
+// Resume is [Resume] on s.
+func (s *Socket) Resume(ctx context.Context, reason string, wait time.Duration) (proto.Message, error) {
+	return followup(ctx, s.dial, s.Path, proto.Message{Type: proto.TypeResume, Reason: reason, Wait: wait}, wait)
+}
+
+// RestoredAs is [RestoredAs] on s.
+func (s *Socket) RestoredAs(ctx context.Context, generation uint64, name string, wait time.Duration) (proto.Message, error) {
+	return followup(ctx, s.dial, s.Path, proto.Message{Type: proto.TypeRestored, Generation: generation, Name: name, Wait: wait}, wait)
+}
+
+// dial connects to s and checks who listens on it.
+func (s *Socket) dial(ctx context.Context) (*net.UnixConn, error) {
+	if strings.IndexFunc(s.Path, isControl) >= 0 || !strings.HasPrefix(s.Path, "/") {
+		return nil, fmt.Errorf("%w: path %q of PID %d is not a clean absolute path", ErrUnsafeSocket, s.Path, s.PID)
+	}
+	root, err := unix.Open("/proc/"+strconv.Itoa(s.PID)+"/root", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("root of PID %d: %w", s.PID, err)
+	}
+	defer unix.Close(root)
+	fd, err := unix.Openat2(root, s.Path, &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err == unix.ELOOP {
+		return nil, fmt.Errorf("%w: %s of PID %d goes through a symlink: refusing to follow it", ErrUnsafeSocket, s.Path, s.PID)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("connect to control socket %s of PID %d: %w", s.Path, s.PID, err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("connect to control socket %s of PID %d: %w", s.Path, s.PID, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return nil, fmt.Errorf("%w: %s of PID %d is not a socket", ErrUnsafeSocket, s.Path, s.PID)
+	}
+	c, err := dialPath(ctx, "/proc/self/fd/"+strconv.Itoa(fd))
+	if err != nil {
+		return nil, fmt.Errorf("connect to control socket %s of PID %d: %w", s.Path, s.PID, err)
+	}
+	if err := s.checkPeer(c); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// checkPeer accepts a listener that is s.PID or one of its descendants,
+// running as root or as one of s.PID's uids. (A listener CRIU restored was
+// created before the process got its credentials back: root.)
+func (s *Socket) checkPeer(c *net.UnixConn) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return fmt.Errorf("control socket %s of PID %d: peer credentials: %w", s.Path, s.PID, cerr)
+	}
+	uids, err := procUIDs(s.PID)
+	if err != nil {
+		return fmt.Errorf("PID %d: %w", s.PID, err)
+	}
+	uidOK := cred.Uid == 0
+	for _, u := range uids {
+		uidOK = uidOK || u == cred.Uid
+	}
+	if !uidOK || !inTree(int(cred.Pid), s.PID) {
+		return fmt.Errorf("%w: %s of PID %d is served by PID %d (uid %d), not by that process or a child of it as its user or root: refusing to talk to it",
+			ErrUnsafeSocket, s.Path, s.PID, cred.Pid, cred.Uid)
+	}
+	return nil
+}
+
+// procUIDs returns the real, effective and saved uids of pid.
+func procUIDs(pid int) ([]uint32, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return nil, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 4 && f[0] == "Uid:" {
+			var out []uint32
+			for _, s := range f[1:4] {
+				u, err := strconv.ParseUint(s, 10, 32)
+				if err != nil {
+					return nil, fmt.Errorf("bad Uid line %q", line)
+				}
+				out = append(out, uint32(u))
+			}
+			return out, nil
+		}
+	}
+	return nil, fmt.Errorf("no Uid line in /proc/%d/status", pid)
+}
+
+// inTree reports whether pid is root or a descendant of it.
+func inTree(pid, root int) bool {
+	for range 64 {
+		if pid == root {
+			return true
+		}
+		if pid <= 1 {
+			return false
+		}
+		pid = ppid(pid)
+	}
+	return false
+}
+
+func ppid(pid int) int {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b)[i+1:])
+	if len(f) < 2 {
+		return 0
+	}
+	p, _ := strconv.Atoi(f[1])
+	return p
+}

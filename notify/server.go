@@ -128,6 +128,10 @@ func (g *Registry) Start(opts ...Option) (*Server, error) {
 		}
 		path = filepath.Join(dir, SocketPrefix+strconv.Itoa(pid)+SocketSuffix)
 	}
+	path, err := safeSocketPath(path)
+	if err != nil {
+		return nil, err
+	}
 	base := filepath.Base(path)
 	if len(base) <= len(SocketPrefix)+len(SocketSuffix) || base[:len(SocketPrefix)] != SocketPrefix || filepath.Ext(base) != SocketSuffix {
 		return nil, fmt.Errorf("notify: socket name %q must look like kcr-NAME.sock so that kcr can find it", base)
@@ -141,6 +145,44 @@ func (g *Registry) Start(opts ...Option) (*Server, error) {
 	go s.serve(ln)
 	cfg.log.Debug("kcr control socket listening", "path", path)
 	return s, nil
+}
+
+// safeSocketPath checks that nobody but this process's user can change
+// what is bound at path: its directory is a real directory (not a symlink)
+// owned by the effective uid that neither group nor others may write to
+// (reading it lets nobody replace the socket, which is 0600 anyway).
+// Symlinks above it are resolved, because kcr follows none when it
+// connects.
+func safeSocketPath(path string) (string, error) {
+	if i := strings.IndexFunc(path, func(r rune) bool { return r < 0x20 || r == 0x7f }); i >= 0 {
+		return "", fmt.Errorf("notify: socket path %q holds a control character: choose another WithSocketPath or KCR_SOCKET_DIR", path)
+	}
+	dir, base := filepath.Split(filepath.Clean(path))
+	dir = filepath.Clean(dir)
+	parent, err := filepath.EvalSymlinks(filepath.Dir(dir))
+	if err != nil {
+		return "", fmt.Errorf("notify: socket dir %s: %w", dir, err)
+	}
+	if dir != "/" {
+		dir = filepath.Join(parent, filepath.Base(dir))
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return "", fmt.Errorf("notify: socket dir: %w", err)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return "", fmt.Errorf("notify: socket dir %s: no owner information", dir)
+	}
+	switch {
+	case !fi.IsDir():
+		return "", fmt.Errorf("notify: socket dir %s is a %v, not a directory: remove it, or choose another KCR_SOCKET_DIR", dir, fi.Mode().Type())
+	case int(st.Uid) != os.Geteuid():
+		return "", fmt.Errorf("notify: socket dir %s belongs to uid %d, not to this process's uid %d, so its owner could replace the control socket: remove it, or choose another KCR_SOCKET_DIR", dir, st.Uid, os.Geteuid())
+	case fi.Mode().Perm()&0o022 != 0:
+		return "", fmt.Errorf("notify: socket dir %s has mode %04o, so others could replace the control socket: chmod 700 %s", dir, fi.Mode().Perm(), dir)
+	}
+	return filepath.Join(dir, base), nil
 }
 
 // listen binds a control socket at path, mode 0600.

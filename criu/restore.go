@@ -15,6 +15,10 @@ import (
 // RestoreOptions configures Restore.
 type RestoreOptions struct {
 	ImagesDir string // images written by Dump; only read
+	// ImagesDirFile, if set, is ImagesDir already open: CRIU reads the
+	// images through this descriptor rather than opening the path again,
+	// so what was verified through it is what is restored.
+	ImagesDirFile *os.File
 	// WorkDir receives the log and stats-restore (CRIU writes both to its
 	// work directory). Give each restore its own WorkDir, so that several
 	// restores of one image can run at once; if empty, ImagesDir is used.
@@ -81,11 +85,15 @@ func Restore(ctx context.Context, criuPath string, opts RestoreOptions) (*Restor
 	if filepath.Base(logFile) != logFile {
 		return nil, fmt.Errorf("criu restore: log file %q must be a plain name (it goes into the work directory)", logFile)
 	}
-	imgDir, err := os.Open(opts.ImagesDir)
-	if err != nil {
-		return nil, fmt.Errorf("criu restore: images directory: %w", err)
+	imgDir := opts.ImagesDirFile
+	if imgDir == nil {
+		d, err := os.Open(opts.ImagesDir)
+		if err != nil {
+			return nil, fmt.Errorf("criu restore: images directory: %w", err)
+		}
+		defer d.Close()
+		imgDir = d
 	}
-	defer imgDir.Close()
 	wDir, err := os.Open(workDir)
 	if err != nil {
 		return nil, fmt.Errorf("criu restore: work directory: %w", err)

@@ -39,6 +39,9 @@ type RestoreOptions struct {
 	// Rehash verifies every file's checksum, also those unchanged on disk
 	// since they were last verified.
 	Rehash bool
+	// AllowUntrusted restores, as root, an image that another user owns or
+	// could have written (see images.OpenOptions.Trusted).
+	AllowUntrusted bool
 	// Lazy restores memory on demand through CRIU's lazy-pages daemon
 	// (userfaultfd), so that restore time does not grow with RSS.
 	Lazy bool
@@ -117,15 +120,12 @@ func RestoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreResult, err
 	}()
 	var pre Timings
 	t := time.Now()
-	open := images.Open
-	if o.Rehash {
-		open = images.OpenRehash
-	}
-	img, err := open(ctx, o.Image)
+	img, err := images.OpenWith(ctx, o.Image, images.OpenOptions{Rehash: o.Rehash, Trusted: os.Geteuid() == 0 && !o.AllowUntrusted})
 	if err != nil {
 		<-criuCh
 		return nil, err
 	}
+	defer img.Close()
 	pre.add(PhaseVerify, time.Since(t))
 	m := img.Manifest
 	if o.Count > 1 && !m.Process.PIDNamespace {
@@ -214,11 +214,16 @@ func restoreOne(ctx context.Context, o RestoreOptions, img *images.Image, criuPa
 	}
 	res.Generation = gen
 
+	imgDir, err := img.CRIUDirFile()
+	if err != nil {
+		return nil, err
+	}
+	defer imgDir.Close()
 	t := time.Now()
 	var rr *criu.RestoreResult
 	for attempt := 1; ; attempt++ {
 		rr, err = criu.Restore(ctx, criuPath, criu.RestoreOptions{
-			ImagesDir: img.CRIUDir(), WorkDir: work, LazyPages: o.Lazy, LogLevel: o.CRIULogLevel,
+			ImagesDir: img.CRIUDir(), ImagesDirFile: imgDir, WorkDir: work, LazyPages: o.Lazy, LogLevel: o.CRIULogLevel,
 			TCPClose: m.Options.TCPClose, ShellJob: m.Options.ShellJob, FileLocks: m.Options.FileLocks,
 		})
 		// Clones restore the same bound Unix socket paths; CRIU unlinks and
@@ -302,15 +307,18 @@ func afterRestore(ctx context.Context, pid, origPID int, gen uint64, name string
 	}
 }
 
-// generationFile counts the restores of an image on this host. It is not
-// part of the manifest: restores do not change what was checkpointed.
-const generationFile = "restores"
-
 // nextGeneration increments the image's restore counter under a lock, so
-// that concurrent restores of one image get distinct generations.
+// that concurrent restores of one image get distinct generations. The
+// counter ("restores", not part of the manifest: restores do not change
+// what was checkpointed) lives in the image when kcr's user owns it, else
+// in a state directory of kcr's own, keyed by the image's device and inode:
+// never written into a directory another user controls.
 func nextGeneration(dir string) (uint64, error) {
-	p := filepath.Join(dir, generationFile)
-	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o600)
+	p := filepath.Join(dir, images.GenerationName)
+	f, err := images.OpenCounter(dir, images.GenerationName)
+	if errors.Is(err, images.ErrNotOwned) {
+		p, f, err = stateCounter(dir)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("restore counter %s: %w", p, err)
 	}
@@ -329,4 +337,31 @@ func nextGeneration(dir string) (uint64, error) {
 		return 0, fmt.Errorf("write restore counter %s: %w", p, err)
 	}
 	return cur, f.Sync()
+}
+
+// stateCounter opens the restore counter of an image kcr's user does not
+// own, in /run/kcr-state (root) or $TMPDIR/kcr-state-UID, which must be
+// kcr's user's own and closed to others.
+func stateCounter(image string) (string, *os.File, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(image, &st); err != nil {
+		return image, nil, err
+	}
+	dir := "/run/kcr-state"
+	if os.Geteuid() != 0 {
+		dir = filepath.Join(os.TempDir(), "kcr-state-"+strconv.Itoa(os.Geteuid()))
+	}
+	p := filepath.Join(dir, fmt.Sprintf("%d-%d.%s", st.Dev, st.Ino, images.GenerationName))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return p, nil, err
+	}
+	var ds unix.Stat_t
+	if err := unix.Lstat(dir, &ds); err != nil {
+		return p, nil, err
+	}
+	if ds.Mode&unix.S_IFMT != unix.S_IFDIR || int(ds.Uid) != os.Geteuid() || ds.Mode&0o022 != 0 {
+		return p, nil, fmt.Errorf("state directory %s is not a directory of uid %d closed to others: remove it", dir, os.Geteuid())
+	}
+	f, err := images.OpenCounter(dir, filepath.Base(p))
+	return p, f, err
 }

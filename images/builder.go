@@ -160,8 +160,9 @@ func (b *Builder) Commit(ctx context.Context, m *Manifest) (*Image, error) {
 			ids[f.Path] = id
 		}
 	}
-	if len(ids) == len(files) {
-		writeVerified(b.final, ids)
+	if root, err := os.OpenRoot(b.final); err == nil && len(ids) == len(files) {
+		writeVerified(root, ids)
+		root.Close()
 	}
 	return &Image{Dir: b.final, Manifest: m}, nil
 }

@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
+	"time"
 )
 
 // Image is an image that has been read and verified.
@@ -26,6 +29,8 @@ type Image struct {
 	// Cached counts the files that were not hashed again because they are
 	// unchanged since they were last verified.
 	Cached int
+
+	root *os.Root // the directory verified; see CRIUDirFile
 }
 
 // CRIUDir returns the directory holding CRIU's image files.
@@ -42,29 +47,70 @@ func (im *Image) Size() int64 { return im.Manifest.TotalSize() }
 // Files unchanged on disk since they were last hashed (see VerifiedName)
 // are not hashed again; OpenRehash hashes everything.
 func Open(ctx context.Context, dir string) (*Image, error) {
-	return open(ctx, dir, true)
+	return OpenWith(ctx, dir, OpenOptions{})
 }
 
 // OpenRehash is Open without the verification cache: every file is hashed.
 func OpenRehash(ctx context.Context, dir string) (*Image, error) {
-	return open(ctx, dir, false)
+	return OpenWith(ctx, dir, OpenOptions{Rehash: true})
 }
 
-func open(ctx context.Context, dir string, useCache bool) (*Image, error) {
+// OpenOptions configures OpenWith.
+type OpenOptions struct {
+	// Rehash hashes every file, ignoring the verification cache.
+	Rehash bool
+	// Trusted refuses (ErrUntrusted) an image that a user other than the
+	// caller's effective user or root could have written: the directory,
+	// an entry in it or an ancestor owned by another uid, or writable by
+	// group or others (an ancestor may be a sticky directory of root's, as
+	// /tmp). CRIU running as root recreates the credentials and memory an
+	// image describes, so such an image gives its writer root's powers.
+	Trusted bool
+}
+
+// OpenWith is Open with options. The image keeps the directory it verified
+// open: [Image.CRIUDirFile] hands that same directory to CRIU, so that the
+// path cannot be swapped for another between verification and restore.
+// Close releases it.
+func OpenWith(ctx context.Context, dir string, o OpenOptions) (*Image, error) {
 	m, err := ReadManifest(dir)
 	if err != nil {
 		return nil, err
 	}
 	im := &Image{Dir: dir, Manifest: m}
-	if err := im.verify(ctx, useCache); err != nil {
+	if err := im.verify(ctx, !o.Rehash, o.Trusted); err != nil {
+		im.Close()
 		return nil, err
 	}
 	return im, nil
 }
 
+// Close releases the directory the image was verified through.
+func (im *Image) Close() error {
+	if im.root == nil {
+		return nil
+	}
+	err := im.root.Close()
+	im.root = nil
+	return err
+}
+
+// CRIUDirFile opens CRIU's image directory inside the directory that Open
+// verified, for CRIU to read through its descriptor. The caller closes it.
+func (im *Image) CRIUDirFile() (*os.File, error) {
+	if im.root == nil {
+		return nil, fmt.Errorf("images: %s: image is not open", im.Dir)
+	}
+	f, err := im.root.OpenFile(CRIUSubdir, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, fmt.Errorf("images: %s: %w%s", im.Dir, err, ioHint(err))
+	}
+	return f, nil
+}
+
 // verify checks the files on disk against the manifest: first sizes and
 // types, which is cheap, then content hashes.
-func (im *Image) verify(ctx context.Context, useCache bool) error {
+func (im *Image) verify(ctx context.Context, useCache, trusted bool) error {
 	dir := im.Dir
 	// os.Root keeps every access inside the image even if a path or a
 	// symlink in it points elsewhere.
@@ -72,7 +118,12 @@ func (im *Image) verify(ctx context.Context, useCache bool) error {
 	if err != nil {
 		return fmt.Errorf("images: %s: %w%s", dir, err, ioHint(err))
 	}
-	defer root.Close()
+	im.root = root
+	if trusted {
+		if err := checkAncestors(dir); err != nil {
+			return err
+		}
+	}
 
 	onDisk := make(map[string]fs.FileInfo)
 	var loose []string // group- or other-accessible entries
@@ -96,6 +147,13 @@ func (im *Image) verify(ctx context.Context, useCache bool) error {
 	if err != nil {
 		return fmt.Errorf("images: %s: list image: %w%s", dir, err, ioHint(err))
 	}
+	if trusted {
+		for _, p := range slices.Sorted(maps.Keys(onDisk)) {
+			if err := checkOwner(dir, p, onDisk[p], false); err != nil {
+				return err
+			}
+		}
+	}
 
 	listed := make(map[string]bool, len(im.Manifest.Files))
 	for _, f := range im.Manifest.Files {
@@ -110,6 +168,7 @@ func (im *Image) verify(ctx context.Context, useCache bool) error {
 	}
 	hashed, ids := 0, make(map[string]fileID, len(im.Manifest.Files))
 	hs := newHasher()
+	now := time.Now()
 	for _, f := range im.Manifest.Files {
 		before, ok := idOf(onDisk[f.Path], f.SHA256)
 		if ok && cache[f.Path] == before {
@@ -121,17 +180,18 @@ func (im *Image) verify(ctx context.Context, useCache bool) error {
 			return err
 		}
 		hashed++
-		// Vouch only for a file that did not change while it was hashed.
-		if after, ok2 := statID(dir, f.Path, f.SHA256); ok && ok2 && after == before {
+		// Vouch only for a file that did not change while it was hashed,
+		// nor shortly before (see VerifiedName).
+		if after, ok2 := statID(dir, f.Path, f.SHA256); ok && ok2 && after == before && before.quiet(now) {
 			ids[f.Path] = before
 		}
 	}
-	if hashed > 0 && len(ids) == len(im.Manifest.Files) {
-		writeVerified(dir, ids)
+	if hashed > 0 && len(ids) > 0 {
+		writeVerified(root, ids)
 	}
 
 	for p, fi := range onDisk {
-		if !fi.IsDir() && p != ManifestName && p != VerifiedName && !listed[p] {
+		if !fi.IsDir() && !IsReserved(p) && !listed[p] {
 			im.Extra = append(im.Extra, p)
 		}
 	}

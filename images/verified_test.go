@@ -51,8 +51,16 @@ func TestVerifiedCache(t *testing.T) {
 	}
 }
 
+// noQuiet lets the cache vouch for files just written.
+func noQuiet(t *testing.T) {
+	old := cacheQuiet
+	cacheQuiet = 0
+	t.Cleanup(func() { cacheQuiet = old })
+}
+
 func TestVerifiedCacheRefreshed(t *testing.T) {
 	ctx := context.Background()
+	noQuiet(t)
 	img := build(t)
 	// A damaged cache is ignored, everything is hashed and the cache is
 	// written again.
@@ -74,5 +82,43 @@ func TestVerifiedCacheRefreshed(t *testing.T) {
 	os.WriteFile(p, data, 0o600)
 	if im, err = Open(ctx, img); err != nil || im.Cached != len(testFiles)-1 {
 		t.Fatalf("after replacing a file: cached %d, %v; want it hashed again", im.Cached, err)
+	}
+}
+
+// TestVerifiedCacheSkipsRecentFiles: a file changed within cacheQuiet may
+// still change through a shared mapping without its times moving, so the
+// cache does not vouch for it.
+func TestVerifiedCacheSkipsRecentFiles(t *testing.T) {
+	ctx := context.Background()
+	img := build(t)
+	p := filepath.Join(img, "criu", "core-1.img")
+	data, _ := os.ReadFile(p)
+	os.Remove(p)
+	os.WriteFile(p, data, 0o600)
+	for range 2 {
+		im, err := Open(ctx, img)
+		if err != nil || im.Cached != len(testFiles)-1 {
+			t.Fatalf("Open: cached %d, %v; want the fresh file hashed every time", im.Cached, err)
+		}
+	}
+}
+
+// TestVerifiedCacheKeyHasDevice: an entry from another device does not match.
+func TestVerifiedCacheKeyHasDevice(t *testing.T) {
+	ctx := context.Background()
+	img := build(t)
+	root, err := os.OpenRoot(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	ids := readVerified(root)
+	for k, v := range ids {
+		v.Dev++
+		ids[k] = v
+	}
+	writeVerified(root, ids)
+	if im, err := Open(ctx, img); err != nil || im.Cached != 0 {
+		t.Fatalf("Open with entries of another device: cached %d, %v", im.Cached, err)
 	}
 }

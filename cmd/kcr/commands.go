@@ -213,6 +213,7 @@ host PID, name and restore time.`,
 	f.StringVar(&o.Name, "name", "", "name of the restored instance (clones are NAME-1 … NAME-N)")
 	f.BoolVar(&o.Lazy, "lazy", false, "restore memory on demand through CRIU's lazy-pages daemon")
 	f.BoolVar(&o.Rehash, "rehash", false, "hash every file, also those unchanged on disk since they were last verified")
+	f.BoolVar(&o.AllowUntrusted, "allow-untrusted", false, "as root, restore an image that another user owns or could have written (it runs with root's powers)")
 	return cmd
 }
 

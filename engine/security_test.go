@@ -1,0 +1,46 @@
+package engine
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/kcr-dev/kcr/images"
+)
+
+// TestSecurityRestoreCounterNoLinks: the restore counter is never written
+// through a link planted in the image, and never into an image directory of
+// another uid.
+func TestSecurityRestoreCounterNoLinks(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("needs root to make a directory of another uid")
+		}
+		t.Skip("needs root to make a directory of another uid")
+	}
+	precious := filepath.Join(t.TempDir(), "precious")
+	os.WriteFile(precious, []byte("root's\n"), 0o600)
+
+	own := t.TempDir()
+	os.Symlink(precious, filepath.Join(own, images.GenerationName))
+	if _, err := nextGeneration(own); err == nil {
+		t.Error("counter opened through a symlink")
+	}
+
+	theirs := filepath.Join(t.TempDir(), "img")
+	os.Mkdir(theirs, 0o700)
+	os.Symlink(precious, filepath.Join(theirs, images.GenerationName))
+	os.Lchown(theirs, 61001, 61001)
+	os.Lchown(filepath.Join(theirs, images.GenerationName), 61001, 61001)
+	g1, err := nextGeneration(theirs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g2, err := nextGeneration(theirs)
+	if err != nil || g2 != g1+1 {
+		t.Fatalf("generations %d then %d (%v), want consecutive", g1, g2, err)
+	}
+	if b, _ := os.ReadFile(precious); string(b) != "root's\n" {
+		t.Fatalf("root wrote %q through the image's restores link", b)
+	}
+}

@@ -63,8 +63,21 @@ func Run(ctx context.Context, o RunOptions) (*RunResult, error) {
 	if logPath, err = filepath.Abs(logPath); err != nil {
 		return nil, err
 	}
-	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	// Not through a symlink: kcr runs as root, the log's directory may not
+	// be root's. A FIFO or device is refused too.
+	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0o600)
+	if errors.Is(err, syscall.ELOOP) {
+		return nil, fmt.Errorf("open log %s: it is a symlink: give the real path (kcr does not follow links for its logs)", logPath)
+	}
 	if err != nil {
+		return nil, fmt.Errorf("open log: %w", err)
+	}
+	if fi, err := logf.Stat(); err != nil || !fi.Mode().IsRegular() {
+		logf.Close()
+		return nil, fmt.Errorf("open log %s: not a regular file: give a file path", logPath)
+	}
+	if err := clearNonblock(logf); err != nil {
+		logf.Close()
 		return nil, fmt.Errorf("open log: %w", err)
 	}
 	defer logf.Close()
@@ -129,4 +142,17 @@ func lastValue(env []string, key string) string {
 		}
 	}
 	return v
+}
+
+// clearNonblock undoes the O_NONBLOCK that kept open from blocking on a FIFO.
+func clearNonblock(f *os.File) error {
+	raw, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := raw.Control(func(fd uintptr) { serr = syscall.SetNonblock(int(fd), false) }); err != nil {
+		return err
+	}
+	return serr
 }

@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -66,6 +68,9 @@ func checkpointCmd(g *globals) *cobra.Command {
 			}
 			o.PID = pid
 			o.CRIU = g.criu
+			if err := nonNegative(map[string]time.Duration{"--timeout": o.HookBudget, "--resume-after": o.ResumeAfter}); err != nil {
+				return err
+			}
 			if g.verbose {
 				o.CRIULogLevel = 4
 			}
@@ -118,6 +123,17 @@ func checkpointCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
+// nonNegative refuses negative durations, which would otherwise silently
+// mean the default.
+func nonNegative(flags map[string]time.Duration) error {
+	for _, name := range slices.Sorted(maps.Keys(flags)) {
+		if d := flags[name]; d < 0 {
+			return &exitError{exitUsage, fmt.Errorf("%s %v is negative: give a positive duration such as 30s", name, d)}
+		}
+	}
+	return nil
+}
+
 func details(d map[string]any) string {
 	if len(d) == 0 {
 		return ""
@@ -148,6 +164,12 @@ host PID, name and restore time.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.Image = args[0]
 			o.CRIU = g.criu
+			if err := nonNegative(map[string]time.Duration{"--wait": o.HookWait, "--pid-wait": o.PIDWait}); err != nil {
+				return err
+			}
+			if o.Count < 1 {
+				return &exitError{exitUsage, fmt.Errorf("--count %d is negative or zero: give the number of clones, 1 or more", o.Count)}
+			}
 			if g.verbose {
 				o.CRIULogLevel = 4
 			}

@@ -67,6 +67,7 @@ type Writer struct {
 	tmpl      writerTemplate
 	transport *gatedTransport
 	async     bool
+	cb        *callbacks // nil without a user Completion
 
 	state atomic.Pointer[writerState]
 	// inflight counts, in its low 40 bits, the records handed to kafka-go
@@ -83,6 +84,7 @@ type Writer struct {
 	mu           sync.Mutex
 	gate         chan struct{} // non-nil while the gate is closed
 	inCycle      bool
+	cycle        uint64 // counts BeforeCheckpoint calls
 	closed       bool
 	closeDone    chan struct{} // closed when the kafka.Writer being drained has closed
 	statsSrc     *kafka.Writer // the newest kafka.Writer, for Stats
@@ -146,6 +148,9 @@ func NewWriter(template *kafka.Writer, opts ...Opt) *Writer {
 	w := &Writer{cfg: cfg, async: template.Async, done: make(chan struct{})}
 	copyWriterSettings(&w.tmpl.w, template)
 	w.tmpl.completion = template.Completion
+	if template.Completion != nil {
+		w.cb = newCallbacks(template.Completion)
+	}
 
 	w.baseClientID = cfg.clientID
 	if w.baseClientID == "" && kt != nil {
@@ -203,15 +208,18 @@ func (w *Writer) newInner() *kafka.Writer {
 	inner := &kafka.Writer{}
 	copyWriterSettings(inner, &w.tmpl.w)
 	inner.Transport = w.transport
-	if w.async {
+	cb := w.cb
+	switch {
+	case w.async:
 		// Count acknowledged records for the checkpoint report.
-		user := w.tmpl.completion
 		inner.Completion = func(msgs []kafka.Message, err error) {
 			w.inflight.Add(-int64(len(msgs)))
-			if user != nil {
-				user(msgs, err)
+			if cb != nil {
+				cb.call(msgs, err)
 			}
 		}
+	case cb != nil:
+		inner.Completion = cb.call
 	}
 	return inner
 }
@@ -318,6 +326,9 @@ func (w *Writer) Close() error {
 		w.transport.stopHeld()
 		<-closeDone
 	}
+	if w.cb != nil {
+		w.cb.wait(nil) // like kafka.Writer.Close, wait for every Completion
+	}
 	w.bg.Wait()
 	w.transport.shutdown()
 	return nil
@@ -377,6 +388,13 @@ func (w *Writer) BeforeCheckpoint(ctx context.Context) error {
 		return nil
 	}
 	w.inCycle = true
+	w.cycle++
+	cycle := w.cycle
+	if w.cb != nil {
+		// From now on the closing kafka.Writer does not wait for user
+		// Completions, which may wait at a gate of this checkpoint.
+		w.cb.detach()
+	}
 	pending := w.records()
 	if w.gate == nil {
 		w.gate = make(chan struct{})
@@ -404,8 +422,24 @@ func (w *Writer) BeforeCheckpoint(ctx context.Context) error {
 	case <-dctx.Done():
 		drained = false
 	}
+	completions := 0
+	if w.cb != nil && drained {
+		// Give Completions a moment; one waiting at another gate of this
+		// checkpoint is delivered after it.
+		gctx, gcancel := context.WithTimeout(dctx, completionGrace)
+		w.cb.wait(gctx.Done())
+		gcancel()
+		completions = w.cb.pending()
+	}
 	cancel()
-	conns := w.transport.pause()
+	w.mu.Lock()
+	conns := 0
+	if w.inCycle && w.cycle == cycle {
+		// Not when this hook overran its budget, was left behind and the
+		// after-restore hook has installed the next transport meanwhile.
+		conns = w.transport.pause()
+	}
+	w.mu.Unlock()
 
 	carried := int64(0)
 	if !drained {
@@ -413,16 +447,17 @@ func (w *Writer) BeforeCheckpoint(ctx context.Context) error {
 	}
 	elapsed := time.Since(start)
 	rep := map[string]any{
-		"phase":              "before-checkpoint",
-		"client_id":          clientID,
-		"async":              w.async,
-		"drained":            drained,
-		"records_pending":    pending,
-		"records_drained":    max(pending-carried, 0),
-		"records_carried":    carried,
-		"callers_blocked":    w.blocked.Load(),
-		"connections_closed": conns,
-		"duration_ms":        elapsed.Milliseconds(),
+		"phase":               "before-checkpoint",
+		"client_id":           clientID,
+		"async":               w.async,
+		"drained":             drained,
+		"records_pending":     pending,
+		"records_drained":     max(pending-carried, 0),
+		"records_carried":     carried,
+		"callers_blocked":     w.blocked.Load(),
+		"completions_pending": completions,
+		"connections_closed":  conns,
+		"duration_ms":         elapsed.Milliseconds(),
 	}
 	w.setReport(rep)
 	if drained {
@@ -433,6 +468,10 @@ func (w *Writer) BeforeCheckpoint(ctx context.Context) error {
 	}
 	return nil
 }
+
+// completionGrace bounds how long a drained Writer's before-checkpoint hook
+// waits for the last Completions.
+const completionGrace = 100 * time.Millisecond
 
 // drainReserve is the share of the remaining budget a before-checkpoint hook
 // leaves unused when it waits for a drain that does not finish, so that the
@@ -521,6 +560,9 @@ func (w *Writer) open() {
 		return
 	}
 	w.transport.endCarry()
+	if w.cb != nil {
+		w.cb.attach()
+	}
 	inner := w.newInner()
 	w.statsSrc = inner
 	w.closeDone = nil

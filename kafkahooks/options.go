@@ -25,6 +25,8 @@ type config struct {
 	clientID   string
 	backoffMin time.Duration
 	backoffMax time.Duration
+	// unflushedOK: WithUnflushedCommits.
+	unflushedOK bool
 }
 
 func newConfig(defaultName string, opts []Opt) config {

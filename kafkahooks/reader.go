@@ -84,6 +84,11 @@ type Reader struct {
 	dropped      atomic.Int64 // records received from kafka-go but not handed out, this cycle
 	minDropped   atomic.Int64 // partition readers: lowest offset dropped this cycle
 	staleCommits atomic.Int64
+	fetching     atomic.Int64 // FetchMessage calls inside kafka-go
+	committing   atomic.Int64 // CommitMessages calls inside kafka-go
+	stash        *commitStash // with a CommitInterval: commits not sent yet
+	quit         chan struct{} // closed by Close
+	userInterval time.Duration // ReaderConfig.CommitInterval as given
 
 	unregister func()
 	bg         sync.WaitGroup
@@ -94,6 +99,8 @@ type Reader struct {
 	conns        *connTracker // the current kafka.Reader's connections
 	next         int64        // partition readers: where the next kafka.Reader starts
 	nextSet      bool         // next was set by SetOffset during this checkpoint
+	cycle        uint64       // counts BeforeCheckpoint calls
+	inCycle      bool
 	acc          kafka.ReaderStats
 	baseClientID string
 	clientID     string
@@ -107,6 +114,25 @@ type readerState struct {
 	gate   chan struct{} // non-nil while the gate is closed
 	closed bool
 	handed *handedTable // group readers: partitions handed out since the last cycle
+	// tail is set while a partition reader's position is LastOffset and
+	// not resolved yet: the next FetchMessage (or checkpoint) resolves it
+	// to a concrete offset first, so that a checkpoint never hands kafka-go
+	// a LastOffset to resolve again, later, to a later end.
+	tail bool
+	// retired is closed when this generation's kafka.Reader is closed: it
+	// cancels calls that reached kafka-go too late to be answered.
+	retired *retiredCtx
+}
+
+// retiredCtx is a context canceled when a generation is retired.
+type retiredCtx struct {
+	context.Context
+	cancel context.CancelFunc
+}
+
+func newRetired() *retiredCtx {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &retiredCtx{ctx, cancel}
 }
 
 // NewReader returns a Reader configured like kafka.NewReader(c), registered
@@ -135,7 +161,14 @@ func NewReader(c kafka.ReaderConfig, opts ...Opt) *Reader {
 		name += c.Topic + "/" + strconv.Itoa(c.Partition)
 	}
 	cfg := newConfig(name, opts)
-	r := &Reader{cfg: cfg, rcfg: c, group: c.GroupID != "", next: kafka.FirstOffset}
+	r := &Reader{cfg: cfg, rcfg: c, group: c.GroupID != "", next: kafka.FirstOffset, quit: make(chan struct{})}
+	interval := c.CommitInterval
+	r.userInterval = interval
+	if r.group && interval > 0 {
+		// Batched here, not by kafka-go: see commitStash.
+		r.stash = &commitStash{}
+		r.rcfg.CommitInterval = 0
+	}
 	if c.Dialer != nil {
 		r.baseDialer = *c.Dialer
 	} else {
@@ -150,8 +183,12 @@ func NewReader(c kafka.ReaderConfig, opts ...Opt) *Reader {
 	}
 	r.clientID = r.baseClientID
 	r.minDropped.Store(math.MaxInt64)
-	r.state.Store(&readerState{r: r.newInner(), handed: newHandedTable(nil)})
+	r.state.Store(&readerState{r: r.newInner(), handed: newHandedTable(nil), retired: newRetired()})
 	r.unregister = cfg.registry.Register(cfg.name, r)
+	if r.stash != nil {
+		r.bg.Add(1)
+		go r.intervalLoop(interval)
+	}
 	return r
 }
 
@@ -169,10 +206,54 @@ func (r *Reader) newInner() *kafka.Reader {
 	c := r.rcfg
 	c.Dialer = &d
 	inner := kafka.NewReader(c)
-	if !r.group && r.next != kafka.FirstOffset {
+	if !r.group && r.next != kafka.FirstOffset && r.next != kafka.LastOffset {
 		inner.SetOffset(r.next)
 	}
 	return inner
+}
+
+// resolveTail turns a pending LastOffset into the partition's end offset,
+// sets the kafka.Reader there, and publishes the state without tail.
+func (r *Reader) resolveTail(ctx context.Context, s *readerState) error {
+	off, err := r.lastOffset(ctx)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.state.Load() != s {
+		return nil // a checkpoint, Close or SetOffset came first
+	}
+	if err := s.r.SetOffset(off); err != nil {
+		return err
+	}
+	r.state.Store(&readerState{r: s.r, handed: s.handed, retired: s.retired})
+	return nil
+}
+
+// lastOffset asks the partition's leader for its end offset.
+func (r *Reader) lastOffset(ctx context.Context) (int64, error) {
+	d := r.baseDialer
+	var errs error
+	for _, b := range r.rcfg.Brokers {
+		conn, err := d.DialLeader(ctx, "tcp", b, r.rcfg.Topic, r.rcfg.Partition)
+		if err != nil {
+			errs = err
+			continue
+		}
+		stop := context.AfterFunc(ctx, func() { conn.Close() })
+		if dl, ok := ctx.Deadline(); ok {
+			conn.SetDeadline(dl)
+		}
+		off, err := conn.ReadLastOffset()
+		stop()
+		conn.Close()
+		if err == nil {
+			return off, nil
+		}
+		errs = err
+	}
+	return 0, fmt.Errorf("resolving LastOffset of %s/%d: %w", r.rcfg.Topic, r.rcfg.Partition, errs)
 }
 
 // FetchMessage is kafka.Reader.FetchMessage. During a checkpoint it waits
@@ -181,12 +262,19 @@ func (r *Reader) newInner() *kafka.Reader {
 func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 	for {
 		s := r.state.Load()
-		if s.gate != nil || s.closed {
+		if s.gate != nil || s.closed || s.tail {
+			if s.tail && s.gate == nil && !s.closed {
+				if err := r.resolveTail(ctx, s); err != nil {
+					return kafka.Message{}, err
+				}
+				continue
+			}
 			if err := r.wait(ctx, s, io.EOF); err != nil {
 				return kafka.Message{}, err
 			}
 			continue
 		}
+		r.fetching.Add(1)
 		m, err := s.r.FetchMessage(ctx)
 		if err == nil && r.group {
 			// Noted before the check below, so that a checkpoint
@@ -199,8 +287,10 @@ func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 			if err == nil {
 				r.drop(m.Offset)
 			}
+			r.fetching.Add(-1)
 			continue
 		}
+		r.fetching.Add(-1)
 		return m, err
 	}
 }
@@ -257,8 +347,24 @@ func (r *Reader) CommitMessages(ctx context.Context, msgs ...kafka.Message) erro
 		if len(keep) == 0 {
 			return nil
 		}
-		err := s.r.CommitMessages(ctx, keep...)
-		if err != nil && r.state.Load() != s {
+		if r.stash != nil {
+			r.stash.add(keep) // sent by intervalLoop or the checkpoint
+			return nil
+		}
+		r.committing.Add(1)
+		if r.state.Load() != s {
+			r.committing.Add(-1)
+			continue // a checkpoint began: decide again after it
+		}
+		// A call that reaches kafka-go after its final commit would wait
+		// for an answer forever: retiring the generation cancels it.
+		cctx, cancel := context.WithCancel(ctx)
+		stop := context.AfterFunc(s.retired, cancel)
+		err := s.r.CommitMessages(cctx, keep...)
+		stop()
+		cancel()
+		r.committing.Add(-1)
+		if err != nil && r.state.Load() != s && ctx.Err() == nil {
 			continue // closed for a checkpoint: decide again after it
 		}
 		if err == nil {
@@ -284,7 +390,11 @@ func (r *Reader) wait(ctx context.Context, s *readerState, closedErr error) erro
 
 // Config returns the configuration of the current kafka.Reader: the one
 // given to NewReader, with kafka-go's defaults and the Reader's Dialer.
-func (r *Reader) Config() kafka.ReaderConfig { return r.state.Load().r.Config() }
+func (r *Reader) Config() kafka.ReaderConfig {
+	c := r.state.Load().r.Config()
+	c.CommitInterval = r.userInterval
+	return c
+}
 
 // Lag is kafka.Reader.Lag.
 func (r *Reader) Lag() int64 { return r.state.Load().r.Lag() }
@@ -302,6 +412,9 @@ func (r *Reader) Offset() int64 {
 		return r.next
 	}
 	r.mu.Unlock()
+	if s.tail {
+		return kafka.LastOffset
+	}
 	return s.r.Offset()
 }
 
@@ -320,6 +433,15 @@ func (r *Reader) SetOffset(offset int64) error {
 	case s.gate != nil:
 		r.next, r.nextSet = offset, true
 		return nil
+	case offset == kafka.LastOffset:
+		// Resolved by the next FetchMessage, or by a checkpoint.
+		if !s.tail {
+			r.state.Store(&readerState{r: s.r, handed: s.handed, retired: s.retired, tail: true})
+		}
+		return nil
+	}
+	if s.tail {
+		r.state.Store(&readerState{r: s.r, handed: s.handed, retired: s.retired})
 	}
 	return s.r.SetOffset(offset)
 }
@@ -396,7 +518,7 @@ func (r *Reader) Close() error {
 	}
 	r.closed = true
 	s := r.state.Load()
-	r.state.Store(&readerState{r: s.r, closed: true, handed: s.handed})
+	r.state.Store(&readerState{r: s.r, closed: true, handed: s.handed, retired: s.retired})
 	if r.gate != nil {
 		close(r.gate)
 		r.gate = nil
@@ -404,16 +526,30 @@ func (r *Reader) Close() error {
 	conns := r.conns
 	r.mu.Unlock()
 	r.unregister()
+	close(r.quit)
 
 	var err error
 	if s.gate == nil {
-		err = s.r.Close()
+		if r.stash != nil {
+			// kafka-go's Close would commit them once; retry for a while.
+			ctx, cancel := context.WithTimeout(context.Background(), closeFlushTimeout)
+			err = r.flushRetry(ctx, s)
+			cancel()
+		}
+		if e := s.r.Close(); err == nil {
+			err = e
+		}
+		s.retired.cancel()
 		r.absorb(s.r)
 	}
 	r.bg.Wait()
 	conns.closeAll(true)
 	return err
 }
+
+// closeFlushTimeout bounds how long Close retries commits batched by a
+// CommitInterval.
+const closeFlushTimeout = 10 * time.Second
 
 func (r *Reader) absorb(inner *kafka.Reader) kafka.ReaderStats {
 	st := inner.Stats()
@@ -433,27 +569,57 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 	}
 	s := r.state.Load()
 	r.gate = make(chan struct{})
+	r.cycle++
+	r.inCycle = true
+	cycle := r.cycle
 	r.dropped.Store(0)
 	r.minDropped.Store(math.MaxInt64)
-	r.state.Store(&readerState{r: s.r, gate: r.gate, handed: s.handed})
+	r.state.Store(&readerState{r: s.r, gate: r.gate, handed: s.handed, retired: s.retired})
 	inner, conns := s.r, r.conns
-	done := make(chan struct{})
-	r.bg.Add(1)
-	go func() {
-		defer r.bg.Done()
-		inner.Close()
-		close(done)
-	}()
 	r.mu.Unlock()
 
 	dctx, cancel := drainContext(ctx)
+	defer cancel()
+	// Commits go out before the kafka.Reader closes: its own final commit
+	// gets a single attempt.
+	type quiesced struct {
+		pinned int
+		err    error
+	}
+	done := make(chan quiesced, 1)
+	r.bg.Add(1)
+	go func() {
+		defer r.bg.Done()
+		var q quiesced
+		if r.group {
+			waitZero(dctx, &r.committing)
+			if r.stash != nil {
+				q.err = r.flushRetry(dctx, s)
+			}
+			if q.err == nil && r.rcfg.StartOffset == kafka.LastOffset {
+				q.pinned, q.err = r.pinTail(dctx, s)
+			}
+		}
+		inner.Close()
+		done <- q
+	}()
 	closed := true
+	var q quiesced
 	select {
-	case <-done:
+	case q = <-done:
 	case <-dctx.Done():
 		closed = false
+		if r.group {
+			q.err = fmt.Errorf("%w: the budget ran out", ErrCommitsNotFlushed)
+			if r.stash == nil && r.rcfg.StartOffset != kafka.LastOffset {
+				q.err = nil // nothing of ours was pending
+			}
+		}
 	}
-	cancel()
+	s.retired.cancel()
+	// Fetches that were inside kafka-go note their drops before the
+	// offsets are read.
+	waitZero(dctx, &r.fetching)
 	n := conns.closeAll(true)
 	st := r.absorb(inner)
 
@@ -466,16 +632,33 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 		"callers_blocked":    r.blocked.Load(),
 		"connections_closed": n,
 	}
+	var err error
 	if r.group {
 		rep["left_group"] = closed
 		rep["stale_commits"] = r.staleCommits.Load()
+		rep["start_offsets_committed"] = q.pinned
+		if q.err != nil {
+			rep["commit_error"] = q.err.Error()
+			if !r.cfg.unflushedOK {
+				err = q.err
+			}
+		}
 	} else {
 		next := inner.Offset()
-		if md := r.minDropped.Load(); md < next {
+		if s.tail {
+			// Still at a LastOffset that nothing resolved yet.
+			next = kafka.LastOffset
+			if off, rerr := r.lastOffset(dctx); rerr == nil {
+				next = off
+			} else {
+				r.cfg.log.Warn("kafka reader could not resolve LastOffset before the checkpoint; it resolves again after it", "err", rerr)
+			}
+		}
+		if md := r.minDropped.Load(); md < next || (next < 0 && md != math.MaxInt64) {
 			next = md
 		}
 		r.mu.Lock()
-		if !r.nextSet {
+		if !r.nextSet && r.inCycle && r.cycle == cycle {
 			r.next = next
 		}
 		next = r.next
@@ -485,13 +668,16 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 	elapsed := time.Since(start)
 	rep["duration_ms"] = elapsed.Milliseconds()
 	r.setReport(rep)
-	if closed {
+	switch {
+	case err != nil:
+		r.cfg.log.Warn("kafka reader could not flush its commits before the checkpoint; the checkpoint fails", "err", err, "duration", elapsed)
+	case closed:
 		r.cfg.log.Debug("kafka reader quiesced", "prefetched_dropped", rep["prefetched_dropped"], "duration", elapsed)
-	} else {
+	default:
 		r.cfg.log.Warn("kafka reader did not close within the checkpoint budget; connections closed without leaving the group or flushing commits (records will be redelivered)",
 			"duration", elapsed, "cause", context.Cause(ctx))
 	}
-	return nil
+	return err
 }
 
 // AfterRestore implements notify.Resource; see the type's documentation.
@@ -506,7 +692,9 @@ func (r *Reader) AfterRestore(ctx context.Context, ev notify.Event) error {
 		r.clientID = r.baseClientID + "-" + shortID(ev)
 	}
 	inner := r.newInner()
-	r.state.Store(&readerState{r: inner, handed: r.state.Load().handed.next()})
+	r.inCycle = false
+	r.state.Store(&readerState{r: inner, handed: r.state.Load().handed.next(), retired: newRetired(),
+		tail: !r.group && r.next == kafka.LastOffset})
 	close(r.gate)
 	r.gate = nil
 	rep := map[string]any{

@@ -1,0 +1,205 @@
+package kafkahooks
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// ErrCommitsNotFlushed fails a before-checkpoint hook when a group Reader
+// could not get its pending commits to the broker within the budget.
+// WithUnflushedCommits lets the checkpoint go on instead.
+var ErrCommitsNotFlushed = errors.New("kafkahooks: pending commits could not be flushed before the checkpoint")
+
+// WithUnflushedCommits lets a group Reader's checkpoint go on when its
+// pending commits cannot be flushed within the budget. They stay in memory
+// (in the image) and are sent after the restore; until then the records are
+// delivered again from the last commit that reached the broker.
+func WithUnflushedCommits() Opt { return opt(func(c *config) { c.unflushedOK = true }) }
+
+// commitStash batches commits for a Reader with a CommitInterval. kafka-go's
+// own interval commits are flushed once by its Close, with a retry that
+// sleeps on an already canceled context: one COORDINATOR_LOAD_IN_PROGRESS
+// loses them. So the Reader gives its kafka.Reader sync commits and batches
+// them itself, and flushes with retries before a checkpoint.
+type commitStash struct {
+	mu      sync.Mutex
+	offsets map[tpKey]int64 // highest offset to commit per partition
+}
+
+func (c *commitStash) add(msgs []kafka.Message) {
+	c.mu.Lock()
+	if c.offsets == nil {
+		c.offsets = map[tpKey]int64{}
+	}
+	for i := range msgs {
+		k := tpKey{msgs[i].Topic, msgs[i].Partition}
+		if o, ok := c.offsets[k]; !ok || msgs[i].Offset > o {
+			c.offsets[k] = msgs[i].Offset
+		}
+	}
+	c.mu.Unlock()
+}
+
+// take returns the stashed commits as messages; done(ok) removes them if
+// they reached the broker and no later commit was stashed meanwhile.
+func (c *commitStash) take() ([]kafka.Message, func(ok bool)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.offsets) == 0 {
+		return nil, func(bool) {}
+	}
+	snap := make(map[tpKey]int64, len(c.offsets))
+	msgs := make([]kafka.Message, 0, len(c.offsets))
+	for k, o := range c.offsets {
+		snap[k] = o
+		msgs = append(msgs, kafka.Message{Topic: k.topic, Partition: k.partition, Offset: o})
+	}
+	return msgs, func(ok bool) {
+		if !ok {
+			return
+		}
+		c.mu.Lock()
+		for k, o := range snap {
+			if c.offsets[k] == o {
+				delete(c.offsets, k)
+			}
+		}
+		c.mu.Unlock()
+	}
+}
+
+func (c *commitStash) size() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.offsets)
+}
+
+// flush sends the stashed commits through inner.
+func (r *Reader) flush(ctx context.Context, s *readerState) error {
+	msgs, done := r.stash.take()
+	if len(msgs) == 0 {
+		return nil
+	}
+	err := s.r.CommitMessages(ctx, msgs...)
+	done(err == nil)
+	if err == nil {
+		s.handed.committed(msgs)
+	}
+	return err
+}
+
+// flushRetry flushes until it succeeds or ctx ends, with backoff.
+func (r *Reader) flushRetry(ctx context.Context, s *readerState) error {
+	backoff := 50 * time.Millisecond
+	for {
+		err := r.flush(ctx, s)
+		if err == nil {
+			return nil
+		}
+		r.cfg.log.Debug("flushing commits before a checkpoint", "err", err, "backoff", backoff)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w: %d partitions: %w", ErrCommitsNotFlushed, r.stash.size(), err)
+		case <-t.C:
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// intervalLoop commits the stash every CommitInterval, as kafka-go would.
+func (r *Reader) intervalLoop(every time.Duration) {
+	defer r.bg.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.quit:
+			return
+		case <-t.C:
+		}
+		s := r.state.Load()
+		if s.gate != nil || s.closed || r.stash.size() == 0 {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), every)
+		stop := context.AfterFunc(s.retired, cancel)
+		if err := r.flush(ctx, s); err != nil && r.state.Load() == s {
+			r.cfg.log.Warn("kafka reader could not commit offsets", "err", err)
+		}
+		stop()
+		cancel()
+	}
+}
+
+// pinTail commits, for every partition this generation handed out (or
+// dropped) records from and on which the group has no committed offset, the
+// first offset it handed out: where LastOffset had resolved to. Without it
+// the rejoin after the checkpoint resolves LastOffset again, to the new end,
+// and skips what was prefetched or produced meanwhile.
+func (r *Reader) pinTail(ctx context.Context, s *readerState) (int, error) {
+	marks := *s.handed.m.Load()
+	if len(marks) == 0 {
+		return 0, nil
+	}
+	topics := map[string][]int{}
+	for k, mk := range marks {
+		if mk.committed.Load() == 0 {
+			topics[k.topic] = append(topics[k.topic], k.partition)
+		}
+	}
+	if len(topics) == 0 {
+		return 0, nil
+	}
+	tr := &kafka.Transport{Dial: r.conns.DialContext, ClientID: r.clientIDNow()}
+	defer tr.CloseIdleConnections()
+	cl := &kafka.Client{Addr: kafka.TCP(r.rcfg.Brokers...), Transport: tr}
+	res, err := cl.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: r.rcfg.GroupID, Topics: topics})
+	if err == nil {
+		err = res.Error
+	}
+	if err != nil {
+		return 0, fmt.Errorf("fetching committed offsets: %w", err)
+	}
+	var pin []kafka.Message
+	for topic, parts := range res.Topics {
+		for _, p := range parts {
+			mk := marks[tpKey{topic, p.Partition}]
+			if p.Error == nil && p.CommittedOffset < 0 && mk != nil {
+				// Committing message offset o commits o+1.
+				pin = append(pin, kafka.Message{Topic: topic, Partition: p.Partition, Offset: mk.first - 1})
+			}
+		}
+	}
+	if len(pin) == 0 {
+		return 0, nil
+	}
+	if err := s.r.CommitMessages(ctx, pin...); err != nil {
+		return 0, fmt.Errorf("committing the resolved start offsets: %w", err)
+	}
+	return len(pin), nil
+}
+
+func (r *Reader) clientIDNow() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.clientID
+}
+
+// waitZero polls n until it is 0 or ctx ends.
+func waitZero(ctx context.Context, n interface{ Load() int64 }) bool {
+	for d := 50 * time.Microsecond; n.Load() > 0; d = min(2*d, 10*time.Millisecond) {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(d):
+		}
+	}
+	return true
+}

@@ -84,9 +84,9 @@ type Reader struct {
 	dropped      atomic.Int64 // records received from kafka-go but not handed out, this cycle
 	minDropped   atomic.Int64 // partition readers: lowest offset dropped this cycle
 	staleCommits atomic.Int64
-	fetching     atomic.Int64 // FetchMessage calls inside kafka-go
-	committing   atomic.Int64 // CommitMessages calls inside kafka-go
-	stash        *commitStash // with a CommitInterval: commits not sent yet
+	fetching     atomic.Int64  // FetchMessage calls inside kafka-go
+	committing   atomic.Int64  // CommitMessages calls inside kafka-go
+	stash        *commitStash  // with a CommitInterval: commits not sent yet
 	quit         chan struct{} // closed by Close
 	userInterval time.Duration // ReaderConfig.CommitInterval as given
 

@@ -2,7 +2,10 @@ package kafkahooks
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
+	"fmt"
+	"io"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,7 +15,6 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kcr-dev/kcr/notify"
@@ -391,5 +393,118 @@ func TestCommitIntervalFlushRetried(t *testing.T) {
 	}
 }
 
-var _ = errors.New
-var _ = kfake.NumBrokers
+// TestCarriedFatalError: records carried across a checkpoint whose topic is
+// deleted meanwhile must not be resent forever. They fail, the error reaches
+// their Completion and sync callers, and the gate opens.
+func TestCarriedFatalError(t *testing.T) {
+	k := newFake(t, 1, "gone")
+	bp := newBlockProduce(k.c)
+	adm := admin(t, k.addrs)
+	reg := notify.NewRegistry()
+	log, _ := newLog(t)
+	hook(reg, func(ctx context.Context) error {
+		_, err := adm.DeleteTopics(ctx, "gone")
+		return err
+	}, func(ctx context.Context, ev notify.Event) error {
+		bp.release()
+		return nil
+	})
+	var failed atomic.Int64
+	var lastErr atomic.Value
+	tmpl := testWriter(k.addrs, "gone")
+	tmpl.Async = true
+	tmpl.Completion = func(msgs []kafka.Message, err error) {
+		if err != nil {
+			failed.Add(int64(len(msgs)))
+			lastErr.Store(err)
+		}
+	}
+	w := NewWriter(tmpl, WithRegistry(reg), WithLogger(log), WithRetryBackoff(10*time.Millisecond, 50*time.Millisecond))
+	defer w.Close()
+	if err := w.WriteMessages(context.Background(), kafka.Message{Value: []byte("warm")}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	bp.block()
+	for i := range 10 {
+		if err := w.WriteMessages(context.Background(), kafka.Message{Value: []byte(strconv.Itoa(i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 5*time.Second, "a held produce request", func() bool { return bp.held.Load() > 0 })
+	res, err := reg.Simulate(context.Background(), notify.SimRestore, 500*time.Millisecond)
+	if err != nil || res.BeforeErr != nil {
+		t.Fatalf("simulate: %v %v", err, res.BeforeErr)
+	}
+	waitFor(t, 15*time.Second, "the carried records to fail", func() bool { return failed.Load() == 10 })
+	t.Logf("carried records failed with: %v", lastErr.Load())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// The gate is open again: the call returns (the topic is gone, so
+	// kafka-go fails it or creates the topic, as without a checkpoint).
+	if err := w.WriteMessages(ctx, kafka.Message{Value: []byte("after")}); errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("write after the carried records failed: %v (the gate stayed closed)", err)
+	}
+}
+
+// TestFatalResend: the errors that fail carried records instead of being
+// retried.
+func TestFatalResend(t *testing.T) {
+	for _, c := range []struct {
+		err   error
+		fatal bool
+	}{
+		{kafka.TopicAuthorizationFailed, true},
+		{kafka.SASLAuthenticationFailed, true},
+		{fmt.Errorf("produce: %w", kafka.ClusterAuthorizationFailed), true},
+		{x509.UnknownAuthorityError{}, true},
+		{kafka.LeaderNotAvailable, false},
+		{kafka.UnknownTopicOrPartition, false}, // only once the broker confirms it
+		{io.ErrUnexpectedEOF, false},
+		{context.DeadlineExceeded, false},
+	} {
+		if got := fatalResend(c.err); got != c.fatal {
+			t.Errorf("fatalResend(%v) = %v, want %v", c.err, got, c.fatal)
+		}
+	}
+}
+
+// TestAbandonedBeforeHook: notify gives up on a before-checkpoint hook that
+// overruns its budget and runs the after-restore hooks. When the abandoned
+// hook ends later, it must not close the connections or the transport that
+// the after-restore hook installed.
+func TestAbandonedBeforeHook(t *testing.T) {
+	k := newFake(t, 1, "ab")
+	bp := newBlockProduce(k.c)
+	log, _ := newLog(t)
+	w := NewWriter(testWriter(k.addrs, "ab"), WithRegistry(notify.NewRegistry()), WithLogger(log))
+	defer w.Close()
+	if err := w.WriteMessages(context.Background(), kafka.Message{Value: []byte("warm")}); err != nil {
+		t.Fatal(err)
+	}
+	bp.block()
+	go w.WriteMessages(context.Background(), kafka.Message{Value: []byte("held")})
+	waitFor(t, 5*time.Second, "a held produce request", func() bool { return bp.held.Load() > 0 })
+
+	bctx, overrun := context.WithCancel(context.Background()) // no deadline: the hook waits
+	before := make(chan error, 1)
+	go func() { before <- w.BeforeCheckpoint(bctx) }()
+	time.Sleep(200 * time.Millisecond)
+	// notify has given up on it: after-restore hooks run (the broker is
+	// still slow, so the gate stays closed until it answers).
+	actx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	if err := w.AfterRestore(actx, notify.Event{Kind: notify.Resume}); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	overrun() // the abandoned hook ends now
+	if err := <-before; err != nil {
+		t.Fatal(err)
+	}
+	bp.release()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if err := w.WriteMessages(ctx, kafka.Message{Value: []byte("after")}); err != nil {
+		t.Fatalf("write after the abandoned hook ended: %v", err)
+	}
+}

@@ -3,6 +3,7 @@ package kafkahooks
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
+	metadataAPI "github.com/segmentio/kafka-go/protocol/metadata"
 	"github.com/segmentio/kafka-go/protocol/produce"
 	"github.com/segmentio/kafka-go/sasl"
 )
@@ -34,6 +36,70 @@ func (e *interruptedError) Error() string {
 }
 func (e *interruptedError) Unwrap() error   { return e.err }
 func (e *interruptedError) Temporary() bool { return true }
+
+// CarriedFailedError fails records carried across a checkpoint when resending
+// them meets an error that waiting will not cure: authentication, an ACL, a
+// deleted topic. Their callers and Completions get it (wrapped in
+// kafka.WriteErrors for sync callers), as for any batch kafka-go gives up.
+type CarriedFailedError struct{ Err error }
+
+func (e *CarriedFailedError) Error() string {
+	return "kafkahooks: records carried across a checkpoint failed: " + e.Err.Error()
+}
+func (e *CarriedFailedError) Unwrap() error { return e.Err }
+
+// Temporary is false: kafka-go must not retry the batch.
+func (e *CarriedFailedError) Temporary() bool { return false }
+
+// missingTopicAttempts is how many resends in a row must find the topic
+// missing from metadata that the broker did answer before the records fail.
+const missingTopicAttempts = 3
+
+// fatalResend says whether err, met resending held records, is fatal:
+// retrying with backoff will not cure it.
+func fatalResend(err error) bool {
+	var ke kafka.Error
+	if errors.As(err, &ke) {
+		return !ke.Temporary()
+	}
+	var (
+		ua x509.UnknownAuthorityError
+		ci x509.CertificateInvalidError
+		he x509.HostnameError
+		ae tls.AlertError
+	)
+	return errors.As(err, &ua) || errors.As(err, &ci) || errors.As(err, &he) || errors.As(err, &ae)
+}
+
+// missingTopic says whether err means the topic was not found.
+func missingTopic(err error) bool {
+	return errors.Is(err, protocol.ErrNoTopic) || errors.Is(err, protocol.ErrNoPartition) || errors.Is(err, kafka.UnknownTopicOrPartition)
+}
+
+// topicsGone asks the broker, through t, whether any topic of h is gone: the
+// broker answers and lists it as unknown or not at all.
+func topicsGone(ctx context.Context, t *kafka.Transport, addr net.Addr, h *heldProduce) bool {
+	names := make([]string, len(h.topics))
+	for i, tp := range h.topics {
+		names[i] = tp.topic
+	}
+	res, err := t.RoundTrip(ctx, addr, &metadataAPI.Request{TopicNames: names})
+	if err != nil {
+		return false // not answered: the broker may just be unreachable
+	}
+	found := map[string]bool{}
+	for _, tp := range res.(*metadataAPI.Response).Topics {
+		if tp.ErrorCode == 0 {
+			found[tp.Name] = true
+		}
+	}
+	for _, n := range names {
+		if !found[n] {
+			return true
+		}
+	}
+	return false
+}
 
 // transportTemplate holds the settings of the user's *kafka.Transport, from
 // which a fresh transport is built for every generation of connections.
@@ -104,6 +170,8 @@ type gatedTransport struct {
 	held        atomic.Int64 // produce requests waiting at the gate or being resent
 	heldRecords atomic.Int64
 	resent      atomic.Int64 // records delivered after being held
+	failed      atomic.Int64 // held records failed with a fatal error
+	interrupted atomic.Int64 // produce requests cut off on the wire by a pause
 
 	// carrying is set from pause until the Writer has its next
 	// kafka.Writer (endCarry): meanwhile every produce request comes from
@@ -168,6 +236,7 @@ func (p *gatedTransport) RoundTrip(ctx context.Context, addr net.Addr, req kafka
 		}
 		// A checkpoint closed the connections under this request.
 		if _, ok := req.(*produce.Request); ok {
+			p.interrupted.Add(1)
 			return nil, &interruptedError{err}
 		}
 	}
@@ -218,6 +287,7 @@ func (p *gatedTransport) roundTripHeld(ctx context.Context, addr net.Addr, req k
 		p.heldRecords.Add(-int64(h.records))
 	}()
 	backoff := p.backoffMin
+	missing := 0
 	for attempt := 1; ; attempt++ {
 		g := p.gen.Load()
 		switch {
@@ -234,6 +304,26 @@ func (p *gatedTransport) roundTripHeld(ctx context.Context, addr net.Addr, req k
 			}
 			if p.gen.Load() != g {
 				continue // paused again: wait at the gate
+			}
+			if fatalResend(err) {
+				p.failed.Add(int64(h.records))
+				p.log.Warn("records carried across a checkpoint failed", "records", h.records, "err", err)
+				return nil, &CarriedFailedError{err}
+			}
+			missing++
+			if missingTopic(err) {
+				mctx, cancel := context.WithTimeout(p.life, p.resendTimeout)
+				if !topicsGone(mctx, g.t, addr, h) {
+					missing = 0
+				}
+				cancel()
+			} else {
+				missing = 0
+			}
+			if missing >= missingTopicAttempts {
+				p.failed.Add(int64(h.records))
+				p.log.Warn("records carried across a checkpoint failed: their topic is gone", "records", h.records, "err", err)
+				return nil, &CarriedFailedError{err}
 			}
 			p.log.Debug("resending records held across a checkpoint", "attempt", attempt, "records", h.records, "err", err, "backoff", backoff)
 			// Drop the pools so that the next attempt starts with fresh

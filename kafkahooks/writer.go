@@ -546,7 +546,12 @@ func (w *Writer) AfterRestore(ctx context.Context, ev notify.Event) error {
 		"records_delivered": max(carried-pendingNow, 0),
 		"gate_open":         open,
 		"callers_blocked":   w.blocked.Load(),
-		"duration_ms":       time.Since(start).Milliseconds(),
+		// Running totals: produce requests cut off on the wire by a
+		// checkpoint (each cost its batch one of MaxAttempts), and
+		// carried records failed with a fatal error.
+		"requests_interrupted": w.transport.interrupted.Load(),
+		"records_failed":       w.transport.failed.Load(),
+		"duration_ms":          time.Since(start).Milliseconds(),
 	})
 	return nil
 }

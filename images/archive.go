@@ -433,10 +433,6 @@ func (im *importer) readManifest(hdr *tar.Header, name string, tr *tar.Reader) e
 	im.listed = make(map[string]FileEntry, len(m.Files))
 	im.dirs = map[string]bool{CRIUSubdir: true}
 	for _, f := range m.Files {
-		if f.Path == ManifestName || f.Path == manifestTmp {
-			return im.errorf(f.Path, ErrUnsafePath, nil,
-				"%s lists %q, a name kcr reserves for the manifest: refusing it; %s", ManifestName, f.Path, archiveDamaged)
-		}
 		im.listed[f.Path] = f
 		for d := path.Dir(f.Path); d != "."; d = path.Dir(d) {
 			im.dirs[d] = true

@@ -517,6 +517,15 @@ func TestOpenDamaged(t *testing.T) {
 		{"duplicate path", func(t *testing.T, dir string) {
 			editManifest(t, dir, setFirstPath("criu/dump.log"))
 		}, ErrCorruptManifest, []string{"criu/dump.log is listed twice"}},
+		{"reserved name verified", func(t *testing.T, dir string) {
+			editManifest(t, dir, setFirstPath("verified"))
+		}, ErrUnsafePath, []string{`lists "verified", a name kcr reserves`}},
+		{"reserved name restores", func(t *testing.T, dir string) {
+			editManifest(t, dir, setFirstPath("restores"))
+		}, ErrUnsafePath, []string{`lists "restores", a name kcr reserves`}},
+		{"reserved name verified.tmp", func(t *testing.T, dir string) {
+			editManifest(t, dir, setFirstPath("verified.tmp"))
+		}, ErrUnsafePath, []string{`lists "verified.tmp"`}},
 		{"bad sha256", func(t *testing.T, dir string) {
 			editManifest(t, dir, func(m map[string]any) {
 				m["files"].([]any)[0].(map[string]any)["sha256"] = "xyz"

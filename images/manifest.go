@@ -239,6 +239,12 @@ func validateFiles(dir string, files []FileEntry) error {
 			return newError(dir, f.Path, ErrUnsafePath, nil,
 				fmt.Sprintf("%s lists %q, which escapes the image: refusing it; the manifest was tampered with or %s", ManifestName, f.Path, damaged))
 		}
+		if IsReserved(f.Path) {
+			// These are kcr's own files (cache, counter): listing one would
+			// let an image's content overwrite them, or them break the image.
+			return newError(dir, f.Path, ErrUnsafePath, nil,
+				fmt.Sprintf("%s lists %q, a name kcr reserves for its own files: refusing it; the manifest was tampered with or %s", ManifestName, f.Path, damaged))
+		}
 		if seen[f.Path] {
 			return corruptManifest(dir, nil, fmt.Sprintf("%s is listed twice", f.Path))
 		}

@@ -1,0 +1,76 @@
+// Package kgohooks makes franz-go (kgo) clients take part in kcr
+// checkpoints. A service changes one constructor per client:
+//
+//	cl, err := kgohooks.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic("events"))
+//	s, err := kgohooks.NewGroupTransactSession(kgo.ConsumerGroup("etl"), kgo.TransactionalID("etl"), ...)
+//
+// and keeps calling Produce, ProduceSync, PollFetches, CommitRecords,
+// Flush, Begin, End, … as before. Each value registers with a
+// notify.Registry (notify.Default unless WithRegistry) and owns one
+// kgo.Client per checkpoint cycle.
+//
+// kgo producers are idempotent by default, which makes an image dangerous:
+// it would carry the producer id, epoch and sequence numbers, and two copies
+// of it (clones, or an original that went on after --leave-running) would
+// write with the same ones. The broker answers the second copy with
+// DUPLICATE_SEQUENCE_NUMBER, which kgo takes as success: records are
+// silently lost. So no record is ever carried in an image, and every cycle
+// ends with a new kgo.Client, which gets a new producer id from the broker.
+//
+// # Before a checkpoint
+//
+//   - The gate closes: Produce, ProduceSync, TryProduce, PollFetches and
+//     Begin/BeginTransaction calls wait until the process is resumed or
+//     restored, or until their own ctx ends. They never fail because of the
+//     checkpoint. A poll waiting for records ends without any and waits too.
+//   - A transaction the application has begun gets half the budget to be
+//     ended by the application: its Produce and End calls pass the gate.
+//     Then OpenTxnPolicy applies: abort it (the default), commit it, or fail
+//     the checkpoint.
+//   - Flush, within the budget. If records remain unacknowledged, the hook
+//     fails with ErrNotFlushed, the checkpoint is refused (kcr exits 3,
+//     nothing is dumped) and the client goes on unchanged.
+//   - A group consumer commits, with kgo's own calls and retries, what kgo
+//     would autocommit: every polled record (CommitUncommittedOffsets), or
+//     the marked ones with kgo.AutoCommitMarks. With kgo.DisableAutoCommit
+//     the application's commits in progress finish first (commits pass the
+//     gate until then). A commit that keeps failing fails the checkpoint.
+//     Then it leaves the group (LeaveGroupContext), so the other members
+//     take its partitions at once.
+//   - The kgo client is closed, with all its connections.
+//
+// CheckpointReport (in the image manifest) says how many records were
+// flushed, how many partitions committed, what happened to an open
+// transaction, and, for direct partitions, the exact next offsets.
+//
+// # After a restore or resume
+//
+// A new kgo.Client is built with the same options, so a new producer id.
+// On Restore its client id is the base id + "-" + the first 8 hex digits of
+// notify.Event.InstanceID, and so is its transactional id unless
+// WithTxnIDPolicy(KeepTxnID) keeps it (a migration: the restored copy fences
+// the original). On Resume the identity stays. A group consumer joins the
+// group as a new member and continues from the committed offsets; direct
+// partitions (kgo.ConsumePartitions) continue at exactly the offset after
+// the last record handed to the application. Then the gate opens.
+//
+// A checkpoint refused by a hook (this one's or another's) before the kgo
+// client was closed resumes with the same kgo client.
+//
+// # Delivery
+//
+// Producing is at-least-once: a record is acknowledged before the dump or
+// sent after it by each running copy; never both, never lost. A group
+// consumer never moves a committed offset back across a checkpoint: a
+// commit, after one, of a record handed out before it is left out unless
+// the new member delivered that offset again and has not committed beyond
+// it (stale_commits counts them). Records handed out and not committed may
+// be delivered again (Kafka's at-least-once rule). A GroupTransactSession
+// is exactly-once: see its documentation.
+//
+// Tests run whole cycles in-process with (*notify.Registry).Simulate:
+//
+//	reg := notify.NewRegistry()
+//	cl, _ := kgohooks.New(kopts, kgohooks.WithRegistry(reg))
+//	res, err := reg.Simulate(ctx, notify.SimRestore, 5*time.Second)
+package kgohooks

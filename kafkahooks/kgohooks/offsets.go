@@ -1,0 +1,319 @@
+package kgohooks
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+type tp struct {
+	topic     string
+	partition int32
+}
+
+// startOffset is a start offset of kgo.ConsumePartitions that names no
+// record yet: the start or end of the partition (plus Relative), or the
+// first record after a timestamp.
+type startOffset struct {
+	kind     string // "start", "end", "milli"
+	relative int64
+	milli    int64
+}
+
+// classify tells an exact offset (returned as at >= 0) from a symbolic one.
+// kgo.Offset hides its fields; EpochOffset, MarshalJSON and comparisons with
+// offsets built by kgo's own methods reveal them.
+func classify(o kgo.Offset) (at int64, sym startOffset, err error) {
+	eo := o.EpochOffset()
+	var j struct {
+		Relative int64
+		Lookback string
+	}
+	if b, err := o.MarshalJSON(); err == nil {
+		json.Unmarshal(b, &j)
+	}
+	switch {
+	case j.Lookback != "":
+		return 0, sym, fmt.Errorf("offset %v: LookbackOffset and RewindOffset are not supported for ConsumePartitions; use At, AtStart, AtEnd, Relative or AfterMilli", o)
+	case o == o.AfterMilli(eo.Offset):
+		return -1, startOffset{kind: "milli", milli: eo.Offset}, nil
+	case eo.Offset >= 0:
+		return eo.Offset + j.Relative, sym, nil
+	case eo.Offset == -2:
+		return -1, startOffset{kind: "start", relative: j.Relative}, nil
+	case eo.Offset == -1:
+		return -1, startOffset{kind: "end", relative: j.Relative}, nil
+	}
+	return 0, sym, fmt.Errorf("offset %v: AtCommitted is not supported for ConsumePartitions (there is no group)", o)
+}
+
+// positions keeps, for direct partitions (kgo.ConsumePartitions), the exact
+// offset the next record handed to the application has: the resolved start
+// offset until a record is handed out, then the last one's offset + 1. kgo
+// is only ever given exact offsets, so a client built after a checkpoint
+// continues exactly where the application stopped.
+type positions struct {
+	mu      sync.Mutex
+	next    map[tp]int64
+	pending map[tp]startOffset // not resolved yet
+}
+
+func newPositions(parts map[string]map[int32]kgo.Offset) (*positions, error) {
+	p := &positions{next: map[tp]int64{}, pending: map[tp]startOffset{}}
+	return p, p.add(parts)
+}
+
+func (p *positions) add(parts map[string]map[int32]kgo.Offset) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for t, ps := range parts {
+		for part, o := range ps {
+			at, sym, err := classify(o)
+			if err != nil {
+				return fmt.Errorf("kgohooks: partition %s/%d: %w", t, part, err)
+			}
+			k := tp{t, part}
+			if at >= 0 {
+				p.next[k] = at
+				delete(p.pending, k)
+			} else {
+				p.pending[k] = sym
+				delete(p.next, k)
+			}
+		}
+	}
+	return nil
+}
+
+func (p *positions) remove(parts map[string][]int32) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for t, ps := range parts {
+		for _, part := range ps {
+			delete(p.next, tp{t, part})
+			delete(p.pending, tp{t, part})
+		}
+	}
+}
+
+// exact returns the resolved partitions as kgo.ConsumePartitions wants them.
+func (p *positions) exact() map[string]map[int32]kgo.Offset {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m := map[string]map[int32]kgo.Offset{}
+	for k, at := range p.next {
+		if m[k.topic] == nil {
+			m[k.topic] = map[int32]kgo.Offset{}
+		}
+		m[k.topic][k.partition] = kgo.NewOffset().At(at)
+	}
+	return m
+}
+
+func (p *positions) unresolved() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.pending)
+}
+
+// handed notes the records of a poll.
+func (p *positions) handed(fs kgo.Fetches) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fs.EachPartition(func(f kgo.FetchTopicPartition) {
+		if n := len(f.Records); n > 0 {
+			k := tp{f.Topic, f.Partition}
+			if _, ok := p.next[k]; ok {
+				p.next[k] = f.Records[n-1].Offset + 1
+			}
+		}
+	})
+}
+
+// resolve asks the broker for the exact offsets of the pending partitions
+// and returns them; they are added to next, unless a record of the partition
+// was handed out meanwhile (it cannot be: kgo consumes only exact ones).
+func (p *positions) resolve(ctx context.Context, adm *kadm.Client) (map[string]map[int32]kgo.Offset, error) {
+	p.mu.Lock()
+	pending := make(map[tp]startOffset, len(p.pending))
+	for k, v := range p.pending {
+		pending[k] = v
+	}
+	p.mu.Unlock()
+	if len(pending) == 0 {
+		return nil, nil
+	}
+	var topics []string
+	seen := map[string]bool{}
+	for k := range pending {
+		if !seen[k.topic] {
+			seen[k.topic] = true
+			topics = append(topics, k.topic)
+		}
+	}
+	starts, err := adm.ListStartOffsets(ctx, topics...)
+	if err == nil {
+		err = starts.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list start offsets: %w", err)
+	}
+	ends, err := adm.ListEndOffsets(ctx, topics...)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list end offsets: %w", err)
+	}
+	milli := map[int64]kadm.ListedOffsets{}
+	out := map[string]map[int32]kgo.Offset{}
+	resolved := map[tp]int64{}
+	for k, sym := range pending {
+		s, ok1 := starts.Lookup(k.topic, k.partition)
+		e, ok2 := ends.Lookup(k.topic, k.partition)
+		if !ok1 || !ok2 {
+			return nil, fmt.Errorf("partition %s/%d: not in the broker's offsets", k.topic, k.partition)
+		}
+		var at int64
+		switch sym.kind {
+		case "start":
+			at = s.Offset + sym.relative
+		case "end":
+			at = e.Offset + sym.relative
+		case "milli":
+			lo, ok := milli[sym.milli]
+			if !ok {
+				lo, err = adm.ListOffsetsAfterMilli(ctx, sym.milli, topics...)
+				if err == nil {
+					err = lo.Error()
+				}
+				if err != nil {
+					return nil, fmt.Errorf("list offsets after %d ms: %w", sym.milli, err)
+				}
+				milli[sym.milli] = lo
+			}
+			at = e.Offset
+			if l, ok := lo.Lookup(k.topic, k.partition); ok && l.Offset >= 0 {
+				at = l.Offset
+			}
+		}
+		at = min(max(at, s.Offset), e.Offset)
+		resolved[k] = at
+		if out[k.topic] == nil {
+			out[k.topic] = map[int32]kgo.Offset{}
+		}
+		out[k.topic][k.partition] = kgo.NewOffset().At(at)
+	}
+	p.mu.Lock()
+	for k, at := range resolved {
+		if _, still := p.pending[k]; still {
+			delete(p.pending, k)
+			p.next[k] = at
+		} else {
+			delete(out[k.topic], k.partition) // removed meanwhile
+		}
+	}
+	p.mu.Unlock()
+	return out, nil
+}
+
+func (p *positions) report() map[string]int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m := make(map[string]int64, len(p.next))
+	for k, at := range p.next {
+		m[fmt.Sprintf("%s/%d", k.topic, k.partition)] = at
+	}
+	return m
+}
+
+// marks guards the commits of a group consumer against going back across a
+// checkpoint. A record handed out before a checkpoint may be committed after
+// it through the new kgo.Client, which would commit whatever offset the old
+// record has, even if the new group member has committed beyond it. So after
+// a checkpoint, a commit of a record at or below the highest offset handed
+// out before it is kept only if the current client handed out that
+// partition from at most that offset (the record was delivered again, so
+// committing it is committing the new copy) and has not committed beyond it.
+// Dropped commits are counted; their records are, or were, delivered again.
+type marks struct {
+	mu        sync.Mutex
+	before    map[tp]int64 // highest offset handed out by earlier clients
+	first     map[tp]int64 // this client
+	last      map[tp]int64
+	committed map[tp]int64 // highest committed offset + 1, this client
+	stale     int64
+}
+
+func newMarks() *marks {
+	return &marks{before: map[tp]int64{}, first: map[tp]int64{}, last: map[tp]int64{}, committed: map[tp]int64{}}
+}
+
+func (m *marks) handed(fs kgo.Fetches) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	fs.EachPartition(func(f kgo.FetchTopicPartition) {
+		if n := len(f.Records); n > 0 {
+			k := tp{f.Topic, f.Partition}
+			if _, ok := m.first[k]; !ok {
+				m.first[k] = f.Records[0].Offset
+			}
+			m.last[k] = f.Records[n-1].Offset
+		}
+	})
+}
+
+// keep returns the records whose commits may go through, and notes them as
+// committed (the caller commits them).
+func (m *marks) keep(rs []*kgo.Record) []*kgo.Record {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.before) == 0 {
+		m.note(rs)
+		return rs // no checkpoint yet
+	}
+	out := rs[:0:0]
+	for _, r := range rs {
+		k := tp{r.Topic, r.Partition}
+		b, old := m.before[k]
+		f, ok := m.first[k]
+		if !old || r.Offset > b || (ok && r.Offset >= f && r.Offset <= m.last[k] && r.Offset+1 > m.committed[k]) {
+			out = append(out, r)
+		} else {
+			m.stale++
+		}
+	}
+	m.note(out)
+	return out
+}
+
+func (m *marks) note(rs []*kgo.Record) {
+	for _, r := range rs {
+		k := tp{r.Topic, r.Partition}
+		if r.Offset+1 > m.committed[k] {
+			m.committed[k] = r.Offset + 1
+		}
+	}
+}
+
+// rotate starts the marks of a new client.
+func (m *marks) rotate() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for k, l := range m.last {
+		if b, ok := m.before[k]; !ok || l > b {
+			m.before[k] = l
+		}
+	}
+	m.first, m.last, m.committed = map[tp]int64{}, map[tp]int64{}, map[tp]int64{}
+}
+
+func (m *marks) staleCommits() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.stale
+}

@@ -1,0 +1,106 @@
+package kgohooks
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/kcr-dev/kcr/notify"
+)
+
+// Option configures a Client or a GroupTransactSession. kgo's own options
+// (kgo.Opt) are given separately, unchanged.
+type Option func(*config)
+
+type config struct {
+	registry   *notify.Registry
+	name       string
+	log        *slog.Logger
+	txnID      TxnIDPolicy
+	openTxn    OpenTxnPolicy
+	backoffMin time.Duration
+	backoffMax time.Duration
+}
+
+func newConfig(opts []Option) config {
+	c := config{registry: notify.Default, backoffMin: 50 * time.Millisecond, backoffMax: time.Second}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	if c.registry == nil {
+		c.registry = notify.Default
+	}
+	if c.log == nil {
+		c.log = slog.Default()
+	}
+	return c
+}
+
+// WithRegistry registers the client with r instead of notify.Default. Tests
+// use it to run cycles with (*notify.Registry).Simulate.
+func WithRegistry(r *notify.Registry) Option { return func(c *config) { c.registry = r } }
+
+// WithName sets the name the client is registered under (reports, errors,
+// logs, the image manifest). The default is "kgo/" and the client id.
+func WithName(name string) Option { return func(c *config) { c.name = name } }
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.log = l } }
+
+// TxnIDPolicy says which transactional id a restored client uses.
+type TxnIDPolicy int
+
+const (
+	// SuffixTxnID (the default) gives every restored instance the
+	// transactional id base + "-" + the first 8 hex digits of its instance
+	// id, like its client id. Clones of one image (kcr restore --count N),
+	// and an original that went on after --leave-running, then never fence
+	// each other: each is its own transactional producer. Use it for clones.
+	SuffixTxnID TxnIDPolicy = iota
+	// KeepTxnID keeps the configured transactional id after a restore. The
+	// restored instance fences every other holder of that id (its epoch is
+	// bumped when it initializes): right for a migration, where the old
+	// process must stop writing, wrong for clones, which would fence each
+	// other in turn.
+	KeepTxnID
+)
+
+// WithTxnIDPolicy sets what a restore does to kgo.TransactionalID.
+func WithTxnIDPolicy(p TxnIDPolicy) Option { return func(c *config) { c.txnID = p } }
+
+// OpenTxnPolicy says what the before-checkpoint hook does with a transaction
+// the application has begun and not ended. In every case the hook first
+// lets the application end it by itself: calls that belong to the open
+// transaction (Produce, End, EndTransaction) pass the closed gate for up to
+// half of the hook's budget. Only then does the policy apply.
+type OpenTxnPolicy int
+
+const (
+	// AbortOpenTxn (the default) aborts the transaction before the dump.
+	// Its records are never visible to read_committed consumers; a
+	// consume-transform-produce loop processes its input again from the
+	// committed offsets. Later calls of that transaction fail or report it
+	// aborted: Produce with ErrTxnAbortedByCheckpoint, End with
+	// committed=false, EndTransaction(TryCommit) with
+	// ErrTxnAbortedByCheckpoint.
+	AbortOpenTxn OpenTxnPolicy = iota
+	// CommitOpenTxn flushes and commits it (for a GroupTransactSession
+	// with the offsets of the records polled so far). Use it only when
+	// every record the application produced is a complete unit of work:
+	// a batch that is half produced is committed half.
+	CommitOpenTxn
+	// FailOnOpenTxn makes the checkpoint fail (kcr exits 3, nothing is
+	// dumped) with ErrOpenTxn; the application resumes inside its
+	// transaction.
+	FailOnOpenTxn
+)
+
+// WithOpenTxnPolicy sets what a checkpoint does with an open transaction.
+func WithOpenTxnPolicy(p OpenTxnPolicy) Option { return func(c *config) { c.openTxn = p } }
+
+// WithRetryBackoff bounds the backoff between attempts of the commits the
+// before-checkpoint hook makes. Default 50ms to 1s.
+func WithRetryBackoff(lo, hi time.Duration) Option {
+	return func(c *config) { c.backoffMin, c.backoffMax = lo, max(hi, lo) }
+}

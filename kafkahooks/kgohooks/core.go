@@ -66,16 +66,16 @@ type core struct {
 	resolving  chan struct{} // closed when the background resolution ends
 	stopResolv context.CancelFunc
 
-	mu        sync.Mutex
-	gate      chan struct{}
-	closed    bool
-	torn      bool // the before hook of this cycle closed the kgo client
-	gen       uint64
-	clientID  string
-	txnID     string
-	bgErr     error // the last error of the background offset resolution
-	reportMu  sync.Mutex
-	report    map[string]any
+	mu       sync.Mutex
+	gate     chan struct{}
+	closed   bool
+	torn     bool // the before hook of this cycle closed the kgo client
+	gen      uint64
+	clientID string
+	txnID    string
+	bgErr    error // the last error of the background offset resolution
+	reportMu sync.Mutex
+	report   map[string]any
 }
 
 // state is one kgo client and whether the gate is closed in front of it.
@@ -91,8 +91,8 @@ type state struct {
 	// commits on its own.
 	commitPass bool
 	stop       context.Context // canceled when a checkpoint begins: ends polls
-	cancel  context.CancelFunc
-	closed  bool
+	cancel     context.CancelFunc
+	closed     bool
 }
 
 func newState(cl *kgo.Client, sess *kgo.GroupTransactSession, gen uint64) *state {

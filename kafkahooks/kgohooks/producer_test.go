@@ -1,0 +1,118 @@
+package kgohooks
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kcr-dev/kcr/notify"
+)
+
+// produceWhile starts n producers of values prefix-i that must reach the
+// closed gate; it returns when all of them are blocked and a wait func.
+func produceDuring(t *testing.T, c *Client, prefix string, n int) func() []error {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i, v := range vals(prefix, n) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = c.ProduceSync(context.Background(), &kgo.Record{Value: []byte(v)}).FirstErr()
+		}()
+	}
+	return func() []error { wg.Wait(); return errs }
+}
+
+// duringProbe registers, before the client exists, a resource whose before
+// hook runs after the client's (reverse order): it starts n producers of
+// prefix-i and waits until all of them wait at the client's closed gate.
+func duringProbe(t *testing.T, reg *notify.Registry, c **Client, prefix string, n int) func() []error {
+	var wait func() []error
+	reg.Register("probe", notify.Func(func(context.Context) error {
+		wait = produceDuring(t, *c, prefix, n)
+		deadline := time.Now().Add(3 * time.Second)
+		for (*c).blocked.Load() < int64(n) && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		if b := (*c).blocked.Load(); b != int64(n) {
+			t.Errorf("%d callers wait at the gate, want %d", b, n)
+		}
+		return nil
+	}, nil))
+	return func() []error { return wait() }
+}
+
+func testProducerCycle(t *testing.T, outcome notify.SimOutcome) {
+	addrs := newCluster(t, 3, "p")
+	reg := notify.NewRegistry()
+	var c *Client
+	wait := duringProbe(t, reg, &c, "during", 10)
+	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("p"), kgo.ClientID("app")},
+		WithRegistry(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	for _, v := range vals("before", 20) {
+		if err := c.ProduceSync(ctx, &kgo.Record{Value: []byte(v)}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pid0, _, err := c.ProducerID(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := reg.Simulate(ctx, outcome, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantKind := notify.Restore
+	if outcome == notify.SimResume {
+		wantKind = notify.Resume
+	}
+	if res.BeforeErr != nil || res.AfterErr != nil || res.Event.Kind != wantKind {
+		t.Fatalf("cycle: before %v, after %v, event %v", res.BeforeErr, res.AfterErr, res.Event.Kind)
+	}
+	for i, err := range wait() {
+		if err != nil {
+			t.Errorf("produce during the checkpoint %d: %v", i, err)
+		}
+	}
+	for _, v := range vals("after", 20) {
+		if err := c.ProduceSync(ctx, &kgo.Record{Value: []byte(v)}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pid1, _, err := c.ProducerID(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pid1 == pid0 {
+		t.Errorf("producer id %d unchanged by the cycle", pid0)
+	}
+	id := c.ClientID()
+	if outcome == notify.SimRestore {
+		if !strings.HasPrefix(id, "app-") || len(id) != len("app-")+8 || id[4:] != res.Event.InstanceID[:8] {
+			t.Errorf("client id after restore = %q, want app-%.8s", id, res.Event.InstanceID)
+		}
+	} else if id != "app" {
+		t.Errorf("client id after resume = %q, want app", id)
+	}
+	want := slices.Concat(vals("before", 20), vals("during", 10), vals("after", 20))
+	got := readAll(t, addrs, "p", len(want))
+	slices.Sort(want)
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("topic has %d records, want %d:\n got %v\nwant %v", len(got), len(want), got, want)
+	}
+}
+
+func TestProducerRestore(t *testing.T) { testProducerCycle(t, notify.SimRestore) }
+func TestProducerResume(t *testing.T)  { testProducerCycle(t, notify.SimResume) }

@@ -1,0 +1,113 @@
+package kgohooks
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kcr-dev/kcr/notify"
+)
+
+// producePlain writes values to topic with an independent kgo client.
+func producePlain(t *testing.T, addrs []string, topic string, values []string, extra ...kgo.Opt) {
+	t.Helper()
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic(topic)}, extra...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for _, v := range values {
+		if err := cl.ProduceSync(context.Background(), &kgo.Record{Value: []byte(v)}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestGroupConsumerRestoreNoRedeliveryNoSkip(t *testing.T) {
+	addrs := newCluster(t, 2, "g")
+	producePlain(t, addrs, "g", vals("a", 30))
+	reg := notify.NewRegistry()
+	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("grp"), kgo.ConsumeTopics("g"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)},
+		WithRegistry(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+
+	seen := map[string]int{}
+	next := map[int32]int64{} // offset after the last record handed out, per partition
+	poll := func(max int) int {
+		fs := c.PollRecords(ctx, max)
+		for _, e := range fs.Errors() {
+			t.Fatalf("poll: %v", e.Err)
+		}
+		n := 0
+		fs.EachRecord(func(r *kgo.Record) {
+			seen[string(r.Value)]++
+			next[r.Partition] = r.Offset + 1
+			n++
+		})
+		return n
+	}
+	for got := 0; got < 12; {
+		got += poll(12 - got)
+	}
+
+	res, err := reg.Simulate(ctx, notify.SimRestore, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.BeforeErr != nil || res.AfterErr != nil {
+		t.Fatalf("cycle: before %v, after %v", res.BeforeErr, res.AfterErr)
+	}
+	rep := res.Before[0]
+	t.Logf("before report: %+v", rep)
+
+	// The broker has exactly what was handed out committed: nothing more
+	// (that would skip), nothing less (that would redeliver).
+	adm := kadm.NewClient(mustClient(t, addrs))
+	offs, err := adm.FetchOffsets(ctx, "grp")
+	if err != nil || offs.Error() != nil {
+		t.Fatalf("fetch offsets: %v %v", err, offs.Error())
+	}
+	for p := int32(0); p < 2; p++ {
+		o, ok := offs.Lookup("g", p)
+		want, handed := next[p]
+		switch {
+		case handed && (!ok || o.At != want):
+			t.Errorf("partition %d: committed %v (present %v), want %d", p, o.At, ok, want)
+		case !handed && ok && o.At > 0:
+			t.Errorf("partition %d: committed %d, nothing was handed out", p, o.At)
+		}
+	}
+
+	producePlain(t, addrs, "g", vals("b", 20))
+	for total := 12; total < 50 && ctx.Err() == nil; {
+		total += poll(-1)
+	}
+	for _, v := range append(vals("a", 30), vals("b", 20)...) {
+		if seen[v] != 1 {
+			t.Errorf("record %s delivered %d times, want 1", v, seen[v])
+		}
+	}
+	if len(seen) != 50 {
+		t.Errorf("%d distinct records, want 50", len(seen))
+	}
+}
+
+func mustClient(t *testing.T, addrs []string) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+

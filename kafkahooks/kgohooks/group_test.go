@@ -110,4 +110,3 @@ func mustClient(t *testing.T, addrs []string) *kgo.Client {
 	t.Cleanup(cl.Close)
 	return cl
 }
-

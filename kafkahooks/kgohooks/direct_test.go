@@ -1,0 +1,82 @@
+package kgohooks
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kcr-dev/kcr/notify"
+)
+
+func TestDirectPartitionsAtEndAcrossRestore(t *testing.T) {
+	addrs := newCluster(t, 1, "d")
+	producePlain(t, addrs, "d", vals("old", 10))
+	reg := notify.NewRegistry()
+	// Registered before the client, so its before hook runs after the
+	// client's: these records are produced while the client is torn down.
+	reg.Register("probe", notify.Func(func(context.Context) error {
+		producePlain(t, addrs, "d", vals("during", 10))
+		return nil
+	}, nil))
+	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.FetchMaxWait(100 * time.Millisecond),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{"d": {0: kgo.NewOffset().AtEnd()}})},
+		WithRegistry(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	select {
+	case <-c.resolving:
+	case <-ctx.Done():
+		t.Fatal("start offset not resolved")
+	}
+	if n := c.pos.unresolved(); n != 0 {
+		t.Fatalf("%d partitions unresolved", n)
+	}
+	producePlain(t, addrs, "d", vals("before", 10))
+
+	var got []string
+	poll := func(max int) {
+		fs := c.PollRecords(ctx, max)
+		for _, e := range fs.Errors() {
+			t.Fatalf("poll: %v", e.Err)
+		}
+		fs.EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
+	}
+	for len(got) < 4 && ctx.Err() == nil {
+		poll(4 - len(got))
+	}
+	res, err := reg.Simulate(ctx, notify.SimRestore, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.BeforeErr != nil || res.AfterErr != nil {
+		t.Fatalf("cycle: before %v, after %v", res.BeforeErr, res.AfterErr)
+	}
+	var next map[string]int64
+	for _, r := range res.Before {
+		if r.Name == c.Name() {
+			next, _ = r.Details["next_offsets"].(map[string]int64)
+		}
+	}
+	if next["d/0"] != 10+4 {
+		t.Errorf("next offset in the report = %v, want d/0: 14", next)
+	}
+	producePlain(t, addrs, "d", vals("after", 10))
+	for len(got) < 30 && ctx.Err() == nil {
+		poll(-1)
+	}
+	// A little longer, to catch redelivered records.
+	short, cancel2 := context.WithTimeout(ctx, 300*time.Millisecond)
+	c.PollFetches(short).EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
+	cancel2()
+	want := slices.Concat(vals("before", 10), vals("during", 10), vals("after", 10))
+	if !slices.Equal(got, want) {
+		t.Errorf("delivered %d records, want %d in order:\n got %v\nwant %v", len(got), len(want), got, want)
+	}
+}

@@ -1,0 +1,69 @@
+package kgohooks
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kcr-dev/kcr/notify"
+)
+
+func TestOpenTxnAbortedAtCheckpoint(t *testing.T) {
+	addrs := newCluster(t, 1, "t")
+	reg := notify.NewRegistry()
+	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("t"), kgo.TransactionalID("tx")},
+		WithRegistry(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	txn := func(prefix string, n int, end bool) {
+		t.Helper()
+		if err := c.BeginTransaction(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range vals(prefix, n) {
+			if err := c.ProduceSync(ctx, &kgo.Record{Value: []byte(v)}).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if end {
+			if err := c.EndTransaction(ctx, kgo.TryCommit); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	txn("c", 5, true)
+	txn("open", 5, false)
+
+	res, err := reg.Simulate(ctx, notify.SimRestore, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.BeforeErr != nil || res.AfterErr != nil {
+		t.Fatalf("cycle: before %v, after %v", res.BeforeErr, res.AfterErr)
+	}
+	if got := res.Before[0].Details["transaction"]; got != "aborted" {
+		t.Errorf("report transaction = %v, want aborted", got)
+	}
+	if err := c.EndTransaction(ctx, kgo.TryCommit); !errors.Is(err, ErrTxnAbortedByCheckpoint) {
+		t.Errorf("EndTransaction of the aborted transaction = %v, want ErrTxnAbortedByCheckpoint", err)
+	}
+	if id := c.TransactionalID(); !strings.HasPrefix(id, "tx-") || len(id) != len("tx-")+8 {
+		t.Errorf("transactional id after restore = %q, want tx-<8 hex>", id)
+	}
+	txn("n", 5, true)
+
+	want := slices.Concat(vals("c", 5), vals("n", 5))
+	got := readAll(t, addrs, "t", len(want), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	if !slices.Equal(got, want) {
+		t.Errorf("read_committed sees %v, want %v", got, want)
+	}
+}

@@ -1,0 +1,57 @@
+package kgohooks
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kcr-dev/kcr/notify"
+)
+
+// A poll waiting on an empty topic when the checkpoint begins must neither
+// fail nor return empty: it waits at the gate and then returns the records
+// of the new client.
+func TestWaitingPollSurvivesRestore(t *testing.T) {
+	addrs := newCluster(t, 1, "w")
+	reg := notify.NewRegistry()
+	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("wg"), kgo.ConsumeTopics("w"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)},
+		WithRegistry(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	done := make(chan kgo.Fetches, 1)
+	go func() { done <- c.PollFetches(ctx) }()
+	for c.polls.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond) // let it wait inside kgo
+	res, err := reg.Simulate(ctx, notify.SimRestore, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.BeforeErr != nil || res.AfterErr != nil {
+		t.Fatalf("cycle: before %v, after %v", res.BeforeErr, res.AfterErr)
+	}
+	select {
+	case fs := <-done:
+		t.Fatalf("poll returned during the cycle with %d records, errors %v", fs.NumRecords(), fs.Errors())
+	case <-time.After(100 * time.Millisecond):
+	}
+	producePlain(t, addrs, "w", vals("x", 3))
+	fs := <-done
+	if errs := fs.Errors(); len(errs) > 0 {
+		t.Fatalf("poll errors: %v", errs)
+	}
+	if fs.NumRecords() == 0 {
+		t.Fatal("poll returned no records")
+	}
+	if v := string(fs.Records()[0].Value); v != "x-0" {
+		t.Errorf("first record %q, want x-0", v)
+	}
+}

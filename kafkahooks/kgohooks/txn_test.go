@@ -67,3 +67,52 @@ func TestOpenTxnAbortedAtCheckpoint(t *testing.T) {
 		t.Errorf("read_committed sees %v, want %v", got, want)
 	}
 }
+
+func TestFailOnOpenTxnRefusesAndKeepsTxn(t *testing.T) {
+	addrs := newCluster(t, 1, "t")
+	reg := notify.NewRegistry()
+	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("t"), kgo.TransactionalID("tx")},
+		WithRegistry(reg), WithOpenTxnPolicy(FailOnOpenTxn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := c.BeginTransaction(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range vals("k", 3) {
+		if err := c.ProduceSync(ctx, &kgo.Record{Value: []byte(v)}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pid0, _, _ := c.ProducerID(ctx)
+	res, err := reg.Simulate(ctx, notify.SimRestore, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(res.BeforeErr, ErrOpenTxn) {
+		t.Fatalf("before error = %v, want ErrOpenTxn", res.BeforeErr)
+	}
+	if res.Event.Kind != notify.Resume || res.AfterErr != nil {
+		t.Fatalf("event %v, after error %v; want a clean resume", res.Event.Kind, res.AfterErr)
+	}
+	if id := c.TransactionalID(); id != "tx" {
+		t.Errorf("transactional id after a refused checkpoint = %q, want tx", id)
+	}
+	// The application is still inside its transaction, on the same client.
+	if err := c.ProduceSync(ctx, &kgo.Record{Value: []byte("k-3")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Fatalf("commit after the refused checkpoint: %v", err)
+	}
+	if pid1, _, _ := c.ProducerID(ctx); pid1 != pid0 {
+		t.Errorf("producer id changed from %d to %d by a refused checkpoint", pid0, pid1)
+	}
+	want := vals("k", 4)
+	if got := readAll(t, addrs, "t", len(want), kgo.FetchIsolationLevel(kgo.ReadCommitted())); !slices.Equal(got, want) {
+		t.Errorf("read_committed sees %v, want %v", got, want)
+	}
+}

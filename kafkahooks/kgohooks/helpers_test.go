@@ -23,7 +23,8 @@ func newCluster(t *testing.T, partitions int32, topics ...string) []string {
 }
 
 // readAll reads topic from the start with an independent plain kgo client
-// until want records arrived or the deadline passed, and returns the values.
+// until want records arrived or the deadline passed, then 300 ms more, and
+// returns the values.
 func readAll(t *testing.T, addrs []string, topic string, want int, extra ...kgo.Opt) []string {
 	t.Helper()
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumeTopics(topic),
@@ -39,6 +40,10 @@ func readAll(t *testing.T, addrs []string, topic string, want int, extra ...kgo.
 		fs := cl.PollFetches(ctx)
 		fs.EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
 	}
+	// A little longer, so that extra records (duplicates) show.
+	short, cancel2 := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel2()
+	cl.PollFetches(short).EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
 	return got
 }
 

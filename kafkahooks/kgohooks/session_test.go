@@ -1,0 +1,105 @@
+package kgohooks
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kcr-dev/kcr/notify"
+)
+
+// A consume-transform-produce loop with a transaction open at the
+// checkpoint: the transaction is aborted, its input is polled again, and a
+// read_committed reader of the output sees every input exactly once.
+func TestSessionExactlyOnceAcrossRestore(t *testing.T) {
+	addrs := newCluster(t, 1, "in", "out")
+	producePlain(t, addrs, "in", vals("r", 20))
+	reg := notify.NewRegistry()
+	s, err := NewSession([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("etl"), kgo.ConsumeTopics("in"),
+		kgo.TransactionalID("etl"), kgo.DefaultProduceTopic("out"), kgo.RequireStableFetchOffsets(),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)},
+		WithRegistry(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	// step begins a transaction, transforms up to 5 polled records, and
+	// returns how many; end ends it.
+	step := func() int {
+		t.Helper()
+		if err := s.Begin(ctx); err != nil {
+			t.Fatal(err)
+		}
+		fs := s.PollRecords(ctx, 5)
+		for _, e := range fs.Errors() {
+			t.Fatalf("poll: %v", e.Err)
+		}
+		n := 0
+		fs.EachRecord(func(r *kgo.Record) {
+			n++
+			s.Produce(ctx, &kgo.Record{Value: append([]byte("out-"), r.Value...)}, func(_ *kgo.Record, err error) {
+				if err != nil {
+					t.Errorf("produce: %v", err)
+				}
+			})
+		})
+		return n
+	}
+	end := func() bool {
+		t.Helper()
+		if err := s.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		committed, err := s.End(ctx, kgo.TryCommit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return committed
+	}
+	done := 0
+	for done < 5 {
+		n := step()
+		if end() {
+			done += n
+		}
+	}
+	if step() == 0 {
+		t.Fatal("no records for the open transaction")
+	}
+	res, err := reg.Simulate(ctx, notify.SimRestore, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.BeforeErr != nil || res.AfterErr != nil {
+		t.Fatalf("cycle: before %v, after %v", res.BeforeErr, res.AfterErr)
+	}
+	t.Logf("before report: %+v", res.Before[0].Details)
+	if got := res.Before[0].Details["transaction"]; got != "aborted" {
+		t.Errorf("report transaction = %v, want aborted", got)
+	}
+	if committed, err := s.End(ctx, kgo.TryCommit); committed || err != nil {
+		t.Errorf("End of the aborted transaction = %v, %v; want false, nil", committed, err)
+	}
+	for done < 20 && ctx.Err() == nil {
+		n := step()
+		if end() {
+			done += n
+		}
+	}
+	var want []string
+	for _, v := range vals("r", 20) {
+		want = append(want, "out-"+v)
+	}
+	got := readAll(t, addrs, "out", len(want), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("read_committed output has %d records, want %d:\n got %v\nwant %v", len(got), len(want), got, want)
+	}
+}

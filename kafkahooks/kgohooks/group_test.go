@@ -110,3 +110,54 @@ func mustClient(t *testing.T, addrs []string) *kgo.Client {
 	t.Cleanup(cl.Close)
 	return cl
 }
+
+// With DisableAutoCommit, a late commit of a record handed out before the
+// checkpoint must not move the group's offset back below what the new
+// member committed.
+func TestLateCommitDoesNotGoBack(t *testing.T) {
+	addrs := newCluster(t, 1, "m")
+	producePlain(t, addrs, "m", vals("a", 10))
+	reg := notify.NewRegistry()
+	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("mg"), kgo.ConsumeTopics("m"),
+		kgo.DisableAutoCommit(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(100 * time.Millisecond)}, WithRegistry(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	var old []*kgo.Record
+	for len(old) < 10 && ctx.Err() == nil {
+		old = append(old, c.PollFetches(ctx).Records()...)
+	}
+	if err := c.CommitRecords(ctx, old...); err != nil {
+		t.Fatal(err)
+	}
+	res, err := reg.Simulate(ctx, notify.SimRestore, 5*time.Second)
+	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
+		t.Fatalf("cycle: %v, before %v, after %v", err, res.BeforeErr, res.AfterErr)
+	}
+	producePlain(t, addrs, "m", vals("b", 5))
+	var fresh []*kgo.Record
+	for len(fresh) < 5 && ctx.Err() == nil {
+		fresh = append(fresh, c.PollFetches(ctx).Records()...)
+	}
+	if v := string(fresh[0].Value); v != "b-0" {
+		t.Fatalf("first record after restore %q, want b-0", v)
+	}
+	if err := c.CommitRecords(ctx, fresh...); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CommitRecords(ctx, old[3]); err != nil { // late, from before the checkpoint
+		t.Fatal(err)
+	}
+	adm := kadm.NewClient(mustClient(t, addrs))
+	offs, err := adm.FetchOffsets(ctx, "mg")
+	if err != nil || offs.Error() != nil {
+		t.Fatalf("fetch offsets: %v %v", err, offs.Error())
+	}
+	if o, _ := offs.Lookup("m", 0); o.At != 15 {
+		t.Errorf("committed offset %d after a late commit, want 15", o.At)
+	}
+}

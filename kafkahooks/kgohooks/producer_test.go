@@ -116,3 +116,55 @@ func testProducerCycle(t *testing.T, outcome notify.SimOutcome) {
 
 func TestProducerRestore(t *testing.T) { testProducerCycle(t, notify.SimRestore) }
 func TestProducerResume(t *testing.T)  { testProducerCycle(t, notify.SimResume) }
+
+func TestProducerManyCycles(t *testing.T) {
+	addrs := newCluster(t, 2, "p")
+	reg := notify.NewRegistry()
+	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("p"), kgo.ClientID("app")},
+		WithRegistry(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	pids := map[int64]bool{}
+	var want []string
+	outcomes := []notify.SimOutcome{notify.SimRestore, notify.SimResume, notify.SimRestore, notify.SimRestore}
+	lastID := "app"
+	for i, oc := range append(outcomes, -1) {
+		vs := vals(string(rune('a'+i)), 5)
+		want = append(want, vs...)
+		for _, v := range vs {
+			if err := c.ProduceSync(ctx, &kgo.Record{Value: []byte(v)}).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		pid, _, err := c.ProducerID(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pids[pid] {
+			t.Errorf("cycle %d: producer id %d reused", i, pid)
+		}
+		pids[pid] = true
+		if id := c.ClientID(); id != lastID {
+			t.Errorf("cycle %d: client id %q, want %q", i, id, lastID)
+		}
+		if oc < 0 {
+			break
+		}
+		res, err := reg.Simulate(ctx, oc, 5*time.Second)
+		if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
+			t.Fatalf("cycle %d: %v, before %v, after %v", i, err, res.BeforeErr, res.AfterErr)
+		}
+		if oc == notify.SimRestore {
+			lastID = "app-" + res.Event.InstanceID[:8]
+		}
+	}
+	got := readAll(t, addrs, "p", len(want))
+	slices.Sort(want)
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("topic has %d records, want %d:\n got %v\nwant %v", len(got), len(want), got, want)
+	}
+}

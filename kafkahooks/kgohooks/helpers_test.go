@@ -13,13 +13,18 @@ import (
 // newCluster starts an in-process kfake broker with the given topics.
 func newCluster(t *testing.T, partitions int32, topics ...string) []string {
 	t.Helper()
+	return newKfake(t, partitions, topics...).ListenAddrs()
+}
+
+func newKfake(t *testing.T, partitions int32, topics ...string) *kfake.Cluster {
+	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...),
 		kfake.GroupMinSessionTimeout(50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	return c.ListenAddrs()
+	return c
 }
 
 // readAll reads topic from the start with an independent plain kgo client

@@ -2,6 +2,7 @@ package kgohooks
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"sync"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kcr-dev/kcr/notify"
 )
@@ -166,5 +168,59 @@ func TestProducerManyCycles(t *testing.T) {
 	slices.Sort(got)
 	if !slices.Equal(got, want) {
 		t.Errorf("topic has %d records, want %d:\n got %v\nwant %v", len(got), len(want), got, want)
+	}
+}
+
+// Records the broker does not acknowledge within the budget refuse the
+// checkpoint; the process resumes with the same producer and they are
+// delivered once.
+func TestUnflushedRefusesCheckpoint(t *testing.T) {
+	kf := newKfake(t, 1, "p")
+	addrs := kf.ListenAddrs()
+	reg := notify.NewRegistry()
+	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("p"), kgo.ClientID("app")},
+		WithRegistry(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := c.ProduceSync(ctx, &kgo.Record{Value: []byte("x-0")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	pid0, _, _ := c.ProducerID(ctx)
+	release := make(chan struct{})
+	kf.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		kf.SleepControl(func() { <-release })
+		return nil, nil, false
+	})
+	acked := make(chan error, 1)
+	c.Produce(ctx, &kgo.Record{Value: []byte("x-1")}, func(_ *kgo.Record, err error) { acked <- err })
+	res, err := reg.Simulate(ctx, notify.SimRestore, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(res.BeforeErr, ErrNotFlushed) {
+		t.Fatalf("before error = %v, want ErrNotFlushed", res.BeforeErr)
+	}
+	if res.Event.Kind != notify.Resume || res.AfterErr != nil {
+		t.Fatalf("event %v, after error %v; want a clean resume", res.Event.Kind, res.AfterErr)
+	}
+	if n := res.Before[0].Details["records_unflushed"]; n != int64(1) {
+		t.Errorf("records_unflushed = %v (%T), want 1", n, n)
+	}
+	close(release)
+	if err := <-acked; err != nil {
+		t.Fatalf("record buffered at the refused checkpoint: %v", err)
+	}
+	if pid1, _, _ := c.ProducerID(ctx); pid1 != pid0 {
+		t.Errorf("producer id changed from %d to %d by a refused checkpoint", pid0, pid1)
+	}
+	if id := c.ClientID(); id != "app" {
+		t.Errorf("client id %q after a refused checkpoint, want app", id)
+	}
+	if got := readAll(t, addrs, "p", 2); !slices.Equal(got, vals("x", 2)) {
+		t.Errorf("topic has %v, want %v", got, vals("x", 2))
 	}
 }

@@ -308,9 +308,11 @@ func (c *core) ProduceSync(ctx context.Context, rs ...*kgo.Record) kgo.ProduceRe
 }
 
 // Flush is kgo.Client.Flush. During a checkpoint it waits at the gate
-// first (the checkpoint flushes anyway).
+// first (the checkpoint flushes anyway), except the flush of an open
+// transaction while the hook waits for the application to end it: kgo
+// needs it before EndTransaction.
 func (c *core) Flush(ctx context.Context) error {
-	s, err := c.enter(ctx, &c.calls, newWork)
+	s, err := c.enter(ctx, &c.calls, c.produceKind())
 	if err != nil {
 		return err
 	}

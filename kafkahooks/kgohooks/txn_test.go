@@ -116,3 +116,102 @@ func TestFailOnOpenTxnRefusesAndKeepsTxn(t *testing.T) {
 		t.Errorf("read_committed sees %v, want %v", got, want)
 	}
 }
+
+// CommitOpenTxn commits the open transaction before the dump; KeepTxnID
+// keeps the transactional id after a restore.
+func TestCommitOpenTxnKeepTxnID(t *testing.T) {
+	addrs := newCluster(t, 1, "t")
+	reg := notify.NewRegistry()
+	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("t"), kgo.TransactionalID("tx")},
+		WithRegistry(reg), WithOpenTxnPolicy(CommitOpenTxn), WithTxnIDPolicy(KeepTxnID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := c.BeginTransaction(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range vals("o", 3) {
+		c.Produce(ctx, &kgo.Record{Value: []byte(v)}, nil)
+	}
+	res, err := reg.Simulate(ctx, notify.SimRestore, time.Second)
+	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
+		t.Fatalf("cycle: %v, before %v, after %v", err, res.BeforeErr, res.AfterErr)
+	}
+	if got := res.Before[0].Details["transaction"]; got != "committed" {
+		t.Errorf("report transaction = %v, want committed", got)
+	}
+	if err := c.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Errorf("EndTransaction of the transaction the checkpoint committed = %v, want nil", err)
+	}
+	if id := c.TransactionalID(); id != "tx" {
+		t.Errorf("transactional id after restore with KeepTxnID = %q, want tx", id)
+	}
+	if id := c.ClientID(); id == "kgo" {
+		t.Errorf("client id %q not suffixed after restore", id)
+	}
+	if err := c.BeginTransaction(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ProduceSync(ctx, &kgo.Record{Value: []byte("o-3")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Fatal(err)
+	}
+	want := vals("o", 4)
+	if got := readAll(t, addrs, "t", len(want), kgo.FetchIsolationLevel(kgo.ReadCommitted())); !slices.Equal(got, want) {
+		t.Errorf("read_committed sees %v, want %v", got, want)
+	}
+}
+
+// The application may end its open transaction itself while the hook
+// waits, with kgo's sequence Produce, Flush, EndTransaction: these calls
+// pass the closed gate.
+func TestAppEndsTxnDuringCheckpoint(t *testing.T) {
+	addrs := newCluster(t, 1, "t")
+	reg := notify.NewRegistry()
+	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("t"), kgo.TransactionalID("tx")},
+		WithRegistry(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := c.BeginTransaction(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.Produce(ctx, &kgo.Record{Value: []byte("e-0")}, nil)
+	ended := make(chan error, 1)
+	go func() {
+		for c.state.Load().gate == nil {
+			time.Sleep(time.Millisecond)
+		}
+		c.Produce(ctx, &kgo.Record{Value: []byte("e-1")}, nil)
+		if err := c.Flush(ctx); err != nil {
+			ended <- err
+			return
+		}
+		ended <- c.EndTransaction(ctx, kgo.TryCommit)
+	}()
+	res, err := reg.Simulate(ctx, notify.SimRestore, 4*time.Second)
+	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
+		t.Fatalf("cycle: %v, before %v, after %v", err, res.BeforeErr, res.AfterErr)
+	}
+	if err := <-ended; err != nil {
+		t.Fatalf("the application's commit during the checkpoint: %v", err)
+	}
+	if got := res.Before[0].Details["transaction"]; got != "none" {
+		t.Errorf("report transaction = %v, want none (the application ended it)", got)
+	}
+	if d := res.Before[0].Duration; d > time.Second {
+		t.Errorf("before hook took %v: it waited for a transaction the application had ended", d)
+	}
+	want := vals("e", 2)
+	if got := readAll(t, addrs, "t", len(want), kgo.FetchIsolationLevel(kgo.ReadCommitted())); !slices.Equal(got, want) {
+		t.Errorf("read_committed sees %v, want %v", got, want)
+	}
+}

@@ -224,3 +224,39 @@ func TestUnflushedRefusesCheckpoint(t *testing.T) {
 		t.Errorf("topic has %v, want %v", got, vals("x", 2))
 	}
 }
+
+// Close during a checkpoint releases the callers waiting at the gate with
+// kgo.ErrClientClosed, and the cycle ends cleanly.
+func TestCloseDuringCheckpointReleasesCallers(t *testing.T) {
+	addrs := newCluster(t, 1, "p")
+	reg := notify.NewRegistry()
+	var c *Client
+	wait := make(chan error, 1)
+	reg.Register("closer", notify.Func(func(context.Context) error {
+		go func() { wait <- c.ProduceSync(context.Background(), &kgo.Record{Value: []byte("z")}).FirstErr() }()
+		for c.blocked.Load() == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		c.Close()
+		return nil
+	}, nil))
+	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("p")}, WithRegistry(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := reg.Simulate(context.Background(), notify.SimRestore, 5*time.Second)
+	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
+		t.Fatalf("cycle: %v, before %v, after %v", err, res.BeforeErr, res.AfterErr)
+	}
+	select {
+	case err := <-wait:
+		if !errors.Is(err, kgo.ErrClientClosed) {
+			t.Errorf("waiting produce after Close = %v, want kgo.ErrClientClosed", err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("a caller still waits at the gate of a closed client")
+	}
+	if err := c.ProduceSync(context.Background(), &kgo.Record{Value: []byte("z")}).FirstErr(); !errors.Is(err, kgo.ErrClientClosed) {
+		t.Errorf("produce after Close = %v, want kgo.ErrClientClosed", err)
+	}
+}

@@ -2,6 +2,7 @@ package kgohooks
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -159,5 +160,49 @@ func TestLateCommitDoesNotGoBack(t *testing.T) {
 	}
 	if o, _ := offs.Lookup("m", 0); o.At != 15 {
 		t.Errorf("committed offset %d after a late commit, want 15", o.At)
+	}
+}
+
+// With AutoCommitMarks the checkpoint commits the marked records only; the
+// unmarked ones are delivered again after the restore.
+func TestAutoCommitMarksAcrossRestore(t *testing.T) {
+	addrs := newCluster(t, 1, "k")
+	producePlain(t, addrs, "k", vals("a", 10))
+	reg := notify.NewRegistry()
+	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("kg"), kgo.ConsumeTopics("k"),
+		kgo.AutoCommitMarks(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(100 * time.Millisecond)}, WithRegistry(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	var old []*kgo.Record
+	for len(old) < 10 && ctx.Err() == nil {
+		old = append(old, c.PollFetches(ctx).Records()...)
+	}
+	c.MarkCommitRecords(old[:6]...)
+	res, err := reg.Simulate(ctx, notify.SimRestore, 5*time.Second)
+	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
+		t.Fatalf("cycle: %v, before %v, after %v", err, res.BeforeErr, res.AfterErr)
+	}
+	if n := res.Before[0].Details["partitions_committed"]; n != 1 {
+		t.Errorf("partitions_committed = %v, want 1", n)
+	}
+	adm := kadm.NewClient(mustClient(t, addrs))
+	offs, err := adm.FetchOffsets(ctx, "kg")
+	if err != nil || offs.Error() != nil {
+		t.Fatalf("fetch offsets: %v %v", err, offs.Error())
+	}
+	if o, _ := offs.Lookup("k", 0); o.At != 6 {
+		t.Errorf("committed offset %d, want 6 (the marked records)", o.At)
+	}
+	var again []string
+	for len(again) < 4 && ctx.Err() == nil {
+		c.PollFetches(ctx).EachRecord(func(r *kgo.Record) { again = append(again, string(r.Value)) })
+	}
+	if want := vals("a", 10)[6:]; !slices.Equal(again, want) {
+		t.Errorf("after restore delivered %v, want %v", again, want)
 	}
 }

@@ -128,7 +128,9 @@ func newCore(kopts []kgo.Opt, session bool, opts []Option) (*core, error) {
 	if session && c.baseTxnID == "" {
 		return nil, errors.New("kgohooks: a GroupTransactSession needs kgo.TransactionalID")
 	}
-	if c.group == "" && len(parts) > 0 {
+	// Without a group, positions are kept even with no partitions yet:
+	// AddConsumePartitions may add some, and the next client needs them.
+	if c.group == "" {
 		if c.pos, err = newPositions(parts); err != nil {
 			return nil, err
 		}
@@ -160,7 +162,9 @@ func (c *core) build() (*kgo.Client, *kgo.GroupTransactSession, error) {
 		opts = append(opts, kgo.TransactionalID(c.txnID))
 	}
 	if c.pos != nil {
-		opts = append(opts, kgo.ConsumePartitions(c.pos.exact()))
+		if exact := c.pos.exact(); len(exact) > 0 {
+			opts = append(opts, kgo.ConsumePartitions(exact))
+		}
 	}
 	if c.session {
 		s, err := kgo.NewGroupTransactSession(opts...)
@@ -639,7 +643,9 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 		}
 	}
 	if c.pos != nil {
-		rep["next_offsets"] = c.pos.report()
+		if next := c.pos.report(); len(next) > 0 {
+			rep["next_offsets"] = next
+		}
 	}
 	closed := make(chan struct{})
 	go func() {

@@ -80,3 +80,42 @@ func TestDirectPartitionsAtEndAcrossRestore(t *testing.T) {
 		t.Errorf("delivered %d records, want %d in order:\n got %v\nwant %v", len(got), len(want), got, want)
 	}
 }
+
+// Partitions added with AddConsumePartitions to a client built without
+// kgo.ConsumePartitions are still consumed after a restore.
+func TestAddConsumePartitionsAcrossRestore(t *testing.T) {
+	addrs := newCluster(t, 1, "d")
+	producePlain(t, addrs, "d", vals("old", 3))
+	reg := notify.NewRegistry()
+	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.FetchMaxWait(100 * time.Millisecond)}, WithRegistry(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := c.AddConsumePartitions(map[string]map[int32]kgo.Offset{"d": {0: kgo.NewOffset().AtEnd()}}); err != nil {
+		t.Fatal(err)
+	}
+	for c.pos != nil && c.pos.unresolved() > 0 && ctx.Err() == nil {
+		time.Sleep(time.Millisecond)
+	}
+	producePlain(t, addrs, "d", vals("before", 3))
+	var got []string
+	for len(got) < 3 && ctx.Err() == nil {
+		c.PollFetches(ctx).EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
+	}
+	res, err := reg.Simulate(ctx, notify.SimRestore, 5*time.Second)
+	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
+		t.Fatalf("cycle: %v, before %v, after %v", err, res.BeforeErr, res.AfterErr)
+	}
+	producePlain(t, addrs, "d", vals("after", 3))
+	pctx, pcancel := context.WithTimeout(ctx, 3*time.Second)
+	defer pcancel()
+	for len(got) < 6 && pctx.Err() == nil {
+		c.PollFetches(pctx).EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
+	}
+	if want := slices.Concat(vals("before", 3), vals("after", 3)); !slices.Equal(got, want) {
+		t.Errorf("delivered %v, want %v", got, want)
+	}
+}

@@ -3,10 +3,12 @@ package kgohooks
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kcr-dev/kcr/notify"
 )
@@ -117,5 +119,51 @@ func TestAddConsumePartitionsAcrossRestore(t *testing.T) {
 	}
 	if want := slices.Concat(vals("before", 3), vals("after", 3)); !slices.Equal(got, want) {
 		t.Errorf("delivered %v, want %v", got, want)
+	}
+}
+
+// A checkpoint before the start offsets of direct partitions are resolved is
+// refused (a restored client would not know where to start); after the
+// resume they are resolved and consuming starts exactly there.
+func TestUnresolvedStartRefusesCheckpoint(t *testing.T) {
+	kf := newKfake(t, 1, "d")
+	addrs := kf.ListenAddrs()
+	producePlain(t, addrs, "d", vals("old", 3))
+	release := make(chan struct{})
+	kf.ControlKey(int16(kmsg.ListOffsets), func(kmsg.Request) (kmsg.Response, error, bool) {
+		kf.SleepControl(func() { <-release })
+		return nil, nil, false
+	})
+	reg := notify.NewRegistry()
+	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.FetchMaxWait(100 * time.Millisecond),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{"d": {0: kgo.NewOffset().AtEnd()}})},
+		WithRegistry(reg), WithRetryBackoff(10*time.Millisecond, 50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	res, err := reg.Simulate(ctx, notify.SimRestore, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.BeforeErr == nil || !strings.Contains(res.BeforeErr.Error(), "not resolved") {
+		t.Fatalf("before error = %v, want start offsets not resolved", res.BeforeErr)
+	}
+	if res.Event.Kind != notify.Resume || res.AfterErr != nil {
+		t.Fatalf("event %v, after error %v; want a clean resume", res.Event.Kind, res.AfterErr)
+	}
+	close(release)
+	for c.pos.unresolved() > 0 && ctx.Err() == nil {
+		time.Sleep(time.Millisecond)
+	}
+	producePlain(t, addrs, "d", vals("new", 3))
+	var got []string
+	for len(got) < 3 && ctx.Err() == nil {
+		c.PollFetches(ctx).EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
+	}
+	if !slices.Equal(got, vals("new", 3)) {
+		t.Errorf("delivered %v, want %v", got, vals("new", 3))
 	}
 }

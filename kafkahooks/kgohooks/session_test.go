@@ -103,3 +103,70 @@ func TestSessionExactlyOnceAcrossRestore(t *testing.T) {
 		t.Errorf("read_committed output has %d records, want %d:\n got %v\nwant %v", len(got), len(want), got, want)
 	}
 }
+
+// The application ends its session transaction itself while the hook
+// waits: Produce, Flush and End pass the gate and the transaction commits.
+func TestSessionAppEndsTxnDuringCheckpoint(t *testing.T) {
+	addrs := newCluster(t, 1, "in", "out")
+	producePlain(t, addrs, "in", vals("r", 3))
+	reg := notify.NewRegistry()
+	s, err := NewSession([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("etl"), kgo.ConsumeTopics("in"),
+		kgo.TransactionalID("etl"), kgo.DefaultProduceTopic("out"), kgo.RequireStableFetchOffsets(),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)},
+		WithRegistry(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := s.Begin(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var in []*kgo.Record
+	for len(in) < 3 && ctx.Err() == nil {
+		in = append(in, s.PollFetches(ctx).Records()...)
+	}
+	type result struct {
+		committed bool
+		err       error
+	}
+	ended := make(chan result, 1)
+	go func() {
+		for s.state.Load().gate == nil {
+			time.Sleep(time.Millisecond)
+		}
+		for _, r := range in {
+			s.Produce(ctx, &kgo.Record{Value: append([]byte("out-"), r.Value...)}, nil)
+		}
+		if err := s.Flush(ctx); err != nil {
+			ended <- result{false, err}
+			return
+		}
+		c, err := s.End(ctx, kgo.TryCommit)
+		ended <- result{c, err}
+	}()
+	res, err := reg.Simulate(ctx, notify.SimRestore, 4*time.Second)
+	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
+		t.Fatalf("cycle: %v, before %v, after %v", err, res.BeforeErr, res.AfterErr)
+	}
+	if r := <-ended; !r.committed || r.err != nil {
+		t.Fatalf("End during the checkpoint = %v, %v; want committed", r.committed, r.err)
+	}
+	if got := res.Before[0].Details["transaction"]; got != "none" {
+		t.Errorf("report transaction = %v, want none", got)
+	}
+	var want []string
+	for _, v := range vals("r", 3) {
+		want = append(want, "out-"+v)
+	}
+	if got := readAll(t, addrs, "out", len(want), kgo.FetchIsolationLevel(kgo.ReadCommitted())); !slices.Equal(got, want) {
+		t.Errorf("read_committed output %v, want %v", got, want)
+	}
+	// Committed with the transaction: the restored member polls nothing old.
+	pctx, pcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer pcancel()
+	if n := s.PollFetches(pctx).NumRecords(); n != 0 {
+		t.Errorf("restored member got %d input records again", n)
+	}
+}

@@ -24,7 +24,8 @@
 //     restored, or until their own ctx ends. They never fail because of the
 //     checkpoint. A poll waiting for records ends without any and waits too.
 //   - A transaction the application has begun gets half the budget to be
-//     ended by the application: its Produce and End calls pass the gate.
+//     ended by the application: its Produce, Flush and End calls pass the
+//     gate.
 //     Then OpenTxnPolicy applies: abort it (the default), commit it, or fail
 //     the checkpoint.
 //   - Flush, within the budget. If records remain unacknowledged, the hook

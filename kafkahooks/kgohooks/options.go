@@ -72,7 +72,7 @@ func WithTxnIDPolicy(p TxnIDPolicy) Option { return func(c *config) { c.txnID = 
 // OpenTxnPolicy says what the before-checkpoint hook does with a transaction
 // the application has begun and not ended. In every case the hook first
 // lets the application end it by itself: calls that belong to the open
-// transaction (Produce, End, EndTransaction) pass the closed gate for up to
+// transaction (Produce, Flush, End, EndTransaction) pass the closed gate for up to
 // half of the hook's budget. Only then does the policy apply.
 type OpenTxnPolicy int
 

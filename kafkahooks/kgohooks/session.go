@@ -17,7 +17,7 @@ import (
 // committed=false, and the records are polled again from the committed
 // offsets by the new group member. A transaction that is open when the
 // checkpoint begins gets half the hook's budget to be ended by the
-// application (its Produce and End calls pass the gate); then the
+// application (its Produce, Flush and End calls pass the gate); then the
 // OpenTxnPolicy applies.
 type GroupTransactSession struct {
 	*core

@@ -72,11 +72,7 @@ func TestGroupConsumerRestoreNoRedeliveryNoSkip(t *testing.T) {
 
 	// The broker has exactly what was handed out committed: nothing more
 	// (that would skip), nothing less (that would redeliver).
-	adm := kadm.NewClient(mustClient(t, addrs))
-	offs, err := adm.FetchOffsets(ctx, "grp")
-	if err != nil || offs.Error() != nil {
-		t.Fatalf("fetch offsets: %v %v", err, offs.Error())
-	}
+	offs := fetchCommitted(t, ctx, addrs, "grp")
 	for p := int32(0); p < 2; p++ {
 		o, ok := offs.Lookup("g", p)
 		want, handed := next[p]
@@ -100,6 +96,20 @@ func TestGroupConsumerRestoreNoRedeliveryNoSkip(t *testing.T) {
 	if len(seen) != 50 {
 		t.Errorf("%d distinct records, want 50", len(seen))
 	}
+}
+
+// fetchCommitted returns the group's committed offsets, read by an
+// independent admin client.
+func fetchCommitted(t *testing.T, ctx context.Context, addrs []string, group string) kadm.OffsetResponses {
+	t.Helper()
+	offs, err := kadm.NewClient(mustClient(t, addrs)).FetchOffsets(ctx, group)
+	if err == nil {
+		err = offs.Error()
+	}
+	if err != nil {
+		t.Fatalf("fetch offsets of group %s: %v", group, err)
+	}
+	return offs
 }
 
 func mustClient(t *testing.T, addrs []string) *kgo.Client {
@@ -153,11 +163,7 @@ func TestLateCommitDoesNotGoBack(t *testing.T) {
 	if err := c.CommitRecords(ctx, old[3]); err != nil { // late, from before the checkpoint
 		t.Fatal(err)
 	}
-	adm := kadm.NewClient(mustClient(t, addrs))
-	offs, err := adm.FetchOffsets(ctx, "mg")
-	if err != nil || offs.Error() != nil {
-		t.Fatalf("fetch offsets: %v %v", err, offs.Error())
-	}
+	offs := fetchCommitted(t, ctx, addrs, "mg")
 	if o, _ := offs.Lookup("m", 0); o.At != 15 {
 		t.Errorf("committed offset %d after a late commit, want 15", o.At)
 	}
@@ -190,11 +196,7 @@ func TestAutoCommitMarksAcrossRestore(t *testing.T) {
 	if n := res.Before[0].Details["partitions_committed"]; n != 1 {
 		t.Errorf("partitions_committed = %v, want 1", n)
 	}
-	adm := kadm.NewClient(mustClient(t, addrs))
-	offs, err := adm.FetchOffsets(ctx, "kg")
-	if err != nil || offs.Error() != nil {
-		t.Fatalf("fetch offsets: %v %v", err, offs.Error())
-	}
+	offs := fetchCommitted(t, ctx, addrs, "kg")
 	if o, _ := offs.Lookup("k", 0); o.At != 6 {
 		t.Errorf("committed offset %d, want 6 (the marked records)", o.At)
 	}

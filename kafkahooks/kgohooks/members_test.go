@@ -93,14 +93,9 @@ func TestTwoMembersOneCheckpointed(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 
-	adm := kadm.NewClient(mustClient(t, addrs))
 	committed := func() map[int32]int64 {
-		offs, err := adm.FetchOffsets(ctx, "two")
-		if err != nil || offs.Error() != nil {
-			t.Fatalf("fetch offsets: %v %v", err, offs.Error())
-		}
 		m := map[int32]int64{}
-		offs.Each(func(o kadm.OffsetResponse) { m[o.Partition] = o.At })
+		fetchCommitted(t, ctx, addrs, "two").Each(func(o kadm.OffsetResponse) { m[o.Partition] = o.At })
 		return m
 	}
 	res, err := regA.Simulate(ctx, notify.SimRestore, 8*time.Second)

@@ -13,6 +13,7 @@
 //	             were acknowledged; I and H are their "inst" and "hpid"
 //	             headers (the writer's identity when it built them)
 //	write-error  a WriteMessages call failed (the records are written again)
+//	reproduce-error  a -reproduce write from a Completion failed
 //	proc         {"p":P,"from":A,"to":B}: offsets A..B of partition P were
 //	             processed; the commit follows (at-least-once), so an
 //	             offset a killed process committed was always logged
@@ -109,6 +110,10 @@ type config struct {
 	sessionTimeout time.Duration
 	heartbeat      time.Duration
 	slowHook       time.Duration
+	reproduce      int
+	startLast      bool
+	partition      int
+	noCommit       bool
 }
 
 func main() {
@@ -122,6 +127,10 @@ func main() {
 	flag.IntVar(&c.writers, "writers", 4, "goroutines calling WriteMessages (sync writer)")
 	flag.IntVar(&c.batch, "batch", 10, "most records per WriteMessages call")
 	flag.BoolVar(&c.consume, "consume", false, "consume -topic as a member of -group, committing after processing")
+	flag.IntVar(&c.partition, "partition", -1, "with -consume and no -group: read this partition with a partition Reader (no commits)")
+	flag.BoolVar(&c.noCommit, "no-commit", false, "with -consume: never commit (only the Reader's own checkpoint commits)")
+	flag.BoolVar(&c.startLast, "start-last", false, "with -consume: start at the end (group: StartOffset LastOffset; partition Reader: SetOffset(LastOffset))")
+	flag.IntVar(&c.reproduce, "reproduce", 0, "with -async: the Completion of every acknowledged record N with N%K==0 writes record N+1000000 to the same Writer (retry/dead-letter pattern)")
 	flag.DurationVar(&c.sessionTimeout, "session-timeout", 6*time.Second, "consumer group session timeout")
 	flag.DurationVar(&c.heartbeat, "heartbeat", time.Second, "consumer group heartbeat interval")
 	listen := flag.String("listen", "127.0.0.1:0", "address of the state listener")
@@ -130,7 +139,7 @@ func main() {
 	logLevel := flag.String("log-level", "info", "level of the slog records logged as ev=log (debug, info, warn)")
 	flag.Parse()
 	c.brokers = strings.Split(*brokers, ",")
-	if c.topic == "" || (c.consume && c.group == "") || c.writers < 1 || c.batch < 1 {
+	if c.topic == "" || (c.consume && c.group == "" && c.partition < 0) || c.writers < 1 || c.batch < 1 {
 		emit("fatal", "err", "need -topic, -group with -consume, positive -writers and -batch")
 		os.Exit(2)
 	}
@@ -202,10 +211,19 @@ func run(c config, listen string) error {
 		a.w = kafkahooks.NewWriter(tmpl, kafkahooks.WithClientID(c.clientID), kafkahooks.WithRetryBackoff(100*time.Millisecond, 2*time.Second))
 	}
 	if c.consume {
+		start := kafka.FirstOffset
+		if c.startLast {
+			start = kafka.LastOffset
+		}
+		partition := 0
+		if c.group == "" {
+			partition = c.partition
+		}
 		a.r = kafkahooks.NewReader(kafka.ReaderConfig{
 			Brokers:           c.brokers,
 			GroupID:           c.group,
 			Topic:             c.topic,
+			Partition:         partition,
 			MaxWait:           500 * time.Millisecond,
 			SessionTimeout:    c.sessionTimeout,
 			HeartbeatInterval: c.heartbeat,
@@ -213,8 +231,13 @@ func run(c config, listen string) error {
 			JoinGroupBackoff:  500 * time.Millisecond,
 			ReadBackoffMin:    50 * time.Millisecond,
 			ReadBackoffMax:    500 * time.Millisecond,
-			StartOffset:       kafka.FirstOffset,
+			StartOffset:       start,
 		}, kafkahooks.WithClientID(c.clientID))
+		if c.group == "" && c.startLast {
+			if err := a.r.SetOffset(kafka.LastOffset); err != nil {
+				return err
+			}
+		}
 	}
 	// Registered last: its after-restore hook runs last, once the Writer and
 	// the Reader have their new client ids.
@@ -398,7 +421,40 @@ func (a *app) completion(msgs []kafka.Message, err error) {
 	for s, ns := range by {
 		a.ackRuns(ns, s.inst, s.hpid)
 	}
+	if a.cfg.reproduce > 0 {
+		a.reproduce(msgs)
+	}
 }
+
+// reproduce writes, from inside the Completion, record N+1000000 for every
+// acknowledged record N with N%K==0 to the same Writer: the retry or
+// dead-letter pattern, which must not wedge a checkpoint.
+func (a *app) reproduce(msgs []kafka.Message) {
+	var b []int
+	var out []kafka.Message
+	for _, m := range msgs {
+		n, _ := strconv.Atoi(string(m.Value))
+		if n >= derivedBase || n%a.cfg.reproduce != 0 {
+			continue
+		}
+		d := n + derivedBase
+		b = append(b, d)
+		out = append(out, kafka.Message{Key: []byte(strconv.Itoa(d)), Value: []byte(strconv.Itoa(d)), Headers: m.Headers})
+	}
+	if len(out) == 0 {
+		return
+	}
+	a.addPending(b)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := a.w.WriteMessages(ctx, out...); err != nil {
+		a.donePending(b)
+		emit("reproduce-error", "err", err.Error(), "records", runs(b))
+	}
+}
+
+// derivedBase is added to a record's number by -reproduce.
+const derivedBase = 1000000
 
 // ackRuns logs records acknowledged, with the identity they carry (one
 // WriteMessages call or Completion is records of one batch, built at once).
@@ -484,6 +540,9 @@ func (a *app) commit(batch []kafka.Message) {
 		for _, r := range runs(offs) {
 			emit("proc", "p", p, "from", r[0], "to", r[1])
 		}
+	}
+	if a.cfg.group == "" || a.cfg.noCommit {
+		return // a partition Reader has nothing to commit
 	}
 	cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	err := a.r.CommitMessages(cctx, batch...)

@@ -181,3 +181,99 @@ func TestKafkaTailingReaders(t *testing.T) {
 		})
 	}
 }
+
+// Issue 9, hole 4: a group Reader with CommitInterval 1s is checkpointed
+// while the broker restarts, so flushing its batched commits fails during
+// the hooks (the broker is gone, then its coordinator is loading) and is
+// retried until it lands. The committed offset (kadm) covers everything
+// processed before the checkpoint, and nothing processed then is delivered
+// again after the restore.
+func TestKafkaCommitIntervalFailingCommit(t *testing.T) {
+	k := needKafka(t)
+	k.brokerPID()
+	t.Cleanup(func() {
+		if pid := readPID(); pid > 0 {
+			syscallCont(pid)
+		}
+		if _, err := runScript("kafka-up.sh", "KCR_KAFKA_KEEP_DATA=1"); err != nil {
+			t.Errorf("restarting the broker at cleanup: %v", err)
+		}
+	})
+	topic := k.newTopic("interval", 1)
+	group := uniqueName("interval")
+	prod := k.produce(topic, 100)
+	a := k.start("-topic", topic, "-group", group, "-consume", "-commit-interval", "1s", "-client-id", "interval", "-log-level", "debug")
+	a.waitProcessed(0, 200, 30*time.Second)
+	prod.finish()
+
+	// The broker goes away with commits in the Reader's batch; the
+	// checkpoint starts while it is down and ends once it is back.
+	script(t, "kafka-down.sh")
+	n0 := len(a.events())
+	img := filepath.Join(t.TempDir(), "img")
+	ck := make(chan kcrResult, 1)
+	go func() { ck <- runKCR(t, "checkpoint", "--timeout", "90s", "-o", img, strconv.Itoa(a.pid)) }()
+	eventually(t, 20*time.Second, "a failed commit flush during the hooks", func() (bool, string) {
+		for _, e := range a.since(n0) {
+			if e["ev"] == "log" && e.str("msg") == "flushing commits before a checkpoint" {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("last events %v", tail(a.events(), 3))
+	})
+	script(t, "kafka-up.sh", "KCR_KAFKA_KEEP_DATA=1")
+	var r kcrResult
+	select {
+	case r = <-ck:
+	case <-time.After(100 * time.Second):
+		t.Fatal("kcr checkpoint did not return")
+	}
+	if r.code != 0 {
+		r.log(t, []string{"checkpoint"})
+		t.Fatalf("kcr checkpoint: exit %d", r.code)
+	}
+	<-a.done
+	var fails []string
+	for _, e := range a.since(n0) {
+		if e["ev"] == "log" && e.str("msg") == "flushing commits before a checkpoint" {
+			fails = append(fails, e.str("err"))
+		}
+	}
+	t.Logf("%d commit flushes failed during the hooks, first %q, last %q; reader report %v",
+		len(fails), fails[0], fails[len(fails)-1], manifestResource(t, img, "kafka-reader/"+group))
+
+	before := processed(a.events())
+	var last int64 = -1
+	for x := range before {
+		last = max(last, x.o)
+	}
+	var cm map[int32]int64
+	eventually(t, 30*time.Second, "the committed offsets of "+group, func() (bool, string) {
+		var err error
+		cm, err = k.committed(group, topic) // the admin client reconnects after the restart
+		return err == nil, fmt.Sprint(err)
+	})
+	if cm[0] != last+1 {
+		t.Fatalf("committed offset after the checkpoint %v; want %d, past the last record processed (%d)", cm, last+1, last)
+	}
+
+	n1 := len(a.events())
+	pid, _ := restore(t, img)
+	a.waitAfter(n1, 60*time.Second)
+	prod2 := k.produce(topic, 100)
+	a.waitProcessed(n1, 100, 60*time.Second)
+	prod2.finish()
+	end := k.endOffsets(topic)[0]
+	k.waitCommitted(group, topic, map[int32]int64{0: end}, 60*time.Second)
+	var again []int
+	for x := range processed(a.since(n1)) {
+		if before[x] > 0 {
+			again = append(again, int(x.o))
+		}
+	}
+	t.Logf("processed before the checkpoint: offsets 0..%d; after the restore %d records, up to the end %d", last, len(processed(a.since(n1))), end)
+	if len(again) > 0 {
+		t.Errorf("%d records committed before the checkpoint were delivered again: %s", len(again), runsOf(again, 10))
+	}
+	a.stop(pid)
+}

@@ -114,6 +114,7 @@ type config struct {
 	startLast      bool
 	partition      int
 	noCommit       bool
+	commitInterval time.Duration
 }
 
 func main() {
@@ -128,6 +129,7 @@ func main() {
 	flag.IntVar(&c.batch, "batch", 10, "most records per WriteMessages call")
 	flag.BoolVar(&c.consume, "consume", false, "consume -topic as a member of -group, committing after processing")
 	flag.IntVar(&c.partition, "partition", -1, "with -consume and no -group: read this partition with a partition Reader (no commits)")
+	flag.DurationVar(&c.commitInterval, "commit-interval", 0, "with -consume: the Reader's CommitInterval (0: synchronous commits)")
 	flag.BoolVar(&c.noCommit, "no-commit", false, "with -consume: never commit (only the Reader's own checkpoint commits)")
 	flag.BoolVar(&c.startLast, "start-last", false, "with -consume: start at the end (group: StartOffset LastOffset; partition Reader: SetOffset(LastOffset))")
 	flag.IntVar(&c.reproduce, "reproduce", 0, "with -async: the Completion of every acknowledged record N with N%K==0 writes record N+1000000 to the same Writer (retry/dead-letter pattern)")
@@ -232,6 +234,7 @@ func run(c config, listen string) error {
 			ReadBackoffMin:    50 * time.Millisecond,
 			ReadBackoffMax:    500 * time.Millisecond,
 			StartOffset:       start,
+			CommitInterval:    c.commitInterval,
 		}, kafkahooks.WithClientID(c.clientID))
 		if c.group == "" && c.startLast {
 			if err := a.r.SetOffset(kafka.LastOffset); err != nil {

@@ -32,7 +32,7 @@ var errTransportClosed = errors.New("kafkahooks: writer closed before records he
 type interruptedError struct{ err error }
 
 func (e *interruptedError) Error() string {
-	return "kafkahooks: produce request interrupted by a checkpoint (will be retried after restore): " + e.err.Error()
+	return "kafkahooks: produce request interrupted by a checkpoint (retried after restore if the batch has attempts left; the broker may have stored it): " + e.err.Error()
 }
 func (e *interruptedError) Unwrap() error   { return e.err }
 func (e *interruptedError) Temporary() bool { return true }

@@ -277,3 +277,87 @@ func TestKafkaCommitIntervalFailingCommit(t *testing.T) {
 	}
 	a.stop(pid)
 }
+
+// Issue 9, hole 5: a sync Writer with MaxAttempts 1 is checkpointed while
+// the broker is frozen (SIGSTOP) past the hook budget, so requests on the
+// wire are interrupted. kafkaapp does not write failed records again. What
+// the callers were told is compared with what is on the topic: every
+// record acknowledged is there, every record handed to the Writer got an
+// answer, and a record told failed may still be on the topic (the known
+// gap, counted as requests_interrupted).
+func TestKafkaMaxAttemptsOneBrokerStopped(t *testing.T) {
+	k := needKafka(t)
+	k.brokerPID()
+	topic := k.newTopic("attempts", 3)
+	a := k.start("-topic", topic, "-produce-rate", "200", "-max-attempts", "1", "-no-retry", "-client-id", "once")
+	a.waitAcked(300, 30*time.Second)
+
+	img := filepath.Join(t.TempDir(), "img")
+	cont := k.stopBroker()
+	eventually(t, 10*time.Second, "records in flight to the stopped broker", func() (bool, string) {
+		s := a.state()
+		return s.Pending > 0, fmt.Sprintf("%d pending", s.Pending)
+	})
+	time.Sleep(300 * time.Millisecond) // let more pile up (not an assertion)
+	mustKCR(t, "checkpoint", "--timeout", "1s", "-o", img, strconv.Itoa(a.pid))
+	cont()
+	<-a.done
+	t.Logf("writer report in the manifest: %v", manifestResource(t, img, "kafka-writer/"+topic))
+
+	n1 := len(a.events())
+	pid, out := restore(t, img)
+	a.waitAfter(n1, 60*time.Second)
+	var rep map[string]any
+	reps, _ := out["reports"].([]any)
+	for _, r := range reps {
+		if r, _ := r.(map[string]any); r["name"] == "kafka-writer/"+topic {
+			rep, _ = r["details"].(map[string]any)
+		}
+	}
+	t.Logf("writer after-restore report: %v", rep)
+	a.waitAcked(len(acked(a.events()))+200, 60*time.Second)
+	a.stop(pid)
+
+	evs := a.events()
+	ok := acked(evs)
+	told := map[int]bool{}
+	for _, e := range evs {
+		if e["ev"] != "write-error" {
+			continue
+		}
+		rs, _ := e["records"].([]any)
+		for _, r := range rs {
+			ft := r.([]any)
+			for n := int(ft[0].(float64)); n <= int(ft[1].(float64)); n++ {
+				told[n] = true
+			}
+		}
+	}
+	on := k.checkAcked(topic, ok)
+	top := 0
+	for n := range ok {
+		top = max(top, n)
+	}
+	for n := range told {
+		top = max(top, n)
+	}
+	var silent, toldOn, toldMissing []int
+	for n := 1; n <= top; n++ {
+		switch {
+		case ok[n] == 0 && !told[n]:
+			silent = append(silent, n)
+		case told[n] && on[n] > 0:
+			toldOn = append(toldOn, n)
+		case told[n]:
+			toldMissing = append(toldMissing, n)
+		}
+	}
+	t.Logf("records 1..%d: %d acknowledged, %d told failed: %d of them on the topic anyway %s (requests_interrupted %v), %d not on it %s",
+		top, len(ok), len(told), len(toldOn), runsOf(toldOn, 10), rep["requests_interrupted"], len(toldMissing), runsOf(toldMissing, 10))
+	if len(silent) > 0 {
+		t.Errorf("%d records handed to the Writer were neither acknowledged nor failed: %s", len(silent), runsOf(silent, 20))
+	}
+	if len(toldOn) > 0 && num(rep["requests_interrupted"]) == 0 {
+		t.Errorf("%d records told failed are on the topic, but the Writer reports no interrupted request", len(toldOn))
+	}
+}

@@ -12,7 +12,8 @@
 //	acked        {"from":N,"to":M,"inst":I,"rhpid":H}: records N..M (values)
 //	             were acknowledged; I and H are their "inst" and "hpid"
 //	             headers (the writer's identity when it built them)
-//	write-error  a WriteMessages call failed (the records are written again)
+//	write-error  a WriteMessages call failed (the records are written again,
+//	             unless -no-retry)
 //	reproduce-error  a -reproduce write from a Completion failed
 //	proc         {"p":P,"from":A,"to":B}: offsets A..B of partition P were
 //	             processed; the commit follows (at-least-once), so an
@@ -115,6 +116,8 @@ type config struct {
 	partition      int
 	noCommit       bool
 	commitInterval time.Duration
+	maxAttempts    int
+	noRetry        bool
 }
 
 func main() {
@@ -130,6 +133,8 @@ func main() {
 	flag.BoolVar(&c.consume, "consume", false, "consume -topic as a member of -group, committing after processing")
 	flag.IntVar(&c.partition, "partition", -1, "with -consume and no -group: read this partition with a partition Reader (no commits)")
 	flag.DurationVar(&c.commitInterval, "commit-interval", 0, "with -consume: the Reader's CommitInterval (0: synchronous commits)")
+	flag.IntVar(&c.maxAttempts, "max-attempts", 0, "the Writer's MaxAttempts (0: kafka-go's default)")
+	flag.BoolVar(&c.noRetry, "no-retry", false, "records whose write failed are not written again (write-error tells which)")
 	flag.BoolVar(&c.noCommit, "no-commit", false, "with -consume: never commit (only the Reader's own checkpoint commits)")
 	flag.BoolVar(&c.startLast, "start-last", false, "with -consume: start at the end (group: StartOffset LastOffset; partition Reader: SetOffset(LastOffset))")
 	flag.IntVar(&c.reproduce, "reproduce", 0, "with -async: the Completion of every acknowledged record N with N%K==0 writes record N+1000000 to the same Writer (retry/dead-letter pattern)")
@@ -206,6 +211,7 @@ func run(c config, listen string) error {
 			RequiredAcks: kafka.RequireAll,
 			Async:        c.async,
 			WriteTimeout: 5 * time.Second,
+			MaxAttempts:  c.maxAttempts,
 		}
 		if c.async {
 			tmpl.Completion = a.completion
@@ -380,6 +386,9 @@ func (a *app) writeLoop(ctx, wctx context.Context) {
 			if wctx.Err() != nil {
 				return
 			}
+			if a.cfg.noRetry {
+				continue
+			}
 			time.Sleep(200 * time.Millisecond)
 			a.retry <- b
 		case !a.cfg.async:
@@ -414,6 +423,9 @@ func (a *app) completion(msgs []kafka.Message, err error) {
 	if err != nil {
 		a.failed.Add(int64(len(b)))
 		emit("write-error", "err", err.Error(), "records", runs(b), "async", true)
+		if a.cfg.noRetry {
+			return
+		}
 		select {
 		case a.retry <- b:
 		default:

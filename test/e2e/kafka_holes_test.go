@@ -107,14 +107,22 @@ func TestKafkaCompletionReproduces(t *testing.T) {
 // delivered) up to the end is delivered. The group app never commits, so
 // its partition has no commit when it leaves the group at the checkpoint:
 // the Reader must commit its start there (kadm) or the rejoin jumps to the
-// new end.
+// new end. In partition-idle nothing is produced from the Reader's start
+// to the checkpoint: it must start after the restore at the end it saw
+// before, not at the new one.
 func TestKafkaTailingReaders(t *testing.T) {
-	for _, c := range []struct{ name, group string }{{"partition", ""}, {"group", uniqueName("tail")}} {
+	for _, c := range []struct {
+		name, group string
+		idle        bool
+	}{{"partition", "", false}, {"partition-idle", "", true}, {"group", uniqueName("tail"), false}} {
 		t.Run(c.name, func(t *testing.T) {
 			k := needKafka(t)
 			topic := k.newTopic("tail-"+c.name, 1)
 			prod := k.produce(topic, 50)
 			time.Sleep(time.Second) // records before the Reader starts, which it must not read
+			if c.idle {
+				prod.finish()
+			}
 			e0 := k.endOffsets(topic)[0]
 			args := []string{"-topic", topic, "-consume", "-start-last", "-client-id", "tail"}
 			if c.group != "" {
@@ -123,7 +131,11 @@ func TestKafkaTailingReaders(t *testing.T) {
 				args = append(args, "-partition", "0")
 			}
 			a := k.start(args...)
-			a.waitProcessed(0, 50, 30*time.Second)
+			if c.idle {
+				time.Sleep(2 * time.Second) // the Reader polls the idle end
+			} else {
+				a.waitProcessed(0, 50, 30*time.Second)
+			}
 
 			img := filepath.Join(t.TempDir(), "img")
 			mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
@@ -143,6 +155,9 @@ func TestKafkaTailingReaders(t *testing.T) {
 				if startCommit, ok = cm[0]; !ok {
 					t.Fatalf("no committed offset of %s after the checkpoint (%v): the rejoin would start at the new end", c.group, cm)
 				}
+			}
+			if c.idle {
+				prod = k.produce(topic, 50)
 			}
 			time.Sleep(time.Second) // records produced while the image sits on disk
 			n1 := len(a.events())
@@ -173,6 +188,9 @@ func TestKafkaTailingReaders(t *testing.T) {
 			t.Logf("end before the Reader started %d, first delivered %d, end %d; %d records produced (%d errors)", e0, first, end, len(produced), perrs)
 			if c.group != "" && startCommit != first {
 				t.Errorf("the group committed %d at the checkpoint; want the first offset the Reader handed out, %d", startCommit, first)
+			}
+			if c.idle && first != e0 {
+				t.Errorf("the idle Reader at LastOffset delivered first offset %d; want %d, the end when it started", first, e0)
 			}
 			if first < e0 {
 				t.Errorf("the Reader at LastOffset delivered offset %d, before the end %d when it started", first, e0)

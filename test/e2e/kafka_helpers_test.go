@@ -439,6 +439,22 @@ func (k *kafkaEnv) stopBroker() (cont func()) {
 	return cont
 }
 
+// checkpointBrokerStopped freezes the broker while a's Writer has records
+// on the wire and checkpoints a with a budget (1 s) too short to drain them,
+// then thaws the broker.
+func (k *kafkaEnv) checkpointBrokerStopped(a *kapp, img string) {
+	t := k.t
+	t.Helper()
+	cont := k.stopBroker()
+	defer cont()
+	eventually(t, 10*time.Second, "records in flight to the stopped broker", func() (bool, string) {
+		s := a.state()
+		return s.Pending > 0, fmt.Sprintf("%d pending", s.Pending)
+	})
+	time.Sleep(300 * time.Millisecond) // let more pile up (not an assertion)
+	mustKCR(t, "checkpoint", "--timeout", "1s", "-o", img, strconv.Itoa(a.pid))
+}
+
 // script runs scripts/NAME with extra environment, or fails the test.
 func script(t *testing.T, name string, env ...string) time.Duration {
 	t.Helper()
@@ -473,6 +489,23 @@ func readPID() int {
 }
 
 func syscallCont(pid int) { syscall.Kill(pid, syscall.SIGCONT) }
+
+// restartsBroker is for a test that stops or restarts the broker: it needs
+// the broker of scripts/kafka-up.sh, and whatever happens leaves it running
+// with the same data.
+func (k *kafkaEnv) restartsBroker() {
+	t := k.t
+	t.Helper()
+	k.brokerPID()
+	t.Cleanup(func() {
+		if pid := readPID(); pid > 0 {
+			syscallCont(pid)
+		}
+		if _, err := runScript("kafka-up.sh", "KCR_KAFKA_KEEP_DATA=1"); err != nil {
+			t.Errorf("restarting the broker at cleanup: %v", err)
+		}
+	})
+}
 
 // --- kafkaapp ----------------------------------------------------------------
 
@@ -666,18 +699,52 @@ func (a *kapp) pendingAt(skip int) (recs []int, report map[string]any) {
 		if e["ev"] != "pending" {
 			continue
 		}
-		rs, _ := e["records"].([]any)
-		for _, r := range rs {
-			ft := r.([]any)
-			for n := int(ft[0].(float64)); n <= int(ft[1].(float64)); n++ {
-				recs = append(recs, n)
-			}
+		for n := range runNumbers(e) {
+			recs = append(recs, n)
 		}
+		slices.Sort(recs)
 		report, _ = e["writer"].(map[string]any)
 		return recs, report
 	}
 	a.t.Fatalf("no pending event after the checkpoint")
 	return nil, nil
+}
+
+// restoreReport returns the after-restore details of the named resource
+// from kcr restore --json's output.
+func restoreReport(out map[string]any, name string) map[string]any {
+	reps, _ := out["reports"].([]any)
+	for _, r := range reps {
+		if r, _ := r.(map[string]any); r["name"] == name {
+			d, _ := r["details"].(map[string]any)
+			return d
+		}
+	}
+	return nil
+}
+
+// runNumbers returns the record numbers of an event's "records" runs.
+func runNumbers(e event) map[int]bool {
+	out := map[int]bool{}
+	rs, _ := e["records"].([]any)
+	for _, r := range rs {
+		ft := r.([]any)
+		for n := int(ft[0].(float64)); n <= int(ft[1].(float64)); n++ {
+			out[n] = true
+		}
+	}
+	return out
+}
+
+// recordsOf returns the record numbers of every event of kind in evs.
+func recordsOf(evs []event, kind string) map[int]bool {
+	out := map[int]bool{}
+	for _, e := range evs {
+		if e["ev"] == kind {
+			maps.Copy(out, runNumbers(e))
+		}
+	}
+	return out
 }
 
 // manifestResource returns the details of the named resource from the

@@ -70,19 +70,7 @@ func TestKafkaCompletionReproduces(t *testing.T) {
 	on := k.checkAcked(topic, all)
 	// A Completion that runs while the app closes its Writer may be told
 	// its write failed; every other derived record must be on the topic.
-	told := map[int]bool{}
-	for _, e := range a.since(nStop) {
-		if e["ev"] != "reproduce-error" {
-			continue
-		}
-		rs, _ := e["records"].([]any)
-		for _, r := range rs {
-			ft := r.([]any)
-			for n := int(ft[0].(float64)); n <= int(ft[1].(float64)); n++ {
-				told[n] = true
-			}
-		}
-	}
+	told := recordsOf(a.since(nStop), "reproduce-error")
 	var missing []int
 	derived := 0
 	for n := range all {
@@ -208,15 +196,7 @@ func TestKafkaTailingReaders(t *testing.T) {
 // again after the restore.
 func TestKafkaCommitIntervalFailingCommit(t *testing.T) {
 	k := needKafka(t)
-	k.brokerPID()
-	t.Cleanup(func() {
-		if pid := readPID(); pid > 0 {
-			syscallCont(pid)
-		}
-		if _, err := runScript("kafka-up.sh", "KCR_KAFKA_KEEP_DATA=1"); err != nil {
-			t.Errorf("restarting the broker at cleanup: %v", err)
-		}
-	})
+	k.restartsBroker()
 	topic := k.newTopic("interval", 1)
 	group := uniqueName("interval")
 	prod := k.produce(topic, 100)
@@ -311,46 +291,21 @@ func TestKafkaMaxAttemptsOneBrokerStopped(t *testing.T) {
 	a.waitAcked(300, 30*time.Second)
 
 	img := filepath.Join(t.TempDir(), "img")
-	cont := k.stopBroker()
-	eventually(t, 10*time.Second, "records in flight to the stopped broker", func() (bool, string) {
-		s := a.state()
-		return s.Pending > 0, fmt.Sprintf("%d pending", s.Pending)
-	})
-	time.Sleep(300 * time.Millisecond) // let more pile up (not an assertion)
-	mustKCR(t, "checkpoint", "--timeout", "1s", "-o", img, strconv.Itoa(a.pid))
-	cont()
+	k.checkpointBrokerStopped(a, img)
 	<-a.done
 	t.Logf("writer report in the manifest: %v", manifestResource(t, img, "kafka-writer/"+topic))
 
 	n1 := len(a.events())
 	pid, out := restore(t, img)
 	a.waitAfter(n1, 60*time.Second)
-	var rep map[string]any
-	reps, _ := out["reports"].([]any)
-	for _, r := range reps {
-		if r, _ := r.(map[string]any); r["name"] == "kafka-writer/"+topic {
-			rep, _ = r["details"].(map[string]any)
-		}
-	}
+	rep := restoreReport(out, "kafka-writer/"+topic)
 	t.Logf("writer after-restore report: %v", rep)
 	a.waitAcked(len(acked(a.events()))+200, 60*time.Second)
 	a.stop(pid)
 
 	evs := a.events()
 	ok := acked(evs)
-	told := map[int]bool{}
-	for _, e := range evs {
-		if e["ev"] != "write-error" {
-			continue
-		}
-		rs, _ := e["records"].([]any)
-		for _, r := range rs {
-			ft := r.([]any)
-			for n := int(ft[0].(float64)); n <= int(ft[1].(float64)); n++ {
-				told[n] = true
-			}
-		}
-	}
+	told := recordsOf(evs, "write-error")
 	on := k.checkAcked(topic, ok)
 	top := 0
 	for n := range ok {

@@ -60,23 +60,11 @@ func testProducerCheckpoint(t *testing.T, async, carry bool) {
 	a.waitAcked(300, 30*time.Second)
 
 	img := filepath.Join(t.TempDir(), "img")
-	ck := []string{"checkpoint", "-o", img}
 	n0 := len(a.events())
 	if carry {
-		// Freeze the broker while the writer has records on the wire, and
-		// give the hooks a budget they cannot drain them in.
-		cont := k.stopBroker()
-		defer cont()
-		eventually(t, 10*time.Second, "records in flight to the stopped broker", func() (bool, string) {
-			s := a.state()
-			return s.Pending > 0, fmt.Sprintf("%d pending", s.Pending)
-		})
-		time.Sleep(300 * time.Millisecond) // let more pile up (not an assertion)
-		ck = append(ck, "--timeout", "1s")
-		mustKCR(t, append(ck, strconv.Itoa(a.pid))...)
-		cont()
+		k.checkpointBrokerStopped(a, img)
 	} else {
-		mustKCR(t, append(ck, strconv.Itoa(a.pid))...)
+		mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
 	}
 	select {
 	case <-a.done:
@@ -107,13 +95,7 @@ func testProducerCheckpoint(t *testing.T, async, carry bool) {
 	}
 	if carry {
 		// The Writer's after-restore report, as kcr restore got it.
-		var rep map[string]any
-		reps, _ := out["reports"].([]any)
-		for _, r := range reps {
-			if r, _ := r.(map[string]any); r["name"] == "kafka-writer/"+topic {
-				rep, _ = r["details"].(map[string]any)
-			}
-		}
+		rep := restoreReport(out, "kafka-writer/"+topic)
 		t.Logf("writer after-restore report: %v", rep)
 		if int(num(rep["records_carried"])) != carried || num(rep["records_delivered"]) != num(rep["records_carried"]) || rep["gate_open"] != true {
 			t.Errorf("writer after-restore report %v: want the %d carried records delivered and the gate open", rep, carried)
@@ -367,16 +349,7 @@ func TestKafkaClones(t *testing.T) {
 // (same data) it carries on, and no acknowledged record is lost.
 func TestKafkaBrokerDownDuringRestore(t *testing.T) {
 	k := needKafka(t)
-	k.brokerPID()
-	// Whatever happens, leave a running broker with the same data.
-	t.Cleanup(func() {
-		if pid := readPID(); pid > 0 {
-			syscallCont(pid)
-		}
-		if _, err := runScript("kafka-up.sh", "KCR_KAFKA_KEEP_DATA=1"); err != nil {
-			t.Errorf("restarting the broker at cleanup: %v", err)
-		}
-	})
+	k.restartsBroker()
 	topic := k.newTopic("down", 3)
 	group := uniqueName("down")
 	a := k.start("-topic", topic, "-group", group, "-consume", "-produce-rate", "100", "-client-id", "down", "-log-level", "debug")
@@ -385,14 +358,7 @@ func TestKafkaBrokerDownDuringRestore(t *testing.T) {
 
 	img := filepath.Join(t.TempDir(), "img")
 	n0 := len(a.events())
-	cont := k.stopBroker()
-	eventually(t, 10*time.Second, "records in flight to the stopped broker", func() (bool, string) {
-		s := a.state()
-		return s.Pending > 0, fmt.Sprintf("%d pending", s.Pending)
-	})
-	time.Sleep(300 * time.Millisecond) // let more pile up (not an assertion)
-	mustKCR(t, "checkpoint", "--timeout", "1s", "-o", img, strconv.Itoa(a.pid))
-	cont()
+	k.checkpointBrokerStopped(a, img)
 	<-a.done
 	before := acked(a.events())
 	pending, _ := a.pendingAt(n0)

@@ -36,6 +36,12 @@ const (
 	PhasePIDWait    = "pid wait"
 	PhaseCheckpoint = "checkpoint"
 	PhasePause      = "pause"
+	// PhasePrepare is kcr's work before the hooks: reading the process,
+	// starting CRIU and checking its version, the preflight, finding the
+	// socket and creating the image directory.
+	PhasePrepare = "prepare"
+	// PhaseDraft writes the draft manifest that "kcr recover" needs.
+	PhaseDraft = "draft manifest"
 )
 
 // Timings records phase durations in order.

@@ -231,6 +231,7 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 		resume("dump failed: " + err.Error())
 		return nil, err
 	}
+	defer dr.Wait()
 	pause := time.Since(start)
 	if o.AfterDump != nil {
 		o.AfterDump()

@@ -231,7 +231,7 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 		resume("dump failed: " + err.Error())
 		return nil, err
 	}
-	defer dr.Wait()
+	defer dr.Wait() // on every return; normally already done below
 	pause := time.Since(start)
 	if o.AfterDump != nil {
 		o.AfterDump()
@@ -274,6 +274,11 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 	}
 	committed = true
 	res.Timings.add(PhaseImageWrite, time.Since(t))
+	// CRIU exits while the image is hashed and synced; what is left of
+	// its exit is counted here.
+	t = time.Now()
+	dr.Wait()
+	res.Timings.add(PhaseCRIUExit, time.Since(t))
 	res.Timings.add(PhaseTotal, time.Since(start))
 	res.Manifest = img.Manifest
 	return res, nil

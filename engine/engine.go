@@ -42,6 +42,8 @@ const (
 	PhasePrepare = "prepare"
 	// PhaseDraft writes the draft manifest that "kcr recover" needs.
 	PhaseDraft = "draft manifest"
+	// PhaseCRIUExit is the wait for CRIU's exit left after the image write.
+	PhaseCRIUExit = "criu exit"
 )
 
 // Timings records phase durations in order.

@@ -29,7 +29,7 @@ wait_socket "$pid"
 [ "$heap_mb" = 0 ] || sleep 1
 rss=$(awk '/VmRSS/{print $2}' /proc/$pid/status)
 
-declare -a kc cd cs kr cr fz pp dm wd iw rs vs
+declare -a kc cd cs kr cr fz pp dm wd iw ce rs vs
 # phase NAME: that phase of the last "kcr checkpoint --json", in µs.
 phase() { local ns; ns=$(sed -n 's/.*"name":"'"$1"'","duration_ns":\([0-9]*\).*/\1/p' <<<"$json" | head -1); echo $(( ${ns:-0} / 1000 )); }
 for i in $(seq "$rounds"); do
@@ -45,7 +45,7 @@ for i in $(seq "$rounds"); do
 	# from the manifest; what a --leave-running user feels.
 	frozen_us=$(sed -n 's/.*"frozen_time_us":\([0-9]*\).*/\1/p' <<<"$json")
 	fz+=(${frozen_us:-0})
-	pp+=($(phase prepare)); dm+=($(phase "draftmanifest")); wd+=($(phase "freeze+dump")); iw+=($(phase "imagewrite"))
+	pp+=($(phase prepare)); dm+=($(phase "draftmanifest")); wd+=($(phase "freeze+dump")); iw+=($(phase "imagewrite")); ce+=($(phase "criuexit"))
 	total=$(phase total)
 	rs+=($(( (t1 - t0) / 1000 - total )))
 
@@ -70,8 +70,10 @@ echo "    prepare (process, CRIU start+version, preflight, socket, image dir) $(
 echo "    draft manifest (for kcr recover)         $(ms_ "$(median "${dm[@]}")")"
 echo "    CRIU's dump request (swrk)               $(ms_ "$(median "${wd[@]}")")"
 echo "    image write (hash, syncfs, publish)      $(ms_ "$(median "${iw[@]}")")"
+echo "    CRIU's exit, left after the image write  $(ms_ "$(median "${ce[@]}")")"
 echo "    process start, flags, output, exit       $(ms_ "$(median "${rs[@]}")")"
 echo "    (a bare 'kcr version' start+exit)        $(ms_ "$(median "${vs[@]}")")"
+echo "    (phase medians need not add up to the wall-time median)"
 echo "  app pause (CRIU frozen time)               $(ms_ "$(median "${fz[@]}")")"
 echo "  criu dump --leave-running                  $(ms_ "$mc")"
 echo "  criu dump --leave-running + syncfs         $(ms_ "$ms")"

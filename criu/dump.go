@@ -65,6 +65,16 @@ type DumpResult struct {
 	// Stats is CRIU's stats-dump; nil (with StatsErr set) if unreadable.
 	Stats    *DumpStats
 	StatsErr error
+
+	exited chan struct{} // closed when CRIU has exited; nil if it had already
+}
+
+// Wait blocks until the CRIU that made the dump has exited (Session.Dump
+// returns as soon as CRIU answered). It is safe to call more than once.
+func (r *DumpResult) Wait() {
+	if r.exited != nil {
+		<-r.exited
+	}
 }
 
 // Dump checkpoints the process tree rooted at opts.PID into opts.ImagesDir
@@ -81,6 +91,7 @@ func Dump(ctx context.Context, criuPath string, opts DumpOptions) (*DumpResult, 
 	}
 	res, err := s.Dump(ctx, opts)
 	if res != nil {
+		res.Wait()
 		res.Duration = time.Since(start)
 	}
 	return res, err
@@ -114,7 +125,9 @@ func (ss *Session) Close() {
 	}
 }
 
-// Dump runs the session's dump; the session is closed afterwards.
+// Dump runs the session's dump; the session is closed afterwards. On
+// success it returns as soon as CRIU answered; DumpResult.Wait waits for
+// CRIU to exit.
 // DumpResult.Duration covers the dump request only.
 func (ss *Session) Dump(ctx context.Context, opts DumpOptions) (*DumpResult, error) {
 	if ss.s == nil {
@@ -168,11 +181,23 @@ func (ss *Session) Dump(ctx context.Context, opts DumpOptions) (*DumpResult, err
 	}
 	resp, callErr := s.call(req, opts.Notify)
 	elapsed := time.Since(start)
-	output, waitErr := s.close()
-	if err := respError(ctx, "dump", resp, callErr, output, waitErr, logPath); err != nil {
-		return nil, err
-	}
 	res := &DumpResult{Duration: elapsed, LogPath: logPath}
+	if resp.GetSuccess() && callErr == nil {
+		// CRIU answers once every image file is written and closed; its
+		// exit (a few ms of teardown) overlaps with the caller's hashing
+		// and sync instead of delaying them. Wait collects it.
+		exited := make(chan struct{})
+		go func() {
+			defer close(exited)
+			_, _ = s.close()
+		}()
+		res.exited = exited
+	} else {
+		output, waitErr := s.close()
+		if err := respError(ctx, "dump", resp, callErr, output, waitErr, logPath); err != nil {
+			return nil, err
+		}
+	}
 	res.Stats, res.StatsErr = ReadDumpStats(opts.ImagesDir)
 	return res, nil
 }

@@ -141,6 +141,7 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 	}()
 
 	res := &CheckpointResult{Image: b.Final()}
+	res.Timings.add(PhasePrepare, time.Since(start))
 	var reports []proto.HookReport
 	hooksRan := false
 	// resume tells the app to go on after a failure; with a fresh context,
@@ -213,12 +214,14 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 	for _, r := range reports {
 		m.Resources = append(m.Resources, images.ResourceReport{Name: r.Name, DurationNS: int64(r.Duration), Details: r.Details, Error: r.Error})
 	}
+	t := time.Now()
 	if err := b.WritePending(m); err != nil {
 		resume("checkpoint aborted: " + err.Error())
 		return nil, err
 	}
+	res.Timings.add(PhaseDraft, time.Since(t))
 
-	t := time.Now()
+	t = time.Now()
 	dr, err := sess.Dump(ctx, criu.DumpOptions{
 		PID: o.PID, ImagesDir: b.CRIUDir(), LeaveRunning: o.LeaveRunning,
 		ShellJob: shell, FileLocks: true, TCPClose: o.TCPClose, LogLevel: o.CRIULogLevel,
@@ -228,6 +231,7 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 		resume("dump failed: " + err.Error())
 		return nil, err
 	}
+	defer dr.Wait() // on every return; normally already done below
 	pause := time.Since(start)
 	if o.AfterDump != nil {
 		o.AfterDump()
@@ -270,6 +274,11 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 	}
 	committed = true
 	res.Timings.add(PhaseImageWrite, time.Since(t))
+	// CRIU exits while the image is hashed and synced; what is left of
+	// its exit is counted here.
+	t = time.Now()
+	dr.Wait()
+	res.Timings.add(PhaseCRIUExit, time.Since(t))
 	res.Timings.add(PhaseTotal, time.Since(start))
 	res.Manifest = img.Manifest
 	return res, nil

@@ -79,7 +79,24 @@ func Doctor(ctx context.Context, explicitCRIU string) []Check {
 		out = append(out, Check{Name: "note: MPTCP", OK: true,
 			Detail: "Go >= 1.24 listens with MPTCP by default and CRIU cannot dump MPTCP: run services with GODEBUG=multipathtcp=0, or add `godebug multipathtcp=0` to their go.mod"})
 	}
+	var st unix.Statfs_t
+	if unix.Statfs("/run", &st) == nil {
+		if c, ok := kdatCacheNote(int64(st.Type)); ok {
+			out = append(out, c)
+		}
+	}
 	return out
+}
+
+// kdatCacheNote warns when CRIU cannot keep its kernel-feature cache
+// (/run/criu.kdat, kept only on tmpfs): every CRIU run then probes the
+// kernel again, about 30 ms of each dump and restore on the build machine.
+func kdatCacheNote(runFSType int64) (Check, bool) {
+	if runFSType == unix.TMPFS_MAGIC {
+		return Check{}, false
+	}
+	return Check{Name: "note: CRIU kernel cache", OK: true,
+		Detail: "/run is not tmpfs, so CRIU cannot keep /run/criu.kdat and probes the kernel on every run (about 30 ms of each dump and restore): make /run a tmpfs, as systemd does"}, true
 }
 
 func fileExists(p string) bool {

@@ -36,6 +36,14 @@ const (
 	PhasePIDWait    = "pid wait"
 	PhaseCheckpoint = "checkpoint"
 	PhasePause      = "pause"
+	// PhasePrepare is kcr's work before the hooks: reading the process,
+	// starting CRIU and checking its version, the preflight, finding the
+	// socket and creating the image directory.
+	PhasePrepare = "prepare"
+	// PhaseDraft writes the draft manifest that "kcr recover" needs.
+	PhaseDraft = "draft manifest"
+	// PhaseCRIUExit is the wait for CRIU's exit left after the image write.
+	PhaseCRIUExit = "criu exit"
 )
 
 // Timings records phase durations in order.

@@ -29,22 +29,25 @@ wait_socket "$pid"
 [ "$heap_mb" = 0 ] || sleep 1
 rss=$(awk '/VmRSS/{print $2}' /proc/$pid/status)
 
-declare -a kc cd cs hk kr cr fz wd
+declare -a kc cd cs kr cr fz pp dm wd iw ce rs vs
+# phase NAME: that phase of the last "kcr checkpoint --json", in µs.
+phase() { local ns; ns=$(sed -n 's/.*"name":"'"$1"'","duration_ns":\([0-9]*\).*/\1/p' <<<"$json" | head -1); echo $(( ${ns:-0} / 1000 )); }
 for i in $(seq "$rounds"); do
 	rm -rf "$work/k" "$work/c"; mkdir -p "$work/c"
-	t0=$(now); "$work/kcr" checkpoint --no-hooks --leave-running -o "$work/k" "$pid" 2>/dev/null; t1=$(now)
+	t0=$(now); "$work/kcr" checkpoint --json --no-hooks --leave-running -o "$work/k" "$pid" >"$work/k.json" 2>/dev/null; t1=$(now)
 	"$criu" dump -t "$pid" -D "$work/c" --leave-running --file-locks -o dump.log; t2=$(now)
 	sync -f "$work/c"; t3=$(now)
-	kc+=($(( (t1 - t0) / 1000 ))); cd+=($(( (t2 - t1) / 1000 ))); cs+=($(( (t3 - t1) / 1000 )))
-	hooks_us=$(sed -n 's/.*"name": "hooks",[^0-9]*\([0-9]*\).*/\1/p' <("$work/kcr" inspect --json --no-verify "$work/k" | tr -d '\n'))
-	hk+=($(( ${hooks_us:-0} / 1000 )))
+	# A kcr start and exit alone: the Go runtime, cobra, the dynamic loader.
+	t4=$(now); "$work/kcr" version >/dev/null; t5=$(now)
+	kc+=($(( (t1 - t0) / 1000 ))); cd+=($(( (t2 - t1) / 1000 ))); cs+=($(( (t3 - t1) / 1000 ))); vs+=($(( (t5 - t4) / 1000 )))
+	json=$(tr -d '\n ' <"$work/k.json")
 	# The app's pause: CRIU's own frozen time (freeze → resume of the tree),
 	# from the manifest; what a --leave-running user feels.
-	json=$("$work/kcr" inspect --json --no-verify "$work/k" | tr -d '\n ')
 	frozen_us=$(sed -n 's/.*"frozen_time_us":\([0-9]*\).*/\1/p' <<<"$json")
 	fz+=(${frozen_us:-0})
-	dump_ns=$(sed -n 's/.*"name":"freeze+dump","duration_ns":\([0-9]*\).*/\1/p' <<<"$json")
-	wd+=($(( ${dump_ns:-0} / 1000 )))
+	pp+=($(phase prepare)); dm+=($(phase "draftmanifest")); wd+=($(phase "freeze+dump")); iw+=($(phase "imagewrite")); ce+=($(phase "criuexit"))
+	total=$(phase total)
+	rs+=($(( (t1 - t0) / 1000 - total )))
 
 	# Restores need the PID free: kill the original (outside the timing).
 	kill -9 "$pid"; wait "$pid" 2>/dev/null || true; wait_gone "$pid"
@@ -57,21 +60,25 @@ for i in $(seq "$rounds"); do
 done
 
 median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END{ if (NR%2) print a[(NR+1)/2]; else print int((a[NR/2]+a[NR/2+1])/2) }'; }
-mk=$(median "${kc[@]}"); mc=$(median "${cd[@]}"); ms=$(median "${cs[@]}"); mh=$(median "${hk[@]}")
-mkr=$(median "${kr[@]}"); mcr=$(median "${cr[@]}")
-mfz=$(median "${fz[@]}"); mwd=$(median "${wd[@]}")
+ms_() { awk -v x="$1" 'BEGIN{printf "%8.1f", x/1000}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", a/b}'; }
+mk=$(median "${kc[@]}"); mc=$(median "${cd[@]}"); ms=$(median "${cs[@]}")
+mkr=$(median "${kr[@]}"); mcr=$(median "${cr[@]}")
 echo "kcr bench: $rounds rounds, one process (RSS $((rss / 1024)) MiB), medians in ms"
-printf '  %-34s %8.1f\n' "kcr checkpoint --no-hooks -R" "$(awk -v x="$mk" 'BEGIN{print x/1000}')"
-printf '  %-34s %8.1f\n' "  of which app hooks (protocol incl.)" "$(awk -v x="$mh" 'BEGIN{print x/1000}')"
-printf '  %-34s %8.1f\n' "  of which CRIU's dump request" "$(awk -v x="$mwd" 'BEGIN{print x/1000}')"
-printf '  %-34s %8.1f\n' "  rest: start, preflight, image" "$(awk -v x="$((mk - mh - mwd))" 'BEGIN{print x/1000}')"
-printf '  %-34s %8.1f\n' "app pause (CRIU frozen time)" "$(awk -v x="$mfz" 'BEGIN{print x/1000}')"
-printf '  %-34s %8.1f\n' "criu dump --leave-running" "$(awk -v x="$mc" 'BEGIN{print x/1000}')"
-printf '  %-34s %8.1f\n' "criu dump --leave-running + syncfs" "$(awk -v x="$ms" 'BEGIN{print x/1000}')"
-printf '  %-34s %8.1f\n' "kcr restore" "$(awk -v x="$mkr" 'BEGIN{print x/1000}')"
-printf '  %-34s %8.1f\n' "criu restore -d" "$(awk -v x="$mcr" 'BEGIN{print x/1000}')"
-echo "  ratio checkpoint kcr/criu:            $(ratio "$mk" "$mc")"
-echo "  ratio checkpoint (kcr - hooks)/criu:  $(ratio "$((mk - mh))" "$mc")"
-echo "  ratio checkpoint (kcr - hooks)/(criu + syncfs): $(ratio "$((mk - mh))" "$ms")"
-echo "  ratio restore kcr/criu:               $(ratio "$mkr" "$mcr")"
+echo "  kcr checkpoint --no-hooks --leave-running  $(ms_ "$mk")"
+echo "    prepare (process, CRIU start+version, preflight, socket, image dir) $(ms_ "$(median "${pp[@]}")")"
+echo "    draft manifest (for kcr recover)         $(ms_ "$(median "${dm[@]}")")"
+echo "    CRIU's dump request (swrk)               $(ms_ "$(median "${wd[@]}")")"
+echo "    image write (hash, syncfs, publish)      $(ms_ "$(median "${iw[@]}")")"
+echo "    CRIU's exit, left after the image write  $(ms_ "$(median "${ce[@]}")")"
+echo "    process start, flags, output, exit       $(ms_ "$(median "${rs[@]}")")"
+echo "    (a bare 'kcr version' start+exit)        $(ms_ "$(median "${vs[@]}")")"
+echo "    (phase medians need not add up to the wall-time median)"
+echo "  app pause (CRIU frozen time)               $(ms_ "$(median "${fz[@]}")")"
+echo "  criu dump --leave-running                  $(ms_ "$mc")"
+echo "  criu dump --leave-running + syncfs         $(ms_ "$ms")"
+echo "  kcr restore                                $(ms_ "$mkr")"
+echo "  criu restore -d                            $(ms_ "$mcr")"
+echo "  ratio checkpoint kcr/criu dump:            $(ratio "$mk" "$mc")   (goal <= 1.15)"
+echo "  ratio checkpoint kcr/(criu dump + syncfs): $(ratio "$mk" "$ms")   (goal <= 1.05)"
+echo "  ratio restore kcr/criu:                    $(ratio "$mkr" "$mcr")"

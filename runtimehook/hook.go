@@ -23,6 +23,7 @@ package runtimehook
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -239,6 +240,7 @@ func preDump(ctx context.Context, env Env, o Options, res *Result) error {
 		}
 	}
 	if len(failed) == 0 {
+		writeReports(env, res, o)
 		dir, _ := os.Readlink(env.ImageDir) // CRIU's fd: gone when the watcher looks
 		file, err := writeState(o, state{CRIUPID: env.CRIUPID, CRIUStart: startTime(env.CRIUPID), InitPID: env.InitPID,
 			Targets: ts, Deadline: time.Now().Add(o.ResumeAfter), ImageDir: dir})
@@ -260,6 +262,21 @@ func preDump(ctx context.Context, env Env, o Options, res *Result) error {
 	}
 	resumeAll(ts, ready, "checkpoint aborted: "+(&HookError{Failed: failed}).Error(), o)
 	return &HookError{Failed: failed}
+}
+
+// writeReports keeps the hooks' reports beside CRIU's images, for the
+// manifest of "kcr checkpoint --container".
+func writeReports(env Env, res *Result, o Options) {
+	if env.ImageDir == "" {
+		return
+	}
+	b, err := json.Marshal(res)
+	if err == nil {
+		err = os.WriteFile(filepath.Join(env.ImageDir, engine.HookReportsFile), b, 0o600)
+	}
+	if err != nil {
+		o.Logger.Debug("pre-dump: reports not kept", "err", err)
+	}
 }
 
 // resumeAll tells the processes whose hooks ran that the checkpoint is
@@ -342,7 +359,7 @@ func postResume(ctx context.Context, env Env, o Options, res *Result) error {
 // could not answer: the message goes at post-resume, when CRIU has already
 // closed its images directory, so the count is kept until then.
 func postRestore(env Env, o Options) error {
-	if env.ImageDir == "" {
+	if env.ImageDir == "" || os.Getenv(GenerationEnv) != "" {
 		return nil
 	}
 	// The restore counter lives beside CRIU's images, as in a kcr image.
@@ -358,6 +375,11 @@ func postRestore(env Env, o Options) error {
 	return nil
 }
 
+// GenerationEnv, in the runtime's environment (which CRIU passes to its
+// script), gives the restore's generation: "kcr restore --container" counts
+// restores in the kcr image, as "kcr restore" does.
+const GenerationEnv = engine.GenerationEnv
+
 func generationFile(o Options, criuPID int) string {
 	return filepath.Join(o.StateDir, "restore-"+strconv.Itoa(criuPID))
 }
@@ -365,6 +387,9 @@ func generationFile(o Options, criuPID int) string {
 // takeGeneration returns the count postRestore kept for this CRIU, or
 // counts now if it could not (a direct call with the images still there).
 func takeGeneration(env Env, o Options) uint64 {
+	if g, err := strconv.ParseUint(os.Getenv(GenerationEnv), 10, 64); err == nil {
+		return g
+	}
 	p := generationFile(o, env.CRIUPID)
 	if b, err := os.ReadFile(p); err == nil {
 		os.Remove(p)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/images"
@@ -57,11 +58,33 @@ func fmtSize(n int64) string {
 
 func checkpointCmd(g *globals) *cobra.Command {
 	var o engine.CheckpointOptions
+	var ctr engine.ContainerOptions
 	cmd := &cobra.Command{
-		Use:   "checkpoint PID",
+		Use:   "checkpoint PID | --container ID",
 		Short: "Run the process's checkpoint hooks, dump it with CRIU and write an image",
-		Args:  cobra.ExactArgs(1),
+		Long: `Run the process's checkpoint hooks, dump it with CRIU and write an image.
+
+With --container ID, the runc container ID is checkpointed with "runc checkpoint" into
+the image's criu/ directory, the manifest beside it; the app's hooks run in kcr's CRIU
+action script (kcr install-runtime-hook), which runc's CRIU must be configured to run.`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if cmd.Flags().Changed("container") {
+				return cobra.NoArgs(cmd, args)
+			}
+			return cobra.ExactArgs(1)(cmd, args)
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if ctr.ID != "" {
+				ctr.Output, ctr.LeaveRunning, ctr.TCPClose = o.Output, o.LeaveRunning, o.TCPClose
+				if ctr.Output == "" {
+					ctr.Output = fmt.Sprintf("kcr-%s-%s", ctr.ID, time.Now().Format("20060102-150405"))
+				}
+				res, err := engine.CheckpointContainer(cmd.Context(), ctr)
+				if err != nil {
+					return err
+				}
+				return printCheckpoint(g, res, "container "+ctr.ID, res.Manifest.Process.PID)
+			}
 			pid, err := strconv.Atoi(args[0])
 			if err != nil || pid <= 0 {
 				return &exitError{exitUsage, fmt.Errorf("%q is not a PID: give the numeric process id", args[0])}
@@ -92,24 +115,7 @@ func checkpointCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			m := res.Manifest
-			fmt.Fprintf(os.Stderr, "checkpointed PID %d (%s) to %s\n", pid, m.Process.Comm, res.Image)
-			phaseLines(res.Timings)
-			for _, r := range m.Resources {
-				fmt.Fprintf(os.Stderr, "  hook %-15s %s%s\n", r.Name, fmtDur(r.Duration()), details(r.Details))
-			}
-			fmt.Fprintf(os.Stderr, "  image size           %s (RSS %s)\n", fmtSize(m.TotalSize()), fmtSize(m.Process.RSSBytes))
-			for _, w := range res.Warnings {
-				fmt.Fprintln(os.Stderr, "kcr: warning: "+w)
-			}
-			if res.ResumeErr != nil {
-				fmt.Fprintln(os.Stderr, "kcr: warning: the image is complete, but the app's resume hooks: "+res.ResumeErr.Error())
-			}
-			if g.json {
-				return printJSON(map[string]any{"image": res.Image, "pid": pid, "phases": res.Timings, "manifest": m,
-					"warnings": res.Warnings, "resume_error": errString(res.ResumeErr)})
-			}
-			return nil
+			return printCheckpoint(g, res, fmt.Sprintf("PID %d", pid), pid)
 		},
 	}
 	f := cmd.Flags()
@@ -120,7 +126,37 @@ func checkpointCmd(g *globals) *cobra.Command {
 	f.BoolVar(&o.NoHooks, "no-hooks", false, "dump a process that has no kcr control socket")
 	f.BoolVar(&o.ShellJob, "shell-job", false, "dump a process attached to a terminal (detected by default)")
 	f.DurationVar(&o.ResumeAfter, "resume-after", 0, "how long the app waits for kcr after its hooks before it resumes on its own (default timeout+60s)")
+	containerFlags(f, &ctr)
 	return cmd
+}
+
+// containerFlags are the flags that select a runc container.
+func containerFlags(f *pflag.FlagSet, o *engine.ContainerOptions) {
+	f.StringVar(&o.ID, "container", "", "a runc container's id, checkpointed or restored with runc")
+	f.StringVar(&o.Runtime, "runtime", "runc", "with --container: the runc binary")
+	f.StringVar(&o.RuncRoot, "runc-root", "", "with --container: runc's --root state directory")
+}
+
+// printCheckpoint prints a written image's phases and hooks.
+func printCheckpoint(g *globals, res *engine.CheckpointResult, what string, pid int) error {
+	m := res.Manifest
+	fmt.Fprintf(os.Stderr, "checkpointed %s (%s) to %s\n", what, m.Process.Comm, res.Image)
+	phaseLines(res.Timings)
+	for _, r := range m.Resources {
+		fmt.Fprintf(os.Stderr, "  hook %-15s %s%s\n", r.Name, fmtDur(r.Duration()), details(r.Details))
+	}
+	fmt.Fprintf(os.Stderr, "  image size           %s (RSS %s)\n", fmtSize(m.TotalSize()), fmtSize(m.Process.RSSBytes))
+	for _, w := range res.Warnings {
+		fmt.Fprintln(os.Stderr, "kcr: warning: "+w)
+	}
+	if res.ResumeErr != nil {
+		fmt.Fprintln(os.Stderr, "kcr: warning: the image is complete, but the app's resume hooks: "+res.ResumeErr.Error())
+	}
+	if g.json {
+		return printJSON(map[string]any{"image": res.Image, "pid": pid, "phases": res.Timings, "manifest": m,
+			"warnings": res.Warnings, "resume_error": errString(res.ResumeErr)})
+	}
+	return nil
 }
 
 // nonNegative refuses negative durations, which would otherwise silently
@@ -151,6 +187,7 @@ func errString(err error) string {
 
 func restoreCmd(g *globals) *cobra.Command {
 	var o engine.RestoreOptions
+	var ctr engine.ContainerOptions
 	cmd := &cobra.Command{
 		Use:   "restore IMAGE",
 		Short: "Verify an image, restore it with CRIU and run the after-restore hooks; prints the new PID",
@@ -162,6 +199,20 @@ image of a service started with "kcr run". One line per clone is printed:
 host PID, name and restore time.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if ctr.ID != "" || ctr.Bundle != "" {
+				ctr.Image = args[0]
+				res, err := engine.RestoreContainer(cmd.Context(), ctr)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(os.Stderr, "restored %s as container %s, init PID %d (CRIU's log %s)\n", ctr.Image, res.ID, res.PID, res.Log)
+				phaseLines(res.Timings)
+				if g.json {
+					return printJSON(map[string]any{"container": res.ID, "pid": res.PID, "generation": res.Generation, "phases": res.Timings, "log": res.Log})
+				}
+				fmt.Println(res.PID)
+				return nil
+			}
 			o.Image = args[0]
 			o.CRIU = g.criu
 			if err := nonNegative(map[string]time.Duration{"--wait": o.HookWait, "--pid-wait": o.PIDWait}); err != nil {
@@ -236,6 +287,9 @@ host PID, name and restore time.`,
 	f.BoolVar(&o.Lazy, "lazy", false, "restore memory on demand through CRIU's lazy-pages daemon")
 	f.BoolVar(&o.Rehash, "rehash", false, "hash every file, also those unchanged on disk since they were last verified")
 	f.BoolVar(&o.AllowUntrusted, "allow-untrusted", false, "as root, restore an image that another user owns or could have written (it runs with root's powers)")
+	containerFlags(f, &ctr)
+	f.StringVar(&ctr.Bundle, "bundle", "", "with --container: the bundle to restore into (default: the one checkpointed)")
+	f.StringVar(&ctr.Stdout, "container-output", "", "with --container: file (truncated) for the restored container's stdout and stderr (default /dev/null)")
 	return cmd
 }
 

@@ -105,7 +105,9 @@ func exitCode(err error) int {
 		return exitHooks
 	case errors.Is(err, criu.ErrNotFound), errors.Is(err, engine.ErrCRIUUnusable):
 		return exitNoCRIU
-	case errors.As(err, &ce), errors.As(err, &pe):
+	case errors.Is(err, engine.ErrNoRuntimeHook), errors.Is(err, engine.ErrContainerState):
+		return exitTarget
+	case errors.As(err, &ce), errors.As(err, &pe), errors.Is(err, engine.ErrRuntimeFailed):
 		return exitCRIU
 	case errors.Is(err, engine.ErrNotClonable), errors.Is(err, images.ErrNotRecoverable):
 		return exitImage

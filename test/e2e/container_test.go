@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -366,4 +367,82 @@ func TestCRIUHookNoSocket(t *testing.T) {
 	if r.code != 2 || !strings.Contains(r.stderr, "CRTOOLS_SCRIPT_ACTION") {
 		t.Errorf("kcr criu-hook without CRIU: exit %d, %q", r.code, r.stderr)
 	}
+}
+
+// TestContainerKCRCheckpointRestore: "kcr checkpoint --container" drives
+// runc checkpoint into a kcr image with the hooks' reports in its manifest,
+// and "kcr restore --container" restores it and exits although the
+// container goes on (runc gets stdio of its own, not kcr's: runKCR reads
+// kcr's output through pipes and would wait for the container otherwise).
+func TestContainerKCRCheckpointRestore(t *testing.T) {
+	k := needKafka(t)
+	topic := k.newTopic("kcr-ctr", 1)
+	c := newContainer(t, k, nil, "-topic", topic, "-produce-rate", "200", "-client-id", "ctr")
+	c.waitAcked(100, 30*time.Second)
+	before := c.state()
+
+	if r := runKCR(t, "checkpoint", "--container", "no-such-ctr", "--runc-root", c.root, "-o", filepath.Join(t.TempDir(), "x")); r.code != 6 {
+		t.Errorf("checkpoint of a missing container: exit %d, want 6: %s", r.code, r.stderr)
+	}
+
+	img := filepath.Join(t.TempDir(), "img")
+	r := mustKCR(t, "checkpoint", "--json", "--container", c.id, "--runc-root", c.root, "-o", img)
+	var out struct {
+		Phases   []struct{ Name string } `json:"phases"`
+		Manifest struct {
+			Resources []struct{ Name string } `json:"resources"`
+			Process   struct{ PID int }       `json:"process"`
+		} `json:"manifest"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
+		t.Fatalf("checkpoint --json: %v\n%s", err, r.stdout)
+	}
+	var phases []string
+	for _, p := range out.Phases {
+		phases = append(phases, p.Name)
+	}
+	if !slices.Contains(phases, "hooks") || !slices.Contains(phases, "runc checkpoint") {
+		t.Errorf("phases %v, want hooks and runc checkpoint", phases)
+	}
+	if len(out.Manifest.Resources) == 0 || out.Manifest.Process.PID != c.pid {
+		t.Errorf("manifest: resources %v, PID %d (container init %d): want the hooks' reports and the init's PID", out.Manifest.Resources, out.Manifest.Process.PID, c.pid)
+	}
+	if !strings.Contains(r.stderr, "runc checkpoint") {
+		t.Errorf("no phase lines on stderr:\n%s", r.stderr)
+	}
+	if s := c.status(); s != "stopped" && s != "gone" {
+		t.Fatalf("after kcr checkpoint --container the container is %q, want it stopped", s)
+	}
+	mustKCR(t, "inspect", img) // verifies every file
+	ackedBefore := len(acked(c.events()))
+
+	n1 := len(c.events())
+	// The restored container writes to a file of its own, from its start.
+	restoredOut := filepath.Join(t.TempDir(), "restored.log")
+	done := make(chan kcrResult, 1)
+	go func() {
+		done <- runKCR(t, "restore", "--json", "--container", c.id, "--runc-root", c.root, "--container-output", restoredOut, img)
+	}()
+	select {
+	case r = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("kcr restore --container did not exit within 30 s: the container holds its output")
+	}
+	if r.code != 0 {
+		t.Fatalf("kcr restore --container: exit %d: %s", r.code, r.stderr)
+	}
+	c.logMu.Lock()
+	c.out, c.logOff = restoredOut, 0
+	c.logMu.Unlock()
+	after := c.waitAfter(n1, 20*time.Second)
+	if after.str("kind") != "restore" {
+		t.Fatalf("after kcr restore --container the hooks ran with kind %q, want restore", after.str("kind"))
+	}
+	if id := after.str("instance"); id == "" || id == before.Instance {
+		t.Errorf("restored instance id %q, before %q: want a new one", id, before.Instance)
+	}
+	c.pid = c.hostPID()
+	c.waitAcked(ackedBefore+100, 30*time.Second)
+	c.stop(c.pid)
+	k.checkAcked(topic, acked(c.events()))
 }

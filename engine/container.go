@@ -1,0 +1,343 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kcr-dev/kcr/criu"
+	"github.com/kcr-dev/kcr/images"
+	"github.com/kcr-dev/kcr/notify/client"
+	"github.com/kcr-dev/kcr/notify/proto"
+)
+
+// HookReportsFile is what kcr's CRIU action script writes beside CRIU's
+// images at pre-dump: the hooks' reports, for the manifest of a container
+// checkpoint.
+const HookReportsFile = "kcr-hooks.json"
+
+// Phase names of container checkpoints and restores.
+const (
+	PhaseRuncCheckpoint = "runc checkpoint"
+	PhaseRuncRestore    = "runc restore"
+)
+
+// ErrNoRuntimeHook is returned when a container with a kcr control socket
+// would be checkpointed by a runc whose CRIU does not run kcr's hook.
+var ErrNoRuntimeHook = errors.New("CRIU does not run kcr's hook for this container")
+
+// ErrRuntimeFailed wraps a failed runc checkpoint or restore.
+var ErrRuntimeFailed = errors.New("runtime failed")
+
+// ErrContainerState is returned for a container that does not exist or is
+// not running.
+var ErrContainerState = errors.New("container not checkpointable")
+
+// ContainerOptions configures CheckpointContainer and RestoreContainer.
+type ContainerOptions struct {
+	ID       string // the container's id
+	Runtime  string // runc binary (default "runc" from PATH)
+	RuncRoot string // runc --root (default: runc's)
+	Output   string // CheckpointContainer: image directory to create
+	Image    string // RestoreContainer: the kcr image
+	Bundle   string // RestoreContainer: the bundle (default: the one recorded at checkpoint)
+	// Stdout receives the restored container's stdout and stderr (runc
+	// hands its own to the container); default /dev/null. kcr's own
+	// stdio is never given to the container, so kcr can exit. The file is
+	// truncated: the restored container writes it from its start.
+	Stdout       string
+	LeaveRunning bool
+	TCPClose     bool
+
+	env []string // added to runc's environment, which CRIU's script inherits
+}
+
+// GenerationEnv tells kcr's CRIU action script the restore's generation
+// (runtimehook.GenerationEnv).
+const GenerationEnv = "KCR_HOOK_GENERATION"
+
+// ContainerState is what "runc state" says of a container.
+type ContainerState struct {
+	ID          string            `json:"id"`
+	PID         int               `json:"pid"`
+	Status      string            `json:"status"`
+	Bundle      string            `json:"bundle"`
+	Annotations map[string]string `json:"annotations"`
+}
+
+func (o *ContainerOptions) runc(ctx context.Context, stdout *os.File, args ...string) (string, error) {
+	bin := o.Runtime
+	if bin == "" {
+		bin = "runc"
+	}
+	if o.RuncRoot != "" {
+		args = append([]string{"--root", o.RuncRoot}, args...)
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
+	if o.env != nil {
+		cmd.Env = append(os.Environ(), o.env...)
+	}
+	var out bytes.Buffer
+	if stdout != nil {
+		// Files, not pipes of ours: the container keeps them and kcr
+		// must not wait for it.
+		devnull, err := os.Open(os.DevNull)
+		if err != nil {
+			return "", err
+		}
+		defer devnull.Close()
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, stdout, stdout
+	} else {
+		cmd.Stdout, cmd.Stderr = &out, &out
+	}
+	err := cmd.Run()
+	if errors.Is(err, exec.ErrNotFound) {
+		return "", fmt.Errorf("%s not found: install runc (scripts/install-runc.sh) or name it with --runtime", bin)
+	}
+	if err != nil {
+		return out.String(), fmt.Errorf("%s %s: %w: %w: %s", bin, args[len(args)-1], ErrRuntimeFailed, err, strings.TrimSpace(out.String()))
+	}
+	return out.String(), nil
+}
+
+// State returns "runc state" of the container.
+func (o *ContainerOptions) State(ctx context.Context) (*ContainerState, error) {
+	out, err := o.runc(ctx, nil, "state", o.ID)
+	if err != nil {
+		return nil, fmt.Errorf("container %s: %w: %w", o.ID, ErrContainerState, err)
+	}
+	var st ContainerState
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		return nil, fmt.Errorf("runc state %s: %w", o.ID, err)
+	}
+	return &st, nil
+}
+
+// criuConfigHasHook says whether the CRIU configuration runc gives this
+// container (org.criu.config, else /etc/criu/runc.conf) names an action script.
+func criuConfigHasHook(st *ContainerState) (string, bool) {
+	conf := "/etc/criu/runc.conf"
+	if c := st.Annotations["org.criu.config"]; c != "" {
+		conf = c
+	}
+	b, err := os.ReadFile(conf)
+	if err != nil {
+		return conf, false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 0 && (f[0] == "action-script" || f[0] == "--action-script") {
+			return conf, true
+		}
+	}
+	return conf, false
+}
+
+// containerBundleFile, in the image's directory, names the container and
+// the bundle it was checkpointed from.
+const containerBundleFile = "container.json"
+
+// CheckpointContainer checkpoints a runc container with "runc checkpoint"
+// into a kcr image: runc's images in its criu/ directory, the manifest
+// beside them. The app's hooks run in kcr's CRIU action script
+// (kcr install-runtime-hook), whose reports go into the manifest.
+func CheckpointContainer(ctx context.Context, o ContainerOptions) (*CheckpointResult, error) {
+	start := time.Now()
+	st, err := o.State(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if st.Status != "running" {
+		return nil, fmt.Errorf("container %s is %s: %w: only a running container can be checkpointed", o.ID, st.Status, ErrContainerState)
+	}
+	hasSock := false
+	for _, pid := range criu.ProcessTree(st.PID) {
+		if _, err := client.Find(pid); err == nil {
+			hasSock = true
+			break
+		}
+	}
+	conf, hook := criuConfigHasHook(st)
+	if hasSock && !hook {
+		return nil, fmt.Errorf("container %s has a kcr control socket, but %s names no action-script: %w; run kcr install-runtime-hook", o.ID, conf, ErrNoRuntimeHook)
+	}
+	proc, err := processInfo(st.PID)
+	if err != nil {
+		return nil, err
+	}
+	b, err := images.Create(o.Output)
+	if err != nil {
+		return nil, err
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			b.Abort()
+		}
+	}()
+	if err := os.MkdirAll(b.CRIUDir(), 0o700); err != nil {
+		return nil, err
+	}
+	res := &CheckpointResult{Image: b.Final()}
+	args := []string{"checkpoint", "--image-path", b.CRIUDir(), "--work-path", b.CRIUDir()}
+	if o.LeaveRunning {
+		args = append(args, "--leave-running")
+	}
+	if o.TCPClose {
+		args = append(args, "--tcp-established")
+	}
+	t := time.Now()
+	_, err = o.runc(ctx, nil, append(args, o.ID)...)
+	res.Timings.add(PhaseRuncCheckpoint, time.Since(t))
+	if err != nil {
+		if tail := logTail(filepath.Join(b.CRIUDir(), "dump.log"), "refusing the checkpoint"); tail != "" {
+			return nil, &HookError{Msg: tail}
+		}
+		return nil, fmt.Errorf("container %s: %w (CRIU's log: %s)", o.ID, err, filepath.Join(b.CRIUDir(), "dump.log"))
+	}
+
+	m := &images.Manifest{KCRVersion: Version, Kernel: kernel(), Host: hostname(), Process: proc, NoHooks: !hasSock,
+		Options: images.Options{LeaveRunning: o.LeaveRunning, TCPClose: o.TCPClose}}
+	if _, v, err := CRIU(ctx, ""); err == nil {
+		m.CRIUVersion = v.String()
+	}
+	var hr struct {
+		Targets []struct {
+			Socket  string             `json:"socket"`
+			Reports []proto.HookReport `json:"reports"`
+		} `json:"targets"`
+	}
+	if data, err := os.ReadFile(filepath.Join(b.CRIUDir(), HookReportsFile)); err == nil && json.Unmarshal(data, &hr) == nil {
+		var slowest time.Duration // the apps quiesce at once
+		for _, tg := range hr.Targets {
+			if m.ControlSocket == "" {
+				m.ControlSocket = tg.Socket
+			}
+			var d time.Duration
+			for _, r := range tg.Reports {
+				d += time.Duration(r.Duration)
+				m.Resources = append(m.Resources, images.ResourceReport{Name: r.Name, DurationNS: int64(r.Duration), Details: r.Details, Error: r.Error})
+			}
+			slowest = max(slowest, d)
+		}
+		if len(hr.Targets) > 0 {
+			res.Timings = append(Timings{{Name: PhaseHooks, DurationNS: int64(slowest)}}, res.Timings...)
+		}
+	} else if hasSock {
+		res.Warnings = append(res.Warnings, "the hook's reports ("+HookReportsFile+") are missing: see "+filepath.Join(b.CRIUDir(), "dump.log"))
+	}
+	cb, _ := json.Marshal(map[string]string{"id": o.ID, "bundle": st.Bundle})
+	if err := os.WriteFile(filepath.Join(b.Dir(), containerBundleFile), cb, 0o600); err != nil {
+		return nil, err
+	}
+	t = time.Now()
+	m.Phases = append(m.Phases, res.Timings...)
+	img, err := b.Commit(context.WithoutCancel(ctx), m)
+	if err != nil {
+		return nil, fmt.Errorf("write image: %w", err)
+	}
+	committed = true
+	res.Timings.add(PhaseImageWrite, time.Since(t))
+	res.Timings.add(PhaseTotal, time.Since(start))
+	res.Manifest = img.Manifest
+	return res, nil
+}
+
+// logTail returns the last line of a log that contains marker.
+func logTail(path, marker string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	var last string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, marker) {
+			last = strings.TrimSpace(l)
+		}
+	}
+	return last
+}
+
+// ContainerRestoreResult describes a restored container.
+type ContainerRestoreResult struct {
+	ID         string
+	PID        int
+	Generation uint64
+	Timings    Timings
+	Log        string // CRIU's restore.log
+}
+
+// RestoreContainer verifies a kcr image of a container and restores it
+// with "runc restore -d". The app's after-restore hooks run in kcr's CRIU
+// action script, at post-resume.
+func RestoreContainer(ctx context.Context, o ContainerOptions) (*ContainerRestoreResult, error) {
+	start := time.Now()
+	res := &ContainerRestoreResult{ID: o.ID}
+	t := time.Now()
+	img, err := images.Open(ctx, o.Image)
+	if err != nil {
+		return nil, err
+	}
+	res.Timings.add(PhaseVerify, time.Since(t))
+	if o.Bundle == "" {
+		var c struct {
+			ID     string `json:"id"`
+			Bundle string `json:"bundle"`
+		}
+		b, err := os.ReadFile(filepath.Join(img.Dir, containerBundleFile))
+		if err != nil || json.Unmarshal(b, &c) != nil || c.Bundle == "" {
+			return nil, fmt.Errorf("%s is not a container image (no %s): restore it with kcr restore IMAGE, or give --bundle", o.Image, containerBundleFile)
+		}
+		o.Bundle = c.Bundle
+		if o.ID == "" {
+			o.ID = c.ID
+		}
+	}
+	res.ID = o.ID
+	dst := o.Stdout
+	if dst == "" {
+		dst = os.DevNull
+	}
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("container output: %w", err)
+	}
+	defer out.Close()
+	// CRIU writes restore.log and stats into its work directory: outside
+	// the sealed image.
+	work, err := os.MkdirTemp("", "kcr-restore-"+o.ID+"-")
+	if err != nil {
+		return nil, err
+	}
+	res.Log = filepath.Join(work, "restore.log")
+	crDir := filepath.Join(img.Dir, images.CRIUSubdir)
+	args := []string{"restore", "-d", "--image-path", crDir, "--work-path", work, "--bundle", o.Bundle}
+	if img.Manifest.Options.TCPClose {
+		args = append(args, "--tcp-established")
+	}
+	gen, err := nextGeneration(img.Dir)
+	if err != nil {
+		return nil, err
+	}
+	res.Generation = gen
+	o.env = []string{GenerationEnv + "=" + strconv.FormatUint(gen, 10)}
+	t = time.Now()
+	if _, err := o.runc(ctx, out, append(args, o.ID)...); err != nil {
+		return nil, fmt.Errorf("container %s: %w (CRIU's log: %s)", o.ID, err, res.Log)
+	}
+	res.Timings.add(PhaseRuncRestore, time.Since(t))
+	st, err := o.State(ctx)
+	if err != nil {
+		return nil, err
+	}
+	res.PID = st.PID
+	res.Timings.add(PhaseTotal, time.Since(start))
+	return res, nil
+}

@@ -200,7 +200,8 @@ func CheckpointContainer(ctx context.Context, o ContainerOptions) (*CheckpointRe
 		if tail := logTail(filepath.Join(b.CRIUDir(), "dump.log"), "refusing the checkpoint"); tail != "" {
 			return nil, &HookError{Msg: tail}
 		}
-		return nil, fmt.Errorf("container %s: %w (CRIU's log: %s)", o.ID, err, filepath.Join(b.CRIUDir(), "dump.log"))
+		// The unfinished image, with CRIU's log, is removed: keep its last error.
+		return nil, fmt.Errorf("container %s: %w (CRIU: %s)", o.ID, err, logTail(filepath.Join(b.CRIUDir(), "dump.log"), "Error"))
 	}
 
 	m := &images.Manifest{KCRVersion: Version, Kernel: kernel(), Host: hostname(), Process: proc, NoHooks: !hasSock,

@@ -446,3 +446,29 @@ func TestContainerKCRCheckpointRestore(t *testing.T) {
 	c.stop(c.pid)
 	k.checkAcked(topic, acked(c.events()))
 }
+
+// TestContainerKCRCheckpointFailingHook: a failing hook fails "kcr
+// checkpoint --container" with the hooks' exit code, names the hook, leaves
+// no image, and the container goes on producing.
+func TestContainerKCRCheckpointFailingHook(t *testing.T) {
+	k := needKafka(t)
+	topic := k.newTopic("kcr-ctr-fail", 1)
+	c := newContainer(t, k, nil, "-topic", topic, "-produce-rate", "200", "-fail-checkpoint")
+	c.waitAcked(100, 30*time.Second)
+	dir := t.TempDir()
+	img := filepath.Join(dir, "img")
+	r := runKCR(t, "checkpoint", "--container", c.id, "--runc-root", c.root, "-o", img)
+	if r.code != 3 || !strings.Contains(r.stderr, "refusing the checkpoint") {
+		t.Errorf("kcr checkpoint --container with a failing hook: exit %d, want 3 naming the hook: %s", r.code, r.stderr)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("a failed checkpoint left %v", ents)
+	}
+	if s := c.status(); s != "running" {
+		t.Fatalf("container %q after a failed checkpoint, want running", s)
+	}
+	n := len(acked(c.events()))
+	c.waitAcked(n+100, 30*time.Second)
+	c.stop(c.pid)
+	k.checkAcked(topic, acked(c.events()))
+}

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/images"
 )
 
@@ -19,7 +20,7 @@ import (
 const stdio = "-"
 
 func exportCmd(g *globals) *cobra.Command {
-	var output string
+	var output, format string
 	cmd := &cobra.Command{
 		Use:   "export IMAGE",
 		Short: "Verify an image and write it as one compressed archive file (.tar.zst) to copy to another host",
@@ -31,6 +32,23 @@ temporary file and renamed into place, so FILE is never a partial archive.
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			dir := args[0]
+			switch format {
+			case "kcr":
+			case "cri-o":
+				if output == "" || output == stdio {
+					return &exitError{exitUsage, errors.New("--format cri-o needs -o FILE.tar")}
+				}
+				if err := engine.ExportArchive(cmd.Context(), dir, output); err != nil {
+					return err
+				}
+				fmt.Fprintf(os.Stderr, "exported %s to %s (CRI-O checkpoint archive; checkpointctl show reads it)\n", dir, output)
+				if g.json {
+					return printJSON(map[string]any{"image": dir, "archive": output, "format": format})
+				}
+				return nil
+			default:
+				return &exitError{exitUsage, fmt.Errorf("--format %q: give kcr or cri-o", format)}
+			}
 			if output == "" {
 				base := filepath.Base(filepath.Clean(dir))
 				if base == "." || base == ".." || base == "/" {
@@ -78,6 +96,7 @@ temporary file and renamed into place, so FILE is never a partial archive.
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "", "archive file to create, or - for stdout (default ./IMAGE"+images.ArchiveExt+")")
+	cmd.Flags().StringVar(&format, "format", "kcr", "kcr, or cri-o: a container image (kcr checkpoint --container) as a CRI-O checkpoint archive (config.dump, spec.dump, checkpoint/)")
 	return cmd
 }
 

@@ -414,6 +414,15 @@ func TestContainerKCRCheckpointRestore(t *testing.T) {
 		t.Fatalf("after kcr checkpoint --container the container is %q, want it stopped", s)
 	}
 	mustKCR(t, "inspect", img) // verifies every file
+
+	// The CRI-O checkpoint archive reads back with checkpointctl.
+	archive := filepath.Join(t.TempDir(), "checkpoint.tar")
+	mustKCR(t, "export", "--format", "cri-o", "-o", archive, img)
+	show, err := exec.Command(checkpointctl(t), "show", archive).CombinedOutput()
+	if err != nil || !strings.Contains(string(show), c.id[:12]) || !strings.Contains(string(show), "CRI-O") {
+		t.Errorf("checkpointctl show %s: %v\n%s", archive, err, show)
+	}
+	t.Logf("checkpointctl show:\n%s", show)
 	ackedBefore := len(acked(c.events()))
 
 	n1 := len(c.events())
@@ -471,4 +480,30 @@ func TestContainerKCRCheckpointFailingHook(t *testing.T) {
 	c.waitAcked(n+100, 30*time.Second)
 	c.stop(c.pid)
 	k.checkAcked(topic, acked(c.events()))
+}
+
+var (
+	cctlOnce sync.Once
+	cctlBin  string
+	cctlErr  string
+)
+
+// checkpointctl installs checkpointctl (v1.3.0: later ones need a go-criu
+// the Go proxy does not serve) into the test binaries' directory.
+func checkpointctl(t *testing.T) string {
+	t.Helper()
+	cctlOnce.Do(func() {
+		cmd := exec.Command("go", "install", "github.com/checkpoint-restore/checkpointctl@v1.3.0")
+		cmd.Env = append(os.Environ(), "GOBIN="+binDir, "GOFLAGS=")
+		cmd.Dir = binDir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			cctlErr = err.Error() + "\n" + string(out)
+			return
+		}
+		cctlBin = filepath.Join(binDir, "checkpointctl")
+	})
+	if cctlBin == "" {
+		t.Fatalf("go install checkpointctl: %s", cctlErr)
+	}
+	return cctlBin
 }

@@ -1,0 +1,128 @@
+package engine
+
+import (
+	"archive/tar"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/kcr-dev/kcr/images"
+)
+
+// ExportArchive writes a verified kcr image of a container (kcr checkpoint
+// --container) as a checkpoint archive in CRI-O's layout, the one
+// checkpointctl reads: config.dump, spec.dump (the bundle's OCI spec,
+// marked as CRI-O's) and CRIU's files under checkpoint/. The archive is
+// written to a temporary name and renamed when complete.
+func ExportArchive(ctx context.Context, image, out string) error {
+	img, err := images.Open(ctx, image)
+	if err != nil {
+		return err
+	}
+	var c struct {
+		ID     string `json:"id"`
+		Bundle string `json:"bundle"`
+	}
+	b, err := os.ReadFile(filepath.Join(img.Dir, containerBundleFile))
+	if err != nil || json.Unmarshal(b, &c) != nil {
+		return fmt.Errorf("%s is not a container image (no %s): export images of kcr checkpoint --container", image, containerBundleFile)
+	}
+	var spec map[string]any
+	sb, err := os.ReadFile(filepath.Join(c.Bundle, "config.json"))
+	if err != nil || json.Unmarshal(sb, &spec) != nil {
+		return fmt.Errorf("bundle %s of container %s: no readable config.json: %v", c.Bundle, c.ID, err)
+	}
+	ann, _ := spec["annotations"].(map[string]any)
+	if ann == nil {
+		ann = map[string]any{}
+	}
+	meta, _ := json.Marshal(map[string]string{"name": c.ID})
+	created := img.Manifest.Created.Format(time.RFC3339Nano)
+	ann["io.container.manager"] = "cri-o"
+	ann["io.kubernetes.cri-o.Metadata"] = string(meta)
+	ann["io.kubernetes.cri-o.Created"] = created
+	spec["annotations"] = ann
+	specDump, _ := json.Marshal(spec)
+	configDump, _ := json.Marshal(map[string]any{"id": c.ID, "name": c.ID, "runtime": "runc",
+		"createdTime": img.Manifest.Created, "checkpointedTime": img.Manifest.Created})
+
+	tmp := out + ".kcr-tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	ok := false
+	defer func() {
+		f.Close()
+		if !ok {
+			os.Remove(tmp)
+		}
+	}()
+	tw := tar.NewWriter(f)
+	add := func(name string, data []byte) error {
+		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o600, Size: int64(len(data)), ModTime: img.Manifest.Created}); err != nil {
+			return err
+		}
+		_, err := tw.Write(data)
+		return err
+	}
+	if err := add("config.dump", configDump); err != nil {
+		return err
+	}
+	if err := add("spec.dump", specDump); err != nil {
+		return err
+	}
+	mb, err := os.ReadFile(filepath.Join(img.Dir, images.ManifestName))
+	if err != nil {
+		return err
+	}
+	if err := add("kcr-manifest.json", mb); err != nil {
+		return err
+	}
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: "checkpoint/", Mode: 0o700, ModTime: img.Manifest.Created}); err != nil {
+		return err
+	}
+	crDir := filepath.Join(img.Dir, images.CRIUSubdir)
+	ents, err := os.ReadDir(crDir)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		src, err := os.Open(filepath.Join(crDir, e.Name()))
+		if err != nil {
+			return err
+		}
+		fi, err := src.Stat()
+		if err == nil {
+			err = tw.WriteHeader(&tar.Header{Name: "checkpoint/" + e.Name(), Mode: 0o600, Size: fi.Size(), ModTime: fi.ModTime()})
+		}
+		if err == nil {
+			_, err = io.Copy(tw, src)
+		}
+		src.Close()
+		if err != nil {
+			return fmt.Errorf("export %s: %w", e.Name(), err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, out); err != nil {
+		return err
+	}
+	ok = true
+	return nil
+}

@@ -288,17 +288,13 @@ func RestoreContainer(ctx context.Context, o ContainerOptions) (*ContainerRestor
 	}
 	res.Timings.add(PhaseVerify, time.Since(t))
 	if o.Bundle == "" {
-		var c struct {
-			ID     string `json:"id"`
-			Bundle string `json:"bundle"`
+		id, bundle, err := readContainerFile(img.Dir)
+		if err != nil {
+			return nil, fmt.Errorf("%w; restore it with kcr restore IMAGE, or give --bundle", err)
 		}
-		b, err := os.ReadFile(filepath.Join(img.Dir, containerBundleFile))
-		if err != nil || json.Unmarshal(b, &c) != nil || c.Bundle == "" {
-			return nil, fmt.Errorf("%s is not a container image (no %s): restore it with kcr restore IMAGE, or give --bundle", o.Image, containerBundleFile)
-		}
-		o.Bundle = c.Bundle
+		o.Bundle = bundle
 		if o.ID == "" {
-			o.ID = c.ID
+			o.ID = id
 		}
 	}
 	res.ID = o.ID

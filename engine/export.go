@@ -23,13 +23,9 @@ func ExportArchive(ctx context.Context, image, out string) error {
 	if err != nil {
 		return err
 	}
-	var c struct {
-		ID     string `json:"id"`
-		Bundle string `json:"bundle"`
-	}
-	b, err := os.ReadFile(filepath.Join(img.Dir, containerBundleFile))
-	if err != nil || json.Unmarshal(b, &c) != nil {
-		return fmt.Errorf("%s is not a container image (no %s): export images of kcr checkpoint --container", image, containerBundleFile)
+	var c struct{ ID, Bundle string }
+	if c.ID, c.Bundle, err = readContainerFile(img.Dir); err != nil {
+		return err
 	}
 	var spec map[string]any
 	sb, err := os.ReadFile(filepath.Join(c.Bundle, "config.json"))
@@ -125,4 +121,18 @@ func ExportArchive(ctx context.Context, image, out string) error {
 	}
 	ok = true
 	return nil
+}
+
+// readContainerFile returns the container id and bundle recorded in a kcr
+// image of a container.
+func readContainerFile(image string) (id, bundle string, err error) {
+	var c struct {
+		ID     string `json:"id"`
+		Bundle string `json:"bundle"`
+	}
+	b, err := os.ReadFile(filepath.Join(image, containerBundleFile))
+	if err != nil || json.Unmarshal(b, &c) != nil || c.Bundle == "" {
+		return "", "", fmt.Errorf("%s is not a container image (no %s): only images of kcr checkpoint --container", image, containerBundleFile)
+	}
+	return c.ID, c.Bundle, nil
 }

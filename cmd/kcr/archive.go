@@ -46,8 +46,20 @@ temporary file and renamed into place, so FILE is never a partial archive.
 					return printJSON(map[string]any{"image": dir, "archive": output, "format": format})
 				}
 				return nil
+			case "oci":
+				if output == "" || output == stdio {
+					return &exitError{exitUsage, errors.New("--format oci needs -o DIR (a new OCI image layout)")}
+				}
+				if err := engine.ExportOCIImage(cmd.Context(), dir, output); err != nil {
+					return err
+				}
+				fmt.Fprintf(os.Stderr, "exported %s to the OCI layout %s (CRI-O checkpoint image, annotation %s)\n", dir, output, engine.CheckpointAnnotation)
+				if g.json {
+					return printJSON(map[string]any{"image": dir, "oci_layout": output, "format": format})
+				}
+				return nil
 			default:
-				return &exitError{exitUsage, fmt.Errorf("--format %q: give kcr or cri-o", format)}
+				return &exitError{exitUsage, fmt.Errorf("--format %q: give kcr, cri-o or oci", format)}
 			}
 			if output == "" {
 				base := filepath.Base(filepath.Clean(dir))
@@ -96,7 +108,7 @@ temporary file and renamed into place, so FILE is never a partial archive.
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "", "archive file to create, or - for stdout (default ./IMAGE"+images.ArchiveExt+")")
-	cmd.Flags().StringVar(&format, "format", "kcr", "kcr, or cri-o: a container image (kcr checkpoint --container) as a CRI-O checkpoint archive (config.dump, spec.dump, checkpoint/)")
+	cmd.Flags().StringVar(&format, "format", "kcr", "kcr; for a container image (kcr checkpoint --container): cri-o, a CRI-O checkpoint archive (config.dump, spec.dump, checkpoint/), or oci, an OCI image layout with CRI-O's checkpoint annotation")
 	return cmd
 }
 

@@ -9,6 +9,7 @@ package e2e
 // /etc/criu/runc.conf, which other runc users read, is never touched.
 
 import (
+	"archive/tar"
 	"encoding/json"
 	"io"
 	"os"
@@ -21,6 +22,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/google/go-containerregistry/pkg/v1/layout"
 )
 
 var (
@@ -423,6 +426,7 @@ func TestContainerKCRCheckpointRestore(t *testing.T) {
 		t.Errorf("checkpointctl show %s: %v\n%s", archive, err, show)
 	}
 	t.Logf("checkpointctl show:\n%s", show)
+	checkOCIImage(t, img, c.id)
 	ackedBefore := len(acked(c.events()))
 
 	n1 := len(c.events())
@@ -506,4 +510,55 @@ func checkpointctl(t *testing.T) string {
 		t.Fatalf("go install checkpointctl: %s", cctlErr)
 	}
 	return cctlBin
+}
+
+// checkOCIImage exports img as an OCI image layout and reads it back with
+// go-containerregistry: CRI-O's checkpoint annotation names the container,
+// and the one layer holds the checkpoint archive's files.
+func checkOCIImage(t *testing.T, img, name string) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "oci")
+	mustKCR(t, "export", "--format", "oci", "-o", dir, img)
+	idx, err := layout.ImageIndexFromPath(dir)
+	if err != nil {
+		t.Fatalf("read OCI layout: %v", err)
+	}
+	im, err := idx.IndexManifest()
+	if err != nil || len(im.Manifests) != 1 {
+		t.Fatalf("OCI index: %v, %d manifests, want 1", err, len(im.Manifests))
+	}
+	oi, err := idx.Image(im.Manifests[0].Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := oi.Manifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Annotations["io.kubernetes.cri-o.annotations.checkpoint.name"]; got != name {
+		t.Errorf("annotation io.kubernetes.cri-o.annotations.checkpoint.name = %q, want %q (all: %v)", got, name, m.Annotations)
+	}
+	layers, err := oi.Layers()
+	if err != nil || len(layers) != 1 {
+		t.Fatalf("layers: %v, %d, want 1", err, len(layers))
+	}
+	rc, err := layers[0].Uncompressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	seen := map[string]bool{}
+	tr := tar.NewReader(rc)
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			break
+		}
+		seen[h.Name] = true
+	}
+	for _, f := range []string{"config.dump", "spec.dump", "checkpoint/inventory.img"} {
+		if !seen[f] {
+			t.Errorf("image layer lacks %s: %v", f, seen)
+		}
+	}
 }

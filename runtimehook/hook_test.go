@@ -162,3 +162,21 @@ func TestNoInitPID(t *testing.T) {
 		t.Fatalf("other actions are no-ops: %v", err)
 	}
 }
+
+// The generation kcr restore --container counted in the kcr image wins over
+// CRIU's images directory, which is not the image's root.
+func TestTakeGenerationFromEnv(t *testing.T) {
+	t.Setenv(GenerationEnv, "7")
+	o := Options{StateDir: t.TempDir()}
+	o.defaults()
+	dir := t.TempDir()
+	if g := takeGeneration(Env{ImageDir: dir, CRIUPID: 1}, o); g != 7 {
+		t.Fatalf("generation %d, want 7 from %s", g, GenerationEnv)
+	}
+	if err := postRestore(Env{ImageDir: dir, CRIUPID: 1}, o); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("post-restore counted in CRIU's directory too: %v", ents)
+	}
+}

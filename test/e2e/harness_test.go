@@ -27,6 +27,7 @@ var (
 	kcrBin   string
 	appBin   string
 	kafkaBin string // kafkaapp, for kafka_test.go
+	kgoBin   string // kgoapp, for kgo_test.go
 	setupOK  bool
 	setupErr string
 )
@@ -43,8 +44,9 @@ func TestMain(m *testing.M) {
 	kcrBin = filepath.Join(dir, "kcr")
 	appBin = filepath.Join(dir, "testapp")
 	kafkaBin = filepath.Join(dir, "kafkaapp")
+	kgoBin = filepath.Join(dir, "kgoapp")
 	setupOK = true
-	for _, b := range [][2]string{{kcrBin, "../../cmd/kcr"}, {appBin, "./testapp"}, {kafkaBin, "./kafkaapp"}} {
+	for _, b := range [][2]string{{kcrBin, "../../cmd/kcr"}, {appBin, "./testapp"}, {kafkaBin, "./kafkaapp"}, {kgoBin, "./kgoapp"}} {
 		out, err := exec.Command("go", "build", "-o", b[0], b[1]).CombinedOutput()
 		if err != nil {
 			setupOK, setupErr = false, fmt.Sprintf("go build %s: %v\n%s", b[1], err, out)

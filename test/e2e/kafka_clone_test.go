@@ -34,12 +34,18 @@ type kclone struct {
 // run starts kafkaapp with kcr run and returns its host PID; the returned
 // kapp reads the log that it and every clone of it append to.
 func (k *kafkaEnv) run(args ...string) (int, *kapp) {
+	k.t.Helper()
+	return k.runBin(kafkaBin, args...)
+}
+
+// runBin is run for bin (kafkaapp or kgoapp).
+func (k *kafkaEnv) runBin(bin string, args ...string) (int, *kapp) {
 	t := k.t
 	t.Helper()
 	dir := t.TempDir()
 	log := filepath.Join(dir, "app.log")
 	r := mustKCR(t, append([]string{"run", "--json", "--log", log, "-e", "KCR_SOCKET_DIR=" + filepath.Join(dir, "sock"),
-		"--", kafkaBin, "-brokers", k.brokers}, args...)...)
+		"--", bin, "-brokers", k.brokers}, args...)...)
 	var out struct {
 		PID int `json:"pid"`
 	}

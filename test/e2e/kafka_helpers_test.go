@@ -517,7 +517,13 @@ type kapp struct {
 
 func (k *kafkaEnv) start(args ...string) *kapp {
 	k.t.Helper()
-	a := &kapp{app: startProg(k.t, kafkaBin, append([]string{"-brokers", k.brokers}, args...)...), k: k}
+	return k.startBin(kafkaBin, args...)
+}
+
+// startBin starts bin (kafkaapp or kgoapp) with -brokers and args.
+func (k *kafkaEnv) startBin(bin string, args ...string) *kapp {
+	k.t.Helper()
+	a := &kapp{app: startProg(k.t, bin, append([]string{"-brokers", k.brokers}, args...)...), k: k}
 	k.keepLog(a)
 	return a
 }

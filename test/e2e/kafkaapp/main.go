@@ -35,12 +35,10 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
-	"log/slog"
 	"net"
 	"os"
 	"os/signal"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -52,52 +50,8 @@ import (
 
 	"github.com/kcr-dev/kcr/kafkahooks"
 	"github.com/kcr-dev/kcr/notify"
+	"github.com/kcr-dev/kcr/test/e2e/appkit"
 )
-
-var (
-	out   = json.NewEncoder(os.Stdout)
-	outMu sync.Mutex
-)
-
-func emit(ev string, kv ...any) {
-	m := map[string]any{"ev": ev, "pid": os.Getpid(), "hpid": hostPID(), "t": time.Now().UnixNano()}
-	for i := 0; i+1 < len(kv); i += 2 {
-		m[kv[i].(string)] = kv[i+1]
-	}
-	outMu.Lock()
-	out.Encode(m)
-	outMu.Unlock()
-}
-
-// hostPID returns the PID of this process in the host's PID namespace: kcr
-// run gives no mount namespace, so /proc is the host's procfs. It is read
-// each time: a restored clone has a new one.
-func hostPID() int {
-	s, err := os.Readlink("/proc/self")
-	if err != nil {
-		return -1
-	}
-	n, err := strconv.Atoi(s)
-	if err != nil {
-		return -1
-	}
-	return n
-}
-
-// hpidHandler adds the host PID of the moment to every slog record.
-type hpidHandler struct{ slog.Handler }
-
-func (h hpidHandler) Handle(ctx context.Context, r slog.Record) error {
-	r.AddAttrs(slog.Int("hpid", hostPID()))
-	return h.Handler.Handle(ctx, r)
-}
-
-func (h hpidHandler) WithAttrs(as []slog.Attr) slog.Handler {
-	return hpidHandler{h.Handler.WithAttrs(as)}
-}
-func (h hpidHandler) WithGroup(name string) slog.Handler {
-	return hpidHandler{h.Handler.WithGroup(name)}
-}
 
 type config struct {
 	brokers        []string
@@ -150,12 +104,10 @@ func main() {
 		emit("fatal", "err", "need -topic, -group with -consume, positive -writers and -batch")
 		os.Exit(2)
 	}
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
+	if err := appkit.SetLogger(*logLevel); err != nil {
 		emit("fatal", "err", err.Error())
 		os.Exit(2)
 	}
-	slog.SetDefault(slog.New(hpidHandler{slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: lvl})}).With("ev", "log", "pid", os.Getpid()))
 	if *failCheckpoint {
 		notify.Register("failing", notify.Func(func(context.Context) error { return errors.New("refusing the checkpoint (-fail-checkpoint)") }, nil))
 	}
@@ -618,38 +570,10 @@ func (a *app) serveState(ln net.Listener) {
 	}
 }
 
-// openFDs counts the open file descriptors, less the one reading them.
-func openFDs() int {
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return -1
-	}
-	return len(ents) - 1
-}
-
-// runs turns numbers into sorted [first, last] runs of consecutive ones.
-func runs(b []int) [][2]int {
-	if len(b) == 0 {
-		return nil
-	}
-	s := slices.Clone(b)
-	slices.Sort(s)
-	s = slices.Compact(s)
-	var out [][2]int
-	start, prev := s[0], s[0]
-	for _, n := range s[1:] {
-		if n != prev+1 {
-			out = append(out, [2]int{start, prev})
-			start = n
-		}
-		prev = n
-	}
-	return append(out, [2]int{start, prev})
-}
-
-func errString(err error) string {
-	if err == nil {
-		return ""
-	}
-	return err.Error()
-}
+var (
+	emit      = appkit.Emit
+	hostPID   = appkit.HostPID
+	openFDs   = appkit.OpenFDs
+	runs      = appkit.Runs
+	errString = appkit.ErrString
+)

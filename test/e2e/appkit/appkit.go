@@ -1,0 +1,110 @@
+// Package appkit is what the Kafka test programs of kcr's end-to-end tests
+// (kafkaapp, kgoapp) share: their JSON event log on stdout, the host PID
+// that tells clones apart, and small helpers.
+package appkit
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+)
+
+var (
+	out   = json.NewEncoder(os.Stdout)
+	outMu sync.Mutex
+)
+
+// Emit writes one event as a JSON line: ev, pid, hpid, t and the key/value
+// pairs kv.
+func Emit(ev string, kv ...any) {
+	m := map[string]any{"ev": ev, "pid": os.Getpid(), "hpid": HostPID(), "t": time.Now().UnixNano()}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i].(string)] = kv[i+1]
+	}
+	outMu.Lock()
+	out.Encode(m)
+	outMu.Unlock()
+}
+
+// HostPID returns the PID of this process in the host's PID namespace: kcr
+// run gives no mount namespace, so /proc is the host's procfs. It is read
+// each time: a restored clone has a new one.
+func HostPID() int {
+	s, err := os.Readlink("/proc/self")
+	if err != nil {
+		return -1
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// SetLogger makes slog log JSON events "log" at level, with the host PID of
+// the moment in every record.
+func SetLogger(level string) error {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return err
+	}
+	slog.SetDefault(slog.New(hpidHandler{slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: lvl})}).With("ev", "log", "pid", os.Getpid()))
+	return nil
+}
+
+// hpidHandler adds the host PID of the moment to every slog record.
+type hpidHandler struct{ slog.Handler }
+
+func (h hpidHandler) Handle(ctx context.Context, r slog.Record) error {
+	r.AddAttrs(slog.Int("hpid", HostPID()))
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h hpidHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return hpidHandler{h.Handler.WithAttrs(as)}
+}
+func (h hpidHandler) WithGroup(name string) slog.Handler {
+	return hpidHandler{h.Handler.WithGroup(name)}
+}
+
+// OpenFDs counts the open file descriptors, less the one reading them.
+func OpenFDs() int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return -1
+	}
+	return len(ents) - 1
+}
+
+// Runs turns numbers into sorted [first, last] runs of consecutive ones.
+func Runs(b []int) [][2]int {
+	if len(b) == 0 {
+		return nil
+	}
+	s := slices.Clone(b)
+	slices.Sort(s)
+	s = slices.Compact(s)
+	var out [][2]int
+	start, prev := s[0], s[0]
+	for _, n := range s[1:] {
+		if n != prev+1 {
+			out = append(out, [2]int{start, prev})
+			start = n
+		}
+		prev = n
+	}
+	return append(out, [2]int{start, prev})
+}
+
+// ErrString is err's message, or "".
+func ErrString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}

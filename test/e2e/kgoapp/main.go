@@ -1,0 +1,230 @@
+// Command kgoapp is the franz-go twin of kafkaapp, the target program of
+// kcr's Kafka end-to-end tests: it produces numbered records at a steady
+// rate through a kgohooks.Client (an idempotent kgo producer) and serves
+// kcr's control socket. Its events (JSON lines on stdout, see kafkaapp and
+// package appkit) have the same shape as kafkaapp's:
+//
+//	ready        the state listener's address and the control socket
+//	acked        {"from":N,"to":N,"inst":I,"rhpid":H}: record N was
+//	             acknowledged; I and H are its "inst" and "hpid" headers
+//	write-error  a produce failed (the record is produced again)
+//	pending      from the last before-checkpoint hook: the records produced
+//	             and not acknowledged yet, and the client's report
+//	after        from the last after-restore hook: kind, generation,
+//	             instance id and the client id
+//	producer     the producer id of the current kgo client (after start and
+//	             after every restore or resume)
+//	exit         after SIGTERM, once everything was flushed and closed
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"net"
+	"os"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kcr-dev/kcr/kafkahooks/kgohooks"
+	"github.com/kcr-dev/kcr/notify"
+	"github.com/kcr-dev/kcr/test/e2e/appkit"
+)
+
+var emit = appkit.Emit
+
+func main() {
+	brokers := flag.String("brokers", "127.0.0.1:9092", "comma-separated bootstrap brokers")
+	topic := flag.String("topic", "", "topic to produce to")
+	clientID := flag.String("client-id", "kgoapp", "base client id")
+	rate := flag.Int("produce-rate", 200, "records per second to produce")
+	listen := flag.String("listen", "127.0.0.1:0", "address of the state listener")
+	logLevel := flag.String("log-level", "info", "level of the slog records logged as ev=log (debug, info, warn)")
+	flag.Parse()
+	if *topic == "" || *rate < 1 {
+		emit("fatal", "err", "need -topic and a positive -produce-rate")
+		os.Exit(2)
+	}
+	if err := appkit.SetLogger(*logLevel); err != nil {
+		emit("fatal", "err", err.Error())
+		os.Exit(2)
+	}
+	if err := run(strings.Split(*brokers, ","), *topic, *clientID, *rate, *listen); err != nil {
+		emit("fatal", "err", err.Error())
+		os.Exit(1)
+	}
+}
+
+type app struct {
+	cl      *kgohooks.Client
+	retry   chan int
+	acked   atomic.Int64
+	failed  atomic.Int64
+	pending struct {
+		sync.Mutex
+		m map[int]struct{}
+	}
+}
+
+func run(brokers []string, topic, clientID string, rate int, listen string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	a := &app{retry: make(chan int, 1<<16)}
+	a.pending.m = map[int]struct{}{}
+
+	// Registered first: its before-checkpoint hook runs last, once the
+	// client has quiesced.
+	notify.Register("kgoapp-probe", notify.Func(a.beforeLast, nil))
+	cl, err := kgohooks.NewClient(kgo.SeedBrokers(brokers...), kgo.ClientID(clientID), kgo.DefaultProduceTopic(topic),
+		kgo.RecordPartitioner(kgo.RoundRobinPartitioner()), kgo.ProducerLinger(5*time.Millisecond),
+		kgo.RecordDeliveryTimeout(30*time.Second))
+	if err != nil {
+		return err
+	}
+	a.cl = cl
+	// Registered last: its after-restore hook runs once the client is new.
+	notify.Register("kgoapp", notify.Func(nil, a.afterLast))
+
+	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", listen)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	srv, err := notify.Start()
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	go a.serveState(ln)
+	go a.reportProducer()
+	emit("ready", "listen", ln.Addr().String(), "socket", srv.Path())
+
+	a.produceLoop(ctx, rate)
+	fctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ferr := cl.Flush(fctx)
+	cancel()
+	cl.Close()
+	emit("exit", "acked", a.acked.Load(), "pending", a.pendingRuns(), "writer_close", appkit.ErrString(ferr))
+	return nil
+}
+
+// produceLoop produces records 1, 2, … at rate per second, and again the
+// ones that failed. Ticks missed while the process was stopped are not made
+// up for.
+func (a *app) produceLoop(ctx context.Context, rate int) {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	last := time.Now()
+	credit := 0.0
+	n := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			credit += float64(rate) * min(now.Sub(last), 50*time.Millisecond).Seconds()
+			last = now
+		}
+		for ; credit >= 1; credit-- {
+			select {
+			case r := <-a.retry:
+				a.produce(ctx, r)
+			default:
+				n++
+				a.produce(ctx, n)
+			}
+		}
+	}
+}
+
+func (a *app) produce(ctx context.Context, n int) {
+	// The record says who built it: the instance id (changed by the
+	// after-restore hooks) and the host PID (changed by the restore).
+	_, inst := notify.Identity()
+	hpid := appkit.HostPID()
+	v := []byte(strconv.Itoa(n))
+	rec := &kgo.Record{Key: v, Value: v, Headers: []kgo.RecordHeader{
+		{Key: "inst", Value: []byte(inst)}, {Key: "hpid", Value: []byte(strconv.Itoa(hpid))}}}
+	a.pending.Lock()
+	a.pending.m[n] = struct{}{}
+	a.pending.Unlock()
+	// Not ctx: records handed to the client are never abandoned by the app;
+	// a Produce waiting at the checkpoint gate waits for the restore.
+	a.cl.Produce(context.Background(), rec, func(_ *kgo.Record, err error) {
+		a.pending.Lock()
+		delete(a.pending.m, n)
+		a.pending.Unlock()
+		if err != nil {
+			a.failed.Add(1)
+			emit("write-error", "err", err.Error(), "records", [][2]int{{n, n}})
+			if !errors.Is(err, kgo.ErrClientClosed) {
+				a.retry <- n
+			}
+			return
+		}
+		a.acked.Add(1)
+		emit("acked", "from", n, "to", n, "inst", inst, "rhpid", hpid)
+	})
+}
+
+func (a *app) pendingRuns() [][2]int {
+	a.pending.Lock()
+	b := make([]int, 0, len(a.pending.m))
+	for n := range a.pending.m {
+		b = append(b, n)
+	}
+	a.pending.Unlock()
+	return appkit.Runs(b)
+}
+
+func (a *app) beforeLast(ctx context.Context) error {
+	emit("pending", "records", a.pendingRuns(), "writer", a.cl.CheckpointReport())
+	return nil
+}
+
+func (a *app) afterLast(ctx context.Context, ev notify.Event) error {
+	emit("after", "kind", ev.Kind.String(), "gen", ev.Generation, "instance", ev.InstanceID, "reason", ev.Reason,
+		"writer_client", a.cl.ClientID())
+	go a.reportProducer()
+	return nil
+}
+
+// reportProducer logs the current client's producer id (for the log; the
+// tests ask the broker).
+func (a *app) reportProducer() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	id, epoch, err := a.cl.ProducerID(ctx)
+	emit("producer", "id", id, "epoch", epoch, "err", appkit.ErrString(err))
+}
+
+// serveState answers every connection with one JSON line.
+func (a *app) serveState(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		gen, id := notify.Identity()
+		a.pending.Lock()
+		pending := len(a.pending.m)
+		a.pending.Unlock()
+		b, _ := json.Marshal(map[string]any{
+			"goroutines": runtime.NumGoroutine(), "fds": appkit.OpenFDs(),
+			"gen": gen, "instance": id, "writer_client": a.cl.ClientID(),
+			"acked": a.acked.Load(), "failed": a.failed.Load(), "pending": pending,
+		})
+		c.SetWriteDeadline(time.Now().Add(2 * time.Second))
+		c.Write(append(b, '\n'))
+		c.Close()
+	}
+}

@@ -82,7 +82,12 @@ func restoreClones(t *testing.T, img, name string, n int) []kclone {
 	t.Helper()
 	r := mustKCR(t, "restore", "--json", "--count", strconv.Itoa(n), "--name", name, img)
 	var clones []kclone
-	if err := json.Unmarshal([]byte(r.stdout), &clones); err != nil {
+	err := json.Unmarshal([]byte(r.stdout), &clones)
+	if n == 1 { // one restore prints one object
+		clones = make([]kclone, 1)
+		err = json.Unmarshal([]byte(r.stdout), &clones[0])
+	}
+	if err != nil {
 		t.Fatalf("kcr restore --count %d --json: %v: %q", n, err, r.stdout)
 	}
 	for _, c := range clones {

@@ -11,10 +11,12 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // producerIDs returns the ids of the producers the broker knows for topic,
@@ -179,5 +181,169 @@ func TestKgoClones(t *testing.T) {
 	t.Logf("the original acknowledged %d records; %d acknowledged (writer, number) pairs in all, %d on the topic", len(orig), len(ackedRecs), len(on))
 	if len(missing) > 0 {
 		t.Errorf("%d acknowledged records missing from the topic, e.g. %v", len(missing), missing[:min(10, len(missing))])
+	}
+}
+
+// readCommitted reads topic with a read_committed consumer of the test's
+// own until every src in want was seen, then 2 s more for duplicates, and
+// returns how often each "src" header was seen.
+func (k *kafkaEnv) readCommitted(topic string, want map[string]bool) map[string]int {
+	t := k.t
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(k.brokers, ",")...), kgo.ClientID("kcr-e2e-committed"),
+		kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.FetchMaxWait(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	seen := map[string]int{}
+	missing := func() int {
+		n := 0
+		for s := range want {
+			if seen[s] == 0 {
+				n++
+			}
+		}
+		return n
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	var quiet time.Time
+	for {
+		if m := missing(); m == 0 && quiet.IsZero() {
+			quiet = time.Now().Add(2 * time.Second)
+		} else if m > 0 && time.Now().After(deadline) {
+			t.Fatalf("read_committed %s: %d of %d input records never appeared", topic, m, len(want))
+		}
+		if !quiet.IsZero() && time.Now().After(quiet) {
+			return seen
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		fs := cl.PollFetches(ctx)
+		cancel()
+		fs.EachRecord(func(r *kgo.Record) {
+			for _, h := range r.Headers {
+				if h.Key == "src" {
+					seen[string(h.Value)]++
+				}
+			}
+		})
+	}
+}
+
+// kgo 3. A transactional consume-transform-produce loop (a kgohooks
+// GroupTransactSession) is checkpointed while the test feeds its input, so
+// transactions are in flight, and restored: a read_committed consumer of
+// the output sees every input record exactly once. With --leave-running the
+// original resumes under its transactional id and the restored copy runs
+// under its own (SuffixTxnID, the default): both commit, side by side in the
+// group, and the output is still exactly once.
+func TestKgoTransactCheckpoint(t *testing.T) {
+	for _, leave := range []bool{false, true} {
+		name := "restore"
+		if leave {
+			name = "leave-running"
+		}
+		t.Run(name, func(t *testing.T) { testKgoTransact(t, leave) })
+	}
+}
+
+func testKgoTransact(t *testing.T, leave bool) {
+	k := needKafka(t)
+	in, out := k.newTopic("kgoin", 3), k.newTopic("kgoout", 3)
+	group := uniqueName("kgoetl")
+	const base, txn = "ketl", "ketl-txn"
+	pid, a := k.runBin(kgoBin, "-transform-from", in, "-topic", out, "-group", group, "-txn-id", txn, "-client-id", base)
+	prod := k.produce(in, 100)
+	committedTxns := func(evs []event, hpid int) int {
+		n := 0
+		for _, e := range of(evs, hpid) {
+			if e["ev"] == "txn" && e["committed"] == true {
+				n++
+			}
+		}
+		return n
+	}
+	eventually(t, 60*time.Second, "the loop committing transactions", func() (bool, string) {
+		n := committedTxns(a.events(), pid)
+		return n >= 10, fmt.Sprintf("%d committed", n)
+	})
+
+	img := t.TempDir() + "/img"
+	args := []string{"checkpoint", "-o", img}
+	if leave {
+		args = append(args, "--leave-running")
+	}
+	n0 := len(a.events())
+	mustKCR(t, append(args, strconv.Itoa(pid))...)
+	rep := manifestResource(t, img, "kgo/"+base)
+	t.Logf("session report in the manifest: %v", rep)
+	if !leave {
+		eventually(t, 10*time.Second, "the checkpointed process to be gone", func() (bool, string) { return !alive(pid), "" })
+	}
+	clones := restoreClones(t, img, base, 1)
+	c := clones[0]
+	mark := len(a.events())
+	eventually(t, 60*time.Second, "the restored copy committing transactions", func() (bool, string) {
+		n := committedTxns(a.since(mark), c.PID)
+		return n >= 5, fmt.Sprintf("%d committed", n)
+	})
+	var cAfter event
+	for _, e := range of(a.since(n0), c.PID) {
+		if e["ev"] == "after" {
+			cAfter = e
+		}
+	}
+	if wantTxn := txn + "-" + prefix8(c.InstanceID); cAfter.str("kind") != "restore" || cAfter.str("txn_id") != wantTxn {
+		t.Fatalf("restored copy's after-restore event %v: want kind restore, transactional id %s", cAfter, wantTxn)
+	}
+	running := []kclone{c}
+	if leave {
+		var oAfter event
+		for _, e := range of(a.since(n0), pid) {
+			if e["ev"] == "after" {
+				oAfter = e
+			}
+		}
+		if oAfter.str("kind") != "resume" || oAfter.str("txn_id") != txn {
+			t.Fatalf("original's after-checkpoint event %v: want kind resume, transactional id %s", oAfter, txn)
+		}
+		if !alive(pid) {
+			t.Fatal("the original died after --leave-running")
+		}
+		running = append(running, kclone{PID: pid, Name: "original"})
+	}
+	time.Sleep(2 * time.Second) // both copies in the group, under load (not an assertion)
+	prod.finish()
+	acks, errs := prod.snapshot()
+	want := map[string]bool{}
+	for x := range acks {
+		want[fmt.Sprintf("%d/%d", x.p, x.o)] = true
+	}
+	seen := k.readCommitted(out, want)
+	stopAll(t, a, running)
+	var dups, extra []string
+	for s, n := range seen {
+		if n > 1 {
+			dups = append(dups, s)
+		}
+		if !want[s] {
+			extra = append(extra, s)
+		}
+	}
+	aborted := 0
+	for _, e := range a.events() {
+		if e["ev"] == "txn" && e["committed"] == false {
+			aborted++
+		}
+	}
+	t.Logf("%d input records (%d produce errors), %d distinct on the output read_committed; %d transactions aborted by the loop",
+		len(want), errs, len(seen), aborted)
+	if len(dups) > 0 || len(extra) > 0 {
+		t.Errorf("read_committed output: %d inputs seen more than once (%v), %d not among the inputs (%v)",
+			len(dups), dups[:min(10, len(dups))], len(extra), extra[:min(10, len(extra))])
+	}
+	if leave && committedTxns(a.since(mark), pid) == 0 {
+		t.Errorf("the original committed no transaction after resuming")
 	}
 }

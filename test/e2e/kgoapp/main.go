@@ -49,14 +49,24 @@ func main() {
 	rate := flag.Int("produce-rate", 200, "records per second to produce")
 	listen := flag.String("listen", "127.0.0.1:0", "address of the state listener")
 	logLevel := flag.String("log-level", "info", "level of the slog records logged as ev=log (debug, info, warn)")
+	from := flag.String("transform-from", "", "copy this topic to -topic in transactions (consume-transform-produce) instead of producing")
+	group := flag.String("group", "", "consumer group (with -transform-from)")
+	txnID := flag.String("txn-id", "", "base transactional id (with -transform-from)")
 	flag.Parse()
-	if *topic == "" || *rate < 1 {
-		emit("fatal", "err", "need -topic and a positive -produce-rate")
+	if *topic == "" || *rate < 1 || (*from != "" && (*group == "" || *txnID == "")) {
+		emit("fatal", "err", "need -topic, a positive -produce-rate, and -group and -txn-id with -transform-from")
 		os.Exit(2)
 	}
 	if err := appkit.SetLogger(*logLevel); err != nil {
 		emit("fatal", "err", err.Error())
 		os.Exit(2)
+	}
+	if *from != "" {
+		if err := runTransform(strings.Split(*brokers, ","), *from, *topic, *group, *txnID, *clientID); err != nil {
+			emit("fatal", "err", err.Error())
+			os.Exit(1)
+		}
+		return
 	}
 	if err := run(strings.Split(*brokers, ","), *topic, *clientID, *rate, *listen); err != nil {
 		emit("fatal", "err", err.Error())
@@ -114,6 +124,28 @@ func run(brokers []string, topic, clientID string, rate int, listen string) erro
 	cancel()
 	cl.Close()
 	emit("exit", "acked", a.acked.Load(), "pending", a.pendingRuns(), "writer_close", appkit.ErrString(ferr))
+	return nil
+}
+
+func runTransform(brokers []string, in, out, group, txnID, clientID string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	x, err := newTransformer(brokers, in, out, group, txnID, clientID)
+	if err != nil {
+		return err
+	}
+	notify.Register("kgoapp", notify.Func(nil, func(_ context.Context, ev notify.Event) error { x.after(ev); return nil }))
+	// No state listener: a copy restored next to an original that went on
+	// (--leave-running) could not bind its port again.
+	srv, err := notify.Start()
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	emit("ready", "listen", "", "socket", srv.Path(), "txn_id", x.s.TransactionalID())
+	x.loop(ctx)
+	x.s.Close()
+	emit("exit", "committed", x.committed.Load(), "aborted", x.aborted.Load())
 	return nil
 }
 

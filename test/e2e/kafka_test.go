@@ -135,6 +135,12 @@ func testProducerCheckpoint(t *testing.T, async, carry bool) {
 // all partitions within seconds. Restored, it rejoins under a new client id.
 // No committed offset ever goes back, and every record is processed.
 func TestKafkaConsumerGroup(t *testing.T) {
+	testConsumerGroup(t, kafkaBin, func(group string) string { return "kafka-reader/" + group })
+}
+
+// testConsumerGroup is Kafka 2 for bin (kafkaapp or kgoapp), whose consumer
+// registers as resource(group) with clients member-a and member-b.
+func testConsumerGroup(t *testing.T, bin string, resource func(group string) string) {
 	k := needKafka(t)
 	topic := k.newTopic("group", 3)
 	group := uniqueName("group")
@@ -142,8 +148,8 @@ func TestKafkaConsumerGroup(t *testing.T) {
 	member := func(id string) []string {
 		return []string{"-topic", topic, "-group", group, "-consume", "-client-id", id}
 	}
-	a := k.start(member("member-a")...)
-	b := k.start(member("member-b")...)
+	a := k.startBin(bin, member("member-a")...)
+	b := k.startBin(bin, member("member-b")...)
 	k.waitGroup(group, topic, 60*time.Second, "two members sharing the 3 partitions", func(v groupView) bool {
 		return v.state == "Stable" && slices.Equal(v.clients, []string{"member-a", "member-b"}) && len(v.all) == 3 &&
 			len(v.assigned["member-a"]) > 0 && len(v.assigned["member-b"]) > 0
@@ -157,7 +163,7 @@ func TestKafkaConsumerGroup(t *testing.T) {
 	mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
 	tck := time.Now()
 	<-a.done
-	rep := manifestResource(t, img, "kafka-reader/"+group)
+	rep := manifestResource(t, img, resource(group))
 	t.Logf("reader report in the manifest: %v", rep)
 	if rep["left_group"] != true {
 		t.Errorf("reader report %v: want left_group=true", rep)

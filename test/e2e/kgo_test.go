@@ -347,3 +347,11 @@ func testKgoTransact(t *testing.T, leave bool) {
 		t.Errorf("the original committed no transaction after resuming")
 	}
 }
+
+// kgo 4. Kafka 2 (TestKafkaConsumerGroup) with two kgo group members
+// (kgohooks.Client): the checkpointed one leaves the group, the other takes
+// its partitions, no committed offset goes back, every record is
+// processed, and the restored member rejoins under a new client id.
+func TestKgoConsumerGroup(t *testing.T) {
+	testConsumerGroup(t, kgoBin, func(string) string { return "kgo/member-a" })
+}

@@ -52,14 +52,22 @@ func main() {
 	from := flag.String("transform-from", "", "copy this topic to -topic in transactions (consume-transform-produce) instead of producing")
 	group := flag.String("group", "", "consumer group (with -transform-from)")
 	txnID := flag.String("txn-id", "", "base transactional id (with -transform-from)")
+	consume := flag.Bool("consume", false, "consume -topic as a member of -group, committing after processing, instead of producing")
 	flag.Parse()
-	if *topic == "" || *rate < 1 || (*from != "" && (*group == "" || *txnID == "")) {
-		emit("fatal", "err", "need -topic, a positive -produce-rate, and -group and -txn-id with -transform-from")
+	if *topic == "" || *rate < 1 || (*from != "" && (*group == "" || *txnID == "")) || (*consume && *group == "") {
+		emit("fatal", "err", "need -topic, a positive -produce-rate, -group and -txn-id with -transform-from, -group with -consume")
 		os.Exit(2)
 	}
 	if err := appkit.SetLogger(*logLevel); err != nil {
 		emit("fatal", "err", err.Error())
 		os.Exit(2)
+	}
+	if *consume {
+		if err := runConsume(strings.Split(*brokers, ","), *topic, *group, *clientID); err != nil {
+			emit("fatal", "err", err.Error())
+			os.Exit(1)
+		}
+		return
 	}
 	if *from != "" {
 		if err := runTransform(strings.Split(*brokers, ","), *from, *topic, *group, *txnID, *clientID); err != nil {

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"os/signal"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kcr-dev/kcr/kafkahooks/kgohooks"
+	"github.com/kcr-dev/kcr/notify"
+	"github.com/kcr-dev/kcr/test/e2e/appkit"
+)
+
+// runConsume is the group consumer mode (-consume): poll, log what was
+// processed ("proc", as kafkaapp), then commit it (at-least-once).
+func runConsume(brokers []string, topic, group, clientID string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	cl, err := kgohooks.NewClient(kgo.SeedBrokers(brokers...), kgo.ClientID(clientID), kgo.ConsumerGroup(group),
+		kgo.ConsumeTopics(topic), kgo.DisableAutoCommit(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(500*time.Millisecond), kgo.SessionTimeout(6*time.Second), kgo.HeartbeatInterval(time.Second))
+	if err != nil {
+		return err
+	}
+	notify.Register("kgoapp", notify.Func(nil, func(_ context.Context, ev notify.Event) error {
+		emit("after", "kind", ev.Kind.String(), "gen", ev.Generation, "instance", ev.InstanceID, "reason", ev.Reason,
+			"reader_client", cl.ClientID())
+		return nil
+	}))
+	srv, err := notify.Start()
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	emit("ready", "listen", "", "socket", srv.Path())
+	var procd atomic.Int64
+	for ctx.Err() == nil {
+		fs := cl.PollFetches(ctx)
+		fs.EachError(func(_ string, _ int32, err error) {
+			if !errors.Is(err, context.Canceled) {
+				emit("fetch-error", "err", err.Error())
+			}
+		})
+		byPart := map[int32][]int{}
+		var recs []*kgo.Record
+		fs.EachRecord(func(r *kgo.Record) {
+			byPart[r.Partition] = append(byPart[r.Partition], int(r.Offset))
+			recs = append(recs, r)
+		})
+		if len(recs) == 0 {
+			continue
+		}
+		// Logged before the commit: whatever was committed was logged.
+		procd.Add(int64(len(recs)))
+		for p, offs := range byPart {
+			for _, r := range appkit.Runs(offs) {
+				emit("proc", "p", p, "from", r[0], "to", r[1])
+			}
+		}
+		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if err := cl.CommitRecords(cctx, recs...); err != nil {
+			emit("commit-error", "err", err.Error(), "records", len(recs))
+		}
+		cancel()
+	}
+	cl.Close()
+	emit("exit", "processed", procd.Load())
+	return nil
+}

@@ -47,6 +47,10 @@
 // # After a restore or resume
 //
 // A new kgo.Client is built with the same options, so a new producer id.
+// This holds for a resume too (the dump failed, or --leave-running): kgo
+// cannot close its connections without closing the client, so a resumed
+// process does not get its old client back, reconnected; it gets a new one
+// with the same identity.
 // On Restore its client id is the base id + "-" + the first 8 hex digits of
 // notify.Event.InstanceID, and so is its transactional id unless
 // WithTxnIDPolicy(KeepTxnID) keeps it (a migration: the restored copy fences

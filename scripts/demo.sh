@@ -17,7 +17,8 @@
 # not finish the orders in hand before the checkpoint: the Kafka hooks alone
 # give at-least-once, and some orders get a second result), KCR_DEMO_RESULT
 # (append one line of figures to this file, for scripts/bench-kafka.sh), KCR_DEMO_KEEP=1
-# keeps the work directory.
+# keeps the work directory, KCR_DEMO_CLIENT=franz runs the pipeline on
+# franz-go (kafkahooks/kgohooks) instead of kafka-go.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +27,7 @@ warmup="${KCR_DEMO_WARMUP:-3s}"
 cache_mb="${KCR_DEMO_CACHE_MB:-64}"
 down="${KCR_DEMO_DOWN:-2}"
 drain="${KCR_DEMO_DRAIN:-true}"
+client="${KCR_DEMO_CLIENT:-kafka-go}"
 
 if [ "$(id -u)" != 0 ]; then
 	echo "scripts/demo.sh: run as root: CRIU needs it (sudo scripts/demo.sh)" >&2
@@ -121,7 +123,7 @@ say "loadgen: $rate orders/s into 'orders'"
 log="$work/pipeline.log"
 t_start=$(now)
 setsid "$bin/pipeline" -brokers "$brokers" -group pipeline -in orders -out results \
-	-warmup "$warmup" -cache-mb "$cache_mb" -client-id pipeline -drain="$drain" </dev/null >>"$log" 2>&1 &
+	-warmup "$warmup" -cache-mb "$cache_mb" -client-id pipeline -drain="$drain" -client "$client" </dev/null >>"$log" 2>&1 &
 pid=$!
 watch=$pid
 disown "$pid" # CRIU's dump kills it: no "Killed" message from bash

@@ -2,7 +2,7 @@
 // with a slow, warm start, made checkpointable by kafkahooks.
 //
 //	pipeline -brokers 127.0.0.1:19092 -group pipeline -in orders -out results \
-//	    [-warmup 3s] [-cache-mb 64] [-client-id pipeline] [-drain=true]
+//	    [-warmup 3s] [-cache-mb 64] [-client-id pipeline] [-drain=true] [-client kafka-go|franz]
 //
 // It builds a lookup cache of -cache-mb MiB over -warmup (what a real
 // service spends loading models, caches or JIT state), then consumes -in as a
@@ -17,6 +17,9 @@
 // that no order gets a second result after a restore. With -drain=false only
 // kafkahooks' guarantees hold: an order whose result was produced but not yet
 // committed is processed again (at-least-once).
+//
+// -client franz uses franz-go clients (kafkahooks/kgohooks) instead of
+// kafka-go's (kafkahooks): the same pipeline, through small adapters.
 //
 // It writes one JSON line per event to stdout:
 //
@@ -46,6 +49,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kcr-dev/kcr/kafkahooks"
+	"github.com/kcr-dev/kcr/kafkahooks/kgohooks"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -74,6 +78,7 @@ type config struct {
 	drain      bool
 	statsEvery time.Duration
 	batch      int
+	client     string
 }
 
 func main() {
@@ -88,10 +93,12 @@ func main() {
 	flag.BoolVar(&c.drain, "drain", true, "finish the orders in hand before a checkpoint (no second results)")
 	flag.DurationVar(&c.statsEvery, "stats-every", time.Second, "how often to log a stats event (0: never)")
 	flag.IntVar(&c.batch, "batch", 64, "most orders per produce and commit")
+	flag.StringVar(&c.client, "client", "kafka-go", "Kafka client library: kafka-go or franz (franz-go)")
 	flag.Parse()
 	c.brokers = strings.Split(*brokers, ",")
-	if c.cacheMB < 0 || c.warmup < 0 || c.batch < 1 || c.group == "" || c.in == "" || c.out == "" {
-		fmt.Fprintln(os.Stderr, "pipeline: need -group, -in, -out, -batch ≥ 1, and no negative -warmup or -cache-mb")
+	if c.cacheMB < 0 || c.warmup < 0 || c.batch < 1 || c.group == "" || c.in == "" || c.out == "" ||
+		(c.client != "kafka-go" && c.client != "franz") {
+		fmt.Fprintln(os.Stderr, "pipeline: need -group, -in, -out, -batch ≥ 1, -client kafka-go or franz, and no negative -warmup or -cache-mb")
 		os.Exit(2)
 	}
 	slog.SetDefault(slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("src", "pipeline"))
@@ -114,32 +121,50 @@ func run(c config) error {
 	emit("warm", "ms", time.Since(t0).Milliseconds(), "bytes", cache.Bytes())
 
 	// Created in this order, so that a checkpoint quiesces the pipeline
-	// first, then the Writer, then the Reader, and a restore brings them
-	// back the other way round.
-	r := kafkahooks.NewReader(kafka.ReaderConfig{
-		Brokers:           c.brokers,
-		GroupID:           c.group,
-		Topic:             c.in,
-		StartOffset:       kafka.FirstOffset,
-		MaxWait:           250 * time.Millisecond,
-		SessionTimeout:    6 * time.Second,
-		HeartbeatInterval: time.Second,
-		RebalanceTimeout:  6 * time.Second,
-		JoinGroupBackoff:  250 * time.Millisecond,
-		ReadBackoffMin:    20 * time.Millisecond,
-		ReadBackoffMax:    250 * time.Millisecond,
-	}, kafkahooks.WithClientID(c.clientID))
-	w := kafkahooks.NewWriter(&kafka.Writer{
-		Addr:         kafka.TCP(c.brokers...),
-		Topic:        c.out,
-		Balancer:     &kafka.Hash{},
-		RequiredAcks: kafka.RequireAll, // acknowledged means written by the broker, not by a socket
-		BatchTimeout: time.Millisecond,
-		BatchSize:    c.batch,
-		WriteTimeout: 5 * time.Second,
-	}, kafkahooks.WithClientID(c.clientID))
+	// first, then the producer, then the consumer, and a restore brings
+	// them back the other way round.
+	var (
+		in       Fetcher
+		out      Producer
+		lag      func() int64
+		closeAll func() error
+	)
+	if c.client == "franz" {
+		inOpts, outOpts := kgoOpts(c)
+		icl, err := kgohooks.New(inOpts, kgohooks.WithName("kgo-in/"+c.clientID))
+		if err != nil {
+			return err
+		}
+		ocl, err := kgohooks.New(outOpts, kgohooks.WithName("kgo-out/"+c.clientID))
+		if err != nil {
+			icl.Close()
+			return err
+		}
+		in, out, lag = newKgoFetcher(icl), kgoProducer{ocl}, func() int64 { return -1 }
+		closeAll = func() error {
+			fctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			err := ocl.Flush(fctx)
+			ocl.Close()
+			icl.Close()
+			return err
+		}
+	} else {
+		r, w := kafkaGoClients(c)
+		in, out, lag = r, w, func() int64 { return r.Stats().Lag }
+		closeAll = func() error {
+			if err := w.Close(); err != nil {
+				r.Close()
+				return fmt.Errorf("closing the writer: %w", err)
+			}
+			if err := r.Close(); err != nil {
+				return fmt.Errorf("closing the reader: %w", err)
+			}
+			return nil
+		}
+	}
 
-	p := &Pipeline{In: r, Out: w, Cache: cache, Emit: emit, Batch: c.batch}
+	p := &Pipeline{In: in, Out: out, Cache: cache, Emit: emit, Batch: c.batch}
 	p.init()
 	var before func(context.Context) error
 	if c.drain {
@@ -162,24 +187,44 @@ func run(c config) error {
 				case <-ctx.Done():
 					return
 				case <-tick.C:
-					emit("stats", "processed", p.Processed(), "lag", r.Stats().Lag)
+					emit("stats", "processed", p.Processed(), "lag", lag())
 				}
 			}
 		}()
 	}
 
 	err = p.Run(ctx)
-	cerr := w.Close()
-	rerr := r.Close()
+	cerr := closeAll()
 	emit("exit", "processed", p.Processed())
 	if err != nil {
 		return err
 	}
-	if cerr != nil {
-		return fmt.Errorf("closing the writer: %w", cerr)
-	}
-	if rerr != nil {
-		return fmt.Errorf("closing the reader: %w", rerr)
-	}
-	return nil
+	return cerr
+}
+
+// kafkaGoClients are the pipeline's kafka-go consumer and producer.
+func kafkaGoClients(c config) (*kafkahooks.Reader, *kafkahooks.Writer) {
+	r := kafkahooks.NewReader(kafka.ReaderConfig{
+		Brokers:           c.brokers,
+		GroupID:           c.group,
+		Topic:             c.in,
+		StartOffset:       kafka.FirstOffset,
+		MaxWait:           250 * time.Millisecond,
+		SessionTimeout:    6 * time.Second,
+		HeartbeatInterval: time.Second,
+		RebalanceTimeout:  6 * time.Second,
+		JoinGroupBackoff:  250 * time.Millisecond,
+		ReadBackoffMin:    20 * time.Millisecond,
+		ReadBackoffMax:    250 * time.Millisecond,
+	}, kafkahooks.WithClientID(c.clientID))
+	w := kafkahooks.NewWriter(&kafka.Writer{
+		Addr:         kafka.TCP(c.brokers...),
+		Topic:        c.out,
+		Balancer:     &kafka.Hash{},
+		RequiredAcks: kafka.RequireAll, // acknowledged means written by the broker, not by a socket
+		BatchTimeout: time.Millisecond,
+		BatchSize:    c.batch,
+		WriteTimeout: 5 * time.Second,
+	}, kafkahooks.WithClientID(c.clientID))
+	return r, w
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kcr-dev/kcr/kafkahooks"
+	"github.com/kcr-dev/kcr/kafkahooks/kgohooks"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -20,6 +21,43 @@ import (
 // and checks with an independent client that every order has exactly one
 // result and that no result sequence number was used twice.
 func TestDrainGivesOneResultPerOrder(t *testing.T) {
+	testDrain(t, func(brokers []string, reg *notify.Registry) (Fetcher, Producer) {
+		r := kafkahooks.NewReader(kafka.ReaderConfig{
+			Brokers: brokers, GroupID: "pipeline", Topic: "orders", StartOffset: kafka.FirstOffset,
+			MaxWait: 100 * time.Millisecond, SessionTimeout: time.Second, HeartbeatInterval: 100 * time.Millisecond,
+			RebalanceTimeout: time.Second, JoinGroupBackoff: 50 * time.Millisecond,
+		}, kafkahooks.WithRegistry(reg), kafkahooks.WithClientID("pipeline"))
+		t.Cleanup(func() { r.Close() })
+		w := kafkahooks.NewWriter(&kafka.Writer{
+			Addr: kafka.TCP(brokers...), Topic: "results", Balancer: &kafka.Hash{},
+			RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond,
+		}, kafkahooks.WithRegistry(reg), kafkahooks.WithClientID("pipeline"))
+		t.Cleanup(func() { w.Close() })
+		return r, w
+	})
+}
+
+// TestDrainGivesOneResultPerOrderFranz is TestDrainGivesOneResultPerOrder
+// with the franz-go clients of -client franz.
+func TestDrainGivesOneResultPerOrderFranz(t *testing.T) {
+	testDrain(t, func(brokers []string, reg *notify.Registry) (Fetcher, Producer) {
+		inOpts, outOpts := kgoOpts(config{brokers: brokers, clientID: "pipeline", group: "pipeline", in: "orders", out: "results"})
+		icl, err := kgohooks.New(append(inOpts, kgo.FetchMaxWait(100*time.Millisecond), kgo.SessionTimeout(time.Second),
+			kgo.HeartbeatInterval(100*time.Millisecond)), kgohooks.WithRegistry(reg), kgohooks.WithName("in"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(icl.Close)
+		ocl, err := kgohooks.New(outOpts, kgohooks.WithRegistry(reg), kgohooks.WithName("out"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(ocl.Close)
+		return newKgoFetcher(icl), kgoProducer{ocl}
+	})
+}
+
+func testDrain(t *testing.T, clients func([]string, *notify.Registry) (Fetcher, Producer)) {
 	const orders = 600
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, "orders", "results"),
 		kfake.GroupMinSessionTimeout(50*time.Millisecond))
@@ -30,22 +68,12 @@ func TestDrainGivesOneResultPerOrder(t *testing.T) {
 	brokers := c.ListenAddrs()
 
 	reg := notify.NewRegistry()
-	r := kafkahooks.NewReader(kafka.ReaderConfig{
-		Brokers: brokers, GroupID: "pipeline", Topic: "orders", StartOffset: kafka.FirstOffset,
-		MaxWait: 100 * time.Millisecond, SessionTimeout: time.Second, HeartbeatInterval: 100 * time.Millisecond,
-		RebalanceTimeout: time.Second, JoinGroupBackoff: 50 * time.Millisecond,
-	}, kafkahooks.WithRegistry(reg), kafkahooks.WithClientID("pipeline"))
-	defer r.Close()
-	w := kafkahooks.NewWriter(&kafka.Writer{
-		Addr: kafka.TCP(brokers...), Topic: "results", Balancer: &kafka.Hash{},
-		RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond,
-	}, kafkahooks.WithRegistry(reg), kafkahooks.WithClientID("pipeline"))
-	defer w.Close()
+	in, out := clients(brokers, reg)
 	cache, err := BuildCache(context.Background(), 1, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Pipeline{In: r, Out: w, Cache: cache}
+	p := &Pipeline{In: in, Out: out, Cache: cache}
 	p.init()
 	reg.Register("pipeline", notify.Func(p.Drain, p.Continue))
 

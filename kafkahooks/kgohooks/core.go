@@ -293,22 +293,27 @@ func fail(r *kgo.Record, promise func(*kgo.Record, error), err error) {
 	}
 }
 
-// ProduceSync is kgo.Client.ProduceSync, gated like Produce.
+// ProduceSync is kgo.Client.ProduceSync, gated like Produce. It calls kgo's
+// own ProduceSync, which sends its records without waiting for the linger
+// (10 ms by default): a ProduceSync built on Produce paid it every call.
 func (c *core) ProduceSync(ctx context.Context, rs ...*kgo.Record) kgo.ProduceResults {
-	var wg sync.WaitGroup
-	res := make(kgo.ProduceResults, 0, len(rs))
-	var mu sync.Mutex
-	wg.Add(len(rs))
-	for _, r := range rs {
-		c.Produce(ctx, r, func(r *kgo.Record, err error) {
-			mu.Lock()
-			res = append(res, kgo.ProduceResult{Record: r, Err: err})
-			mu.Unlock()
-			wg.Done()
-		})
+	failAll := func(err error) kgo.ProduceResults {
+		res := make(kgo.ProduceResults, len(rs))
+		for i, r := range rs {
+			res[i] = kgo.ProduceResult{Record: r, Err: err}
+		}
+		return res
 	}
-	wg.Wait()
-	return res
+	if c.baseTxnID != "" && c.txnAborted.Load() {
+		return failAll(ErrTxnAbortedByCheckpoint)
+	}
+	s, err := c.enter(ctx, &c.calls, c.produceKind())
+	if err != nil {
+		return failAll(err)
+	}
+	// Counted until acknowledged: the checkpoint's flush waits for it.
+	defer c.calls.Add(-1)
+	return s.cl.ProduceSync(ctx, rs...)
 }
 
 // Flush is kgo.Client.Flush. During a checkpoint it waits at the gate

@@ -260,3 +260,27 @@ func TestCloseDuringCheckpointReleasesCallers(t *testing.T) {
 		t.Errorf("produce after Close = %v, want kgo.ErrClientClosed", err)
 	}
 }
+
+// ProduceSync sends its records at once, as kgo's does, instead of waiting
+// for the linger (a ProduceSync built on Produce waited the linger, 10 ms a
+// call by default). kgo skips the linger once it knows the topic's
+// partitions, so the first call warms up.
+func TestProduceSyncDoesNotLinger(t *testing.T) {
+	addrs := newCluster(t, 1, "t")
+	cl, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("t"), kgo.ProducerLinger(5 * time.Second)},
+		WithRegistry(notify.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := cl.ProduceSync(ctx, &kgo.Record{Value: []byte("warm-up")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	sctx, scancel := context.WithTimeout(ctx, 2*time.Second)
+	defer scancel()
+	if err := cl.ProduceSync(sctx, &kgo.Record{Value: []byte("x")}).FirstErr(); err != nil {
+		t.Fatalf("ProduceSync with a 5 s linger, topic known: %v", err)
+	}
+}

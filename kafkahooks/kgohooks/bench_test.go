@@ -1,0 +1,77 @@
+package kgohooks
+
+import (
+	"context"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kcr-dev/kcr/notify"
+)
+
+// producer is what both sides of the benchmarks call.
+type producer interface {
+	Produce(context.Context, *kgo.Record, func(*kgo.Record, error))
+	ProduceSync(context.Context, ...*kgo.Record) kgo.ProduceResults
+	Flush(context.Context) error
+}
+
+// benchProducers runs f against a bare kgo client and a kgohooks one on
+// the same kfake cluster, so their ns/op sit side by side.
+func benchProducers(b *testing.B, f func(b *testing.B, p producer)) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "bench"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	opts := []kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...), kgo.DefaultProduceTopic("bench")}
+	b.Run("bare", func(b *testing.B) {
+		cl, err := kgo.NewClient(opts...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer cl.Close()
+		f(b, cl)
+	})
+	b.Run("kgohooks", func(b *testing.B) {
+		cl, err := New(opts, WithRegistry(notify.NewRegistry()))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer cl.Close()
+		f(b, cl)
+	})
+}
+
+// BenchmarkProduce is an async Produce call (the wrapper's gate on the hot
+// path); the records are flushed before the timer stops.
+func BenchmarkProduce(b *testing.B) {
+	benchProducers(b, func(b *testing.B, p producer) {
+		ctx := context.Background()
+		v := make([]byte, 100)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			p.Produce(ctx, &kgo.Record{Value: v}, nil)
+		}
+		if err := p.Flush(ctx); err != nil {
+			b.Fatal(err)
+		}
+	})
+}
+
+// BenchmarkProduceSync is one acknowledged record per call.
+func BenchmarkProduceSync(b *testing.B) {
+	benchProducers(b, func(b *testing.B, p producer) {
+		ctx := context.Background()
+		v := make([]byte, 100)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			if err := p.ProduceSync(ctx, &kgo.Record{Value: v}).FirstErr(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

@@ -202,10 +202,11 @@ func TestKafkaCommitIntervalFailingCommit(t *testing.T) {
 	prod := k.produce(topic, 100)
 	a := k.start("-topic", topic, "-group", group, "-consume", "-commit-interval", "1s", "-client-id", "interval", "-log-level", "debug")
 	a.waitProcessed(0, 200, 30*time.Second)
-	prod.finish()
 
-	// The broker goes away with commits in the Reader's batch; the
-	// checkpoint starts while it is down and ends once it is back.
+	// The broker goes away with commits in the Reader's batch: the producer
+	// keeps going until then, so records processed after the Reader's last
+	// interval commit are always pending. The checkpoint starts while the
+	// broker is down and ends once it is back.
 	script(t, "kafka-down.sh")
 	n0 := len(a.events())
 	img := filepath.Join(t.TempDir(), "img")
@@ -220,6 +221,7 @@ func TestKafkaCommitIntervalFailingCommit(t *testing.T) {
 		return false, fmt.Sprintf("last events %v", tail(a.events(), 3))
 	})
 	script(t, "kafka-up.sh", "KCR_KAFKA_KEEP_DATA=1")
+	prod.finish() // its buffered records are delivered once the broker is back
 	var r kcrResult
 	select {
 	case r = <-ck:

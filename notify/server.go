@@ -54,6 +54,9 @@ type serverConfig struct {
 	// startTime reads a task's start time; a field so that tests can fake a
 	// restore, which needs CRIU otherwise.
 	startTime func(pid int) (uint64, error)
+	// hostPID reads the process's host PID; a field so that tests can fake
+	// the new PID of a restored copy.
+	hostPID func() int
 }
 
 // WithSocketPath binds the control socket at path. Its base name must start
@@ -112,11 +115,12 @@ func (g *Registry) Start(opts ...Option) (*Server, error) {
 		restoreWait: 2 * time.Second,
 		afterBudget: DefaultAfterBudget,
 		startTime:   startTime,
+		hostPID:     hostPID,
 	}
 	for _, o := range opts {
 		o(&cfg)
 	}
-	pid := hostPID()
+	pid := cfg.hostPID()
 	path := cfg.path
 	if path == "" {
 		dir := cfg.dir
@@ -228,11 +232,18 @@ func (s *Server) rebind(pid int) {
 		return
 	}
 	s.mu.Lock()
+	if s.closed {
+		// Close ran while we bound: it closed the old listener only, and
+		// waits for this goroutine, so serving ln would never end.
+		s.mu.Unlock()
+		ln.Close()
+		return
+	}
 	s.ln, s.path, s.pid = ln, path, pid
+	s.wg.Add(1) // under s.mu, so that Close's Wait counts it
 	s.mu.Unlock()
 	old.SetUnlinkOnClose(false)
 	old.Close()
-	s.wg.Add(1)
 	go s.serve(ln)
 	s.cfg.log.Debug("kcr control socket moved after restore", "path", path)
 }
@@ -687,12 +698,12 @@ func (s *Server) await(ch chan followup, st0 uint64, resumeAfter time.Duration, 
 		case f := <-ch:
 			r := restored()
 			if r {
-				s.rebind(hostPID())
+				s.rebind(s.cfg.hostPID())
 			}
 			return s.eventFor(f, r), &f
 		case <-poll.C:
 			if restored() {
-				s.rebind(hostPID())
+				s.rebind(s.cfg.hostPID())
 				return graceWait()
 			}
 			if kcr.gone() {
@@ -709,7 +720,7 @@ func (s *Server) await(ch chan followup, st0 uint64, resumeAfter time.Duration, 
 			// dumped process's, so this timer fires at once: the restore must
 			// still wait for kcr's message.
 			if restored() {
-				s.rebind(hostPID())
+				s.rebind(s.cfg.hostPID())
 				return graceWait()
 			}
 			s.cfg.log.Warn("kcr: no follow-up from kcr after checkpoint; resuming on our own", "after", resumeAfter)

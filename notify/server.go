@@ -97,8 +97,11 @@ type Server struct {
 	state     string
 	followups chan followup // non-nil while waiting for a follow-up
 	closed    bool
-	quit      chan struct{} // closed by Close
-	wg        sync.WaitGroup
+	// knownStart is the start time of the instance the hooks last saw;
+	// watch runs a restore when it changes outside a cycle.
+	knownStart uint64
+	quit       chan struct{} // closed by Close
+	wg         sync.WaitGroup
 }
 
 type followup struct {
@@ -144,9 +147,11 @@ func (g *Registry) Start(opts ...Option) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{g: g, cfg: cfg, ln: ln, path: path, pid: pid, uid: os.Geteuid(), state: "idle", quit: make(chan struct{})}
-	s.wg.Add(1)
+	st, _ := cfg.startTime(pid)
+	s := &Server{g: g, cfg: cfg, ln: ln, path: path, pid: pid, uid: os.Geteuid(), state: "idle", knownStart: st, quit: make(chan struct{})}
+	s.wg.Add(2)
 	go s.serve(ln)
+	go s.watch()
 	cfg.log.Debug("kcr control socket listening", "path", path)
 	return s, nil
 }
@@ -503,7 +508,7 @@ func cut(s string, n int) string {
 }
 
 func (s *Server) info() proto.Message {
-	st, _ := s.cfg.startTime(s.pid)
+	st, _ := s.cfg.startTime(s.hostPID())
 	gen, id := s.g.Identity()
 	s.mu.Lock()
 	state := s.state
@@ -643,6 +648,13 @@ func (s *Server) checkpoint(c *net.UnixConn, m proto.Message, kcr peer) {
 	actx, cancel := context.WithTimeout(context.Background(), abudget)
 	ev, after, aerr := cyc.after(actx, ev)
 	cancel()
+	if ev.Kind == Restore {
+		// Before end, so that watch does not take this restore for another.
+		st, _ := s.cfg.startTime(s.pid)
+		s.mu.Lock()
+		s.knownStart = st
+		s.mu.Unlock()
+	}
 	late := cyc.end()
 	s.setState("idle")
 	lvl := slog.LevelInfo

@@ -1,0 +1,70 @@
+package notify
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// watch notices a restore that happened outside a checkpoint cycle: the app
+// had resumed on its own (kcr died or was late) before CRIU froze it, so the
+// image is of an idle app and no cycle is waiting to see the start time
+// change. It polls the start time at a tenth of the cycle's rate; a cycle in
+// progress is left to detect the restore itself, and the change is checked
+// again when it ends.
+func (s *Server) watch() {
+	defer s.wg.Done()
+	t := time.NewTicker(10 * s.cfg.pollEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.quit:
+			return
+		case <-t.C:
+		}
+		st, err := s.cfg.startTime(s.hostPID())
+		s.mu.Lock()
+		changed := err == nil && st != s.knownStart
+		s.mu.Unlock()
+		if !changed {
+			continue
+		}
+		cyc, err := s.g.begin()
+		if err != nil {
+			continue // a cycle runs; it ends as a Restore or we look again
+		}
+		s.restoredWhileIdle(cyc, st)
+	}
+}
+
+// restoredWhileIdle runs a whole cycle for a copy restored from an image of
+// an idle app: the before hooks first (the dump cut their connections), then
+// the restore hooks, as a new instance.
+func (s *Server) restoredWhileIdle(cyc *cycle, st uint64) {
+	log := s.cfg.log
+	log.Warn("kcr: restored from an image taken while the app was not suspended (it had resumed on its own); running a full cycle")
+	s.setState("checkpointing")
+	bctx, cancel := context.WithTimeout(context.Background(), DefaultHookBudget)
+	_, berr := cyc.before(bctx)
+	cancel()
+	if berr != nil {
+		log.Warn("kcr: before-checkpoint hooks failed on a copy restored while idle; restoring anyway", "err", berr)
+	}
+	s.setState("restoring")
+	s.rebind(s.cfg.hostPID())
+	actx, cancel := context.WithTimeout(context.Background(), s.cfg.afterBudget)
+	ev, _, aerr := cyc.after(actx, Event{Kind: Restore, SelfDetected: true,
+		Reason: "restored from an image of an idle app (it had resumed before the dump)"})
+	cancel()
+	s.mu.Lock()
+	s.knownStart = st
+	s.mu.Unlock()
+	cyc.end()
+	s.setState("idle")
+	lvl := slog.LevelInfo
+	if aerr != nil {
+		lvl = slog.LevelWarn
+	}
+	log.Log(context.Background(), lvl, "kcr: after-restore hooks done", "kind", ev.Kind.String(), "reason", ev.Reason,
+		"generation", ev.Generation, "instance_id", ev.InstanceID, "self_detected", ev.SelfDetected, "err", aerr)
+}

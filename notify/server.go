@@ -31,6 +31,9 @@ const (
 	DefaultResumeAfter = 30 * time.Second
 	DefaultMaxSuspend  = 5 * time.Minute
 	DefaultAfterBudget = 30 * time.Second
+	// DefaultMaxHookBudget caps the before-checkpoint budget a request may
+	// ask for: the app's resources stay quiesced that long.
+	DefaultMaxHookBudget = 2 * time.Minute
 )
 
 // SocketPrefix and SocketSuffix frame the base name of every control socket;
@@ -48,6 +51,7 @@ type serverConfig struct {
 	dir         string
 	log         *slog.Logger
 	maxSuspend  time.Duration
+	maxBudget   time.Duration
 	pollEvery   time.Duration
 	restoreWait time.Duration
 	afterBudget time.Duration
@@ -74,6 +78,11 @@ func WithLogger(l *slog.Logger) Option { return func(c *serverConfig) { c.log = 
 // WithMaxSuspend caps how long the app waits for kcr's follow-up after its
 // before-checkpoint hooks ran, whatever the CLI asks. Default 5 minutes.
 func WithMaxSuspend(d time.Duration) Option { return func(c *serverConfig) { c.maxSuspend = d } }
+
+// WithMaxHookBudget caps the budget of the before-checkpoint hooks, whatever
+// the CLI asks; a larger request is clamped to it and logged. Default 2
+// minutes.
+func WithMaxHookBudget(d time.Duration) Option { return func(c *serverConfig) { c.maxBudget = d } }
 
 // WithRestoreGrace sets how long a process that detected by itself that it
 // was restored waits for kcr's after-restore message (which carries the
@@ -114,6 +123,7 @@ func (g *Registry) Start(opts ...Option) (*Server, error) {
 	cfg := serverConfig{
 		log:         slog.Default(),
 		maxSuspend:  DefaultMaxSuspend,
+		maxBudget:   DefaultMaxHookBudget,
 		pollEvery:   25 * time.Millisecond,
 		restoreWait: 2 * time.Second,
 		afterBudget: DefaultAfterBudget,
@@ -546,6 +556,10 @@ func (s *Server) checkpoint(c *net.UnixConn, m proto.Message, kcr peer) {
 	budget := m.HookBudget
 	if budget <= 0 {
 		budget = DefaultHookBudget
+	}
+	if budget > s.cfg.maxBudget {
+		log.Warn("kcr: hook budget asked for is above the app's cap; clamped", "asked", budget, "cap", s.cfg.maxBudget)
+		budget = s.cfg.maxBudget
 	}
 	resumeAfter := m.ResumeAfter
 	if resumeAfter <= 0 {

@@ -126,6 +126,7 @@ func exportStream(cmd *cobra.Command, dir string, w io.Writer) (*images.Image, e
 
 func importCmd(g *globals) *cobra.Command {
 	var output string
+	maxSize := images.DefaultMaxImportSize
 	cmd := &cobra.Command{
 		Use:   "import FILE",
 		Short: "Unpack and verify an archive written by \"kcr export\" into a new image directory",
@@ -143,16 +144,19 @@ FILE "-" reads the archive from stdin (then -o is required).`,
 					return &exitError{exitUsage, fmt.Errorf("cannot name the image after %q: pass -o DIR", file)}
 				}
 			}
+			if maxSize <= 0 {
+				return &exitError{exitUsage, fmt.Errorf("--max-size %d: give a positive number of bytes", maxSize)}
+			}
 			start := time.Now()
 			var img *images.Image
 			var size int64
 			var err error
 			if file == stdio {
 				cr := &countingReader{r: os.Stdin}
-				img, err = images.Import(cmd.Context(), cr, output)
+				img, err = images.Import(cmd.Context(), cr, output, images.WithMaxSize(maxSize))
 				size = cr.n
 			} else {
-				img, err = images.ImportFile(cmd.Context(), file, output)
+				img, err = images.ImportFile(cmd.Context(), file, output, images.WithMaxSize(maxSize))
 				if fi, serr := os.Stat(file); serr == nil {
 					size = fi.Size()
 				}
@@ -177,6 +181,7 @@ FILE "-" reads the archive from stdin (then -o is required).`,
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "", "image directory to create (default: FILE's name without "+images.ArchiveExt+", in the current directory)")
+	cmd.Flags().Int64Var(&maxSize, "max-size", maxSize, "largest image, in bytes, to unpack (the free space is checked too)")
 	return cmd
 }
 

@@ -41,7 +41,7 @@ temporary file and renamed into place, so FILE is never a partial archive.
 				if err := engine.ExportArchive(cmd.Context(), dir, output); err != nil {
 					return err
 				}
-				fmt.Fprintf(os.Stderr, "exported %s to %s (CRI-O checkpoint archive; checkpointctl show reads it)\n", dir, output)
+				fmt.Fprintf(stderr, "exported %s to %s (CRI-O checkpoint archive; checkpointctl show reads it)\n", dir, output)
 				if g.json {
 					return printJSON(map[string]any{"image": dir, "archive": output, "format": format})
 				}
@@ -53,7 +53,7 @@ temporary file and renamed into place, so FILE is never a partial archive.
 				if err := engine.ExportOCIImage(cmd.Context(), dir, output); err != nil {
 					return err
 				}
-				fmt.Fprintf(os.Stderr, "exported %s to the OCI layout %s (CRI-O checkpoint image, annotation %s)\n", dir, output, engine.CheckpointAnnotation)
+				fmt.Fprintf(stderr, "exported %s to the OCI layout %s (CRI-O checkpoint image, annotation %s)\n", dir, output, engine.CheckpointAnnotation)
 				if g.json {
 					return printJSON(map[string]any{"image": dir, "oci_layout": output, "format": format})
 				}
@@ -94,11 +94,11 @@ temporary file and renamed into place, so FILE is never a partial archive.
 				name = "stdout"
 			}
 			imgSize := img.Size()
-			fmt.Fprintf(os.Stderr, "exported %s to %s in %s\n", dir, name, fmtDur(took))
-			fmt.Fprintf(os.Stderr, "  image                %s in %d files (verified)\n", fmtSize(imgSize), len(img.Manifest.Files))
-			fmt.Fprintf(os.Stderr, "  archive              %s (%s of the image)\n", fmtSize(size), ratio(size, imgSize))
+			fmt.Fprintf(stderr, "exported %s to %s in %s\n", dir, name, fmtDur(took))
+			fmt.Fprintf(stderr, "  image                %s in %d files (verified)\n", fmtSize(imgSize), len(img.Manifest.Files))
+			fmt.Fprintf(stderr, "  archive              %s (%s of the image)\n", fmtSize(size), ratio(size, imgSize))
 			for _, w := range img.Warnings {
-				fmt.Fprintln(os.Stderr, "kcr: warning: "+w)
+				fmt.Fprintln(stderr, "kcr: warning: "+w)
 			}
 			if g.json {
 				return printJSON(map[string]any{"image": dir, "archive": output, "image_bytes": imgSize, "archive_bytes": size,
@@ -170,9 +170,9 @@ FILE "-" reads the archive from stdin (then -o is required).`,
 				name = "stdin"
 			}
 			imgSize := img.Size()
-			fmt.Fprintf(os.Stderr, "imported %s to %s in %s\n", name, img.Dir, fmtDur(took))
-			fmt.Fprintf(os.Stderr, "  archive              %s\n", fmtSize(size))
-			fmt.Fprintf(os.Stderr, "  image                %s in %d files (verified; archive is %s of it)\n", fmtSize(imgSize), len(img.Manifest.Files), ratio(size, imgSize))
+			fmt.Fprintf(stderr, "imported %s to %s in %s\n", name, img.Dir, fmtDur(took))
+			fmt.Fprintf(stderr, "  archive              %s\n", fmtSize(size))
+			fmt.Fprintf(stderr, "  image                %s in %d files (verified; archive is %s of it)\n", fmtSize(imgSize), len(img.Manifest.Files), ratio(size, imgSize))
 			if g.json {
 				return printJSON(map[string]any{"image": img.Dir, "archive": file, "image_bytes": imgSize, "archive_bytes": size,
 					"files": len(img.Manifest.Files), "duration_ns": took.Nanoseconds()})

@@ -431,6 +431,12 @@ func (s *Server) handle(c *net.UnixConn) {
 			}
 		}
 		s.mu.Unlock()
+		if ch == nil && m.Type == proto.TypeRestored {
+			if done, ok := s.restoredMessage(m); ok {
+				s.reply(c, done)
+				return
+			}
+		}
 		if ch == nil {
 			s.reply(c, proto.Message{Type: proto.TypeError, Error: "no checkpoint is waiting for a " + m.Type + " message"})
 			return

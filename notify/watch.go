@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 	"time"
+
+	"github.com/kcr-dev/kcr/notify/proto"
 )
 
 // watch notices a restore that happened outside a checkpoint cycle: the app
@@ -33,14 +35,41 @@ func (s *Server) watch() {
 		if err != nil {
 			continue // a cycle runs; it ends as a Restore or we look again
 		}
-		s.restoredWhileIdle(cyc, st)
+		s.restoredWhileIdle(cyc, st, Event{Kind: Restore, SelfDetected: true,
+			Reason: "restored from an image of an idle app (it had resumed before the dump)"})
 	}
+}
+
+// restoredMessage handles kcr's after-restore message when no checkpoint
+// waits for it: if this is a copy restored from an image of an idle app
+// that the watch has not handled yet, it runs the cycle now, with kcr's
+// generation, and returns the answer.
+func (s *Server) restoredMessage(m proto.Message) (proto.Message, bool) {
+	st, err := s.cfg.startTime(s.hostPID())
+	s.mu.Lock()
+	changed := err == nil && st != s.knownStart
+	s.mu.Unlock()
+	if !changed {
+		return proto.Message{}, false
+	}
+	cyc, err := s.g.begin()
+	if err != nil {
+		return proto.Message{}, false
+	}
+	ev, after, aerr := s.restoredWhileIdle(cyc, st, Event{Kind: Restore, Generation: m.Generation, Name: m.Name,
+		Reason: "restored from an image of an idle app (it had resumed before the dump)"})
+	done := proto.Message{Type: proto.TypeDone, PID: s.hostPID(), Reports: after, InstanceID: ev.InstanceID,
+		AppGeneration: ev.Generation, State: ev.Kind.String()}
+	if aerr != nil {
+		done.Error = aerr.Error()
+	}
+	return done, true
 }
 
 // restoredWhileIdle runs a whole cycle for a copy restored from an image of
 // an idle app: the before hooks first (the dump cut their connections), then
 // the restore hooks, as a new instance.
-func (s *Server) restoredWhileIdle(cyc *cycle, st uint64) {
+func (s *Server) restoredWhileIdle(cyc *cycle, st uint64, ev Event) (Event, []Report, error) {
 	log := s.cfg.log
 	log.Warn("kcr: restored from an image taken while the app was not suspended (it had resumed on its own); running a full cycle")
 	s.setState("checkpointing")
@@ -53,8 +82,7 @@ func (s *Server) restoredWhileIdle(cyc *cycle, st uint64) {
 	s.setState("restoring")
 	s.rebind(s.cfg.hostPID())
 	actx, cancel := context.WithTimeout(context.Background(), s.cfg.afterBudget)
-	ev, _, aerr := cyc.after(actx, Event{Kind: Restore, SelfDetected: true,
-		Reason: "restored from an image of an idle app (it had resumed before the dump)"})
+	ev, after, aerr := cyc.after(actx, ev)
 	cancel()
 	s.mu.Lock()
 	s.knownStart = st
@@ -67,4 +95,5 @@ func (s *Server) restoredWhileIdle(cyc *cycle, st uint64) {
 	}
 	log.Log(context.Background(), lvl, "kcr: after-restore hooks done", "kind", ev.Kind.String(), "reason", ev.Reason,
 		"generation", ev.Generation, "instance_id", ev.InstanceID, "self_detected", ev.SelfDetected, "err", aerr)
+	return ev, after, aerr
 }

@@ -51,3 +51,28 @@ func TestRestoreDetectedOnceAfterCycle(t *testing.T) {
 	}
 	f.noAfter(300 * time.Millisecond)
 }
+
+// TestRestoredMessageAfterSelfResume: kcr's after-restore message reaching a
+// copy of an idle app (before its watch noticed) runs the cycle with kcr's
+// generation instead of being refused.
+func TestRestoredMessageAfterSelfResume(t *testing.T) {
+	st := newFakeStart()
+	f := newFixture(t, notify.WithStartTimeFunc(st.read), notify.WithPollEvery(time.Hour))
+	f.checkpoint(client.CheckpointRequest{HookBudget: time.Second, ResumeAfter: time.Nanosecond})
+	if ev := f.waitAfter(3 * time.Second); ev.Kind != notify.Resume {
+		t.Fatalf("self-resume event = %+v", ev)
+	}
+	f.waitIdle()
+	st.restore()
+	done, err := client.Restored(ctx(t), f.path, 5, 5*time.Second)
+	if err != nil {
+		t.Fatalf("Restored to a copy of an idle app: %v", err)
+	}
+	ev := f.waitAfter(time.Second)
+	if ev.Kind != notify.Restore || ev.Generation != 5 || ev.SelfDetected || done.AppGeneration != 5 {
+		t.Errorf("event = %+v, done = %+v", ev, done)
+	}
+	if _, err := client.Restored(ctx(t), f.path, 6, time.Second); err == nil {
+		t.Error("a second Restored for the same restore was accepted")
+	}
+}

@@ -677,23 +677,33 @@ func (s *Server) checkpoint(c *net.UnixConn, m proto.Message, kcr peer) {
 	}
 	late := cyc.end()
 	s.setState("idle")
-	lvl := slog.LevelInfo
-	if aerr != nil {
-		lvl = slog.LevelWarn
-	}
-	log.Log(context.Background(), lvl, "kcr: after-restore hooks done", "kind", ev.Kind.String(), "reason", ev.Reason,
-		"generation", ev.Generation, "instance_id", ev.InstanceID, "self_detected", ev.SelfDetected, "err", aerr)
+	s.logAfter(ev, aerr)
 	if len(late) > 0 {
 		log.Warn("kcr: resources registered during the checkpoint join from the next one", "resources", late)
 	}
 	if f != nil {
-		done := proto.Message{Type: proto.TypeDone, PID: s.hostPID(), Reports: after, InstanceID: ev.InstanceID,
-			AppGeneration: ev.Generation, State: ev.Kind.String()}
-		if aerr != nil {
-			done.Error = aerr.Error()
-		}
-		f.reply <- done
+		f.reply <- s.done(ev, after, aerr)
 	}
+}
+
+// logAfter logs the end of the after-restore hooks.
+func (s *Server) logAfter(ev Event, aerr error) {
+	lvl := slog.LevelInfo
+	if aerr != nil {
+		lvl = slog.LevelWarn
+	}
+	s.cfg.log.Log(context.Background(), lvl, "kcr: after-restore hooks done", "kind", ev.Kind.String(), "reason", ev.Reason,
+		"generation", ev.Generation, "instance_id", ev.InstanceID, "self_detected", ev.SelfDetected, "err", aerr)
+}
+
+// done is the answer to a follow-up once the after-restore hooks ran.
+func (s *Server) done(ev Event, after []Report, aerr error) proto.Message {
+	m := proto.Message{Type: proto.TypeDone, PID: s.hostPID(), Reports: after, InstanceID: ev.InstanceID,
+		AppGeneration: ev.Generation, State: ev.Kind.String()}
+	if aerr != nil {
+		m.Error = aerr.Error()
+	}
+	return m
 }
 
 // await waits for the CLI's follow-up, the deadline, kcr's death, or the

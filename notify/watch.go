@@ -2,7 +2,6 @@ package notify
 
 import (
 	"context"
-	"log/slog"
 	"time"
 
 	"github.com/kcr-dev/kcr/notify/proto"
@@ -58,12 +57,7 @@ func (s *Server) restoredMessage(m proto.Message) (proto.Message, bool) {
 	}
 	ev, after, aerr := s.restoredWhileIdle(cyc, st, Event{Kind: Restore, Generation: m.Generation, Name: m.Name,
 		Reason: "restored from an image of an idle app (it had resumed before the dump)"})
-	done := proto.Message{Type: proto.TypeDone, PID: s.hostPID(), Reports: after, InstanceID: ev.InstanceID,
-		AppGeneration: ev.Generation, State: ev.Kind.String()}
-	if aerr != nil {
-		done.Error = aerr.Error()
-	}
-	return done, true
+	return s.done(ev, after, aerr), true
 }
 
 // restoredWhileIdle runs a whole cycle for a copy restored from an image of
@@ -89,11 +83,6 @@ func (s *Server) restoredWhileIdle(cyc *cycle, st uint64, ev Event) (Event, []Re
 	s.mu.Unlock()
 	cyc.end()
 	s.setState("idle")
-	lvl := slog.LevelInfo
-	if aerr != nil {
-		lvl = slog.LevelWarn
-	}
-	log.Log(context.Background(), lvl, "kcr: after-restore hooks done", "kind", ev.Kind.String(), "reason", ev.Reason,
-		"generation", ev.Generation, "instance_id", ev.InstanceID, "self_detected", ev.SelfDetected, "err", aerr)
+	s.logAfter(ev, aerr)
 	return ev, after, aerr
 }

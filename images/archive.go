@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path"
 	"path/filepath"
@@ -264,12 +265,29 @@ func renameNoReplace(oldpath, newpath string) error {
 // verified: on error nothing is left at final. Errors wrap the sentinel
 // errors, [ErrBadArchive] for an unreadable or truncated archive; their
 // Dir is final.
-func Import(ctx context.Context, r io.Reader, final string) (*Image, error) {
-	return importArchive(ctx, r, final, final)
+//
+// Before it unpacks anything, Import adds up the sizes the manifest lists
+// and refuses an image larger than the limit ([DefaultMaxImportSize], or
+// [WithMaxSize]) or than the free space at final's file system, with
+// [ErrTooLarge]; each entry must be exactly its listed size.
+func Import(ctx context.Context, r io.Reader, final string, opts ...ImportOption) (*Image, error) {
+	return importArchive(ctx, r, final, final, opts)
 }
 
+// DefaultMaxImportSize bounds the image an archive may unpack to: a few KiB
+// of zstd can expand to many GiB of zeros.
+const DefaultMaxImportSize int64 = 64 << 30
+
+// ImportOption configures [Import] and [ImportFile].
+type ImportOption func(*importConfig)
+
+type importConfig struct{ maxSize int64 }
+
+// WithMaxSize sets the largest image, in bytes, that an import unpacks.
+func WithMaxSize(n int64) ImportOption { return func(c *importConfig) { c.maxSize = n } }
+
 // ImportFile imports the archive file (see [Import]). Errors name file.
-func ImportFile(ctx context.Context, file, final string) (*Image, error) {
+func ImportFile(ctx context.Context, file, final string, opts ...ImportOption) (*Image, error) {
 	f, err := os.Open(file)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, newError(file, "", ErrNotExist, err, "does not exist: check the archive path")
@@ -282,7 +300,7 @@ func ImportFile(ctx context.Context, file, final string) (*Image, error) {
 		return nil, newError(file, "", ErrBadArchive, nil,
 			`is a directory, not an archive: give a file written by "kcr export" (an image directory needs no import)`)
 	}
-	return importArchive(ctx, f, final, file)
+	return importArchive(ctx, f, final, file, opts)
 }
 
 // importer unpacks one archive. label names the archive in errors.
@@ -299,14 +317,28 @@ type importer struct {
 	seen   map[string]bool // entries unpacked so far
 	made   map[string]bool // directories created
 	buf    []byte
+	cfg    importConfig
 }
 
-func importArchive(ctx context.Context, r io.Reader, final, label string) (*Image, error) {
+func importArchive(ctx context.Context, r io.Reader, final, label string, opts []ImportOption) (*Image, error) {
+	cfg := importConfig{maxSize: DefaultMaxImportSize}
+	for _, o := range opts {
+		o(&cfg)
+	}
 	b, err := Create(final)
 	if err != nil {
 		return nil, err
 	}
 	defer b.Abort()
+	lock, err := lockImport(b.tmp)
+	if err != nil {
+		return nil, errNoLock(final, err)
+	}
+	defer lock.Close()
+	// Ours is locked and marked, so it is never taken for a killed one.
+	for _, d := range removeStaleImports(filepath.Dir(b.tmp)) {
+		slog.Info("images: removed the temporary directory of a killed import", "dir", d)
+	}
 	root, err := os.OpenRoot(b.tmp)
 	if err != nil {
 		return nil, fmt.Errorf("images: %s: %w", final, err)
@@ -321,7 +353,7 @@ func importArchive(ctx context.Context, r io.Reader, final, label string) (*Imag
 	im := &importer{
 		ctx: ctx, label: label, b: b, root: root,
 		seen: map[string]bool{}, made: map[string]bool{".": true, CRIUSubdir: true},
-		buf: make([]byte, 1<<20),
+		buf: make([]byte, 1<<20), cfg: cfg,
 	}
 	tr := tar.NewReader(zr)
 	for i := 0; ; i++ {
@@ -445,6 +477,28 @@ func (im *importer) readManifest(hdr *tar.Header, name string, tr *tar.Reader) e
 		}
 	}
 	im.seen[ManifestName] = true
+	return im.checkSpace()
+}
+
+// checkSpace refuses, before anything is unpacked, an image larger than the
+// limit or than the space left for it.
+func (im *importer) checkSpace() error {
+	var total int64
+	for _, f := range im.m.Files {
+		if f.Size < 0 || total+f.Size < total {
+			return im.errorf(f.Path, ErrCorruptManifest, nil, "%s is corrupt: %s has an impossible size %d; %s", ManifestName, f.Path, f.Size, archiveDamaged)
+		}
+		total += f.Size
+	}
+	if total > im.cfg.maxSize {
+		return im.errorf("", ErrTooLarge, nil, "the image would take %d bytes, above the import limit of %d: pass --max-size with a larger limit if you trust this archive", total, im.cfg.maxSize)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(im.b.tmp, &st); err == nil {
+		if free := int64(st.Bavail) * st.Bsize; free >= 0 && total > free {
+			return im.errorf("", ErrTooLarge, nil, "the image would take %d bytes, but only %d are free at %s: free some space or import elsewhere", total, free, filepath.Dir(im.b.final))
+		}
+	}
 	return nil
 }
 
@@ -528,6 +582,9 @@ func (im *importer) mkdirs(dir string) error {
 // [Builder.Commit] does, but keeps the manifest's archived bytes.
 func (im *importer) commit() (*Image, error) {
 	b := im.b
+	if err := im.root.Remove(importMark); err != nil {
+		return nil, im.writeError(importMark, err)
+	}
 	if err := b.writeManifestBytes(im.raw); err != nil {
 		return nil, err
 	}

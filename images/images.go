@@ -81,6 +81,9 @@ var (
 	ErrUnsafePath = errors.New("unsafe path in image")
 	// ErrExists: the destination of a new image is already in use.
 	ErrExists = errors.New("destination already exists")
+	// ErrTooLarge: an archive's image is larger than the import limit or
+	// than the free space at its destination.
+	ErrTooLarge = errors.New("image too large")
 )
 
 // Error describes why an image was refused.

@@ -10,6 +10,12 @@ func WithStartTimeFunc(f func(pid int) (uint64, error)) Option {
 	return func(c *serverConfig) { c.startTime = f }
 }
 
+// WithHostPIDFunc replaces the host PID reader, so that a test can fake the
+// new PID of a restored copy, which moves its control socket.
+func WithHostPIDFunc(f func() int) Option {
+	return func(c *serverConfig) { c.hostPID = f }
+}
+
 // WithPollEvery sets how often a waiting checkpoint polls the start time.
 func WithPollEvery(d time.Duration) Option {
 	return func(c *serverConfig) { c.pollEvery = d }

@@ -31,6 +31,9 @@ const (
 	DefaultResumeAfter = 30 * time.Second
 	DefaultMaxSuspend  = 5 * time.Minute
 	DefaultAfterBudget = 30 * time.Second
+	// DefaultMaxHookBudget caps the before-checkpoint budget a request may
+	// ask for: the app's resources stay quiesced that long.
+	DefaultMaxHookBudget = 2 * time.Minute
 )
 
 // SocketPrefix and SocketSuffix frame the base name of every control socket;
@@ -48,12 +51,16 @@ type serverConfig struct {
 	dir         string
 	log         *slog.Logger
 	maxSuspend  time.Duration
+	maxBudget   time.Duration
 	pollEvery   time.Duration
 	restoreWait time.Duration
 	afterBudget time.Duration
 	// startTime reads a task's start time; a field so that tests can fake a
 	// restore, which needs CRIU otherwise.
 	startTime func(pid int) (uint64, error)
+	// hostPID reads the process's host PID; a field so that tests can fake
+	// the new PID of a restored copy.
+	hostPID func() int
 }
 
 // WithSocketPath binds the control socket at path. Its base name must start
@@ -71,6 +78,11 @@ func WithLogger(l *slog.Logger) Option { return func(c *serverConfig) { c.log = 
 // WithMaxSuspend caps how long the app waits for kcr's follow-up after its
 // before-checkpoint hooks ran, whatever the CLI asks. Default 5 minutes.
 func WithMaxSuspend(d time.Duration) Option { return func(c *serverConfig) { c.maxSuspend = d } }
+
+// WithMaxHookBudget caps the budget of the before-checkpoint hooks, whatever
+// the CLI asks; a larger request is clamped to it and logged. Default 2
+// minutes.
+func WithMaxHookBudget(d time.Duration) Option { return func(c *serverConfig) { c.maxBudget = d } }
 
 // WithRestoreGrace sets how long a process that detected by itself that it
 // was restored waits for kcr's after-restore message (which carries the
@@ -94,8 +106,11 @@ type Server struct {
 	state     string
 	followups chan followup // non-nil while waiting for a follow-up
 	closed    bool
-	quit      chan struct{} // closed by Close
-	wg        sync.WaitGroup
+	// knownStart is the start time of the instance the hooks last saw;
+	// watch runs a restore when it changes outside a cycle.
+	knownStart uint64
+	quit       chan struct{} // closed by Close
+	wg         sync.WaitGroup
 }
 
 type followup struct {
@@ -108,15 +123,17 @@ func (g *Registry) Start(opts ...Option) (*Server, error) {
 	cfg := serverConfig{
 		log:         slog.Default(),
 		maxSuspend:  DefaultMaxSuspend,
+		maxBudget:   DefaultMaxHookBudget,
 		pollEvery:   25 * time.Millisecond,
 		restoreWait: 2 * time.Second,
 		afterBudget: DefaultAfterBudget,
 		startTime:   startTime,
+		hostPID:     hostPID,
 	}
 	for _, o := range opts {
 		o(&cfg)
 	}
-	pid := hostPID()
+	pid := cfg.hostPID()
 	path := cfg.path
 	if path == "" {
 		dir := cfg.dir
@@ -140,9 +157,11 @@ func (g *Registry) Start(opts ...Option) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{g: g, cfg: cfg, ln: ln, path: path, pid: pid, uid: os.Geteuid(), state: "idle", quit: make(chan struct{})}
-	s.wg.Add(1)
+	st, _ := cfg.startTime(pid)
+	s := &Server{g: g, cfg: cfg, ln: ln, path: path, pid: pid, uid: os.Geteuid(), state: "idle", knownStart: st, quit: make(chan struct{})}
+	s.wg.Add(2)
 	go s.serve(ln)
+	go s.watch()
 	cfg.log.Debug("kcr control socket listening", "path", path)
 	return s, nil
 }
@@ -228,11 +247,18 @@ func (s *Server) rebind(pid int) {
 		return
 	}
 	s.mu.Lock()
+	if s.closed {
+		// Close ran while we bound: it closed the old listener only, and
+		// waits for this goroutine, so serving ln would never end.
+		s.mu.Unlock()
+		ln.Close()
+		return
+	}
 	s.ln, s.path, s.pid = ln, path, pid
+	s.wg.Add(1) // under s.mu, so that Close's Wait counts it
 	s.mu.Unlock()
 	old.SetUnlinkOnClose(false)
 	old.Close()
-	s.wg.Add(1)
 	go s.serve(ln)
 	s.cfg.log.Debug("kcr control socket moved after restore", "path", path)
 }
@@ -405,6 +431,12 @@ func (s *Server) handle(c *net.UnixConn) {
 			}
 		}
 		s.mu.Unlock()
+		if ch == nil && m.Type == proto.TypeRestored {
+			if done, ok := s.restoredMessage(m); ok {
+				s.reply(c, done)
+				return
+			}
+		}
 		if ch == nil {
 			s.reply(c, proto.Message{Type: proto.TypeError, Error: "no checkpoint is waiting for a " + m.Type + " message"})
 			return
@@ -492,7 +524,7 @@ func cut(s string, n int) string {
 }
 
 func (s *Server) info() proto.Message {
-	st, _ := s.cfg.startTime(s.pid)
+	st, _ := s.cfg.startTime(s.hostPID())
 	gen, id := s.g.Identity()
 	s.mu.Lock()
 	state := s.state
@@ -530,6 +562,10 @@ func (s *Server) checkpoint(c *net.UnixConn, m proto.Message, kcr peer) {
 	budget := m.HookBudget
 	if budget <= 0 {
 		budget = DefaultHookBudget
+	}
+	if budget > s.cfg.maxBudget {
+		log.Warn("kcr: hook budget asked for is above the app's cap; clamped", "asked", budget, "cap", s.cfg.maxBudget)
+		budget = s.cfg.maxBudget
 	}
 	resumeAfter := m.ResumeAfter
 	if resumeAfter <= 0 {
@@ -632,25 +668,42 @@ func (s *Server) checkpoint(c *net.UnixConn, m proto.Message, kcr peer) {
 	actx, cancel := context.WithTimeout(context.Background(), abudget)
 	ev, after, aerr := cyc.after(actx, ev)
 	cancel()
+	if ev.Kind == Restore {
+		// Before end, so that watch does not take this restore for another.
+		st, _ := s.cfg.startTime(s.pid)
+		s.mu.Lock()
+		s.knownStart = st
+		s.mu.Unlock()
+	}
 	late := cyc.end()
 	s.setState("idle")
-	lvl := slog.LevelInfo
-	if aerr != nil {
-		lvl = slog.LevelWarn
-	}
-	log.Log(context.Background(), lvl, "kcr: after-restore hooks done", "kind", ev.Kind.String(), "reason", ev.Reason,
-		"generation", ev.Generation, "instance_id", ev.InstanceID, "self_detected", ev.SelfDetected, "err", aerr)
+	s.logAfter(ev, aerr)
 	if len(late) > 0 {
 		log.Warn("kcr: resources registered during the checkpoint join from the next one", "resources", late)
 	}
 	if f != nil {
-		done := proto.Message{Type: proto.TypeDone, PID: s.hostPID(), Reports: after, InstanceID: ev.InstanceID,
-			AppGeneration: ev.Generation, State: ev.Kind.String()}
-		if aerr != nil {
-			done.Error = aerr.Error()
-		}
-		f.reply <- done
+		f.reply <- s.done(ev, after, aerr)
 	}
+}
+
+// logAfter logs the end of the after-restore hooks.
+func (s *Server) logAfter(ev Event, aerr error) {
+	lvl := slog.LevelInfo
+	if aerr != nil {
+		lvl = slog.LevelWarn
+	}
+	s.cfg.log.Log(context.Background(), lvl, "kcr: after-restore hooks done", "kind", ev.Kind.String(), "reason", ev.Reason,
+		"generation", ev.Generation, "instance_id", ev.InstanceID, "self_detected", ev.SelfDetected, "err", aerr)
+}
+
+// done is the answer to a follow-up once the after-restore hooks ran.
+func (s *Server) done(ev Event, after []Report, aerr error) proto.Message {
+	m := proto.Message{Type: proto.TypeDone, PID: s.hostPID(), Reports: after, InstanceID: ev.InstanceID,
+		AppGeneration: ev.Generation, State: ev.Kind.String()}
+	if aerr != nil {
+		m.Error = aerr.Error()
+	}
+	return m
 }
 
 // await waits for the CLI's follow-up, the deadline, kcr's death, or the
@@ -687,12 +740,12 @@ func (s *Server) await(ch chan followup, st0 uint64, resumeAfter time.Duration, 
 		case f := <-ch:
 			r := restored()
 			if r {
-				s.rebind(hostPID())
+				s.rebind(s.cfg.hostPID())
 			}
 			return s.eventFor(f, r), &f
 		case <-poll.C:
 			if restored() {
-				s.rebind(hostPID())
+				s.rebind(s.cfg.hostPID())
 				return graceWait()
 			}
 			if kcr.gone() {
@@ -709,7 +762,7 @@ func (s *Server) await(ch chan followup, st0 uint64, resumeAfter time.Duration, 
 			// dumped process's, so this timer fires at once: the restore must
 			// still wait for kcr's message.
 			if restored() {
-				s.rebind(hostPID())
+				s.rebind(s.cfg.hostPID())
 				return graceWait()
 			}
 			s.cfg.log.Warn("kcr: no follow-up from kcr after checkpoint; resuming on our own", "after", resumeAfter)

@@ -41,7 +41,7 @@ temporary file and renamed into place, so FILE is never a partial archive.
 				if err := engine.ExportArchive(cmd.Context(), dir, output); err != nil {
 					return err
 				}
-				fmt.Fprintf(os.Stderr, "exported %s to %s (CRI-O checkpoint archive; checkpointctl show reads it)\n", dir, output)
+				fmt.Fprintf(stderr, "exported %s to %s (CRI-O checkpoint archive; checkpointctl show reads it)\n", dir, output)
 				if g.json {
 					return printJSON(map[string]any{"image": dir, "archive": output, "format": format})
 				}
@@ -53,7 +53,7 @@ temporary file and renamed into place, so FILE is never a partial archive.
 				if err := engine.ExportOCIImage(cmd.Context(), dir, output); err != nil {
 					return err
 				}
-				fmt.Fprintf(os.Stderr, "exported %s to the OCI layout %s (CRI-O checkpoint image, annotation %s)\n", dir, output, engine.CheckpointAnnotation)
+				fmt.Fprintf(stderr, "exported %s to the OCI layout %s (CRI-O checkpoint image, annotation %s)\n", dir, output, engine.CheckpointAnnotation)
 				if g.json {
 					return printJSON(map[string]any{"image": dir, "oci_layout": output, "format": format})
 				}
@@ -94,11 +94,11 @@ temporary file and renamed into place, so FILE is never a partial archive.
 				name = "stdout"
 			}
 			imgSize := img.Size()
-			fmt.Fprintf(os.Stderr, "exported %s to %s in %s\n", dir, name, fmtDur(took))
-			fmt.Fprintf(os.Stderr, "  image                %s in %d files (verified)\n", fmtSize(imgSize), len(img.Manifest.Files))
-			fmt.Fprintf(os.Stderr, "  archive              %s (%s of the image)\n", fmtSize(size), ratio(size, imgSize))
+			fmt.Fprintf(stderr, "exported %s to %s in %s\n", dir, name, fmtDur(took))
+			fmt.Fprintf(stderr, "  image                %s in %d files (verified)\n", fmtSize(imgSize), len(img.Manifest.Files))
+			fmt.Fprintf(stderr, "  archive              %s (%s of the image)\n", fmtSize(size), ratio(size, imgSize))
 			for _, w := range img.Warnings {
-				fmt.Fprintln(os.Stderr, "kcr: warning: "+w)
+				fmt.Fprintln(stderr, "kcr: warning: "+w)
 			}
 			if g.json {
 				return printJSON(map[string]any{"image": dir, "archive": output, "image_bytes": imgSize, "archive_bytes": size,
@@ -126,6 +126,7 @@ func exportStream(cmd *cobra.Command, dir string, w io.Writer) (*images.Image, e
 
 func importCmd(g *globals) *cobra.Command {
 	var output string
+	maxSize := images.DefaultMaxImportSize
 	cmd := &cobra.Command{
 		Use:   "import FILE",
 		Short: "Unpack and verify an archive written by \"kcr export\" into a new image directory",
@@ -143,16 +144,19 @@ FILE "-" reads the archive from stdin (then -o is required).`,
 					return &exitError{exitUsage, fmt.Errorf("cannot name the image after %q: pass -o DIR", file)}
 				}
 			}
+			if maxSize <= 0 {
+				return &exitError{exitUsage, fmt.Errorf("--max-size %d: give a positive number of bytes", maxSize)}
+			}
 			start := time.Now()
 			var img *images.Image
 			var size int64
 			var err error
 			if file == stdio {
 				cr := &countingReader{r: os.Stdin}
-				img, err = images.Import(cmd.Context(), cr, output)
+				img, err = images.Import(cmd.Context(), cr, output, images.WithMaxSize(maxSize))
 				size = cr.n
 			} else {
-				img, err = images.ImportFile(cmd.Context(), file, output)
+				img, err = images.ImportFile(cmd.Context(), file, output, images.WithMaxSize(maxSize))
 				if fi, serr := os.Stat(file); serr == nil {
 					size = fi.Size()
 				}
@@ -166,9 +170,9 @@ FILE "-" reads the archive from stdin (then -o is required).`,
 				name = "stdin"
 			}
 			imgSize := img.Size()
-			fmt.Fprintf(os.Stderr, "imported %s to %s in %s\n", name, img.Dir, fmtDur(took))
-			fmt.Fprintf(os.Stderr, "  archive              %s\n", fmtSize(size))
-			fmt.Fprintf(os.Stderr, "  image                %s in %d files (verified; archive is %s of it)\n", fmtSize(imgSize), len(img.Manifest.Files), ratio(size, imgSize))
+			fmt.Fprintf(stderr, "imported %s to %s in %s\n", name, img.Dir, fmtDur(took))
+			fmt.Fprintf(stderr, "  archive              %s\n", fmtSize(size))
+			fmt.Fprintf(stderr, "  image                %s in %d files (verified; archive is %s of it)\n", fmtSize(imgSize), len(img.Manifest.Files), ratio(size, imgSize))
 			if g.json {
 				return printJSON(map[string]any{"image": img.Dir, "archive": file, "image_bytes": imgSize, "archive_bytes": size,
 					"files": len(img.Manifest.Files), "duration_ns": took.Nanoseconds()})
@@ -177,6 +181,7 @@ FILE "-" reads the archive from stdin (then -o is required).`,
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "", "image directory to create (default: FILE's name without "+images.ArchiveExt+", in the current directory)")
+	cmd.Flags().Int64Var(&maxSize, "max-size", maxSize, "largest image, in bytes, to unpack (the free space is checked too)")
 	return cmd
 }
 

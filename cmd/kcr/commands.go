@@ -29,7 +29,7 @@ func printJSON(v any) error {
 // phaseLines prints one line per phase on stderr.
 func phaseLines(t engine.Timings) {
 	for _, p := range t {
-		fmt.Fprintf(os.Stderr, "  %-20s %s\n", p.Name, fmtDur(p.Duration()))
+		fmt.Fprintf(stderr, "  %-20s %s\n", p.Name, fmtDur(p.Duration()))
 	}
 }
 
@@ -109,7 +109,7 @@ action script (kcr install-runtime-hook), which runc's CRIU must be configured t
 				o.AfterDump = func() { time.Sleep(d) }
 			}
 			if o.NoHooks {
-				fmt.Fprintln(os.Stderr, "kcr: warning: --no-hooks: the process is dumped without running its hooks; open connections must be handled by CRIU (--tcp-close)")
+				fmt.Fprintln(stderr, "kcr: warning: --no-hooks: the process is dumped without running its hooks; open connections must be handled by CRIU (--tcp-close)")
 			}
 			res, err := engine.Checkpoint(cmd.Context(), o)
 			if err != nil {
@@ -140,17 +140,17 @@ func containerFlags(f *pflag.FlagSet, o *engine.ContainerOptions) {
 // printCheckpoint prints a written image's phases and hooks.
 func printCheckpoint(g *globals, res *engine.CheckpointResult, what string, pid int) error {
 	m := res.Manifest
-	fmt.Fprintf(os.Stderr, "checkpointed %s (%s) to %s\n", what, m.Process.Comm, res.Image)
+	fmt.Fprintf(stderr, "checkpointed %s (%s) to %s\n", what, m.Process.Comm, res.Image)
 	phaseLines(res.Timings)
 	for _, r := range m.Resources {
-		fmt.Fprintf(os.Stderr, "  hook %-15s %s%s\n", r.Name, fmtDur(r.Duration()), details(r.Details))
+		fmt.Fprintf(stderr, "  hook %-15s %s%s\n", r.Name, fmtDur(r.Duration()), details(r.Details))
 	}
-	fmt.Fprintf(os.Stderr, "  image size           %s (RSS %s)\n", fmtSize(m.TotalSize()), fmtSize(m.Process.RSSBytes))
+	fmt.Fprintf(stderr, "  image size           %s (RSS %s)\n", fmtSize(m.TotalSize()), fmtSize(m.Process.RSSBytes))
 	for _, w := range res.Warnings {
-		fmt.Fprintln(os.Stderr, "kcr: warning: "+w)
+		fmt.Fprintln(stderr, "kcr: warning: "+w)
 	}
 	if res.ResumeErr != nil {
-		fmt.Fprintln(os.Stderr, "kcr: warning: the image is complete, but the app's resume hooks: "+res.ResumeErr.Error())
+		fmt.Fprintln(stderr, "kcr: warning: the image is complete, but the app's resume hooks: "+res.ResumeErr.Error())
 	}
 	if g.json {
 		return printJSON(map[string]any{"image": res.Image, "pid": pid, "phases": res.Timings, "manifest": m,
@@ -205,7 +205,7 @@ host PID, name and restore time.`,
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(os.Stderr, "restored %s as container %s, init PID %d (CRIU's log %s)\n", ctr.Image, res.ID, res.PID, res.Log)
+				fmt.Fprintf(stderr, "restored %s as container %s, init PID %d (CRIU's log %s)\n", ctr.Image, res.ID, res.PID, res.Log)
 				phaseLines(res.Timings)
 				if g.json {
 					return printJSON(map[string]any{"container": res.ID, "pid": res.PID, "generation": res.Generation, "phases": res.Timings, "log": res.Log})
@@ -232,19 +232,19 @@ host PID, name and restore time.`,
 			var out []map[string]any
 			for _, res := range clones {
 				if o.Count > 1 {
-					fmt.Fprintf(os.Stderr, "restored %s as PID %d (generation %d) in %s\n", res.Name, res.PID, res.Generation, fmtDur(res.Timings.Get(engine.PhaseRestore)))
+					fmt.Fprintf(stderr, "restored %s as PID %d (generation %d) in %s\n", res.Name, res.PID, res.Generation, fmtDur(res.Timings.Get(engine.PhaseRestore)))
 				} else {
-					fmt.Fprintf(os.Stderr, "restored %s as PID %d (generation %d)\n", o.Image, res.PID, res.Generation)
+					fmt.Fprintf(stderr, "restored %s as PID %d (generation %d)\n", o.Image, res.PID, res.Generation)
 					phaseLines(res.Timings)
 					if st := res.CRIUStats; st != nil {
-						fmt.Fprintf(os.Stderr, "  criu: restore %s (forking %s), pages restored %d\n", fmtDur(st.RestoreTime), fmtDur(st.ForkingTime), st.PagesRestored)
+						fmt.Fprintf(stderr, "  criu: restore %s (forking %s), pages restored %d\n", fmtDur(st.RestoreTime), fmtDur(st.ForkingTime), st.PagesRestored)
 					}
 				}
 				if res.LazyPID != 0 {
-					fmt.Fprintf(os.Stderr, "lazy-pages daemon PID %d serves the remaining memory and exits when done (log %s); keep the image until then\n", res.LazyPID, res.LazyLog)
+					fmt.Fprintf(stderr, "lazy-pages daemon PID %d serves the remaining memory and exits when done (log %s); keep the image until then\n", res.LazyPID, res.LazyLog)
 				}
 				if res.HooksPending {
-					fmt.Fprintf(os.Stderr, "kcr: warning: PID %d: after-restore hooks still pending after %v; the app goes on with them (see its log)\n", res.PID, o.HookWait)
+					fmt.Fprintf(stderr, "kcr: warning: PID %d: after-restore hooks still pending after %v; the app goes on with them (see its log)\n", res.PID, o.HookWait)
 				}
 				if res.HookErr != nil && hookErr == nil {
 					hookErr = fmt.Errorf("restored as PID %d, but %w", res.PID, res.HookErr)
@@ -317,13 +317,13 @@ subprocesses which outlive their parent should reap them, or run with
 			o.ReadyTimeout = ready
 			res, err := engine.Run(cmd.Context(), o)
 			if res != nil && errors.Is(err, engine.ErrNoSocketYet) {
-				fmt.Fprintln(os.Stderr, "kcr: warning: "+err.Error())
+				fmt.Fprintln(stderr, "kcr: warning: "+err.Error())
 				err = nil
 			}
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(os.Stderr, "started %s as PID %d (log %s)\n", args[0], res.PID, res.Log)
+			fmt.Fprintf(stderr, "started %s as PID %d (log %s)\n", args[0], res.PID, res.Log)
 			if g.json {
 				return printJSON(map[string]any{"pid": res.PID, "log": res.Log, "socket": res.Socket})
 			}
@@ -357,7 +357,7 @@ func recoverCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(os.Stderr, "kcr: recovered %s\n", img.Dir)
+				fmt.Fprintf(stderr, "kcr: recovered %s\n", img.Dir)
 				out = append(out, img.Dir)
 			}
 			if g.json {
@@ -398,7 +398,7 @@ func inspectCmd(g *globals) *cobra.Command {
 			if g.json {
 				return printJSON(m)
 			}
-			w := os.Stdout
+			w := safeWriter{os.Stdout}
 			verified := "not verified"
 			if !noVerify {
 				verified = fmt.Sprintf("verified: %d files hashed, %d unchanged since their last check", len(m.Files)-cached, cached)
@@ -429,7 +429,7 @@ func inspectCmd(g *globals) *cobra.Command {
 				}
 			}
 			for _, x := range warn {
-				fmt.Fprintln(os.Stderr, "kcr: warning: "+x)
+				fmt.Fprintln(stderr, "kcr: warning: "+x)
 			}
 			return nil
 		},

@@ -122,10 +122,10 @@ another one), keeping the rest of the file. Idempotent; --remove undoes it.`,
 			}
 			what := map[bool]string{false: "unchanged", true: "updated"}
 			if remove {
-				fmt.Fprintf(os.Stderr, "removed kcr's CRIU hook: %s %s, %s %s\n", res.Config, what[res.ConfigChanged], res.Hook, what[res.HookChanged])
+				fmt.Fprintf(stderr, "removed kcr's CRIU hook: %s %s, %s %s\n", res.Config, what[res.ConfigChanged], res.Hook, what[res.HookChanged])
 				return nil
 			}
-			fmt.Fprintf(os.Stderr, "CRIU runs kcr's hooks: %s %s; %s -> %s %s\n", res.Config, what[res.ConfigChanged], res.Hook, res.Target, what[res.HookChanged])
+			fmt.Fprintf(stderr, "CRIU runs kcr's hooks: %s %s; %s -> %s %s\n", res.Config, what[res.ConfigChanged], res.Hook, res.Target, what[res.HookChanged])
 			return nil
 		},
 	}

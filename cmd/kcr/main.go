@@ -88,7 +88,7 @@ func main() {
 	if err == nil {
 		return
 	}
-	fmt.Fprintln(os.Stderr, "kcr: "+err.Error())
+	fmt.Fprintln(stderr, "kcr: "+err.Error())
 	os.Exit(exitCode(err))
 }
 

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kcr-dev/kcr/images"
+)
+
+// TestSafeWriter: a resource name, hook error, comm or cmdline holding
+// terminal escapes reaches the terminal escaped, and cannot forge a line.
+func TestSafeWriter(t *testing.T) {
+	var b bytes.Buffer
+	w := safeWriter{&b}
+	evil := "db\x1b]0;owned\x07\x1b[2J\rkcr: restored OK\nfake line\u009b31m\x7f"
+	fmt.Fprintf(w, "  hook %-15s %s\n", evil, "10ms")
+	fmt.Fprintln(w, "kcr: "+evil)
+	got := b.String()
+	if strings.ContainsFunc(strings.ReplaceAll(got, "\n", ""), func(r rune) bool { return r < 0x20 || (r >= 0x7f && r <= 0x9f) }) {
+		t.Errorf("control characters reached the terminal: %q", got)
+	}
+	if n := strings.Count(got, "\n"); n != 2 {
+		t.Errorf("%d lines written for 2 calls: %q", n, got)
+	}
+	want := `  hook db\x1b]0;owned\x07\x1b[2J\x0dkcr: restored OK\x0afake line\u009b31m\x7f 10ms` + "\n"
+	if !strings.HasPrefix(got, want) {
+		t.Errorf("got %q\nwant prefix %q", got, want)
+	}
+	if termSafe("plain name é") != "plain name é" {
+		t.Error("printable text changed")
+	}
+}
+
+// TestInspectEscapes: kcr inspect of an image whose comm, cmdline and
+// resource names hold terminal escapes prints them escaped.
+func TestInspectEscapes(t *testing.T) {
+	final := filepath.Join(t.TempDir(), "img")
+	b, err := images.Create(final)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Abort()
+	if err := os.WriteFile(filepath.Join(b.CRIUDir(), "inventory.img"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	esc := "\x1b]0;pwned\x07\x1b[2J"
+	m := &images.Manifest{Created: time.Now(), Process: images.Process{PID: 7, Comm: "app" + esc, Cmdline: []string{"app", esc}},
+		Resources: []images.ResourceReport{{Name: "db" + esc, DurationNS: 1}}}
+	if _, err := b.Commit(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout := os.Stdout
+	os.Stdout = w
+	cmd := inspectCmd(&globals{})
+	cmd.SetArgs([]string{final})
+	err = cmd.ExecuteContext(context.Background())
+	os.Stdout = stdout
+	w.Close()
+	out, _ := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.ContainsRune(out, 0x1b) || bytes.ContainsRune(out, 0x07) {
+		t.Errorf("escapes reached the terminal:\n%q", out)
+	}
+	for _, want := range []string{`app\x1b]0;pwned\x07\x1b[2J`, `db\x1b]0;pwned`} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}

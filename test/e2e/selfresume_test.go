@@ -1,0 +1,50 @@
+package e2e
+
+import (
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// TestRestoreAfterSelfResume: the app resumes on its own before CRIU
+// freezes it (--resume-after 1ns), so the image is of an idle app. Its
+// restored copy must still find out that it is a new instance and run its
+// restore hooks.
+func TestRestoreAfterSelfResume(t *testing.T) {
+	need(t)
+	echo := newEcho(t)
+	a := startApp(t, "-echo", echo.addr())
+	time.Sleep(300 * time.Millisecond)
+	img := filepath.Join(t.TempDir(), "img")
+	mustKCR(t, "checkpoint", "--tcp-close", "--resume-after", "1ns", "-o", img, strconv.Itoa(a.pid))
+	select {
+	case <-a.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the checkpointed process is still running")
+	}
+	a.waitEvent(time.Second, func(e event) bool { return e["ev"] == "after" && e.str("kind") == "resume" })
+	n := len(a.events())
+
+	// kcr's after-restore message finds no waiting checkpoint: the copy,
+	// restored from an idle image, runs a whole cycle for it (or its own
+	// watch already did, 250 ms at most after the restore).
+	r := kcr(t, "restore", img)
+	t.Cleanup(func() { killWait(a.pid) })
+	if !alive(a.pid) {
+		t.Fatalf("restore exit %d, and the copy is not running: %s", r.code, r.stderr)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, e := range a.since(n) {
+			if e["ev"] == "after" && e.str("kind") == "restore" {
+				if r.code != 0 && e["self"] != true {
+					t.Fatalf("kcr restore exit %d although the app took its message: %v", r.code, e)
+				}
+				return
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("the copy never ran its restore hooks; events since the restore: %v", a.since(n))
+}

@@ -150,6 +150,12 @@ const containerBundleFile = "container.json"
 // (kcr install-runtime-hook), whose reports go into the manifest.
 func CheckpointContainer(ctx context.Context, o ContainerOptions) (*CheckpointResult, error) {
 	start := time.Now()
+	if o.TCPClose {
+		// runc has no tcp-close flag (its --tcp-established is the
+		// opposite: dump connections in repair mode); CRIU reads
+		// tcp-close only from runc's CRIU configuration.
+		return nil, errors.New("--tcp-close with --container: runc takes tcp-close only from its CRIU configuration; run kcr install-runtime-hook --tcp-close instead")
+	}
 	st, err := o.State(ctx)
 	if err != nil {
 		return nil, err
@@ -189,9 +195,6 @@ func CheckpointContainer(ctx context.Context, o ContainerOptions) (*CheckpointRe
 	args := []string{"checkpoint", "--image-path", b.CRIUDir(), "--work-path", b.CRIUDir()}
 	if o.LeaveRunning {
 		args = append(args, "--leave-running")
-	}
-	if o.TCPClose {
-		args = append(args, "--tcp-established")
 	}
 	t := time.Now()
 	_, err = o.runc(ctx, nil, append(args, o.ID)...)
@@ -316,9 +319,6 @@ func RestoreContainer(ctx context.Context, o ContainerOptions) (*ContainerRestor
 	res.Log = filepath.Join(work, "restore.log")
 	crDir := filepath.Join(img.Dir, images.CRIUSubdir)
 	args := []string{"restore", "-d", "--image-path", crDir, "--work-path", work, "--bundle", o.Bundle}
-	if img.Manifest.Options.TCPClose {
-		args = append(args, "--tcp-established")
-	}
 	gen, err := nextGeneration(img.Dir)
 	if err != nil {
 		return nil, err

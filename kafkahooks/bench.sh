@@ -1,4 +1,4 @@
-#!/bin/sh
+#!/usr/bin/env bash
 # Compares the hot path of kafkahooks.Writer / Reader with bare kafka-go:
 # runs the Bare and Wrapper benchmarks RUNS times each, every run in a fresh
 # process and in alternating order (bare, wrapper, wrapper, bare, …), and
@@ -17,7 +17,9 @@
 # Output columns: case, bare median, wrapper median, difference in percent
 # (positive: the wrapper is slower), and the spread (max-min)/median of the
 # bare runs, a hint at how much of the difference is noise.
-set -eu
+set -euo pipefail
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/../scripts/lib.sh"
 if [ "${1:-}" = paired ]; then
 	cd "$(dirname "$0")"
 	KCR_BENCH_PAIRED=${2:-40} go test -v -count 1 -run '^TestPairedOverhead$' . | grep '^paired'
@@ -38,29 +40,23 @@ while [ "$i" -lt "$runs" ]; do
 	if [ $((i % 2)) -eq 0 ]; then run Bare; run Wrapper; else run Wrapper; run Bare; fi
 	i=$((i + 1))
 done
-awk '
-function median(key,   n, i, j, t, a) {
-	n = cnt[key]
-	for (i = 1; i <= n; i++) a[i] = v[key, i]
-	for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
-	lo[key] = a[1]; hi[key] = a[n]
-	return (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-}
-/^Benchmark(Produce|Fetch)(Bare|Wrapper)\// && $4 == "ns/op" {
+# One line per run: case (kind/size), side (bare or wrapper), ns/op.
+awk '/^Benchmark(Produce|Fetch)(Bare|Wrapper)\// && $4 == "ns/op" {
 	name = $1; sub(/-[0-9]+$/, "", name)
 	split(name, parts, "/")
 	side = (parts[1] ~ /Wrapper$/) ? "wrapper" : "bare"
 	kind = parts[1]; sub(/(Bare|Wrapper)$/, "", kind); sub(/^Benchmark/, "", kind)
-	c = kind "/" parts[2]
-	if (!(c in seen)) { seen[c] = 1; order[++nc] = c }
-	key = c SUBSEP side
-	v[key, ++cnt[key]] = $3
-}
-END {
-	printf "%-22s %14s %14s %8s %8s %5s\n", "case", "bare ns/op", "wrapper ns/op", "diff", "spread", "runs"
-	for (i = 1; i <= nc; i++) {
-		c = order[i]
-		b = median(c SUBSEP "bare"); w = median(c SUBSEP "wrapper")
-		printf "%-22s %14.0f %14.0f %+7.1f%% %7.1f%% %5d\n", c, b, w, 100 * (w - b) / b, 100 * (hi[c SUBSEP "bare"] - lo[c SUBSEP "bare"]) / b, cnt[c SUBSEP "bare"]
-	}
-}' "$tmp/out.txt"
+	print kind "/" parts[2], side, $3
+}' "$tmp/out.txt" >"$tmp/runs.txt"
+# runs CASE SIDE: that side's ns/op values of CASE, one a line.
+runs() { awk -v c="$1" -v s="$2" '$1 == c && $2 == s {print $3}' "$tmp/runs.txt"; }
+printf "%-22s %14s %14s %8s %8s %5s\n" "case" "bare ns/op" "wrapper ns/op" "diff" "spread" "runs"
+mapfile -t cases < <(awk '!seen[$1]++ {print $1}' "$tmp/runs.txt")
+for c in "${cases[@]}"; do
+	mapfile -t bare < <(runs "$c" bare | sort -g)
+	mapfile -t wrapper < <(runs "$c" wrapper)
+	b=$(median "${bare[@]}")
+	w=$(median "${wrapper[@]}")
+	awk -v c="$c" -v b="$b" -v w="$w" -v lo="${bare[0]}" -v hi="${bare[${#bare[@]} - 1]}" -v n="${#bare[@]}" \
+		'BEGIN { printf "%-22s %14.0f %14.0f %+7.1f%% %7.1f%% %5d\n", c, b, w, 100 * (w - b) / b, 100 * (hi - lo) / b, n }'
+done

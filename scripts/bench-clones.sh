@@ -7,8 +7,11 @@
 #   sudo scripts/bench-clones.sh [rounds]    (default 5)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 rounds="${1:-5}"
-[ "$(id -u)" = 0 ] || { echo "bench-clones.sh: run as root" >&2; exit 1; }
+need_root
+need_go
+need_jq
 scripts/install-criu.sh >/dev/null
 
 work=$(mktemp -d /var/tmp/kcr-bench-clones.XXXXXX)
@@ -19,28 +22,30 @@ go build -o "$work/kcr" ./cmd/kcr
 go build -o "$work/testapp" ./test/e2e/testapp
 export KCR_SOCKET_DIR="$work/sock"
 
-pid=$("$work/kcr" run --log "$work/app.log" -- "$work/testapp" 2>/dev/null)
+pid=$(quiet "$work/kcr.err" "$work/kcr" run --log "$work/app.log" -- "$work/testapp")
 pids+=("$pid")
-sleep 0.5
+wait_socket "$pid" 10
 rss=$(awk '/VmRSS/{print $2}' "/proc/$pid/status")
-"$work/kcr" checkpoint -o "$work/img" "$pid" 2>/dev/null
-
-median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END{ if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2 }'; }
-now() { date +%s%N; }
+quiet "$work/kcr.err" "$work/kcr" checkpoint -o "$work/img" "$pid"
 
 echo "kcr restore --count N of one image (RSS $((rss / 1024)) MiB), $rounds rounds, medians"
 printf '  %-8s %14s %18s %16s\n' clones "wall (ms)" "per clone (ms)" "wall/clone (ms)"
 for n in 1 3 8; do
 	walls=() per=()
 	for _ in $(seq "$rounds"); do
-		t0=$(now)
-		out=$("$work/kcr" restore --json --count "$n" "$work/img" 2>/dev/null) || { echo "kcr restore --count $n failed" >&2; exit 1; }
-		t1=$(now)
-		walls+=($(( (t1 - t0) / 1000 )))
+		t0=$(now_ns)
+		quiet "$work/kcr.err" "$work/kcr" restore --json --count "$n" "$work/img" >"$work/restore.json"
+		t1=$(now_ns)
+		walls+=($(((t1 - t0) / 1000)))
+		# One object for one clone, an array for several.
+		clones='if type == "array" then .[] else . end'
 		# restore phase of each clone, in µs
-		while read -r ns; do per+=($(( ns / 1000 ))); done < <(printf '%s' "$out" | tr -d '\n ' | grep -o '"name":"restore","duration_ns":[0-9]*' | grep -o '[0-9]*$')
-		for p in $(printf '%s' "$out" | tr -d '\n ' | grep -o '"pid":[0-9]*' | grep -o '[0-9]*'); do pids+=("$p"); kill -9 "$p" 2>/dev/null || true; done
-		sleep 0.3
+		while read -r us; do per+=("$us"); done < <(jq "$clones | .phases[] | select(.name == \"restore\") | .duration_ns / 1000 | floor" "$work/restore.json")
+		for p in $(jq "$clones | .pid" "$work/restore.json"); do
+			pids+=("$p")
+			kill -9 "$p" 2>/dev/null || true
+		done
+		for p in $(jq "$clones | .pid" "$work/restore.json"); do wait_until 5 "clone $p to exit" dead "$p"; done
 	done
 	mw=$(median "${walls[@]}"); mp=$(median "${per[@]}")
 	printf '  %-8s %14.1f %18.1f %16.1f\n' "$n" "$(awk -v x="$mw" 'BEGIN{print x/1000}')" "$(awk -v x="$mp" 'BEGIN{print x/1000}')" "$(awk -v x="$mw" -v n="$n" 'BEGIN{print x/1000/n}')"
@@ -53,7 +58,7 @@ echo
 echo "image and archive size against RSS"
 printf '  %-22s %10s %12s %14s %10s\n' program "RSS (MiB)" "image (MiB)" "archive (MiB)" "archive/RSS"
 row() { # name rss_kib image
-	"$work/kcr" export "$3" -o "$3.tar.zst" 2>/dev/null
+	quiet "$work/kcr.err" "$work/kcr" export "$3" -o "$3.tar.zst"
 	local img arc
 	img=$(du -sb --exclude=verified --exclude=restores "$3" | awk '{print $1}')
 	arc=$(stat -c %s "$3.tar.zst")
@@ -65,9 +70,9 @@ for mb in 64 256; do
 	hp=$!
 	disown "$hp" # the dump kills it: no "Killed" from bash
 	pids+=("$hp")
-	for _ in $(seq 600); do [ -s "$work/port$mb" ] && break; sleep 0.05; done
+	wait_until 30 "lazyheap -mb $mb to fill its heap" test -s "$work/port$mb"
 	hrss=$(awk '/VmRSS/{print $2}' "/proc/$hp/status")
-	"$work/kcr" checkpoint --no-hooks -o "$work/heap$mb" "$hp" 2>/dev/null
+	quiet "$work/kcr.err" "$work/kcr" checkpoint --no-hooks -o "$work/heap$mb" "$hp"
 	row "lazyheap -mb $mb" "$hrss" "$work/heap$mb"
 done
 

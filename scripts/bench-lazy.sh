@@ -19,19 +19,14 @@
 # cache): that is what a restore on the machine that just dumped sees.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 
 sizes="${1:-64,256,1024}"
 runs="${2:-5}"
 dir="${KCR_BENCH_DIR:-/var/tmp}"
 
-if [ "$(id -u)" != 0 ]; then
-	echo "scripts/bench-lazy.sh: run as root: CRIU needs it" >&2
-	exit 1
-fi
-if ! command -v go >/dev/null 2>&1; then
-	echo "scripts/bench-lazy.sh: the Go toolchain is needed: go not found on PATH" >&2
-	exit 1
-fi
+need_root
+need_go
 
 root=$(mktemp -d "$dir/kcr-bench-lazy.XXXXXX")
 bin="$root/bin"

@@ -10,11 +10,13 @@
 #   sudo scripts/bench-runc.sh [ROUNDS]     # default 10
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 rounds=${1:-10}
 port=${KCR_BENCH_PORT:-19392}
-[ "$(id -u)" = 0 ] || { echo "bench-runc.sh: run as root" >&2; exit 1; }
-command -v runc >/dev/null || { echo "bench-runc.sh: no runc (scripts/install-runc.sh)" >&2; exit 1; }
-command -v python3 >/dev/null || { echo "bench-runc.sh: needs python3 to edit config.json" >&2; exit 1; }
+need_root
+need_go
+need_jq
+command -v runc >/dev/null || die "no runc: run scripts/install-runc.sh"
 
 work=$(mktemp -d /tmp/kcr-bench-runc-XXXXXX)
 root="$work/runc"
@@ -22,8 +24,8 @@ cleanup() {
 	for id in plain-$$ kcr-$$; do runc --root "$root" kill "$id" KILL 2>/dev/null || true; done
 	sleep 0.2
 	for id in plain-$$ kcr-$$; do runc --root "$root" delete -f "$id" 2>/dev/null || true; done
-	[ -n "${broker:-}" ] && kill "$broker" 2>/dev/null || true
-	[ -n "${KCR_BENCH_KEEP:-}" ] && echo "kept $work" >&2 || rm -rf "$work"
+	if [ -n "${broker:-}" ]; then kill "$broker" 2>/dev/null || true; fi
+	if [ -n "${KCR_BENCH_KEEP:-}" ]; then echo "kept $work" >&2; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
 
@@ -33,75 +35,87 @@ go build -o "$work/broker" ./examples/broker
 CGO_ENABLED=0 go build -o "$work/kafkaapp" ./test/e2e/kafkaapp
 "$work/broker" -addr "127.0.0.1:$port" -topics bench:1 >"$work/broker.log" 2>&1 &
 broker=$!
-sleep 0.5
+wait_until 10 "the broker to start" port_open "$port"
 
 printf 'tcp-close\n' >"$work/plain.conf"
-"$work/kcr" install-runtime-hook --config "$work/kcr.conf" --hook "$work/kcr-criu-hook" --tcp-close 2>/dev/null
+quiet "$work/kcr.err" "$work/kcr" install-runtime-hook --config "$work/kcr.conf" --hook "$work/kcr-criu-hook" --tcp-close
 
 for mode in plain kcr; do
 	b="$work/bundle-$mode"
 	mkdir -p "$b/rootfs"
 	cp "$work/kafkaapp" "$b/rootfs/"
 	runc spec --bundle "$b"
-	python3 - "$b/config.json" "$port" "$work/$mode.conf" <<'PY'
-import json, sys
-p, port, conf = sys.argv[1:]
-c = json.load(open(p))
-c["process"].update(terminal=False, args=["/kafkaapp", "-brokers", "127.0.0.1:" + port, "-topic", "bench", "-produce-rate", "200"])
-c["process"]["env"].append("GODEBUG=multipathtcp=0")
-c["process"].pop("rlimits", None)
-c["root"]["readonly"] = False
-c["linux"]["namespaces"] = [n for n in c["linux"]["namespaces"] if n["type"] != "network"]
-c["annotations"] = {"org.criu.config": conf}
-json.dump(c, open(p, "w"))
-PY
+	# No rlimits: root here lacks CAP_SYS_RESOURCE. The host's network, to
+	# reach the broker on loopback.
+	jq --arg port "$port" --arg conf "$work/$mode.conf" '
+		.process.terminal = false
+		| .process.args = ["/kafkaapp", "-brokers", "127.0.0.1:" + $port, "-topic", "bench", "-produce-rate", "200"]
+		| .process.env += ["GODEBUG=multipathtcp=0"]
+		| del(.process.rlimits)
+		| .root.readonly = false
+		| .linux.namespaces |= map(select(.type != "network"))
+		| .annotations = {"org.criu.config": $conf}' "$b/config.json" >"$b/config.json.new"
+	mv "$b/config.json.new" "$b/config.json"
 	# The container's output goes through a pipe: a host file would be
 	# outside its mount namespace.
 	(: | runc --root "$root" run -d --bundle "$b" "$mode-$$" 2>&1 | cat >>"$work/$mode.log" &)
 done
-sleep 2
+running() { runc --root "$root" state "$1" 2>/dev/null | jq -e '.status == "running"' >/dev/null; }
+for mode in plain kcr; do wait_until 10 "container $mode-$$ to run" running "$mode-$$"; done
+sleep 1 # let the services connect and produce
 
-ms() { echo $(( ($2 - $1) / 1000 )); } # µs
+us() { echo $((($2 - $1) / 1000)); }
+# took DURATION: a Go duration from a "took=" log field (ms or µs), in µs.
+took() { awk -v s="$1" 'BEGIN { if (sub(/ms$/, "", s)) print s * 1000; else { sub(/µs$/, "", s); print s + 0 } }'; }
+declare -a pc pr kc kr hc hr sc
 for i in $(seq 1 "$rounds"); do
 	for mode in plain kcr; do
 		img="$work/img-$mode-$i"
-		t0=$(date +%s%N)
+		t0=$(now_ns)
 		if ! runc --root "$root" checkpoint --image-path "$img" --work-path "$img" "$mode-$$"; then
 			grep -m3 'Error' "$img/dump.log" | grep -v rlimit >&2 || true
 			exit 1
 		fi
-		t1=$(date +%s%N)
+		t1=$(now_ns)
 		# The restored tree gets a new pipe for its output (a process
 		# substitution), so that runc restore -d is timed alone.
 		: | runc --root "$root" restore -d --image-path "$img" --work-path "$img" --bundle "$work/bundle-$mode" "$mode-$$" > >(cat >>"$work/$mode.log") 2>&1
-		t2=$(date +%s%N)
-		echo "$mode $(ms "$t0" "$t1") $(ms "$t1" "$t2")" >>"$work/times"
-		if [ "$mode" = kcr ]; then
+		t2=$(now_ns)
+		if [ "$mode" = plain ]; then
+			pc+=("$(us "$t0" "$t1")")
+			pr+=("$(us "$t1" "$t2")")
+		else
+			kc+=("$(us "$t0" "$t1")")
+			kr+=("$(us "$t1" "$t2")")
 			hook=$(grep -o 'pre-dump: before-checkpoint hooks done.*took=[0-9.]*[mµ]s' "$img/dump.log" | sed 's/.*took=//')
 			after=$(grep -o 'post-resume: restored.*took=[0-9.]*[mµ]s' "$img/restore.log" | sed 's/.*took=//')
 			# The script's own time in CRIU's log: from CRIU starting it to
 			# CRIU's next line.
 			script=$(awk '/Running pre-dump scripts/ {p=1} p && /kcr-criu-hook\]/ {s=substr($1,2)+0; n=1; next} n && /^\(/ {printf "%.3fms", (substr($1,2)+0-s)*1000; exit}' "$img/dump.log")
-			echo "hooks $hook $after $script" >>"$work/times"
+			{ [ -n "$hook" ] && [ -n "$after" ]; } || die "no kcr hook timings in $img's CRIU logs: is the hook configured?"
+			hc+=("$(took "$hook")")
+			hr+=("$(took "$after")")
+			[ -z "$script" ] || sc+=("$(took "$script")")
 		fi
 		sleep 0.5 # let the service produce between cycles
 	done
 done
 
-python3 - "$work/times" <<'PY'
-import statistics, sys
-def us(s):
-    return float(s[:-2]) * (1000 if s.endswith("ms") else 1)
-rows = [l.split() for l in open(sys.argv[1])]
-med = lambda xs: statistics.median(xs) / 1000
-pc = [int(r[1]) for r in rows if r[0] == "plain"]; pr = [int(r[2]) for r in rows if r[0] == "plain"]
-kc = [int(r[1]) for r in rows if r[0] == "kcr"]; kr = [int(r[2]) for r in rows if r[0] == "kcr"]
-hc = [us(r[1]) for r in rows if r[0] == "hooks"]; hr = [us(r[2]) for r in rows if r[0] == "hooks"]
-print(f"{len(pc)} rounds; medians in ms")
-print(f"{'':22} {'runc alone':>11} {'runc + kcr':>11} {'added':>8} {'hooks':>8} {'added - hooks':>14}")
-for name, a, b, h in (("checkpoint", pc, kc, hc), ("restore (to running)", pr, kr, hr)):
-    print(f"{name:22} {med(a):11.1f} {med(b):11.1f} {med(b)-med(a):8.1f} {med(h):8.1f} {med(b)-med(a)-med(h):14.1f}")
-sc = [us(r[3]) for r in rows if r[0] == "hooks" and len(r) > 3]
-if sc:
-    print(f"pre-dump script in CRIU's log: {med(sc):.1f} ms, of which the app's hooks {med(hc):.1f} ms: kcr adds {med(sc)-med(hc):.1f} ms")
-PY
+# med NAME: the median of the array NAME, in ms.
+med() {
+	local -n a=$1
+	awk -v x="$(median "${a[@]}")" 'BEGIN { printf "%.1f", x / 1000 }'
+}
+row() { # label plain kcr hooks
+	local a b h
+	a=$(med "$2") b=$(med "$3") h=$(med "$4")
+	printf '%-22s %11s %11s %8.1f %8s %14.1f\n' "$1" "$a" "$b" "$(awk -v a="$a" -v b="$b" 'BEGIN { print b - a }')" "$h" "$(awk -v a="$a" -v b="$b" -v h="$h" 'BEGIN { print b - a - h }')"
+}
+echo "${#pc[@]} rounds; medians in ms"
+printf '%-22s %11s %11s %8s %8s %14s\n' "" "runc alone" "runc + kcr" added hooks "added - hooks"
+row checkpoint pc kc hc
+row "restore (to running)" pr kr hr
+if [ "${#sc[@]}" -gt 0 ]; then
+	s=$(med sc) h=$(med hc)
+	echo "pre-dump script in CRIU's log: $s ms, of which the app's hooks $h ms: kcr adds $(awk -v s="$s" -v h="$h" 'BEGIN { printf "%.1f", s - h }') ms"
+fi

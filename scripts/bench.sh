@@ -6,9 +6,12 @@
 #   sudo scripts/bench.sh [rounds] [heap MiB]    (default 15 rounds, 0 MiB)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 rounds="${1:-15}"
 heap_mb="${2:-0}"
-[ "$(id -u)" = 0 ] || { echo "bench.sh: run as root" >&2; exit 1; }
+need_root
+need_go
+need_jq
 scripts/install-criu.sh >/dev/null
 criu="${KCR_CRIU:-$(command -v criu || echo /usr/local/sbin/criu)}"
 
@@ -17,53 +20,68 @@ trap 'kill -9 $(cat "$work"/pid 2>/dev/null) 2>/dev/null || true; rm -rf "$work"
 go build -o "$work/kcr" ./cmd/kcr
 go build -o "$work/testapp" ./test/e2e/testapp
 
-now() { date +%s%N; }
-wait_gone() { for _ in $(seq 500); do [ -e "/proc/$1" ] || return 0; sleep 0.01; done; echo "PID $1 did not go away" >&2; exit 1; }
-wait_socket() { for _ in $(seq 500); do ls /proc/"$1"/fd >/dev/null 2>&1 && grep -q kcr- /proc/"$1"/net/unix 2>/dev/null && return 0; sleep 0.01; done; }
-
 GODEBUG=multipathtcp=0 KCR_SOCKET_DIR="$work/sock" setsid "$work/testapp" -heap-mb "$heap_mb" </dev/null >>"$work/app.log" 2>&1 &
 pid=$!
 echo "$pid" >"$work/pid"
-sleep 0.5
-wait_socket "$pid"
+wait_socket "$pid" 10
 [ "$heap_mb" = 0 ] || sleep 1
-rss=$(awk '/VmRSS/{print $2}' /proc/$pid/status)
+rss=$(awk '/VmRSS/{print $2}' "/proc/$pid/status")
 
 declare -a kc cd cs kr cr fz pp dm wd iw ce rs vs
 # phase NAME: that phase of the last "kcr checkpoint --json", in µs.
-phase() { local ns; ns=$(sed -n 's/.*"name":"'"$1"'","duration_ns":\([0-9]*\).*/\1/p' <<<"$json" | head -1); echo $(( ${ns:-0} / 1000 )); }
-for i in $(seq "$rounds"); do
-	rm -rf "$work/k" "$work/c"; mkdir -p "$work/c"
-	t0=$(now); "$work/kcr" checkpoint --json --no-hooks --leave-running -o "$work/k" "$pid" >"$work/k.json" 2>/dev/null; t1=$(now)
-	"$criu" dump -t "$pid" -D "$work/c" --leave-running --file-locks -o dump.log; t2=$(now)
-	sync -f "$work/c"; t3=$(now)
+phase() { jq --arg n "$1" '[.phases[] | select(.name == $n) | .duration_ns][0] // 0 | . / 1000 | floor' "$work/k.json"; }
+for _ in $(seq "$rounds"); do
+	rm -rf "$work/k" "$work/c"
+	mkdir -p "$work/c"
+	t0=$(now_ns)
+	quiet "$work/kcr.err" "$work/kcr" checkpoint --json --no-hooks --leave-running -o "$work/k" "$pid" >"$work/k.json"
+	t1=$(now_ns)
+	"$criu" dump -t "$pid" -D "$work/c" --leave-running --file-locks -o dump.log
+	t2=$(now_ns)
+	sync -f "$work/c"
+	t3=$(now_ns)
 	# A kcr start and exit alone: the Go runtime, cobra, the dynamic loader.
-	t4=$(now); "$work/kcr" version >/dev/null; t5=$(now)
-	kc+=($(( (t1 - t0) / 1000 ))); cd+=($(( (t2 - t1) / 1000 ))); cs+=($(( (t3 - t1) / 1000 ))); vs+=($(( (t5 - t4) / 1000 )))
-	json=$(tr -d '\n ' <"$work/k.json")
+	t4=$(now_ns)
+	"$work/kcr" version >/dev/null
+	t5=$(now_ns)
+	kc+=($(((t1 - t0) / 1000)))
+	cd+=($(((t2 - t1) / 1000)))
+	cs+=($(((t3 - t1) / 1000)))
+	vs+=($(((t5 - t4) / 1000)))
 	# The app's pause: CRIU's own frozen time (freeze → resume of the tree),
 	# from the manifest; what a --leave-running user feels.
-	frozen_us=$(sed -n 's/.*"frozen_time_us":\([0-9]*\).*/\1/p' <<<"$json")
-	fz+=(${frozen_us:-0})
-	pp+=($(phase prepare)); dm+=($(phase "draftmanifest")); wd+=($(phase "freeze+dump")); iw+=($(phase "imagewrite")); ce+=($(phase "criuexit"))
-	total=$(phase total)
-	rs+=($(( (t1 - t0) / 1000 - total )))
+	fz+=("$(jq '.manifest.criu_stats.frozen_time_us // 0' "$work/k.json")")
+	pp+=("$(phase prepare)")
+	dm+=("$(phase "draft manifest")")
+	wd+=("$(phase "freeze+dump")")
+	iw+=("$(phase "image write")")
+	ce+=("$(phase "criu exit")")
+	rs+=($(((t1 - t0) / 1000 - $(phase total))))
 
 	# Restores need the PID free: kill the original (outside the timing).
-	kill -9 "$pid"; wait "$pid" 2>/dev/null || true; wait_gone "$pid"
-	t0=$(now); "$work/kcr" restore "$work/k" >/dev/null 2>&1; t1=$(now)
-	kr+=($(( (t1 - t0) / 1000 )))
-	kill -9 "$pid"; wait_gone "$pid"
-	t0=$(now); "$criu" restore -D "$work/c" -d --file-locks -o restore.log; t1=$(now)
-	cr+=($(( (t1 - t0) / 1000 )))
+	kill -9 "$pid"
+	wait "$pid" 2>/dev/null || true
+	wait_gone "$pid"
+	t0=$(now_ns)
+	quiet "$work/kcr.err" "$work/kcr" restore "$work/k" >/dev/null
+	t1=$(now_ns)
+	kr+=($(((t1 - t0) / 1000)))
+	kill -9 "$pid"
+	wait_gone "$pid"
+	t0=$(now_ns)
+	"$criu" restore -D "$work/c" -d --file-locks -o restore.log
+	t1=$(now_ns)
+	cr+=($(((t1 - t0) / 1000)))
 	wait_socket "$pid"
 done
 
-median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END{ if (NR%2) print a[(NR+1)/2]; else print int((a[NR/2]+a[NR/2+1])/2) }'; }
 ms_() { awk -v x="$1" 'BEGIN{printf "%8.1f", x/1000}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", a/b}'; }
-mk=$(median "${kc[@]}"); mc=$(median "${cd[@]}"); ms=$(median "${cs[@]}")
-mkr=$(median "${kr[@]}"); mcr=$(median "${cr[@]}")
+mk=$(median "${kc[@]}")
+mc=$(median "${cd[@]}")
+ms=$(median "${cs[@]}")
+mkr=$(median "${kr[@]}")
+mcr=$(median "${cr[@]}")
 echo "kcr bench: $rounds rounds, one process (RSS $((rss / 1024)) MiB), medians in ms"
 echo "  kcr checkpoint --no-hooks --leave-running  $(ms_ "$mk")"
 echo "    prepare (process, CRIU start+version, preflight, socket, image dir) $(ms_ "$(median "${pp[@]}")")"

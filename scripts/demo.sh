@@ -21,6 +21,7 @@
 # franz-go (kafkahooks/kgohooks) instead of kafka-go.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 
 rate="${KCR_DEMO_RATE:-200}"
 warmup="${KCR_DEMO_WARMUP:-3s}"
@@ -29,14 +30,9 @@ down="${KCR_DEMO_DOWN:-2}"
 drain="${KCR_DEMO_DRAIN:-true}"
 client="${KCR_DEMO_CLIENT:-kafka-go}"
 
-if [ "$(id -u)" != 0 ]; then
-	echo "scripts/demo.sh: run as root: CRIU needs it (sudo scripts/demo.sh)" >&2
-	exit 1
-fi
-if ! command -v go >/dev/null 2>&1; then
-	echo "scripts/demo.sh: the Go toolchain is needed (https://go.dev/dl/): go not found on PATH" >&2
-	exit 1
-fi
+need_root
+need_go
+need_jq
 
 work=$(mktemp -d /var/tmp/kcr-demo.XXXXXX)
 bin="$work/bin"
@@ -46,12 +42,7 @@ cleanup() {
 	local rc=$?
 	trap - EXIT INT TERM
 	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-	for _ in $(seq 100); do
-		alive=0
-		for p in "${pids[@]}"; do [ -e "/proc/$p" ] && ! grep -q '^State:.*Z' "/proc/$p/status" 2>/dev/null && alive=1; done
-		[ "$alive" = 0 ] && break
-		sleep 0.05
-	done
+	wait_until 5 "the demo's processes to exit" all_dead "${pids[@]}" || true
 	for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
 	wait 2>/dev/null || true
 	if [ "$ok" = 1 ] && [ -z "${KCR_DEMO_KEEP:-}" ]; then
@@ -65,9 +56,14 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-now() { date +%s%N; }
-T0=$(now)
-say() { printf '[%5.1fs] %s\n' "$(awk -v a="$(now)" -v b="$T0" 'BEGIN{print (a-b)/1e9}')" "$*"; }
+all_dead() {
+	local p
+	for p; do alive "$p" && return 1; done
+	return 0
+}
+
+T0=$(now_ns)
+say() { printf '[%5.1fs] %s\n' "$(awk -v a="$(now_ns)" -v b="$T0" 'BEGIN{print (a-b)/1e9}')" "$*"; }
 detail() { sed 's/^/          /'; }
 fail() {
 	say "FAIL: $*"
@@ -77,20 +73,24 @@ fail() {
 	exit 1
 }
 ms() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.0f", (a-b)/1e6}'; }
+# dur NS: a duration in nanoseconds, for people.
+dur() { awk -v x="$1" 'BEGIN{ if (x >= 1e9) printf "%.2fs", x/1e9; else printf "%.1fms", x/1e6 }'; }
 
-# field NAME: the value of a top-level JSON field of the line on stdin.
-field() { sed -n "s/.*\"$1\":\"\{0,1\}\([^,\"}]*\).*/\1/p" | head -n1; }
-alive() { [ -e "/proc/$1" ] && ! grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null; }
-# wait_event FILE SECONDS PATTERN [PATTERN2]: print the first line of FILE
-# matching PATTERN (and PATTERN2), waiting for it; gives up at once when the
-# process $watch (if set) has died.
+# field NAME: the value of a top-level field of the JSON object on stdin.
+field() { jq -r --arg f "$1" '.[$f] // empty'; }
+# events FILE FILTER: the JSON lines of the log FILE (which may hold other
+# lines, such as a panic) that the jq FILTER selects, compacted.
+events() { jq -cR "fromjson? | select($2)" "$1"; }
+# wait_event FILE SECONDS FILTER: print the first JSON line of FILE that the
+# jq FILTER (such as .ev == "start") selects, waiting for it; gives up at
+# once when the process $watch (if set) has died.
 watch=
 wait_event() {
-	local line
-	for _ in $(seq $(($2 * 50))); do
-		line=$(grep -e "$3" "$1" 2>/dev/null | grep -m1 -e "${4:-.}" || true)
+	local line i
+	for ((i = 0; i < $2 * 50; i++)); do
+		line=$(events "$1" "$3" | head -n1)
 		[ -n "$line" ] && { echo "$line"; return 0; }
-		[ -n "$watch" ] && ! alive "$watch" && { echo "scripts/demo.sh: process $watch died" >&2; return 1; }
+		[ -n "$watch" ] && dead "$watch" && { echo "scripts/demo.sh: process $watch died" >&2; return 1; }
 		sleep 0.02
 	done
 	return 1
@@ -99,76 +99,77 @@ wait_event() {
 echo "kcr demo: checkpoint and restore a Kafka pipeline under load"
 scripts/install-criu.sh | detail
 say "building kcr and the examples (a first build takes a minute or two)"
-t=$(now)
+t=$(now_ns)
 GOFLAGS="${GOFLAGS:-} -buildvcs=false" go build -o "$bin/" ./cmd/kcr ./examples/broker ./examples/loadgen ./examples/pipeline ./examples/verify
-say "built in $(ms "$(now)" "$t") ms"
+say "built in $(ms "$(now_ns)" "$t") ms"
 
 port=19092
-while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 1)); done
+while port_open "$port"; do port=$((port + 1)); done
 brokers="127.0.0.1:$port"
 export GODEBUG=multipathtcp=0
 
 "$bin/broker" -addr "$brokers" -topics orders:3,results:3 >"$work/broker.log" 2>&1 &
-pids+=($!)
-wait_event "$work/broker.log" 10 '"ready"' >/dev/null || fail "the broker did not start"
+pids+=("$!")
+wait_event "$work/broker.log" 10 '.ev == "ready"' >/dev/null || fail "the broker did not start"
 say "embedded Kafka broker (kfake) on $brokers: topics orders (3 partitions), results (3)"
 
 "$bin/loadgen" -brokers "$brokers" -rate "$rate/s" -log-every 0 >"$work/loadgen.out" 2>>"$work/loadgen.log" &
 loadgen=$!
-pids+=($loadgen)
+pids+=("$loadgen")
 say "loadgen: $rate orders/s into 'orders'"
 
 # The service runs detached: own session, stdin /dev/null, log opened with
 # O_APPEND (>>), as CRIU needs.
 log="$work/pipeline.log"
-t_start=$(now)
+t_start=$(now_ns)
 setsid "$bin/pipeline" -brokers "$brokers" -group pipeline -in orders -out results \
 	-warmup "$warmup" -cache-mb "$cache_mb" -client-id pipeline -drain="$drain" -client "$client" </dev/null >>"$log" 2>&1 &
 pid=$!
 watch=$pid
 disown "$pid" # CRIU's dump kills it: no "Killed" message from bash
-pids+=($pid)
-pid=$(wait_event "$log" 10 '"ev":"start"' | field pid) || fail "the pipeline did not start"
-pids+=($pid)
+pids+=("$pid")
+pid=$(wait_event "$log" 10 '.ev == "start"' | field pid) || fail "the pipeline did not start"
+pids+=("$pid")
 watch=$pid
 say "pipeline started cold, PID $pid (warm-up $warmup, $cache_mb MiB cache)"
-first=$(wait_event "$log" 60 '"ev":"first-result"') || fail "no first result from the pipeline"
+first=$(wait_event "$log" 60 '.ev == "first-result"') || fail "no first result from the pipeline"
 cold_ms=$(ms "$(echo "$first" | field t)" "$t_start")
 say "pipeline: first result $cold_ms ms after start"
 
 # Let it run under load for a bit, then make sure it keeps up.
 sleep 2
-stats=$(grep '"ev":"stats"' "$log" | tail -n1)
+stats=$(events "$log" '.ev == "stats"' | tail -n1)
 say "pipeline: $(echo "$stats" | field processed) orders processed so far, lag $(echo "$stats" | field lag)"
 alive "$pid" || fail "the pipeline died"
 
 image="$work/pipeline.img"
 say "kcr checkpoint $pid  (under load)"
-t=$(now)
-"$bin/kcr" checkpoint -o "$image" "$pid" 2>"$work/checkpoint.txt" || { cat "$work/checkpoint.txt"; fail "kcr checkpoint failed"; }
-ckpt_ms=$(ms "$(now)" "$t")
+t=$(now_ns)
+"$bin/kcr" checkpoint --json -o "$image" "$pid" >"$work/checkpoint.json" 2>"$work/checkpoint.txt" || { cat "$work/checkpoint.txt"; fail "kcr checkpoint failed"; }
+ckpt_ms=$(ms "$(now_ns)" "$t")
 watch=
-t_dead=$(now)
+t_dead=$(now_ns)
 grep -v '^checkpointed' "$work/checkpoint.txt" | sed 's/ {.*}$//' | detail
-rh=$(grep 'hook kafka-reader' "$work/checkpoint.txt" || true)
-wh=$(grep 'hook kafka-writer' "$work/checkpoint.txt" || true)
-echo "  kafkahooks: reader left its group: $(echo "$rh" | field left_group); writer records in flight: $(echo "$wh" | field records_pending)" | detail
+# hook NAME KEY: a detail of a before-checkpoint hook's report.
+hook() { jq -r --arg n "$1" --arg k "$2" '.manifest.resources[] | select(.name | startswith($n)) | .details[$k] // empty' "$work/checkpoint.json"; }
+echo "  kafkahooks: reader left its group: $(hook kafka-reader left_group); writer records in flight: $(hook kafka-writer records_pending)" | detail
 alive "$pid" && fail "the pipeline still runs after the checkpoint"
 say "pipeline is gone (scaled to zero); orders keep coming for ${down}s"
 sleep "$down"
 
 say "kcr restore"
-t_restore=$(now)
-newpid=$(TMPDIR="$work" "$bin/kcr" restore "$image" 2>"$work/restore.txt") || { cat "$work/restore.txt"; fail "kcr restore failed"; }
-restore_cmd_ms=$(ms "$(now)" "$t_restore")
-pids+=($newpid)
+t_restore=$(now_ns)
+TMPDIR="$work" "$bin/kcr" restore --json "$image" >"$work/restore.json" 2>"$work/restore.txt" || { cat "$work/restore.txt"; fail "kcr restore failed"; }
+restore_cmd_ms=$(ms "$(now_ns)" "$t_restore")
+newpid=$(field pid <"$work/restore.json")
+pids+=("$newpid")
 watch=$newpid
 grep -v '^restored' "$work/restore.txt" | detail
-after=$(wait_event "$log" 30 '"ev":"after-restore"' '"kind":"restore"') || fail "the restored pipeline did not run its after-restore hooks"
+after=$(wait_event "$log" 30 '.ev == "after-restore" and .kind == "restore"') || fail "the restored pipeline did not run its after-restore hooks"
 gen=$(echo "$after" | field generation)
 inst=$(echo "$after" | field instance)
 say "restored as PID $newpid, generation $gen, new instance ${inst:0:8}"
-first=$(wait_event "$log" 30 '"ev":"first-result"' '"after":"restore"') || fail "no result from the restored pipeline"
+first=$(wait_event "$log" 30 '.ev == "first-result" and .after == "restore"') || fail "no result from the restored pipeline"
 restore_ms=$(ms "$(echo "$first" | field t)" "$t_restore")
 down_ms=$(ms "$(echo "$first" | field t)" "$t_dead")
 say "restored pipeline: first new result $restore_ms ms after 'kcr restore' began"
@@ -185,16 +186,19 @@ say "verify (independent franz-go reader of both topics):"
 detail <"$work/verify.txt"
 
 # Summary.
-top() { sed -n "s/^  \"$1\": \([0-9]*\).*/\1/p" "$work/verify.json"; } # top-level number in verify's JSON
-orders=$(top orders)
-results=$(top results)
-missing=$(top missing)
-dups=$(top duplicates)
-hooks=$(awk '$1=="hooks"{print $2}' "$work/checkpoint.txt")
-dump=$(awk '$1=="freeze+dump"{print $2}' "$work/checkpoint.txt")
-ckpt_total=$(awk '$1=="total"{print $2}' "$work/checkpoint.txt")
-restore_total=$(awk '$1=="total"{print $2}' "$work/restore.txt")
-size=$(sed -n 's/^ *image size *//p' "$work/checkpoint.txt")
+orders=$(field orders <"$work/verify.json")
+results=$(field results <"$work/verify.json")
+missing=$(field missing <"$work/verify.json")
+dups=$(field duplicates <"$work/verify.json")
+# phase FILE NAME: that phase's duration in ns in kcr's --json output FILE.
+phase() { jq --arg n "$2" '[.phases[] | select(.name == $n) | .duration_ns][0] // 0' "$1"; }
+hooks=$(dur "$(phase "$work/checkpoint.json" hooks)")
+dump=$(dur "$(phase "$work/checkpoint.json" freeze+dump)")
+ckpt_total=$(dur "$(phase "$work/checkpoint.json" total)")
+restore_total=$(dur "$(phase "$work/restore.json" total)")
+img_bytes=$(jq '[.manifest.files[].size] | add' "$work/checkpoint.json")
+rss=$(jq '.manifest.process.rss_bytes' "$work/checkpoint.json")
+size=$(awk -v i="$img_bytes" -v r="$rss" 'BEGIN{printf "%.1f MiB (RSS %.1f MiB)", i/1048576, r/1048576}')
 echo
 echo "summary"
 printf '  %-34s %s\n' "cold start to first result" "$cold_ms ms (warm-up $warmup, $cache_mb MiB cache)"
@@ -206,11 +210,8 @@ printf '  %-34s %s\n' "orders / results / missing / dups" "$orders / $results / 
 echo "  $verdict"
 if [ -n "${KCR_DEMO_RESULT:-}" ]; then
 	# One line for scripts/bench-kafka.sh: cold_ms restore_ms pause_ns image_bytes rss_bytes missing dups
-	m=$("$bin/kcr" inspect --json --no-verify "$image" | tr -d ' \n')
-	phase() { printf '%s' "$m" | grep -o "\"name\":\"$1\",\"duration_ns\":[0-9]*" | grep -o '[0-9]*$'; }
-	img_bytes=$(printf '%s' "$m" | grep -o '"size":[0-9]*' | grep -o '[0-9]*$' | awk '{s+=$1} END{print s}')
-	rss=$(printf '%s' "$m" | grep -o '"rss_bytes":[0-9]*' | grep -o '[0-9]*$')
-	echo "$cold_ms $restore_ms $(( $(phase hooks) + $(phase 'freeze+dump') )) $img_bytes $rss $missing $dups" >>"$KCR_DEMO_RESULT"
+	pause_ns=$(($(phase "$work/checkpoint.json" hooks) + $(phase "$work/checkpoint.json" freeze+dump)))
+	echo "$cold_ms $restore_ms $pause_ns $img_bytes $rss $missing $dups" >>"$KCR_DEMO_RESULT"
 fi
 [ "$verdict" = PASS ] || exit 1
 ok=1

@@ -7,7 +7,7 @@ set -euo pipefail
 
 t_start=${EPOCHREALTIME:-$(date +%s.%N)}
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=kafka/common.sh
+# shellcheck source=scripts/kafka/common.sh
 . "$script_dir/kafka/common.sh"
 
 KHOME=${KCR_KAFKA_HOME:-/var/tmp/kcr-kafka}

@@ -34,7 +34,7 @@ set -euo pipefail
 
 t_start=${EPOCHREALTIME:-$(date +%s.%N)}
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=kafka/common.sh
+# shellcheck source=scripts/kafka/common.sh
 . "$script_dir/kafka/common.sh"
 
 KAFKA_VERSION=${KCR_KAFKA_VERSION:-4.1.2}
@@ -109,7 +109,7 @@ if [[ ! -f $DIST/.complete || $(cat "$DIST/.complete") != "$cache_key" ]]; then
 		tail -n 30 "$DIST/mvn.log" >&2 || true
 		die "mvn could not fetch Kafka ${KAFKA_VERSION} (full log: $DIST/mvn.log)"
 	fi
-	ls "$LIB.tmp"/kafka_2.13-"$KAFKA_VERSION".jar >/dev/null 2>&1 || die "kafka_2.13-${KAFKA_VERSION}.jar missing after mvn"
+	ls "$LIB.tmp/kafka_2.13-$KAFKA_VERSION.jar" >/dev/null 2>&1 || die "kafka_2.13-${KAFKA_VERSION}.jar missing after mvn"
 	mv "$LIB.tmp" "$LIB"
 	rm -rf "$DIST/target"
 	echo "$cache_key" >"$DIST/.complete"
@@ -251,10 +251,12 @@ fi
 
 # --- start -------------------------------------------------------------------------
 [[ -f $LOGFILE ]] && mv -f "$LOGFILE" "$LOGFILE.1"
+# shellcheck disable=SC2206 # KCR_KAFKA_HEAP_OPTS holds several flags
 JVM_OPTS=($HEAP_OPTS -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35
 	-XX:+ExplicitGCInvokesConcurrent -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true
 	"-Dlog4j2.configurationFile=file:$KHOME/log4j2.properties" "-Dkcr.kafka.home=$KHOME")
 # The child writes its own pid (setsid may fork); fd 9 (our lock) is not inherited.
+# shellcheck disable=SC2016 # $$ is the child's, expanded by the child
 setsid bash -c 'echo $$ >"$0"; exec nohup "$@"' "$PIDFILE" \
 	"$JAVA" "${JVM_OPTS[@]}" -cp "$CP" kafka.Kafka "$CONF" \
 	</dev/null >"$LOGFILE" 2>&1 9>&- &

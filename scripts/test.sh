@@ -7,11 +7,9 @@
 #   sudo scripts/test.sh -run Foo   # extra go test flags
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-if [ "$(id -u)" != 0 ]; then
-	echo "scripts/test.sh: run as root: CRIU needs it (sudo scripts/test.sh)" >&2
-	exit 1
-fi
+. scripts/lib.sh
+need_root
+need_go
 export KCR_E2E=1 GOFLAGS="${GOFLAGS:-} -buildvcs=false"
 
 scripts/install-criu.sh

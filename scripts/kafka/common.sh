@@ -1,14 +1,10 @@
 # Helpers shared by scripts/kafka-up.sh and scripts/kafka-down.sh (sourced).
+# shellcheck shell=bash
 # Expect KHOME (absolute) and PIDFILE to be set by the caller.
 
-# alive <pid>: process exists and is not a zombie.
-alive() {
-	local s
-	[[ $1 =~ ^[0-9]+$ ]] || return 1
-	{ s=$(<"/proc/$1/stat"); } 2>/dev/null || return 1
-	s=${s##*) }
-	[[ ${s:0:1} != Z ]]
-}
+# alive, port_open
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
 # is_our_broker <pid>: a live kafka.Kafka JVM started by kafka-up.sh for this KHOME.
 is_our_broker() {
@@ -56,5 +52,3 @@ stop_pids() {
 	return 1
 }
 
-# port_open <port>: something accepts TCP connections on 127.0.0.1:<port>.
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }

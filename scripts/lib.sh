@@ -1,0 +1,120 @@
+# Helpers shared by kcr's scripts. Sourced, never run:
+#
+#   . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+#
+# The caller sets `set -euo pipefail` itself. Messages go to stderr and are
+# prefixed with the calling script's name.
+# shellcheck shell=bash
+
+lib_script=${0##*/}
+
+# die MESSAGE...: print one line and exit 1.
+die() {
+	echo "$lib_script: $*" >&2
+	exit 1
+}
+
+# need_root: exit unless run as root (CRIU needs it).
+need_root() {
+	[ "$(id -u)" = 0 ] || die "run as root: CRIU needs it (sudo $0)"
+}
+
+# need_go: exit unless the Go toolchain is on PATH.
+need_go() {
+	command -v go >/dev/null 2>&1 || die "the Go toolchain is needed (https://go.dev/dl/): go not found on PATH"
+}
+
+# need_pkg COMMAND PACKAGE: make COMMAND available, installing the Debian
+# PACKAGE (without its recommends) when it is missing; exit with the way to
+# install it by hand when that cannot be done here.
+need_pkg() {
+	command -v "$1" >/dev/null 2>&1 && return 0
+	[ "$(id -u)" = 0 ] || die "$1 not found: install it (Debian: sudo apt-get install $2)"
+	command -v apt-get >/dev/null 2>&1 || die "$1 not found and no apt-get: install $2 with your package manager"
+	echo "$lib_script: installing $2 (apt-get)" >&2
+	{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$2"; } >/dev/null ||
+		die "apt-get install $2 failed: install it by hand (apt-get install $2)"
+	command -v "$1" >/dev/null 2>&1 || die "$2 is installed but $1 is not on PATH"
+}
+
+# need_jq: the scripts read kcr's --json output with jq.
+need_jq() { need_pkg jq jq; }
+
+# now_ns, now_ms: wall-clock time in nanoseconds and milliseconds.
+now_ns() { date +%s%N; }
+now_ms() { echo $(($(now_ns) / 1000000)); }
+
+# median NUMBER...: the median of the arguments; the mean of the two middle
+# values for an even count. Fails when given none.
+median() {
+	[ $# -gt 0 ] || { echo "$lib_script: median of no values" >&2; return 1; }
+	printf '%s\n' "$@" | sort -g | awk '{a[NR] = $1} END {
+		printf "%.15g\n", (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
+	}'
+}
+
+# alive PID: the process exists and is not a zombie.
+alive() {
+	local s
+	[[ $1 =~ ^[0-9]+$ ]] || return 1
+	# read, not $(<file): under set -e bash 5.2 exits on the latter's failed
+	# redirection even when it is guarded with ||.
+	read -r s 2>/dev/null <"/proc/$1/stat" || return 1
+	s=${s##*) }
+	[[ ${s:0:1} != Z ]]
+}
+
+# dead PID: the process has exited (it may still be a zombie).
+dead() { ! alive "$1"; }
+
+# wait_until SECONDS WHAT COMMAND [ARG...]: run COMMAND every 10 ms until it
+# succeeds; after SECONDS, print that WHAT did not happen and fail.
+wait_until() {
+	local secs=$1 what=$2 i
+	shift 2
+	for ((i = 0; i < secs * 100; i++)); do
+		"$@" && return 0
+		sleep 0.01
+	done
+	echo "$lib_script: timed out after ${secs}s waiting for $what" >&2
+	return 1
+}
+
+# wait_gone PID [SECONDS]: wait until the process is gone, reaped and not
+# just a zombie (CRIU restores at the same PID); fails after SECONDS
+# (default 5).
+wait_gone() { wait_until "${2:-5}" "PID $1 to go away" gone "$1"; }
+gone() { [ ! -e "/proc/$1" ]; }
+
+# has_kcr_socket PID: the process holds a Unix socket bound to a kcr control
+# socket path (its own, not another process's in the same namespace).
+has_kcr_socket() {
+	local inodes
+	inodes=$(find "/proc/$1/fd" -lname 'socket:*' -printf '%l\n' 2>/dev/null | tr -dc '0-9\n') || return 1
+	[ -n "$inodes" ] || return 1
+	# /proc/net/unix: Num RefCount Protocol Flags Type St Inode Path
+	awk -v inodes="$inodes" 'BEGIN { n = split(inodes, a, "\n"); for (i = 1; i <= n; i++) own[a[i]] = 1 }
+		$8 ~ /\/kcr-[^\/]*\.sock$/ && ($7 in own) { found = 1 } END { exit !found }' "/proc/$1/net/unix"
+}
+
+# wait_socket PID [SECONDS]: wait until the process serves its kcr control
+# socket; fails after SECONDS (default 5), or at once if it dies.
+wait_socket() { wait_until "${2:-5}" "PID $1 to serve its kcr control socket" socket_or_dead "$1" && alive "$1"; }
+socket_or_dead() { has_kcr_socket "$1" || { dead "$1" && echo "$lib_script: PID $1 died before serving its kcr control socket" >&2; }; }
+
+# port_open PORT: something accepts TCP connections on 127.0.0.1:PORT.
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# quiet LOG COMMAND [ARG...]: run COMMAND with its stderr in the file LOG, so
+# that a table is not interleaved with progress lines; on failure print LOG
+# (kcr's one-line error is in it) and exit with the command's status.
+quiet() {
+	local log=$1 rc=0
+	shift
+	"$@" 2>"$log" || rc=$?
+	if [ "$rc" != 0 ]; then
+		echo "$lib_script: $* failed (exit $rc):" >&2
+		cat "$log" >&2
+		exit "$rc"
+	fi
+}

@@ -170,6 +170,18 @@ func (f *fixture) state() string {
 	return m.State
 }
 
+// waitLog waits until the server has logged a line holding substr.
+func (f *fixture) waitLog(substr string) {
+	f.t.Helper()
+	for range 500 {
+		if strings.Contains(f.log.String(), substr) {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	f.t.Fatalf("never logged %q; log:\n%s", substr, f.log)
+}
+
 // waitIdle waits until the cycle is over.
 func (f *fixture) waitIdle() {
 	f.t.Helper()
@@ -189,16 +201,38 @@ func ctx(t *testing.T) context.Context {
 }
 
 // fakeStart is a start-time source a test can change, to fake a restore.
-type fakeStart struct{ v atomic.Uint64 }
+type fakeStart struct {
+	v    atomic.Uint64
+	once sync.Once
+	seen chan struct{} // closed when the server first reads a changed start time
+}
 
 func newFakeStart() *fakeStart {
-	f := &fakeStart{}
+	f := &fakeStart{seen: make(chan struct{})}
 	f.v.Store(1000)
 	return f
 }
 
-func (f *fakeStart) read(int) (uint64, error) { return f.v.Load(), nil }
-func (f *fakeStart) restore()                 { f.v.Add(1) }
+func (f *fakeStart) read(int) (uint64, error) {
+	v := f.v.Load()
+	if v != 1000 {
+		f.once.Do(func() { close(f.seen) })
+	}
+	return v, nil
+}
+
+func (f *fakeStart) restore() { f.v.Add(1) }
+
+// waitSeen waits until the server has read the start time changed by
+// restore: from then on it knows it was restored.
+func (f *fakeStart) waitSeen(t *testing.T) {
+	t.Helper()
+	select {
+	case <-f.seen:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the server never read the restored start time")
+	}
+}
 
 func TestHelloInfo(t *testing.T) {
 	f := newFixture(t)
@@ -456,7 +490,7 @@ func TestSelfDetectedRestoreThenLateMessage(t *testing.T) {
 	_, id0 := f.g.Identity()
 	f.checkpoint(client.CheckpointRequest{HookBudget: time.Second, ResumeAfter: 10 * time.Second})
 	st.restore()
-	time.Sleep(100 * time.Millisecond) // the poll has seen it; the grace runs
+	st.waitSeen(t) // by the poll: the grace runs
 	f.noAfter(0)
 	done, err := client.Restored(ctx(t), f.path, 7, 5*time.Second)
 	if err != nil {
@@ -476,7 +510,7 @@ func TestRestoreDetectedByDeadline(t *testing.T) {
 	f := newFixture(t, notify.WithStartTimeFunc(st.read), notify.WithPollEvery(time.Hour), notify.WithRestoreGrace(3*time.Second))
 	f.checkpoint(client.CheckpointRequest{HookBudget: time.Second, ResumeAfter: 100 * time.Millisecond})
 	st.restore()
-	time.Sleep(300 * time.Millisecond) // the deadline has fired
+	st.waitSeen(t) // when the deadline fired (the poll is an hour away)
 	f.noAfter(0)
 	if _, err := client.Restored(ctx(t), f.path, 9, 5*time.Second); err != nil {
 		t.Fatalf("Restored: %v", err)
@@ -546,7 +580,17 @@ func TestCloseDuringBeforeHooks(t *testing.T) {
 	<-entered
 	closed := make(chan struct{})
 	go func() { f.s.Close(); close(closed) }()
-	time.Sleep(50 * time.Millisecond)
+	// Close has begun once it has closed the listener, which unlinks the
+	// socket.
+	for i := 0; ; i++ {
+		if _, err := os.Lstat(f.path); errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		if i == 500 {
+			t.Fatal("Close never removed the socket")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	close(release)
 	<-closed
 	if err := <-res; err == nil || !strings.Contains(err.Error(), "closed during the before-checkpoint hooks") {
@@ -566,7 +610,9 @@ func TestCloseWithSilentClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	time.Sleep(50 * time.Millisecond) // accepted, reading
+	// Connections are accepted in order: once a later one is answered, c
+	// has been accepted too.
+	f.state()
 	start := time.Now()
 	f.s.Close()
 	if el := time.Since(start); el > time.Second {
@@ -844,7 +890,7 @@ func TestCLIGoneBeforeReady(t *testing.T) {
 	}
 	<-entered
 	c.Close()
-	time.Sleep(20 * time.Millisecond)
+	f.waitLog("kcr went away while the before-checkpoint hooks ran")
 	close(release)
 	ev := f.waitAfter(3 * time.Second)
 	if ev.Kind != notify.Resume || !strings.Contains(ev.Reason, "went away") {

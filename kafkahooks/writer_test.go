@@ -32,6 +32,17 @@ func testWriter(addrs []string, topic string) *kafka.Writer {
 	}
 }
 
+// eventually polls cond until it holds, for at most d; for hooks, which
+// must not call t.Fatal.
+func eventually(d time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(d); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+	return true
+}
+
 // TestWriterCycles writes numbered records from several goroutines while a
 // checkpoint→restore and a checkpoint→resume are simulated. Every record
 // whose WriteMessages returned nil must be on the topic; calls that started
@@ -43,21 +54,29 @@ func TestWriterCycles(t *testing.T) {
 	reg := notify.NewRegistry()
 	log, _ := newLog(t)
 
-	var gateClosedAt atomic.Int64 // when the probe saw the gate closed
+	const writers = 8
+	// phase is odd while the probe holds a checkpoint's gate closed: a call
+	// that saw it change from even through odd to even again was blocked
+	// across a checkpoint.
+	var phase atomic.Int64
 	var connsAtDump []int
+	var w *Writer
 	hook(reg, func(ctx context.Context) error {
 		// Runs after the writer's hook: the gate is closed, connections gone.
-		gateClosedAt.Store(time.Now().UnixNano())
+		phase.Add(1)
+		defer phase.Add(1)
 		connsAtDump = append(connsAtDump, established(t, k.port))
-		time.Sleep(150 * time.Millisecond) // writers stay blocked at the gate
+		// Hold the gate closed until every writer waits at it.
+		if !eventually(5*time.Second, func() bool { return w.blocked.Load() == writers }) {
+			return fmt.Errorf("%d of %d writers blocked at the gate", w.blocked.Load(), writers)
+		}
 		return nil
 	}, func(ctx context.Context, ev notify.Event) error {
 		return nil
 	})
-	w := NewWriter(testWriter(k.addrs, "w"), WithRegistry(reg), WithName("w"), WithLogger(log), WithClientID("svc"))
+	w = NewWriter(testWriter(k.addrs, "w"), WithRegistry(reg), WithName("w"), WithLogger(log), WithClientID("svc"))
 	defer w.Close()
 
-	const writers = 8
 	var (
 		mu             sync.Mutex
 		acked          = map[string]bool{}
@@ -73,12 +92,10 @@ func TestWriterCycles(t *testing.T) {
 			defer wg.Done()
 			for i := 0; ctx.Err() == nil; i++ {
 				v := fmt.Sprintf("%d-%d", g, i)
-				started := time.Now().UnixNano()
+				p0 := phase.Load()
 				err := w.WriteMessages(context.Background(), kafka.Message{Key: []byte(v), Value: []byte(v)})
-				// Blocked across the checkpoint: started before the probe
-				// saw the gate closed, returned after its sleep.
-				closedAt := gateClosedAt.Load()
-				across := closedAt != 0 && started < closedAt && time.Now().UnixNano() > closedAt+int64(100*time.Millisecond)
+				p1 := phase.Load()
+				across := p1%2 == 0 && (p1 >= p0+2 || (p0%2 == 1 && p1 > p0))
 				mu.Lock()
 				if err == nil {
 					acked[v] = true
@@ -205,9 +222,8 @@ func TestWriterAsyncCompletions(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(50 * time.Millisecond)
-	if c := completed.Load(); c != 0 {
-		t.Fatalf("%d records completed before the checkpoint; the test wants them buffered", c)
+	if r, c := w.records(), completed.Load(); r != n || c != 0 {
+		t.Fatalf("%d records pending and %d completed before the checkpoint; the test wants all %d buffered", r, c, n)
 	}
 	res, err := reg.Simulate(context.Background(), notify.SimRestore, 5*time.Second)
 	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
@@ -282,10 +298,24 @@ func TestWriterCarryAcross(t *testing.T) {
 	log, sink := newLog(t)
 
 	var conns = -1
+	var w *Writer
+	gateClosed := make(chan struct{})   // the probe's before hook runs: the writer's gate is closed
+	deadlineDone := make(chan struct{}) // the write with a deadline has returned
 	hook(reg, func(ctx context.Context) error {
 		conns = established(t, k.port)
-		return nil
+		close(gateClosed)
+		select {
+		case <-deadlineDone:
+			return nil
+		case <-time.After(5 * time.Second):
+			return errors.New("the write with a deadline never returned")
+		}
 	}, func(ctx context.Context, ev notify.Event) error {
+		// The sync caller waits at the gate, which opens in the writer's
+		// after-restore hook, after this one.
+		if !eventually(5*time.Second, func() bool { return w.blocked.Load() == 1 }) {
+			return errors.New("no caller blocked at the gate")
+		}
 		bp.release() // the broker is back before the writer's after-restore hook
 		return nil
 	})
@@ -301,7 +331,7 @@ func TestWriterCarryAcross(t *testing.T) {
 		}
 		completed.Add(int64(len(msgs)))
 	}
-	w := NewWriter(tmpl, WithRegistry(reg), WithLogger(log), WithRetryBackoff(10*time.Millisecond, 100*time.Millisecond))
+	w = NewWriter(tmpl, WithRegistry(reg), WithLogger(log), WithRetryBackoff(10*time.Millisecond, 100*time.Millisecond))
 	defer w.Close()
 	// Warm up metadata so that the first batch is on the wire when blocked.
 	if err := w.WriteMessages(context.Background(), kafka.Message{Value: []byte("-1")}); err != nil {
@@ -321,12 +351,13 @@ func TestWriterCarryAcross(t *testing.T) {
 	// A sync caller blocked at the gate, with and without a deadline.
 	syncW := make(chan error, 1)
 	go func() {
-		time.Sleep(100 * time.Millisecond) // inside the before phase
+		<-gateClosed
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 		defer cancel()
 		if err := w.WriteMessages(ctx, kafka.Message{Value: []byte("deadline")}); !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("write with deadline during the checkpoint: %v, want DeadlineExceeded", err)
 		}
+		close(deadlineDone)
 		syncW <- w.WriteMessages(context.Background(), kafka.Message{Value: []byte(strconv.Itoa(n))})
 	}()
 

@@ -3,10 +3,13 @@ package kafkahooks
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"runtime"
-	"runtime/pprof"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,12 +20,12 @@ import (
 
 // TestNoGoroutineLeak runs 20 simulated cycles (restores and resumes) over a
 // sync writer, an async writer, a group reader and a partition reader, all
-// busy, then closes them: the goroutine count must return to where it was.
+// busy, then closes them: every goroutine started since the clients were
+// made must end.
 func TestNoGoroutineLeak(t *testing.T) {
 	k := newFake(t, 2, "l")
 	log, _ := newLog(t)
-	time.Sleep(50 * time.Millisecond)
-	base := runtime.NumGoroutine()
+	before := goroutines()
 
 	reg := notify.NewRegistry()
 	sw := NewWriter(testWriter(k.addrs, "l"), WithRegistry(reg), WithName("sync"), WithLogger(log))
@@ -34,7 +37,8 @@ func TestNoGoroutineLeak(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	loop := func(f func(i int) error) {
+	var calls [4]atomic.Int64 // per client, calls that returned
+	loop := func(c *atomic.Int64, f func(i int) error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -43,29 +47,44 @@ func TestNoGoroutineLeak(t *testing.T) {
 					t.Errorf("client call: %v", err)
 					return
 				}
+				c.Add(1)
 			}
 		}()
 	}
-	loop(func(i int) error {
+	loop(&calls[0], func(i int) error {
 		return sw.WriteMessages(ctx, kafka.Message{Value: []byte(strconv.Itoa(i))})
 	})
-	loop(func(i int) error {
-		time.Sleep(time.Millisecond)
+	loop(&calls[1], func(i int) error {
+		time.Sleep(time.Millisecond) // paces the async writer, which never waits
 		return aw.WriteMessages(ctx, kafka.Message{Value: []byte(strconv.Itoa(i))})
 	})
-	loop(func(int) error {
+	loop(&calls[2], func(int) error {
 		m, err := gr.FetchMessage(ctx)
 		if err != nil {
 			return err
 		}
 		return gr.CommitMessages(ctx, m)
 	})
-	loop(func(int) error {
+	loop(&calls[3], func(int) error {
 		_, err := pr.FetchMessage(ctx)
 		return err
 	})
 
 	for i := range 20 {
+		// Every client is busy across every cycle: each has made a call
+		// since the last one.
+		var seen [len(calls)]int64
+		for j := range calls {
+			seen[j] = calls[j].Load()
+		}
+		waitFor(t, 10*time.Second, fmt.Sprintf("a call of every client before cycle %d", i), func() bool {
+			for j := range calls {
+				if calls[j].Load() == seen[j] {
+					return false
+				}
+			}
+			return true
+		})
 		outcome := notify.SimRestore
 		if i%3 == 2 {
 			outcome = notify.SimResume
@@ -74,7 +93,6 @@ func TestNoGoroutineLeak(t *testing.T) {
 		if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
 			t.Fatalf("cycle %d: %v %v %v", i, err, res.BeforeErr, res.AfterErr)
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
 	cancel()
 	wg.Wait()
@@ -84,15 +102,46 @@ func TestNoGoroutineLeak(t *testing.T) {
 		}
 	}
 
-	const slack = 2
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > base+slack {
-		if time.Now().After(deadline) {
-			var b bytes.Buffer
-			pprof.Lookup("goroutine").WriteTo(&b, 1)
-			t.Fatalf("%d goroutines after closing, %d before:\n%s", runtime.NumGoroutine(), base, b.String())
+	// Goroutines may still be on their way out (a connection's reader
+	// seeing the close): wait for them, then name those left.
+	var left []string
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		left = left[:0]
+		for id, stack := range goroutines() {
+			if _, ok := before[id]; !ok {
+				left = append(left, stack)
+			}
 		}
-		time.Sleep(20 * time.Millisecond)
+		if len(left) == 0 || time.Now().After(deadline) {
+			break
+		}
 	}
-	t.Logf("goroutines: %d before, %d after 20 cycles", base, runtime.NumGoroutine())
+	if len(left) > 0 {
+		slices.Sort(left)
+		t.Fatalf("%d goroutines started by the clients are still running after Close:\n\n%s", len(left), strings.Join(left, "\n\n"))
+	}
+}
+
+// goroutines returns the stack of every goroutine but the caller's, by
+// goroutine id.
+func goroutines() map[string]string {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	m := map[string]string{}
+	for i, g := range bytes.Split(buf, []byte("\n\n")) {
+		if i == 0 {
+			continue // the caller's own
+		}
+		// "goroutine 42 [chan receive]:"
+		id, _, _ := strings.Cut(strings.TrimPrefix(string(g), "goroutine "), " ")
+		m[id] = string(g)
+	}
+	return m
 }

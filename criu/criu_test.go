@@ -3,6 +3,7 @@ package criu
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -29,7 +30,7 @@ func TestParseLog(t *testing.T) {
 		{"tcp-close-needed.log", "Need to set the --tcp-close options.", CauseTCPCloseNeeded},
 		{"dump-ok.log", "", CauseUnknown}, // only the harmless rlimit error
 		// Errors of restored tasks carry their PID: "     1: Error (...)".
-		{"unix-bind-race.log", "unix: Can't bind id 0xb ino 198309 addr /tmp/rt/sock2/kcr-5253.sock: Address already in use", CauseUnknown},
+		{"unix-bind-race.log", "unix: Can't bind id 0xb ino 198309 addr /tmp/rt/sock2/kcr-5253.sock: Address already in use", CauseUnixBindInUse},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			f, err := os.Open(filepath.Join("testdata/logs", tc.file))
@@ -51,6 +52,51 @@ func TestParseLog(t *testing.T) {
 	}
 	if first, hint := ParseLogFile("testdata/logs/does-not-exist"); first != "" || hint != "" {
 		t.Errorf("missing log: %q %q", first, hint)
+	}
+}
+
+// TestClassifyLines: the causes known from single error lines of CRIU's
+// logs (restore errors of clones racing for a path, a lazy-pages daemon's
+// restore going away).
+func TestClassifyLines(t *testing.T) {
+	for _, tc := range []struct {
+		line string
+		want Cause
+	}{
+		{"(00.267623)      1: Error (criu/sk-unix.c:1651): unix: Can't bind id 0xb ino 198309 addr /run/kcr/kcr-7.sock: Address already in use", CauseUnixBindInUse},
+		{"(00.267623)      1: Error (criu/util.c:1087): Unable to change [-100]//run/kcr/kcr-7.sock ownership to (0, 0): No such file or directory", CauseFileVanished},
+		{"(00.100000) Error (criu/uffd.c:4): uffd: PID recv: short read", CauseRestoreGone},
+		{"(00.100000) Error (criu/uffd.c:9): uffd: Restorer unexpectedly closed the connection", CauseRestoreGone},
+		{"(00.267623)      1: Error (criu/util.c:1087): Unable to change [-100]//run/kcr/kcr-7.sock ownership to (0, 0): Operation not permitted", CausePermission},
+		{"(00.100000) Error (criu/sk-unix.c:1651): unix: Can't bind id 0xb: Permission denied", CausePermission},
+	} {
+		if _, got := parseLog(strings.NewReader(tc.line + "\n")); got != tc.want {
+			t.Errorf("%q: cause %q, want %q", tc.line, got, tc.want)
+		}
+	}
+	// A specific cause anywhere in the log wins over the lazy-pages
+	// daemon's report that the restore went away.
+	log := "(00.1) Error (criu/uffd.c:4): uffd: PID recv: short read\n(00.2) Error (criu/x.c:1): Can't fork for 77: File exists\n"
+	if _, got := parseLog(strings.NewReader(log)); got != CausePIDInUse {
+		t.Errorf("cause %q, want %q", got, CausePIDInUse)
+	}
+}
+
+// TestErrorIsCause: errors.Is finds an *Error's cause through wrapping, and
+// nothing else.
+func TestErrorIsCause(t *testing.T) {
+	err := fmt.Errorf("restore clone 2: %w", &Error{Op: "restore", Cause: CauseUnixBindInUse, Err: errors.New("exit status 1")})
+	if !errors.Is(err, CauseUnixBindInUse) {
+		t.Errorf("errors.Is(%v, %s) = false", err, CauseUnixBindInUse)
+	}
+	if errors.Is(err, CausePIDInUse) || errors.Is(err, CauseUnknown) {
+		t.Errorf("%v matches a cause it does not have", err)
+	}
+	if errors.Is(&Error{Op: "dump"}, CauseUnknown) {
+		t.Error("an *Error without a cause matches CauseUnknown")
+	}
+	if errors.Is(errors.New("Address already in use"), CauseUnixBindInUse) {
+		t.Error("a plain error matches a CRIU cause")
 	}
 }
 

@@ -8,7 +8,9 @@ import (
 	"strings"
 )
 
-// Cause classifies a CRIU failure that kcr knows how to explain.
+// Cause classifies a CRIU failure that kcr knows how to explain. It is an
+// error only so that callers can test for one with errors.Is, which an
+// *Error with that Cause matches: errors.Is(err, criu.CausePIDInUse).
 type Cause string
 
 // Known causes. CauseUnknown means the log matched no known pattern.
@@ -22,7 +24,18 @@ const (
 	CauseShellJob       Cause = "shell-job"
 	CauseNoProcess      Cause = "no-such-process"
 	CauseTCPCloseNeeded Cause = "tcp-close-needed"
+	// CauseUnixBindInUse: a Unix socket path the image binds is taken.
+	CauseUnixBindInUse Cause = "unix-bind-in-use"
+	// CauseFileVanished: a file CRIU had just restored (such as a bound
+	// socket) was removed before CRIU set its owner.
+	CauseFileVanished Cause = "file-vanished"
+	// CauseRestoreGone: a lazy-pages daemon lost the restore it served,
+	// which failed for reasons of its own.
+	CauseRestoreGone Cause = "restore-gone"
 )
+
+// Error returns the cause's name.
+func (c Cause) Error() string { return string(c) }
 
 var hints = map[Cause]string{
 	CauseTCPEstablished: "a TCP connection is still open: close it in a hook, or pass --tcp-close",
@@ -33,6 +46,9 @@ var hints = map[Cause]string{
 	CauseShellJob:       "the process is not detached (it does not lead its own session, or it has a controlling terminal): start it with setsid and stdin from /dev/null, or pass --shell-job",
 	CauseNoProcess:      "the process is gone: check the PID",
 	CauseTCPCloseNeeded: "the image was dumped with --tcp-close: restore it with --tcp-close too",
+	CauseUnixBindInUse:  "a Unix socket path the image binds is in use: stop the process that holds it, or remove the stale socket file",
+	CauseFileVanished:   "another process removed a file CRIU had just restored (clones of one image restoring at once?): try again",
+	CauseRestoreGone:    "the restore failed first: see its error",
 }
 
 // Hint returns the advice kcr gives for c ("" for CauseUnknown).
@@ -49,9 +65,13 @@ var causePatterns = []struct {
 	{CauseTCPEstablished, regexp.MustCompile(`(?i)connected TCP socket|tcp-established|TCP connection`)},
 	{CauseExternalUnix, regexp.MustCompile(`(?i)external socket is used|ext-unix-sk|half of stream unix connection|unix socket .* without peer|Runaway socket`)},
 	{CausePIDInUse, regexp.MustCompile(`Can't fork for \d+: File exists|PID \d+ is in use`)},
+	{CauseUnixBindInUse, regexp.MustCompile(`Can't bind .*Address already in use`)},
+	{CauseFileVanished, regexp.MustCompile(`Unable to change \[-?\d+\]/.* ownership .*: No such file or directory`)},
 	{CauseShellJob, regexp.MustCompile(`(?i)not a session leader|shell-job|shell_job|controlling terminal`)},
 	{CauseNoProcess, regexp.MustCompile(`No such process`)},
 	{CausePermission, regexp.MustCompile(`(?i)operation not permitted|permission denied|CAP_SYS_ADMIN|CAP_CHECKPOINT_RESTORE|capability .* missing`)},
+	// Last: any other cause in the daemon's log is news.
+	{CauseRestoreGone, regexp.MustCompile(`PID recv|Restorer unexpectedly closed`)},
 }
 
 // logLineRE splits "(00.012345) Error (criu/sk-inet.c:188): message".
@@ -185,6 +205,13 @@ func (e *Error) Error() string {
 
 // Unwrap returns e.Err.
 func (e *Error) Unwrap() error { return e.Err }
+
+// Is reports whether target is e's Cause, so that errors.Is(err,
+// criu.CausePIDInUse) finds the cause through any wrapping.
+func (e *Error) Is(target error) bool {
+	c, ok := target.(Cause)
+	return ok && c != CauseUnknown && c == e.Cause
+}
 
 // newError builds an *Error for op from the log at logPath and, failing
 // that, from what criu printed (output).

@@ -325,7 +325,7 @@ func (d *LazyPages) abort(restoreErr error) error {
 	case <-d.done:
 	case <-time.After(5 * time.Second):
 	}
-	if !died || d.err == nil || lazyConsequence(d.err) {
+	if !died || d.err == nil || errors.Is(d.err, CauseRestoreGone) {
 		return restoreErr
 	}
 	// One line: "criu restore failed: <restore's error>; lazy-pages daemon
@@ -353,14 +353,4 @@ func (d *LazyPages) abort(restoreErr error) error {
 		ce.First = "lazy-pages " + daemon
 	}
 	return &ce
-}
-
-// lazyConsequence reports a daemon error that only says the restore went
-// away (it failed for its own reasons).
-func lazyConsequence(err error) bool {
-	var e *Error
-	if !errors.As(err, &e) {
-		return false
-	}
-	return strings.Contains(e.First, "PID recv") || strings.Contains(e.First, "Restorer unexpectedly closed")
 }

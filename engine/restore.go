@@ -229,7 +229,7 @@ func restoreOne(ctx context.Context, o RestoreOptions, img *images.Image, criuPa
 		// Clones restore the same bound Unix socket paths; CRIU unlinks and
 		// binds, and a sibling can bind in between. The clone then moves
 		// its control socket, so another try settles it.
-		if err == nil || o.Count <= 1 || attempt == 10 || !bindRace(err, m.ControlSocket) {
+		if err == nil || o.Count <= 1 || attempt == 10 || !bindRace(err) {
 			break
 		}
 		select {
@@ -265,18 +265,11 @@ func restoreOne(ctx context.Context, o RestoreOptions, img *images.Image, criuPa
 	return res, nil
 }
 
-// bindRace reports a CRIU failure caused by a sibling clone restoring the
-// same bound Unix socket path at the same moment: bind finds the path taken,
-// or the file CRIU just bound is unlinked before it sets its owner.
-func bindRace(err error, controlSocket string) bool {
-	var ce *criu.Error
-	if !errors.As(err, &ce) {
-		return false
-	}
-	if strings.Contains(ce.First, "Can't bind") && strings.Contains(ce.First, "Address already in use") {
-		return true
-	}
-	return controlSocket != "" && strings.Contains(ce.First, filepath.Base(controlSocket))
+// bindRace reports a CRIU failure that a sibling clone restoring the same
+// bound Unix socket path at the same moment explains: bind finds the path
+// taken, or the file CRIU just bound is unlinked before it sets its owner.
+func bindRace(err error) bool {
+	return errors.Is(err, criu.CauseUnixBindInUse) || errors.Is(err, criu.CauseFileVanished)
 }
 
 // afterRestore sends the restored message. The socket was restored by CRIU,

@@ -152,7 +152,11 @@ t_dead=$(now_ns)
 grep -v '^checkpointed' "$work/checkpoint.txt" | sed 's/ {.*}$//' | detail
 # hook NAME KEY: a detail of a before-checkpoint hook's report.
 hook() { jq -r --arg n "$1" --arg k "$2" '.manifest.resources[] | select(.name | startswith($n)) | .details[$k] // empty' "$work/checkpoint.json"; }
-echo "  kafkahooks: reader left its group: $(hook kafka-reader left_group); writer records in flight: $(hook kafka-writer records_pending)" | detail
+if [ "$client" = franz ]; then
+	echo "  kgohooks: consumer left its group: $(hook kgo-in left_group); producer records flushed: $(hook kgo-out records_flushed)" | detail
+else
+	echo "  kafkahooks: reader left its group: $(hook kafka-reader left_group); writer records in flight: $(hook kafka-writer records_pending)" | detail
+fi
 alive "$pid" && fail "the pipeline still runs after the checkpoint"
 say "pipeline is gone (scaled to zero); orders keep coming for ${down}s"
 sleep "$down"

@@ -3,6 +3,7 @@ package images
 import (
 	"archive/tar"
 	"context"
+	"crypto/ed25519"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/klauspost/compress/zstd"
@@ -110,6 +112,23 @@ func export(ctx context.Context, dir string, w io.Writer) (*Image, error) {
 	}
 	if _, err := tw.Write(raw); err != nil {
 		return nil, writeErr(err)
+	}
+	// The signature, if any, travels second, so that an import can check
+	// it before it unpacks anything.
+	sig, err := readRootFile(root, SignatureName, maxSigFile)
+	switch {
+	case err == nil:
+		if err := tw.WriteHeader(header(SignatureName, int64(len(sig)))); err != nil {
+			return nil, writeErr(err)
+		}
+		if _, err := tw.Write(sig); err != nil {
+			return nil, writeErr(err)
+		}
+	case errors.Is(err, errTooBig):
+		return nil, newError(dir, SignatureName, ErrSignature, nil,
+			fmt.Sprintf("%s is larger than %d bytes, not a kcr signature: remove it or sign the image again", SignatureName, maxSigFile))
+	case !errors.Is(err, fs.ErrNotExist):
+		return nil, fmt.Errorf("images: %s: read %s: %w%s", dir, SignatureName, err, ioHint(err))
 	}
 	buf := make([]byte, 1<<20)
 	for _, f := range m.Files {
@@ -281,10 +300,21 @@ const DefaultMaxImportSize int64 = 64 << 30
 // ImportOption configures [Import] and [ImportFile].
 type ImportOption func(*importConfig)
 
-type importConfig struct{ maxSize int64 }
+type importConfig struct {
+	maxSize int64
+	keys    []ed25519.PublicKey
+}
 
 // WithMaxSize sets the largest image, in bytes, that an import unpacks.
 func WithMaxSize(n int64) ImportOption { return func(c *importConfig) { c.maxSize = n } }
+
+// WithVerifyKeys makes the import require a signature of the archive's
+// manifest by one of keys (see [OpenOptions.VerifyKeys]), checked before
+// anything is unpacked. Without it, a signature in the archive is kept
+// unchecked, for a later restore --verify-key.
+func WithVerifyKeys(keys []ed25519.PublicKey) ImportOption {
+	return func(c *importConfig) { c.keys = keys }
+}
 
 // ImportFile imports the archive file (see [Import]). Errors name file.
 func ImportFile(ctx context.Context, file, final string, opts ...ImportOption) (*Image, error) {
@@ -311,6 +341,9 @@ type importer struct {
 	root  *os.Root // b.tmp
 	m     *Manifest
 	raw   []byte // manifest.json as archived
+	sig   []byte // its signature as archived, or nil
+	// signer is the key that signed raw, once checked (cfg.keys set).
+	signer ed25519.PublicKey
 
 	listed map[string]FileEntry
 	dirs   map[string]bool // ancestors of listed files: allowed directory entries
@@ -380,6 +413,15 @@ func importArchive(ctx context.Context, r io.Reader, final, label string, opts [
 			}
 			continue
 		}
+		if i == 1 && name == SignatureName && hdr.Typeflag == tar.TypeReg {
+			if err := im.readSignature(hdr, tr); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if err := im.checkSigned(); err != nil {
+			return nil, err
+		}
 		if err := im.unpack(hdr, name, tr); err != nil {
 			return nil, err
 		}
@@ -387,6 +429,9 @@ func importArchive(ctx context.Context, r io.Reader, final, label string, opts [
 	// Read the zstd stream to its end so that its checksum is verified.
 	if _, err := io.CopyBuffer(io.Discard, zr, im.buf); err != nil {
 		return nil, im.readError(err, "")
+	}
+	if err := im.checkSigned(); err != nil {
+		return nil, err
 	}
 	for _, f := range im.m.Files {
 		if !im.seen[f.Path] {
@@ -478,6 +523,35 @@ func (im *importer) readManifest(hdr *tar.Header, name string, tr *tar.Reader) e
 	}
 	im.seen[ManifestName] = true
 	return im.checkSpace()
+}
+
+// readSignature reads the manifest's signature, the second entry.
+func (im *importer) readSignature(hdr *tar.Header, tr *tar.Reader) error {
+	if hdr.Size > maxSigFile {
+		return im.errorf(SignatureName, ErrSignature, nil,
+			"%s is %d bytes, larger than %d: not a kcr signature; %s", SignatureName, hdr.Size, maxSigFile, archiveDamaged)
+	}
+	sig := make([]byte, hdr.Size)
+	if _, err := io.ReadFull(tr, sig); err != nil {
+		return im.readError(err, SignatureName)
+	}
+	im.sig = sig
+	im.seen[SignatureName] = true
+	return im.checkSigned()
+}
+
+// checkSigned verifies the signature once, before the first file is
+// unpacked, when keys are required.
+func (im *importer) checkSigned() error {
+	if len(im.cfg.keys) == 0 || im.signer != nil {
+		return nil
+	}
+	pub, err := verifySignature(im.label, im.raw, im.sig, im.cfg.keys)
+	if err != nil {
+		return err
+	}
+	im.signer = pub
+	return nil
 }
 
 // checkSpace refuses, before anything is unpacked, an image larger than the
@@ -585,13 +659,13 @@ func (im *importer) commit() (*Image, error) {
 	if err := im.root.Remove(importMark); err != nil {
 		return nil, im.writeError(importMark, err)
 	}
-	if err := b.writeManifestBytes(im.raw); err != nil {
+	if err := b.writeManifestBytes(im.raw, im.sig); err != nil {
 		return nil, err
 	}
 	if err := b.publish(im.ctx, "import"); err != nil {
 		return nil, err
 	}
-	return &Image{Dir: b.final, Manifest: im.m}, nil
+	return &Image{Dir: b.final, Manifest: im.m, Signer: im.signer}, nil
 }
 
 func (im *importer) errorf(p string, kind, cause error, format string, args ...any) error {
@@ -674,13 +748,27 @@ func (c *countWriter) Write(p []byte) (int, error) {
 
 var errTooBig = errors.New("file too big")
 
-// readRootFile reads name from root, refusing more than limit bytes.
+// readRootFile reads the regular file name from root, refusing a symlink
+// (os.Root follows those that stay inside it, O_NOFOLLOW or not) and more
+// than limit bytes.
 func readRootFile(root *os.Root, name string, limit int64) ([]byte, error) {
-	f, err := root.Open(name)
+	lfi, err := root.Lstat(name)
+	if err != nil {
+		return nil, err
+	}
+	if !lfi.Mode().IsRegular() {
+		return nil, &fs.PathError{Op: "open", Path: name, Err: fmt.Errorf("a %s, not a regular file", kindOf(lfi.Mode()))}
+	}
+	f, err := root.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err != nil {
+		return nil, err
+	} else if !os.SameFile(fi, lfi) {
+		return nil, &fs.PathError{Op: "open", Path: name, Err: errors.New("replaced while being opened")}
+	}
 	data, err := io.ReadAll(io.LimitReader(f, limit+1))
 	if err != nil {
 		return nil, err

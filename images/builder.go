@@ -2,6 +2,7 @@ package images
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,7 +30,13 @@ type Builder struct {
 	final string // absolute final path
 	tmp   string // absolute temporary root
 	done  bool   // committed or aborted
+
+	signer ed25519.PrivateKey // signs the manifest if set
 }
+
+// SignWith makes Commit (and Recover) sign the manifest with priv, writing
+// SignatureName beside it, so that the image is published signed.
+func (b *Builder) SignWith(priv ed25519.PrivateKey) { b.signer = priv }
 
 // Create validates final as the destination of a new image and creates the
 // temporary directory to build it in. The parent of final must exist;
@@ -221,6 +228,8 @@ func (b *Builder) seal(ctx context.Context) ([]FileEntry, []string, error) {
 			return nil // replaced by writeManifest
 		case rel == PendingName:
 			return nil // the draft, removed once the manifest is written
+		case rel == SignatureName || rel == signatureTmp:
+			return nil // written with the manifest
 		case !d.Type().IsRegular():
 			return newError(b.final, rel, ErrUnsafePath, nil,
 				fmt.Sprintf("%s is a %s: images may hold only regular files and directories; remove it", rel, kindOf(d.Type())))
@@ -266,16 +275,39 @@ func (b *Builder) writeManifest(m *Manifest) error {
 	if err != nil {
 		return fmt.Errorf("images: %s: encode manifest: %w", b.final, err)
 	}
-	return b.writeManifestBytes(append(data, '\n'))
+	data = append(data, '\n')
+	var sig []byte
+	if b.signer != nil {
+		sig = signManifest(b.signer, data)
+	}
+	return b.writeManifestBytes(data, sig)
 }
 
-// writeManifestBytes writes data as manifest.json: to a temporary file,
-// then renamed. Commit and import sync it with the rest.
-func (b *Builder) writeManifestBytes(data []byte) error {
-	tmp := filepath.Join(b.tmp, manifestTmp)
+// writeManifestBytes writes data as manifest.json and, if not nil, sig as
+// its signature: each to a temporary file, then renamed. Commit and import
+// sync them with the rest.
+func (b *Builder) writeManifestBytes(data, sig []byte) error {
+	if sig != nil {
+		if err := b.writeRootFile(signatureTmp, SignatureName, sig); err != nil {
+			return fmt.Errorf("images: %s: write signature: %w%s", b.final, err, ioHint(err))
+		}
+	} else if err := os.Remove(filepath.Join(b.tmp, SignatureName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		// A signature of a manifest never written (kcr died in between).
+		return fmt.Errorf("images: %s: remove stale signature: %w", b.final, err)
+	}
+	if err := b.writeRootFile(manifestTmp, ManifestName, data); err != nil {
+		return fmt.Errorf("images: %s: write manifest: %w%s", b.final, err, ioHint(err))
+	}
+	return nil
+}
+
+// writeRootFile writes data to tmpName in the image root, then renames it
+// to name.
+func (b *Builder) writeRootFile(tmpName, name string, data []byte) error {
+	tmp := filepath.Join(b.tmp, tmpName)
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, filePerm)
 	if err != nil {
-		return fmt.Errorf("images: %s: write manifest: %w%s", b.final, err, ioHint(err))
+		return err
 	}
 	_, err = f.Write(data)
 	if err == nil {
@@ -285,12 +317,9 @@ func (b *Builder) writeManifestBytes(data []byte) error {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp, filepath.Join(b.tmp, ManifestName))
+		err = os.Rename(tmp, filepath.Join(b.tmp, name))
 	}
-	if err != nil {
-		return fmt.Errorf("images: %s: write manifest: %w%s", b.final, err, ioHint(err))
-	}
-	return nil
+	return err
 }
 
 // Abort removes the temporary directory and everything in it. It is

@@ -2,6 +2,7 @@ package images
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -29,6 +30,9 @@ type Image struct {
 	// Cached counts the files that were not hashed again because they are
 	// unchanged since they were last verified.
 	Cached int
+	// Signer is the key whose signature of the manifest was verified (see
+	// OpenOptions.VerifyKeys); nil when no key was asked for.
+	Signer ed25519.PublicKey
 
 	root *os.Root // the directory verified; see CRIUDirFile
 }
@@ -59,6 +63,11 @@ func OpenRehash(ctx context.Context, dir string) (*Image, error) {
 type OpenOptions struct {
 	// Rehash hashes every file, ignoring the verification cache.
 	Rehash bool
+	// VerifyKeys, if not empty, requires the image to carry a signature of
+	// its manifest (SignatureName) by one of these keys, else ErrSignature.
+	// The manifest is then read once, through the directory verified, and
+	// the files are checked against those signed bytes.
+	VerifyKeys []ed25519.PublicKey
 	// Trusted refuses (ErrUntrusted) an image that a user other than the
 	// caller's effective user or root could have written: the directory,
 	// an entry in it or an ancestor owned by another uid, or writable by
@@ -78,7 +87,7 @@ func OpenWith(ctx context.Context, dir string, o OpenOptions) (*Image, error) {
 		return nil, err
 	}
 	im := &Image{Dir: dir, Manifest: m}
-	if err := im.verify(ctx, !o.Rehash, o.Trusted); err != nil {
+	if err := im.verify(ctx, !o.Rehash, o.Trusted, o.VerifyKeys); err != nil {
 		im.Close()
 		return nil, err
 	}
@@ -110,7 +119,7 @@ func (im *Image) CRIUDirFile() (*os.File, error) {
 
 // verify checks the files on disk against the manifest: first sizes and
 // types, which is cheap, then content hashes.
-func (im *Image) verify(ctx context.Context, useCache, trusted bool) error {
+func (im *Image) verify(ctx context.Context, useCache, trusted bool, keys []ed25519.PublicKey) error {
 	dir := im.Dir
 	// os.Root keeps every access inside the image even if a path or a
 	// symlink in it points elsewhere.
@@ -121,6 +130,12 @@ func (im *Image) verify(ctx context.Context, useCache, trusted bool) error {
 	im.root = root
 	if trusted {
 		if err := checkAncestors(dir); err != nil {
+			return err
+		}
+	}
+
+	if len(keys) > 0 {
+		if err := im.verifySigned(root, keys); err != nil {
 			return err
 		}
 	}
@@ -163,7 +178,9 @@ func (im *Image) verify(ctx context.Context, useCache, trusted bool) error {
 		}
 	}
 	var cache map[string]fileID
-	if useCache {
+	if useCache && ownedByMe(root) {
+		// Another user's directory may hold a cache that vouches for
+		// files it changed; only a cache this uid wrote is believed.
 		cache = readVerified(root)
 	}
 	hashed, ids := 0, make(map[string]fileID, len(im.Manifest.Files))
@@ -202,6 +219,39 @@ func (im *Image) verify(ctx context.Context, useCache, trusted bool) error {
 			"%d entries are accessible to group or others (e.g. %s) but images hold process memory: run chmod -R go-rwx %s",
 			len(loose), loose[0], dir))
 	}
+	return nil
+}
+
+// verifySigned reads the manifest and its signature through root, checks
+// the signature against keys and makes those signed bytes the manifest the
+// files are checked against.
+func (im *Image) verifySigned(root *os.Root, keys []ed25519.PublicKey) error {
+	raw, err := readRootFile(root, ManifestName, MaxManifestSize)
+	if errors.Is(err, errTooBig) {
+		return manifestTooBig(im.Dir)
+	}
+	if err != nil {
+		return fmt.Errorf("images: %s: read %s: %w%s", im.Dir, ManifestName, err, ioHint(err))
+	}
+	sig, err := readRootFile(root, SignatureName, maxSigFile)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		sig = nil
+	case errors.Is(err, errTooBig):
+		sig = []byte("too big")
+	case err != nil:
+		return newError(im.Dir, SignatureName, ErrSignature, err,
+			fmt.Sprintf("%s cannot be read (%v): refusing the image", SignatureName, err))
+	}
+	pub, err := verifySignature(im.Dir, raw, sig, keys)
+	if err != nil {
+		return err
+	}
+	m, err := decodeManifest(im.Dir, raw)
+	if err != nil {
+		return err
+	}
+	im.Manifest, im.Signer = m, pub
 	return nil
 }
 

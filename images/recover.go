@@ -2,6 +2,7 @@ package images
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -80,8 +81,9 @@ func reopen(tmp string) (*Builder, string, error) {
 	return b, abs, nil
 }
 
-// Recover completes and publishes the image in tmp: see Reopen.
-func Recover(ctx context.Context, tmp string) (*Image, error) {
+// Recover completes and publishes the image in tmp: see Reopen. With a
+// signer, the manifest is signed (again) before the image is published.
+func Recover(ctx context.Context, tmp string, signer ed25519.PrivateKey) (*Image, error) {
 	// kcr died after the manifest was written: only the rename is left.
 	if data, err := os.ReadFile(filepath.Join(tmp, ManifestName)); err == nil {
 		b, _, err := reopen(tmp)
@@ -92,6 +94,11 @@ func Recover(ctx context.Context, tmp string) (*Image, error) {
 		if err := json.Unmarshal(data, &m); err != nil {
 			return nil, fmt.Errorf("images: %s: %w: manifest: %v; remove the directory", tmp, ErrNotRecoverable, err)
 		}
+		if signer != nil {
+			if err := b.writeRootFile(signatureTmp, SignatureName, signManifest(signer, data)); err != nil {
+				return nil, fmt.Errorf("images: %s: write signature: %w%s", tmp, err, ioHint(err))
+			}
+		}
 		if err := b.publish(ctx, "recover"); err != nil {
 			return nil, err
 		}
@@ -101,6 +108,7 @@ func Recover(ctx context.Context, tmp string) (*Image, error) {
 	if err != nil {
 		return nil, err
 	}
+	b.SignWith(signer)
 	return b.Commit(ctx, m)
 }
 

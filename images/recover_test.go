@@ -26,7 +26,7 @@ func TestRecoverAfterDump(t *testing.T) {
 	if _, err := Open(context.Background(), final); err == nil {
 		t.Fatal("the unpublished image opens")
 	}
-	img, err := Recover(context.Background(), b.Dir())
+	img, err := Recover(context.Background(), b.Dir(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,13 +61,13 @@ func TestRecoverUnfinishedDump(t *testing.T) {
 	}
 	writeDump(t, b.CRIUDir())
 	os.Remove(filepath.Join(b.CRIUDir(), CRIUDoneName))
-	if _, err := Recover(context.Background(), b.Dir()); !errors.Is(err, ErrNotRecoverable) {
+	if _, err := Recover(context.Background(), b.Dir(), nil); !errors.Is(err, ErrNotRecoverable) {
 		t.Fatalf("Recover = %v, want ErrNotRecoverable", err)
 	}
 	if FindPending(filepath.Dir(final)) != nil {
 		t.Fatal("FindPending lists an unfinished dump")
 	}
-	if _, err := Recover(context.Background(), final); !errors.Is(err, ErrNotRecoverable) {
+	if _, err := Recover(context.Background(), final, nil); !errors.Is(err, ErrNotRecoverable) {
 		t.Fatalf("Recover of a non-temporary path = %v", err)
 	}
 }
@@ -89,7 +89,7 @@ func TestRecoverAfterManifest(t *testing.T) {
 	if err := b.writeManifest(m); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Recover(context.Background(), b.Dir()); err != nil {
+	if _, err := Recover(context.Background(), b.Dir(), nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := Open(context.Background(), final); err != nil {

@@ -38,6 +38,7 @@ var cacheQuiet = 30 * time.Second
 // checksummed content.
 var reservedNames = map[string]bool{
 	ManifestName: true, manifestTmp: true, VerifiedName: true, verifiedTmp: true, GenerationName: true,
+	SignatureName: true, signatureTmp: true,
 }
 
 // IsReserved reports whether name (slash-separated, relative to the image

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -43,6 +44,8 @@ type CheckpointOptions struct {
 	// AfterDump, if set, runs after CRIU's dump and before the image is
 	// published (tests kill kcr there; "kcr recover" finishes the image).
 	AfterDump func()
+	// SignKey, if set, signs the image's manifest (images.SignatureName).
+	SignKey ed25519.PrivateKey
 }
 
 // CheckpointResult describes a written image.
@@ -133,6 +136,7 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 	if err != nil {
 		return nil, err
 	}
+	b.SignWith(o.SignKey)
 	committed := false
 	defer func() {
 		if !committed {

@@ -3,6 +3,7 @@ package engine
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -56,6 +57,12 @@ type ContainerOptions struct {
 	Stdout       string
 	LeaveRunning bool
 	TCPClose     bool
+	// SignKey signs the image's manifest (CheckpointContainer).
+	SignKey ed25519.PrivateKey
+	// VerifyKeys and AllowUntrusted are as in RestoreOptions
+	// (RestoreContainer).
+	VerifyKeys     []ed25519.PublicKey
+	AllowUntrusted bool
 
 	env []string // added to runc's environment, which CRIU's script inherits
 }
@@ -182,6 +189,7 @@ func CheckpointContainer(ctx context.Context, o ContainerOptions) (*CheckpointRe
 	if err != nil {
 		return nil, err
 	}
+	b.SignWith(o.SignKey)
 	committed := false
 	defer func() {
 		if !committed {
@@ -285,10 +293,13 @@ func RestoreContainer(ctx context.Context, o ContainerOptions) (*ContainerRestor
 	start := time.Now()
 	res := &ContainerRestoreResult{ID: o.ID}
 	t := time.Now()
-	img, err := images.Open(ctx, o.Image)
+	img, err := images.OpenWith(ctx, o.Image, openOptions(false, o.AllowUntrusted, o.VerifyKeys))
 	if err != nil {
 		return nil, err
 	}
+	// runc hands CRIU the image by path, so the directory fd cannot be
+	// passed on: the trust check above is what keeps the path honest.
+	defer img.Close()
 	res.Timings.add(PhaseVerify, time.Since(t))
 	if o.Bundle == "" {
 		id, bundle, err := readContainerFile(img.Dir)

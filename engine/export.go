@@ -4,14 +4,21 @@ import (
 	"archive/tar"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/kcr-dev/kcr/images"
 )
+
+// SignatureEntry is the name, in a CRI-O checkpoint archive written by
+// ExportArchive, of the kcr manifest's signature (images.SignatureName);
+// the manifest itself is kcr-manifest.json.
+const SignatureEntry = "kcr-manifest.sig"
 
 // ExportArchive writes a verified kcr image of a container (kcr checkpoint
 // --container) as a checkpoint archive in CRI-O's layout, the one
@@ -78,6 +85,15 @@ func ExportArchive(ctx context.Context, image, out string) error {
 	}
 	if err := add("kcr-manifest.json", mb); err != nil {
 		return err
+	}
+	// The signature goes along, so that whoever unpacks the archive can
+	// check who wrote the image.
+	if sig, err := os.ReadFile(filepath.Join(img.Dir, images.SignatureName)); err == nil {
+		if err := add(SignatureEntry, sig); err != nil {
+			return err
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("export: %w", err)
 	}
 	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: "checkpoint/", Mode: 0o700, ModTime: img.Manifest.Created}); err != nil {
 		return err

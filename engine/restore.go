@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -40,8 +41,14 @@ type RestoreOptions struct {
 	// since they were last verified.
 	Rehash bool
 	// AllowUntrusted restores, as root, an image that another user owns or
-	// could have written (see images.OpenOptions.Trusted).
+	// could have written (see images.OpenOptions.Trusted). VerifyKeys does
+	// not replace it: a valid signature says who wrote the image, but a
+	// user who can write the directory can still change it after the
+	// check, while CRIU reads it.
 	AllowUntrusted bool
+	// VerifyKeys, if not empty, requires the manifest to be signed by one
+	// of these keys (images.OpenOptions.VerifyKeys).
+	VerifyKeys []ed25519.PublicKey
 	// Lazy restores memory on demand through CRIU's lazy-pages daemon
 	// (userfaultfd), so that restore time does not grow with RSS.
 	Lazy bool
@@ -120,7 +127,7 @@ func RestoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreResult, err
 	}()
 	var pre Timings
 	t := time.Now()
-	img, err := images.OpenWith(ctx, o.Image, images.OpenOptions{Rehash: o.Rehash, Trusted: os.Geteuid() == 0 && !o.AllowUntrusted})
+	img, err := images.OpenWith(ctx, o.Image, openOptions(o.Rehash, o.AllowUntrusted, o.VerifyKeys))
 	if err != nil {
 		<-criuCh
 		return nil, err
@@ -357,4 +364,11 @@ func stateCounter(image string) (string, *os.File, error) {
 	}
 	f, err := images.OpenCounter(dir, filepath.Base(p))
 	return p, f, err
+}
+
+// openOptions are the checks a restore makes of an image: as root, that no
+// other user could have written it (unless allowUntrusted), and the
+// signature if keys are given.
+func openOptions(rehash, allowUntrusted bool, keys []ed25519.PublicKey) images.OpenOptions {
+	return images.OpenOptions{Rehash: rehash, Trusted: os.Geteuid() == 0 && !allowUntrusted, VerifyKeys: keys}
 }

@@ -26,7 +26,8 @@ func exportCmd(g *globals) *cobra.Command {
 		Short: "Verify an image and write it as one compressed archive file (.tar.zst) to copy to another host",
 		Long: `Verify an image and write it as one compressed archive file to copy to another host,
 where "kcr import" unpacks and verifies it. The archive is a zstd-compressed tar
-holding manifest.json and the files it lists, nothing else. It is written to a
+holding manifest.json, its signature (manifest.sig) if the image is signed, and
+the files the manifest lists, nothing else. It is written to a
 temporary file and renamed into place, so FILE is never a partial archive.
 "-o -" writes the archive to stdout, e.g. kcr export img -o - | ssh host kcr import - -o img`,
 		Args: cobra.ExactArgs(1),
@@ -126,6 +127,7 @@ func exportStream(cmd *cobra.Command, dir string, w io.Writer) (*images.Image, e
 
 func importCmd(g *globals) *cobra.Command {
 	var output string
+	var keyFiles []string
 	maxSize := images.DefaultMaxImportSize
 	cmd := &cobra.Command{
 		Use:   "import FILE",
@@ -134,6 +136,9 @@ func importCmd(g *globals) *cobra.Command {
 "kcr restore". Every file is checked against the manifest's size and SHA-256 as
 it is unpacked, into a hidden temporary directory renamed into place only once
 the whole image is verified: a damaged or tampered archive leaves nothing behind.
+Checksums only catch damage: whoever wrote the archive chose them. With
+--verify-key, the manifest must be signed by one of the given keys, checked before
+anything is unpacked (exit 9 otherwise): this is how an image is trusted across hosts.
 FILE "-" reads the archive from stdin (then -o is required).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -147,16 +152,20 @@ FILE "-" reads the archive from stdin (then -o is required).`,
 			if maxSize <= 0 {
 				return &exitError{exitUsage, fmt.Errorf("--max-size %d: give a positive number of bytes", maxSize)}
 			}
+			keys, err := loadVerifyKeys(keyFiles)
+			if err != nil {
+				return err
+			}
+			opts := []images.ImportOption{images.WithMaxSize(maxSize), images.WithVerifyKeys(keys)}
 			start := time.Now()
 			var img *images.Image
 			var size int64
-			var err error
 			if file == stdio {
 				cr := &countingReader{r: os.Stdin}
-				img, err = images.Import(cmd.Context(), cr, output, images.WithMaxSize(maxSize))
+				img, err = images.Import(cmd.Context(), cr, output, opts...)
 				size = cr.n
 			} else {
-				img, err = images.ImportFile(cmd.Context(), file, output, images.WithMaxSize(maxSize))
+				img, err = images.ImportFile(cmd.Context(), file, output, opts...)
 				if fi, serr := os.Stat(file); serr == nil {
 					size = fi.Size()
 				}
@@ -173,15 +182,21 @@ FILE "-" reads the archive from stdin (then -o is required).`,
 			fmt.Fprintf(stderr, "imported %s to %s in %s\n", name, img.Dir, fmtDur(took))
 			fmt.Fprintf(stderr, "  archive              %s\n", fmtSize(size))
 			fmt.Fprintf(stderr, "  image                %s in %d files (verified; archive is %s of it)\n", fmtSize(imgSize), len(img.Manifest.Files), ratio(size, imgSize))
+			signedBy := ""
+			if img.Signer != nil {
+				signedBy = images.Fingerprint(img.Signer)
+				fmt.Fprintf(stderr, "  signature            verified: signed by %s\n", signedBy)
+			}
 			if g.json {
 				return printJSON(map[string]any{"image": img.Dir, "archive": file, "image_bytes": imgSize, "archive_bytes": size,
-					"files": len(img.Manifest.Files), "duration_ns": took.Nanoseconds()})
+					"files": len(img.Manifest.Files), "duration_ns": took.Nanoseconds(), "signed_by": signedBy})
 			}
 			return nil
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "", "image directory to create (default: FILE's name without "+images.ArchiveExt+", in the current directory)")
 	cmd.Flags().Int64Var(&maxSize, "max-size", maxSize, "largest image, in bytes, to unpack (the free space is checked too)")
+	verifyKeyFlag(cmd.Flags(), &keyFiles)
 	return cmd
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -59,6 +60,7 @@ func fmtSize(n int64) string {
 func checkpointCmd(g *globals) *cobra.Command {
 	var o engine.CheckpointOptions
 	var ctr engine.ContainerOptions
+	var signFile string
 	cmd := &cobra.Command{
 		Use:   "checkpoint PID | --container ID",
 		Short: "Run the process's checkpoint hooks, dump it with CRIU and write an image",
@@ -74,6 +76,13 @@ action script (kcr install-runtime-hook), which runc's CRIU must be configured t
 			return cobra.ExactArgs(1)(cmd, args)
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// Before anything touches the target: a bad key is refused
+			// while the app still runs untouched.
+			key, err := loadSignKey(signFile)
+			if err != nil {
+				return err
+			}
+			o.SignKey, ctr.SignKey = key, key
 			if ctr.ID != "" {
 				ctr.Output, ctr.LeaveRunning, ctr.TCPClose = o.Output, o.LeaveRunning, o.TCPClose
 				if ctr.Output == "" {
@@ -126,6 +135,7 @@ action script (kcr install-runtime-hook), which runc's CRIU must be configured t
 	f.BoolVar(&o.NoHooks, "no-hooks", false, "dump a process that has no kcr control socket")
 	f.BoolVar(&o.ShellJob, "shell-job", false, "dump a process attached to a terminal (detected by default)")
 	f.DurationVar(&o.ResumeAfter, "resume-after", 0, "how long the app waits for kcr after its hooks before it resumes on its own (default timeout+60s)")
+	signFlag(f, &signFile)
 	containerFlags(f, &ctr)
 	return cmd
 }
@@ -188,6 +198,7 @@ func errString(err error) string {
 func restoreCmd(g *globals) *cobra.Command {
 	var o engine.RestoreOptions
 	var ctr engine.ContainerOptions
+	var keyFiles []string
 	cmd := &cobra.Command{
 		Use:   "restore IMAGE",
 		Short: "Verify an image, restore it with CRIU and run the after-restore hooks; prints the new PID",
@@ -199,6 +210,12 @@ image of a service started with "kcr run". One line per clone is printed:
 host PID, name and restore time.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			keys, err := loadVerifyKeys(keyFiles)
+			if err != nil {
+				return err
+			}
+			o.VerifyKeys, ctr.VerifyKeys = keys, keys
+			ctr.AllowUntrusted = o.AllowUntrusted
 			if ctr.ID != "" || ctr.Bundle != "" {
 				ctr.Image = args[0]
 				res, err := engine.RestoreContainer(cmd.Context(), ctr)
@@ -286,7 +303,8 @@ host PID, name and restore time.`,
 	f.StringVar(&o.Name, "name", "", "name of the restored instance (clones are NAME-1 … NAME-N)")
 	f.BoolVar(&o.Lazy, "lazy", false, "restore memory on demand through CRIU's lazy-pages daemon")
 	f.BoolVar(&o.Rehash, "rehash", false, "hash every file, also those unchanged on disk since they were last verified")
-	f.BoolVar(&o.AllowUntrusted, "allow-untrusted", false, "as root, restore an image that another user owns or could have written (it runs with root's powers)")
+	f.BoolVar(&o.AllowUntrusted, "allow-untrusted", false, "as root, restore an image that another user owns or could have written (it runs with root's powers; a signature does not replace this)")
+	verifyKeyFlag(f, &keyFiles)
 	containerFlags(f, &ctr)
 	f.StringVar(&ctr.Bundle, "bundle", "", "with --container: the bundle to restore into (default: the one checkpointed)")
 	f.StringVar(&ctr.Stdout, "container-output", "", "with --container: file (truncated) for the restored container's stdout and stderr (default /dev/null)")
@@ -340,11 +358,16 @@ subprocesses which outlive their parent should reap them, or run with
 }
 
 func recoverCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var signFile string
+	cmd := &cobra.Command{
 		Use:   "recover DIR",
 		Short: "Finish images whose kcr checkpoint died after the dump (DIR: the hidden .NAME.kcr-tmp-* directory, or the directory holding them)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			key, err := loadSignKey(signFile)
+			if err != nil {
+				return err
+			}
 			dirs := []string{args[0]}
 			if !strings.Contains(filepath.Base(filepath.Clean(args[0])), ".kcr-tmp-") {
 				if dirs = images.FindPending(args[0]); len(dirs) == 0 {
@@ -353,7 +376,7 @@ func recoverCmd(g *globals) *cobra.Command {
 			}
 			var out []string
 			for _, d := range dirs {
-				img, err := images.Recover(cmd.Context(), d)
+				img, err := images.Recover(cmd.Context(), d, key)
 				if err != nil {
 					return err
 				}
@@ -366,34 +389,41 @@ func recoverCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
+	signFlag(cmd.Flags(), &signFile)
+	return cmd
 }
 
 func inspectCmd(g *globals) *cobra.Command {
 	var noVerify, rehash bool
+	var keyFiles []string
 	cmd := &cobra.Command{
 		Use:   "inspect IMAGE",
 		Short: "Show an image's manifest, sizes and timings",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			keys, err := loadVerifyKeys(keyFiles)
+			if err != nil {
+				return err
+			}
+			if noVerify && keys != nil {
+				return &exitError{exitUsage, errors.New("--no-verify skips the checks that --verify-key asks for: drop one of them")}
+			}
 			var m *images.Manifest
 			var warn []string
+			var signer ed25519.PublicKey
 			cached := 0
 			if noVerify {
-				var err error
 				if m, err = images.ReadManifest(args[0]); err != nil {
 					return err
 				}
 			} else {
-				open := images.Open
-				if rehash {
-					open = images.OpenRehash
-				}
-				img, err := open(cmd.Context(), args[0])
+				img, err := images.OpenWith(cmd.Context(), args[0], images.OpenOptions{Rehash: rehash, VerifyKeys: keys})
 				if err != nil {
 					return err
 				}
+				img.Close()
 				m, warn = img.Manifest, img.Warnings
-				cached = img.Cached
+				cached, signer = img.Cached, img.Signer
 			}
 			if g.json {
 				return printJSON(m)
@@ -411,6 +441,14 @@ func inspectCmd(g *globals) *cobra.Command {
 			fmt.Fprintf(w, "options       leave-running=%v tcp-close=%v shell-job=%v no-hooks=%v\n", m.Options.LeaveRunning, m.Options.TCPClose, m.Options.ShellJob, m.NoHooks)
 			if m.ControlSocket != "" {
 				fmt.Fprintf(w, "socket        %s\n", m.ControlSocket)
+			}
+			switch {
+			case signer != nil:
+				fmt.Fprintf(w, "signature     verified: signed by %s\n", images.Fingerprint(signer))
+			case hasSignature(args[0]):
+				fmt.Fprintln(w, "signature     present, not checked (pass --verify-key)")
+			default:
+				fmt.Fprintln(w, "signature     none")
 			}
 			fmt.Fprintln(w, "phases")
 			for _, p := range m.Phases {
@@ -436,6 +474,7 @@ func inspectCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&noVerify, "no-verify", false, "read the manifest without checking the files' checksums")
 	cmd.Flags().BoolVar(&rehash, "rehash", false, "hash every file, also those unchanged on disk since they were last verified")
+	verifyKeyFlag(cmd.Flags(), &keyFiles)
 	return cmd
 }
 

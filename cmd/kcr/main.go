@@ -11,6 +11,8 @@
 //	6  the target process does not exist or has no kcr control socket
 //	7  CRIU is missing or unusable on this kernel
 //	8  restored, but the after-restore hooks failed
+//	9  --verify-key: the image's signature is missing, malformed, by another
+//	   key, or the manifest or a file changed since it was signed
 package main
 
 import (
@@ -42,6 +44,7 @@ const (
 	exitTarget
 	exitNoCRIU
 	exitAfterHooks
+	exitSignature
 )
 
 type globals struct {
@@ -79,7 +82,7 @@ func main() {
 	root.PersistentFlags().BoolVar(&g.json, "json", false, "print the result as JSON on stdout")
 	root.PersistentFlags().BoolVarP(&g.verbose, "verbose", "v", false, "log debug details on stderr")
 	root.PersistentFlags().StringVar(&g.criu, "criu", "", "path of the criu binary (default: $KCR_CRIU, then PATH)")
-	root.AddCommand(checkpointCmd(&g), restoreCmd(&g), runCmd(&g), inspectCmd(&g), recoverCmd(&g), doctorCmd(&g), versionCmd(&g), exportCmd(&g), importCmd(&g))
+	root.AddCommand(checkpointCmd(&g), restoreCmd(&g), runCmd(&g), inspectCmd(&g), recoverCmd(&g), doctorCmd(&g), versionCmd(&g), exportCmd(&g), importCmd(&g), keygenCmd(&g))
 	root.AddCommand(criuHookCmd(&g), installHookCmd(&g))
 	os.Args = asCRIUHook(os.Args)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &exitError{exitUsage, err} })
@@ -101,6 +104,8 @@ func exitCode(err error) int {
 	switch {
 	case errors.As(err, &ee):
 		return ee.code
+	case errors.Is(err, images.ErrSignature):
+		return exitSignature
 	case errors.As(err, &he):
 		return exitHooks
 	case errors.Is(err, criu.ErrNotFound), errors.Is(err, engine.ErrCRIUUnusable):

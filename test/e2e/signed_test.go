@@ -1,0 +1,181 @@
+package e2e
+
+// Signed images (issue 8, item 4): checksums are chosen by whoever wrote
+// an image, so only a signature says who that was.
+
+import (
+	"archive/tar"
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// asOther runs a shell command as otherUID, as an attacker on the host
+// would, with stdin from in.
+func asOther(t *testing.T, in []byte, script string) {
+	t.Helper()
+	cmd := exec.Command("/bin/sh", "-c", script)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: otherUID, Gid: otherUID}}
+	cmd.Stdin = bytes.NewReader(in)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("as uid %d: %s: %v: %s", otherUID, script, err, out)
+	}
+}
+
+// sharedDir returns a new directory that otherUID owns, under ancestors it
+// can traverse.
+func sharedDir(t *testing.T) string {
+	t.Helper()
+	base := t.TempDir()
+	for _, d := range []string{base, filepath.Dir(base)} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := filepath.Join(base, "drop")
+	if err := os.Mkdir(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	chownR(t, d, otherUID)
+	return d
+}
+
+// reforge rewrites an archive as an attacker who changes a pages file and
+// fixes its checksum in the manifest, keeping the original signature.
+func reforge(t *testing.T, data []byte) []byte {
+	t.Helper()
+	tr := tar.NewReader(bytes.NewReader(unzstd(t, data)))
+	type ent struct {
+		hdr  *tar.Header
+		body []byte
+	}
+	var ents []ent
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(tr)
+		ents = append(ents, ent{hdr, body})
+	}
+	if len(ents) < 3 || ents[1].hdr.Name != "manifest.sig" {
+		t.Fatalf("signed archive: second entry is %q, want manifest.sig", ents[1].hdr.Name)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(ents[0].body, &m); err != nil {
+		t.Fatal(err)
+	}
+	changed := ""
+	for _, e := range ents[2:] {
+		if strings.HasPrefix(filepath.Base(e.hdr.Name), "pages-") && len(e.body) > 100 {
+			e.body[100] ^= 0xff
+			changed = e.hdr.Name
+			sum := sha256.Sum256(e.body)
+			for _, f := range m["files"].([]any) {
+				if f := f.(map[string]any); f["path"] == changed {
+					f["sha256"] = hex.EncodeToString(sum[:])
+				}
+			}
+			break
+		}
+	}
+	if changed == "" {
+		t.Fatal("no pages file in the archive")
+	}
+	ents[0].body, _ = json.MarshalIndent(m, "", "  ")
+	var out bytes.Buffer
+	tw := tar.NewWriter(&out)
+	for _, e := range ents {
+		e.hdr.Size = int64(len(e.body))
+		tw.WriteHeader(e.hdr)
+		tw.Write(e.body)
+	}
+	tw.Close()
+	return rezstd(t, out.Bytes())
+}
+
+// TestSecuritySignedImage: an image checkpointed with --sign and exported
+// into a directory another uid can write. That uid's re-checksummed
+// archive imports without --verify-key (checksums are no proof), and root
+// refuses it with --verify-key (exit 9, nothing left); the genuine archive
+// imports and restores with --verify-key. A signed image in a directory of
+// that uid is still refused as root without --allow-untrusted, and with it
+// the uid's edit to the manifest is caught by the signature.
+func TestSecuritySignedImage(t *testing.T) {
+	need(t)
+	keys := filepath.Join(t.TempDir(), "ops")
+	mustKCR(t, "keygen", "-o", keys)
+	a := startApp(t)
+	img := filepath.Join(t.TempDir(), "img")
+	mustKCR(t, "checkpoint", "--sign", keys+".key", "-o", img, strconv.Itoa(a.pid))
+	select {
+	case <-a.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the checkpointed process is still running")
+	}
+	if r := mustKCR(t, "inspect", "--verify-key", keys+".pub", img); !strings.Contains(r.stdout, "verified: signed by SHA256:") {
+		t.Fatalf("inspect does not report the signature:\n%s", r.stdout)
+	}
+
+	drop := sharedDir(t)
+	arch := filepath.Join(drop, "img.tar.zst")
+	genuine := filepath.Join(t.TempDir(), "img.tar.zst")
+	mustKCR(t, "export", img, "-o", genuine)
+	data, err := os.ReadFile(genuine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	asOther(t, reforge(t, data), "cat > "+arch)
+
+	dest := t.TempDir()
+	if r := kcr(t, "import", arch, "-o", filepath.Join(dest, "unchecked")); r.code != 0 {
+		t.Fatalf("without --verify-key the forged archive should import (its checksums match): exit %d %s", r.code, r.stderr)
+	}
+	r := kcr(t, "import", "--verify-key", keys+".pub", arch, "-o", filepath.Join(dest, "forged"))
+	if r.code != 9 || !strings.Contains(r.stderr, "changed after it was signed") {
+		t.Fatalf("import --verify-key of the forged archive: exit %d %q; want exit 9", r.code, r.stderr)
+	}
+	if _, err := os.Lstat(filepath.Join(dest, "forged")); err == nil {
+		t.Fatal("the refused import left an image")
+	}
+	if r := kcr(t, "restore", "--verify-key", keys+".pub", filepath.Join(dest, "unchecked")); r.code != 9 {
+		t.Fatalf("restore --verify-key of the forged image: exit %d %q; want 9", r.code, r.stderr)
+	}
+
+	asOther(t, data, "cat > "+arch)
+	good := filepath.Join(dest, "good")
+	mustKCR(t, "import", "--verify-key", keys+".pub", arch, "-o", good)
+	pid, _ := restore(t, good, "--verify-key", keys+".pub")
+	if !alive(pid) {
+		t.Fatal("the signed image was not restored")
+	}
+	killWait(pid)
+
+	// A signed image the other uid owns: the signature does not replace
+	// --allow-untrusted, and catches that uid's edit when allowed.
+	theirs := filepath.Join(drop, "img")
+	if out, err := exec.Command("cp", "-a", good, theirs).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v %s", err, out)
+	}
+	chownR(t, theirs, otherUID)
+	if r := kcr(t, "restore", "--verify-key", keys+".pub", theirs); r.code != 5 || !strings.Contains(r.stderr, "--allow-untrusted") {
+		t.Fatalf("restore --verify-key of uid %d's image: exit %d %q; want 5 (untrusted owner)", otherUID, r.code, r.stderr)
+	}
+	asOther(t, nil, `sed -i 's/"leave_running": false/"leave_running": true/' `+filepath.Join(theirs, "manifest.json"))
+	if r := kcr(t, "restore", "--verify-key", keys+".pub", "--allow-untrusted", theirs); r.code != 9 {
+		t.Fatalf("restore of the edited image: exit %d %q; want 9", r.code, r.stderr)
+	}
+}

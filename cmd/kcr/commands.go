@@ -21,12 +21,6 @@ import (
 	"github.com/kcr-dev/kcr/images"
 )
 
-func printJSON(v any) error {
-	enc := json.NewEncoder(os.Stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
-
 // phaseLines prints one line per phase on stderr.
 func phaseLines(t engine.Timings) {
 	for _, p := range t {

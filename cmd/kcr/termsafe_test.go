@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/kcr-dev/kcr/images"
 )
@@ -78,5 +80,73 @@ func TestInspectEscapes(t *testing.T) {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// rawControl reports a control character other than the newlines and
+// indentation of JSON itself.
+func rawControl(b []byte) bool {
+	return bytes.ContainsFunc(b, func(r rune) bool {
+		return r != '\n' && r != ' ' && unicode.IsControl(r)
+	})
+}
+
+// TestWriteJSONEscapesControls: DEL and C1 characters, which encoding/json
+// leaves raw, are written as \u escapes, and the JSON decodes to the same
+// strings.
+func TestWriteJSONEscapesControls(t *testing.T) {
+	evil := "db\x7f\u0085\u009b31m\u009d0;owned\x1b[2J é ✓"
+	var b bytes.Buffer
+	if err := writeJSON(&b, map[string]any{"name": evil, "list": []string{evil}}); err != nil {
+		t.Fatal(err)
+	}
+	if rawControl(b.Bytes()) {
+		t.Errorf("raw control characters in the JSON: %q", b.String())
+	}
+	for _, want := range []string{`\u007f`, `\u0085`, `\u009b`, `\u009d`, `\u001b`, "é ✓"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("JSON lacks %s: %s", want, b.String())
+		}
+	}
+	var back map[string]any
+	if err := json.Unmarshal(b.Bytes(), &back); err != nil {
+		t.Fatal(err)
+	}
+	if back["name"] != evil || back["list"].([]any)[0] != evil {
+		t.Errorf("round trip changed the string: %q", back["name"])
+	}
+}
+
+// TestInspectJSONEscapes: kcr inspect --json of an image whose comm,
+// cmdline and resource names hold C1 controls and DEL prints them escaped.
+func TestInspectJSONEscapes(t *testing.T) {
+	final := filepath.Join(t.TempDir(), "img")
+	b, err := images.Create(final)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Abort()
+	if err := os.WriteFile(filepath.Join(b.CRIUDir(), "inventory.img"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c1 := "\u009b2J\u009d0;pwned\u009c\x7f"
+	m := &images.Manifest{Created: time.Now(), Process: images.Process{PID: 7, Comm: "app" + c1, Cmdline: []string{"app", c1}},
+		Resources: []images.ResourceReport{{Name: "db" + c1, DurationNS: 1, Error: "failed" + c1}}}
+	if _, err := b.Commit(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	out, err, _ := run(t, inspectCmd(&globals{json: true}), final)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rawControl([]byte(out)) {
+		t.Errorf("raw C1 or DEL in kcr inspect --json:\n%q", out)
+	}
+	var got images.Manifest
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Process.Comm != "app"+c1 || got.Resources[0].Name != "db"+c1 {
+		t.Errorf("the JSON does not decode to the names: %q %q", got.Process.Comm, got.Resources[0].Name)
 	}
 }

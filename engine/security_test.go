@@ -1,8 +1,12 @@
 package engine
 
 import (
+	"context"
+	"errors"
 	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/kcr-dev/kcr/images"
@@ -42,5 +46,64 @@ func TestSecurityRestoreCounterNoLinks(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(precious); string(b) != "root's\n" {
 		t.Fatalf("root wrote %q through the image's restores link", b)
+	}
+}
+
+// TestSecurityRunLogNoLinks: kcr run does not open its log through a
+// symlink another user planted (root would append to, or create, the file
+// it points at), nor a FIFO.
+func TestSecurityRunLogNoLinks(t *testing.T) {
+	dir := t.TempDir()
+	precious := filepath.Join(dir, "precious")
+	os.WriteFile(precious, []byte("root's\n"), 0o600)
+	link := filepath.Join(dir, "svc.log")
+	os.Symlink(precious, link)
+	_, err := Run(context.Background(), RunOptions{Args: []string{"true"}, Log: link, ReadyTimeout: 0})
+	if err == nil || !strings.Contains(err.Error(), "symlink") {
+		t.Errorf("kcr run with a symlinked log: %v, want a refusal naming the symlink", err)
+	}
+	if b, _ := os.ReadFile(precious); string(b) != "root's\n" {
+		t.Errorf("the link's target was written: %q", b)
+	}
+	fifo := filepath.Join(dir, "fifo.log")
+	syscall.Mkfifo(fifo, 0o600)
+	if _, err := Run(context.Background(), RunOptions{Args: []string{"true"}, Log: fifo}); err == nil {
+		t.Errorf("kcr run with a FIFO log: %v", err)
+	}
+}
+
+// TestSecurityContainerRestoreUntrusted: as root, kcr restore --container
+// refuses an image another uid owns before runc is run, as kcr restore
+// does (it used to open it without the check).
+func TestSecurityContainerRestoreUntrusted(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("needs root to make a directory of another uid")
+		}
+		t.Skip("needs root to make a directory of another uid")
+	}
+	img := filepath.Join(t.TempDir(), "img")
+	b, err := images.Create(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(b.CRIUDir(), "inventory.img"), []byte("x"), 0o600)
+	os.WriteFile(filepath.Join(b.Dir(), containerBundleFile), []byte(`{"id":"c","bundle":"/nonexistent"}`), 0o600)
+	if _, err := b.Commit(context.Background(), &images.Manifest{}); err != nil {
+		t.Fatal(err)
+	}
+	filepath.Walk(img, func(p string, _ os.FileInfo, _ error) error { return os.Lchown(p, 61001, 61001) })
+	ran := filepath.Join(t.TempDir(), "ran")
+	runtime := filepath.Join(t.TempDir(), "runc")
+	os.WriteFile(runtime, []byte("#!/bin/sh\ntouch "+ran+"\nexit 1\n"), 0o700)
+	_, err = RestoreContainer(context.Background(), ContainerOptions{ID: "c", Image: img, Runtime: runtime})
+	if !errors.Is(err, images.ErrUntrusted) {
+		t.Fatalf("restore --container of uid 61001's image: %v, want ErrUntrusted", err)
+	}
+	if _, err := os.Stat(ran); err == nil {
+		t.Error("runc was run for an untrusted image")
+	}
+	if _, err := RestoreContainer(context.Background(), ContainerOptions{ID: "c", Image: img, Runtime: runtime, AllowUntrusted: true}); errors.Is(err, images.ErrUntrusted) {
+		t.Errorf("AllowUntrusted: still refused: %v", err)
 	}
 }

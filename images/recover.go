@@ -83,7 +83,17 @@ func reopen(tmp string) (*Builder, string, error) {
 
 // Recover completes and publishes the image in tmp: see Reopen. With a
 // signer, the manifest is signed (again) before the image is published.
+//
+// Recover refuses (ErrUntrusted) a directory that another user owns or
+// could have written, as Open does with Trusted: what it publishes was
+// written by whoever could write there, and a signature would vouch for it.
 func Recover(ctx context.Context, tmp string, signer ed25519.PrivateKey) (*Image, error) {
+	if _, _, err := reopen(tmp); err != nil {
+		return nil, err
+	}
+	if err := checkTree(tmp, recoverFix); err != nil {
+		return nil, err
+	}
 	// kcr died after the manifest was written: only the rename is left.
 	if data, err := os.ReadFile(filepath.Join(tmp, ManifestName)); err == nil {
 		b, _, err := reopen(tmp)

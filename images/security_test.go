@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -106,5 +107,34 @@ func TestSecurityUntrustedImageRefused(t *testing.T) {
 		t.Errorf("image under a sticky directory: %v", err)
 	} else {
 		im.Close()
+	}
+}
+
+// TestSecurityRecoverUntrusted: root does not publish, nor sign, the
+// unfinished checkpoint directory of another uid, or one that others can
+// write: that uid chose its content.
+func TestSecurityRecoverUntrusted(t *testing.T) {
+	needRoot(t)
+	priv, _ := testKey(t)
+	for name, spoil := range map[string]func(tmp string){
+		"dir of another uid":  func(tmp string) { chownAll(t, tmp, otherUID) },
+		"file of another uid": func(tmp string) { os.Lchown(filepath.Join(tmp, "criu", "core-1.img"), otherUID, otherUID) },
+		"group-writable dir":  func(tmp string) { os.Chmod(filepath.Join(tmp, "criu"), 0o770) },
+	} {
+		final := filepath.Join(t.TempDir(), "img")
+		b, err := Create(final)
+		if err != nil {
+			t.Fatal(err)
+		}
+		writeDump(t, b.CRIUDir())
+		must(t, b.WritePending(testManifest()))
+		spoil(b.Dir())
+		_, err = Recover(context.Background(), b.Dir(), priv)
+		if !errors.Is(err, ErrUntrusted) || !strings.Contains(err.Error(), "kcr recover") {
+			t.Errorf("%s: %v, want ErrUntrusted", name, err)
+		}
+		if _, err := os.Lstat(final); err == nil {
+			t.Errorf("%s: the image was published", name)
+		}
 	}
 }

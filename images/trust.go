@@ -20,9 +20,14 @@ const untrustedFix = "CRIU as root would run whatever that user wrote into it: c
 // root, or writable by group or others. Ancestors may be root's sticky
 // directories, like /tmp.
 func checkOwner(dir, p string, fi fs.FileInfo, ancestor bool) error {
+	return checkOwnerFix(dir, p, fi, ancestor, untrustedFix)
+}
+
+// checkOwnerFix is checkOwner with the fix its errors suggest.
+func checkOwnerFix(dir, p string, fi fs.FileInfo, ancestor bool, fix string) error {
 	st, ok := fi.Sys().(*syscall.Stat_t)
 	if !ok {
-		return newError(dir, p, ErrUntrusted, nil, fmt.Sprintf("%s: no owner information; %s", p, untrustedFix))
+		return newError(dir, p, ErrUntrusted, nil, fmt.Sprintf("%s: no owner information; %s", p, fix))
 	}
 	what := p
 	if what == "." {
@@ -30,20 +35,23 @@ func checkOwner(dir, p string, fi fs.FileInfo, ancestor bool) error {
 	}
 	uid := int(st.Uid)
 	if uid != os.Geteuid() && uid != 0 {
-		return newError(dir, p, ErrUntrusted, nil, fmt.Sprintf("%s belongs to uid %d; %s", what, uid, untrustedFix))
+		return newError(dir, p, ErrUntrusted, nil, fmt.Sprintf("%s belongs to uid %d; %s", what, uid, fix))
 	}
 	if fi.Mode().Type() == fs.ModeSymlink {
 		return nil // the walk does not follow it, and checkEntry refuses it
 	}
 	if fi.Mode().Perm()&0o022 != 0 && !(ancestor && uid == 0 && fi.Mode()&fs.ModeSticky != 0) {
-		return newError(dir, p, ErrUntrusted, nil, fmt.Sprintf("%s has mode %04o (writable by group or others); %s", what, fi.Mode().Perm(), untrustedFix))
+		return newError(dir, p, ErrUntrusted, nil, fmt.Sprintf("%s has mode %04o (writable by group or others); %s", what, fi.Mode().Perm(), fix))
 	}
 	return nil
 }
 
 // checkAncestors applies checkOwner to every directory above dir: whoever
 // may rename one of them may put another image in its place.
-func checkAncestors(dir string) error {
+func checkAncestors(dir string) error { return checkAncestorsFix(dir, untrustedFix) }
+
+// checkAncestorsFix is checkAncestors with the fix its errors suggest.
+func checkAncestorsFix(dir, fix string) error {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return fmt.Errorf("images: %s: %w", dir, err)
@@ -53,11 +61,33 @@ func checkAncestors(dir string) error {
 		if err != nil {
 			return fmt.Errorf("images: %s: %w", dir, err)
 		}
-		if err := checkOwner(dir, p, fi, true); err != nil {
+		if err := checkOwnerFix(dir, p, fi, true, fix); err != nil {
 			return err
 		}
 		if p == "/" {
 			return nil
 		}
 	}
+}
+
+// recoverFix is the advice when Recover refuses a directory.
+const recoverFix = "kcr recover publishes (and with --sign signs) whatever is in it: run kcr recover as that user, or chown -R and chmod -R go-w it first if you trust that user"
+
+// checkTree refuses a directory that a user other than the caller or root
+// could have written: it, an entry in it or an ancestor (as checkOwner).
+func checkTree(dir, fix string) error {
+	if err := checkAncestorsFix(dir, fix); err != nil {
+		return err
+	}
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return fmt.Errorf("images: %s: %w", dir, err)
+		}
+		fi, err := d.Info() // lstat
+		if err != nil {
+			return fmt.Errorf("images: %s: %w", dir, err)
+		}
+		rel, _ := filepath.Rel(dir, p)
+		return checkOwnerFix(dir, filepath.ToSlash(rel), fi, false, fix)
+	})
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"time"
 
@@ -30,8 +31,16 @@ func ExportArchive(ctx context.Context, image, out string) error {
 	if err != nil {
 		return err
 	}
+	// Everything below is read through the directory Open verified, and
+	// every file checked again as it is archived: the image may belong to
+	// someone who could swap a file for a link to one of root's.
+	defer img.Close()
 	var c struct{ ID, Bundle string }
-	if c.ID, c.Bundle, err = readContainerFile(img.Dir); err != nil {
+	cb, err := img.ReadRootFile(containerBundleFile)
+	if err != nil {
+		return fmt.Errorf("%s is not a container image (no %s): only images of kcr checkpoint --container", image, containerBundleFile)
+	}
+	if c.ID, c.Bundle, err = parseContainerFile(image, cb); err != nil {
 		return err
 	}
 	var spec map[string]any
@@ -79,7 +88,7 @@ func ExportArchive(ctx context.Context, image, out string) error {
 	if err := add("spec.dump", specDump); err != nil {
 		return err
 	}
-	mb, err := os.ReadFile(filepath.Join(img.Dir, images.ManifestName))
+	mb, err := img.ReadRootFile(images.ManifestName)
 	if err != nil {
 		return err
 	}
@@ -88,7 +97,7 @@ func ExportArchive(ctx context.Context, image, out string) error {
 	}
 	// The signature goes along, so that whoever unpacks the archive can
 	// check who wrote the image.
-	if sig, err := os.ReadFile(filepath.Join(img.Dir, images.SignatureName)); err == nil {
+	if sig, err := img.ReadRootFile(images.SignatureName); err == nil {
 		if err := add(SignatureEntry, sig); err != nil {
 			return err
 		}
@@ -98,32 +107,25 @@ func ExportArchive(ctx context.Context, image, out string) error {
 	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: "checkpoint/", Mode: 0o700, ModTime: img.Manifest.Created}); err != nil {
 		return err
 	}
-	crDir := filepath.Join(img.Dir, images.CRIUSubdir)
-	ents, err := os.ReadDir(crDir)
-	if err != nil {
-		return err
-	}
-	for _, e := range ents {
-		if !e.Type().IsRegular() {
+	for _, e := range img.Manifest.Files {
+		if path.Dir(e.Path) != images.CRIUSubdir {
 			continue
 		}
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		src, err := os.Open(filepath.Join(crDir, e.Name()))
-		if err != nil {
-			return err
-		}
-		fi, err := src.Stat()
+		src, err := img.OpenListed(e)
 		if err == nil {
-			err = tw.WriteHeader(&tar.Header{Name: "checkpoint/" + e.Name(), Mode: 0o600, Size: fi.Size(), ModTime: fi.ModTime()})
+			err = tw.WriteHeader(&tar.Header{Name: "checkpoint/" + path.Base(e.Path), Mode: 0o600, Size: e.Size, ModTime: img.Manifest.Created})
 		}
 		if err == nil {
 			_, err = io.Copy(tw, src)
 		}
-		src.Close()
+		if src != nil {
+			src.Close()
+		}
 		if err != nil {
-			return fmt.Errorf("export %s: %w", e.Name(), err)
+			return fmt.Errorf("export %s: %w", e.Path, err)
 		}
 	}
 	if err := tw.Close(); err != nil {
@@ -142,12 +144,20 @@ func ExportArchive(ctx context.Context, image, out string) error {
 // readContainerFile returns the container id and bundle recorded in a kcr
 // image of a container.
 func readContainerFile(image string) (id, bundle string, err error) {
+	b, err := os.ReadFile(filepath.Join(image, containerBundleFile))
+	if err != nil {
+		return "", "", fmt.Errorf("%s is not a container image (no %s): only images of kcr checkpoint --container", image, containerBundleFile)
+	}
+	return parseContainerFile(image, b)
+}
+
+// parseContainerFile decodes the content of containerBundleFile.
+func parseContainerFile(image string, b []byte) (id, bundle string, err error) {
 	var c struct {
 		ID     string `json:"id"`
 		Bundle string `json:"bundle"`
 	}
-	b, err := os.ReadFile(filepath.Join(image, containerBundleFile))
-	if err != nil || json.Unmarshal(b, &c) != nil || c.Bundle == "" {
+	if json.Unmarshal(b, &c) != nil || c.Bundle == "" {
 		return "", "", fmt.Errorf("%s is not a container image (no %s): only images of kcr checkpoint --container", image, containerBundleFile)
 	}
 	return c.ID, c.Bundle, nil

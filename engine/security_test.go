@@ -1,8 +1,11 @@
 package engine
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -105,5 +108,65 @@ func TestSecurityContainerRestoreUntrusted(t *testing.T) {
 	}
 	if _, err := RestoreContainer(context.Background(), ContainerOptions{ID: "c", Image: img, Runtime: runtime, AllowUntrusted: true}); errors.Is(err, images.ErrUntrusted) {
 		t.Errorf("AllowUntrusted: still refused: %v", err)
+	}
+}
+
+// TestExportArchiveCarriesSignature: the CRI-O archive of a signed
+// container image holds the manifest and its signature as they are in the
+// image, and CRIU's files as the manifest lists them.
+func TestExportArchiveCarriesSignature(t *testing.T) {
+	dir := t.TempDir()
+	bundle := filepath.Join(dir, "bundle")
+	os.Mkdir(bundle, 0o700)
+	os.WriteFile(filepath.Join(bundle, "config.json"), []byte(`{"ociVersion":"1.0.2"}`), 0o600)
+	prefix := filepath.Join(dir, "k")
+	if _, err := images.GenerateKeyFiles(prefix, ""); err != nil {
+		t.Fatal(err)
+	}
+	key, err := images.LoadPrivateKey(prefix + ".key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := filepath.Join(dir, "img")
+	b, err := images.Create(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(b.CRIUDir(), "inventory.img"), []byte("inv"), 0o600)
+	os.WriteFile(filepath.Join(b.CRIUDir(), "pages-1.img"), bytes.Repeat([]byte{7}, 5000), 0o600)
+	os.WriteFile(filepath.Join(b.Dir(), containerBundleFile), []byte(`{"id":"c","bundle":"`+bundle+`"}`), 0o600)
+	b.SignWith(key)
+	if _, err := b.Commit(context.Background(), &images.Manifest{}); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "c.tar")
+	if err := ExportArchive(context.Background(), img, out); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	got := map[string][]byte{}
+	tr := tar.NewReader(f)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[hdr.Name], _ = io.ReadAll(tr)
+	}
+	for name, file := range map[string]string{
+		"kcr-manifest.json": images.ManifestName, SignatureEntry: images.SignatureName,
+		"checkpoint/pages-1.img": "criu/pages-1.img", "checkpoint/inventory.img": "criu/inventory.img",
+	} {
+		want, _ := os.ReadFile(filepath.Join(img, file))
+		if !bytes.Equal(got[name], want) || len(want) == 0 {
+			t.Errorf("archive entry %s: %d bytes, want the image's %s (%d bytes)", name, len(got[name]), file, len(want))
+		}
 	}
 }

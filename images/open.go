@@ -3,8 +3,12 @@ package images
 import (
 	"context"
 	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
+	"io"
 	"io/fs"
 	"maps"
 	"os"
@@ -315,3 +319,77 @@ func sizeError(dir string, f FileEntry, got int64) error {
 	return newError(dir, f.Path, kind, nil,
 		fmt.Sprintf("%s is %s: %d bytes, manifest says %d; %s", f.Path, what, got, f.Size, damaged))
 }
+
+// ReadRootFile reads a small regular file (at most MaxManifestSize bytes)
+// of the image root, such as the manifest or its signature, through the
+// directory Open verified and not through a symlink.
+func (im *Image) ReadRootFile(name string) ([]byte, error) {
+	if im.root == nil {
+		return nil, fmt.Errorf("images: %s: image is not open", im.Dir)
+	}
+	b, err := readRootFile(im.root, name, MaxManifestSize)
+	if err != nil {
+		return nil, fmt.Errorf("images: %s: read %s: %w%s", im.Dir, name, err, ioHint(err))
+	}
+	return b, nil
+}
+
+// OpenListed opens f, a file the manifest lists, through the directory
+// Open verified. Its reader checks the content again as it is read: a read
+// that reaches the end of a file that changed since it was verified fails
+// with ErrCorrupt or ErrTruncated instead of returning io.EOF.
+func (im *Image) OpenListed(f FileEntry) (io.ReadCloser, error) {
+	if im.root == nil {
+		return nil, fmt.Errorf("images: %s: image is not open", im.Dir)
+	}
+	lfi, err := im.root.Lstat(filepath.FromSlash(f.Path))
+	if err != nil {
+		return nil, fmt.Errorf("images: %s: %w%s", im.Dir, err, ioHint(err))
+	}
+	if !lfi.Mode().IsRegular() {
+		return nil, newError(im.Dir, f.Path, ErrCorrupt, nil,
+			fmt.Sprintf("%s is corrupt: a %s, not a regular file; %s", f.Path, kindOf(lfi.Mode()), damaged))
+	}
+	file, err := im.root.Open(filepath.FromSlash(f.Path))
+	if err != nil {
+		return nil, fmt.Errorf("images: %s: %w%s", im.Dir, err, ioHint(err))
+	}
+	if fi, err := file.Stat(); err != nil || !os.SameFile(fi, lfi) {
+		file.Close()
+		return nil, newError(im.Dir, f.Path, ErrCorrupt, err, fmt.Sprintf("%s was replaced while being opened; %s", f.Path, damaged))
+	}
+	return &checkedReader{f: file, dir: im.Dir, e: f, h: sha256.New()}, nil
+}
+
+// checkedReader hashes what it reads and checks it against e at the end.
+type checkedReader struct {
+	f   *os.File
+	dir string
+	e   FileEntry
+	h   hash.Hash
+	n   int64
+}
+
+func (c *checkedReader) Read(p []byte) (int, error) {
+	if c.n+int64(len(p)) > c.e.Size+1 {
+		p = p[:c.e.Size+1-c.n] // read one byte past the end to catch growth
+	}
+	n, err := c.f.Read(p)
+	c.h.Write(p[:n])
+	c.n += int64(n)
+	if c.n > c.e.Size {
+		return n, sizeError(c.dir, c.e, c.n)
+	}
+	if err == io.EOF {
+		if c.n != c.e.Size {
+			return n, sizeError(c.dir, c.e, c.n)
+		}
+		if hex.EncodeToString(c.h.Sum(nil)) != strings.ToLower(c.e.SHA256) {
+			return n, newError(c.dir, c.e.Path, ErrCorrupt, nil,
+				fmt.Sprintf("%s is corrupt: sha256 mismatch (it changed since it was verified); %s", c.e.Path, damaged))
+		}
+	}
+	return n, err
+}
+
+func (c *checkedReader) Close() error { return c.f.Close() }

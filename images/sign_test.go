@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -397,4 +398,45 @@ func TestSecurityForeignCacheIgnored(t *testing.T) {
 	must(t, os.Lchown(filepath.Join(img, VerifiedName), otherUID, otherUID)) // chownAll would move the files' ctimes
 	err = openSigned(img, pubKeys(t, pubFile))
 	checkErr(t, err, ErrCorrupt, "core-1.img")
+}
+
+// TestOpenListedRechecks: a listed file read through the verified image is
+// checked again as it is read, so a change after Open is refused.
+func TestOpenListedRechecks(t *testing.T) {
+	img := build(t)
+	im, err := Open(context.Background(), img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer im.Close()
+	var e FileEntry
+	for _, f := range im.Manifest.Files {
+		if f.Path == "criu/pages-1.img" {
+			e = f
+		}
+	}
+	read := func() error {
+		r, err := im.OpenListed(e)
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		_, err = io.Copy(io.Discard, r)
+		return err
+	}
+	if err := read(); err != nil {
+		t.Fatalf("unchanged file: %v", err)
+	}
+	p := filepath.Join(img, "criu", "pages-1.img")
+	b, _ := os.ReadFile(p)
+	b[10] ^= 1
+	must(t, os.WriteFile(p, b, 0o600))
+	checkErr(t, read(), ErrCorrupt, "sha256 mismatch")
+	must(t, os.WriteFile(p, append(b, 1), 0o600))
+	checkErr(t, read(), ErrCorrupt, "pages-1.img")
+	must(t, os.WriteFile(p, b[:100], 0o600))
+	checkErr(t, read(), ErrTruncated, "pages-1.img")
+	must(t, os.Remove(p))
+	must(t, os.Symlink("pages-2.img", p))
+	checkErr(t, read(), ErrCorrupt, "symlink")
 }

@@ -41,6 +41,10 @@ type Image struct {
 	root *os.Root // the directory verified; see CRIUDirFile
 }
 
+// criuRestoreStats is the one file CRIU itself adds to an image directory,
+// at restore time.
+const criuRestoreStats = CRIUSubdir + "/stats-restore"
+
 // CRIUDir returns the directory holding CRIU's image files.
 func (im *Image) CRIUDir() string { return filepath.Join(im.Dir, CRIUSubdir) }
 
@@ -217,6 +221,17 @@ func (im *Image) verify(ctx context.Context, useCache, trusted bool, keys []ed25
 		}
 	}
 	slices.Sort(im.Extra)
+	if len(keys) > 0 {
+		// CRIU opens optional images when they exist, so a file in its
+		// directory that the signed manifest does not list would change
+		// the restore without touching the signature.
+		for _, x := range im.Extra {
+			if strings.HasPrefix(x, CRIUSubdir+"/") && x != criuRestoreStats {
+				return newError(dir, x, ErrSignature, nil, fmt.Sprintf(
+					"%s is not listed in the signed %s, and CRIU could read it: refusing the image; remove it if you know where it came from", x, ManifestName))
+			}
+		}
+	}
 	if len(loose) > 0 {
 		slices.Sort(loose)
 		im.Warnings = append(im.Warnings, fmt.Sprintf(

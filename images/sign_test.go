@@ -284,11 +284,12 @@ func TestRecoverSigns(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeDump(t, b.CRIUDir())
-	if _, _, err := b.seal(ctx); err != nil {
+	files, _, err := b.seal(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
 	m := testManifest()
-	m.Format, m.FormatVersion = Format, FormatVersion
+	m.Format, m.FormatVersion, m.Files = Format, FormatVersion, files
 	must(t, b.writeManifest(m))
 	img, err = Recover(ctx, b.Dir(), priv)
 	if err != nil {
@@ -439,4 +440,26 @@ func TestOpenListedRechecks(t *testing.T) {
 	must(t, os.Remove(p))
 	must(t, os.Symlink("pages-2.img", p))
 	checkErr(t, read(), ErrCorrupt, "symlink")
+}
+
+// TestVerifyRefusesUnlistedCRIUFiles: with keys, a file in criu/ that the
+// signed manifest does not list is refused (CRIU opens optional images if
+// they exist), except the stats CRIU writes at restore; without keys it is
+// only reported.
+func TestVerifyRefusesUnlistedCRIUFiles(t *testing.T) {
+	priv, pubFile := testKey(t)
+	keys := pubKeys(t, pubFile)
+	img := buildSigned(t, priv)
+	must(t, os.WriteFile(filepath.Join(img, "criu", "stats-restore"), []byte{1}, 0o600))
+	must(t, os.WriteFile(filepath.Join(img, "extra-note"), []byte{1}, 0o600))
+	if err := openSigned(img, keys); err != nil {
+		t.Fatalf("CRIU's stats-restore and a file outside criu/: %v", err)
+	}
+	must(t, os.WriteFile(filepath.Join(img, "criu", "seccomp.img"), []byte("evil"), 0o600))
+	checkErr(t, openSigned(img, keys), ErrSignature, "criu/seccomp.img is not listed in the signed manifest.json")
+	im, err := Open(context.Background(), img)
+	if err != nil {
+		t.Fatalf("without keys: %v", err)
+	}
+	im.Close()
 }

@@ -72,17 +72,7 @@ func writeDump(t *testing.T, dir string) {
 // build commits a complete image at <tmp>/img and returns its path.
 func build(t *testing.T) string {
 	t.Helper()
-	final := filepath.Join(t.TempDir(), "img")
-	b, err := Create(final)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Abort()
-	writeDump(t, b.CRIUDir())
-	if _, err := b.Commit(context.Background(), testManifest()); err != nil {
-		t.Fatal(err)
-	}
-	return final
+	return buildSigned(t, nil)
 }
 
 func mode(t *testing.T, p string) fs.FileMode {

@@ -121,15 +121,10 @@ func TestSecurityRecoverUntrusted(t *testing.T) {
 		"file of another uid": func(tmp string) { os.Lchown(filepath.Join(tmp, "criu", "core-1.img"), otherUID, otherUID) },
 		"group-writable dir":  func(tmp string) { os.Chmod(filepath.Join(tmp, "criu"), 0o770) },
 	} {
-		final := filepath.Join(t.TempDir(), "img")
-		b, err := Create(final)
-		if err != nil {
-			t.Fatal(err)
-		}
-		writeDump(t, b.CRIUDir())
-		must(t, b.WritePending(testManifest()))
+		b := pendingDump(t)
+		final := b.Final()
 		spoil(b.Dir())
-		_, err = Recover(context.Background(), b.Dir(), priv)
+		_, err := Recover(context.Background(), b.Dir(), priv)
 		if !errors.Is(err, ErrUntrusted) || !strings.Contains(err.Error(), "kcr recover") {
 			t.Errorf("%s: %v, want ErrUntrusted", name, err)
 		}

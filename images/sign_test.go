@@ -40,7 +40,7 @@ func pubKeys(t *testing.T, files ...string) []ed25519.PublicKey {
 	return keys
 }
 
-// buildSigned commits a complete image signed by priv.
+// buildSigned commits a complete image signed by priv, if not nil.
 func buildSigned(t *testing.T, priv ed25519.PrivateKey) string {
 	t.Helper()
 	final := filepath.Join(t.TempDir(), "img")
@@ -263,13 +263,7 @@ func TestRecoverSigns(t *testing.T) {
 	keys := pubKeys(t, pubFile)
 	ctx := context.Background()
 
-	final := filepath.Join(t.TempDir(), "img")
-	b, err := Create(final)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writeDump(t, b.CRIUDir())
-	must(t, b.WritePending(testManifest()))
+	b := pendingDump(t)
 	img, err := Recover(ctx, b.Dir(), priv)
 	if err != nil {
 		t.Fatal(err)
@@ -278,7 +272,7 @@ func TestRecoverSigns(t *testing.T) {
 		t.Errorf("recovered from the draft: %v", err)
 	}
 
-	final = filepath.Join(t.TempDir(), "img")
+	final := filepath.Join(t.TempDir(), "img")
 	b, err = Create(final)
 	if err != nil {
 		t.Fatal(err)
@@ -462,4 +456,34 @@ func TestVerifyRefusesUnlistedCRIUFiles(t *testing.T) {
 		t.Fatalf("without keys: %v", err)
 	}
 	im.Close()
+}
+
+// FuzzVerifySignature: no signature file verifies any manifest but the
+// one that was signed.
+func FuzzVerifySignature(f *testing.F) {
+	_, priv, _ := ed25519.GenerateKey(nil)
+	manifest := []byte(`{"format":"kcr-image"}` + "\n")
+	good := signManifest(priv, manifest)
+	keys := []ed25519.PublicKey{priv.Public().(ed25519.PublicKey)}
+	f.Add(manifest, good)
+	f.Add(manifest, []byte("kcr-signature-v1 ed25519 AAAA AAAA\n"))
+	f.Add([]byte("{}"), good)
+	f.Fuzz(func(t *testing.T, m, sig []byte) {
+		if _, err := verifySignature("x", m, sig, keys); err == nil && !bytes.Equal(m, manifest) {
+			t.Fatalf("signature %q verified manifest %q", sig, m)
+		}
+	})
+}
+
+// pendingDump leaves the temporary directory of a checkpoint whose kcr died
+// after CRIU's dump, with its draft manifest.
+func pendingDump(t *testing.T) *Builder {
+	t.Helper()
+	b, err := Create(filepath.Join(t.TempDir(), "img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeDump(t, b.CRIUDir())
+	must(t, b.WritePending(testManifest()))
+	return b
 }

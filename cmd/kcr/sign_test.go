@@ -43,8 +43,9 @@ func run(t *testing.T, cmd *cobra.Command, args ...string) (string, error, int) 
 	return string(out), err, code
 }
 
-// signedImage writes a small image signed by the key file priv.
-func signedImage(t *testing.T, priv string) string {
+// writeImage writes a small image with manifest m, signed by the key file
+// priv unless it is "".
+func writeImage(t *testing.T, m *images.Manifest, priv string) string {
 	t.Helper()
 	final := filepath.Join(t.TempDir(), "img")
 	b, err := images.Create(final)
@@ -62,10 +63,16 @@ func signedImage(t *testing.T, priv string) string {
 		}
 		b.SignWith(k)
 	}
-	if _, err := b.Commit(context.Background(), &images.Manifest{Created: time.Now(), Process: images.Process{PID: 7, Comm: "app"}}); err != nil {
+	if _, err := b.Commit(context.Background(), m); err != nil {
 		t.Fatal(err)
 	}
 	return final
+}
+
+// signedImage writes a small image signed by the key file priv.
+func signedImage(t *testing.T, priv string) string {
+	t.Helper()
+	return writeImage(t, &images.Manifest{Created: time.Now(), Process: images.Process{PID: 7, Comm: "app"}}, priv)
 }
 
 func keygen(t *testing.T) string {

@@ -2,12 +2,8 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -43,36 +39,14 @@ func TestSafeWriter(t *testing.T) {
 // TestInspectEscapes: kcr inspect of an image whose comm, cmdline and
 // resource names hold terminal escapes prints them escaped.
 func TestInspectEscapes(t *testing.T) {
-	final := filepath.Join(t.TempDir(), "img")
-	b, err := images.Create(final)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Abort()
-	if err := os.WriteFile(filepath.Join(b.CRIUDir(), "inventory.img"), []byte("x"), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	esc := "\x1b]0;pwned\x07\x1b[2J"
-	m := &images.Manifest{Created: time.Now(), Process: images.Process{PID: 7, Comm: "app" + esc, Cmdline: []string{"app", esc}},
-		Resources: []images.ResourceReport{{Name: "db" + esc, DurationNS: 1}}}
-	if _, err := b.Commit(context.Background(), m); err != nil {
-		t.Fatal(err)
-	}
-	r, w, err := os.Pipe()
+	final := writeImage(t, &images.Manifest{Created: time.Now(), Process: images.Process{PID: 7, Comm: "app" + esc, Cmdline: []string{"app", esc}},
+		Resources: []images.ResourceReport{{Name: "db" + esc, DurationNS: 1}}}, "")
+	s, err, _ := run(t, inspectCmd(&globals{}), final)
 	if err != nil {
 		t.Fatal(err)
 	}
-	stdout := os.Stdout
-	os.Stdout = w
-	cmd := inspectCmd(&globals{})
-	cmd.SetArgs([]string{final})
-	err = cmd.ExecuteContext(context.Background())
-	os.Stdout = stdout
-	w.Close()
-	out, _ := io.ReadAll(r)
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := []byte(s)
 	if bytes.ContainsRune(out, 0x1b) || bytes.ContainsRune(out, 0x07) {
 		t.Errorf("escapes reached the terminal:\n%q", out)
 	}
@@ -120,21 +94,9 @@ func TestWriteJSONEscapesControls(t *testing.T) {
 // TestInspectJSONEscapes: kcr inspect --json of an image whose comm,
 // cmdline and resource names hold C1 controls and DEL prints them escaped.
 func TestInspectJSONEscapes(t *testing.T) {
-	final := filepath.Join(t.TempDir(), "img")
-	b, err := images.Create(final)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Abort()
-	if err := os.WriteFile(filepath.Join(b.CRIUDir(), "inventory.img"), []byte("x"), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	c1 := "\u009b2J\u009d0;pwned\u009c\x7f"
-	m := &images.Manifest{Created: time.Now(), Process: images.Process{PID: 7, Comm: "app" + c1, Cmdline: []string{"app", c1}},
-		Resources: []images.ResourceReport{{Name: "db" + c1, DurationNS: 1, Error: "failed" + c1}}}
-	if _, err := b.Commit(context.Background(), m); err != nil {
-		t.Fatal(err)
-	}
+	final := writeImage(t, &images.Manifest{Created: time.Now(), Process: images.Process{PID: 7, Comm: "app" + c1, Cmdline: []string{"app", c1}},
+		Resources: []images.ResourceReport{{Name: "db" + c1, DurationNS: 1, Error: "failed" + c1}}}, "")
 	out, err, _ := run(t, inspectCmd(&globals{json: true}), final)
 	if err != nil {
 		t.Fatal(err)

@@ -86,7 +86,7 @@ action script (kcr install-runtime-hook), which runc's CRIU must be configured t
 				if err != nil {
 					return err
 				}
-				return printCheckpoint(g, res, "container "+ctr.ID, res.Manifest.Process.PID)
+				return printCheckpoint(g, res, "container "+ctr.ID, res.Manifest.Process.PID, key)
 			}
 			pid, err := strconv.Atoi(args[0])
 			if err != nil || pid <= 0 {
@@ -118,7 +118,7 @@ action script (kcr install-runtime-hook), which runc's CRIU must be configured t
 			if err != nil {
 				return err
 			}
-			return printCheckpoint(g, res, fmt.Sprintf("PID %d", pid), pid)
+			return printCheckpoint(g, res, fmt.Sprintf("PID %d", pid), pid, key)
 		},
 	}
 	f := cmd.Flags()
@@ -141,8 +141,9 @@ func containerFlags(f *pflag.FlagSet, o *engine.ContainerOptions) {
 	f.StringVar(&o.RuncRoot, "runc-root", "", "with --container: runc's --root state directory")
 }
 
-// printCheckpoint prints a written image's phases and hooks.
-func printCheckpoint(g *globals, res *engine.CheckpointResult, what string, pid int) error {
+// printCheckpoint prints a written image's phases and hooks, and who
+// signed it if key is set.
+func printCheckpoint(g *globals, res *engine.CheckpointResult, what string, pid int, key ed25519.PrivateKey) error {
 	m := res.Manifest
 	fmt.Fprintf(stderr, "checkpointed %s (%s) to %s\n", what, m.Process.Comm, res.Image)
 	phaseLines(res.Timings)
@@ -150,6 +151,11 @@ func printCheckpoint(g *globals, res *engine.CheckpointResult, what string, pid 
 		fmt.Fprintf(stderr, "  hook %-15s %s%s\n", r.Name, fmtDur(r.Duration()), details(r.Details))
 	}
 	fmt.Fprintf(stderr, "  image size           %s (RSS %s)\n", fmtSize(m.TotalSize()), fmtSize(m.Process.RSSBytes))
+	signedBy := ""
+	if key != nil {
+		signedBy = images.Fingerprint(key.Public().(ed25519.PublicKey))
+		fmt.Fprintf(stderr, "  signature            %s by %s\n", images.SignatureName, signedBy)
+	}
 	for _, w := range res.Warnings {
 		fmt.Fprintln(stderr, "kcr: warning: "+w)
 	}
@@ -158,7 +164,7 @@ func printCheckpoint(g *globals, res *engine.CheckpointResult, what string, pid 
 	}
 	if g.json {
 		return printJSON(map[string]any{"image": res.Image, "pid": pid, "phases": res.Timings, "manifest": m,
-			"warnings": res.Warnings, "resume_error": errString(res.ResumeErr)})
+			"warnings": res.Warnings, "resume_error": errString(res.ResumeErr), "signed_by": signedBy})
 	}
 	return nil
 }

@@ -56,6 +56,10 @@ const DefaultLazyPagesLog = "lazy-pages.log"
 // LazyPagesOptions configures StartLazyPages.
 type LazyPagesOptions struct {
 	ImagesDir string // images written by Dump; the daemon reads the pages from there
+	// ImagesDirFile, if set, is ImagesDir already open: the daemon is
+	// handed this descriptor and reads the pages through it, so that the
+	// path cannot be swapped for another directory after it was verified.
+	ImagesDirFile *os.File
 	// WorkDir receives the daemon's socket and log; the restore must use
 	// the same WorkDir. One lazy restore at a time per WorkDir: the socket
 	// name is fixed. Empty means ImagesDir.
@@ -140,6 +144,12 @@ func StartLazyPages(ctx context.Context, criuPath string, opts LazyPagesOptions)
 		statusW.Close()
 		return nil, err
 	}
+	extra := []*os.File{statusW}
+	if opts.ImagesDirFile != nil {
+		// The child's fd 4; CRIU opens the magic link once, at start.
+		extra = append(extra, opts.ImagesDirFile)
+		imagesDir = "/proc/self/fd/4"
+	}
 	d.cmd = exec.Command(criuPath, "lazy-pages",
 		"--images-dir", imagesDir,
 		"--work-dir", workDir,
@@ -147,7 +157,7 @@ func StartLazyPages(ctx context.Context, criuPath string, opts LazyPagesOptions)
 		"-v"+strconv.Itoa(logLevel),
 		"--status-fd", "3")
 	d.cmd.Dir = workDir
-	d.cmd.ExtraFiles = []*os.File{statusW}
+	d.cmd.ExtraFiles = extra
 	// stdin is /dev/null (nil). Not a pipe for the output: it would
 	// SIGPIPE the daemon once we are gone.
 	d.cmd.Stdout, d.cmd.Stderr = d.out, d.out

@@ -115,7 +115,7 @@ func Restore(ctx context.Context, criuPath string, opts RestoreOptions) (*Restor
 	start := time.Now()
 	var lazy *LazyPages
 	if opts.LazyPages {
-		lazy, err = StartLazyPages(ctx, criuPath, LazyPagesOptions{ImagesDir: opts.ImagesDir, WorkDir: workDir})
+		lazy, err = StartLazyPages(ctx, criuPath, LazyPagesOptions{ImagesDir: opts.ImagesDir, ImagesDirFile: opts.ImagesDirFile, WorkDir: workDir})
 		if err != nil {
 			return nil, err
 		}

@@ -49,6 +49,9 @@ type RestoreOptions struct {
 	// VerifyKeys, if not empty, requires the manifest to be signed by one
 	// of these keys (images.OpenOptions.VerifyKeys).
 	VerifyKeys []ed25519.PublicKey
+	// AfterVerify, if set, runs once the image is verified, before CRIU
+	// reads it (tests swap the image directory there).
+	AfterVerify func()
 	// Lazy restores memory on demand through CRIU's lazy-pages daemon
 	// (userfaultfd), so that restore time does not grow with RSS.
 	Lazy bool
@@ -134,6 +137,9 @@ func RestoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreResult, err
 	}
 	defer img.Close()
 	pre.add(PhaseVerify, time.Since(t))
+	if o.AfterVerify != nil {
+		o.AfterVerify()
+	}
 	m := img.Manifest
 	if o.Count > 1 && !m.Process.PIDNamespace {
 		<-criuCh
@@ -146,7 +152,7 @@ func RestoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreResult, err
 	criuPath := fc.path
 	if !m.Process.PIDNamespace {
 		t = time.Now()
-		if err := criu.CheckImagePIDsFree(ctx, img.CRIUDir(), o.PIDWait); err != nil {
+		if err := checkPIDsFree(ctx, img, o.PIDWait); err != nil {
 			return nil, err
 		}
 		if w := time.Since(t); w > 50*time.Millisecond {
@@ -371,4 +377,15 @@ func stateCounter(image string) (string, *os.File, error) {
 // signature if keys are given.
 func openOptions(rehash, allowUntrusted bool, keys []ed25519.PublicKey) images.OpenOptions {
 	return images.OpenOptions{Rehash: rehash, Trusted: os.Geteuid() == 0 && !allowUntrusted, VerifyKeys: keys}
+}
+
+// checkPIDsFree checks the PIDs the image needs (criu.CheckImagePIDsFree),
+// reading its process tree through the directory that was verified.
+func checkPIDsFree(ctx context.Context, img *images.Image, wait time.Duration) error {
+	d, err := img.CRIUDirFile()
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return criu.CheckImagePIDsFree(ctx, fmt.Sprintf("/proc/self/fd/%d", d.Fd()), wait)
 }

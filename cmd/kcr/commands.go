@@ -238,6 +238,10 @@ host PID, name and restore time.`,
 			if o.Count < 1 {
 				return &exitError{exitUsage, fmt.Errorf("--count %d is negative or zero: give the number of clones, 1 or more", o.Count)}
 			}
+			if d, err := time.ParseDuration(os.Getenv("KCR_TEST_STALL_AFTER_VERIFY")); err == nil {
+				// For the e2e test that swaps the image after verification.
+				o.AfterVerify = func() { time.Sleep(d) }
+			}
 			if g.verbose {
 				o.CRIULogLevel = 4
 			}

@@ -5,7 +5,10 @@ package e2e
 // is what needs the CLI and CRIU.
 
 import (
+	"bytes"
+	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -75,5 +78,72 @@ func TestSecurityNegativeFlags(t *testing.T) {
 	}
 	if !alive(a.pid) || len(names(a.events(), "before")) != 0 {
 		t.Fatal("a refused command disturbed the app")
+	}
+}
+
+// TestSecurityImageSwappedAfterVerify: the image directory renamed away
+// and replaced after kcr verified it, before CRIU reads it, changes
+// nothing: CRIU reads the directory kcr verified, through its descriptor.
+func TestSecurityImageSwappedAfterVerify(t *testing.T) {
+	need(t)
+	for _, mode := range []string{"eager", "lazy"} {
+		t.Run(mode, func(t *testing.T) { swappedAfterVerify(t, mode == "lazy") })
+	}
+}
+
+// swappedAfterVerify is TestSecurityImageSwappedAfterVerify; with lazy, the
+// lazy-pages daemon must read the pages through the verified directory too.
+func swappedAfterVerify(t *testing.T, lazy bool) {
+	a := startApp(t)
+	img := filepath.Join(t.TempDir(), "img")
+	mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
+	select {
+	case <-a.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the checkpointed process is still running")
+	}
+	args := []string{"restore", "--json", img}
+	if lazy {
+		args = append(args, "--lazy")
+	}
+	cmd := exec.Command(kcrBin, args...)
+	cmd.Env = append(os.Environ(), "KCR_TEST_STALL_AFTER_VERIFY=3s")
+	var so, se bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &so, &se
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // verified by now; CRIU not yet started
+	if err := os.Rename(img, img+".verified"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(img, "criu"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"inventory.img", "pstree.img", "core-1.img", "pagemap-1.img", "pages-1.img"} {
+		os.WriteFile(filepath.Join(img, "criu", f), []byte("swapped in after verification"), 0o600)
+	}
+	err := cmd.Wait()
+	t.Logf("kcr restore -> %v\n%s%s", err, se.String(), so.String())
+	var out map[string]any
+	if err != nil || json.Unmarshal(so.Bytes(), &out) != nil {
+		t.Fatalf("restore after the swap: %v %q; want the verified image restored", err, se.String())
+	}
+	pid := int(out["pid"].(float64))
+	t.Cleanup(func() { killWait(pid) })
+	if lazy {
+		if lp, _ := out["lazy_pages_pid"].(float64); lp > 0 {
+			t.Cleanup(func() { killWait(int(lp)) })
+		}
+	}
+	// Time for the app to touch its memory (with lazy, served by the
+	// daemon) and report it.
+	time.Sleep(time.Second)
+	if !alive(pid) {
+		t.Fatal("restored process is not running")
+	}
+	a.waitEvent(5*time.Second, func(e event) bool { return e["ev"] == "after" })
+	if !alive(pid) {
+		t.Fatal("restored process died after its hooks")
 	}
 }

@@ -335,6 +335,9 @@ subprocesses which outlive their parent should reap them, or run with
 --no-pid-namespace (and then cannot be cloned).`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := nonNegative(map[string]time.Duration{"--ready-timeout": ready}); err != nil {
+				return err
+			}
 			o.Args = args
 			o.ReadyTimeout = ready
 			res, err := engine.Run(cmd.Context(), o)

@@ -172,3 +172,17 @@ func TestSignKeyRefusedFirst(t *testing.T) {
 		t.Errorf("error does not name --sign: %v", err)
 	}
 }
+
+// TestRunNegativeReadyTimeout: kcr run --ready-timeout -1s is refused, not
+// taken as "do not wait", and nothing is started.
+func TestRunNegativeReadyTimeout(t *testing.T) {
+	marker := filepath.Join(t.TempDir(), "started")
+	_, err, code := run(t, runCmd(&globals{}), "--ready-timeout", "-1s", "--log", filepath.Join(t.TempDir(), "log"), "--", "touch", marker)
+	if code != exitUsage || !strings.Contains(err.Error(), "negative") {
+		t.Errorf("exit %d %v, want %d saying it is negative", code, err, exitUsage)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if _, err := os.Stat(marker); err == nil {
+		t.Error("the program was started")
+	}
+}

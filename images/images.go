@@ -5,7 +5,7 @@
 //
 //	<image>/          mode 0700
 //	  manifest.json   mode 0600, written last
-//	  manifest.sig    mode 0600, the manifest's signature, if signed (sign.go)
+//	  manifest.sig    mode 0600, the manifest's ed25519 signature, if signed
 //	  criu/           mode 0700, CRIU's image files
 //
 // Images hold process memory, so every directory is 0700 and every file

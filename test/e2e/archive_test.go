@@ -25,13 +25,7 @@ func TestArchiveRoundTrip(t *testing.T) {
 	a := startApp(t, "-echo", echo.addr())
 	time.Sleep(200 * time.Millisecond)
 	c0, gen0, id0 := state(t, a.listen)
-	img := filepath.Join(t.TempDir(), "img")
-	mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
-	select {
-	case <-a.done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the checkpointed process is still running")
-	}
+	img := checkpointGone(t, a.pid)
 
 	arch := filepath.Join(t.TempDir(), "img.tar.zst")
 	r := mustKCR(t, "export", "--json", img, "-o", arch)

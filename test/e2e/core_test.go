@@ -25,14 +25,7 @@ func TestCheckpointRestore(t *testing.T) {
 	a := startApp(t, "-echo", echo.addr())
 	time.Sleep(300 * time.Millisecond)
 	c0, gen0, id0 := state(t, a.listen)
-	img := filepath.Join(t.TempDir(), "img")
-
-	mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
-	select {
-	case <-a.done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the checkpointed process is still running")
-	}
+	img := checkpointGone(t, a.pid)
 	if alive(a.pid) {
 		t.Fatal("PID still alive after checkpoint")
 	}

@@ -63,12 +63,12 @@ func (k *kafkaEnv) runBin(bin string, args ...string) (int, *kapp) {
 	return out.PID, a
 }
 
-// checkpointGone checkpoints pid (which kcr stops) and waits until it is
-// gone.
-func checkpointGone(t *testing.T, pid int) string {
+// checkpointGone checkpoints pid (which kcr stops), with extra flags, into
+// a new image and waits until it is gone.
+func checkpointGone(t *testing.T, pid int, extra ...string) string {
 	t.Helper()
 	img := filepath.Join(t.TempDir(), "img")
-	mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(pid))
+	mustKCR(t, append(append([]string{"checkpoint", "-o", img}, extra...), strconv.Itoa(pid))...)
 	eventually(t, 10*time.Second, "the checkpointed process to be gone", func() (bool, string) {
 		return !alive(pid), fmt.Sprintf("PID %d still running", pid)
 	})

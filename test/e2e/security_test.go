@@ -37,13 +37,7 @@ func chownR(t *testing.T, dir string, uid int) {
 func TestSecurityUntrustedImage(t *testing.T) {
 	need(t)
 	a := startApp(t)
-	img := filepath.Join(t.TempDir(), "img")
-	mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
-	select {
-	case <-a.done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the checkpointed process is still running")
-	}
+	img := checkpointGone(t, a.pid)
 	chownR(t, img, otherUID)
 	r := kcr(t, "restore", img)
 	if r.code != 5 || !strings.Contains(r.stderr, "belongs to uid 61001") || !strings.Contains(r.stderr, "--allow-untrusted") {
@@ -95,13 +89,7 @@ func TestSecurityImageSwappedAfterVerify(t *testing.T) {
 // lazy-pages daemon must read the pages through the verified directory too.
 func swappedAfterVerify(t *testing.T, lazy bool) {
 	a := startApp(t)
-	img := filepath.Join(t.TempDir(), "img")
-	mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
-	select {
-	case <-a.done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the checkpointed process is still running")
-	}
+	img := checkpointGone(t, a.pid)
 	args := []string{"restore", "--json", img}
 	if lazy {
 		args = append(args, "--lazy")

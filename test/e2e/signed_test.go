@@ -13,11 +13,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 )
 
 // asOther runs a shell command as otherUID, as an attacker on the host
@@ -119,13 +117,7 @@ func TestSecuritySignedImage(t *testing.T) {
 	keys := filepath.Join(t.TempDir(), "ops")
 	mustKCR(t, "keygen", "-o", keys)
 	a := startApp(t)
-	img := filepath.Join(t.TempDir(), "img")
-	mustKCR(t, "checkpoint", "--sign", keys+".key", "-o", img, strconv.Itoa(a.pid))
-	select {
-	case <-a.done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the checkpointed process is still running")
-	}
+	img := checkpointGone(t, a.pid, "--sign", keys+".key")
 	if r := mustKCR(t, "inspect", "--verify-key", keys+".pub", img); !strings.Contains(r.stdout, "verified: signed by SHA256:") {
 		t.Fatalf("inspect does not report the signature:\n%s", r.stdout)
 	}

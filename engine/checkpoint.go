@@ -32,6 +32,9 @@ type CheckpointOptions struct {
 	TCPClose bool
 	// NoHooks dumps a process that has no kcr control socket.
 	NoHooks bool
+	// RequireDrained fails the checkpoint (a *HookError whose CarryVeto is
+	// true) when a resource would carry records into the image.
+	RequireDrained bool
 	// ShellJob forces CRIU's shell-job mode; it is detected otherwise.
 	ShellJob bool
 	CRIU     string // explicit CRIU path (--criu)
@@ -64,6 +67,22 @@ type CheckpointResult struct {
 type HookError struct {
 	Reports []proto.HookReport
 	Msg     string
+}
+
+// CarryVeto reports whether every hook that failed did so because it would
+// carry records into the image (notify.CarryError): kcr exits 10 then.
+func (e *HookError) CarryVeto() bool {
+	n := 0
+	for _, r := range e.Reports {
+		if r.Error == "" || strings.Contains(r.Error, "after-restore") {
+			continue
+		}
+		if !r.CarryVeto {
+			return false
+		}
+		n++
+	}
+	return n > 0
 }
 
 func (e *HookError) Error() string {
@@ -166,7 +185,7 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 	if sock != nil {
 		t := time.Now()
 		m, err := sock.Checkpoint(ctx, client.CheckpointRequest{
-			HookBudget: o.HookBudget, ResumeAfter: o.ResumeAfter, LeaveRunning: o.LeaveRunning})
+			HookBudget: o.HookBudget, ResumeAfter: o.ResumeAfter, LeaveRunning: o.LeaveRunning, RequireDrained: o.RequireDrained})
 		res.Timings.add(PhaseHooks, time.Since(t))
 		var hf *client.HookFailure
 		if errors.As(err, &hf) {
@@ -215,9 +234,7 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 		NoHooks:       o.NoHooks,
 		Options:       images.Options{LeaveRunning: o.LeaveRunning, TCPClose: o.TCPClose, ShellJob: shell, FileLocks: true},
 	}
-	for _, r := range reports {
-		m.Resources = append(m.Resources, images.ResourceReport{Name: r.Name, DurationNS: int64(r.Duration), Details: r.Details, Error: r.Error})
-	}
+	addResources(m, reports)
 	t := time.Now()
 	if err := b.WritePending(m); err != nil {
 		resume("checkpoint aborted: " + err.Error())
@@ -286,6 +303,16 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 	res.Timings.add(PhaseTotal, time.Since(start))
 	res.Manifest = img.Manifest
 	return res, nil
+}
+
+// addResources records the hooks' reports, with their carried records, in
+// the manifest.
+func addResources(m *images.Manifest, reports []proto.HookReport) {
+	for _, r := range reports {
+		m.Resources = append(m.Resources, images.ResourceReport{Name: r.Name, DurationNS: int64(r.Duration), Details: r.Details,
+			Error: r.Error, RecordsCarried: r.Carried})
+		m.RecordsCarried += r.Carried
+	}
 }
 
 // fatalProblems turns preflight findings into an error. Before the hooks

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kcr-dev/kcr/criu"
 	"github.com/kcr-dev/kcr/images"
+	"github.com/kcr-dev/kcr/notify"
 	"github.com/kcr-dev/kcr/notify/client"
 	"github.com/kcr-dev/kcr/notify/proto"
 )
@@ -63,6 +64,11 @@ type ContainerOptions struct {
 	// (RestoreContainer).
 	VerifyKeys     []ed25519.PublicKey
 	AllowUntrusted bool
+	// RequireDrained: as CheckpointOptions.RequireDrained, passed to kcr's
+	// CRIU action script in runc's environment (RequireDrainedEnv).
+	RequireDrained bool
+	// AllowDuplicates: as RestoreOptions.AllowDuplicates.
+	AllowDuplicates bool
 
 	env []string // added to runc's environment, which CRIU's script inherits
 }
@@ -70,6 +76,11 @@ type ContainerOptions struct {
 // GenerationEnv tells kcr's CRIU action script the restore's generation
 // (runtimehook.GenerationEnv).
 const GenerationEnv = "KCR_HOOK_GENERATION"
+
+// RequireDrainedEnv, set to 1 in runc's environment, makes kcr's CRIU action
+// script ask the apps for a checkpoint without carried records
+// (runtimehook.RequireDrainedEnv).
+const RequireDrainedEnv = "KCR_HOOK_REQUIRE_DRAINED"
 
 // ContainerState is what "runc state" says of a container.
 type ContainerState struct {
@@ -204,11 +215,20 @@ func CheckpointContainer(ctx context.Context, o ContainerOptions) (*CheckpointRe
 	if o.LeaveRunning {
 		args = append(args, "--leave-running")
 	}
+	if o.RequireDrained {
+		o.env = append(o.env, RequireDrainedEnv+"=1")
+	}
 	t := time.Now()
 	_, err = o.runc(ctx, nil, append(args, o.ID)...)
 	res.Timings.add(PhaseRuncCheckpoint, time.Since(t))
 	if err != nil {
-		if tail := logTail(filepath.Join(b.CRIUDir(), "dump.log"), "refusing the checkpoint"); tail != "" {
+		dumpLog := filepath.Join(b.CRIUDir(), "dump.log")
+		if tail := logTail(dumpLog, notify.CarryMarker); tail != "" {
+			// The script keeps no reports when it refuses: its log line
+			// names the resource and the count.
+			return nil, &HookError{Reports: []proto.HookReport{{Name: "container " + o.ID, Error: tail, CarryVeto: true}}, Msg: tail}
+		}
+		if tail := logTail(dumpLog, "refusing the checkpoint"); tail != "" {
 			return nil, &HookError{Msg: tail}
 		}
 		// The unfinished image, with CRIU's log, is removed: keep its last error.
@@ -235,8 +255,8 @@ func CheckpointContainer(ctx context.Context, o ContainerOptions) (*CheckpointRe
 			var d time.Duration
 			for _, r := range tg.Reports {
 				d += time.Duration(r.Duration)
-				m.Resources = append(m.Resources, images.ResourceReport{Name: r.Name, DurationNS: int64(r.Duration), Details: r.Details, Error: r.Error})
 			}
+			addResources(m, tg.Reports)
 			slowest = max(slowest, d)
 		}
 		if len(hr.Targets) > 0 {
@@ -301,6 +321,9 @@ func RestoreContainer(ctx context.Context, o ContainerOptions) (*ContainerRestor
 	// passed on: the trust check above is what keeps the path honest.
 	defer img.Close()
 	res.Timings.add(PhaseVerify, time.Since(t))
+	if err := checkDuplicates(o.Image, img.Manifest, 1, o.AllowDuplicates); err != nil {
+		return nil, err
+	}
 	if o.Bundle == "" {
 		id, bundle, err := readContainerFile(img.Dir)
 		if err != nil {

@@ -59,6 +59,12 @@ type RestoreOptions struct {
 	// of processes started with "kcr run" (init of their own PID namespace)
 	// can be restored more than once at a time.
 	Count int
+	// AllowDuplicates restores an image that carries records (see
+	// images.Manifest.RecordsCarried) although each would be sent again:
+	// by every clone with Count > 1, and by the still running original of
+	// a --leave-running image. Without it such restores fail with
+	// ErrDuplicates.
+	AllowDuplicates bool
 	// Name labels the clones: NAME, or NAME-1 … NAME-N with Count > 1. The
 	// app sees it in notify.Event.Name.
 	Name string
@@ -91,6 +97,31 @@ type RestoreResult struct {
 // ErrNotClonable is returned for Count > 1 on an image whose process was
 // not init of its own PID namespace.
 var ErrNotClonable = errors.New("image cannot be restored more than once at a time")
+
+// ErrDuplicates is returned for a restore that would send an image's carried
+// records more than once; RestoreOptions.AllowDuplicates allows it.
+var ErrDuplicates = errors.New("restore would send carried records again")
+
+// checkDuplicates refuses a restore of count copies of m that would send its
+// carried records twice or more, unless allowed.
+func checkDuplicates(image string, m *images.Manifest, count int, allow bool) error {
+	if allow || m.RecordsCarried <= 0 || (count <= 1 && !m.Options.LeaveRunning) {
+		return nil
+	}
+	what := fmt.Sprintf("%s carries %d records (%s)", image, m.RecordsCarried, strings.Join(m.Carriers(), ", "))
+	copies := count
+	if m.Options.LeaveRunning {
+		copies++
+	}
+	why := fmt.Sprintf("--count %d would send each one %d times", count, copies)
+	if m.Options.LeaveRunning {
+		why = fmt.Sprintf("it was taken with --leave-running, so the running original sends them too: %d copies of each", copies)
+		if count > 1 {
+			why = fmt.Sprintf("it was taken with --leave-running and --count %d adds clones: %d copies of each", count, copies)
+		}
+	}
+	return fmt.Errorf("%w: %s; %s; pass --allow-duplicates to restore anyway", ErrDuplicates, what, why)
+}
 
 // Restore verifies an image, restores it with CRIU, and tells the restored
 // process that it is a new instance. It is RestoreClones with one clone.
@@ -141,6 +172,10 @@ func RestoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreResult, err
 		o.AfterVerify()
 	}
 	m := img.Manifest
+	if err := checkDuplicates(o.Image, m, o.Count, o.AllowDuplicates); err != nil {
+		<-criuCh
+		return nil, err
+	}
 	if o.Count > 1 && !m.Process.PIDNamespace {
 		<-criuCh
 		return nil, fmt.Errorf("%s: %w: PID %d was not init of its own PID namespace; start the service with \"kcr run\" to clone it", o.Image, ErrNotClonable, m.Process.PID)

@@ -35,8 +35,12 @@ type Manifest struct {
 	Options       Options `json:"options"`
 
 	Resources []ResourceReport `json:"resources"`
-	Phases    []Phase          `json:"phases"`
-	CRIUStats CRIUStats        `json:"criu_stats,omitzero"`
+	// RecordsCarried is the sum of the resources' RecordsCarried: records
+	// the application had accepted and not yet delivered, which every
+	// process restored from the image sends.
+	RecordsCarried int64     `json:"records_carried,omitempty"`
+	Phases         []Phase   `json:"phases"`
+	CRIUStats      CRIUStats `json:"criu_stats,omitzero"`
 
 	// Files lists every regular file in the image except manifest.json,
 	// sorted by Path.
@@ -73,6 +77,9 @@ type ResourceReport struct {
 	DurationNS int64          `json:"duration_ns"`
 	Details    map[string]any `json:"details,omitempty"` // free-form counts
 	Error      string         `json:"error,omitempty"`
+	// RecordsCarried is how many records the resource kept in memory, to
+	// be sent after the restore (notify.Carrying).
+	RecordsCarried int64 `json:"records_carried,omitempty"`
 }
 
 // Duration returns how long the resource took to prepare.
@@ -104,6 +111,17 @@ type FileEntry struct {
 	Path   string `json:"path"` // slash-separated, relative to the image root
 	Size   int64  `json:"size"`
 	SHA256 string `json:"sha256"` // lower-case hex
+}
+
+// Carriers returns the resources that carry records, as "name N" strings.
+func (m *Manifest) Carriers() []string {
+	var out []string
+	for _, r := range m.Resources {
+		if r.RecordsCarried > 0 {
+			out = append(out, fmt.Sprintf("%s %d", r.Name, r.RecordsCarried))
+		}
+	}
+	return out
 }
 
 // TotalSize returns the sum of the sizes of all files in the image.

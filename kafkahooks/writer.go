@@ -41,7 +41,11 @@ import (
 // of the batch's MaxAttempts: with MaxAttempts 1 the batch fails, as on any
 // network error) and may be stored twice: delivery is at-least-once, records
 // are not dropped because of a checkpoint.
-// CheckpointReport and a warning log say how many records were carried.
+// CheckpointReport and a warning log say how many records were carried, and
+// notify.Carrying puts the count in the image manifest. When the checkpoint
+// asks for no carried records (kcr checkpoint --require-drained) the hook
+// fails with a notify.CarryError instead: nothing is dumped, and the records
+// are sent on resume.
 //
 // # After a restore or resume
 //
@@ -460,6 +464,13 @@ func (w *Writer) BeforeCheckpoint(ctx context.Context) error {
 		"duration_ms":         elapsed.Milliseconds(),
 	}
 	w.setReport(rep)
+	// Declared even when zero; under --require-drained a carry vetoes the
+	// dump: every resource resumes and the records are sent on resume.
+	if err := notify.Carrying(ctx, carried); err != nil {
+		w.cfg.log.Warn("kafka writer would carry records across the checkpoint, which asked for none; refusing it",
+			"records_carried", carried, "records_drained", rep["records_drained"], "duration", elapsed)
+		return err
+	}
 	if drained {
 		w.cfg.log.Debug("kafka writer quiesced", "records_drained", pending, "callers_blocked", rep["callers_blocked"], "duration", elapsed)
 	} else {

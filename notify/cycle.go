@@ -104,9 +104,10 @@ func (c *cycle) before(ctx context.Context) ([]Report, error) {
 		for _, e := range todo {
 			seen[e] = true
 			c.done = append(c.done, e)
-			rep, err := runHook(ctx, e, "before-checkpoint", func(ctx context.Context) error {
+			hctx, cc := withCarryCount(ctx)
+			rep, err := runHook(hctx, e, "before-checkpoint", func(ctx context.Context) error {
 				return e.res.BeforeCheckpoint(ctx)
-			})
+			}, cc)
 			reports = append(reports, rep)
 			if err != nil {
 				errs = append(errs, err)
@@ -139,7 +140,7 @@ func (c *cycle) after(ctx context.Context, ev Event) (Event, []Report, error) {
 	for _, e := range c.done {
 		rep, err := runHook(ctx, e, "after-restore", func(ctx context.Context) error {
 			return e.res.AfterRestore(ctx, ev)
-		})
+		}, nil)
 		reports = append(reports, rep)
 		if err != nil {
 			errs = append(errs, err)
@@ -150,8 +151,9 @@ func (c *cycle) after(ctx context.Context, ev Event) (Event, []Report, error) {
 
 // runHook calls fn with ctx, turns a panic into an error, and stops waiting
 // for it shortly after ctx ends, so that one hung hook cannot hold the whole
-// process suspended.
-func runHook(ctx context.Context, e *entry, phase string, fn func(context.Context) error) (Report, error) {
+// process suspended. A before-checkpoint hook passes its carry count (cc),
+// which fills the report's carry fields and may turn into a veto.
+func runHook(ctx context.Context, e *entry, phase string, fn func(context.Context) error, cc *carryCount) (Report, error) {
 	start := time.Now()
 	res := make(chan error, 1)
 	go func() {
@@ -177,6 +179,9 @@ func runHook(ctx context.Context, e *entry, phase string, fn func(context.Contex
 	rep := Report{Name: e.name, Duration: time.Since(start)}
 	if r, ok := e.res.(Reporter); ok {
 		rep.Details = r.CheckpointReport()
+	}
+	if cc != nil {
+		err = carried(ctx, cc, &rep, err)
 	}
 	if err != nil {
 		herr := &HookError{Resource: e.name, Phase: phase, Err: err}

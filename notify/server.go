@@ -507,7 +507,7 @@ func shrink(m proto.Message) proto.Message {
 	m.Resources = res
 	reps := make([]proto.HookReport, len(m.Reports))
 	for i, r := range m.Reports {
-		reps[i] = proto.HookReport{Name: cut(r.Name, n), Duration: r.Duration, Error: cut(r.Error, n)}
+		reps[i] = proto.HookReport{Name: cut(r.Name, n), Duration: r.Duration, Error: cut(r.Error, n), Carried: r.Carried, CarryVeto: r.CarryVeto}
 	}
 	m.Reports = reps
 	return m
@@ -579,6 +579,9 @@ func (s *Server) checkpoint(c *net.UnixConn, m proto.Message, kcr peer) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	ctx, cancelCause := context.WithCancelCause(ctx)
+	if m.RequireDrained {
+		ctx = WithRequireDrained(ctx)
+	}
 	hup, stopWatch := hangup(c)
 	hooksDone := make(chan struct{})
 	go func() {

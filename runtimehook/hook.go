@@ -85,6 +85,9 @@ type Options struct {
 	// ResumeAfter is how long an app waits for the watcher after its hooks
 	// before it resumes by itself (default HookBudget + 60 s).
 	ResumeAfter time.Duration
+	// RequireDrained asks the apps for a checkpoint in which no resource
+	// carries records (notify.CarryError vetoes it otherwise).
+	RequireDrained bool
 	// AfterWait is how long post-resume waits for the after-restore hooks
 	// before it leaves them running (default 10 s).
 	AfterWait time.Duration
@@ -215,7 +218,7 @@ func preDump(ctx context.Context, env Env, o Options, res *Result) error {
 		go func() {
 			defer wg.Done()
 			t := time.Now()
-			m, err := ts[i].sock().Checkpoint(hctx, client.CheckpointRequest{HookBudget: o.HookBudget, ResumeAfter: o.ResumeAfter})
+			m, err := ts[i].sock().Checkpoint(hctx, client.CheckpointRequest{HookBudget: o.HookBudget, ResumeAfter: o.ResumeAfter, RequireDrained: o.RequireDrained})
 			ts[i].Reports = m.Reports
 			if err != nil {
 				ts[i].Error = err.Error()

@@ -78,7 +78,7 @@ action script (kcr install-runtime-hook), which runc's CRIU must be configured t
 			}
 			o.SignKey, ctr.SignKey = key, key
 			if ctr.ID != "" {
-				ctr.Output, ctr.LeaveRunning, ctr.TCPClose = o.Output, o.LeaveRunning, o.TCPClose
+				ctr.Output, ctr.LeaveRunning, ctr.TCPClose, ctr.RequireDrained = o.Output, o.LeaveRunning, o.TCPClose, o.RequireDrained
 				if ctr.Output == "" {
 					ctr.Output = fmt.Sprintf("kcr-%s-%s", ctr.ID, time.Now().Format("20060102-150405"))
 				}
@@ -127,6 +127,7 @@ action script (kcr install-runtime-hook), which runc's CRIU must be configured t
 	f.DurationVar(&o.HookBudget, "timeout", 10*time.Second, "deadline for the app's before-checkpoint hooks")
 	f.BoolVar(&o.TCPClose, "tcp-close", false, "let CRIU close TCP connections that no hook closed")
 	f.BoolVar(&o.NoHooks, "no-hooks", false, "dump a process that has no kcr control socket")
+	f.BoolVar(&o.RequireDrained, "require-drained", false, "fail (exit 10, app resumed) if a resource would carry records into the image")
 	f.BoolVar(&o.ShellJob, "shell-job", false, "dump a process attached to a terminal (detected by default)")
 	f.DurationVar(&o.ResumeAfter, "resume-after", 0, "how long the app waits for kcr after its hooks before it resumes on its own (default timeout+60s)")
 	signFlag(f, &signFile)
@@ -151,6 +152,10 @@ func printCheckpoint(g *globals, res *engine.CheckpointResult, what string, pid 
 		fmt.Fprintf(stderr, "  hook %-15s %s%s\n", r.Name, fmtDur(r.Duration()), details(r.Details))
 	}
 	fmt.Fprintf(stderr, "  image size           %s (RSS %s)\n", fmtSize(m.TotalSize()), fmtSize(m.Process.RSSBytes))
+	if m.RecordsCarried > 0 {
+		fmt.Fprintf(stderr, "kcr: warning: the image carries %d records (%s): every restored copy sends them, a deleted image loses them (--require-drained refuses such a checkpoint)\n",
+			m.RecordsCarried, strings.Join(m.Carriers(), ", "))
+	}
 	signedBy := ""
 	if key != nil {
 		signedBy = images.Fingerprint(key.Public().(ed25519.PublicKey))
@@ -218,6 +223,7 @@ host PID, name and restore time.`,
 			ctr.AllowUntrusted = o.AllowUntrusted
 			if ctr.ID != "" || ctr.Bundle != "" {
 				ctr.Image = args[0]
+				ctr.AllowDuplicates = o.AllowDuplicates
 				res, err := engine.RestoreContainer(cmd.Context(), ctr)
 				if err != nil {
 					return err
@@ -307,6 +313,7 @@ host PID, name and restore time.`,
 	f.StringVar(&o.Name, "name", "", "name of the restored instance (clones are NAME-1 … NAME-N)")
 	f.BoolVar(&o.Lazy, "lazy", false, "restore memory on demand through CRIU's lazy-pages daemon")
 	f.BoolVar(&o.Rehash, "rehash", false, "hash every file, also those unchanged on disk since they were last verified")
+	f.BoolVar(&o.AllowDuplicates, "allow-duplicates", false, "restore an image that carries records although they are sent again (--count > 1, or a --leave-running image)")
 	f.BoolVar(&o.AllowUntrusted, "allow-untrusted", false, "as root, restore an image that another user owns or could have written (it runs with root's powers; a signature does not replace this)")
 	verifyKeyFlag(f, &keyFiles)
 	containerFlags(f, &ctr)
@@ -449,6 +456,11 @@ func inspectCmd(g *globals) *cobra.Command {
 			if m.ControlSocket != "" {
 				fmt.Fprintf(w, "socket        %s\n", m.ControlSocket)
 			}
+			if m.RecordsCarried > 0 {
+				fmt.Fprintf(w, "carried       %d records (%s): sent by every restored copy\n", m.RecordsCarried, strings.Join(m.Carriers(), ", "))
+			} else if !m.NoHooks {
+				fmt.Fprintln(w, "carried       no records")
+			}
 			switch {
 			case signer != nil:
 				fmt.Fprintf(w, "signature     verified: signed by %s\n", images.Fingerprint(signer))
@@ -470,7 +482,11 @@ func inspectCmd(g *globals) *cobra.Command {
 			if len(m.Resources) > 0 {
 				fmt.Fprintln(w, "resources (before-checkpoint hooks, in call order)")
 				for _, r := range m.Resources {
-					fmt.Fprintf(w, "  %-20s %s%s\n", r.Name, fmtDur(r.Duration()), details(r.Details))
+					carried := ""
+					if r.RecordsCarried > 0 {
+						carried = fmt.Sprintf(" carried %d", r.RecordsCarried)
+					}
+					fmt.Fprintf(w, "  %-20s %s%s%s\n", r.Name, fmtDur(r.Duration()), carried, details(r.Details))
 				}
 			}
 			for _, x := range warn {

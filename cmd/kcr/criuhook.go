@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/runtimehook"
 )
 
@@ -75,6 +76,7 @@ $KCR_HOOK_RESUME_AFTER and $KCR_HOOK_AFTER_WAIT. It logs to stderr, which is CRI
 	f := cmd.Flags()
 	f.DurationVar(&o.HookBudget, "timeout", envDuration("KCR_HOOK_TIMEOUT", 10*time.Second), "deadline for the apps' before-checkpoint hooks")
 	f.DurationVar(&o.ResumeAfter, "resume-after", envDuration("KCR_HOOK_RESUME_AFTER", 0), "how long an app waits for the end of the checkpoint before it resumes on its own (default timeout+60s)")
+	f.BoolVar(&o.RequireDrained, "require-drained", os.Getenv(engine.RequireDrainedEnv) == "1", "veto the dump when a resource would carry records into the image (kcr checkpoint --container --require-drained sets $"+engine.RequireDrainedEnv+")")
 	f.DurationVar(&o.AfterWait, "after-wait", envDuration("KCR_HOOK_AFTER_WAIT", 10*time.Second), "how long post-resume waits for the after-restore hooks")
 	f.StringVar(&o.StateDir, "state-dir", os.Getenv("KCR_HOOK_STATE_DIR"), "directory of the resume watcher's state (default /run/kcr/criu-hook)")
 

@@ -13,6 +13,10 @@
 //	8  restored, but the after-restore hooks failed
 //	9  --verify-key: the image's signature is missing, malformed, by another
 //	   key, or the manifest or a file changed since it was signed
+//	10 carried records: with --require-drained a resource would carry records
+//	   into the image, or a resource that never carries refused (nothing
+//	   dumped, the app resumed, as for 3); or a restore would send an image's
+//	   carried records twice (nothing restored; --allow-duplicates)
 package main
 
 import (
@@ -45,6 +49,7 @@ const (
 	exitNoCRIU
 	exitAfterHooks
 	exitSignature
+	exitCarried
 )
 
 type globals struct {
@@ -106,6 +111,8 @@ func exitCode(err error) int {
 		return ee.code
 	case errors.Is(err, images.ErrSignature):
 		return exitSignature
+	case errors.As(err, &he) && he.CarryVeto(), errors.Is(err, engine.ErrDuplicates):
+		return exitCarried
 	case errors.As(err, &he):
 		return exitHooks
 	case errors.Is(err, criu.ErrNotFound), errors.Is(err, engine.ErrCRIUUnusable):

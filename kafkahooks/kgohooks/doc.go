@@ -29,8 +29,9 @@
 //     Then OpenTxnPolicy applies: abort it (the default), commit it, or fail
 //     the checkpoint.
 //   - Flush, within the budget. If records remain unacknowledged, the hook
-//     fails with ErrNotFlushed, the checkpoint is refused (kcr exits 3,
-//     nothing is dumped) and the client goes on unchanged.
+//     fails with ErrNotFlushed inside a notify.CarryError: the checkpoint
+//     is refused as a carry veto (kcr exits 10, nothing is dumped) and the
+//     client goes on unchanged.
 //   - A group consumer commits, with kgo's own calls and retries, what kgo
 //     would autocommit: every polled record (CommitUncommittedOffsets), or
 //     the marked ones with kgo.AutoCommitMarks. With kgo.DisableAutoCommit

@@ -210,6 +210,10 @@ func TestUnflushedRefusesCheckpoint(t *testing.T) {
 	if n := res.Before[0].Details["records_unflushed"]; n != int64(1) {
 		t.Errorf("records_unflushed = %v (%T), want 1", n, n)
 	}
+	// A carry veto, which kcr tells apart from other hook failures (exit 10).
+	if rep := res.Before[0]; !rep.CarryVeto || rep.Carried != 1 {
+		t.Errorf("report carry_veto %v, records_carried %d: want a veto of 1 record", rep.CarryVeto, rep.Carried)
+	}
 	close(release)
 	if err := <-acked; err != nil {
 		t.Fatalf("record buffered at the refused checkpoint: %v", err)

@@ -256,6 +256,9 @@ type CheckpointRequest struct {
 	HookBudget   time.Duration // deadline of the before-checkpoint hooks
 	ResumeAfter  time.Duration // the app resumes by itself if no follow-up comes in this time
 	LeaveRunning bool
+	// RequireDrained makes a resource that would carry records into the
+	// image veto the checkpoint (notify.CarryError).
+	RequireDrained bool
 }
 
 // HookFailure is returned by Checkpoint when a before-checkpoint hook failed.
@@ -284,7 +287,7 @@ func checkpoint(ctx context.Context, dial dialer, path string, req CheckpointReq
 		budget = notify.DefaultHookBudget
 	}
 	m, c, err := call(ctx, dial, path, proto.Message{Type: proto.TypeCheckpoint, HookBudget: req.HookBudget,
-		ResumeAfter: req.ResumeAfter, Leave: req.LeaveRunning}, budget+5*time.Second)
+		ResumeAfter: req.ResumeAfter, Leave: req.LeaveRunning, RequireDrained: req.RequireDrained}, budget+5*time.Second)
 	if err != nil {
 		return m, err
 	}

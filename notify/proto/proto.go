@@ -57,6 +57,13 @@ type HookReport struct {
 	Duration Duration       `json:"duration_ns"`
 	Error    string         `json:"error,omitempty"`
 	Details  map[string]any `json:"details,omitempty"`
+	// Carried is how many records the resource leaves in memory, to be
+	// sent after the restore: they are part of the image.
+	Carried int64 `json:"records_carried,omitempty"`
+	// CarryVeto is set when the hook failed because it would carry records
+	// (notify.CarryError): the checkpoint asked for none, or the resource
+	// never carries any.
+	CarryVeto bool `json:"carry_veto,omitempty"`
 }
 
 // Message is the union of all control messages. Fields that do not apply to
@@ -69,6 +76,9 @@ type Message struct {
 	HookBudget  Duration `json:"hook_budget_ns,omitempty"`  // deadline for the before-checkpoint hooks
 	ResumeAfter Duration `json:"resume_after_ns,omitempty"` // app resumes on its own if no follow-up comes in this time
 	Leave       bool     `json:"leave_running,omitempty"`   // the CLI intends --leave-running
+	// RequireDrained asks that no resource carry records into the image
+	// (kcr checkpoint --require-drained): a hook that would, vetoes.
+	RequireDrained bool `json:"require_drained,omitempty"`
 
 	// resume, restored
 	Reason     string   `json:"reason,omitempty"`

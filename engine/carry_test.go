@@ -1,0 +1,78 @@
+package engine
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/kcr-dev/kcr/images"
+	"github.com/kcr-dev/kcr/notify/proto"
+)
+
+func carrying(n int64, leave bool) *images.Manifest {
+	m := &images.Manifest{Options: images.Options{LeaveRunning: leave}}
+	addResources(m, []proto.HookReport{{Name: "db"}, {Name: "kafka-writer/t", Carried: n}})
+	return m
+}
+
+// Restores that would send carried records again are refused unless
+// allowed; the error names the flag, the count and the resource.
+func TestCheckDuplicates(t *testing.T) {
+	for _, c := range []struct {
+		m      *images.Manifest
+		count  int
+		allow  bool
+		refuse string
+	}{
+		{carrying(5, false), 1, false, ""},
+		{carrying(5, false), 2, false, "--count 2 would send each one 2 times"},
+		{carrying(5, false), 2, true, ""},
+		{carrying(5, true), 1, false, "--leave-running"},
+		{carrying(5, true), 3, false, "4 copies"},
+		{carrying(5, true), 1, true, ""},
+		{carrying(0, true), 3, false, ""},
+	} {
+		err := checkDuplicates("img", c.m, c.count, c.allow)
+		if c.refuse == "" {
+			if err != nil {
+				t.Errorf("carried %d leave=%v count %d allow=%v: %v, want no refusal", c.m.RecordsCarried, c.m.Options.LeaveRunning, c.count, c.allow, err)
+			}
+			continue
+		}
+		if !errors.Is(err, ErrDuplicates) {
+			t.Errorf("carried %d leave=%v count %d: %v, want ErrDuplicates", c.m.RecordsCarried, c.m.Options.LeaveRunning, c.count, err)
+			continue
+		}
+		for _, want := range []string{c.refuse, "--allow-duplicates", "5 records", "kafka-writer/t 5"} {
+			if !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "\n") {
+				t.Errorf("error %q: want one line with %q", err, want)
+			}
+		}
+	}
+}
+
+// The manifest keeps the carried count of each resource and the total.
+func TestAddResourcesCarried(t *testing.T) {
+	m := &images.Manifest{}
+	addResources(m, []proto.HookReport{{Name: "a", Carried: 2}, {Name: "b"}, {Name: "c", Carried: 3}})
+	if m.RecordsCarried != 5 || m.Resources[0].RecordsCarried != 2 || m.Resources[2].RecordsCarried != 3 {
+		t.Errorf("manifest carried %d, resources %+v", m.RecordsCarried, m.Resources)
+	}
+}
+
+// A checkpoint refused only by carry vetoes is told apart from other hook
+// failures.
+func TestHookErrorCarryVeto(t *testing.T) {
+	veto := proto.HookReport{Name: "w", Error: `resource "w" before-checkpoint: would carry 3 records into the image`, CarryVeto: true, Carried: 3}
+	other := proto.HookReport{Name: "db", Error: `resource "db" before-checkpoint: boom`}
+	resumed := proto.HookReport{Name: "db", Error: `resource "db" after-restore: late`}
+	if e := (&HookError{Reports: []proto.HookReport{veto, {Name: "ok"}, resumed}}); !e.CarryVeto() || !strings.Contains(e.Error(), "would carry 3 records") {
+		t.Errorf("veto alone: CarryVeto %v, %q", e.CarryVeto(), e.Error())
+	}
+	if e := (&HookError{Reports: []proto.HookReport{veto, other}}); e.CarryVeto() {
+		t.Error("a veto beside another failure counts as a veto only")
+	}
+	if e := (&HookError{Msg: "x"}); e.CarryVeto() {
+		t.Error("no reports counts as a veto")
+	}
+}

@@ -146,3 +146,34 @@ func TestCarryVetoOverSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A failed checkpoint whose resume outlasts kcr's wait for the answer
+// (budget + 5 s) is still answered "failed": a Writer vetoing because the
+// broker is slow resends to that broker on resume. The resume goes on.
+func TestFailedCheckpointAnsweredDuringSlowResume(t *testing.T) {
+	f := newFixture(t)
+	resumed := make(chan struct{})
+	f.g.Register("slow", notify.Func(func(ctx context.Context) error {
+		return notify.Carrying(ctx, 2)
+	}, func(ctx context.Context, ev notify.Event) error {
+		defer close(resumed)
+		select {
+		case <-time.After(6 * time.Second):
+		case <-ctx.Done():
+		}
+		return nil
+	}))
+	start := time.Now()
+	_, err := client.Checkpoint(context.Background(), f.path, client.CheckpointRequest{HookBudget: 200 * time.Millisecond, RequireDrained: true})
+	var hf *client.HookFailure
+	if !errors.As(err, &hf) {
+		t.Fatalf("Checkpoint after %v: %v, want the veto", time.Since(start), err)
+	}
+	select {
+	case <-resumed:
+		t.Fatal("the slow resume hook had finished before the answer")
+	default:
+	}
+	<-resumed
+	f.waitIdle()
+}

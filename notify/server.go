@@ -552,6 +552,7 @@ func (s *Server) setState(st string) {
 // (its hangup cancels the hooks), afterwards through its PID, so that the app
 // resumes at once when kcr dies instead of waiting for resumeAfter.
 func (s *Server) checkpoint(c *net.UnixConn, m proto.Message, kcr peer) {
+	asked := time.Now()
 	cyc, err := s.g.begin()
 	if err != nil {
 		s.reply(c, proto.Message{Type: proto.TypeBusy, Error: ErrBusy.Error()})
@@ -601,17 +602,39 @@ func (s *Server) checkpoint(c *net.UnixConn, m proto.Message, kcr peer) {
 	if berr != nil {
 		log.Warn("kcr: before-checkpoint hooks failed; resuming", "err", berr)
 		s.setState("resuming")
-		actx, cancel := context.WithTimeout(context.Background(), s.cfg.afterBudget)
-		_, after, aerr := cyc.after(actx, Event{Kind: Resume, Reason: "checkpoint failed: " + berr.Error()})
-		cancel()
-		if aerr != nil {
-			log.Warn("kcr: after-restore hooks failed on resume", "err", aerr)
+		resumed := make(chan []Report, 1)
+		go func() {
+			actx, cancel := context.WithTimeout(context.Background(), s.cfg.afterBudget)
+			_, after, aerr := cyc.after(actx, Event{Kind: Resume, Reason: "checkpoint failed: " + berr.Error()})
+			cancel()
+			if aerr != nil {
+				log.Warn("kcr: after-restore hooks failed on resume", "err", aerr)
+			}
+			cyc.end()
+			s.setState("idle")
+			resumed <- after
+		}()
+		// kcr gives up on its answer budget+5s after asking. A resume
+		// that takes longer (a Writer resending to a slow broker, the
+		// usual cause of a failed checkpoint) must not cost kcr the
+		// answer: it goes on after it.
+		msg := proto.Message{Type: proto.TypeFailed, Reports: reports, Error: berr.Error()}
+		answerBy := time.NewTimer(time.Until(asked.Add(requestBudget(m) + 4*time.Second)))
+		defer answerBy.Stop()
+		var after []Report
+		got := false
+		select {
+		case after = <-resumed:
+			got = true
+			msg.Reports = append(msg.Reports, after...)
+		case <-answerBy.C:
+			log.Warn("kcr: the resume after a failed checkpoint is still running; answering kcr now")
 		}
-		cyc.end()
-		s.setState("idle")
-		msg := proto.Message{Type: proto.TypeFailed, Reports: append(reports, after...), Error: berr.Error()}
 		s.reply(c, msg)
 		c.Close()
+		if !got {
+			<-resumed
+		}
 		return
 	}
 	select {
@@ -687,6 +710,15 @@ func (s *Server) checkpoint(c *net.UnixConn, m proto.Message, kcr peer) {
 	if f != nil {
 		f.reply <- s.done(ev, after, aerr)
 	}
+}
+
+// requestBudget is the hook budget kcr waits for, from the request: kcr
+// waits that plus 5 s for the answer to a checkpoint.
+func requestBudget(m proto.Message) time.Duration {
+	if m.HookBudget <= 0 {
+		return DefaultHookBudget
+	}
+	return m.HookBudget
 }
 
 // logAfter logs the end of the after-restore hooks.

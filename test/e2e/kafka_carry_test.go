@@ -1,0 +1,137 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Issue 9, hole 6, on real CRIU and Kafka: an async Writer (kafkaapp under
+// kcr run) holds accepted records that a frozen broker (SIGSTOP) does not
+// acknowledge within the budget.
+//   - kcr checkpoint --require-drained fails with exit 10 naming the Writer
+//     and the count, writes no image, and the app keeps producing: every
+//     record it was told acknowledged is on the topic, none failed.
+//   - Without the flag the image is written and carries them: the manifest
+//     and kcr inspect show the count, and kcr restore --count 2 is refused
+//     (exit 10, naming --allow-duplicates); a single restore delivers them.
+func TestKafkaRequireDrained(t *testing.T) {
+	k := needKafka(t)
+	k.brokerPID()
+	topic := k.newTopic("drained", 3)
+	pid, a := k.run("-topic", topic, "-produce-rate", "200", "-async", "-client-id", "drained")
+	a.waitAcked(300, 30*time.Second)
+	writer := "kafka-writer/" + topic
+
+	// 1. --require-drained with records that cannot drain: refused.
+	img1 := filepath.Join(t.TempDir(), "img1")
+	cont := k.stopBroker()
+	eventually(t, 10*time.Second, "records in flight to the stopped broker", func() (bool, string) {
+		s := a.state()
+		return s.Pending > 0, fmt.Sprintf("%d pending", s.Pending)
+	})
+	time.Sleep(300 * time.Millisecond) // let more pile up (not an assertion)
+	r := runKCR(t, "checkpoint", "--require-drained", "--timeout", "1s", "-o", img1, strconv.Itoa(pid))
+	cont()
+	if r.code != 10 || !strings.Contains(r.stderr, `"`+writer+`"`) || !strings.Contains(r.stderr, "would carry") || !strings.Contains(r.stderr, "--require-drained") {
+		r.log(t, nil)
+		t.Fatalf("kcr checkpoint --require-drained: exit %d, want 10 naming %s and the records it would carry", r.code, writer)
+	}
+	if _, err := os.Stat(img1); !os.IsNotExist(err) {
+		t.Errorf("refused checkpoint left %s: %v", img1, err)
+	}
+	if !alive(pid) {
+		t.Fatal("the app is gone after a refused checkpoint")
+	}
+	t.Logf("refused: %s", lastLine(r.stderr))
+	n0 := len(acked(a.events()))
+	a.waitAcked(n0+300, 30*time.Second)
+	if s := a.state(); s.Failed > 0 {
+		t.Errorf("%d records failed around the refused checkpoint", s.Failed)
+	}
+	all := acked(a.events())
+	top := 0
+	for n := range all {
+		top = max(top, n)
+	}
+	var gap []int
+	for n := 1; n <= top-100; n++ { // the newest may still be in flight
+		if all[n] == 0 {
+			gap = append(gap, n)
+		}
+	}
+	if len(gap) > 0 {
+		t.Errorf("%d records below %d never acknowledged after the refused checkpoint: %s", len(gap), top-100, runsOf(gap, 10))
+	}
+	k.checkAcked(topic, all)
+
+	// 2. The same without the flag: the image carries them.
+	img2 := filepath.Join(t.TempDir(), "img2")
+	cont = k.stopBroker()
+	eventually(t, 10*time.Second, "records in flight to the stopped broker", func() (bool, string) {
+		s := a.state()
+		return s.Pending > 0, fmt.Sprintf("%d pending", s.Pending)
+	})
+	time.Sleep(300 * time.Millisecond)
+	mustKCR(t, "checkpoint", "--timeout", "1s", "-o", img2, strconv.Itoa(pid))
+	cont()
+	eventually(t, 10*time.Second, "the checkpointed process to be gone", func() (bool, string) {
+		return !alive(pid), fmt.Sprintf("PID %d still running", pid)
+	})
+	ins := kcrQuiet(t, "inspect", "--json", img2)
+	var m struct {
+		Carried   int64 `json:"records_carried"`
+		Resources []struct {
+			Name    string         `json:"name"`
+			Carried int64          `json:"records_carried"`
+			Details map[string]any `json:"details"`
+		} `json:"resources"`
+	}
+	if err := json.Unmarshal([]byte(ins.stdout), &m); err != nil {
+		t.Fatal(err)
+	}
+	var wc int64 = -1
+	for _, res := range m.Resources {
+		if res.Name == writer {
+			wc = res.Carried
+			if num(res.Details["records_carried"]) != float64(wc) {
+				t.Errorf("manifest: %s carries %d, its report says %v", writer, wc, res.Details["records_carried"])
+			}
+		}
+	}
+	if m.Carried <= 0 || wc != m.Carried {
+		t.Fatalf("manifest: records_carried %d, %s %d: want the Writer's carried records, > 0", m.Carried, writer, wc)
+	}
+	txt := kcrQuiet(t, "inspect", img2)
+	if want := fmt.Sprintf("carried       %d records (%s %d)", m.Carried, writer, m.Carried); !strings.Contains(txt.stdout, want) {
+		t.Errorf("kcr inspect lacks %q:\n%s", want, txt.stdout)
+	}
+	r = runKCR(t, "restore", "--count", "2", img2)
+	if r.code != 10 || !strings.Contains(r.stderr, "--allow-duplicates") || !strings.Contains(r.stderr, strconv.FormatInt(m.Carried, 10)+" records") {
+		r.log(t, nil)
+		t.Fatalf("kcr restore --count 2 of an image carrying %d records: exit %d, want 10 naming --allow-duplicates", m.Carried, r.code)
+	}
+	t.Logf("image carries %d records; restore --count 2 refused: %s", m.Carried, lastLine(r.stderr))
+
+	// A single restore is allowed and delivers them.
+	n1 := len(a.events())
+	pid2, _ := restore(t, img2)
+	t.Cleanup(func() { killWait(pid2) })
+	a.waitAfter(n1, 60*time.Second)
+	a.waitAcked(len(acked(a.events()))+200, 60*time.Second)
+	a.stop(pid2)
+	if s := count(a.events(), "write-error"); s > 0 {
+		t.Errorf("%d write errors", s)
+	}
+	k.checkAcked(topic, acked(a.events()))
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}

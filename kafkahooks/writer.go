@@ -2,6 +2,7 @@ package kafkahooks
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sync"
@@ -39,8 +40,11 @@ import (
 // WriteMessages and get the result of that send. A request that was on the
 // wire when its connection was closed is retried by kafka-go (this uses one
 // of the batch's MaxAttempts: with MaxAttempts 1 the batch fails, as on any
-// network error) and may be stored twice: delivery is at-least-once, records
-// are not dropped because of a checkpoint.
+// network error, and its callers or Completion get the interruption error
+// for records that may be on the topic) and may be stored twice: delivery is
+// at-least-once, records are not dropped because of a checkpoint. The
+// after-restore report counts such requests (requests_interrupted) and the
+// records failed by them (records_interrupted).
 // CheckpointReport and a warning log say how many records were carried, and
 // notify.Carrying puts the count in the image manifest. When the checkpoint
 // asks for no carried records (kcr checkpoint --require-drained) the hook
@@ -80,6 +84,9 @@ type Writer struct {
 	// one on exit keep both.
 	inflight atomic.Int64
 	blocked  atomic.Int64 // callers waiting at the gate
+	// interruptedRecs counts records whose write failed because a
+	// checkpoint cut their request off with no attempt left.
+	interruptedRecs atomic.Int64
 
 	unregister func()
 	bg         sync.WaitGroup
@@ -218,6 +225,9 @@ func (w *Writer) newInner() *kafka.Writer {
 		// Count acknowledged records for the checkpoint report.
 		inner.Completion = func(msgs []kafka.Message, err error) {
 			w.inflight.Add(-int64(len(msgs)))
+			if err != nil && isInterrupted(err) {
+				w.interruptedRecs.Add(int64(len(msgs)))
+			}
 			if cb != nil {
 				cb.call(msgs, err)
 			}
@@ -245,6 +255,9 @@ func (w *Writer) WriteMessages(ctx context.Context, msgs ...kafka.Message) error
 		err := s.w.WriteMessages(ctx, msgs...)
 		if err != nil || !w.async {
 			w.inflight.Add(-callUnit - n)
+			if err != nil && !w.async {
+				w.countInterrupted(err)
+			}
 		} else {
 			// Accepted async records are counted down by Completion.
 			w.inflight.Add(-callUnit)
@@ -256,6 +269,29 @@ func (w *Writer) WriteMessages(ctx context.Context, msgs ...kafka.Message) error
 		}
 		return err
 	}
+}
+
+// isInterrupted says whether err is a produce request cut off by a
+// checkpoint.
+func isInterrupted(err error) bool {
+	var ie *interruptedError
+	return errors.As(err, &ie)
+}
+
+// countInterrupted counts the records of a failed sync write that failed
+// because a checkpoint interrupted their request.
+func (w *Writer) countInterrupted(err error) {
+	var we kafka.WriteErrors
+	if !errors.As(err, &we) {
+		return
+	}
+	n := 0
+	for _, e := range we {
+		if e != nil && isInterrupted(e) {
+			n++
+		}
+	}
+	w.interruptedRecs.Add(int64(n))
 }
 
 func (w *Writer) wait(ctx context.Context, s *writerState) error {
@@ -558,9 +594,12 @@ func (w *Writer) AfterRestore(ctx context.Context, ev notify.Event) error {
 		"gate_open":         open,
 		"callers_blocked":   w.blocked.Load(),
 		// Running totals: produce requests cut off on the wire by a
-		// checkpoint (each cost its batch one of MaxAttempts), and
+		// checkpoint (each cost its batch one of MaxAttempts), the
+		// records whose caller or Completion got that interruption as
+		// their error (no attempt left; each may be on the topic), and
 		// carried records failed with a fatal error.
 		"requests_interrupted": w.transport.interrupted.Load(),
+		"records_interrupted":  w.interruptedRecs.Load(),
 		"records_failed":       w.transport.failed.Load(),
 		"duration_ms":          time.Since(start).Milliseconds(),
 	})

@@ -8,6 +8,7 @@
 #   KCR_KAFKA_BROKERS=host:9092 kafkahooks/bench.sh  # against real brokers
 #   BENCH=Produce kafkahooks/bench.sh                # only the produce cases
 #   kafkahooks/bench.sh paired [PAIRS]               # paired blocks, see below
+#   kafkahooks/bench.sh hot [COUNT [BENCHTIME]]      # BenchmarkHotPath, -cpu 1,2
 #
 # On a busy machine independent runs are noisy; "paired" runs
 # TestPairedOverhead instead: bare and wrapped writers take turns writing
@@ -20,6 +21,34 @@
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/../scripts/lib.sh"
+if [ "${1:-}" = hot ]; then
+	# BenchmarkHotPath: the real methods, bare and wrapped side by side, at
+	# -cpu 1,2, COUNT runs; prints the median ns/op of each and kcr/bare
+	# (and benchstat's table, if benchstat is on PATH).
+	cd "$(dirname "$0")"
+	out=$(mktemp)
+	trap 'rm -f "$out"' EXIT
+	go test -run '^$' -bench '^BenchmarkHotPath$' -cpu 1,2 -count "${2:-6}" -benchtime "${3:-300ms}" . >"$out"
+	if command -v benchstat >/dev/null 2>&1; then benchstat "$out"; fi
+	# One line per run: case, side (bare or kcr), ns/op.
+	rows=$(awk '/^BenchmarkHotPath\// && $4 == "ns/op" {
+		cpu = 1; name = $1
+		if (match(name, /-[0-9]+$/)) { cpu = substr(name, RSTART + 1); name = substr(name, 1, RSTART - 1) }
+		n = split(name, parts, "/")
+		print parts[2] "/cpu" cpu, parts[n], $3
+	}' "$out")
+	printf "%-24s %12s %12s %10s %9s %5s\n" "case" "bare ns/op" "kcr ns/op" "kcr-bare" "kcr/bare" "runs"
+	mapfile -t cases < <(awk '!seen[$1]++ {print $1}' <<<"$rows")
+	for c in "${cases[@]}"; do
+		mapfile -t bare < <(awk -v c="$c" '$1 == c && $2 == "bare" {print $3}' <<<"$rows")
+		mapfile -t kcr < <(awk -v c="$c" '$1 == c && $2 == "kcr" {print $3}' <<<"$rows")
+		b=$(median "${bare[@]}")
+		k=$(median "${kcr[@]}")
+		awk -v c="$c" -v b="$b" -v k="$k" -v n="${#bare[@]}" \
+			'BEGIN { printf "%-24s %12.1f %12.1f %+10.1f %9.3f %5d\n", c, b, k, k - b, k / b, n }'
+	done
+	exit
+fi
 if [ "${1:-}" = paired ]; then
 	cd "$(dirname "$0")"
 	KCR_BENCH_PAIRED=${2:-40} go test -v -count 1 -run '^TestPairedOverhead$' . | grep '^paired'

@@ -188,45 +188,6 @@ func BenchmarkFetchWrapper(b *testing.B) {
 	})
 }
 
-// BenchmarkHotPathOverhead times only what the wrappers add to a call
-// outside checkpoints, on the real structures: a Writer's WriteMessages adds
-// a state load and two atomic adds; a group Reader's FetchMessage adds two
-// state loads and a lookup in the handed-out table.
-func BenchmarkHotPathOverhead(b *testing.B) {
-	b.Run("writer", func(b *testing.B) {
-		w := &Writer{}
-		w.state.Store(&writerState{w: &kafka.Writer{}})
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				s := w.state.Load()
-				if s.w == nil {
-					b.Fatal("gate")
-				}
-				w.inflight.Add(callUnit + 1)
-				w.inflight.Add(-callUnit - 1)
-			}
-		})
-	})
-	b.Run("group-fetch", func(b *testing.B) {
-		r := &Reader{group: true}
-		r.state.Store(&readerState{r: &kafka.Reader{}, handed: newHandedTable(nil)})
-		b.RunParallel(func(pb *testing.PB) {
-			var off int64
-			for pb.Next() {
-				s := r.state.Load()
-				if s.gate != nil || s.closed {
-					b.Fatal("gate")
-				}
-				if r.state.Load() != s {
-					b.Fatal("changed")
-				}
-				off++
-				s.handed.note(benchTopic, 3, off)
-			}
-		})
-	})
-}
-
 // TestPairedOverhead measures the Writer's overhead robustly on a busy
 // machine: a bare kafka.Writer and a Writer with the same settings, against
 // the same broker, take turns running short blocks of writes; the result is

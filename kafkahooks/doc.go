@@ -28,7 +28,7 @@
 // dialer, busy or idle).
 //
 // Outside checkpoints the wrappers cost a few atomic operations per call; see
-// BenchmarkProduceWrapper and bench.sh in this directory.
+// BenchmarkHotPath, BenchmarkProduceWrapper and bench.sh in this directory.
 //
 // Tests can run whole cycles in-process with (*notify.Registry).Simulate on a
 // registry of their own:

@@ -135,3 +135,66 @@ func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return lines[len(lines)-1]
 }
+
+// The same through runc: kcr checkpoint --container --require-drained
+// reaches kcr's CRIU action script ($KCR_HOOK_REQUIRE_DRAINED), which makes
+// runc's dump fail with the Writer's veto (exit 10, no image, the container
+// keeps producing); a --leave-running image that carries records is
+// refused by kcr restore --container without --allow-duplicates.
+func TestContainerRequireDrained(t *testing.T) {
+	k := needKafka(t)
+	k.brokerPID()
+	t.Setenv("KCR_HOOK_TIMEOUT", "1s") // the action script's hook budget
+	topic := k.newTopic("kcr-ctr-drained", 1)
+	c := newContainer(t, k, nil, "-topic", topic, "-produce-rate", "200", "-async")
+	c.waitAcked(100, 30*time.Second)
+	writer := "kafka-writer/" + topic
+	stopped := func(args ...string) kcrResult {
+		cont := k.stopBroker()
+		defer cont()
+		eventually(t, 10*time.Second, "records in flight to the stopped broker", func() (bool, string) {
+			s := c.state()
+			return s.Pending > 0, fmt.Sprintf("%d pending", s.Pending)
+		})
+		time.Sleep(300 * time.Millisecond) // let more pile up (not an assertion)
+		return runKCR(t, append([]string{"checkpoint", "--container", c.id, "--runc-root", c.root}, args...)...)
+	}
+	dir := t.TempDir()
+	r := stopped("--require-drained", "-o", filepath.Join(dir, "img1"))
+	if r.code != 10 || !strings.Contains(r.stderr, "would carry") || !strings.Contains(r.stderr, writer) {
+		r.log(t, nil)
+		t.Fatalf("kcr checkpoint --container --require-drained: exit %d, want 10 naming %s and the records it would carry", r.code, writer)
+	}
+	t.Logf("refused: %s", lastLine(r.stderr))
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("a refused checkpoint left %v", ents)
+	}
+	if s := c.status(); s != "running" {
+		t.Fatalf("container %q after a refused checkpoint, want running", s)
+	}
+	c.waitAcked(len(acked(c.events()))+200, 30*time.Second)
+
+	img := filepath.Join(dir, "img2")
+	if r := stopped("--leave-running", "-o", img); r.code != 0 {
+		r.log(t, nil)
+		t.Fatalf("kcr checkpoint --container --leave-running: exit %d", r.code)
+	}
+	var m struct {
+		Carried int64 `json:"records_carried"`
+	}
+	if err := json.Unmarshal([]byte(kcrQuiet(t, "inspect", "--json", img).stdout), &m); err != nil || m.Carried <= 0 {
+		t.Fatalf("manifest of the container image: records_carried %d (%v), want > 0", m.Carried, err)
+	}
+	r = runKCR(t, "restore", "--container", c.id+"-copy", "--runc-root", c.root, img)
+	if r.code != 10 || !strings.Contains(r.stderr, "--leave-running") || !strings.Contains(r.stderr, "--allow-duplicates") {
+		r.log(t, nil)
+		t.Fatalf("kcr restore --container of a --leave-running image carrying %d records: exit %d, want 10 naming --allow-duplicates", m.Carried, r.code)
+	}
+	t.Logf("image carries %d records; restore refused: %s", m.Carried, lastLine(r.stderr))
+	c.waitAcked(len(acked(c.events()))+200, 30*time.Second)
+	c.stop(c.pid)
+	if n := count(c.events(), "write-error"); n > 0 {
+		t.Errorf("%d write errors", n)
+	}
+	k.checkAcked(topic, acked(c.events()))
+}

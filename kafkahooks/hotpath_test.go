@@ -34,38 +34,8 @@ func BenchmarkHotPath(b *testing.B) {
 	// write-call: WriteMessages without records, which kafka-go answers at
 	// once: what is left is the wrapper's own cost per call (its state load
 	// and counters), on the real method.
-	b.Run("write-call", func(b *testing.B) {
-		for _, side := range sides {
-			b.Run(side, func(b *testing.B) {
-				tmpl := benchWriter(produce, false, 1, time.Millisecond)
-				var write writeFunc = tmpl.WriteMessages
-				closeFn := tmpl.Close
-				if side == "kcr" {
-					w := NewWriter(tmpl, WithRegistry(notify.NewRegistry()))
-					write, closeFn = w.WriteMessages, w.Close
-				}
-				defer closeFn()
-				hotLoop(b, func(ctx context.Context) error { return write(ctx) })
-			})
-		}
-	})
-	b.Run("write-async", func(b *testing.B) {
-		for _, side := range sides {
-			b.Run(side, func(b *testing.B) {
-				tmpl := benchWriter(produce, true, 4096, 5*time.Millisecond)
-				var write writeFunc = tmpl.WriteMessages
-				closeFn := tmpl.Close
-				if side == "kcr" {
-					w := NewWriter(tmpl, WithRegistry(notify.NewRegistry()))
-					write, closeFn = w.WriteMessages, w.Close
-				}
-				defer closeFn()
-				hotLoop(b, func(ctx context.Context) error {
-					return write(ctx, kafka.Message{Value: benchValue})
-				})
-			})
-		}
-	})
+	writeSides(b, "write-call", func() *kafka.Writer { return benchWriter(produce, false, 1, time.Millisecond) })
+	writeSides(b, "write-async", func() *kafka.Writer { return benchWriter(produce, true, 4096, 5*time.Millisecond) }, kafka.Message{Value: benchValue})
 	type reader interface {
 		FetchMessage(context.Context) (kafka.Message, error)
 		ReadMessage(context.Context) (kafka.Message, error)
@@ -113,6 +83,26 @@ func BenchmarkHotPath(b *testing.B) {
 }
 
 var benchValue = make([]byte, 100)
+
+// writeSides runs WriteMessages(msgs) on a bare kafka.Writer made by tmpl
+// and on a Writer wrapping another.
+func writeSides(b *testing.B, name string, tmpl func() *kafka.Writer, msgs ...kafka.Message) {
+	b.Run(name, func(b *testing.B) {
+		for _, side := range []string{"bare", "kcr"} {
+			b.Run(side, func(b *testing.B) {
+				bare := tmpl()
+				var write writeFunc = bare.WriteMessages
+				closeFn := bare.Close
+				if side == "kcr" {
+					w := NewWriter(bare, WithRegistry(notify.NewRegistry()))
+					write, closeFn = w.WriteMessages, w.Close
+				}
+				defer closeFn()
+				hotLoop(b, func(ctx context.Context) error { return write(ctx, msgs...) })
+			})
+		}
+	})
+}
 
 // hotLoop warms op up (metadata, connections, group join) and then runs it
 // from GOMAXPROCS goroutines.

@@ -1,12 +1,8 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
-	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -19,49 +15,16 @@ import (
 // carriedImage writes an image whose writer resource carried n records.
 func carriedImage(t *testing.T, n int64, leave bool) string {
 	t.Helper()
-	final := filepath.Join(t.TempDir(), "img")
-	b, err := images.Create(final)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Abort()
-	if err := os.WriteFile(filepath.Join(b.CRIUDir(), "inventory.img"), []byte("x"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	m := &images.Manifest{Created: time.Now(), Process: images.Process{PID: 7, Comm: "app"}, Options: images.Options{LeaveRunning: leave},
+	return writeImage(t, &images.Manifest{Created: time.Now(), Process: images.Process{PID: 7, Comm: "app"}, Options: images.Options{LeaveRunning: leave},
 		Resources:      []images.ResourceReport{{Name: "db", DurationNS: 1}, {Name: "kafka-writer/t", DurationNS: 1, RecordsCarried: n}},
-		RecordsCarried: n}
-	if _, err := b.Commit(context.Background(), m); err != nil {
-		t.Fatal(err)
-	}
-	return final
-}
-
-// stdoutOf runs fn with os.Stdout captured.
-func stdoutOf(t *testing.T, fn func() error) (string, error) {
-	t.Helper()
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout := os.Stdout
-	os.Stdout = w
-	err = fn()
-	os.Stdout = stdout
-	w.Close()
-	out, _ := io.ReadAll(r)
-	return string(out), err
+		RecordsCarried: n}, "")
 }
 
 // kcr inspect shows the carried records, per resource and in total, in text
 // and JSON.
 func TestInspectCarried(t *testing.T) {
 	img := carriedImage(t, 37, false)
-	out, err := stdoutOf(t, func() error {
-		cmd := inspectCmd(&globals{})
-		cmd.SetArgs([]string{img})
-		return cmd.ExecuteContext(context.Background())
-	})
+	out, err, _ := run(t, inspectCmd(&globals{}), img)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,11 +33,7 @@ func TestInspectCarried(t *testing.T) {
 			t.Errorf("inspect lacks %q:\n%s", want, out)
 		}
 	}
-	out, err = stdoutOf(t, func() error {
-		cmd := inspectCmd(&globals{json: true})
-		cmd.SetArgs([]string{img})
-		return cmd.ExecuteContext(context.Background())
-	})
+	out, err, _ = run(t, inspectCmd(&globals{json: true}), img)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,29 +55,18 @@ func TestInspectCarried(t *testing.T) {
 // kcr restore refuses, with exit 10 and a one-line error naming
 // --allow-duplicates, to send an image's carried records twice.
 func TestRestoreRefusesDuplicates(t *testing.T) {
-	run := func(args ...string) error {
-		cmd := restoreCmd(&globals{})
-		cmd.SetArgs(args)
-		cmd.SetOut(io.Discard)
-		_, err := stdoutOf(t, func() error { return cmd.ExecuteContext(context.Background()) })
-		return err
-	}
 	carried := carriedImage(t, 5, false)
 	leave := carriedImage(t, 5, true)
 	for _, args := range [][]string{{"--count", "2", carried}, {leave}, {"--container", "c1", leave}} {
-		err := run(args...)
-		if !errors.Is(err, engine.ErrDuplicates) || exitCode(err) != exitCarried {
-			t.Errorf("restore %v: %v (exit %d), want ErrDuplicates, exit %d", args, err, exitCode(err), exitCarried)
-			continue
-		}
-		if msg := err.Error(); !strings.Contains(msg, "--allow-duplicates") || strings.Contains(msg, "\n") {
-			t.Errorf("restore %v: %q: want one line naming --allow-duplicates", args, msg)
+		_, err, code := run(t, restoreCmd(&globals{}), args...)
+		if !errors.Is(err, engine.ErrDuplicates) || code != exitCarried || !strings.Contains(err.Error(), "--allow-duplicates") {
+			t.Errorf("restore %v: %v (exit %d), want ErrDuplicates naming --allow-duplicates, exit %d", args, err, code, exitCarried)
 		}
 	}
 	// Allowed, or nothing to duplicate: the restore goes on (and fails
 	// later on these fake images, for other reasons).
 	for _, args := range [][]string{{"--count", "2", "--allow-duplicates", carried}, {"--allow-duplicates", leave}, {"--count", "2", carriedImage(t, 0, true)}} {
-		if err := run(args...); err == nil || errors.Is(err, engine.ErrDuplicates) {
+		if _, err, _ := run(t, restoreCmd(&globals{}), args...); err == nil || errors.Is(err, engine.ErrDuplicates) {
 			t.Errorf("restore %v: %v, want a failure other than ErrDuplicates", args, err)
 		}
 	}

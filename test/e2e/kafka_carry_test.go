@@ -30,14 +30,8 @@ func TestKafkaRequireDrained(t *testing.T) {
 
 	// 1. --require-drained with records that cannot drain: refused.
 	img1 := filepath.Join(t.TempDir(), "img1")
-	cont := k.stopBroker()
-	eventually(t, 10*time.Second, "records in flight to the stopped broker", func() (bool, string) {
-		s := a.state()
-		return s.Pending > 0, fmt.Sprintf("%d pending", s.Pending)
-	})
-	time.Sleep(300 * time.Millisecond) // let more pile up (not an assertion)
-	r := runKCR(t, "checkpoint", "--require-drained", "--timeout", "1s", "-o", img1, strconv.Itoa(pid))
-	cont()
+	var r kcrResult
+	k.whileBrokerStopped(a, func() { r = runKCR(t, "checkpoint", "--require-drained", "--timeout", "1s", "-o", img1, strconv.Itoa(pid)) })
 	if r.code != 10 || !strings.Contains(r.stderr, `"`+writer+`"`) || !strings.Contains(r.stderr, "would carry") || !strings.Contains(r.stderr, "--require-drained") {
 		r.log(t, nil)
 		t.Fatalf("kcr checkpoint --require-drained: exit %d, want 10 naming %s and the records it would carry", r.code, writer)
@@ -72,14 +66,7 @@ func TestKafkaRequireDrained(t *testing.T) {
 
 	// 2. The same without the flag: the image carries them.
 	img2 := filepath.Join(t.TempDir(), "img2")
-	cont = k.stopBroker()
-	eventually(t, 10*time.Second, "records in flight to the stopped broker", func() (bool, string) {
-		s := a.state()
-		return s.Pending > 0, fmt.Sprintf("%d pending", s.Pending)
-	})
-	time.Sleep(300 * time.Millisecond)
-	mustKCR(t, "checkpoint", "--timeout", "1s", "-o", img2, strconv.Itoa(pid))
-	cont()
+	k.checkpointBrokerStopped(a, img2)
 	eventually(t, 10*time.Second, "the checkpointed process to be gone", func() (bool, string) {
 		return !alive(pid), fmt.Sprintf("PID %d still running", pid)
 	})
@@ -149,15 +136,11 @@ func TestContainerRequireDrained(t *testing.T) {
 	c := newContainer(t, k, nil, "-topic", topic, "-produce-rate", "200", "-async")
 	c.waitAcked(100, 30*time.Second)
 	writer := "kafka-writer/" + topic
-	stopped := func(args ...string) kcrResult {
-		cont := k.stopBroker()
-		defer cont()
-		eventually(t, 10*time.Second, "records in flight to the stopped broker", func() (bool, string) {
-			s := c.state()
-			return s.Pending > 0, fmt.Sprintf("%d pending", s.Pending)
+	stopped := func(args ...string) (r kcrResult) {
+		k.whileBrokerStopped(c.kapp, func() {
+			r = runKCR(t, append([]string{"checkpoint", "--container", c.id, "--runc-root", c.root}, args...)...)
 		})
-		time.Sleep(300 * time.Millisecond) // let more pile up (not an assertion)
-		return runKCR(t, append([]string{"checkpoint", "--container", c.id, "--runc-root", c.root}, args...)...)
+		return r
 	}
 	dir := t.TempDir()
 	r := stopped("--require-drained", "-o", filepath.Join(dir, "img1"))

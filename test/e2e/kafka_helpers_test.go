@@ -443,6 +443,13 @@ func (k *kafkaEnv) stopBroker() (cont func()) {
 // on the wire and checkpoints a with a budget (1 s) too short to drain them,
 // then thaws the broker.
 func (k *kafkaEnv) checkpointBrokerStopped(a *kapp, img string) {
+	k.t.Helper()
+	k.whileBrokerStopped(a, func() { mustKCR(k.t, "checkpoint", "--timeout", "1s", "-o", img, strconv.Itoa(a.pid)) })
+}
+
+// whileBrokerStopped freezes the broker until a's Writer has records in
+// flight, lets more pile up, runs fn and thaws the broker.
+func (k *kafkaEnv) whileBrokerStopped(a *kapp, fn func()) {
 	t := k.t
 	t.Helper()
 	cont := k.stopBroker()
@@ -452,7 +459,7 @@ func (k *kafkaEnv) checkpointBrokerStopped(a *kapp, img string) {
 		return s.Pending > 0, fmt.Sprintf("%d pending", s.Pending)
 	})
 	time.Sleep(300 * time.Millisecond) // let more pile up (not an assertion)
-	mustKCR(t, "checkpoint", "--timeout", "1s", "-o", img, strconv.Itoa(a.pid))
+	fn()
 }
 
 // script runs scripts/NAME with extra environment, or fails the test.

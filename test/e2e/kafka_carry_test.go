@@ -31,7 +31,9 @@ func TestKafkaRequireDrained(t *testing.T) {
 	// 1. --require-drained with records that cannot drain: refused.
 	img1 := filepath.Join(t.TempDir(), "img1")
 	var r kcrResult
-	k.whileBrokerStopped(a, func() { r = runKCR(t, "checkpoint", "--require-drained", "--timeout", "1s", "-o", img1, strconv.Itoa(pid)) })
+	k.whileBrokerStopped(a, func() {
+		r = runKCR(t, "checkpoint", "--require-drained", "--timeout", "1s", "-o", img1, strconv.Itoa(pid))
+	})
 	if r.code != 10 || !strings.Contains(r.stderr, `"`+writer+`"`) || !strings.Contains(r.stderr, "would carry") || !strings.Contains(r.stderr, "--require-drained") {
 		r.log(t, nil)
 		t.Fatalf("kcr checkpoint --require-drained: exit %d, want 10 naming %s and the records it would carry", r.code, writer)

@@ -76,3 +76,16 @@ func TestHookErrorCarryVeto(t *testing.T) {
 		t.Error("no reports counts as a veto")
 	}
 }
+
+// An image written before kcr recorded carried records is judged by the
+// Writer's own report in it.
+func TestCheckDuplicatesOlderImage(t *testing.T) {
+	m := &images.Manifest{Resources: []images.ResourceReport{
+		{Name: "kafka-writer/t", Details: map[string]any{"phase": "before-checkpoint", "records_carried": float64(4)}},
+		{Name: "other", Details: map[string]any{"phase": "after-restore", "records_carried": float64(9)}},
+	}}
+	err := checkDuplicates("img", m, 2, false)
+	if !errors.Is(err, ErrDuplicates) || !strings.Contains(err.Error(), "carries 4 records (kafka-writer/t 4)") {
+		t.Errorf("older image carrying 4: %v", err)
+	}
+}

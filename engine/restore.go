@@ -60,7 +60,7 @@ type RestoreOptions struct {
 	// can be restored more than once at a time.
 	Count int
 	// AllowDuplicates restores an image that carries records (see
-	// images.Manifest.RecordsCarried) although each would be sent again:
+	// images.Manifest.CarriedRecords) although each would be sent again:
 	// by every clone with Count > 1, and by the still running original of
 	// a --leave-running image. Without it such restores fail with
 	// ErrDuplicates.
@@ -105,10 +105,11 @@ var ErrDuplicates = errors.New("restore would send carried records again")
 // checkDuplicates refuses a restore of count copies of m that would send its
 // carried records twice or more, unless allowed.
 func checkDuplicates(image string, m *images.Manifest, count int, allow bool) error {
-	if allow || m.RecordsCarried <= 0 || (count <= 1 && !m.Options.LeaveRunning) {
+	carried := m.CarriedRecords()
+	if allow || carried <= 0 || (count <= 1 && !m.Options.LeaveRunning) {
 		return nil
 	}
-	what := fmt.Sprintf("%s carries %d records (%s)", image, m.RecordsCarried, strings.Join(m.Carriers(), ", "))
+	what := fmt.Sprintf("%s carries %d records (%s)", image, carried, strings.Join(m.Carriers(), ", "))
 	copies := count
 	if m.Options.LeaveRunning {
 		copies++

@@ -113,12 +113,45 @@ type FileEntry struct {
 	SHA256 string `json:"sha256"` // lower-case hex
 }
 
+// Carried returns RecordsCarried, or, in an image written before kcr
+// recorded it, the "records_carried" the resource's before-checkpoint report
+// gave (kafkahooks' Writer reports it), so that older images are not taken
+// for drained ones.
+func (r ResourceReport) Carried() int64 {
+	if r.RecordsCarried > 0 {
+		return r.RecordsCarried
+	}
+	if r.Details["phase"] != "before-checkpoint" {
+		return 0
+	}
+	switch n := r.Details["records_carried"].(type) {
+	case float64:
+		return max(int64(n), 0)
+	case int64:
+		return max(n, 0)
+	}
+	return 0
+}
+
+// CarriedRecords returns RecordsCarried, or the sum of the resources'
+// Carried for an image written before kcr recorded it.
+func (m *Manifest) CarriedRecords() int64 {
+	if m.RecordsCarried > 0 {
+		return m.RecordsCarried
+	}
+	var n int64
+	for _, r := range m.Resources {
+		n += r.Carried()
+	}
+	return n
+}
+
 // Carriers returns the resources that carry records, as "name N" strings.
 func (m *Manifest) Carriers() []string {
 	var out []string
 	for _, r := range m.Resources {
-		if r.RecordsCarried > 0 {
-			out = append(out, fmt.Sprintf("%s %d", r.Name, r.RecordsCarried))
+		if n := r.Carried(); n > 0 {
+			out = append(out, fmt.Sprintf("%s %d", r.Name, n))
 		}
 	}
 	return out

@@ -152,9 +152,9 @@ func printCheckpoint(g *globals, res *engine.CheckpointResult, what string, pid 
 		fmt.Fprintf(stderr, "  hook %-15s %s%s\n", r.Name, fmtDur(r.Duration()), details(r.Details))
 	}
 	fmt.Fprintf(stderr, "  image size           %s (RSS %s)\n", fmtSize(m.TotalSize()), fmtSize(m.Process.RSSBytes))
-	if m.RecordsCarried > 0 {
+	if n := m.CarriedRecords(); n > 0 {
 		fmt.Fprintf(stderr, "kcr: warning: the image carries %d records (%s): every restored copy sends them, a deleted image loses them (--require-drained refuses such a checkpoint)\n",
-			m.RecordsCarried, strings.Join(m.Carriers(), ", "))
+			n, strings.Join(m.Carriers(), ", "))
 	}
 	signedBy := ""
 	if key != nil {
@@ -456,8 +456,8 @@ func inspectCmd(g *globals) *cobra.Command {
 			if m.ControlSocket != "" {
 				fmt.Fprintf(w, "socket        %s\n", m.ControlSocket)
 			}
-			if m.RecordsCarried > 0 {
-				fmt.Fprintf(w, "carried       %d records (%s): sent by every restored copy\n", m.RecordsCarried, strings.Join(m.Carriers(), ", "))
+			if n := m.CarriedRecords(); n > 0 {
+				fmt.Fprintf(w, "carried       %d records (%s): sent by every restored copy\n", n, strings.Join(m.Carriers(), ", "))
 			} else if !m.NoHooks {
 				fmt.Fprintln(w, "carried       no records")
 			}
@@ -483,8 +483,8 @@ func inspectCmd(g *globals) *cobra.Command {
 				fmt.Fprintln(w, "resources (before-checkpoint hooks, in call order)")
 				for _, r := range m.Resources {
 					carried := ""
-					if r.RecordsCarried > 0 {
-						carried = fmt.Sprintf(" carried %d", r.RecordsCarried)
+					if n := r.Carried(); n > 0 {
+						carried = fmt.Sprintf(" carried %d", n)
 					}
 					fmt.Fprintf(w, "  %-20s %s%s%s\n", r.Name, fmtDur(r.Duration()), carried, details(r.Details))
 				}

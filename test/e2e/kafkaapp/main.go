@@ -12,8 +12,9 @@
 //	acked        {"from":N,"to":M,"inst":I,"rhpid":H}: records N..M (values)
 //	             were acknowledged; I and H are their "inst" and "hpid"
 //	             headers (the writer's identity when it built them)
-//	write-error  a WriteMessages call failed (the records are written again,
-//	             unless -no-retry)
+//	write-error  a WriteMessages call failed for these records (the others of
+//	             the call, per kafka.WriteErrors, are acked; they are written
+//	             again, unless -no-retry)
 //	reproduce-error  a -reproduce write from a Completion failed
 //	proc         {"p":P,"from":A,"to":B}: offsets A..B of partition P were
 //	             processed; the commit follows (at-least-once), so an
@@ -330,6 +331,28 @@ func (a *app) writeLoop(ctx, wctx context.Context) {
 		// wctx ends only after every writer returned: records handed to
 		// the Writer are never abandoned by the app.
 		err := a.w.WriteMessages(wctx, msgs...)
+		var werrs kafka.WriteErrors
+		if errors.As(err, &werrs) && len(werrs) == len(b) {
+			// kafka.WriteErrors says which records failed: the others
+			// were acknowledged.
+			var ok, bad []int
+			err = nil
+			for i, n := range b {
+				if werrs[i] == nil {
+					ok = append(ok, n)
+					continue
+				}
+				bad = append(bad, n)
+				if err == nil {
+					err = werrs[i] // the first failure, for the event
+				}
+			}
+			if len(ok) > 0 {
+				a.donePending(ok)
+				a.ackRuns(ok, inst, hpid)
+			}
+			b = bad
+		}
 		switch {
 		case err != nil:
 			a.donePending(b)

@@ -51,7 +51,7 @@ if [ "${1:-}" = hot ]; then
 fi
 if [ "${1:-}" = paired ]; then
 	cd "$(dirname "$0")"
-	KCR_BENCH_PAIRED=${2:-40} go test -v -count 1 -run '^TestPairedOverhead$' . | grep '^paired'
+	KCR_BENCH_PAIRED=${2:-40} go test -v -count 1 -cpu 1,2 -run '^TestPairedOverhead$' . | grep '^paired'
 	exit
 fi
 runs=${1:-10}

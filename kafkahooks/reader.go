@@ -69,10 +69,10 @@ import (
 //
 // # Cost
 //
-// Outside checkpoints FetchMessage costs two atomic loads and two adds to a
-// striped counter more than kafka.Reader.FetchMessage, plus, for group
-// readers, one lookup in a small read-only map (the partitions handed out
-// since the last checkpoint) and an atomic store.
+// Outside checkpoints FetchMessage costs two atomic loads more than
+// kafka.Reader.FetchMessage, plus, for group readers, one lookup in a small
+// read-only map (the partitions handed out since the last checkpoint) and an
+// atomic store.
 type Reader struct {
 	cfg        config
 	rcfg       kafka.ReaderConfig
@@ -84,8 +84,8 @@ type Reader struct {
 	dropped      atomic.Int64 // records received from kafka-go but not handed out, this cycle
 	minDropped   atomic.Int64 // partition readers: lowest offset dropped this cycle
 	staleCommits atomic.Int64
-	fetching     striped       // FetchMessage calls inside kafka-go (every call adds)
-	committing   striped       // CommitMessages calls inside kafka-go
+	fetching     atomic.Int64  // FetchMessage calls inside kafka-go
+	committing   atomic.Int64  // CommitMessages calls inside kafka-go
 	stash        *commitStash  // with a CommitInterval: commits not sent yet
 	quit         chan struct{} // closed by Close
 	userInterval time.Duration // ReaderConfig.CommitInterval as given
@@ -274,8 +274,7 @@ func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 			}
 			continue
 		}
-		fc := r.fetching.cell()
-		fc.Add(1)
+		r.fetching.Add(1)
 		m, err := s.r.FetchMessage(ctx)
 		if err == nil && r.group {
 			// Noted before the check below, so that a checkpoint
@@ -288,10 +287,10 @@ func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 			if err == nil {
 				r.drop(m.Offset)
 			}
-			fc.Add(-1)
+			r.fetching.Add(-1)
 			continue
 		}
-		fc.Add(-1)
+		r.fetching.Add(-1)
 		return m, err
 	}
 }
@@ -352,10 +351,9 @@ func (r *Reader) CommitMessages(ctx context.Context, msgs ...kafka.Message) erro
 			r.stash.add(keep) // sent by intervalLoop or the checkpoint
 			return nil
 		}
-		cc := r.committing.cell()
-		cc.Add(1)
+		r.committing.Add(1)
 		if r.state.Load() != s {
-			cc.Add(-1)
+			r.committing.Add(-1)
 			continue // a checkpoint began: decide again after it
 		}
 		// A call that reaches kafka-go after its final commit would wait
@@ -365,7 +363,7 @@ func (r *Reader) CommitMessages(ctx context.Context, msgs ...kafka.Message) erro
 		err := s.r.CommitMessages(cctx, keep...)
 		stop()
 		cancel()
-		cc.Add(-1)
+		r.committing.Add(-1)
 		if err != nil && r.state.Load() != s && ctx.Err() == nil {
 			continue // closed for a checkpoint: decide again after it
 		}

@@ -63,8 +63,12 @@ type ContainerOptions struct {
 	// (RestoreContainer).
 	VerifyKeys     []ed25519.PublicKey
 	AllowUntrusted bool
+	// MaxSize bounds the image a checkpoint archive may unpack to
+	// (default images.DefaultMaxImportSize).
+	MaxSize int64
 
-	env []string // added to runc's environment, which CRIU's script inherits
+	env        []string // added to runc's environment, which CRIU's script inherits
+	generation uint64   // the restore's generation, if counted elsewhere (restoreArchive)
 }
 
 // GenerationEnv tells kcr's CRIU action script the restore's generation
@@ -150,6 +154,11 @@ func criuConfigHasHook(st *ContainerState) (string, bool) {
 // containerBundleFile, in the image's directory, names the container and
 // the bundle it was checkpointed from.
 const containerBundleFile = "container.json"
+
+// containerSpecFile, in the image's directory, is the bundle's config.json
+// at checkpoint time: verified with the image, it is the spec a restore
+// from an archive runs (and the archive's spec.dump).
+const containerSpecFile = "container-spec.json"
 
 // CheckpointContainer checkpoints a runc container with "runc checkpoint"
 // into a kcr image: runc's images in its criu/ directory, the manifest
@@ -249,6 +258,13 @@ func CheckpointContainer(ctx context.Context, o ContainerOptions) (*CheckpointRe
 	if err := os.WriteFile(filepath.Join(b.Dir(), containerBundleFile), cb, 0o600); err != nil {
 		return nil, err
 	}
+	spec, err := os.ReadFile(filepath.Join(st.Bundle, "config.json"))
+	if err != nil {
+		return nil, fmt.Errorf("container %s: bundle: %w", o.ID, err)
+	}
+	if err := os.WriteFile(filepath.Join(b.Dir(), containerSpecFile), spec, 0o600); err != nil {
+		return nil, err
+	}
 	t = time.Now()
 	m.Phases = append(m.Phases, res.Timings...)
 	img, err := b.Commit(context.WithoutCancel(ctx), m)
@@ -283,13 +299,29 @@ type ContainerRestoreResult struct {
 	PID        int
 	Generation uint64
 	Timings    Timings
-	Log        string // CRIU's restore.log
+	// Bundle is the bundle runc restored into: o.Bundle, or for an
+	// archive, one kcr built from the checkpointed spec.
+	Bundle string
 }
 
 // RestoreContainer verifies a kcr image of a container and restores it
 // with "runc restore -d". The app's after-restore hooks run in kcr's CRIU
-// action script, at post-resume.
+// action script, at post-resume. If o.Image is a file, it is a checkpoint
+// archive of "kcr export --format cri-o": see restoreArchive.
+//
+// CRIU's work directory (restore.log, where the hook logs too) is removed
+// once the restore succeeded; after a failure it stays, and the error
+// names it.
 func RestoreContainer(ctx context.Context, o ContainerOptions) (*ContainerRestoreResult, error) {
+	if fi, err := os.Stat(o.Image); err == nil && fi.Mode().IsRegular() {
+		return restoreArchive(ctx, o)
+	}
+	return restoreContainer(ctx, o, "")
+}
+
+// restoreContainer restores the image o.Image; CRIU works in a new
+// directory under workParent (default $TMPDIR).
+func restoreContainer(ctx context.Context, o ContainerOptions, workParent string) (_ *ContainerRestoreResult, err error) {
 	start := time.Now()
 	res := &ContainerRestoreResult{ID: o.ID}
 	t := time.Now()
@@ -311,7 +343,7 @@ func RestoreContainer(ctx context.Context, o ContainerOptions) (*ContainerRestor
 			o.ID = id
 		}
 	}
-	res.ID = o.ID
+	res.ID, res.Bundle = o.ID, o.Bundle
 	dst := o.Stdout
 	if dst == "" {
 		dst = os.DevNull
@@ -321,29 +353,36 @@ func RestoreContainer(ctx context.Context, o ContainerOptions) (*ContainerRestor
 		return nil, fmt.Errorf("container output: %w", err)
 	}
 	defer out.Close()
-	// CRIU writes restore.log and stats into its work directory: outside
-	// the sealed image.
-	work, err := os.MkdirTemp("", "kcr-restore-"+o.ID+"-")
-	if err != nil {
-		return nil, err
-	}
-	res.Log = filepath.Join(work, "restore.log")
-	crDir := filepath.Join(img.Dir, images.CRIUSubdir)
-	args := []string{"restore", "-d", "--image-path", crDir, "--work-path", work, "--bundle", o.Bundle}
-	gen, err := nextGeneration(img.Dir)
-	if err != nil {
-		return nil, err
+	gen := o.generation
+	if gen == 0 {
+		if gen, err = nextGeneration(img.Dir); err != nil {
+			return nil, err
+		}
 	}
 	res.Generation = gen
+	// CRIU writes restore.log and stats into its work directory: outside
+	// the sealed image.
+	work, err := os.MkdirTemp(workParent, "kcr-restore-"+o.ID+"-")
+	if err != nil {
+		return nil, fmt.Errorf("restore work directory: %w", err)
+	}
+	defer func() {
+		if err == nil {
+			os.RemoveAll(work)
+		}
+	}()
+	log := filepath.Join(work, "restore.log")
+	crDir := filepath.Join(img.Dir, images.CRIUSubdir)
+	args := []string{"restore", "-d", "--image-path", crDir, "--work-path", work, "--bundle", o.Bundle}
 	o.env = []string{GenerationEnv + "=" + strconv.FormatUint(gen, 10)}
 	t = time.Now()
 	if _, err := o.runc(ctx, out, append(args, o.ID)...); err != nil {
-		return nil, fmt.Errorf("container %s: %w (CRIU's log: %s)", o.ID, err, res.Log)
+		return nil, fmt.Errorf("container %s: %w (CRIU's log, kept: %s)", o.ID, err, log)
 	}
 	res.Timings.add(PhaseRuncRestore, time.Since(t))
 	st, err := o.State(ctx)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w (CRIU's log, kept: %s)", err, log)
 	}
 	res.PID = st.PID
 	res.Timings.add(PhaseTotal, time.Since(start))

@@ -19,7 +19,7 @@ import (
 // SignatureEntry is the name, in a CRI-O checkpoint archive written by
 // ExportArchive, of the kcr manifest's signature (images.SignatureName);
 // the manifest itself is kcr-manifest.json.
-const SignatureEntry = "kcr-manifest.sig"
+const SignatureEntry = images.CRIOSignatureName
 
 // ExportArchive writes a verified kcr image of a container (kcr checkpoint
 // --container) as a checkpoint archive in CRI-O's layout, the one
@@ -44,9 +44,16 @@ func ExportArchive(ctx context.Context, image, out string) error {
 		return err
 	}
 	var spec map[string]any
-	sb, err := os.ReadFile(filepath.Join(c.Bundle, "config.json"))
+	// The spec checkpointed with the image; images of an older kcr have
+	// only the bundle's current one.
+	specFile := filepath.Join(img.Dir, containerSpecFile)
+	sb, err := img.ReadRootFile(containerSpecFile)
+	if errors.Is(err, fs.ErrNotExist) {
+		specFile = filepath.Join(c.Bundle, "config.json")
+		sb, err = os.ReadFile(specFile)
+	}
 	if err != nil || json.Unmarshal(sb, &spec) != nil {
-		return fmt.Errorf("bundle %s of container %s: no readable config.json: %v", c.Bundle, c.ID, err)
+		return fmt.Errorf("container %s: no readable spec %s: %v", c.ID, specFile, err)
 	}
 	ann, _ := spec["annotations"].(map[string]any)
 	if ann == nil {
@@ -92,7 +99,7 @@ func ExportArchive(ctx context.Context, image, out string) error {
 	if err != nil {
 		return err
 	}
-	if err := add("kcr-manifest.json", mb); err != nil {
+	if err := add(images.CRIOManifestName, mb); err != nil {
 		return err
 	}
 	// The signature goes along, so that whoever unpacks the archive can
@@ -104,7 +111,21 @@ func ExportArchive(ctx context.Context, image, out string) error {
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("export: %w", err)
 	}
-	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: "checkpoint/", Mode: 0o700, ModTime: img.Manifest.Created}); err != nil {
+	// kcr's own files beside the manifest, so that kcr restore verifies
+	// the whole image from the archive.
+	for _, name := range []string{containerBundleFile, containerSpecFile} {
+		data, err := img.ReadRootFile(name)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("export: %w", err)
+		}
+		if err := add(name, data); err != nil {
+			return err
+		}
+	}
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: images.CRIOCheckpointDir + "/", Mode: 0o700, ModTime: img.Manifest.Created}); err != nil {
 		return err
 	}
 	for _, e := range img.Manifest.Files {
@@ -116,7 +137,7 @@ func ExportArchive(ctx context.Context, image, out string) error {
 		}
 		src, err := img.OpenListed(e)
 		if err == nil {
-			err = tw.WriteHeader(&tar.Header{Name: "checkpoint/" + path.Base(e.Path), Mode: 0o600, Size: e.Size, ModTime: img.Manifest.Created})
+			err = tw.WriteHeader(&tar.Header{Name: images.CRIOCheckpointDir + "/" + path.Base(e.Path), Mode: 0o600, Size: e.Size, ModTime: img.Manifest.Created})
 		}
 		if err == nil {
 			_, err = io.Copy(tw, src)

@@ -328,6 +328,12 @@ func nextGeneration(dir string) (uint64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("restore counter %s: %w", p, err)
 	}
+	return bumpCounter(p, f)
+}
+
+// bumpCounter increments the counter in f (named p) under a lock and
+// closes it.
+func bumpCounter(p string, f *os.File) (uint64, error) {
 	defer f.Close()
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
 		return 0, fmt.Errorf("lock restore counter %s: %w", p, err)

@@ -200,9 +200,17 @@ func restoreCmd(g *globals) *cobra.Command {
 	var ctr engine.ContainerOptions
 	var keyFiles []string
 	cmd := &cobra.Command{
-		Use:   "restore IMAGE",
+		Use:   "restore IMAGE | --container ID IMAGE|ARCHIVE.tar",
 		Short: "Verify an image, restore it with CRIU and run the after-restore hooks; prints the new PID",
 		Long: `Verify an image, restore it with CRIU and run the after-restore hooks.
+
+With --container ID, a kcr image of a container (kcr checkpoint --container),
+or a checkpoint archive written by "kcr export --format cri-o", is restored
+with "runc restore" as the container ID. An archive is unpacked and verified as
+"kcr import" does, into a private directory under $TMPDIR; runc restores into a
+bundle built there from the checkpointed spec (the rootfs must be on this host
+where it was), or into --bundle. The unpacked image is removed afterwards; the
+built bundle stays for runc until you remove it with the container.
 
 With --count N, N clones are restored at once, each with its own restore
 generation and instance id (so its own Kafka client ids); this needs an
@@ -218,14 +226,17 @@ host PID, name and restore time.`,
 			ctr.AllowUntrusted = o.AllowUntrusted
 			if ctr.ID != "" || ctr.Bundle != "" {
 				ctr.Image = args[0]
+				if ctr.MaxSize <= 0 {
+					return &exitError{exitUsage, fmt.Errorf("--max-size %d: give a positive number of bytes", ctr.MaxSize)}
+				}
 				res, err := engine.RestoreContainer(cmd.Context(), ctr)
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(stderr, "restored %s as container %s, init PID %d (CRIU's log %s)\n", ctr.Image, res.ID, res.PID, res.Log)
+				fmt.Fprintf(stderr, "restored %s as container %s, init PID %d (generation %d, bundle %s)\n", ctr.Image, res.ID, res.PID, res.Generation, res.Bundle)
 				phaseLines(res.Timings)
 				if g.json {
-					return printJSON(map[string]any{"container": res.ID, "pid": res.PID, "generation": res.Generation, "phases": res.Timings, "log": res.Log})
+					return printJSON(map[string]any{"container": res.ID, "pid": res.PID, "generation": res.Generation, "phases": res.Timings, "bundle": res.Bundle})
 				}
 				fmt.Println(res.PID)
 				return nil
@@ -311,6 +322,8 @@ host PID, name and restore time.`,
 	verifyKeyFlag(f, &keyFiles)
 	containerFlags(f, &ctr)
 	f.StringVar(&ctr.Bundle, "bundle", "", "with --container: the bundle to restore into (default: the one checkpointed)")
+	ctr.MaxSize = images.DefaultMaxImportSize
+	f.Int64Var(&ctr.MaxSize, "max-size", ctr.MaxSize, "with --container and an archive: largest image, in bytes, to unpack (the free space is checked too)")
 	f.StringVar(&ctr.Stdout, "container-output", "", "with --container: file (truncated) for the restored container's stdout and stderr (default /dev/null)")
 	return cmd
 }

@@ -278,7 +278,16 @@ type kcrResult struct {
 // runKCR runs the kcr binary and returns its exit code and output.
 func runKCR(t *testing.T, args ...string) kcrResult {
 	t.Helper()
+	return runKCREnv(t, nil, args...)
+}
+
+// runKCREnv runs kcr with env added to the test's environment.
+func runKCREnv(t *testing.T, env []string, args ...string) kcrResult {
+	t.Helper()
 	cmd := exec.Command(kcrBin, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	var so, se bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &so, &se
 	err := cmd.Run()

@@ -1,0 +1,146 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestContainerRestoreFromArchive: a CRI-O checkpoint archive of "kcr
+// export --format cri-o", with the kcr image it came from deleted, restores
+// as a new container: its hooks run as a restore with a new identity, no
+// acked record is missing on the broker, and of kcr's temporary
+// directories only the bundle runc uses is left. A restore that fails
+// (onto the running copy's id) keeps CRIU's work directory and names it.
+func TestContainerRestoreFromArchive(t *testing.T) {
+	k := needKafka(t)
+	topic := k.newTopic("kcr-ctr-archive", 1)
+	c := newContainer(t, k, nil, "-topic", topic, "-produce-rate", "200", "-client-id", "ctr-archive")
+	c.waitAcked(100, 30*time.Second)
+	before := c.state()
+
+	img := filepath.Join(t.TempDir(), "img")
+	mustKCR(t, "checkpoint", "--container", c.id, "--runc-root", c.root, "-o", img)
+	archive := filepath.Join(t.TempDir(), "checkpoint.tar")
+	mustKCR(t, "export", "--format", "cri-o", "-o", archive, img)
+	if err := os.RemoveAll(img); err != nil { // the archive is all there is
+		t.Fatal(err)
+	}
+	ackedBefore := len(acked(c.events()))
+	n1 := len(c.events())
+
+	tmp := t.TempDir()
+	env := []string{"TMPDIR=" + tmp}
+	newID := uniqueName("ctr-new")
+	t.Cleanup(func() {
+		exec.Command("runc", "--root", c.root, "kill", newID, "KILL").Run()
+		time.Sleep(100 * time.Millisecond)
+		exec.Command("runc", "--root", c.root, "delete", "-f", newID).Run()
+	})
+	restoredOut := filepath.Join(t.TempDir(), "restored.log")
+	var r kcrResult
+	done := make(chan kcrResult, 1)
+	go func() {
+		done <- runKCREnv(t, env, "restore", "--json", "--container", newID, "--runc-root", c.root, "--container-output", restoredOut, archive)
+	}()
+	select {
+	case r = <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("kcr restore --container ARCHIVE did not exit within 60 s")
+	}
+	if r.code != 0 {
+		t.Fatalf("kcr restore --container %s %s: exit %d: %s", newID, archive, r.code, r.stderr)
+	}
+	var out struct {
+		Container  string `json:"container"`
+		Bundle     string `json:"bundle"`
+		Generation uint64 `json:"generation"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
+		t.Fatalf("restore --json: %v\n%s", err, r.stdout)
+	}
+	if out.Container != newID || out.Generation < 1 || filepath.Dir(filepath.Dir(out.Bundle)) != tmp {
+		t.Errorf("restore --json: %+v, want container %s, a generation, a bundle under %s", out, newID, tmp)
+	}
+	// Only the built bundle stays: the unpacked image and CRIU's work
+	// directory are gone.
+	ents, _ := os.ReadDir(tmp)
+	if len(ents) != 1 {
+		t.Errorf("%s holds %v after the restore, want only the bundle's directory", tmp, ents)
+	} else if sub, _ := os.ReadDir(filepath.Join(tmp, ents[0].Name())); len(sub) != 1 || sub[0].Name() != "bundle" {
+		t.Errorf("%s holds %v, want only bundle", ents[0].Name(), sub)
+	}
+	if fi, err := os.Stat(filepath.Dir(out.Bundle)); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("the bundle's directory is not private: %v %v", fi.Mode(), err)
+	}
+
+	c.logMu.Lock()
+	c.out, c.logOff = restoredOut, 0
+	c.logMu.Unlock()
+	after := c.waitAfter(n1, 20*time.Second)
+	if after.str("kind") != "restore" {
+		t.Fatalf("after the restore from the archive the hooks ran with kind %q, want restore", after.str("kind"))
+	}
+	if id := after.str("instance"); id == "" || id == before.Instance {
+		t.Errorf("restored instance id %q, before %q: want a new one", id, before.Instance)
+	}
+	if st := runcState(t, c.root, newID); st.Status != "running" || st.Bundle != out.Bundle {
+		t.Errorf("runc state %s: %+v, want running in %s", newID, st, out.Bundle)
+	}
+	c.pid = runcState(t, c.root, newID).Pid
+	// A second restore as the running container's id: runc refuses,
+	// and kcr keeps CRIU's work directory for it, naming it.
+	tmp2 := t.TempDir()
+	r = runKCREnv(t, []string{"TMPDIR=" + tmp2}, "restore", "--container", newID, "--runc-root", c.root, archive)
+	if r.code != 4 || !strings.Contains(r.stderr, "CRIU's log, kept: ") {
+		t.Fatalf("restore onto a running container's id: exit %d, want 4 naming the kept log: %s", r.code, r.stderr)
+	}
+	kept := strings.Fields(strings.SplitN(r.stderr, "CRIU's log, kept: ", 2)[1])[0]
+	kept = filepath.Dir(strings.TrimRight(kept, ")"))
+	if fi, err := os.Stat(kept); err != nil || !fi.IsDir() || !strings.HasPrefix(filepath.Base(kept), "kcr-restore-") {
+		t.Errorf("the failed restore's work directory %s is not kept: %v", kept, err)
+	}
+	if leftovers(t, tmp2, "image") != 0 {
+		t.Errorf("the failed restore left its unpacked image in %s", tmp2)
+	}
+
+	c.waitAcked(ackedBefore+100, 30*time.Second)
+	c.stop(c.pid)
+	k.checkAcked(topic, acked(c.events()))
+}
+
+// leftovers counts the entries named name anywhere under dir.
+func leftovers(t *testing.T, dir, name string) int {
+	t.Helper()
+	n := 0
+	filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Name() == name {
+			n++
+		}
+		return nil
+	})
+	return n
+}
+
+type runcStatus struct {
+	Pid    int    `json:"pid"`
+	Status string `json:"status"`
+	Bundle string `json:"bundle"`
+}
+
+func runcState(t *testing.T, root, id string) runcStatus {
+	t.Helper()
+	b, err := exec.Command("runc", "--root", root, "state", id).Output()
+	if err != nil {
+		t.Fatalf("runc state %s: %v", id, err)
+	}
+	var st runcStatus
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}

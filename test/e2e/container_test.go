@@ -432,9 +432,11 @@ func TestContainerKCRCheckpointRestore(t *testing.T) {
 	n1 := len(c.events())
 	// The restored container writes to a file of its own, from its start.
 	restoredOut := filepath.Join(t.TempDir(), "restored.log")
+	// CRIU's work directory (restore.log) goes once the restore succeeded.
+	tmp := t.TempDir()
 	done := make(chan kcrResult, 1)
 	go func() {
-		done <- runKCR(t, "restore", "--json", "--container", c.id, "--runc-root", c.root, "--container-output", restoredOut, img)
+		done <- runKCREnv(t, []string{"TMPDIR=" + tmp}, "restore", "--json", "--container", c.id, "--runc-root", c.root, "--container-output", restoredOut, img)
 	}()
 	select {
 	case r = <-done:
@@ -443,6 +445,9 @@ func TestContainerKCRCheckpointRestore(t *testing.T) {
 	}
 	if r.code != 0 {
 		t.Fatalf("kcr restore --container: exit %d: %s", r.code, r.stderr)
+	}
+	if ents, _ := os.ReadDir(tmp); len(ents) != 0 {
+		t.Errorf("a successful kcr restore --container left %v in $TMPDIR", ents)
 	}
 	c.logMu.Lock()
 	c.out, c.logOff = restoredOut, 0

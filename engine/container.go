@@ -172,8 +172,14 @@ func CheckpointContainer(ctx context.Context, o ContainerOptions) (*CheckpointRe
 		// tcp-close only from runc's CRIU configuration.
 		return nil, errors.New("--tcp-close with --container: runc takes tcp-close only from its CRIU configuration; run kcr install-runtime-hook --tcp-close instead")
 	}
+	if o.isPodman() {
+		return checkpointPodman(ctx, o)
+	}
 	st, err := o.State(ctx)
 	if err != nil {
+		if o.podmanKnows(ctx) {
+			return checkpointPodman(ctx, o)
+		}
 		return nil, err
 	}
 	if st.Status != "running" {
@@ -224,6 +230,34 @@ func CheckpointContainer(ctx context.Context, o ContainerOptions) (*CheckpointRe
 		return nil, fmt.Errorf("container %s: %w (CRIU: %s)", o.ID, err, logTail(filepath.Join(b.CRIUDir(), "dump.log"), "Error"))
 	}
 
+	spec, err := os.ReadFile(filepath.Join(st.Bundle, "config.json"))
+	if err != nil {
+		return nil, fmt.Errorf("container %s: bundle: %w", o.ID, err)
+	}
+	if err := os.WriteFile(filepath.Join(b.Dir(), containerSpecFile), spec, 0o600); err != nil {
+		return nil, err
+	}
+	reports, _ := os.ReadFile(filepath.Join(b.CRIUDir(), HookReportsFile))
+	if err := commitContainer(ctx, b, res, proc, hasSock, reports, o, containerRecord{ID: o.ID, Bundle: st.Bundle}); err != nil {
+		return nil, err
+	}
+	committed = true
+	res.Timings.add(PhaseTotal, time.Since(start))
+	return res, nil
+}
+
+// containerRecord is containerBundleFile: what a restore needs to know of
+// the checkpointed container.
+type containerRecord struct {
+	ID      string `json:"id"`
+	Bundle  string `json:"bundle,omitempty"`  // runc
+	Runtime string `json:"runtime,omitempty"` // "podman", or runc's ""
+}
+
+// commitContainer writes the manifest of a container image, with the
+// hooks' reports that kcr's action script left (reports, may be nil), and
+// commits it.
+func commitContainer(ctx context.Context, b *images.Builder, res *CheckpointResult, proc images.Process, hasSock bool, reports []byte, o ContainerOptions, rec containerRecord) error {
 	m := &images.Manifest{KCRVersion: Version, Kernel: kernel(), Host: hostname(), Process: proc, NoHooks: !hasSock,
 		Options: images.Options{LeaveRunning: o.LeaveRunning, TCPClose: o.TCPClose}}
 	if _, v, err := CRIU(ctx, ""); err == nil {
@@ -235,7 +269,7 @@ func CheckpointContainer(ctx context.Context, o ContainerOptions) (*CheckpointRe
 			Reports []proto.HookReport `json:"reports"`
 		} `json:"targets"`
 	}
-	if data, err := os.ReadFile(filepath.Join(b.CRIUDir(), HookReportsFile)); err == nil && json.Unmarshal(data, &hr) == nil {
+	if reports != nil && json.Unmarshal(reports, &hr) == nil {
 		var slowest time.Duration // the apps quiesce at once
 		for _, tg := range hr.Targets {
 			if m.ControlSocket == "" {
@@ -252,30 +286,21 @@ func CheckpointContainer(ctx context.Context, o ContainerOptions) (*CheckpointRe
 			res.Timings = append(Timings{{Name: PhaseHooks, DurationNS: int64(slowest)}}, res.Timings...)
 		}
 	} else if hasSock {
-		res.Warnings = append(res.Warnings, "the hook's reports ("+HookReportsFile+") are missing: see "+filepath.Join(b.CRIUDir(), "dump.log"))
+		res.Warnings = append(res.Warnings, "the hook's reports ("+HookReportsFile+") are missing: see CRIU's dump.log")
 	}
-	cb, _ := json.Marshal(map[string]string{"id": o.ID, "bundle": st.Bundle})
+	cb, _ := json.Marshal(rec)
 	if err := os.WriteFile(filepath.Join(b.Dir(), containerBundleFile), cb, 0o600); err != nil {
-		return nil, err
+		return err
 	}
-	spec, err := os.ReadFile(filepath.Join(st.Bundle, "config.json"))
-	if err != nil {
-		return nil, fmt.Errorf("container %s: bundle: %w", o.ID, err)
-	}
-	if err := os.WriteFile(filepath.Join(b.Dir(), containerSpecFile), spec, 0o600); err != nil {
-		return nil, err
-	}
-	t = time.Now()
+	t := time.Now()
 	m.Phases = append(m.Phases, res.Timings...)
 	img, err := b.Commit(context.WithoutCancel(ctx), m)
 	if err != nil {
-		return nil, fmt.Errorf("write image: %w", err)
+		return fmt.Errorf("write image: %w", err)
 	}
-	committed = true
 	res.Timings.add(PhaseImageWrite, time.Since(t))
-	res.Timings.add(PhaseTotal, time.Since(start))
 	res.Manifest = img.Manifest
-	return res, nil
+	return nil
 }
 
 // logTail returns the last line of a log that contains marker.
@@ -333,6 +358,13 @@ func restoreContainer(ctx context.Context, o ContainerOptions, workParent string
 	// passed on: the trust check above is what keeps the path honest.
 	defer img.Close()
 	res.Timings.add(PhaseVerify, time.Since(t))
+	if rec, err := readContainerRecord(img.Dir); err == nil && rec.Runtime == "podman" {
+		r, err := restorePodman(ctx, o, img, rec)
+		if r != nil {
+			r.Timings = append(res.Timings, r.Timings...)
+		}
+		return r, err
+	}
 	if o.Bundle == "" {
 		id, bundle, err := readContainerFile(img.Dir)
 		if err != nil {

@@ -162,8 +162,26 @@ func ExportArchive(ctx context.Context, image, out string) error {
 	return nil
 }
 
+// readContainerRecord returns what a kcr image of a container records of it.
+func readContainerRecord(image string) (containerRecord, error) {
+	b, err := os.ReadFile(filepath.Join(image, containerBundleFile))
+	if err != nil {
+		return containerRecord{}, fmt.Errorf("%s is not a container image (no %s): only images of kcr checkpoint --container", image, containerBundleFile)
+	}
+	return parseContainerRecord(image, b)
+}
+
+// parseContainerRecord decodes the content of containerBundleFile.
+func parseContainerRecord(image string, b []byte) (containerRecord, error) {
+	var c containerRecord
+	if json.Unmarshal(b, &c) != nil || (c.Bundle == "" && c.Runtime == "") {
+		return c, fmt.Errorf("%s is not a container image (no %s): only images of kcr checkpoint --container", image, containerBundleFile)
+	}
+	return c, nil
+}
+
 // readContainerFile returns the container id and bundle recorded in a kcr
-// image of a container.
+// image of a runc container.
 func readContainerFile(image string) (id, bundle string, err error) {
 	b, err := os.ReadFile(filepath.Join(image, containerBundleFile))
 	if err != nil {
@@ -172,14 +190,15 @@ func readContainerFile(image string) (id, bundle string, err error) {
 	return parseContainerFile(image, b)
 }
 
-// parseContainerFile decodes the content of containerBundleFile.
+// parseContainerFile decodes the content of containerBundleFile of a runc
+// container.
 func parseContainerFile(image string, b []byte) (id, bundle string, err error) {
-	var c struct {
-		ID     string `json:"id"`
-		Bundle string `json:"bundle"`
+	c, err := parseContainerRecord(image, b)
+	if err != nil {
+		return "", "", err
 	}
-	if json.Unmarshal(b, &c) != nil || c.Bundle == "" {
-		return "", "", fmt.Errorf("%s is not a container image (no %s): only images of kcr checkpoint --container", image, containerBundleFile)
+	if c.Runtime == "podman" {
+		return "", "", fmt.Errorf("%s is an image of a Podman container: its %s is Podman's own checkpoint archive (podman container restore --import reads it)", image, PodmanArchive)
 	}
 	return c.ID, c.Bundle, nil
 }

@@ -62,7 +62,10 @@ func checkpointCmd(g *globals) *cobra.Command {
 
 With --container ID, the runc container ID is checkpointed with "runc checkpoint" into
 the image's criu/ directory, the manifest beside it; the app's hooks run in kcr's CRIU
-action script (kcr install-runtime-hook), which runc's CRIU must be configured to run.`,
+action script (kcr install-runtime-hook), which runc's CRIU must be configured to run.
+With --runtime podman (or a container only podman knows), "podman container checkpoint
+--export" writes Podman's archive into the image instead; podman must run the container
+with runc (podman --runtime runc run ...) for the hooks to run.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if cmd.Flags().Changed("container") {
 				return cobra.NoArgs(cmd, args)
@@ -137,7 +140,7 @@ action script (kcr install-runtime-hook), which runc's CRIU must be configured t
 // containerFlags are the flags that select a runc container.
 func containerFlags(f *pflag.FlagSet, o *engine.ContainerOptions) {
 	f.StringVar(&o.ID, "container", "", "a runc container's id, checkpointed or restored with runc")
-	f.StringVar(&o.Runtime, "runtime", "runc", "with --container: the runc binary")
+	f.StringVar(&o.Runtime, "runtime", "runc", "with --container: the runc binary, or podman to go through podman container checkpoint/restore (a container runc does not know is looked for in podman)")
 	f.StringVar(&o.RuncRoot, "runc-root", "", "with --container: runc's --root state directory")
 }
 

@@ -18,12 +18,13 @@ import (
 	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/notify/client"
 	"github.com/kcr-dev/kcr/notify/proto"
+	"github.com/kcr-dev/kcr/runtimehook"
 )
 
 // HookReportsFile is what kcr's CRIU action script writes beside CRIU's
 // images at pre-dump: the hooks' reports, for the manifest of a container
 // checkpoint.
-const HookReportsFile = "kcr-hooks.json"
+const HookReportsFile = runtimehook.ReportsFile
 
 // Phase names of container checkpoints and restores.
 const (
@@ -71,9 +72,8 @@ type ContainerOptions struct {
 	generation uint64   // the restore's generation, if counted elsewhere (restoreArchive)
 }
 
-// GenerationEnv tells kcr's CRIU action script the restore's generation
-// (runtimehook.GenerationEnv).
-const GenerationEnv = "KCR_HOOK_GENERATION"
+// GenerationEnv tells kcr's CRIU action script the restore's generation.
+const GenerationEnv = runtimehook.GenerationEnv
 
 // ContainerState is what "runc state" says of a container.
 type ContainerState struct {

@@ -28,7 +28,7 @@ import (
 // the archive file, so each gets its own generation.
 func restoreArchive(ctx context.Context, o ContainerOptions) (res *ContainerRestoreResult, err error) {
 	archive := o.Image
-	gen, err := archiveGeneration(archive)
+	gen, err := images.NextFileGeneration(archive)
 	if err != nil {
 		return nil, err
 	}
@@ -108,13 +108,4 @@ func buildBundle(image, oldBundle, dst string) (string, error) {
 		return "", err
 	}
 	return dst, nil
-}
-
-// archiveGeneration counts the restores of an archive file.
-func archiveGeneration(archive string) (uint64, error) {
-	p, f, err := stateCounter(archive)
-	if err != nil {
-		return 0, fmt.Errorf("restore counter %s: %w", p, err)
-	}
-	return bumpCounter(p, f)
 }

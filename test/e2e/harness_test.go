@@ -46,7 +46,7 @@ func TestMain(m *testing.M) {
 	kafkaBin = filepath.Join(dir, "kafkaapp")
 	kgoBin = filepath.Join(dir, "kgoapp")
 	setupOK = true
-	for _, b := range [][2]string{{kcrBin, "../../cmd/kcr"}, {appBin, "./testapp"}, {kafkaBin, "./kafkaapp"}, {kgoBin, "./kgoapp"}} {
+	for _, b := range [][2]string{{kcrBin, "../../cmd/kcr"}, {filepath.Join(dir, "kcr-hook"), "../../cmd/kcr-hook"}, {appBin, "./testapp"}, {kafkaBin, "./kafkaapp"}, {kgoBin, "./kgoapp"}} {
 		out, err := exec.Command("go", "build", "-o", b[0], b[1]).CombinedOutput()
 		if err != nil {
 			setupOK, setupErr = false, fmt.Sprintf("go build %s: %v\n%s", b[1], err, out)

@@ -151,6 +151,37 @@ func criuConfigHasHook(st *ContainerState) (string, bool) {
 	return conf, false
 }
 
+// hasKCRSocket says whether a process of pid's tree has a kcr control
+// socket: its hooks must run.
+func hasKCRSocket(pid int) bool {
+	for _, p := range criu.ProcessTree(pid) {
+		if _, err := client.Find(p); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// startImage reads what the manifest records of the container's init pid
+// and starts the image out.
+func startImage(pid int, out string) (images.Process, *images.Builder, error) {
+	proc, err := processInfo(pid)
+	if err != nil {
+		return proc, nil, err
+	}
+	b, err := images.Create(out)
+	return proc, b, err
+}
+
+// needHook refuses a container whose CRIU configuration would not run
+// kcr's hook.
+func needHook(id string, st *ContainerState) error {
+	if conf, ok := criuConfigHasHook(st); !ok {
+		return fmt.Errorf("container %s has a kcr control socket, but %s names no action-script: %w; run kcr install-runtime-hook", id, conf, ErrNoRuntimeHook)
+	}
+	return nil
+}
+
 // containerBundleFile, in the image's directory, names the container and
 // the bundle it was checkpointed from.
 const containerBundleFile = "container.json"
@@ -185,22 +216,13 @@ func CheckpointContainer(ctx context.Context, o ContainerOptions) (*CheckpointRe
 	if st.Status != "running" {
 		return nil, fmt.Errorf("container %s is %s: %w: only a running container can be checkpointed", o.ID, st.Status, ErrContainerState)
 	}
-	hasSock := false
-	for _, pid := range criu.ProcessTree(st.PID) {
-		if _, err := client.Find(pid); err == nil {
-			hasSock = true
-			break
+	hasSock := hasKCRSocket(st.PID)
+	if hasSock {
+		if err := needHook(o.ID, st); err != nil {
+			return nil, err
 		}
 	}
-	conf, hook := criuConfigHasHook(st)
-	if hasSock && !hook {
-		return nil, fmt.Errorf("container %s has a kcr control socket, but %s names no action-script: %w; run kcr install-runtime-hook", o.ID, conf, ErrNoRuntimeHook)
-	}
-	proc, err := processInfo(st.PID)
-	if err != nil {
-		return nil, err
-	}
-	b, err := images.Create(o.Output)
+	proc, b, err := startImage(st.PID, o.Output)
 	if err != nil {
 		return nil, err
 	}

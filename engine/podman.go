@@ -15,9 +15,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kcr-dev/kcr/criu"
 	"github.com/kcr-dev/kcr/images"
-	"github.com/kcr-dev/kcr/notify/client"
 )
 
 // PodmanArchive, in a kcr image of a Podman container, is Podman's own
@@ -110,27 +108,16 @@ func checkpointPodman(ctx context.Context, o ContainerOptions) (*CheckpointResul
 	if in.State.Status != "running" {
 		return nil, fmt.Errorf("container %s is %s: %w: only a running container can be checkpointed", o.ID, in.State.Status, ErrContainerState)
 	}
-	hasSock := false
-	for _, pid := range criu.ProcessTree(in.State.Pid) {
-		if _, err := client.Find(pid); err == nil {
-			hasSock = true
-			break
-		}
-	}
+	hasSock := hasKCRSocket(in.State.Pid)
 	if hasSock {
 		if rt := filepath.Base(in.OCIRuntime); rt != "runc" {
 			return nil, fmt.Errorf("container %s has a kcr control socket, but podman runs it with %s, which gives CRIU no configuration to run kcr's hook: %w; start it with podman --runtime runc", o.ID, rt, ErrNoRuntimeHook)
 		}
-		st := &ContainerState{Annotations: in.Config.Annotations}
-		if conf, ok := criuConfigHasHook(st); !ok {
-			return nil, fmt.Errorf("container %s has a kcr control socket, but %s names no action-script: %w; run kcr install-runtime-hook", o.ID, conf, ErrNoRuntimeHook)
+		if err := needHook(o.ID, &ContainerState{Annotations: in.Config.Annotations}); err != nil {
+			return nil, err
 		}
 	}
-	proc, err := processInfo(in.State.Pid)
-	if err != nil {
-		return nil, err
-	}
-	b, err := images.Create(o.Output)
+	proc, b, err := startImage(in.State.Pid, o.Output)
 	if err != nil {
 		return nil, err
 	}

@@ -78,16 +78,7 @@ func TestContainerRestoreFromArchive(t *testing.T) {
 		t.Errorf("the bundle's directory is not private: %v %v", fi.Mode(), err)
 	}
 
-	c.logMu.Lock()
-	c.out, c.logOff = restoredOut, 0
-	c.logMu.Unlock()
-	after := c.waitAfter(n1, 20*time.Second)
-	if after.str("kind") != "restore" {
-		t.Fatalf("after the restore from the archive the hooks ran with kind %q, want restore", after.str("kind"))
-	}
-	if id := after.str("instance"); id == "" || id == before.Instance {
-		t.Errorf("restored instance id %q, before %q: want a new one", id, before.Instance)
-	}
+	c.restoredTo(restoredOut, n1, before)
 	if st := runcState(t, c.root, newID); st.Status != "running" || st.Bundle != out.Bundle {
 		t.Errorf("runc state %s: %+v, want running in %s", newID, st, out.Bundle)
 	}

@@ -221,6 +221,23 @@ func (c *container) status() string {
 	return st.Status
 }
 
+// restoredTo follows the restored copy's output, written from its start to
+// out, and checks that its after-restore hooks ran as a restore (after
+// event n1) with a new instance id.
+func (c *container) restoredTo(out string, n1 int, before appState) {
+	c.t.Helper()
+	c.logMu.Lock()
+	c.out, c.logOff = out, 0
+	c.logMu.Unlock()
+	after := c.waitAfter(n1, 20*time.Second)
+	if after.str("kind") != "restore" {
+		c.t.Fatalf("after the restore the hooks ran with kind %q, want restore", after.str("kind"))
+	}
+	if id := after.str("instance"); id == "" || id == before.Instance {
+		c.t.Errorf("restored instance id %q, before %q: want a new one", id, before.Instance)
+	}
+}
+
 func readFile(t *testing.T, p string) string {
 	t.Helper()
 	b, err := os.ReadFile(p)
@@ -449,16 +466,7 @@ func TestContainerKCRCheckpointRestore(t *testing.T) {
 	if ents, _ := os.ReadDir(tmp); len(ents) != 0 {
 		t.Errorf("a successful kcr restore --container left %v in $TMPDIR", ents)
 	}
-	c.logMu.Lock()
-	c.out, c.logOff = restoredOut, 0
-	c.logMu.Unlock()
-	after := c.waitAfter(n1, 20*time.Second)
-	if after.str("kind") != "restore" {
-		t.Fatalf("after kcr restore --container the hooks ran with kind %q, want restore", after.str("kind"))
-	}
-	if id := after.str("instance"); id == "" || id == before.Instance {
-		t.Errorf("restored instance id %q, before %q: want a new one", id, before.Instance)
-	}
+	c.restoredTo(restoredOut, n1, before)
 	c.pid = c.hostPID()
 	c.waitAcked(ackedBefore+100, 30*time.Second)
 	c.stop(c.pid)

@@ -4,96 +4,120 @@
 # git revision, default main) and this worktree. The same service
 # (test/e2e/kafkaapp with a kcr socket, producing to an embedded kfake
 # broker) runs on the host; the script is called as CRIU calls it, with
-# CRTOOLS_SCRIPT_ACTION and CRTOOLS_INIT_PID, but without CRIU (the resume
-# watcher finds its "CRIU" gone and resumes the app). Rounds alternate the
-# variants. Prints medians.
+# CRTOOLS_SCRIPT_ACTION and CRTOOLS_INIT_PID, but without CRIU: it runs in a
+# sh that exits after it, so the resume watcher finds its "CRIU" gone and
+# resumes the app. Times are bash's $EPOCHREALTIME around each command (no
+# fork for the clock); "spawn /bin/true" is the cost of a spawn itself.
+# Rounds alternate the variants. Prints medians.
 #
 #   scripts/bench-hook.sh [ROUNDS] [BASE]     # default 21 main
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 rounds=${1:-21}
 base=${2:-main}
 port=${KCR_BENCH_PORT:-19493}
-command -v python3 >/dev/null || { echo "bench-hook.sh: needs python3" >&2; exit 1; }
+need_go
 
 work=$(mktemp -d /tmp/kcr-bench-hook-XXXXXX)
 cleanup() {
-	[ -n "${app:-}" ] && kill "$app" 2>/dev/null || true
-	[ -n "${broker:-}" ] && kill "$broker" 2>/dev/null || true
-	[ -n "${KCR_BENCH_KEEP:-}" ] && echo "kept $work" >&2 || rm -rf "$work"
+	if [ -n "${sleeper:-}" ]; then kill "$sleeper" 2>/dev/null || true; fi
+	if [ -n "${app:-}" ]; then kill "$app" 2>/dev/null || true; fi
+	if [ -n "${broker:-}" ]; then kill "$broker" 2>/dev/null || true; fi
+	if [ -n "${KCR_BENCH_KEEP:-}" ]; then echo "kept $work" >&2; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
 
 export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
-mkdir -p "$work/base/src" "$work/head"
+mkdir -p "$work/base/src" "$work/head" "$work/sock" "$work/state"
 git archive "$base" | tar -x -C "$work/base/src"
 (cd "$work/base/src" && go build -o "$work/base/kcr" ./cmd/kcr &&
-	{ [ ! -d cmd/kcr-hook ] || CGO_ENABLED=0 go build -o "$work/base/kcr-hook" ./cmd/kcr-hook; })
+	if [ -d cmd/kcr-hook ]; then CGO_ENABLED=0 go build -o "$work/base/kcr-hook" ./cmd/kcr-hook; fi)
 go build -o "$work/head/kcr" ./cmd/kcr
 CGO_ENABLED=0 go build -o "$work/head/kcr-hook" ./cmd/kcr-hook
 go build -o "$work/broker" ./examples/broker
 go build -o "$work/kafkaapp" ./test/e2e/kafkaapp
 for b in base head; do
-	"$work/$b/kcr" install-runtime-hook --config "$work/$b.conf" --hook "$work/$b/kcr-criu-hook" >/dev/null 2>&1
+	quiet "$work/kcr.err" "$work/$b/kcr" install-runtime-hook --config "$work/$b.conf" --hook "$work/$b/kcr-criu-hook"
 done
 
 "$work/broker" -addr "127.0.0.1:$port" -topics bench:1 >"$work/broker.log" 2>&1 &
 broker=$!
-sleep 0.5
-mkdir -p "$work/sock"
+wait_until 10 "the broker to start" port_open "$port"
 KCR_SOCKET_DIR="$work/sock" GODEBUG=multipathtcp=0 setsid "$work/kafkaapp" -brokers "127.0.0.1:$port" -topic bench -produce-rate 200 </dev/null >"$work/app.log" 2>&1 &
 app=$!
-for _ in $(seq 50); do [ -S "$work/sock/kcr-$app.sock" ] && break; sleep 0.1; done
-sleep 1
+wait_until 10 "the app's control socket" test -S "$work/sock/kcr-$app.sock"
+sleep 1 # let it connect and produce
+sleep 3600 &
+sleeper=$! # a tree without a kcr socket
 
-python3 - "$work" "$app" "$rounds" "$base" <<'PY'
-import os, re, statistics, subprocess, sys, time
-work, app, rounds, base = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-sleeper = subprocess.Popen(["sleep", "3600"])
-def env(action, init):
-    return dict(os.environ, CRTOOLS_SCRIPT_ACTION=action, CRTOOLS_INIT_PID=str(init), KCR_HOOK_STATE_DIR=work + "/state")
-def script(b): return f"{work}/{b}/kcr-criu-hook"
-def prog(b):  # what the script starts at pre-dump, exiting at once
-    run = open(script(b)).read().split("pre-dump|post-resume) exec ")[1].split(" ;;")[0]
-    argv = [a.strip("'") for a in run.split()]
-    return (argv + ["version"]) if argv[-1] == "criu-hook" else argv
-builds = {base: "base", "this tree": "head"}
-variants = {"spawn /bin/true": (["/bin/true"], None), "sh -c :": (["/bin/sh", "-c", ":"], None),
-            "sh wrapper (sh -c 'true; :')": (["/bin/sh", "-c", "/bin/true; :"], None)}
-for name, b in builds.items():
-    variants[f"{name}: script at a no-op stage"] = ([script(b)], env("post-dump", app))
-    variants[f"{name}: Go start of {os.path.basename(prog(b)[0])}"] = (prog(b), {})
-    variants[f"{name}: pre-dump, no socket in the tree"] = ([script(b)], env("pre-dump", sleeper.pid))
-    # In a sh that exits after it, so that the watcher finds its parent gone.
-    variants[f"{name}: pre-dump with the app (in sh)"] = (["/bin/sh", "-c", script(b) + "; :"], env("pre-dump", app))
-res = {k: [] for k in variants}
-hooks = {n: [] for n in builds}
-for _ in range(rounds):
-    for k, (argv, e) in variants.items():
-        with open(work + "/err.log", "w+") as ef:  # a file, as CRIU's log: the watcher keeps it open
-            t = time.perf_counter_ns()
-            p = subprocess.run(argv, env=e, stdout=subprocess.DEVNULL, stderr=ef)
-            d = (time.perf_counter_ns() - t) / 1e6
-            ef.seek(0); err = ef.read()
-        if p.returncode != 0 and "Go start" not in k:
-            sys.exit(f"{k}: exit {p.returncode}: {err[-400:]}")
-        res[k].append(d)
-        if k.endswith("(in sh)"):
-            m = re.search(r"hooks done.*took=([0-9.]+)(ms|µs)", err)
-            hooks[k.split(":")[0]].append(float(m.group(1)) * (1 if m.group(2) == "ms" else 0.001))
-            time.sleep(0.3)  # the watcher resumes the app
-sleeper.kill()
-med = {k: statistics.median(v) for k, v in res.items()}
-print(f"{rounds} rounds; medians in ms (each as spawned by python: 'spawn /bin/true' is that cost)")
-for k, v in med.items():
-    print(f"  {k:52} {v:7.2f}")
-sh = med["sh wrapper (sh -c 'true; :')"]
-out = {}
-for n in builds:
-    total = med[f"{n}: pre-dump with the app (in sh)"] - sh + med["spawn /bin/true"]
-    h = statistics.median(hooks[n])
-    out[n] = total - h
-    print(f"{n:>10}: pre-dump with the app {total:6.2f}, of which the app's hooks {h:5.2f}: the script adds {total - h:6.2f}")
-b, h = out[base], out["this tree"]
-print(f"added by the script: {b:.2f} -> {h:.2f} ms ({h - b:+.2f} ms, {h / b:.2f}x)")
-PY
+export KCR_HOOK_STATE_DIR="$work/state"
+# prog B: what B's script starts at pre-dump, made to exit at once.
+prog() {
+	local run
+	run=$(sed -n "s/^pre-dump|post-resume) exec \(.*\) ;;$/\1/p" "$work/$1/kcr-criu-hook" | tr -d "'")
+	case $run in
+	*" criu-hook") echo "${run% criu-hook} version" ;;
+	*) echo "$run" ;; # kcr-hook without CRIU's environment: a usage error
+	esac
+}
+# t NAME COMMAND...: run COMMAND once, stderr to a file as CRIU's log (the
+# watcher keeps it open), and append the µs it took to the array NAME.
+t() {
+	local -n acc=$1
+	shift
+	local s e
+	s=${EPOCHREALTIME/./}
+	"$@" >/dev/null 2>"$work/err.log" || true
+	e=${EPOCHREALTIME/./}
+	acc+=($((e - s)))
+}
+# hooks B: the app's hooks' time in B's last pre-dump, from its log, in µs.
+hooks() {
+	local d
+	d=$(grep -o 'hooks done.*took=[0-9.]*[mµ]s' "$work/err.log" | sed 's/.*took=//') || die "no hooks in $1's pre-dump log: $(tail -3 "$work/err.log")"
+	awk -v s="$d" 'BEGIN { if (sub(/ms$/, "", s)) print s * 1000; else { sub(/µs$/, "", s); print s + 0 } }'
+}
+declare -a spawn=() shc=() shw=()
+declare -a base_noop=() base_go=() base_nosock=() base_app=() base_hooks=()
+declare -a head_noop=() head_go=() head_nosock=() head_app=() head_hooks=()
+for _ in $(seq 1 "$rounds"); do
+	t spawn /bin/true
+	t shc /bin/sh -c :
+	t shw /bin/sh -c '/bin/true; :'
+	for b in base head; do
+		# shellcheck disable=SC2046 # prog prints a command line
+		t "${b}_go" $(prog "$b")
+		t "${b}_noop" env CRTOOLS_SCRIPT_ACTION=post-dump CRTOOLS_INIT_PID="$app" "$work/$b/kcr-criu-hook"
+		t "${b}_nosock" env CRTOOLS_SCRIPT_ACTION=pre-dump CRTOOLS_INIT_PID="$sleeper" "$work/$b/kcr-criu-hook"
+		t "${b}_app" env CRTOOLS_SCRIPT_ACTION=pre-dump CRTOOLS_INIT_PID="$app" /bin/sh -c "$work/$b/kcr-criu-hook; :"
+		declare -n hk="${b}_hooks"
+		hk+=("$(hooks "$b")")
+		sleep 0.3 # the watcher resumes the app
+	done
+done
+
+med() { # NAME: the median of the array NAME, in ms
+	local -n a=$1
+	awk -v x="$(median "${a[@]}")" 'BEGIN { printf "%.2f", x / 1000 }'
+}
+echo "$rounds rounds; medians in ms"
+printf '  %-44s %7s\n' "spawn /bin/true" "$(med spawn)" "sh -c :" "$(med shc)" "sh -c '/bin/true; :'" "$(med shw)"
+for b in base head; do
+	name=$base
+	[ "$b" = head ] && name="this tree"
+	printf '  %-44s %7s\n' "$name: script at a no-op stage" "$(med "${b}_noop")" \
+		"$name: Go start of $(prog "$b" | awk '{print $1}' | xargs basename)" "$(med "${b}_go")" \
+		"$name: pre-dump, no socket in the tree" "$(med "${b}_nosock")" \
+		"$name: pre-dump with the app (in sh)" "$(med "${b}_app")"
+done
+for b in base head; do
+	name=$base
+	[ "$b" = head ] && name="this tree"
+	total=$(awk -v a="$(med "${b}_app")" -v w="$(med shw)" -v s="$(med spawn)" 'BEGIN { printf "%.2f", a - w + s }')
+	h=$(med "${b}_hooks")
+	added=$(awk -v t="$total" -v h="$h" 'BEGIN { printf "%.2f", t - h }')
+	printf '%10s: pre-dump with the app %6s, of which the app'"'"'s hooks %5s: the script adds %6s\n' "$name" "$total" "$h" "$added"
+	if [ "$b" = base ]; then added_base=$added; else added_head=$added; fi
+done
+awk -v b="$added_base" -v h="$added_head" 'BEGIN { printf "added by the script: %.2f -> %.2f ms (%+.2f ms, %.2fx)\n", b, h, h - b, h / b }'

@@ -135,7 +135,8 @@ row "restore (to running), kcr-hook" pr kr hr
 row "checkpoint, kcr criu-hook" pc fc fhc
 row "restore (to running), kcr criu-hook" pr fr fhr
 script_line() { # label scripts hooks
-	[ "$(eval echo "\${#$2[@]}")" -gt 0 ] || return 0
+	local -n scripts=$2
+	[ "${#scripts[@]}" -gt 0 ] || return 0
 	local s h
 	s=$(med "$2") h=$(med "$3")
 	echo "pre-dump script in CRIU's log, $1: $s ms, of which the app's hooks $h ms: kcr adds $(awk -v s="$s" -v h="$h" 'BEGIN { printf "%.1f", s - h }') ms"

@@ -78,8 +78,11 @@ hooks() {
 	d=$(grep -o 'hooks done.*took=[0-9.]*[mµ]s' "$work/err.log" | sed 's/.*took=//') || die "no hooks in $1's pre-dump log: $(tail -3 "$work/err.log")"
 	awk -v s="$d" 'BEGIN { if (sub(/ms$/, "", s)) print s * 1000; else { sub(/µs$/, "", s); print s + 0 } }'
 }
+# shellcheck disable=SC2034 # filled through namerefs (t, hooks)
 declare -a spawn=() shc=() shw=()
+# shellcheck disable=SC2034
 declare -a base_noop=() base_go=() base_nosock=() base_app=() base_hooks=()
+# shellcheck disable=SC2034
 declare -a head_noop=() head_go=() head_nosock=() head_app=() head_hooks=()
 for _ in $(seq 1 "$rounds"); do
 	t spawn /bin/true

@@ -354,7 +354,8 @@ type ContainerRestoreResult struct {
 // RestoreContainer verifies a kcr image of a container and restores it
 // with "runc restore -d". The app's after-restore hooks run in kcr's CRIU
 // action script, at post-resume. If o.Image is a file, it is a checkpoint
-// archive of "kcr export --format cri-o": see restoreArchive.
+// archive of "kcr export --format cri-o" (see restoreArchive); if it is an
+// OCI image layout, one of "kcr export --format oci" (restoreOCILayout).
 //
 // CRIU's work directory (restore.log, where the hook logs too) is removed
 // once the restore succeeded; after a failure it stays, and the error
@@ -362,6 +363,9 @@ type ContainerRestoreResult struct {
 func RestoreContainer(ctx context.Context, o ContainerOptions) (*ContainerRestoreResult, error) {
 	if fi, err := os.Stat(o.Image); err == nil && fi.Mode().IsRegular() {
 		return restoreArchive(ctx, o)
+	}
+	if _, err := os.Stat(filepath.Join(o.Image, "oci-layout")); err == nil {
+		return restoreOCILayout(ctx, o)
 	}
 	return restoreContainer(ctx, o, "")
 }

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+
 	"github.com/kcr-dev/kcr/images"
 )
 
@@ -26,7 +28,16 @@ import (
 // with the container; after a failure the directory keeps CRIU's log.
 // Restores of one archive are counted in kcr's state directory, keyed by
 // the archive file, so each gets its own generation.
-func restoreArchive(ctx context.Context, o ContainerOptions) (res *ContainerRestoreResult, err error) {
+func restoreArchive(ctx context.Context, o ContainerOptions) (*ContainerRestoreResult, error) {
+	return restoreUnpacked(ctx, o, func(final string, opts ...images.ImportOption) (*images.Image, error) {
+		return images.ImportCRIOFile(ctx, o.Image, final, opts...)
+	})
+}
+
+// restoreUnpacked restores the CRI-O archive that unpack writes as a kcr
+// image (see restoreArchive); o.Image names the source, for errors and the
+// restore counter.
+func restoreUnpacked(ctx context.Context, o ContainerOptions, unpack func(final string, opts ...images.ImportOption) (*images.Image, error)) (res *ContainerRestoreResult, err error) {
 	archive := o.Image
 	gen, err := images.NextFileGeneration(archive)
 	if err != nil {
@@ -47,7 +58,7 @@ func restoreArchive(ctx context.Context, o ContainerOptions) (res *ContainerRest
 	if maxSize <= 0 {
 		maxSize = images.DefaultMaxImportSize
 	}
-	img, err := images.ImportCRIOFile(ctx, archive, filepath.Join(dir, "image"), images.WithMaxSize(maxSize))
+	img, err := unpack(filepath.Join(dir, "image"), images.WithMaxSize(maxSize))
 	if err != nil {
 		return nil, err
 	}
@@ -108,4 +119,42 @@ func buildBundle(image, oldBundle, dst string) (string, error) {
 		return "", err
 	}
 	return dst, nil
+}
+
+// restoreOCILayout restores a container from an OCI image layout of "kcr
+// export --format oci": its one image carries CheckpointAnnotation, and
+// its one layer is the CRI-O archive, streamed into restoreUnpacked.
+func restoreOCILayout(ctx context.Context, o ContainerOptions) (*ContainerRestoreResult, error) {
+	idx, err := layout.ImageIndexFromPath(o.Image)
+	if err != nil {
+		return nil, fmt.Errorf("OCI layout %s: %w", o.Image, err)
+	}
+	im, err := idx.IndexManifest()
+	if err != nil {
+		return nil, fmt.Errorf("OCI layout %s: %w", o.Image, err)
+	}
+	if len(im.Manifests) != 1 {
+		return nil, fmt.Errorf("OCI layout %s holds %d images: give a layout of kcr export --format oci (one checkpoint image)", o.Image, len(im.Manifests))
+	}
+	img, err := idx.Image(im.Manifests[0].Digest)
+	if err != nil {
+		return nil, fmt.Errorf("OCI layout %s: %w", o.Image, err)
+	}
+	m, err := img.Manifest()
+	if err != nil {
+		return nil, fmt.Errorf("OCI layout %s: %w", o.Image, err)
+	}
+	layers, err := img.Layers()
+	if err != nil || len(layers) != 1 || m.Annotations[CheckpointAnnotation] == "" {
+		return nil, fmt.Errorf("OCI layout %s is not a checkpoint image of kcr export --format oci (want one layer and the %s annotation)", o.Image, CheckpointAnnotation)
+	}
+	return restoreUnpacked(ctx, o, func(final string, opts ...images.ImportOption) (*images.Image, error) {
+		// Every file is checked against the kcr manifest in the layer.
+		rc, err := layers[0].Uncompressed()
+		if err != nil {
+			return nil, fmt.Errorf("OCI layout %s: layer: %w", o.Image, err)
+		}
+		defer rc.Close()
+		return images.ImportCRIO(ctx, rc, final, opts...)
+	})
 }

@@ -319,8 +319,16 @@ var crioOwn = map[string]bool{"config.dump": true, "spec.dump": true}
 // skipped. An archive without kcr's manifest (one written by Podman or
 // CRI-O) is refused with [ErrNotImage]: nothing could verify it.
 func ImportCRIOFile(ctx context.Context, file, final string, opts ...ImportOption) (*Image, error) {
-	return ImportFile(ctx, file, final, append(opts, func(c *importConfig) { c.crio = true })...)
+	return ImportFile(ctx, file, final, append(opts, crioLayout)...)
 }
+
+// ImportCRIO imports a CRI-O checkpoint archive read from r, as
+// [ImportCRIOFile] does (r may be the layer of an OCI checkpoint image).
+func ImportCRIO(ctx context.Context, r io.Reader, final string, opts ...ImportOption) (*Image, error) {
+	return Import(ctx, r, final, append(opts, crioLayout)...)
+}
+
+func crioLayout(c *importConfig) { c.crio = true }
 
 // zstdMagic starts every zstd frame.
 var zstdMagic = []byte{0x28, 0xb5, 0x2f, 0xfd}

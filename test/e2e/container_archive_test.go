@@ -12,7 +12,8 @@ import (
 
 // TestContainerRestoreFromArchive: a CRI-O checkpoint archive of "kcr
 // export --format cri-o", with the kcr image it came from deleted, restores
-// as a new container: its hooks run as a restore with a new identity, no
+// as a new container, and so does the OCI image layout of "kcr export
+// --format oci": its hooks run as a restore with a new identity, no
 // acked record is missing on the broker, and of kcr's temporary
 // directories only the bundle runc uses is left. A restore that fails
 // (onto the running copy's id) keeps CRIU's work directory and names it.
@@ -27,6 +28,8 @@ func TestContainerRestoreFromArchive(t *testing.T) {
 	mustKCR(t, "checkpoint", "--container", c.id, "--runc-root", c.root, "-o", img)
 	archive := filepath.Join(t.TempDir(), "checkpoint.tar")
 	mustKCR(t, "export", "--format", "cri-o", "-o", archive, img)
+	oci := filepath.Join(t.TempDir(), "oci")
+	mustKCR(t, "export", "--format", "oci", "-o", oci, img)
 	if err := os.RemoveAll(img); err != nil { // the archive is all there is
 		t.Fatal(err)
 	}
@@ -83,6 +86,25 @@ func TestContainerRestoreFromArchive(t *testing.T) {
 		t.Errorf("runc state %s: %+v, want running in %s", newID, st, out.Bundle)
 	}
 	c.pid = runcState(t, c.root, newID).Pid
+	c.waitAcked(ackedBefore+100, 30*time.Second)
+
+	// The OCI image of "kcr export --format oci" restores too, as a third
+	// container (the second copy is stopped first: one producer at a time).
+	runc := func(args ...string) { exec.Command("runc", append([]string{"--root", c.root}, args...)...).Run() }
+	c.stop(c.pid)
+	n2, ackedMid := len(c.events()), len(acked(c.events()))
+	ociID := uniqueName("ctr-oci")
+	t.Cleanup(func() { runc("kill", ociID, "KILL"); time.Sleep(100 * time.Millisecond); runc("delete", "-f", ociID) })
+	ociOut := filepath.Join(t.TempDir(), "oci.log")
+	r = runKCREnv(t, env, "restore", "--json", "--container", ociID, "--runc-root", c.root, "--container-output", ociOut, oci)
+	if r.code != 0 {
+		t.Fatalf("kcr restore --container %s %s (OCI layout): exit %d: %s", ociID, oci, r.code, r.stderr)
+	}
+	c.restoredTo(ociOut, n2, before)
+	if st := runcState(t, c.root, ociID); st.Status != "running" {
+		t.Errorf("runc state %s: %+v, want running", ociID, st)
+	}
+	c.pid = runcState(t, c.root, ociID).Pid
 	// A second restore as the running container's id: runc refuses,
 	// and kcr keeps CRIU's work directory for it, naming it.
 	tmp2 := t.TempDir()
@@ -99,7 +121,7 @@ func TestContainerRestoreFromArchive(t *testing.T) {
 		t.Errorf("the failed restore left its unpacked image in %s", tmp2)
 	}
 
-	c.waitAcked(ackedBefore+100, 30*time.Second)
+	c.waitAcked(ackedMid+100, 30*time.Second)
 	c.stop(c.pid)
 	k.checkAcked(topic, acked(c.events()))
 }

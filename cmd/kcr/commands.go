@@ -203,13 +203,14 @@ func restoreCmd(g *globals) *cobra.Command {
 	var ctr engine.ContainerOptions
 	var keyFiles []string
 	cmd := &cobra.Command{
-		Use:   "restore IMAGE | --container ID IMAGE|ARCHIVE.tar",
+		Use:   "restore IMAGE | --container ID IMAGE|ARCHIVE.tar|OCI-LAYOUT",
 		Short: "Verify an image, restore it with CRIU and run the after-restore hooks; prints the new PID",
 		Long: `Verify an image, restore it with CRIU and run the after-restore hooks.
 
 With --container ID, a kcr image of a container (kcr checkpoint --container),
-or a checkpoint archive written by "kcr export --format cri-o", is restored
-with "runc restore" as the container ID. An archive is unpacked and verified as
+a checkpoint archive written by "kcr export --format cri-o", or the OCI image
+layout of "kcr export --format oci", is restored with "runc restore" (or
+podman, for an image of a Podman container) as the container ID. An archive is unpacked and verified as
 "kcr import" does, into a private directory under $TMPDIR; runc restores into a
 bundle built there from the checkpointed spec (the rootfs must be on this host
 where it was), or into --bundle. The unpacked image is removed afterwards; the

@@ -61,7 +61,8 @@ type ContainerOptions struct {
 	// SignKey signs the image's manifest (CheckpointContainer).
 	SignKey ed25519.PrivateKey
 	// VerifyKeys and AllowUntrusted are as in RestoreOptions
-	// (RestoreContainer).
+	// (RestoreContainer); AllowUntrusted covers archives and OCI layouts
+	// too.
 	VerifyKeys     []ed25519.PublicKey
 	AllowUntrusted bool
 	// MaxSize bounds the image a checkpoint archive may unpack to
@@ -118,6 +119,10 @@ func (o *ContainerOptions) runc(ctx context.Context, stdout *os.File, args ...st
 	}
 	return out.String(), nil
 }
+
+// trusted says whether images must pass images.OpenOptions.Trusted: as
+// root, unless AllowUntrusted.
+func (o *ContainerOptions) trusted() bool { return os.Geteuid() == 0 && !o.AllowUntrusted }
 
 // State returns "runc state" of the container.
 func (o *ContainerOptions) State(ctx context.Context) (*ContainerState, error) {
@@ -361,10 +366,19 @@ type ContainerRestoreResult struct {
 // once the restore succeeded; after a failure it stays, and the error
 // names it.
 func RestoreContainer(ctx context.Context, o ContainerOptions) (*ContainerRestoreResult, error) {
-	if fi, err := os.Stat(o.Image); err == nil && fi.Mode().IsRegular() {
-		return restoreArchive(ctx, o)
+	fi, err := os.Stat(o.Image)
+	archive := err == nil && fi.Mode().IsRegular()
+	_, err = os.Stat(filepath.Join(o.Image, "oci-layout"))
+	layout := err == nil
+	if (archive || layout) && o.trusted() {
+		if err := images.CheckTrusted(o.Image); err != nil {
+			return nil, err
+		}
 	}
-	if _, err := os.Stat(filepath.Join(o.Image, "oci-layout")); err == nil {
+	switch {
+	case archive:
+		return restoreArchive(ctx, o)
+	case layout:
 		return restoreOCILayout(ctx, o)
 	}
 	return restoreContainer(ctx, o, "")

@@ -309,6 +309,7 @@ func afterRestore(ctx context.Context, pid, origPID int, gen uint64, name string
 		}
 	}
 }
+
 // openOptions are the checks a restore makes of an image: as root, that no
 // other user could have written it (unless allowUntrusted), and the
 // signature if keys are given.

@@ -101,3 +101,33 @@ func TestImportCRIORefused(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckTrusted: an archive another user could have written is
+// refused, as an image would be, naming the fix.
+func TestCheckTrusted(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "checkpoint.tar")
+	must(t, os.WriteFile(p, []byte("x"), 0o600))
+	if err := CheckTrusted(p); err != nil {
+		t.Fatalf("own archive: %v", err)
+	}
+	must(t, os.Chmod(p, 0o622))
+	if err := CheckTrusted(p); !errors.Is(err, ErrUntrusted) || !strings.Contains(err.Error(), "--allow-untrusted") {
+		t.Errorf("group-writable archive: %v", err)
+	}
+	must(t, os.Chmod(p, 0o600))
+	sub := filepath.Join(dir, "oci")
+	must(t, os.MkdirAll(filepath.Join(sub, "blobs"), 0o700))
+	must(t, os.WriteFile(filepath.Join(sub, "blobs", "b"), nil, 0o600))
+	must(t, os.Chmod(filepath.Join(sub, "blobs", "b"), 0o606)) // past the umask
+	if err := CheckTrusted(sub); !errors.Is(err, ErrUntrusted) || !strings.Contains(err.Error(), "blobs/b") {
+		t.Errorf("layout with a world-writable blob: %v", err)
+	}
+	if os.Geteuid() == 0 {
+		must(t, os.Chmod(filepath.Join(sub, "blobs", "b"), 0o600))
+		must(t, os.Chown(p, 61001, 61001))
+		if err := CheckTrusted(p); !errors.Is(err, ErrUntrusted) || !strings.Contains(err.Error(), "uid 61001") {
+			t.Errorf("archive of uid 61001: %v", err)
+		}
+	}
+}

@@ -38,6 +38,17 @@ func TestContainerRestoreFromArchive(t *testing.T) {
 
 	tmp := t.TempDir()
 	env := []string{"TMPDIR=" + tmp}
+	// As root, an archive another user could have written is refused, as
+	// an image is.
+	if err := os.Chmod(archive, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if r := runKCREnv(t, env, "restore", "--container", uniqueName("ctr-untrusted"), "--runc-root", c.root, archive); r.code != 5 || !strings.Contains(r.stderr, "--allow-untrusted") {
+		t.Errorf("restore from a world-writable archive: exit %d, want 5 naming --allow-untrusted: %s", r.code, r.stderr)
+	}
+	if err := os.Chmod(archive, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	newID := uniqueName("ctr-new")
 	t.Cleanup(func() {
 		exec.Command("runc", "--root", c.root, "kill", newID, "KILL").Run()

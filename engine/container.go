@@ -168,13 +168,16 @@ func hasKCRSocket(pid int) bool {
 }
 
 // startImage reads what the manifest records of the container's init pid
-// and starts the image out.
-func startImage(pid int, out string) (images.Process, *images.Builder, error) {
+// and starts the image out, signed with key if not nil.
+func startImage(pid int, out string, key ed25519.PrivateKey) (images.Process, *images.Builder, error) {
 	proc, err := processInfo(pid)
 	if err != nil {
 		return proc, nil, err
 	}
 	b, err := images.Create(out)
+	if err == nil {
+		b.SignWith(key)
+	}
 	return proc, b, err
 }
 
@@ -227,11 +230,10 @@ func CheckpointContainer(ctx context.Context, o ContainerOptions) (*CheckpointRe
 			return nil, err
 		}
 	}
-	proc, b, err := startImage(st.PID, o.Output)
+	proc, b, err := startImage(st.PID, o.Output, o.SignKey)
 	if err != nil {
 		return nil, err
 	}
-	b.SignWith(o.SignKey)
 	committed := false
 	defer func() {
 		if !committed {

@@ -58,7 +58,8 @@ func restoreUnpacked(ctx context.Context, o ContainerOptions, unpack func(final 
 	if maxSize <= 0 {
 		maxSize = images.DefaultMaxImportSize
 	}
-	img, err := unpack(filepath.Join(dir, "image"), images.WithMaxSize(maxSize))
+	// A required signature is checked before anything is unpacked.
+	img, err := unpack(filepath.Join(dir, "image"), images.WithMaxSize(maxSize), images.WithVerifyKeys(o.VerifyKeys))
 	if err != nil {
 		return nil, err
 	}

@@ -117,7 +117,7 @@ func checkpointPodman(ctx context.Context, o ContainerOptions) (*CheckpointResul
 			return nil, err
 		}
 	}
-	proc, b, err := startImage(in.State.Pid, o.Output)
+	proc, b, err := startImage(in.State.Pid, o.Output, o.SignKey)
 	if err != nil {
 		return nil, err
 	}

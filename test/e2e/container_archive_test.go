@@ -11,12 +11,13 @@ import (
 )
 
 // TestContainerRestoreFromArchive: a CRI-O checkpoint archive of "kcr
-// export --format cri-o", with the kcr image it came from deleted, restores
-// as a new container, and so does the OCI image layout of "kcr export
-// --format oci": its hooks run as a restore with a new identity, no
-// acked record is missing on the broker, and of kcr's temporary
-// directories only the bundle runc uses is left. A restore that fails
-// (onto the running copy's id) keeps CRIU's work directory and names it.
+// export --format cri-o" of a signed image, with the image deleted,
+// restores as a new container (its signature checked; another key is
+// refused), and so does the OCI image layout of "kcr export --format oci":
+// the hooks run as a restore with a new identity, no acked record is
+// missing on the broker, and of kcr's temporary directories only the
+// bundle runc uses is left. A restore that fails (onto the running copy's
+// id) keeps CRIU's work directory and names it.
 func TestContainerRestoreFromArchive(t *testing.T) {
 	k := needKafka(t)
 	topic := k.newTopic("kcr-ctr-archive", 1)
@@ -24,8 +25,12 @@ func TestContainerRestoreFromArchive(t *testing.T) {
 	c.waitAcked(100, 30*time.Second)
 	before := c.state()
 
+	keys := filepath.Join(t.TempDir(), "ops")
+	mustKCR(t, "keygen", "-o", keys)
+	other := filepath.Join(t.TempDir(), "other")
+	mustKCR(t, "keygen", "-o", other)
 	img := filepath.Join(t.TempDir(), "img")
-	mustKCR(t, "checkpoint", "--container", c.id, "--runc-root", c.root, "-o", img)
+	mustKCR(t, "checkpoint", "--container", c.id, "--runc-root", c.root, "--sign", keys+".key", "-o", img)
 	archive := filepath.Join(t.TempDir(), "checkpoint.tar")
 	mustKCR(t, "export", "--format", "cri-o", "-o", archive, img)
 	oci := filepath.Join(t.TempDir(), "oci")
@@ -49,6 +54,11 @@ func TestContainerRestoreFromArchive(t *testing.T) {
 	if err := os.Chmod(archive, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// The signature travels in the archive: another key is refused before
+	// anything is restored.
+	if r := runKCREnv(t, env, "restore", "--container", uniqueName("ctr-wrongkey"), "--runc-root", c.root, "--verify-key", other+".pub", archive); r.code == 0 || !strings.Contains(r.stderr, "sign") {
+		t.Errorf("restore from the archive with another key: exit %d, want a signature error: %s", r.code, r.stderr)
+	}
 	newID := uniqueName("ctr-new")
 	t.Cleanup(func() {
 		exec.Command("runc", "--root", c.root, "kill", newID, "KILL").Run()
@@ -59,7 +69,7 @@ func TestContainerRestoreFromArchive(t *testing.T) {
 	var r kcrResult
 	done := make(chan kcrResult, 1)
 	go func() {
-		done <- runKCREnv(t, env, "restore", "--json", "--container", newID, "--runc-root", c.root, "--container-output", restoredOut, archive)
+		done <- runKCREnv(t, env, "restore", "--json", "--container", newID, "--runc-root", c.root, "--verify-key", keys+".pub", "--container-output", restoredOut, archive)
 	}()
 	select {
 	case r = <-done:

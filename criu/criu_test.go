@@ -298,7 +298,7 @@ func TestParseProcStat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.comm != "a) (b c)" || st.state != 'S' || st.ppid != 1 || st.session != 1234 || st.ttyNr != 34817 || st.startTime != 99887766 {
+	if st.Comm != "a) (b c)" || st.State != 'S' || st.PPID != 1 || st.Session != 1234 || st.TTYNr != 34817 || st.StartTime != 99887766 {
 		t.Errorf("parsed %+v", st)
 	}
 	if _, err := parseProcStat([]byte("garbage")); err == nil {
@@ -423,7 +423,7 @@ func TestWaitGoneAndCheckPIDFree(t *testing.T) {
 func waitZombie(t *testing.T, pid int) {
 	t.Helper()
 	for i := 0; i < 1000; i++ {
-		if st, err := readProcStat(pid); err == nil && st.state == 'Z' {
+		if st, err := readProcStat(pid); err == nil && st.State == 'Z' {
 			return
 		}
 		time.Sleep(5 * time.Millisecond)

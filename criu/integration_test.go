@@ -325,11 +325,11 @@ func TestE2EDumpRestore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pst.ppid == os.Getpid() {
+	if pst.PPID == os.Getpid() {
 		t.Errorf("restored process is our child")
 	}
-	if pst.session != rr.PID {
-		t.Errorf("restored process is not a session leader (sid %d)", pst.session)
+	if pst.Session != rr.PID {
+		t.Errorf("restored process is not a session leader (sid %d)", pst.Session)
 	}
 	// Nothing of criu or of us leaked into it.
 	fdsAfter := fdTable(t, rr.PID)
@@ -340,7 +340,7 @@ func TestE2EDumpRestore(t *testing.T) {
 	tg.ping(t)
 	ourTime, _ := os.Readlink("/proc/self/ns/time")
 	theirTime, _ := os.Readlink("/proc/" + strconv.Itoa(rr.PID) + "/ns/time")
-	t.Logf("parent %d, time namespace %s (ours %s)", pst.ppid, theirTime, ourTime)
+	t.Logf("parent %d, time namespace %s (ours %s)", pst.PPID, theirTime, ourTime)
 }
 
 func TestE2ELeaveRunning(t *testing.T) {

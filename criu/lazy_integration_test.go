@@ -191,8 +191,8 @@ func TestE2ELazyRestore(t *testing.T) {
 	// The daemon: our child (while we live), in a session of its own,
 	// with none of criu swrk's fds.
 	if st, err := readProcStat(d.PID); err == nil {
-		if st.ppid != os.Getpid() || st.session != d.PID {
-			t.Errorf("daemon: parent %d, session %d", st.ppid, st.session)
+		if st.PPID != os.Getpid() || st.Session != d.PID {
+			t.Errorf("daemon: parent %d, session %d", st.PPID, st.Session)
 		}
 		for fd, l := range fdTable(t, d.PID) {
 			if strings.Contains(l, "criu-swrk") {
@@ -245,7 +245,7 @@ func TestE2ELazyRestore(t *testing.T) {
 	if s, _ := h.sum(t); s != sumBefore {
 		t.Errorf("heap checksum %s once the daemon is gone, %s before", s, sumBefore)
 	}
-	if st, err := readProcStat(rr.PID); err != nil || st.state == 'Z' {
+	if st, err := readProcStat(rr.PID); err != nil || st.State == 'Z' {
 		t.Errorf("restored process: %+v, %v", st, err)
 	}
 }
@@ -277,9 +277,9 @@ func TestE2ELazyRestoreCallerExits(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the daemon did not survive its caller: %v", err)
 	}
-	t.Logf("daemon %d after its caller exited: state %c, parent %d, session %d", dpid, st.state, st.ppid, st.session)
-	if st.session != dpid {
-		t.Errorf("daemon session %d", st.session)
+	t.Logf("daemon %d after its caller exited: state %c, parent %d, session %d", dpid, st.State, st.PPID, st.Session)
+	if st.Session != dpid {
+		t.Errorf("daemon session %d", st.Session)
 	}
 	syscall.Kill(dpid, syscall.SIGCONT)
 

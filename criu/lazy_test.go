@@ -159,8 +159,8 @@ exit 0
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.session != d.PID || st.pgrp != d.PID {
-		t.Errorf("daemon session %d, group %d; want its own (%d)", st.session, st.pgrp, d.PID)
+	if st.Session != d.PID || st.Pgrp != d.PID {
+		t.Errorf("daemon session %d, group %d; want its own (%d)", st.Session, st.Pgrp, d.PID)
 	}
 	fds, _ := os.ReadFile(filepath.Join(work, "fds"))
 	if !strings.Contains(string(fds), " 0 -> /dev/null") || !strings.Contains(string(fds), "memfd:criu-lazy-pages-output") ||

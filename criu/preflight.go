@@ -12,6 +12,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kcr-dev/kcr/criu/proctree"
 )
 
 // ipprotoMPTCP is IPPROTO_MPTCP: Go >= 1.24 listens with it by default and
@@ -47,7 +49,7 @@ func (p Problem) Hint() string { return p.Cause.Hint() }
 // dump, and does not disturb the target. An empty result means no socket
 // problem was found, not that the dump will succeed.
 func Preflight(pid int) ([]Problem, error) {
-	tree := processTree(pid)
+	tree := proctree.Tree(pid)
 	inTree := map[int]bool{}
 	for _, p := range tree {
 		inTree[p] = true
@@ -216,7 +218,7 @@ func peerDesc(fd int) string {
 	if cred, err := unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil && cred.Pid > 0 {
 		c := "pid " + strconv.Itoa(int(cred.Pid))
 		if st, err := readProcStat(int(cred.Pid)); err == nil {
-			c += " " + strconv.Quote(st.comm)
+			c += " " + strconv.Quote(st.Comm)
 		}
 		parts = append(parts, c)
 	}

@@ -1,7 +1,6 @@
 package criu
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,52 +9,16 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/kcr-dev/kcr/criu/proctree"
 )
 
 // procStat holds the fields of /proc/<pid>/stat kcr uses.
-type procStat struct {
-	comm      string
-	state     byte
-	ppid      int
-	pgrp      int
-	session   int
-	ttyNr     int
-	startTime uint64
-}
+type procStat = proctree.Stat
 
-func readProcStat(pid int) (*procStat, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return nil, err
-	}
-	return parseProcStat(b)
-}
+func readProcStat(pid int) (*procStat, error) { return proctree.ReadStat(pid) }
 
-func parseProcStat(b []byte) (*procStat, error) {
-	open, close := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
-	if open < 0 || close < open {
-		return nil, fmt.Errorf("malformed /proc stat %q", b)
-	}
-	f := strings.Fields(string(b[close+1:]))
-	if len(f) < 20 || len(f[0]) != 1 {
-		return nil, fmt.Errorf("malformed /proc stat %q", b)
-	}
-	s := &procStat{comm: string(b[open+1 : close]), state: f[0][0]}
-	ints := []*int{&s.ppid, &s.pgrp, &s.session, &s.ttyNr}
-	for i, p := range ints {
-		v, err := strconv.Atoi(f[1+i])
-		if err != nil {
-			return nil, fmt.Errorf("malformed /proc stat %q", b)
-		}
-		*p = v
-	}
-	st, err := strconv.ParseUint(f[19], 10, 64)
-	if err != nil {
-		return nil, fmt.Errorf("malformed /proc stat %q", b)
-	}
-	s.startTime = st
-	return s, nil
-}
+func parseProcStat(b []byte) (*procStat, error) { return proctree.ParseStat(b) }
 
 // ShellJobNeeded reports whether CRIU needs --shell-job (ShellJob) to dump
 // pid: the process has a controlling terminal (tty_nr in /proc/<pid>/stat is
@@ -68,7 +31,7 @@ func ShellJobNeeded(pid int) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("criu: process %d: %w", pid, err)
 	}
-	return st.ttyNr != 0 || st.session != pid, nil
+	return st.TTYNr != 0 || st.Session != pid, nil
 }
 
 // WaitGone waits, for at most timeout, until /proc/<pid> is gone: not
@@ -100,17 +63,17 @@ func WaitGone(ctx context.Context, pid int, timeout time.Duration) (time.Duratio
 			}
 			return time.Since(start), fmt.Errorf("criu: process %d: %w", pid, err)
 		}
-		if st.startTime != first.startTime {
+		if st.StartTime != first.StartTime {
 			return time.Since(start), nil // gone; the PID now belongs to someone else
 		}
 		select {
 		case <-ctx.Done():
 			return time.Since(start), ctx.Err()
 		case <-deadline.C:
-			what := fmt.Sprintf("process %d (%q) is still running", pid, st.comm)
-			if st.state == 'Z' {
-				what = fmt.Sprintf("process %d (%q) is a zombie its parent %d has not reaped", pid, st.comm, st.ppid)
-				if st.ppid == os.Getpid() {
+			what := fmt.Sprintf("process %d (%q) is still running", pid, st.Comm)
+			if st.State == 'Z' {
+				what = fmt.Sprintf("process %d (%q) is a zombie its parent %d has not reaped", pid, st.Comm, st.PPID)
+				if st.PPID == os.Getpid() {
 					what += " (that is this program: it must wait for its child)"
 				}
 			}
@@ -161,18 +124,18 @@ func CheckPIDFree(ctx context.Context, pid int, zombieWait time.Duration) error 
 		return fmt.Errorf("criu: process %d: %w", pid, err)
 	}
 	owner := tgid(pid)
-	if st.state == 'Z' && owner == pid {
+	if st.State == 'Z' && owner == pid {
 		if _, err := WaitGone(ctx, pid, zombieWait); err == nil {
 			return nil
 		} else if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return &PIDInUseError{PID: pid, Owner: pid, Comm: st.comm, Zombie: true}
+		return &PIDInUseError{PID: pid, Owner: pid, Comm: st.Comm, Zombie: true}
 	}
-	e := &PIDInUseError{PID: pid, Owner: owner, Comm: st.comm, Cmdline: cmdline(owner)}
+	e := &PIDInUseError{PID: pid, Owner: owner, Comm: st.Comm, Cmdline: cmdline(owner)}
 	if owner != pid {
 		if ost, err := readProcStat(owner); err == nil {
-			e.Comm = ost.comm
+			e.Comm = ost.Comm
 		}
 	}
 	return e
@@ -225,38 +188,9 @@ func cmdline(pid int) string {
 
 // ProcessTree returns pid and all its descendants (pid first), from
 // /proc/<pid>/task/*/children. Processes that exit meanwhile are left out.
-func ProcessTree(pid int) []int { return processTree(pid) }
+func ProcessTree(pid int) []int { return proctree.Tree(pid) }
 
 // StartTime returns the start time of process pid (field 22 of
 // /proc/<pid>/stat, in clock ticks since boot): with the PID, it names one
 // process, as a PID alone may be reused.
-func StartTime(pid int) (uint64, error) {
-	st, err := readProcStat(pid)
-	if err != nil {
-		return 0, err
-	}
-	return st.startTime, nil
-}
-
-// processTree returns pid and all its descendants (pid first).
-func processTree(pid int) []int {
-	seen := map[int]bool{pid: true}
-	out := []int{pid}
-	for i := 0; i < len(out); i++ {
-		p := strconv.Itoa(out[i])
-		tasks, _ := os.ReadDir("/proc/" + p + "/task")
-		for _, t := range tasks {
-			b, err := os.ReadFile("/proc/" + p + "/task/" + t.Name() + "/children")
-			if err != nil {
-				continue
-			}
-			for _, c := range strings.Fields(string(b)) {
-				if n, err := strconv.Atoi(c); err == nil && !seen[n] {
-					seen[n] = true
-					out = append(out, n)
-				}
-			}
-		}
-	}
-	return out
-}
+func StartTime(pid int) (uint64, error) { return proctree.StartTime(pid) }

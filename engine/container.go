@@ -19,12 +19,13 @@ import (
 	"github.com/kcr-dev/kcr/notify"
 	"github.com/kcr-dev/kcr/notify/client"
 	"github.com/kcr-dev/kcr/notify/proto"
+	"github.com/kcr-dev/kcr/runtimehook"
 )
 
 // HookReportsFile is what kcr's CRIU action script writes beside CRIU's
 // images at pre-dump: the hooks' reports, for the manifest of a container
 // checkpoint.
-const HookReportsFile = "kcr-hooks.json"
+const HookReportsFile = runtimehook.ReportsFile
 
 // Phase names of container checkpoints and restores.
 const (
@@ -61,7 +62,8 @@ type ContainerOptions struct {
 	// SignKey signs the image's manifest (CheckpointContainer).
 	SignKey ed25519.PrivateKey
 	// VerifyKeys and AllowUntrusted are as in RestoreOptions
-	// (RestoreContainer).
+	// (RestoreContainer); AllowUntrusted covers archives and OCI layouts
+	// too.
 	VerifyKeys     []ed25519.PublicKey
 	AllowUntrusted bool
 	// RequireDrained: as CheckpointOptions.RequireDrained, passed to kcr's
@@ -69,18 +71,21 @@ type ContainerOptions struct {
 	RequireDrained bool
 	// AllowDuplicates: as RestoreOptions.AllowDuplicates.
 	AllowDuplicates bool
+	// MaxSize bounds the image a checkpoint archive may unpack to
+	// (default images.DefaultMaxImportSize).
+	MaxSize int64
 
-	env []string // added to runc's environment, which CRIU's script inherits
+	env        []string // added to runc's environment, which CRIU's script inherits
+	generation uint64   // the restore's generation, if counted elsewhere (restoreArchive)
 }
 
-// GenerationEnv tells kcr's CRIU action script the restore's generation
-// (runtimehook.GenerationEnv).
-const GenerationEnv = "KCR_HOOK_GENERATION"
+// GenerationEnv tells kcr's CRIU action script the restore's generation.
+const GenerationEnv = runtimehook.GenerationEnv
 
 // RequireDrainedEnv, set to 1 in runc's environment, makes kcr's CRIU action
 // script ask the apps for a checkpoint without carried records
 // (runtimehook.RequireDrainedEnv).
-const RequireDrainedEnv = "KCR_HOOK_REQUIRE_DRAINED"
+const RequireDrainedEnv = runtimehook.EnvRequireDrained
 
 // ContainerState is what "runc state" says of a container.
 type ContainerState struct {
@@ -126,6 +131,10 @@ func (o *ContainerOptions) runc(ctx context.Context, stdout *os.File, args ...st
 	return out.String(), nil
 }
 
+// trusted says whether images must pass images.OpenOptions.Trusted: as
+// root, unless AllowUntrusted.
+func (o *ContainerOptions) trusted() bool { return os.Geteuid() == 0 && !o.AllowUntrusted }
+
 // State returns "runc state" of the container.
 func (o *ContainerOptions) State(ctx context.Context) (*ContainerState, error) {
 	out, err := o.runc(ctx, nil, "state", o.ID)
@@ -158,9 +167,48 @@ func criuConfigHasHook(st *ContainerState) (string, bool) {
 	return conf, false
 }
 
+// hasKCRSocket says whether a process of pid's tree has a kcr control
+// socket: its hooks must run.
+func hasKCRSocket(pid int) bool {
+	for _, p := range criu.ProcessTree(pid) {
+		if _, err := client.Find(p); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// startImage reads what the manifest records of the container's init pid
+// and starts the image out, signed with key if not nil.
+func startImage(pid int, out string, key ed25519.PrivateKey) (images.Process, *images.Builder, error) {
+	proc, err := processInfo(pid)
+	if err != nil {
+		return proc, nil, err
+	}
+	b, err := images.Create(out)
+	if err == nil {
+		b.SignWith(key)
+	}
+	return proc, b, err
+}
+
+// needHook refuses a container whose CRIU configuration would not run
+// kcr's hook.
+func needHook(id string, st *ContainerState) error {
+	if conf, ok := criuConfigHasHook(st); !ok {
+		return fmt.Errorf("container %s has a kcr control socket, but %s names no action-script: %w; run kcr install-runtime-hook", id, conf, ErrNoRuntimeHook)
+	}
+	return nil
+}
+
 // containerBundleFile, in the image's directory, names the container and
 // the bundle it was checkpointed from.
 const containerBundleFile = "container.json"
+
+// containerSpecFile, in the image's directory, is the bundle's config.json
+// at checkpoint time: verified with the image, it is the spec a restore
+// from an archive runs (and the archive's spec.dump).
+const containerSpecFile = "container-spec.json"
 
 // CheckpointContainer checkpoints a runc container with "runc checkpoint"
 // into a kcr image: runc's images in its criu/ directory, the manifest
@@ -174,33 +222,29 @@ func CheckpointContainer(ctx context.Context, o ContainerOptions) (*CheckpointRe
 		// tcp-close only from runc's CRIU configuration.
 		return nil, errors.New("--tcp-close with --container: runc takes tcp-close only from its CRIU configuration; run kcr install-runtime-hook --tcp-close instead")
 	}
+	if o.isPodman() {
+		return checkpointPodman(ctx, o)
+	}
 	st, err := o.State(ctx)
 	if err != nil {
+		if o.podmanKnows(ctx) {
+			return checkpointPodman(ctx, o)
+		}
 		return nil, err
 	}
 	if st.Status != "running" {
 		return nil, fmt.Errorf("container %s is %s: %w: only a running container can be checkpointed", o.ID, st.Status, ErrContainerState)
 	}
-	hasSock := false
-	for _, pid := range criu.ProcessTree(st.PID) {
-		if _, err := client.Find(pid); err == nil {
-			hasSock = true
-			break
+	hasSock := hasKCRSocket(st.PID)
+	if hasSock {
+		if err := needHook(o.ID, st); err != nil {
+			return nil, err
 		}
 	}
-	conf, hook := criuConfigHasHook(st)
-	if hasSock && !hook {
-		return nil, fmt.Errorf("container %s has a kcr control socket, but %s names no action-script: %w; run kcr install-runtime-hook", o.ID, conf, ErrNoRuntimeHook)
-	}
-	proc, err := processInfo(st.PID)
+	proc, b, err := startImage(st.PID, o.Output, o.SignKey)
 	if err != nil {
 		return nil, err
 	}
-	b, err := images.Create(o.Output)
-	if err != nil {
-		return nil, err
-	}
-	b.SignWith(o.SignKey)
 	committed := false
 	defer func() {
 		if !committed {
@@ -235,6 +279,34 @@ func CheckpointContainer(ctx context.Context, o ContainerOptions) (*CheckpointRe
 		return nil, fmt.Errorf("container %s: %w (CRIU: %s)", o.ID, err, logTail(filepath.Join(b.CRIUDir(), "dump.log"), "Error"))
 	}
 
+	spec, err := os.ReadFile(filepath.Join(st.Bundle, "config.json"))
+	if err != nil {
+		return nil, fmt.Errorf("container %s: bundle: %w", o.ID, err)
+	}
+	if err := os.WriteFile(filepath.Join(b.Dir(), containerSpecFile), spec, 0o600); err != nil {
+		return nil, err
+	}
+	reports, _ := os.ReadFile(filepath.Join(b.CRIUDir(), HookReportsFile))
+	if err := commitContainer(ctx, b, res, proc, hasSock, reports, o, containerRecord{ID: o.ID, Bundle: st.Bundle}); err != nil {
+		return nil, err
+	}
+	committed = true
+	res.Timings.add(PhaseTotal, time.Since(start))
+	return res, nil
+}
+
+// containerRecord is containerBundleFile: what a restore needs to know of
+// the checkpointed container.
+type containerRecord struct {
+	ID      string `json:"id"`
+	Bundle  string `json:"bundle,omitempty"`  // runc
+	Runtime string `json:"runtime,omitempty"` // "podman", or runc's ""
+}
+
+// commitContainer writes the manifest of a container image, with the
+// hooks' reports that kcr's action script left (reports, may be nil), and
+// commits it.
+func commitContainer(ctx context.Context, b *images.Builder, res *CheckpointResult, proc images.Process, hasSock bool, reports []byte, o ContainerOptions, rec containerRecord) error {
 	m := &images.Manifest{KCRVersion: Version, Kernel: kernel(), Host: hostname(), Process: proc, NoHooks: !hasSock,
 		Options: images.Options{LeaveRunning: o.LeaveRunning, TCPClose: o.TCPClose}}
 	if _, v, err := CRIU(ctx, ""); err == nil {
@@ -246,7 +318,7 @@ func CheckpointContainer(ctx context.Context, o ContainerOptions) (*CheckpointRe
 			Reports []proto.HookReport `json:"reports"`
 		} `json:"targets"`
 	}
-	if data, err := os.ReadFile(filepath.Join(b.CRIUDir(), HookReportsFile)); err == nil && json.Unmarshal(data, &hr) == nil {
+	if reports != nil && json.Unmarshal(reports, &hr) == nil {
 		var slowest time.Duration // the apps quiesce at once
 		for _, tg := range hr.Targets {
 			if m.ControlSocket == "" {
@@ -263,23 +335,21 @@ func CheckpointContainer(ctx context.Context, o ContainerOptions) (*CheckpointRe
 			res.Timings = append(Timings{{Name: PhaseHooks, DurationNS: int64(slowest)}}, res.Timings...)
 		}
 	} else if hasSock {
-		res.Warnings = append(res.Warnings, "the hook's reports ("+HookReportsFile+") are missing: see "+filepath.Join(b.CRIUDir(), "dump.log"))
+		res.Warnings = append(res.Warnings, "the hook's reports ("+HookReportsFile+") are missing: see CRIU's dump.log")
 	}
-	cb, _ := json.Marshal(map[string]string{"id": o.ID, "bundle": st.Bundle})
+	cb, _ := json.Marshal(rec)
 	if err := os.WriteFile(filepath.Join(b.Dir(), containerBundleFile), cb, 0o600); err != nil {
-		return nil, err
+		return err
 	}
-	t = time.Now()
+	t := time.Now()
 	m.Phases = append(m.Phases, res.Timings...)
 	img, err := b.Commit(context.WithoutCancel(ctx), m)
 	if err != nil {
-		return nil, fmt.Errorf("write image: %w", err)
+		return fmt.Errorf("write image: %w", err)
 	}
-	committed = true
 	res.Timings.add(PhaseImageWrite, time.Since(t))
-	res.Timings.add(PhaseTotal, time.Since(start))
 	res.Manifest = img.Manifest
-	return res, nil
+	return nil
 }
 
 // logTail returns the last line of a log that contains marker.
@@ -303,13 +373,42 @@ type ContainerRestoreResult struct {
 	PID        int
 	Generation uint64
 	Timings    Timings
-	Log        string // CRIU's restore.log
+	// Bundle is the bundle runc restored into: o.Bundle, or for an
+	// archive, one kcr built from the checkpointed spec.
+	Bundle string
 }
 
 // RestoreContainer verifies a kcr image of a container and restores it
 // with "runc restore -d". The app's after-restore hooks run in kcr's CRIU
-// action script, at post-resume.
+// action script, at post-resume. If o.Image is a file, it is a checkpoint
+// archive of "kcr export --format cri-o" (see restoreArchive); if it is an
+// OCI image layout, one of "kcr export --format oci" (restoreOCILayout).
+//
+// CRIU's work directory (restore.log, where the hook logs too) is removed
+// once the restore succeeded; after a failure it stays, and the error
+// names it.
 func RestoreContainer(ctx context.Context, o ContainerOptions) (*ContainerRestoreResult, error) {
+	fi, err := os.Stat(o.Image)
+	archive := err == nil && fi.Mode().IsRegular()
+	_, err = os.Stat(filepath.Join(o.Image, "oci-layout"))
+	layout := err == nil
+	if (archive || layout) && o.trusted() {
+		if err := images.CheckTrusted(o.Image); err != nil {
+			return nil, err
+		}
+	}
+	switch {
+	case archive:
+		return restoreArchive(ctx, o)
+	case layout:
+		return restoreOCILayout(ctx, o)
+	}
+	return restoreContainer(ctx, o, "")
+}
+
+// restoreContainer restores the image o.Image; CRIU works in a new
+// directory under workParent (default $TMPDIR).
+func restoreContainer(ctx context.Context, o ContainerOptions, workParent string) (_ *ContainerRestoreResult, err error) {
 	start := time.Now()
 	res := &ContainerRestoreResult{ID: o.ID}
 	t := time.Now()
@@ -324,6 +423,13 @@ func RestoreContainer(ctx context.Context, o ContainerOptions) (*ContainerRestor
 	if err := checkDuplicates(o.Image, img.Manifest, 1, o.AllowDuplicates); err != nil {
 		return nil, err
 	}
+	if rec, err := readContainerRecord(img.Dir); err == nil && rec.Runtime == "podman" {
+		r, err := restorePodman(ctx, o, img, rec)
+		if r != nil {
+			r.Timings = append(res.Timings, r.Timings...)
+		}
+		return r, err
+	}
 	if o.Bundle == "" {
 		id, bundle, err := readContainerFile(img.Dir)
 		if err != nil {
@@ -334,7 +440,7 @@ func RestoreContainer(ctx context.Context, o ContainerOptions) (*ContainerRestor
 			o.ID = id
 		}
 	}
-	res.ID = o.ID
+	res.ID, res.Bundle = o.ID, o.Bundle
 	dst := o.Stdout
 	if dst == "" {
 		dst = os.DevNull
@@ -344,29 +450,36 @@ func RestoreContainer(ctx context.Context, o ContainerOptions) (*ContainerRestor
 		return nil, fmt.Errorf("container output: %w", err)
 	}
 	defer out.Close()
-	// CRIU writes restore.log and stats into its work directory: outside
-	// the sealed image.
-	work, err := os.MkdirTemp("", "kcr-restore-"+o.ID+"-")
-	if err != nil {
-		return nil, err
-	}
-	res.Log = filepath.Join(work, "restore.log")
-	crDir := filepath.Join(img.Dir, images.CRIUSubdir)
-	args := []string{"restore", "-d", "--image-path", crDir, "--work-path", work, "--bundle", o.Bundle}
-	gen, err := nextGeneration(img.Dir)
-	if err != nil {
-		return nil, err
+	gen := o.generation
+	if gen == 0 {
+		if gen, err = nextGeneration(img.Dir); err != nil {
+			return nil, err
+		}
 	}
 	res.Generation = gen
+	// CRIU writes restore.log and stats into its work directory: outside
+	// the sealed image.
+	work, err := os.MkdirTemp(workParent, "kcr-restore-"+o.ID+"-")
+	if err != nil {
+		return nil, fmt.Errorf("restore work directory: %w", err)
+	}
+	defer func() {
+		if err == nil {
+			os.RemoveAll(work)
+		}
+	}()
+	log := filepath.Join(work, "restore.log")
+	crDir := filepath.Join(img.Dir, images.CRIUSubdir)
+	args := []string{"restore", "-d", "--image-path", crDir, "--work-path", work, "--bundle", o.Bundle}
 	o.env = []string{GenerationEnv + "=" + strconv.FormatUint(gen, 10)}
 	t = time.Now()
 	if _, err := o.runc(ctx, out, append(args, o.ID)...); err != nil {
-		return nil, fmt.Errorf("container %s: %w (CRIU's log: %s)", o.ID, err, res.Log)
+		return nil, fmt.Errorf("container %s: %w (CRIU's log, kept: %s)", o.ID, err, log)
 	}
 	res.Timings.add(PhaseRuncRestore, time.Since(t))
 	st, err := o.State(ctx)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w (CRIU's log, kept: %s)", err, log)
 	}
 	res.PID = st.PID
 	res.Timings.add(PhaseTotal, time.Since(start))

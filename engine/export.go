@@ -19,7 +19,7 @@ import (
 // SignatureEntry is the name, in a CRI-O checkpoint archive written by
 // ExportArchive, of the kcr manifest's signature (images.SignatureName);
 // the manifest itself is kcr-manifest.json.
-const SignatureEntry = "kcr-manifest.sig"
+const SignatureEntry = images.CRIOSignatureName
 
 // ExportArchive writes a verified kcr image of a container (kcr checkpoint
 // --container) as a checkpoint archive in CRI-O's layout, the one
@@ -44,9 +44,16 @@ func ExportArchive(ctx context.Context, image, out string) error {
 		return err
 	}
 	var spec map[string]any
-	sb, err := os.ReadFile(filepath.Join(c.Bundle, "config.json"))
+	// The spec checkpointed with the image; images of an older kcr have
+	// only the bundle's current one.
+	specFile := filepath.Join(img.Dir, containerSpecFile)
+	sb, err := img.ReadRootFile(containerSpecFile)
+	if errors.Is(err, fs.ErrNotExist) {
+		specFile = filepath.Join(c.Bundle, "config.json")
+		sb, err = os.ReadFile(specFile)
+	}
 	if err != nil || json.Unmarshal(sb, &spec) != nil {
-		return fmt.Errorf("bundle %s of container %s: no readable config.json: %v", c.Bundle, c.ID, err)
+		return fmt.Errorf("container %s: no readable spec %s: %v", c.ID, specFile, err)
 	}
 	ann, _ := spec["annotations"].(map[string]any)
 	if ann == nil {
@@ -92,7 +99,7 @@ func ExportArchive(ctx context.Context, image, out string) error {
 	if err != nil {
 		return err
 	}
-	if err := add("kcr-manifest.json", mb); err != nil {
+	if err := add(images.CRIOManifestName, mb); err != nil {
 		return err
 	}
 	// The signature goes along, so that whoever unpacks the archive can
@@ -104,7 +111,21 @@ func ExportArchive(ctx context.Context, image, out string) error {
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("export: %w", err)
 	}
-	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: "checkpoint/", Mode: 0o700, ModTime: img.Manifest.Created}); err != nil {
+	// kcr's own files beside the manifest, so that kcr restore verifies
+	// the whole image from the archive.
+	for _, name := range []string{containerBundleFile, containerSpecFile} {
+		data, err := img.ReadRootFile(name)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("export: %w", err)
+		}
+		if err := add(name, data); err != nil {
+			return err
+		}
+	}
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: images.CRIOCheckpointDir + "/", Mode: 0o700, ModTime: img.Manifest.Created}); err != nil {
 		return err
 	}
 	for _, e := range img.Manifest.Files {
@@ -116,7 +137,7 @@ func ExportArchive(ctx context.Context, image, out string) error {
 		}
 		src, err := img.OpenListed(e)
 		if err == nil {
-			err = tw.WriteHeader(&tar.Header{Name: "checkpoint/" + path.Base(e.Path), Mode: 0o600, Size: e.Size, ModTime: img.Manifest.Created})
+			err = tw.WriteHeader(&tar.Header{Name: images.CRIOCheckpointDir + "/" + path.Base(e.Path), Mode: 0o600, Size: e.Size, ModTime: img.Manifest.Created})
 		}
 		if err == nil {
 			_, err = io.Copy(tw, src)
@@ -141,8 +162,26 @@ func ExportArchive(ctx context.Context, image, out string) error {
 	return nil
 }
 
+// readContainerRecord returns what a kcr image of a container records of it.
+func readContainerRecord(image string) (containerRecord, error) {
+	b, err := os.ReadFile(filepath.Join(image, containerBundleFile))
+	if err != nil {
+		return containerRecord{}, fmt.Errorf("%s is not a container image (no %s): only images of kcr checkpoint --container", image, containerBundleFile)
+	}
+	return parseContainerRecord(image, b)
+}
+
+// parseContainerRecord decodes the content of containerBundleFile.
+func parseContainerRecord(image string, b []byte) (containerRecord, error) {
+	var c containerRecord
+	if json.Unmarshal(b, &c) != nil || (c.Bundle == "" && c.Runtime == "") {
+		return c, fmt.Errorf("%s is not a container image (no %s): only images of kcr checkpoint --container", image, containerBundleFile)
+	}
+	return c, nil
+}
+
 // readContainerFile returns the container id and bundle recorded in a kcr
-// image of a container.
+// image of a runc container.
 func readContainerFile(image string) (id, bundle string, err error) {
 	b, err := os.ReadFile(filepath.Join(image, containerBundleFile))
 	if err != nil {
@@ -151,14 +190,15 @@ func readContainerFile(image string) (id, bundle string, err error) {
 	return parseContainerFile(image, b)
 }
 
-// parseContainerFile decodes the content of containerBundleFile.
+// parseContainerFile decodes the content of containerBundleFile of a runc
+// container.
 func parseContainerFile(image string, b []byte) (id, bundle string, err error) {
-	var c struct {
-		ID     string `json:"id"`
-		Bundle string `json:"bundle"`
+	c, err := parseContainerRecord(image, b)
+	if err != nil {
+		return "", "", err
 	}
-	if json.Unmarshal(b, &c) != nil || c.Bundle == "" {
-		return "", "", fmt.Errorf("%s is not a container image (no %s): only images of kcr checkpoint --container", image, containerBundleFile)
+	if c.Runtime == "podman" {
+		return "", "", fmt.Errorf("%s is an image of a Podman container: its %s is Podman's own checkpoint archive (podman container restore --import reads it)", image, PodmanArchive)
 	}
 	return c.ID, c.Bundle, nil
 }

@@ -1,6 +1,6 @@
 package engine
 
-// NextGeneration increments the restore counter kept in directory dir (an
-// image, or a container runtime's checkpoint directory) and returns the new
-// count. Concurrent callers get distinct numbers.
-func NextGeneration(dir string) (uint64, error) { return nextGeneration(dir) }
+import "github.com/kcr-dev/kcr/images"
+
+// nextGeneration counts a restore of the image in dir.
+func nextGeneration(dir string) (uint64, error) { return images.NextGeneration(dir) }

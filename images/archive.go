@@ -2,6 +2,8 @@ package images
 
 import (
 	"archive/tar"
+	"bufio"
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/sha256"
@@ -296,6 +298,65 @@ func Import(ctx context.Context, r io.Reader, final string, opts ...ImportOption
 	return importArchive(ctx, r, final, final, opts)
 }
 
+// Names in a CRI-O checkpoint archive written by kcr (engine.ExportArchive).
+const (
+	// CRIOManifestName is the kcr manifest's name in the archive.
+	CRIOManifestName = "kcr-manifest.json"
+	// CRIOSignatureName is its signature's (SignatureName), right after it.
+	CRIOSignatureName = "kcr-manifest.sig"
+	// CRIOCheckpointDir holds CRIU's files: the image's criu/ directory.
+	CRIOCheckpointDir = "checkpoint"
+)
+
+// crioOwn are the archive's files for CRI-O and checkpointctl, not listed
+// in the kcr manifest: an import skips them.
+var crioOwn = map[string]bool{"config.dump": true, "spec.dump": true}
+
+// ImportCRIOFile imports a CRI-O checkpoint archive written by "kcr export
+// --format cri-o" (a tar, plain or zstd-compressed) into the image final,
+// with every check of [Import]: kcr-manifest.json is the manifest,
+// checkpoint/ becomes criu/, and CRI-O's config.dump and spec.dump are
+// skipped. An archive without kcr's manifest (one written by Podman or
+// CRI-O) is refused with [ErrNotImage]: nothing could verify it.
+func ImportCRIOFile(ctx context.Context, file, final string, opts ...ImportOption) (*Image, error) {
+	return ImportFile(ctx, file, final, append(opts, crioLayout)...)
+}
+
+// ImportCRIO imports a CRI-O checkpoint archive read from r, as
+// [ImportCRIOFile] does (r may be the layer of an OCI checkpoint image).
+func ImportCRIO(ctx context.Context, r io.Reader, final string, opts ...ImportOption) (*Image, error) {
+	return Import(ctx, r, final, append(opts, crioLayout)...)
+}
+
+func crioLayout(c *importConfig) { c.crio = true }
+
+// zstdMagic starts every zstd frame.
+var zstdMagic = []byte{0x28, 0xb5, 0x2f, 0xfd}
+
+// crioName maps an entry of a CRI-O archive to its path in the image; ""
+// means skip it.
+func crioName(name string) string {
+	switch {
+	case crioOwn[name]:
+		return ""
+	case name == CRIOManifestName:
+		return ManifestName
+	case name == CRIOSignatureName:
+		return SignatureName
+	case name == ManifestName, name == SignatureName:
+		return name + ".archived" // only kcr's names fill these: refused as unlisted
+	case name == CRIOCheckpointDir:
+		return CRIUSubdir
+	}
+	if rest, ok := strings.CutPrefix(name, CRIOCheckpointDir+"/"); ok {
+		return CRIUSubdir + "/" + rest
+	}
+	if name == CRIUSubdir || strings.HasPrefix(name, CRIUSubdir+"/") {
+		return "archived-" + name // only checkpoint/ may fill criu/
+	}
+	return name
+}
+
 // DefaultMaxImportSize bounds the image an archive may unpack to: a few KiB
 // of zstd can expand to many GiB of zeros.
 const DefaultMaxImportSize int64 = 64 << 30
@@ -306,6 +367,7 @@ type ImportOption func(*importConfig)
 type importConfig struct {
 	maxSize int64
 	keys    []ed25519.PublicKey
+	crio    bool // a CRI-O checkpoint archive: see ImportCRIOFile
 }
 
 // WithMaxSize sets the largest image, in bytes, that an import unpacks.
@@ -381,21 +443,40 @@ func importArchive(ctx context.Context, r io.Reader, final, label string, opts [
 	}
 	defer root.Close()
 
-	zr, err := zstd.NewReader(ctxReader{ctx, r}, zstd.WithDecoderMaxWindow(maxArchiveWindow))
-	if err != nil {
-		return nil, fmt.Errorf("images: %s: zstd: %w", label, err)
+	var zr io.Reader
+	if cfg.crio {
+		// CRI-O's archives are plain tar, Podman's may be compressed.
+		br := bufio.NewReader(ctxReader{ctx, r})
+		zr = br
+		if magic, _ := br.Peek(4); bytes.Equal(magic, zstdMagic) {
+			zd, err := zstd.NewReader(br, zstd.WithDecoderMaxWindow(maxArchiveWindow))
+			if err != nil {
+				return nil, fmt.Errorf("images: %s: zstd: %w", label, err)
+			}
+			defer zd.Close()
+			zr = zd
+		}
+	} else {
+		zd, err := zstd.NewReader(ctxReader{ctx, r}, zstd.WithDecoderMaxWindow(maxArchiveWindow))
+		if err != nil {
+			return nil, fmt.Errorf("images: %s: zstd: %w", label, err)
+		}
+		defer zd.Close()
+		zr = zd
 	}
-	defer zr.Close()
 	im := &importer{
 		ctx: ctx, label: label, b: b, root: root,
 		seen: map[string]bool{}, made: map[string]bool{".": true, CRIUSubdir: true},
 		buf: make([]byte, 1<<20), cfg: cfg,
 	}
 	tr := tar.NewReader(zr)
-	for i := 0; ; i++ {
+	for i := 0; ; {
 		hdr, err := tr.Next()
 		if errors.Is(err, tar.ErrInsecurePath) && hdr != nil {
 			err = nil // checkName says why, with the fix
+		}
+		if err == io.EOF && i == 0 && cfg.crio {
+			return nil, im.errorf("", ErrNotImage, nil, "holds no %s: not a checkpoint archive of \"kcr export --format cri-o\" (restore Podman's or CRI-O's own archives with podman or CRI-O)", CRIOManifestName)
 		}
 		if err == io.EOF && i == 0 {
 			return nil, im.badArchive(nil, "is empty: not a kcr image archive (was it written by \"kcr export\"?)")
@@ -410,13 +491,22 @@ func importArchive(ctx context.Context, r io.Reader, final, label string, opts [
 		if err != nil {
 			return nil, err
 		}
-		if i == 0 {
+		if cfg.crio {
+			if name = crioName(name); name == "" {
+				continue
+			}
+			if i == 0 && name != ManifestName {
+				return nil, im.errorf(name, ErrNotImage, nil, "archive entry %q comes before %s: not a checkpoint archive of \"kcr export --format cri-o\" (restore Podman's or CRI-O's own archives with podman or CRI-O)", hdr.Name, CRIOManifestName)
+			}
+		}
+		i++
+		if i == 1 {
 			if err := im.readManifest(hdr, name, tr); err != nil {
 				return nil, err
 			}
 			continue
 		}
-		if i == 1 && name == SignatureName && hdr.Typeflag == tar.TypeReg {
+		if i == 2 && name == SignatureName && hdr.Typeflag == tar.TypeReg {
 			if err := im.readSignature(hdr, tr); err != nil {
 				return nil, err
 			}

@@ -91,3 +91,9 @@ func checkTree(dir, fix string) error {
 		return checkOwnerFix(dir, filepath.ToSlash(rel), fi, false, fix)
 	})
 }
+
+// CheckTrusted applies the check of [OpenOptions.Trusted] to a file or
+// directory tree that is not an image yet, such as a checkpoint archive or
+// an OCI layout to restore from: it, every entry and every ancestor must be
+// the caller's or root's, and not writable by group or others.
+func CheckTrusted(p string) error { return checkTree(p, untrustedFix) }

@@ -36,8 +36,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kcr-dev/kcr/criu"
-	"github.com/kcr-dev/kcr/engine"
+	"github.com/kcr-dev/kcr/criu/proctree"
+	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/notify/client"
 	"github.com/kcr-dev/kcr/notify/proto"
 )
@@ -94,9 +94,12 @@ type Options struct {
 	// StateDir holds the watcher's state (default /run/kcr/criu-hook, or
 	// $TMPDIR/kcr-criu-hook when not root).
 	StateDir string
-	// SpawnWatcher starts the watcher for a state file, detached. The
-	// default runs this executable as "criu-hook watch FILE".
-	SpawnWatcher func(stateFile string) error
+	// SpawnWatcher starts the watcher for a state file, detached, while
+	// the hooks run (so that its start costs CRIU no time). The watcher
+	// waits for commit: true once the state file is written, false (no
+	// checkpoint to watch: it exits) otherwise. The default runs this
+	// executable as "criu-hook watch FILE", gated by a pipe on its stdin.
+	SpawnWatcher func(stateFile string) (commit func(ok bool), err error)
 	Logger       *slog.Logger
 }
 
@@ -179,7 +182,7 @@ func targets(env Env, o Options, res *Result) ([]Target, error) {
 	if env.InitPID <= 0 {
 		return nil, fmt.Errorf("%s: CRTOOLS_INIT_PID is not set: use CRIU >= 3.19, which sets it for every action", env.Action)
 	}
-	pids := criu.ProcessTree(env.InitPID)
+	pids := proctree.Tree(env.InitPID)
 	res.Processes = len(pids)
 	var ts []Target
 	for _, pid := range pids {
@@ -190,7 +193,7 @@ func targets(env Env, o Options, res *Result) ([]Target, error) {
 		case err != nil:
 			return nil, err
 		}
-		st, err := criu.StartTime(pid)
+		st, err := proctree.StartTime(pid)
 		if err != nil {
 			continue // exited meanwhile
 		}
@@ -208,6 +211,17 @@ func preDump(ctx context.Context, env Env, o Options, res *Result) error {
 	if err != nil || len(ts) == 0 {
 		return err
 	}
+	// The watcher starts while the hooks run: it waits for the outcome.
+	type spawned struct {
+		commit func(bool)
+		err    error
+	}
+	file := stateFile(o, env.CRIUPID)
+	watcher := make(chan spawned, 1)
+	go func() {
+		c, err := o.SpawnWatcher(file)
+		watcher <- spawned{c, err}
+	}()
 	// Every app quiesces at once: the pause is the slowest app's, not the sum.
 	hctx, cancel := context.WithTimeout(ctx, o.HookBudget+5*time.Second)
 	defer cancel()
@@ -242,16 +256,15 @@ func preDump(ctx context.Context, env Env, o Options, res *Result) error {
 			failed = append(failed, t)
 		}
 	}
+	w := <-watcher
 	if len(failed) == 0 {
 		writeReports(env, res, o)
 		dir, _ := os.Readlink(env.ImageDir) // CRIU's fd: gone when the watcher looks
-		file, err := writeState(o, state{CRIUPID: env.CRIUPID, CRIUStart: startTime(env.CRIUPID), InitPID: env.InitPID,
-			Targets: ts, Deadline: time.Now().Add(o.ResumeAfter), ImageDir: dir})
+		err := w.err
 		if err == nil {
-			err = o.SpawnWatcher(file)
-			if err != nil {
-				os.Remove(file)
-			}
+			_, err = writeState(o, state{CRIUPID: env.CRIUPID, CRIUStart: startTime(env.CRIUPID), InitPID: env.InitPID,
+				Targets: ts, Deadline: time.Now().Add(o.ResumeAfter), ImageDir: dir})
+			w.commit(err == nil)
 		}
 		if err == nil {
 			return nil
@@ -262,6 +275,8 @@ func preDump(ctx context.Context, env Env, o Options, res *Result) error {
 			ts[i].Error = "cannot start the resume watcher: " + err.Error()
 		}
 		failed = ts
+	} else if w.err == nil {
+		w.commit(false)
 	}
 	resumeAll(ts, ready, "checkpoint aborted: "+(&HookError{Failed: failed}).Error(), o)
 	return &HookError{Failed: failed}
@@ -275,7 +290,7 @@ func writeReports(env Env, res *Result, o Options) {
 	}
 	b, err := json.Marshal(res)
 	if err == nil {
-		err = os.WriteFile(filepath.Join(env.ImageDir, engine.HookReportsFile), b, 0o600)
+		err = os.WriteFile(filepath.Join(env.ImageDir, ReportsFile), b, 0o600)
 	}
 	if err != nil {
 		o.Logger.Debug("pre-dump: reports not kept", "err", err)
@@ -366,7 +381,7 @@ func postRestore(env Env, o Options) error {
 		return nil
 	}
 	// The restore counter lives beside CRIU's images, as in a kcr image.
-	gen, err := engine.NextGeneration(env.ImageDir)
+	gen, err := images.NextGeneration(env.ImageDir)
 	if err != nil {
 		o.Logger.Debug("post-restore: no restore counter", "err", err)
 		return nil
@@ -381,7 +396,11 @@ func postRestore(env Env, o Options) error {
 // GenerationEnv, in the runtime's environment (which CRIU passes to its
 // script), gives the restore's generation: "kcr restore --container" counts
 // restores in the kcr image, as "kcr restore" does.
-const GenerationEnv = engine.GenerationEnv
+const GenerationEnv = "KCR_HOOK_GENERATION"
+
+// ReportsFile is what pre-dump writes beside CRIU's images: the hooks'
+// reports, for the manifest of "kcr checkpoint --container".
+const ReportsFile = "kcr-hooks.json"
 
 func generationFile(o Options, criuPID int) string {
 	return filepath.Join(o.StateDir, "restore-"+strconv.Itoa(criuPID))
@@ -401,7 +420,7 @@ func takeGeneration(env Env, o Options) uint64 {
 		}
 	}
 	if env.ImageDir != "" {
-		if g, err := engine.NextGeneration(env.ImageDir); err == nil {
+		if g, err := images.NextGeneration(env.ImageDir); err == nil {
 			return g
 		}
 	}
@@ -409,22 +428,38 @@ func takeGeneration(env Env, o Options) uint64 {
 }
 
 func startTime(pid int) uint64 {
-	st, _ := criu.StartTime(pid)
+	st, _ := proctree.StartTime(pid)
 	return st
 }
 
 // spawnWatcher runs this executable as "criu-hook watch FILE" in a session
-// of its own. It inherits only stderr: CRIU's log.
-func spawnWatcher(file string) error {
+// of its own. It inherits stderr (CRIU's log) and, as stdin, a pipe that
+// commit closes: Watch reads the outcome there first.
+func spawnWatcher(file string) (func(bool), error) {
 	exe, err := os.Executable()
 	if err != nil {
-		return err
+		return nil, err
 	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
 	cmd := exec.Command(exe, "criu-hook", "watch", file)
-	cmd.Stderr = os.Stderr
+	cmd.Stdin, cmd.Stderr = r, os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start %s criu-hook watch: %w", exe, err)
+		w.Close()
+		return nil, fmt.Errorf("start %s criu-hook watch: %w", exe, err)
 	}
-	return cmd.Process.Release()
+	cmd.Process.Release()
+	return func(ok bool) {
+		if ok {
+			w.Write([]byte(watchGo))
+		}
+		w.Close()
+	}, nil
 }
+
+// watchGo, on the watcher's gate, says the state file is written.
+const watchGo = "go"

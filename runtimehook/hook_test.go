@@ -3,8 +3,11 @@ package runtimehook
 import (
 	"context"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -54,9 +57,15 @@ func TestPreDumpThenFailedDumpResumes(t *testing.T) {
 	criu := fakeCRIU(t)
 	watched := make(chan error, 1)
 	o := Options{StateDir: t.TempDir(), HookBudget: 2 * time.Second}
-	o.SpawnWatcher = func(file string) error {
-		go func() { watched <- Watch(context.Background(), file, o) }()
-		return nil
+	o.SpawnWatcher = func(file string) (func(bool), error) {
+		r, w := io.Pipe()
+		go func() { watched <- Watch(context.Background(), file, r, o) }()
+		return func(ok bool) {
+			if ok {
+				w.Write([]byte(watchGo))
+			}
+			w.Close()
+		}, nil
 	}
 	env := Env{Action: ActionPreDump, InitPID: os.Getpid(), CRIUPID: criu.Process.Pid}
 	res, err := Run(context.Background(), env, o)
@@ -86,7 +95,7 @@ func TestPostDumpLeaveRunning(t *testing.T) {
 	criu := fakeCRIU(t)
 	o := Options{StateDir: t.TempDir()}
 	var file string
-	o.SpawnWatcher = func(f string) error { file = f; return nil }
+	o.SpawnWatcher = func(f string) (func(bool), error) { file = f; return func(bool) {}, nil }
 	env := Env{Action: ActionPreDump, InitPID: os.Getpid(), CRIUPID: criu.Process.Pid}
 	if _, err := Run(context.Background(), env, o); err != nil {
 		t.Fatal(err)
@@ -96,7 +105,7 @@ func TestPostDumpLeaveRunning(t *testing.T) {
 		t.Fatal(err)
 	}
 	criu.Process.Kill()
-	if err := Watch(context.Background(), file, o); err != nil {
+	if err := Watch(context.Background(), file, strings.NewReader(watchGo), o); err != nil {
 		t.Fatal(err)
 	}
 	if ev := waitEvent(t, events); ev.Kind != notify.Resume || ev.Reason != "leave-running" {
@@ -109,7 +118,8 @@ func TestPostDumpLeaveRunning(t *testing.T) {
 
 func TestPreDumpHookFails(t *testing.T) {
 	events := startApp(t, errors.New("not now"))
-	o := Options{StateDir: t.TempDir(), SpawnWatcher: func(string) error { t.Error("watcher started for a failed checkpoint"); return nil }}
+	committed := make(chan bool, 1)
+	o := Options{StateDir: t.TempDir(), SpawnWatcher: func(string) (func(bool), error) { return func(ok bool) { committed <- ok }, nil }}
 	_, err := Run(context.Background(), Env{Action: ActionPreDump, InitPID: os.Getpid(), CRIUPID: os.Getppid()}, o)
 	var he *HookError
 	if !errors.As(err, &he) || len(he.Failed) != 1 {
@@ -118,11 +128,29 @@ func TestPreDumpHookFails(t *testing.T) {
 	if ev := waitEvent(t, events); ev.Kind != notify.Resume {
 		t.Errorf("event %+v, want Resume", ev)
 	}
+	// The watcher, started with the hooks, is told there is nothing to watch.
+	select {
+	case ok := <-committed:
+		if ok {
+			t.Error("the watcher was told to watch a failed checkpoint")
+		}
+	default:
+		t.Error("the watcher was not told the checkpoint failed")
+	}
+}
+
+// TestWatchGate: a watcher whose gate closes without go returns at once,
+// leaving no error: pre-dump aborted and resumed the apps itself.
+func TestWatchGate(t *testing.T) {
+	o := Options{StateDir: t.TempDir()}
+	if err := Watch(context.Background(), filepath.Join(o.StateDir, "criu-1.json"), strings.NewReader(""), o); err != nil {
+		t.Errorf("Watch after an aborted pre-dump: %v", err)
+	}
 }
 
 func TestWatcherCannotStart(t *testing.T) {
 	events := startApp(t, nil)
-	o := Options{StateDir: t.TempDir(), SpawnWatcher: func(string) error { return errors.New("no exec") }}
+	o := Options{StateDir: t.TempDir(), SpawnWatcher: func(string) (func(bool), error) { return nil, errors.New("no exec") }}
 	_, err := Run(context.Background(), Env{Action: ActionPreDump, InitPID: os.Getpid(), CRIUPID: os.Getppid()}, o)
 	if err == nil {
 		t.Fatal("pre-dump succeeded without a watcher to resume the app")
@@ -136,7 +164,7 @@ func TestPostResumeRestores(t *testing.T) {
 	events := startApp(t, nil)
 	o := Options{StateDir: t.TempDir()}
 	// A restore message needs a checkpoint waiting for it.
-	o.SpawnWatcher = func(string) error { return nil }
+	o.SpawnWatcher = func(string) (func(bool), error) { return func(bool) {}, nil }
 	criu := fakeCRIU(t)
 	if _, err := Run(context.Background(), Env{Action: ActionPreDump, InitPID: os.Getpid(), CRIUPID: criu.Process.Pid}, o); err != nil {
 		t.Fatal(err)

@@ -30,6 +30,10 @@ type InstallOptions struct {
 	Config string // CRIU configuration file (default DefaultConfig)
 	Hook   string // the action script to write, which runs Exe (default DefaultHook)
 	Exe    string // the kcr binary (default: this executable)
+	// HookExe is the small action-script program (cmd/kcr-hook) the
+	// script runs instead of "kcr criu-hook": it starts faster, while CRIU
+	// waits. Default: HookExeName beside Exe, if it is there.
+	HookExe string
 	// TCPClose adds "tcp-close": CRIU closes TCP connections no hook
 	// closed (at dump) and restores them closed.
 	TCPClose bool
@@ -51,6 +55,12 @@ func (o *InstallOptions) defaults() error {
 			return err
 		}
 		o.Exe = exe
+	}
+	if o.HookExe == "" {
+		p := filepath.Join(filepath.Dir(o.Exe), HookExeName)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			o.HookExe = p
+		}
 	}
 	if !filepath.IsAbs(o.Hook) || !filepath.IsAbs(o.Config) {
 		return fmt.Errorf("--hook %q and --config %q must be absolute paths: CRIU runs the script from its own work directory", o.Hook, o.Config)
@@ -75,8 +85,12 @@ func Install(o InstallOptions) (*InstallResult, error) {
 	if err := o.defaults(); err != nil {
 		return nil, err
 	}
-	res := &InstallResult{Config: o.Config, Hook: o.Hook, Target: o.Exe}
-	changed, err := writeScript(o.Hook, o.Exe)
+	run := shellQuote(o.Exe) + " criu-hook"
+	res := &InstallResult{Config: o.Config, Hook: o.Hook, Target: o.Exe + " criu-hook"}
+	if o.HookExe != "" {
+		run, res.Target = shellQuote(o.HookExe), o.HookExe
+	}
+	changed, err := writeScript(o.Hook, run)
 	if err != nil {
 		return nil, err
 	}
@@ -172,16 +186,23 @@ func withoutBlock(b []byte) []byte {
 // scriptMarker is in every action script Install writes.
 const scriptMarker = "# kcr-criu-hook: written by kcr install-runtime-hook"
 
+// HookExeName is the name of the small action-script program
+// (cmd/kcr-hook) that Install looks for beside kcr.
+const HookExeName = "kcr-hook"
+
 // script is the action script: CRIU runs it at every stage of a dump or a
 // restore, and only pre-dump and post-resume need kcr. Starting kcr costs
-// milliseconds, a shell a fraction of one.
-func script(exe string) []byte {
+// milliseconds, a shell a fraction of one. run is the command line that
+// handles those two.
+func script(run string) []byte {
 	return []byte("#!/bin/sh\n" + scriptMarker + ".\n" +
 		"# CRIU runs it at every stage; only these need kcr (see kcr criu-hook --help).\n" +
 		"case \"$CRTOOLS_SCRIPT_ACTION\" in\n" +
-		"pre-dump|post-resume) exec '" + strings.ReplaceAll(exe, "'", `'\''`) + "' criu-hook ;;\n" +
+		"pre-dump|post-resume) exec " + run + " ;;\n" +
 		"esac\n")
 }
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 // ours reports whether the file at p is an action script (or a link)
 // that kcr installed.
@@ -200,8 +221,8 @@ func ours(p string) (bool, error) {
 
 // writeScript writes the action script at hook; it reports whether it
 // changed. It replaces an older one, never somebody else's file.
-func writeScript(hook, exe string) (bool, error) {
-	want := script(exe)
+func writeScript(hook, run string) (bool, error) {
+	want := script(run)
 	switch mine, err := ours(hook); {
 	case errors.Is(err, os.ErrNotExist):
 	case err != nil:

@@ -102,3 +102,35 @@ func TestInstallRefusesForeignHook(t *testing.T) {
 		t.Errorf("relative --config accepted")
 	}
 }
+
+// TestInstallRunsHookExe: the script runs kcr-hook when it lies beside
+// kcr, and "kcr criu-hook" when it does not.
+func TestInstallRunsHookExe(t *testing.T) {
+	dir := t.TempDir()
+	exe := filepath.Join(dir, "kcr")
+	for _, p := range []string{exe, filepath.Join(dir, HookExeName)} {
+		if err := os.WriteFile(p, []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hook := filepath.Join(dir, ScriptName)
+	o := InstallOptions{Config: filepath.Join(dir, "runc.conf"), Hook: hook, Exe: exe}
+	res, err := Install(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(hook)
+	if want := "pre-dump|post-resume) exec '" + filepath.Join(dir, HookExeName) + "' ;;"; !strings.Contains(string(b), want) || res.Target != filepath.Join(dir, HookExeName) {
+		t.Errorf("with kcr-hook beside kcr: target %q, script\n%s\nwant %q", res.Target, b, want)
+	}
+	if err := os.Remove(filepath.Join(dir, HookExeName)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Install(o); err != nil {
+		t.Fatal(err)
+	}
+	b, _ = os.ReadFile(hook)
+	if want := "exec '" + exe + "' criu-hook ;;"; !strings.Contains(string(b), want) {
+		t.Errorf("without kcr-hook: script\n%s\nwant %q", b, want)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -67,9 +68,20 @@ func readState(p string) (state, error) {
 // Resume to every app of the file that still runs (the dump failed, or left
 // the tree running) and removes the file. Apps that were dumped are gone.
 // It gives up at the state's deadline, when the apps resume by themselves.
-func Watch(ctx context.Context, file string, o Options) error {
+//
+// If gate is not nil, Watch first reads it to its end (pre-dump's pipe,
+// closed once the hooks are done) and returns at once unless it said
+// go: the checkpoint was aborted, and pre-dump resumed the apps itself.
+func Watch(ctx context.Context, file string, gate io.Reader, o Options) error {
 	o.defaults()
 	log := o.Logger
+	if gate != nil {
+		b, _ := io.ReadAll(io.LimitReader(gate, 16))
+		if string(b) != watchGo {
+			log.Debug("criu-hook watch: the checkpoint was aborted, nothing to watch")
+			return nil
+		}
+	}
 	st, err := readState(file)
 	if err != nil {
 		return err

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Checkpoint and restore times of a container with plain runc against runc
 # with kcr's CRIU hook, side by side: the same service (test/e2e/kafkaapp,
-# static, producing to an embedded kfake broker) in two containers that
+# static, producing to an embedded kfake broker) in three containers that
 # differ only in the CRIU configuration their org.criu.config annotation
 # names: "tcp-close" alone, or kcr's block (kcr install-runtime-hook
-# --tcp-close). Rounds alternate the two. Prints medians, and what the hook
-# adds beyond its hooks' own time (from the "took" kcr logs in CRIU's logs).
+# --tcp-close) whose script runs the small kcr-hook program ("kcr"), or
+# "kcr criu-hook" ("full": no kcr-hook beside that kcr). Rounds alternate
+# them. Prints medians, and what the hook adds beyond its hooks' own time
+# (from the "took" kcr logs in CRIU's logs).
 #
 #   sudo scripts/bench-runc.sh [ROUNDS]     # default 10
 set -euo pipefail
@@ -21,9 +23,9 @@ command -v runc >/dev/null || die "no runc: run scripts/install-runc.sh"
 work=$(mktemp -d /tmp/kcr-bench-runc-XXXXXX)
 root="$work/runc"
 cleanup() {
-	for id in plain-$$ kcr-$$; do runc --root "$root" kill "$id" KILL 2>/dev/null || true; done
+	for id in plain-$$ kcr-$$ full-$$; do runc --root "$root" kill "$id" KILL 2>/dev/null || true; done
 	sleep 0.2
-	for id in plain-$$ kcr-$$; do runc --root "$root" delete -f "$id" 2>/dev/null || true; done
+	for id in plain-$$ kcr-$$ full-$$; do runc --root "$root" delete -f "$id" 2>/dev/null || true; done
 	if [ -n "${broker:-}" ]; then kill "$broker" 2>/dev/null || true; fi
 	if [ -n "${KCR_BENCH_KEEP:-}" ]; then echo "kept $work" >&2; else rm -rf "$work"; fi
 }
@@ -31,6 +33,8 @@ trap cleanup EXIT
 
 export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
 go build -o "$work/kcr" ./cmd/kcr
+CGO_ENABLED=0 go build -o "$work/kcr-hook" ./cmd/kcr-hook
+mkdir -p "$work/full" && cp "$work/kcr" "$work/full/kcr"
 go build -o "$work/broker" ./examples/broker
 CGO_ENABLED=0 go build -o "$work/kafkaapp" ./test/e2e/kafkaapp
 "$work/broker" -addr "127.0.0.1:$port" -topics bench:1 >"$work/broker.log" 2>&1 &
@@ -39,8 +43,10 @@ wait_until 10 "the broker to start" port_open "$port"
 
 printf 'tcp-close\n' >"$work/plain.conf"
 quiet "$work/kcr.err" "$work/kcr" install-runtime-hook --config "$work/kcr.conf" --hook "$work/kcr-criu-hook" --tcp-close
+quiet "$work/kcr.err" "$work/full/kcr" install-runtime-hook --config "$work/full.conf" --hook "$work/full/kcr-criu-hook" --tcp-close
+grep -q "exec '$work/kcr-hook'" "$work/kcr-criu-hook" || die "the installed script does not run $work/kcr-hook"
 
-for mode in plain kcr; do
+for mode in plain kcr full; do
 	b="$work/bundle-$mode"
 	mkdir -p "$b/rootfs"
 	cp "$work/kafkaapp" "$b/rootfs/"
@@ -61,15 +67,15 @@ for mode in plain kcr; do
 	(: | runc --root "$root" run -d --bundle "$b" "$mode-$$" 2>&1 | cat >>"$work/$mode.log" &)
 done
 running() { runc --root "$root" state "$1" 2>/dev/null | jq -e '.status == "running"' >/dev/null; }
-for mode in plain kcr; do wait_until 10 "container $mode-$$ to run" running "$mode-$$"; done
+for mode in plain kcr full; do wait_until 10 "container $mode-$$ to run" running "$mode-$$"; done
 sleep 1 # let the services connect and produce
 
 us() { echo $((($2 - $1) / 1000)); }
 # took DURATION: a Go duration from a "took=" log field (ms or µs), in µs.
 took() { awk -v s="$1" 'BEGIN { if (sub(/ms$/, "", s)) print s * 1000; else { sub(/µs$/, "", s); print s + 0 } }'; }
-declare -a pc pr kc kr hc hr sc
+declare -a pc pr kc kr hc hr sc fc fr fhc fhr fsc
 for i in $(seq 1 "$rounds"); do
-	for mode in plain kcr; do
+	for mode in plain kcr full; do
 		img="$work/img-$mode-$i"
 		t0=$(now_ns)
 		if ! runc --root "$root" checkpoint --image-path "$img" --work-path "$img" "$mode-$$"; then
@@ -85,17 +91,28 @@ for i in $(seq 1 "$rounds"); do
 			pc+=("$(us "$t0" "$t1")")
 			pr+=("$(us "$t1" "$t2")")
 		else
-			kc+=("$(us "$t0" "$t1")")
-			kr+=("$(us "$t1" "$t2")")
+			if [ "$mode" = kcr ]; then
+				kc+=("$(us "$t0" "$t1")")
+				kr+=("$(us "$t1" "$t2")")
+			else
+				fc+=("$(us "$t0" "$t1")")
+				fr+=("$(us "$t1" "$t2")")
+			fi
 			hook=$(grep -o 'pre-dump: before-checkpoint hooks done.*took=[0-9.]*[mµ]s' "$img/dump.log" | sed 's/.*took=//')
 			after=$(grep -o 'post-resume: restored.*took=[0-9.]*[mµ]s' "$img/restore.log" | sed 's/.*took=//')
 			# The script's own time in CRIU's log: from CRIU starting it to
 			# CRIU's next line.
 			script=$(awk '/Running pre-dump scripts/ {p=1} p && /kcr-criu-hook\]/ {s=substr($1,2)+0; n=1; next} n && /^\(/ {printf "%.3fms", (substr($1,2)+0-s)*1000; exit}' "$img/dump.log")
 			{ [ -n "$hook" ] && [ -n "$after" ]; } || die "no kcr hook timings in $img's CRIU logs: is the hook configured?"
-			hc+=("$(took "$hook")")
-			hr+=("$(took "$after")")
-			[ -z "$script" ] || sc+=("$(took "$script")")
+			if [ "$mode" = kcr ]; then
+				hc+=("$(took "$hook")")
+				hr+=("$(took "$after")")
+				[ -z "$script" ] || sc+=("$(took "$script")")
+			else
+				fhc+=("$(took "$hook")")
+				fhr+=("$(took "$after")")
+				[ -z "$script" ] || fsc+=("$(took "$script")")
+			fi
 		fi
 		sleep 0.5 # let the service produce between cycles
 	done
@@ -109,13 +126,20 @@ med() {
 row() { # label plain kcr hooks
 	local a b h
 	a=$(med "$2") b=$(med "$3") h=$(med "$4")
-	printf '%-22s %11s %11s %8.1f %8s %14.1f\n' "$1" "$a" "$b" "$(awk -v a="$a" -v b="$b" 'BEGIN { print b - a }')" "$h" "$(awk -v a="$a" -v b="$b" -v h="$h" 'BEGIN { print b - a - h }')"
+	printf '%-36s %11s %11s %8.1f %8s %14.1f\n' "$1" "$a" "$b" "$(awk -v a="$a" -v b="$b" 'BEGIN { print b - a }')" "$h" "$(awk -v a="$a" -v b="$b" -v h="$h" 'BEGIN { print b - a - h }')"
 }
 echo "${#pc[@]} rounds; medians in ms"
-printf '%-22s %11s %11s %8s %8s %14s\n' "" "runc alone" "runc + kcr" added hooks "added - hooks"
-row checkpoint pc kc hc
-row "restore (to running)" pr kr hr
-if [ "${#sc[@]}" -gt 0 ]; then
-	s=$(med sc) h=$(med hc)
-	echo "pre-dump script in CRIU's log: $s ms, of which the app's hooks $h ms: kcr adds $(awk -v s="$s" -v h="$h" 'BEGIN { printf "%.1f", s - h }') ms"
-fi
+printf '%-36s %11s %11s %8s %8s %14s\n' "" "runc alone" "runc + kcr" added hooks "added - hooks"
+row "checkpoint, kcr-hook" pc kc hc
+row "restore (to running), kcr-hook" pr kr hr
+row "checkpoint, kcr criu-hook" pc fc fhc
+row "restore (to running), kcr criu-hook" pr fr fhr
+script_line() { # label scripts hooks
+	local -n scripts=$2
+	[ "${#scripts[@]}" -gt 0 ] || return 0
+	local s h
+	s=$(med "$2") h=$(med "$3")
+	echo "pre-dump script in CRIU's log, $1: $s ms, of which the app's hooks $h ms: kcr adds $(awk -v s="$s" -v h="$h" 'BEGIN { printf "%.1f", s - h }') ms"
+}
+script_line kcr-hook sc hc
+script_line "kcr criu-hook" fsc fhc

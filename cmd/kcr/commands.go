@@ -62,7 +62,10 @@ func checkpointCmd(g *globals) *cobra.Command {
 
 With --container ID, the runc container ID is checkpointed with "runc checkpoint" into
 the image's criu/ directory, the manifest beside it; the app's hooks run in kcr's CRIU
-action script (kcr install-runtime-hook), which runc's CRIU must be configured to run.`,
+action script (kcr install-runtime-hook), which runc's CRIU must be configured to run.
+With --runtime podman (or a container only podman knows), "podman container checkpoint
+--export" writes Podman's archive into the image instead; podman must run the container
+with runc (podman --runtime runc run ...) for the hooks to run.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if cmd.Flags().Changed("container") {
 				return cobra.NoArgs(cmd, args)
@@ -138,7 +141,7 @@ action script (kcr install-runtime-hook), which runc's CRIU must be configured t
 // containerFlags are the flags that select a runc container.
 func containerFlags(f *pflag.FlagSet, o *engine.ContainerOptions) {
 	f.StringVar(&o.ID, "container", "", "a runc container's id, checkpointed or restored with runc")
-	f.StringVar(&o.Runtime, "runtime", "runc", "with --container: the runc binary")
+	f.StringVar(&o.Runtime, "runtime", "runc", "with --container: the runc binary, or podman to go through podman container checkpoint/restore (a container runc does not know is looked for in podman)")
 	f.StringVar(&o.RuncRoot, "runc-root", "", "with --container: runc's --root state directory")
 }
 
@@ -205,9 +208,18 @@ func restoreCmd(g *globals) *cobra.Command {
 	var ctr engine.ContainerOptions
 	var keyFiles []string
 	cmd := &cobra.Command{
-		Use:   "restore IMAGE",
+		Use:   "restore IMAGE | --container ID IMAGE|ARCHIVE.tar|OCI-LAYOUT",
 		Short: "Verify an image, restore it with CRIU and run the after-restore hooks; prints the new PID",
 		Long: `Verify an image, restore it with CRIU and run the after-restore hooks.
+
+With --container ID, a kcr image of a container (kcr checkpoint --container),
+a checkpoint archive written by "kcr export --format cri-o", or the OCI image
+layout of "kcr export --format oci", is restored with "runc restore" (or
+podman, for an image of a Podman container) as the container ID. An archive is unpacked and verified as
+"kcr import" does, into a private directory under $TMPDIR; runc restores into a
+bundle built there from the checkpointed spec (the rootfs must be on this host
+where it was), or into --bundle. The unpacked image is removed afterwards; the
+built bundle stays for runc until you remove it with the container.
 
 With --count N, N clones are restored at once, each with its own restore
 generation and instance id (so its own Kafka client ids); this needs an
@@ -224,14 +236,17 @@ host PID, name and restore time.`,
 			if ctr.ID != "" || ctr.Bundle != "" {
 				ctr.Image = args[0]
 				ctr.AllowDuplicates = o.AllowDuplicates
+				if ctr.MaxSize <= 0 {
+					return &exitError{exitUsage, fmt.Errorf("--max-size %d: give a positive number of bytes", ctr.MaxSize)}
+				}
 				res, err := engine.RestoreContainer(cmd.Context(), ctr)
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(stderr, "restored %s as container %s, init PID %d (CRIU's log %s)\n", ctr.Image, res.ID, res.PID, res.Log)
+				fmt.Fprintf(stderr, "restored %s as container %s, init PID %d (generation %d, bundle %s)\n", ctr.Image, res.ID, res.PID, res.Generation, res.Bundle)
 				phaseLines(res.Timings)
 				if g.json {
-					return printJSON(map[string]any{"container": res.ID, "pid": res.PID, "generation": res.Generation, "phases": res.Timings, "log": res.Log})
+					return printJSON(map[string]any{"container": res.ID, "pid": res.PID, "generation": res.Generation, "phases": res.Timings, "bundle": res.Bundle})
 				}
 				fmt.Println(res.PID)
 				return nil
@@ -318,6 +333,8 @@ host PID, name and restore time.`,
 	verifyKeyFlag(f, &keyFiles)
 	containerFlags(f, &ctr)
 	f.StringVar(&ctr.Bundle, "bundle", "", "with --container: the bundle to restore into (default: the one checkpointed)")
+	ctr.MaxSize = images.DefaultMaxImportSize
+	f.Int64Var(&ctr.MaxSize, "max-size", ctr.MaxSize, "with --container and an archive: largest image, in bytes, to unpack (the free space is checked too)")
 	f.StringVar(&ctr.Stdout, "container-output", "", "with --container: file (truncated) for the restored container's stdout and stderr (default /dev/null)")
 	return cmd
 }

@@ -1,15 +1,15 @@
 package main
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/runtimehook"
 )
 
@@ -22,26 +22,10 @@ func asCRIUHook(args []string) []string {
 	return args
 }
 
-// envDuration reads a duration from the environment: CRIU passes a script
-// no arguments, but the runtime's environment.
-func envDuration(name string, def time.Duration) time.Duration {
-	if d, err := time.ParseDuration(os.Getenv(name)); err == nil && d > 0 {
-		return d
-	}
-	return def
-}
-
 func criuHookCmd(g *globals) *cobra.Command {
 	var o runtimehook.Options
-	hookLogger := func() *slog.Logger {
-		lvl := slog.LevelInfo
-		if g.verbose || os.Getenv("KCR_HOOK_DEBUG") != "" {
-			lvl = slog.LevelDebug
-		}
-		// stderr is CRIU's log (dump.log, restore.log), which the runtime
-		// names when it fails.
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})).With("src", "kcr-criu-hook")
-	}
+	hookLogger := func() *slog.Logger { return runtimehook.Logger(g.verbose) }
+	env := runtimehook.OptionsFromEnv()
 	cmd := &cobra.Command{
 		Use:   "criu-hook",
 		Short: "CRIU action script: run the kcr hooks of a tree that a container runtime checkpoints or restores",
@@ -52,21 +36,17 @@ fails; at post-resume it sends the after-restore message. Defaults come from $KC
 $KCR_HOOK_RESUME_AFTER and $KCR_HOOK_AFTER_WAIT. It logs to stderr, which is CRIU's log.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			env, err := runtimehook.EnvFromOS()
-			if err != nil {
+			o.Logger = hookLogger()
+			res, err := runtimehook.RunFromEnv(cmd.Context(), o)
+			if _, ok := errors.AsType[*runtimehook.HookError](err); ok {
+				return &exitError{exitHooks, err}
+			}
+			if errors.Is(err, runtimehook.ErrNoEnv) {
 				return &exitError{exitUsage, err}
 			}
-			o.Logger = hookLogger()
-			t := time.Now()
-			res, err := runtimehook.Run(cmd.Context(), env, o)
 			if err != nil {
-				o.Logger.Error(env.Action+" failed", "err", err, "took", time.Since(t).Round(time.Microsecond))
-				if _, ok := err.(*runtimehook.HookError); ok {
-					return &exitError{exitHooks, err}
-				}
 				return err
 			}
-			o.Logger.Debug(env.Action+" done", "targets", len(res.Targets), "took", time.Since(t).Round(time.Microsecond))
 			if g.json {
 				return printJSON(res)
 			}
@@ -74,11 +54,11 @@ $KCR_HOOK_RESUME_AFTER and $KCR_HOOK_AFTER_WAIT. It logs to stderr, which is CRI
 		},
 	}
 	f := cmd.Flags()
-	f.DurationVar(&o.HookBudget, "timeout", envDuration("KCR_HOOK_TIMEOUT", 10*time.Second), "deadline for the apps' before-checkpoint hooks")
-	f.DurationVar(&o.ResumeAfter, "resume-after", envDuration("KCR_HOOK_RESUME_AFTER", 0), "how long an app waits for the end of the checkpoint before it resumes on its own (default timeout+60s)")
-	f.BoolVar(&o.RequireDrained, "require-drained", os.Getenv(engine.RequireDrainedEnv) == "1", "veto the dump when a resource would carry records into the image (kcr checkpoint --container --require-drained sets $"+engine.RequireDrainedEnv+")")
-	f.DurationVar(&o.AfterWait, "after-wait", envDuration("KCR_HOOK_AFTER_WAIT", 10*time.Second), "how long post-resume waits for the after-restore hooks")
-	f.StringVar(&o.StateDir, "state-dir", os.Getenv("KCR_HOOK_STATE_DIR"), "directory of the resume watcher's state (default /run/kcr/criu-hook)")
+	f.DurationVar(&o.HookBudget, "timeout", cmp.Or(env.HookBudget, 10*time.Second), "deadline for the apps' before-checkpoint hooks")
+	f.DurationVar(&o.ResumeAfter, "resume-after", env.ResumeAfter, "how long an app waits for the end of the checkpoint before it resumes on its own (default timeout+60s)")
+	f.BoolVar(&o.RequireDrained, "require-drained", env.RequireDrained, "veto the dump when a resource would carry records into the image (kcr checkpoint --container --require-drained sets $"+runtimehook.EnvRequireDrained+")")
+	f.DurationVar(&o.AfterWait, "after-wait", cmp.Or(env.AfterWait, 10*time.Second), "how long post-resume waits for the after-restore hooks")
+	f.StringVar(&o.StateDir, "state-dir", env.StateDir, "directory of the resume watcher's state (default /run/kcr/criu-hook)")
 
 	watch := &cobra.Command{
 		Use:    "watch STATE",
@@ -87,7 +67,7 @@ $KCR_HOOK_RESUME_AFTER and $KCR_HOOK_AFTER_WAIT. It logs to stderr, which is CRI
 		Args:   cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.Logger = hookLogger()
-			if err := runtimehook.Watch(cmd.Context(), args[0], o); err != nil {
+			if err := runtimehook.Watch(cmd.Context(), args[0], cmd.InOrStdin(), o); err != nil {
 				o.Logger.Warn("watch", "err", err)
 				return err
 			}

@@ -221,6 +221,23 @@ func (c *container) status() string {
 	return st.Status
 }
 
+// restoredTo follows the restored copy's output, written from its start to
+// out, and checks that its after-restore hooks ran as a restore (after
+// event n1) with a new instance id.
+func (c *container) restoredTo(out string, n1 int, before appState) {
+	c.t.Helper()
+	c.logMu.Lock()
+	c.out, c.logOff = out, 0
+	c.logMu.Unlock()
+	after := c.waitAfter(n1, 20*time.Second)
+	if after.str("kind") != "restore" {
+		c.t.Fatalf("after the restore the hooks ran with kind %q, want restore", after.str("kind"))
+	}
+	if id := after.str("instance"); id == "" || id == before.Instance {
+		c.t.Errorf("restored instance id %q, before %q: want a new one", id, before.Instance)
+	}
+}
+
 func readFile(t *testing.T, p string) string {
 	t.Helper()
 	b, err := os.ReadFile(p)
@@ -432,9 +449,11 @@ func TestContainerKCRCheckpointRestore(t *testing.T) {
 	n1 := len(c.events())
 	// The restored container writes to a file of its own, from its start.
 	restoredOut := filepath.Join(t.TempDir(), "restored.log")
+	// CRIU's work directory (restore.log) goes once the restore succeeded.
+	tmp := t.TempDir()
 	done := make(chan kcrResult, 1)
 	go func() {
-		done <- runKCR(t, "restore", "--json", "--container", c.id, "--runc-root", c.root, "--container-output", restoredOut, img)
+		done <- runKCREnv(t, []string{"TMPDIR=" + tmp}, "restore", "--json", "--container", c.id, "--runc-root", c.root, "--container-output", restoredOut, img)
 	}()
 	select {
 	case r = <-done:
@@ -444,16 +463,10 @@ func TestContainerKCRCheckpointRestore(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("kcr restore --container: exit %d: %s", r.code, r.stderr)
 	}
-	c.logMu.Lock()
-	c.out, c.logOff = restoredOut, 0
-	c.logMu.Unlock()
-	after := c.waitAfter(n1, 20*time.Second)
-	if after.str("kind") != "restore" {
-		t.Fatalf("after kcr restore --container the hooks ran with kind %q, want restore", after.str("kind"))
+	if ents, _ := os.ReadDir(tmp); len(ents) != 0 {
+		t.Errorf("a successful kcr restore --container left %v in $TMPDIR", ents)
 	}
-	if id := after.str("instance"); id == "" || id == before.Instance {
-		t.Errorf("restored instance id %q, before %q: want a new one", id, before.Instance)
-	}
+	c.restoredTo(restoredOut, n1, before)
 	c.pid = c.hostPID()
 	c.waitAcked(ackedBefore+100, 30*time.Second)
 	c.stop(c.pid)

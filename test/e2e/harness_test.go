@@ -46,7 +46,7 @@ func TestMain(m *testing.M) {
 	kafkaBin = filepath.Join(dir, "kafkaapp")
 	kgoBin = filepath.Join(dir, "kgoapp")
 	setupOK = true
-	for _, b := range [][2]string{{kcrBin, "../../cmd/kcr"}, {appBin, "./testapp"}, {kafkaBin, "./kafkaapp"}, {kgoBin, "./kgoapp"}} {
+	for _, b := range [][2]string{{kcrBin, "../../cmd/kcr"}, {filepath.Join(dir, "kcr-hook"), "../../cmd/kcr-hook"}, {appBin, "./testapp"}, {kafkaBin, "./kafkaapp"}, {kgoBin, "./kgoapp"}} {
 		out, err := exec.Command("go", "build", "-o", b[0], b[1]).CombinedOutput()
 		if err != nil {
 			setupOK, setupErr = false, fmt.Sprintf("go build %s: %v\n%s", b[1], err, out)
@@ -278,7 +278,16 @@ type kcrResult struct {
 // runKCR runs the kcr binary and returns its exit code and output.
 func runKCR(t *testing.T, args ...string) kcrResult {
 	t.Helper()
+	return runKCREnv(t, nil, args...)
+}
+
+// runKCREnv runs kcr with env added to the test's environment.
+func runKCREnv(t *testing.T, env []string, args ...string) kcrResult {
+	t.Helper()
 	cmd := exec.Command(kcrBin, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	var so, se bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &so, &se
 	err := cmd.Run()

@@ -1,0 +1,96 @@
+// Package proctree reads what kcr needs of processes from /proc: the
+// fields of /proc/<pid>/stat and a process's tree. It has no dependency
+// beyond the standard library, so that the small CRIU action script
+// (cmd/kcr-hook) starts fast.
+package proctree
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// Stat holds the fields of /proc/<pid>/stat kcr uses.
+type Stat struct {
+	Comm      string
+	State     byte
+	PPID      int
+	Pgrp      int
+	Session   int
+	TTYNr     int
+	StartTime uint64 // clock ticks since boot
+}
+
+// ReadStat reads /proc/<pid>/stat.
+func ReadStat(pid int) (*Stat, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return nil, err
+	}
+	return ParseStat(b)
+}
+
+// ParseStat parses the content of a /proc/<pid>/stat file; the command
+// name may hold spaces and parentheses.
+func ParseStat(b []byte) (*Stat, error) {
+	open, close := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
+	if open < 0 || close < open {
+		return nil, fmt.Errorf("malformed /proc stat %q", b)
+	}
+	f := strings.Fields(string(b[close+1:]))
+	if len(f) < 20 || len(f[0]) != 1 {
+		return nil, fmt.Errorf("malformed /proc stat %q", b)
+	}
+	s := &Stat{Comm: string(b[open+1 : close]), State: f[0][0]}
+	ints := []*int{&s.PPID, &s.Pgrp, &s.Session, &s.TTYNr}
+	for i, p := range ints {
+		v, err := strconv.Atoi(f[1+i])
+		if err != nil {
+			return nil, fmt.Errorf("malformed /proc stat %q", b)
+		}
+		*p = v
+	}
+	st, err := strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("malformed /proc stat %q", b)
+	}
+	s.StartTime = st
+	return s, nil
+}
+
+// StartTime returns the start time of process pid (field 22 of
+// /proc/<pid>/stat, in clock ticks since boot): with the PID, it names one
+// process, as a PID alone may be reused.
+func StartTime(pid int) (uint64, error) {
+	st, err := ReadStat(pid)
+	if err != nil {
+		return 0, err
+	}
+	return st.StartTime, nil
+}
+
+// Tree returns pid and all its descendants (pid first), from
+// /proc/<pid>/task/*/children. Processes that exit meanwhile are left out.
+func Tree(pid int) []int {
+	seen := map[int]bool{pid: true}
+	out := []int{pid}
+	for i := 0; i < len(out); i++ {
+		p := strconv.Itoa(out[i])
+		tasks, _ := os.ReadDir("/proc/" + p + "/task")
+		for _, t := range tasks {
+			b, err := os.ReadFile("/proc/" + p + "/task/" + t.Name() + "/children")
+			if err != nil {
+				continue
+			}
+			for _, c := range strings.Fields(string(b)) {
+				if n, err := strconv.Atoi(c); err == nil && !seen[n] {
+					seen[n] = true
+					out = append(out, n)
+				}
+			}
+		}
+	}
+	return out
+}

@@ -66,22 +66,27 @@ type core struct {
 	resolving  chan struct{} // closed when the background resolution ends
 	stopResolv context.CancelFunc
 
-	mu       sync.Mutex
-	gate     chan struct{}
-	closed   bool
-	torn     bool // the before hook of this cycle closed the kgo client
-	gen      uint64
-	clientID string
-	txnID    string
-	bgErr    error // the last error of the background offset resolution
-	reportMu sync.Mutex
-	report   map[string]any
+	mu     sync.Mutex
+	gate   chan struct{}
+	closed bool
+	torn   bool // the before hook of this cycle closed the kgo client
+	// cut is set when the before hook of this cycle closed the kgo
+	// client's connections and kept the client, for a resume.
+	cut       bool
+	newDialer func() *dialGate
+	gen       uint64
+	clientID  string
+	txnID     string
+	bgErr     error // the last error of the background offset resolution
+	reportMu  sync.Mutex
+	report    map[string]any
 }
 
 // state is one kgo client and whether the gate is closed in front of it.
 type state struct {
 	cl   *kgo.Client
 	sess *kgo.GroupTransactSession
+	dial *dialGate // cl's connections
 	gen  uint64
 	gate chan struct{} // non-nil while the gate is closed; closed when it opens
 	// txnPass lets calls of the open transaction through the closed gate,
@@ -95,9 +100,9 @@ type state struct {
 	closed     bool
 }
 
-func newState(cl *kgo.Client, sess *kgo.GroupTransactSession, gen uint64) *state {
+func newState(cl *kgo.Client, sess *kgo.GroupTransactSession, dial *dialGate, gen uint64) *state {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &state{cl: cl, sess: sess, gen: gen, stop: ctx, cancel: cancel}
+	return &state{cl: cl, sess: sess, dial: dial, gen: gen, stop: ctx, cancel: cancel}
 }
 
 var errNoDial = errors.New("kgohooks: option inspection does not dial")
@@ -105,13 +110,23 @@ var errNoDial = errors.New("kgohooks: option inspection does not dial")
 // newCore reads the options with a kgo client that cannot dial, builds the
 // first client and registers the hooks.
 func newCore(kopts []kgo.Opt, session bool, opts []Option) (*core, error) {
-	probe, err := kgo.NewClient(append(slices.Clip(kopts), kgo.Dialer(func(context.Context, string, string) (net.Conn, error) {
+	// The dial function first, from a client that consumes nothing (a
+	// group without topics never joins) and so does not dial: kgo fills it in from DialTimeout and DialTLSConfig,
+	// and refuses a Dialer beside DialTLSConfig.
+	dprobe, err := kgo.NewClient(append(slices.Clip(kopts), kgo.ConsumeTopics(), kgo.ConsumePartitions(nil))...)
+	if err != nil {
+		return nil, err
+	}
+	userDial, _ := dprobe.OptValue(kgo.Dialer).(func(context.Context, string, string) (net.Conn, error))
+	dprobe.Close()
+	probe, err := kgo.NewClient(append(slices.Clip(kopts), kgo.DialTLSConfig(nil), kgo.Dialer(func(context.Context, string, string) (net.Conn, error) {
 		return nil, errNoDial
 	}))...)
 	if err != nil {
 		return nil, err
 	}
 	c := &core{cfg: newConfig(opts), kopts: slices.Clip(kopts), session: session}
+	c.newDialer = func() *dialGate { return newDialGate(userDial) }
 	c.baseClientID, _ = probe.OptValue(kgo.ClientID).(string)
 	c.baseTxnID, _ = probe.OptValue(kgo.TransactionalID).(string)
 	c.group, _ = probe.OptValue(kgo.ConsumerGroup).(string)
@@ -143,12 +158,12 @@ func newCore(kopts []kgo.Opt, session bool, opts []Option) (*core, error) {
 		c.cfg.name = "kgo/" + c.baseClientID
 	}
 	c.cfg.log = c.cfg.log.With("resource", c.cfg.name)
-	cl, sess, err := c.build()
+	cl, sess, dial, err := c.build()
 	if err != nil {
 		return nil, err
 	}
 	c.gen = 1
-	c.state.Store(newState(cl, sess, 1))
+	c.state.Store(newState(cl, sess, dial, 1))
 	c.startResolve(cl)
 	c.unregister = c.cfg.registry.Register(c.cfg.name, c)
 	return c, nil
@@ -156,8 +171,10 @@ func newCore(kopts []kgo.Opt, session bool, opts []Option) (*core, error) {
 
 // build creates a kgo client with the user's options and the current
 // identity and positions. Called with c.mu held or before c is shared.
-func (c *core) build() (*kgo.Client, *kgo.GroupTransactSession, error) {
+func (c *core) build() (*kgo.Client, *kgo.GroupTransactSession, *dialGate, error) {
+	dial := c.newDialer()
 	opts := append(slices.Clip(c.kopts), kgo.ClientID(c.clientID))
+	opts = append(opts, dial.opts()...)
 	if c.txnID != "" {
 		opts = append(opts, kgo.TransactionalID(c.txnID))
 	}
@@ -169,12 +186,12 @@ func (c *core) build() (*kgo.Client, *kgo.GroupTransactSession, error) {
 	if c.session {
 		s, err := kgo.NewGroupTransactSession(opts...)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
-		return s.Client(), s, nil
+		return s.Client(), s, dial, nil
 	}
 	cl, err := kgo.NewClient(opts...)
-	return cl, nil, err
+	return cl, nil, dial, err
 }
 
 // startResolve resolves symbolic start offsets of direct partitions in the
@@ -430,8 +447,8 @@ func (c *core) TransactionalID() string {
 func (c *core) Name() string { return c.cfg.name }
 
 // Underlying returns the current kgo client, for calls the wrapper does not
-// gate (admin requests through kadm, metrics). It is closed at the next
-// checkpoint and replaced after it: do not keep it.
+// gate (admin requests through kadm, metrics). It is replaced after a
+// restore, and after every checkpoint of a group consumer: do not keep it.
 func (c *core) Underlying() *kgo.Client { return c.state.Load().cl }
 
 // close closes the gate for good and the kgo client.
@@ -443,7 +460,7 @@ func (c *core) close(closeInner func(*state)) {
 	}
 	c.closed = true
 	s := c.state.Load()
-	c.state.Store(&state{cl: s.cl, sess: s.sess, gen: s.gen, closed: true, gate: make(chan struct{}), stop: s.stop, cancel: s.cancel})
+	c.state.Store(&state{cl: s.cl, sess: s.sess, dial: s.dial, gen: s.gen, closed: true, gate: make(chan struct{}), stop: s.stop, cancel: s.cancel})
 	if c.gate != nil {
 		close(c.gate)
 		c.gate = nil
@@ -453,6 +470,9 @@ func (c *core) close(closeInner func(*state)) {
 	c.mu.Unlock()
 	c.unregister()
 	s.cancel()
+	if s.dial != nil {
+		s.dial.retire()
+	}
 	if stopResolv != nil {
 		stopResolv()
 		<-resolving
@@ -532,7 +552,7 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 	}
 	c.gate = make(chan struct{})
 	s := c.state.Load()
-	gated := &state{cl: s.cl, sess: s.sess, gen: s.gen, gate: c.gate, txnPass: true, commitPass: true, stop: s.stop, cancel: s.cancel}
+	gated := &state{cl: s.cl, sess: s.sess, dial: s.dial, gen: s.gen, gate: c.gate, txnPass: true, commitPass: true, stop: s.stop, cancel: s.cancel}
 	c.state.Store(gated)
 	s.cancel() // ends waiting polls
 	resolving, stopResolv := c.resolving, c.stopResolv
@@ -598,7 +618,7 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 				return finish(fmt.Errorf("%w at the checkpoint and the application did not end it within half the hook budget; end it before checkpointing, or choose AbortOpenTxn or CommitOpenTxn", ErrOpenTxn))
 			}
 			c.mu.Lock()
-			c.state.Store(&state{cl: s.cl, sess: s.sess, gen: s.gen, gate: c.gate, commitPass: true, stop: s.stop, cancel: s.cancel})
+			c.state.Store(&state{cl: s.cl, sess: s.sess, dial: s.dial, gen: s.gen, gate: c.gate, commitPass: true, stop: s.stop, cancel: s.cancel})
 			c.mu.Unlock()
 			ectx, cancel := share(ctx, 0.6)
 			waitZero(ectx, &c.calls)
@@ -623,7 +643,7 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 
 	// Commit what the group handed out, then leave the group.
 	c.mu.Lock()
-	c.state.Store(&state{cl: s.cl, sess: s.sess, gen: s.gen, gate: c.gate, stop: s.stop, cancel: s.cancel})
+	c.state.Store(&state{cl: s.cl, sess: s.sess, dial: s.dial, gen: s.gen, gate: c.gate, stop: s.stop, cancel: s.cancel})
 	c.mu.Unlock()
 	if c.group != "" && !c.session {
 		cctx, cancel := share(ctx, 0.7)
@@ -636,23 +656,49 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 		}
 		rep["stale_commits"] = c.marks.staleCommits()
 	}
-	c.mu.Lock()
-	c.torn = true
-	c.mu.Unlock()
-	if c.group != "" {
-		lctx, cancel := share(ctx, 0.8)
-		err := s.cl.LeaveGroupContext(lctx)
-		cancel()
-		rep["left_group"] = err == nil
-		if err != nil {
-			c.cfg.log.Warn("leaving the group before the checkpoint", "err", err)
-		}
-	}
 	if c.pos != nil {
 		if next := c.pos.report(); len(next) > 0 {
 			rep["next_offsets"] = next
 		}
 	}
+	if c.group == "" {
+		// Nothing ties this client to the broker but its connections:
+		// close them and keep it, so that a resume goes on with the same
+		// client and producer id; a restore replaces it.
+		n, err := s.dial.cut(ctx)
+		rep["connections_closed"] = n
+		if err != nil {
+			return finish(err)
+		}
+		c.mu.Lock()
+		c.cut = true
+		c.mu.Unlock()
+		rep["closed"], rep["kept_for_resume"] = false, true
+		rep["connections_open"] = s.dial.openConns()
+		return finish(nil)
+	}
+	// kgo cannot rejoin a group it left (the group consumer it left is done
+	// for good), so a group client is closed and replaced even on a resume.
+	c.mu.Lock()
+	c.torn = true
+	c.mu.Unlock()
+	lctx, cancel := share(ctx, 0.8)
+	err = s.cl.LeaveGroupContext(lctx)
+	cancel()
+	rep["left_group"] = err == nil
+	if err != nil {
+		c.cfg.log.Warn("leaving the group before the checkpoint", "err", err)
+	}
+	if err := closeWithin(ctx, s); err != nil {
+		rep["closed"] = false
+		return finish(err)
+	}
+	rep["closed"] = true
+	return finish(nil)
+}
+
+// closeWithin closes s's kgo client (or session), waiting until ctx ends.
+func closeWithin(ctx context.Context, s *state) error {
 	closed := make(chan struct{})
 	go func() {
 		if s.sess != nil {
@@ -664,12 +710,10 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 	}()
 	select {
 	case <-closed:
-		rep["closed"] = true
+		return nil
 	case <-ctx.Done():
-		rep["closed"] = false
-		return finish(fmt.Errorf("kgohooks: the kgo client did not close its connections within the hook budget: %v", context.Cause(ctx)))
+		return fmt.Errorf("kgohooks: the kgo client did not close within the hook budget: %v", context.Cause(ctx))
 	}
-	return finish(nil)
 }
 
 // commitHanded commits, with retries, what kgo's autocommit would commit:
@@ -755,21 +799,36 @@ func (c *core) AfterRestore(ctx context.Context, ev notify.Event) error {
 	}
 	s := c.state.Load()
 	var err error
-	if c.torn {
+	switch {
+	case c.cut && ev.Kind == notify.Resume:
+		// The same kgo client goes on: its dials may reach the broker again.
+		s.dial.open()
+		s = newState(s.cl, s.sess, s.dial, s.gen)
+		rep["new_client"] = false
+	case c.torn || c.cut:
+		if c.cut {
+			// A restored copy must not write as the original: the old
+			// client's dials fail from now on, and it is closed.
+			s.dial.retire()
+			if cerr := closeWithin(ctx, s); cerr != nil {
+				c.cfg.log.Warn("closing the kgo client of the image", "err", cerr)
+			}
+		}
 		var cl *kgo.Client
 		var sess *kgo.GroupTransactSession
-		cl, sess, err = c.build()
+		var dial *dialGate
+		cl, sess, dial, err = c.build()
 		if err == nil {
 			c.gen++
 			if c.marks != nil {
 				c.marks.rotate()
 			}
-			s = newState(cl, sess, c.gen)
+			s = newState(cl, sess, dial, c.gen)
 			c.startResolve(cl)
 			rep["new_client"] = true
 		}
-	} else {
-		s = newState(s.cl, s.sess, s.gen)
+	default:
+		s = newState(s.cl, s.sess, s.dial, s.gen)
 		if c.resolving != nil && c.pos.unresolved() > 0 {
 			c.startResolve(s.cl)
 		}
@@ -782,7 +841,7 @@ func (c *core) AfterRestore(ctx context.Context, ev notify.Event) error {
 		s = &state{cl: s.cl, closed: true, gate: make(chan struct{}), stop: s.stop, cancel: s.cancel}
 		err = fmt.Errorf("kgohooks: new kgo client: %w", err)
 	}
-	c.torn = false
+	c.torn, c.cut = false, false
 	c.state.Store(s)
 	close(c.gate)
 	c.gate = nil

@@ -14,8 +14,14 @@
 // of it (clones, or an original that went on after --leave-running) would
 // write with the same ones. The broker answers the second copy with
 // DUPLICATE_SEQUENCE_NUMBER, which kgo takes as success: records are
-// silently lost. So no record is ever carried in an image, and every cycle
-// ends with a new kgo.Client, which gets a new producer id from the broker.
+// silently lost. So no record is ever carried in an image, and every
+// restore ends with a new kgo.Client, which gets a new producer id from the
+// broker.
+//
+// The Client dials through its own kgo.Dialer (wrapping the user's, or kgo's
+// default built from DialTimeout and DialTLSConfig), which tracks every
+// connection, so that a checkpoint can close them without closing the
+// client; kgo has no other way.
 //
 // # Before a checkpoint
 //
@@ -39,7 +45,10 @@
 //     gate until then). A commit that keeps failing fails the checkpoint.
 //     Then it leaves the group (LeaveGroupContext), so the other members
 //     take its partitions at once.
-//   - The kgo client is closed, with all its connections.
+//   - Without a consumer group (producers, transactional or not, and direct
+//     partitions), the kgo client is kept: its connections are closed and
+//     new dials wait, so no connection is open at the dump. With a group,
+//     the kgo client is closed, with all its connections.
 //
 // CheckpointReport (in the image manifest) says how many records were
 // flushed, how many partitions committed, what happened to an open
@@ -47,11 +56,20 @@
 //
 // # After a restore or resume
 //
-// A new kgo.Client is built with the same options, so a new producer id.
-// This holds for a resume too (the dump failed, or --leave-running): kgo
-// cannot close its connections without closing the client, so a resumed
-// process does not get its old client back, reconnected; it gets a new one
-// with the same identity.
+// On a resume (the dump failed, or --leave-running) a client without a
+// group goes on with the same kgo.Client, reconnected: the same producer id,
+// transactional id and sequence numbers (nothing was in flight at the
+// checkpoint), and direct partitions at kgo's own positions. On a restore
+// the image's kgo client is closed (its waiting dials fail, so it never
+// reaches the broker) and a new one is built with the same options: a new
+// producer id.
+//
+// A group consumer (kgo.ConsumerGroup, and every GroupTransactSession)
+// gets a new kgo.Client on a resume too: it left the group before the
+// dump, and kgo cannot rejoin a group it left (LeaveGroupContext ends its
+// group consumer for good, and kgo has no call to join again). So after a
+// resume it is a new member with a new producer id and the same client id.
+//
 // On Restore its client id is the base id + "-" + the first 8 hex digits of
 // notify.Event.InstanceID, and so is its transactional id unless
 // WithTxnIDPolicy(KeepTxnID) keeps it (a migration: the restored copy fences
@@ -60,8 +78,9 @@
 // partitions (kgo.ConsumePartitions) continue at exactly the offset after
 // the last record handed to the application. Then the gate opens.
 //
-// A checkpoint refused by a hook (this one's or another's) before the kgo
-// client was closed resumes with the same kgo client.
+// A checkpoint refused by a hook (this one's or another's) resumes with the
+// same kgo client, unless it is a group consumer that had already left its
+// group.
 //
 // # Delivery
 //

@@ -3,11 +3,16 @@ package kgohooks
 import (
 	"context"
 	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kcr-dev/kcr/notify"
 )
 
 // newCluster starts an in-process kfake broker with the given topics.
@@ -58,4 +63,59 @@ func vals(prefix string, n int) []string {
 		out[i] = fmt.Sprintf("%s-%d", prefix, i)
 	}
 	return out
+}
+
+// connCounter is a kgo.Dialer that counts the connections it opened and
+// those still open, so that tests can see what the client holds.
+type connCounter struct {
+	mu          sync.Mutex
+	open, dials int
+}
+
+func (cc *connCounter) Dial(ctx context.Context, network, host string) (net.Conn, error) {
+	c, err := (&net.Dialer{}).DialContext(ctx, network, host)
+	if err != nil {
+		return nil, err
+	}
+	cc.mu.Lock()
+	cc.open++
+	cc.dials++
+	cc.mu.Unlock()
+	return &countedConn{Conn: c, cc: cc}, nil
+}
+
+// counts returns the connections open now and all dials so far.
+func (cc *connCounter) counts() (open, dials int) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	return cc.open, cc.dials
+}
+
+type countedConn struct {
+	net.Conn
+	cc   *connCounter
+	once sync.Once
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() {
+		c.cc.mu.Lock()
+		c.cc.open--
+		c.cc.mu.Unlock()
+	})
+	return c.Conn.Close()
+}
+
+// dumpProbe registers a resource whose before hook runs after those of the
+// resources registered later (reverse order), at what would be the dump
+// instant, and records the connections open then.
+func dumpProbe(reg *notify.Registry, cc *connCounter) *atomic.Int64 {
+	var open atomic.Int64
+	open.Store(-1)
+	reg.Register("dump-instant", notify.Func(func(context.Context) error {
+		n, _ := cc.counts()
+		open.Store(int64(n))
+		return nil
+	}, nil))
+	return &open
 }

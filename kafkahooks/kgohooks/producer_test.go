@@ -54,8 +54,10 @@ func testProducerCycle(t *testing.T, outcome notify.SimOutcome) {
 	addrs := newCluster(t, 3, "p")
 	reg := notify.NewRegistry()
 	var c *Client
+	cc := &connCounter{}
+	atDump := dumpProbe(reg, cc)
 	wait := duringProbe(t, reg, &c, "during", 10)
-	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("p"), kgo.ClientID("app")},
+	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("p"), kgo.ClientID("app"), kgo.Dialer(cc.Dial)},
 		WithRegistry(reg))
 	if err != nil {
 		t.Fatal(err)
@@ -71,6 +73,10 @@ func testProducerCycle(t *testing.T, outcome notify.SimOutcome) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if open, _ := cc.counts(); open == 0 {
+		t.Fatal("the user's kgo.Dialer was not used")
+	}
+	kcl0 := c.Underlying()
 	res, err := reg.Simulate(ctx, outcome, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -96,8 +102,18 @@ func testProducerCycle(t *testing.T, outcome notify.SimOutcome) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pid1 == pid0 {
-		t.Errorf("producer id %d unchanged by the cycle", pid0)
+	if n := atDump.Load(); n != 0 {
+		t.Errorf("%d connections open at the dump instant, want 0", n)
+	}
+	if outcome == notify.SimRestore {
+		if pid1 == pid0 || c.Underlying() == kcl0 {
+			t.Errorf("restore kept producer id %d (was %d) or the kgo client (%v); a restored copy must get new ones", pid1, pid0, c.Underlying() == kcl0)
+		}
+		if err := kcl0.ProduceSync(ctx, &kgo.Record{Value: []byte("old")}).FirstErr(); !errors.Is(err, kgo.ErrClientClosed) {
+			t.Errorf("the image's kgo client after a restore: produce = %v, want kgo.ErrClientClosed", err)
+		}
+	} else if pid1 != pid0 || c.Underlying() != kcl0 {
+		t.Errorf("resume: producer id %d (was %d), same kgo client %v; want the same client, reconnected", pid1, pid0, c.Underlying() == kcl0)
 	}
 	id := c.ClientID()
 	if outcome == notify.SimRestore {
@@ -145,8 +161,8 @@ func TestProducerManyCycles(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if pids[pid] {
-			t.Errorf("cycle %d: producer id %d reused", i, pid)
+		if resumed := i > 0 && outcomes[i-1] == notify.SimResume; pids[pid] != resumed {
+			t.Errorf("cycle %d: producer id %d seen before %v, want %v (only a resume keeps it)", i, pid, pids[pid], resumed)
 		}
 		pids[pid] = true
 		if id := c.ClientID(); id != lastID {

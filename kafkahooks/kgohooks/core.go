@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kcr-dev/kcr/notify"
@@ -26,6 +27,17 @@ var (
 	// records were not all acknowledged within the hook's budget.
 	ErrNotFlushed = errors.New("kgohooks: records not acknowledged within the checkpoint budget")
 )
+
+// IsFenced reports whether err says that another producer now holds this
+// client's transactional id (kerr.ProducerFenced, or
+// kerr.InvalidProducerEpoch for a produce request): after a restore with
+// KeepTxnID, the instance that initialized the id last fences the other.
+// A fenced client cannot commit again; kgohooks does not replace it,
+// because the id now belongs to the other instance: stop producing and
+// Close it.
+func IsFenced(err error) bool {
+	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch)
+}
 
 // commitMode is how the group consumer commits.
 type commitMode int

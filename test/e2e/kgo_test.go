@@ -258,16 +258,49 @@ func TestKgoTransactCheckpoint(t *testing.T) {
 		if leave {
 			name = "leave-running"
 		}
-		t.Run(name, func(t *testing.T) { testKgoTransact(t, leave) })
+		t.Run(name, func(t *testing.T) { testKgoTransact(t, kgoTxnCase{leave: leave}) })
 	}
 }
 
-func testKgoTransact(t *testing.T, leave bool) {
+// The loop leaves a transaction with records open at the checkpoint (it
+// ends it only after the restore), so kgohooks aborts it (AbortOpenTxn, the
+// default): the manifest says so, the loop's End of it after the restore
+// reports it not committed, and its inputs, whose offsets were not
+// committed, are consumed again and appear exactly once in the
+// read_committed output.
+func TestKgoTransactAbortAtCheckpoint(t *testing.T) {
+	testKgoTransact(t, kgoTxnCase{hold: true})
+}
+
+// KeepTxnID with --leave-running, then a restore beside the original: both
+// hold one transactional id, the one that initialized it last (the restored
+// copy) fences the other. The fenced one gets kgo's fencing error from its
+// transaction calls (kgohooks.IsFenced) and stops; the other goes on
+// committing, and the read_committed output is exactly once.
+func TestKgoKeepTxnIDFencing(t *testing.T) {
+	testKgoTransact(t, kgoTxnCase{leave: true, keep: true})
+}
+
+// kgoTxnCase selects a variant of the transactional loop test.
+type kgoTxnCase struct {
+	leave bool // checkpoint with --leave-running, restore beside the original
+	hold  bool // the loop holds a transaction open at the checkpoint
+	keep  bool // KeepTxnID
+}
+
+func testKgoTransact(t *testing.T, tc kgoTxnCase) {
 	k := needKafka(t)
 	in, out := k.newTopic("kgoin", 3), k.newTopic("kgoout", 3)
 	group := uniqueName("kgoetl")
 	const base, txn = "ketl", "ketl-txn"
-	pid, a := k.runBin(kgoBin, "-transform-from", in, "-topic", out, "-group", group, "-txn-id", txn, "-client-id", base)
+	appArgs := []string{"-transform-from", in, "-topic", out, "-group", group, "-txn-id", txn, "-client-id", base}
+	if tc.hold {
+		appArgs = append(appArgs, "-hold-txn")
+	}
+	if tc.keep {
+		appArgs = append(appArgs, "-keep-txn-id")
+	}
+	pid, a := k.runBin(kgoBin, appArgs...)
 	prod := k.produce(in, 100)
 	committedTxns := func(evs []event, hpid int) int {
 		n := 0
@@ -285,14 +318,33 @@ func testKgoTransact(t *testing.T, leave bool) {
 
 	img := t.TempDir() + "/img"
 	args := []string{"checkpoint", "-o", img}
-	if leave {
+	if tc.leave {
 		args = append(args, "--leave-running")
+	}
+	if tc.hold {
+		// kgohooks gives the application half the budget to end the
+		// transaction itself before aborting it.
+		args = append(args, "--timeout", "4s")
 	}
 	n0 := len(a.events())
 	mustKCR(t, append(args, strconv.Itoa(pid))...)
 	rep := manifestResource(t, img, "kgo/"+base)
 	t.Logf("session report in the manifest: %v", rep)
-	if !leave {
+	var held event
+	if tc.hold {
+		for _, e := range of(a.since(n0), pid) {
+			if e["ev"] == "held" {
+				held = e
+			}
+		}
+		if held == nil || num(held["records"]) == 0 {
+			t.Fatalf("the loop did not hold a transaction with records at the checkpoint: %v", a.since(n0))
+		}
+		if rep["transaction"] != "aborted" {
+			t.Fatalf("session report %v: want transaction aborted (AbortOpenTxn)", rep)
+		}
+	}
+	if !tc.leave {
 		eventually(t, 10*time.Second, "the checkpointed process to be gone", func() (bool, string) { return !alive(pid), "" })
 	}
 	clones := restoreClones(t, img, base, 1)
@@ -308,11 +360,28 @@ func testKgoTransact(t *testing.T, leave bool) {
 			cAfter = e
 		}
 	}
-	if wantTxn := txn + "-" + prefix8(c.InstanceID); cAfter.str("kind") != "restore" || cAfter.str("txn_id") != wantTxn {
+	wantTxn := txn + "-" + prefix8(c.InstanceID)
+	if tc.keep {
+		wantTxn = txn
+	}
+	if cAfter.str("kind") != "restore" || cAfter.str("txn_id") != wantTxn {
 		t.Fatalf("restored copy's after-restore event %v: want kind restore, transactional id %s", cAfter, wantTxn)
 	}
+	if tc.hold {
+		// The held transaction, ended by the loop after the restore.
+		var first event
+		for _, e := range of(a.since(n0), c.PID) {
+			if e["ev"] == "txn" || e["ev"] == "txn-error" {
+				first = e
+				break
+			}
+		}
+		if first["ev"] != "txn" || first["committed"] != false || num(first["records"]) != num(held["records"]) {
+			t.Errorf("the restored copy's first End %v: want the held transaction of %v records, not committed", first, held["records"])
+		}
+	}
 	running := []kclone{c}
-	if leave {
+	if tc.leave {
 		var oAfter event
 		for _, e := range of(a.since(n0), pid) {
 			if e["ev"] == "after" {
@@ -322,12 +391,16 @@ func testKgoTransact(t *testing.T, leave bool) {
 		if oAfter.str("kind") != "resume" || oAfter.str("txn_id") != txn {
 			t.Fatalf("original's after-checkpoint event %v: want kind resume, transactional id %s", oAfter, txn)
 		}
+	}
+	if tc.leave && tc.keep {
+		running = kgoFenced(t, a, kclone{PID: pid, Name: "original"}, c, mark)
+	} else if tc.leave {
 		if !alive(pid) {
 			t.Fatal("the original died after --leave-running")
 		}
 		running = append(running, kclone{PID: pid, Name: "original"})
 	}
-	time.Sleep(2 * time.Second) // both copies in the group, under load (not an assertion)
+	time.Sleep(2 * time.Second) // under load (not an assertion)
 	prod.finish()
 	acks, errs := prod.snapshot()
 	want := map[string]bool{}
@@ -357,9 +430,68 @@ func testKgoTransact(t *testing.T, leave bool) {
 		t.Errorf("read_committed output: %d inputs seen more than once (%v), %d not among the inputs (%v)",
 			len(dups), dups[:min(10, len(dups))], len(extra), extra[:min(10, len(extra))])
 	}
-	if leave && committedTxns(a.since(mark), pid) == 0 {
+	if tc.hold {
+		srcs, _ := held["srcs"].([]any)
+		var bad []string
+		for _, s := range srcs {
+			if seen[fmt.Sprint(s)] != 1 {
+				bad = append(bad, fmt.Sprintf("%v seen %d times", s, seen[fmt.Sprint(s)]))
+			}
+		}
+		t.Logf("the aborted transaction held %d inputs, e.g. %v", len(srcs), srcs[:min(5, len(srcs))])
+		if len(srcs) == 0 || len(bad) > 0 {
+			t.Errorf("inputs of the transaction aborted at the checkpoint, in the read_committed output: %v (want each exactly once)", bad)
+		}
+	}
+	if tc.leave && !tc.keep && committedTxns(a.since(mark), pid) == 0 {
 		t.Errorf("the original committed no transaction after resuming")
 	}
+}
+
+// kgoFenced waits until exactly one of two holders of one transactional id
+// was fenced and stopped, checks that the other goes on committing, and
+// returns the one still running.
+func kgoFenced(t *testing.T, a *kapp, orig, copy kclone, mark int) []kclone {
+	t.Helper()
+	fencedEv := func(c kclone) event {
+		for _, e := range of(a.since(mark), c.PID) {
+			if e["ev"] == "fenced" {
+				return e
+			}
+		}
+		return nil
+	}
+	var fenced, other kclone
+	eventually(t, 60*time.Second, "one of the two holders of the transactional id fenced", func() (bool, string) {
+		fo, fc := fencedEv(orig), fencedEv(copy)
+		switch {
+		case fo != nil && fc != nil:
+			t.Fatalf("both were fenced: original %v, copy %v", fo, fc)
+		case fo != nil:
+			fenced, other = orig, copy
+		case fc != nil:
+			fenced, other = copy, orig
+		}
+		return fo != nil || fc != nil, ""
+	})
+	t.Logf("fenced: %s (PID %d): %v", fenced.Name, fenced.PID, fencedEv(fenced))
+	if fenced.PID != orig.PID {
+		t.Errorf("the restored copy was fenced: want the original (the copy initializes the id last)")
+	}
+	eventually(t, 30*time.Second, "the fenced one to stop", func() (bool, string) {
+		return count(of(a.events(), fenced.PID), "exit") > 0 && !alive(fenced.PID), ""
+	})
+	after := len(a.events())
+	eventually(t, 60*time.Second, "the other committing after the fencing", func() (bool, string) {
+		n := 0
+		for _, e := range of(a.since(after), other.PID) {
+			if e["ev"] == "txn" && e["committed"] == true {
+				n++
+			}
+		}
+		return n >= 5, fmt.Sprintf("%d committed", n)
+	})
+	return []kclone{other}
 }
 
 // kgo 4. Kafka 2 (TestKafkaConsumerGroup) with two kgo group members

@@ -14,6 +14,10 @@
 //	             instance id and the client id
 //	producer     the producer id of the current kgo client (after start and
 //	             after every restore or resume)
+//	txn          (-transform-from) a transaction ended: committed, records
+//	held         (-hold-txn) the transaction held open across the checkpoint,
+//	             with the "partition/offset" of its inputs
+//	fenced       (-transform-from) kgo's fencing error: the loop stops
 //	exit         after SIGTERM, once everything was flushed and closed
 package main
 
@@ -52,6 +56,8 @@ func main() {
 	from := flag.String("transform-from", "", "copy this topic to -topic in transactions (consume-transform-produce) instead of producing")
 	group := flag.String("group", "", "consumer group (with -transform-from)")
 	txnID := flag.String("txn-id", "", "base transactional id (with -transform-from)")
+	holdTxn := flag.Bool("hold-txn", false, "with -transform-from: leave a transaction with records open across the first checkpoint")
+	keepTxnID := flag.Bool("keep-txn-id", false, "with -transform-from: kgohooks.KeepTxnID (a restored copy keeps the transactional id)")
 	consume := flag.Bool("consume", false, "consume -topic as a member of -group, committing after processing, instead of producing")
 	flag.Parse()
 	if *topic == "" || *rate < 1 || (*from != "" && (*group == "" || *txnID == "")) || (*consume && *group == "") {
@@ -70,7 +76,7 @@ func main() {
 		return
 	}
 	if *from != "" {
-		if err := runTransform(strings.Split(*brokers, ","), *from, *topic, *group, *txnID, *clientID); err != nil {
+		if err := runTransform(strings.Split(*brokers, ","), *from, *topic, *group, *txnID, *clientID, *holdTxn, *keepTxnID); err != nil {
 			emit("fatal", "err", err.Error())
 			os.Exit(1)
 		}
@@ -135,14 +141,14 @@ func run(brokers []string, topic, clientID string, rate int, listen string) erro
 	return nil
 }
 
-func runTransform(brokers []string, in, out, group, txnID, clientID string) error {
+func runTransform(brokers []string, in, out, group, txnID, clientID string, holdTxn, keepTxnID bool) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	x, err := newTransformer(brokers, in, out, group, txnID, clientID)
+	x, err := newTransformer(brokers, in, out, group, txnID, clientID, holdTxn, keepTxnID)
 	if err != nil {
 		return err
 	}
-	notify.Register("kgoapp", notify.Func(nil, func(_ context.Context, ev notify.Event) error { x.after(ev); return nil }))
+	notify.Register("kgoapp", notify.Func(x.before, func(_ context.Context, ev notify.Event) error { x.after(ev); return nil }))
 	// No state listener: a copy restored next to an original that went on
 	// (--leave-running) could not bind its port again.
 	srv, err := notify.Start()

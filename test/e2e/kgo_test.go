@@ -168,9 +168,15 @@ func TestKgoClones(t *testing.T) {
 		t.Errorf("the broker lists %d new producer ids %v after restoring three clones: want 3", len(fresh), fresh)
 	}
 	stopAll(t, a, clones)
+	k.checkAckedByWriter(topic, a, len(orig))
+}
 
-	// The clones continue from one record counter, so numbers collide:
-	// attribute records to their writer's host PID.
+// checkAckedByWriter checks that every record a writer saw acknowledged is
+// on topic. Clones continue from one record counter, so numbers collide:
+// records are attributed to their writer's host PID.
+func (k *kafkaEnv) checkAckedByWriter(topic string, a *kapp, orig int) {
+	t := k.t
+	t.Helper()
 	type rec struct{ hpid, n int }
 	ackedRecs := map[rec]bool{}
 	for _, e := range a.events() {
@@ -192,10 +198,74 @@ func TestKgoClones(t *testing.T) {
 			missing = append(missing, r)
 		}
 	}
-	t.Logf("the original acknowledged %d records; %d acknowledged (writer, number) pairs in all, %d on the topic", len(orig), len(ackedRecs), len(on))
+	t.Logf("the original acknowledged %d records; %d acknowledged (writer, number) pairs in all, %d on the topic", orig, len(ackedRecs), len(on))
 	if len(missing) > 0 {
 		t.Errorf("%d acknowledged records missing from the topic, e.g. %v", len(missing), missing[:min(10, len(missing))])
 	}
+}
+
+// kgo 1b. An idempotent kgo producer checkpointed with --leave-running
+// goes on with the same kgo client, reconnected: the producer id it reports
+// after the resume is the one before, and the broker lists exactly one new
+// producer id, the restored copy's, beside it. Both produce; every record
+// either saw acknowledged is on the topic.
+func TestKgoProducerLeaveRunning(t *testing.T) {
+	k := needKafka(t)
+	topic := k.newTopic("kgolr", 3)
+	const base = "klr"
+	pid, a := k.runBin(kgoBin, "-topic", topic, "-produce-rate", "100", "-client-id", base, "-listen", "")
+	a.waitAcked(100, 30*time.Second)
+	producerOf := func(hpid, skip int) int64 {
+		var id int64 = -1
+		eventually(t, 30*time.Second, fmt.Sprintf("the producer id of PID %d", hpid), func() (bool, string) {
+			for _, e := range of(a.since(skip), hpid) {
+				if e["ev"] == "producer" && e.str("err") == "" {
+					id = int64(num(e["id"]))
+					return true, ""
+				}
+			}
+			return false, ""
+		})
+		return id
+	}
+	id0 := producerOf(pid, 0)
+	before := k.producerIDs(topic)
+	if _, ok := before[id0]; !ok || len(before) != 1 {
+		t.Fatalf("the broker lists producers %v, the app reports %d: want only the app's", before, id0)
+	}
+
+	img := t.TempDir() + "/img"
+	n0 := len(a.events())
+	mustKCR(t, "checkpoint", "--leave-running", "-o", img, strconv.Itoa(pid))
+	rep := manifestResource(t, img, "kgo/"+base)
+	if rep["kept_for_resume"] != true || rep["connections_open"] != float64(0) {
+		t.Errorf("client report %v: want kept_for_resume, connections_open 0", rep)
+	}
+	after := a.waitAfter(n0, 30*time.Second)
+	if after.str("kind") != "resume" || after.str("writer_client") != base {
+		t.Fatalf("the original's after-checkpoint event %v: want kind resume, client id %s", after, base)
+	}
+	if id := producerOf(pid, n0); id != id0 {
+		t.Errorf("after --leave-running the original reports producer id %d, want %d (the same kgo client)", id, id0)
+	}
+	orig := len(acked(of(a.events(), pid)))
+
+	clones := restoreClones(t, img, base, 1)
+	c := clones[0]
+	mark := len(a.events())
+	idc := producerOf(c.PID, n0)
+	eventually(t, 40*time.Second, "both producing", func() (bool, string) {
+		no, nc := len(acked(of(a.since(mark), pid))), len(acked(of(a.since(mark), c.PID)))
+		return no >= 100 && nc >= 100, fmt.Sprintf("original %d, copy %d acknowledged", no, nc)
+	})
+	now := k.producerIDs(topic)
+	fresh := newIDs(before, now)
+	t.Logf("producer ids: the original's %d before the checkpoint, the copy's %d; the broker lists new %v", id0, idc, fresh)
+	if _, ok := now[id0]; !ok || len(fresh) != 1 || fresh[0] != idc || idc == id0 {
+		t.Errorf("the broker lists %v (new %v): want the original's %d and one new id, the copy's %d", slices.Collect(maps.Keys(now)), fresh, id0, idc)
+	}
+	stopAll(t, a, []kclone{c, {PID: pid, Name: "original"}})
+	k.checkAckedByWriter(topic, a, orig)
 }
 
 // readCommitted reads topic with a read_committed consumer of the test's

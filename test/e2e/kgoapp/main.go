@@ -51,7 +51,7 @@ func main() {
 	topic := flag.String("topic", "", "topic to produce to")
 	clientID := flag.String("client-id", "kgoapp", "base client id")
 	rate := flag.Int("produce-rate", 200, "records per second to produce")
-	listen := flag.String("listen", "127.0.0.1:0", "address of the state listener")
+	listen := flag.String("listen", "127.0.0.1:0", `address of the state listener ("": none)`)
 	logLevel := flag.String("log-level", "info", "level of the slog records logged as ev=log (debug, info, warn)")
 	from := flag.String("transform-from", "", "copy this topic to -topic in transactions (consume-transform-produce) instead of producing")
 	group := flag.String("group", "", "consumer group (with -transform-from)")
@@ -118,19 +118,25 @@ func run(brokers []string, topic, clientID string, rate int, listen string) erro
 	// Registered last: its after-restore hook runs once the client is new.
 	notify.Register("kgoapp", notify.Func(nil, a.afterLast))
 
-	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", listen)
-	if err != nil {
-		return err
+	// -listen "": no state listener, so that a copy restored beside an
+	// original that went on (--leave-running) need not bind its port.
+	addr := ""
+	if listen != "" {
+		ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", listen)
+		if err != nil {
+			return err
+		}
+		defer ln.Close()
+		addr = ln.Addr().String()
+		go a.serveState(ln)
 	}
-	defer ln.Close()
 	srv, err := notify.Start()
 	if err != nil {
 		return err
 	}
 	defer srv.Close()
-	go a.serveState(ln)
 	go a.reportProducer()
-	emit("ready", "listen", ln.Addr().String(), "socket", srv.Path())
+	emit("ready", "listen", addr, "socket", srv.Path())
 
 	a.produceLoop(ctx, rate)
 	fctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

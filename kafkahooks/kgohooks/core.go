@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kcr-dev/kcr/internal/conntrack"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -84,21 +85,21 @@ type core struct {
 	torn   bool // the before hook of this cycle closed the kgo client
 	// cut is set when the before hook of this cycle closed the kgo
 	// client's connections and kept the client, for a resume.
-	cut       bool
-	newDialer func() *dialGate
-	gen       uint64
-	clientID  string
-	txnID     string
-	bgErr     error // the last error of the background offset resolution
-	reportMu  sync.Mutex
-	report    map[string]any
+	cut      bool
+	dialFn   func(context.Context, string, string) (net.Conn, error) // kgo's, from the user's options
+	gen      uint64
+	clientID string
+	txnID    string
+	bgErr    error // the last error of the background offset resolution
+	reportMu sync.Mutex
+	report   map[string]any
 }
 
 // state is one kgo client and whether the gate is closed in front of it.
 type state struct {
 	cl   *kgo.Client
 	sess *kgo.GroupTransactSession
-	dial *dialGate // cl's connections
+	dial *conntrack.Tracker // cl's connections
 	gen  uint64
 	gate chan struct{} // non-nil while the gate is closed; closed when it opens
 	// txnPass lets calls of the open transaction through the closed gate,
@@ -112,7 +113,7 @@ type state struct {
 	closed     bool
 }
 
-func newState(cl *kgo.Client, sess *kgo.GroupTransactSession, dial *dialGate, gen uint64) *state {
+func newState(cl *kgo.Client, sess *kgo.GroupTransactSession, dial *conntrack.Tracker, gen uint64) *state {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &state{cl: cl, sess: sess, dial: dial, gen: gen, stop: ctx, cancel: cancel}
 }
@@ -138,7 +139,7 @@ func newCore(kopts []kgo.Opt, session bool, opts []Option) (*core, error) {
 		return nil, err
 	}
 	c := &core{cfg: newConfig(opts), kopts: slices.Clip(kopts), session: session}
-	c.newDialer = func() *dialGate { return newDialGate(userDial) }
+	c.dialFn = userDial
 	c.baseClientID, _ = probe.OptValue(kgo.ClientID).(string)
 	c.baseTxnID, _ = probe.OptValue(kgo.TransactionalID).(string)
 	c.group, _ = probe.OptValue(kgo.ConsumerGroup).(string)
@@ -183,10 +184,12 @@ func newCore(kopts []kgo.Opt, session bool, opts []Option) (*core, error) {
 
 // build creates a kgo client with the user's options and the current
 // identity and positions. Called with c.mu held or before c is shared.
-func (c *core) build() (*kgo.Client, *kgo.GroupTransactSession, *dialGate, error) {
-	dial := c.newDialer()
-	opts := append(slices.Clip(c.kopts), kgo.ClientID(c.clientID))
-	opts = append(opts, dial.opts()...)
+func (c *core) build() (*kgo.Client, *kgo.GroupTransactSession, *conntrack.Tracker, error) {
+	// kgo dials through a tracker, so that a checkpoint can close the
+	// client's connections without closing the client (kgo has no other
+	// way). kgo refuses a Dialer beside DialTLSConfig: dialFn does the TLS.
+	dial := conntrack.New(c.dialFn, nil)
+	opts := append(slices.Clip(c.kopts), kgo.ClientID(c.clientID), kgo.DialTLSConfig(nil), kgo.Dialer(dial.DialContext))
 	if c.txnID != "" {
 		opts = append(opts, kgo.TransactionalID(c.txnID))
 	}
@@ -483,7 +486,7 @@ func (c *core) close(closeInner func(*state)) {
 	c.unregister()
 	s.cancel()
 	if s.dial != nil {
-		s.dial.retire()
+		s.dial.CloseAll(true) // nothing waits at a held dial
 	}
 	if stopResolv != nil {
 		stopResolv()
@@ -677,16 +680,12 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 		// Nothing ties this client to the broker but its connections:
 		// close them and keep it, so that a resume goes on with the same
 		// client and producer id; a restore replaces it.
-		n, err := s.dial.cut(ctx)
-		rep["connections_closed"] = n
-		if err != nil {
-			return finish(err)
-		}
+		rep["connections_closed"] = s.dial.CloseAll(false)
 		c.mu.Lock()
 		c.cut = true
 		c.mu.Unlock()
 		rep["closed"], rep["kept_for_resume"] = false, true
-		rep["connections_open"] = s.dial.openConns()
+		rep["connections_open"] = s.dial.Open()
 		return finish(nil)
 	}
 	// kgo cannot rejoin a group it left (the group consumer it left is done
@@ -814,21 +813,21 @@ func (c *core) AfterRestore(ctx context.Context, ev notify.Event) error {
 	switch {
 	case c.cut && ev.Kind == notify.Resume:
 		// The same kgo client goes on: its dials may reach the broker again.
-		s.dial.open()
+		s.dial.Resume()
 		s = newState(s.cl, s.sess, s.dial, s.gen)
 		rep["new_client"] = false
 	case c.torn || c.cut:
 		if c.cut {
 			// A restored copy must not write as the original: the old
 			// client's dials fail from now on, and it is closed.
-			s.dial.retire()
+			s.dial.CloseAll(true)
 			if cerr := closeWithin(ctx, s); cerr != nil {
 				c.cfg.log.Warn("closing the kgo client of the image", "err", cerr)
 			}
 		}
 		var cl *kgo.Client
 		var sess *kgo.GroupTransactSession
-		var dial *dialGate
+		var dial *conntrack.Tracker
 		cl, sess, dial, err = c.build()
 		if err == nil {
 			c.gen++

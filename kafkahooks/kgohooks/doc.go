@@ -19,9 +19,9 @@
 // broker.
 //
 // The Client dials through its own kgo.Dialer (wrapping the user's, or kgo's
-// default built from DialTimeout and DialTLSConfig), which tracks every
-// connection, so that a checkpoint can close them without closing the
-// client; kgo has no other way.
+// default built from DialTimeout and DialTLSConfig), the connection tracker
+// kafkahooks uses for kafka-go, so that a checkpoint can close every
+// connection without closing the client; kgo has no other way.
 //
 // # Before a checkpoint
 //

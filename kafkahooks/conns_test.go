@@ -90,4 +90,3 @@ func TestConnsAndHelpers(t *testing.T) {
 type idleCloser func()
 
 func (f idleCloser) CloseIdleConnections() { f() }
-

@@ -1,0 +1,97 @@
+package kgohooks
+
+import (
+	"bytes"
+	"context"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kcr-dev/kcr/notify"
+)
+
+// Restores replace kgo clients and resumes keep them: after 12 cycles of
+// both and Close, no goroutine of a kgo client made since the start is left
+// (an image's client whose dials were held would keep its goroutines).
+func TestNoKgoGoroutineLeak(t *testing.T) {
+	addrs := newCluster(t, 2, "l")
+	before := kgoGoroutines()
+	reg := notify.NewRegistry()
+	prod, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("l"), kgo.ClientID("p")}, WithRegistry(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	direct, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ClientID("d"), kgo.FetchMaxWait(50 * time.Millisecond),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{"l": {0: kgo.NewOffset().At(0)}})}, WithRegistry(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	group, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ClientID("g"), kgo.ConsumerGroup("lg"), kgo.ConsumeTopics("l"),
+		kgo.FetchMaxWait(50 * time.Millisecond)}, WithRegistry(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for i := range 12 {
+		if err := prod.ProduceSync(ctx, &kgo.Record{Value: []byte("x")}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []*Client{direct, group} {
+			pctx, pcancel := context.WithTimeout(ctx, 100*time.Millisecond)
+			c.PollFetches(pctx)
+			pcancel()
+		}
+		outcome := notify.SimRestore
+		if i%2 == 1 {
+			outcome = notify.SimResume
+		}
+		res, err := reg.Simulate(ctx, outcome, 5*time.Second)
+		if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
+			t.Fatalf("cycle %d: %v, before %v, after %v", i, err, res.BeforeErr, res.AfterErr)
+		}
+	}
+	prod.Close()
+	direct.Close()
+	group.Close()
+	var left []string
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		left = left[:0]
+		for id, g := range kgoGoroutines() {
+			if _, ok := before[id]; !ok {
+				left = append(left, g)
+			}
+		}
+		if len(left) == 0 {
+			return
+		}
+	}
+	t.Errorf("%d goroutines of kgo clients left after Close, e.g.:\n%s", len(left), left[0])
+}
+
+// kgoGoroutines returns the stacks of the goroutines running kgo client
+// code (not kfake's broker), by goroutine id.
+func kgoGoroutines() map[string]string {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	m := map[string]string{}
+	for _, g := range bytes.Split(buf, []byte("\n\n")) {
+		s := string(g)
+		if !strings.Contains(s, "franz-go/pkg/kgo.") || strings.Contains(s, "pkg/kfake") {
+			continue
+		}
+		id, _, _ := strings.Cut(strings.TrimPrefix(s, "goroutine "), " ")
+		m[id] = s
+	}
+	return m
+}

@@ -91,6 +91,7 @@ func TestKgoProducerCheckpoint(t *testing.T) {
 	if rep["kept_for_resume"] != true || rep["connections_open"] != float64(0) || rep["records_unflushed"] != nil {
 		t.Errorf("client report %v: want kept_for_resume, connections_open 0, nothing unflushed", rep)
 	}
+	checkNoBrokerSockets(t, a, n0)
 
 	n1 := len(a.events())
 	pid, out := restore(t, img)
@@ -204,6 +205,22 @@ func (k *kafkaEnv) checkAckedByWriter(topic string, a *kapp, orig int) {
 	}
 }
 
+// checkNoBrokerSockets checks, from kgoapp's last before-checkpoint hook
+// after event skip, that the kernel listed no TCP socket of the process to
+// a broker just before the dump.
+func checkNoBrokerSockets(t *testing.T, a *kapp, skip int) {
+	t.Helper()
+	for _, e := range a.since(skip) {
+		if e["ev"] == "pending" {
+			if n, ok := e["broker_sockets"].(float64); !ok || n != 0 {
+				t.Errorf("TCP sockets to the broker just before the dump: %v, want 0", e["broker_sockets"])
+			}
+			return
+		}
+	}
+	t.Errorf("no pending event after the checkpoint")
+}
+
 // kgo 1b. An idempotent kgo producer checkpointed with --leave-running
 // goes on with the same kgo client, reconnected: the producer id it reports
 // after the resume is the one before, and the broker lists exactly one new
@@ -241,6 +258,7 @@ func TestKgoProducerLeaveRunning(t *testing.T) {
 	if rep["kept_for_resume"] != true || rep["connections_open"] != float64(0) {
 		t.Errorf("client report %v: want kept_for_resume, connections_open 0", rep)
 	}
+	checkNoBrokerSockets(t, a, n0)
 	after := a.waitAfter(n0, 30*time.Second)
 	if after.str("kind") != "resume" || after.str("writer_client") != base {
 		t.Fatalf("the original's after-checkpoint event %v: want kind resume, client id %s", after, base)

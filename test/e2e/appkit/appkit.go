@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -107,4 +108,54 @@ func ErrString(err error) string {
 		return ""
 	}
 	return err.Error()
+}
+
+// SocketsTo counts this process's TCP sockets whose remote port is one of
+// ports, from the kernel's tables (/proc/self/net/tcp and tcp6, matched to
+// the process's fds by inode), not from any client's own count: -1 if they
+// cannot be read.
+func SocketsTo(ports []int) int {
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return -1
+	}
+	inodes := map[string]bool{}
+	for _, e := range fds {
+		l, err := os.Readlink("/proc/self/fd/" + e.Name())
+		if ino, ok := strings.CutPrefix(l, "socket:["); err == nil && ok {
+			inodes[strings.TrimSuffix(ino, "]")] = true
+		}
+	}
+	n := 0
+	for _, table := range []string{"/proc/self/net/tcp", "/proc/self/net/tcp6"} {
+		b, err := os.ReadFile(table)
+		if err != nil {
+			return -1
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			f := strings.Fields(line)
+			if len(f) < 10 || !inodes[f[9]] {
+				continue
+			}
+			_, hexPort, _ := strings.Cut(f[2], ":")
+			p, err := strconv.ParseInt(hexPort, 16, 32)
+			if err == nil && slices.Contains(ports, int(p)) {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// Ports returns the ports of host:port addresses (the brokers).
+func Ports(addrs []string) []int {
+	var ps []int
+	for _, a := range addrs {
+		if i := strings.LastIndexByte(a, ':'); i >= 0 {
+			if p, err := strconv.Atoi(a[i+1:]); err == nil {
+				ps = append(ps, p)
+			}
+		}
+	}
+	return ps
 }

@@ -9,7 +9,8 @@
 //	             acknowledged; I and H are its "inst" and "hpid" headers
 //	write-error  a produce failed (the record is produced again)
 //	pending      from the last before-checkpoint hook: the records produced
-//	             and not acknowledged yet, and the client's report
+//	             and not acknowledged yet, the client's report, and the
+//	             process's TCP sockets to the brokers (from the kernel)
 //	after        from the last after-restore hook: kind, generation,
 //	             instance id and the client id
 //	producer     the producer id of the current kgo client (after start and
@@ -90,6 +91,7 @@ func main() {
 
 type app struct {
 	cl      *kgohooks.Client
+	ports   []int // the brokers' ports
 	retry   chan int
 	acked   atomic.Int64
 	failed  atomic.Int64
@@ -102,7 +104,7 @@ type app struct {
 func run(brokers []string, topic, clientID string, rate int, listen string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	a := &app{retry: make(chan int, 1<<16)}
+	a := &app{retry: make(chan int, 1<<16), ports: appkit.Ports(brokers)}
 	a.pending.m = map[int]struct{}{}
 
 	// Registered first: its before-checkpoint hook runs last, once the
@@ -239,7 +241,8 @@ func (a *app) pendingRuns() [][2]int {
 }
 
 func (a *app) beforeLast(ctx context.Context) error {
-	emit("pending", "records", a.pendingRuns(), "writer", a.cl.CheckpointReport())
+	// Last before the dump: the kernel's count of sockets to the brokers.
+	emit("pending", "records", a.pendingRuns(), "writer", a.cl.CheckpointReport(), "broker_sockets", appkit.SocketsTo(a.ports))
 	return nil
 }
 

@@ -124,8 +124,9 @@ var errNoDial = errors.New("kgohooks: option inspection does not dial")
 // first client and registers the hooks.
 func newCore(kopts []kgo.Opt, session bool, opts []Option) (*core, error) {
 	// The dial function first, from a client that consumes nothing (a
-	// group without topics never joins) and so does not dial: kgo fills it in from DialTimeout and DialTLSConfig,
-	// and refuses a Dialer beside DialTLSConfig.
+	// group without topics never joins) and so does not dial. kgo builds it
+	// from DialTimeout and DialTLSConfig unless the user gave a Dialer; the
+	// probe below cannot keep DialTLSConfig beside its own Dialer.
 	dprobe, err := kgo.NewClient(append(slices.Clip(kopts), kgo.ConsumeTopics(), kgo.ConsumePartitions(nil))...)
 	if err != nil {
 		return nil, err

@@ -578,7 +578,7 @@ func (s *Server) checkpoint(c *net.UnixConn, m proto.Message, kcr peer) {
 	st0, _ := s.cfg.startTime(s.pid)
 	s.setState("checkpointing")
 
-	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	ctx, cancel := context.WithTimeout(withLeaveRunning(context.Background(), m.Leave), budget)
 	ctx, cancelCause := context.WithCancelCause(ctx)
 	if m.RequireDrained {
 		ctx = WithRequireDrained(ctx)

@@ -1109,3 +1109,43 @@ func TestKCRKilledDuringHooks(t *testing.T) {
 	}
 	f.waitIdle()
 }
+
+// The before-checkpoint hooks see --leave-running (notify.LeaveRunning)
+// exactly when kcr asked for it, and so do those of a simulated cycle.
+func TestLeaveRunningIntent(t *testing.T) {
+	f := newFixture(t)
+	seen := make(chan bool, 4)
+	f.g.Register("intent", notify.Func(func(ctx context.Context) error {
+		seen <- notify.LeaveRunning(ctx)
+		return nil
+	}, nil))
+	for _, leave := range []bool{false, true} {
+		f.checkpoint(client.CheckpointRequest{HookBudget: 2 * time.Second, ResumeAfter: 10 * time.Second, LeaveRunning: leave})
+		if got := <-seen; got != leave {
+			t.Errorf("checkpoint with LeaveRunning %v: the hook saw %v", leave, got)
+		}
+		if _, err := client.Resume(ctx(t), f.path, "leave-running", 5*time.Second); err != nil {
+			t.Fatalf("Resume: %v", err)
+		}
+		f.waitAfter(time.Second)
+		f.rec.take()
+	}
+	g := notify.NewRegistry()
+	g.Register("intent", notify.Func(func(ctx context.Context) error {
+		seen <- notify.LeaveRunning(ctx)
+		return nil
+	}, nil))
+	for _, c := range []struct {
+		o     notify.SimOutcome
+		leave bool
+		kind  notify.Kind
+	}{{notify.SimResume, false, notify.Resume}, {notify.SimLeaveRunning, true, notify.Resume}, {notify.SimLeaveRunningCopy, true, notify.Restore}} {
+		r, err := g.Simulate(context.Background(), c.o, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := <-seen; got != c.leave || r.Event.Kind != c.kind {
+			t.Errorf("Simulate(%v): LeaveRunning %v, event %v; want %v, %v", c.o, got, r.Event.Kind, c.leave, c.kind)
+		}
+	}
+}

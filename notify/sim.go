@@ -15,6 +15,13 @@ const (
 	// SimResume ends it as if the dump had failed or --leave-running was
 	// used: after-restore hooks see Resume.
 	SimResume
+	// SimLeaveRunning is a checkpoint with --leave-running: before hooks
+	// see LeaveRunning(ctx), after-restore hooks see Resume.
+	SimLeaveRunning
+	// SimLeaveRunningCopy is what a copy restored from a --leave-running
+	// image sees: before hooks saw LeaveRunning(ctx), after-restore hooks
+	// see Restore.
+	SimLeaveRunningCopy
 )
 
 // SimResult is what a simulated cycle did.
@@ -51,7 +58,8 @@ func (g *Registry) Simulate(ctx context.Context, outcome SimOutcome, budget time
 	}()
 
 	var r SimResult
-	bctx, cancel := context.WithTimeout(ctx, budget)
+	leave := outcome == SimLeaveRunning || outcome == SimLeaveRunningCopy
+	bctx, cancel := context.WithTimeout(withLeaveRunning(ctx, leave), budget)
 	r.Before, r.BeforeErr = c.before(bctx)
 	cancel()
 
@@ -60,6 +68,8 @@ func (g *Registry) Simulate(ctx context.Context, outcome SimOutcome, budget time
 		ev = Event{Kind: Resume, Reason: "checkpoint failed (simulated): " + r.BeforeErr.Error()}
 	} else if outcome == SimResume {
 		ev = Event{Kind: Resume, Reason: "resumed (simulated)"}
+	} else if outcome == SimLeaveRunning {
+		ev = Event{Kind: Resume, Reason: "leave-running (simulated)"}
 	}
 	actx, cancel := context.WithTimeout(ctx, budget)
 	r.Event, r.After, r.AfterErr = c.after(actx, ev)

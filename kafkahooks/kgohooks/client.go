@@ -8,10 +8,10 @@ import (
 
 // Client is a kgo.Client that takes part in kcr checkpoints: it has the
 // kgo.Client methods services call, behaves like kgo outside checkpoints,
-// and builds a new kgo.Client after every restore (and, for a group
-// consumer, after every resume too); without a group a resume keeps the
-// same kgo.Client, reconnected. See the package documentation for what
-// happens before and after a checkpoint.
+// and builds a new kgo.Client after every restore. A resume keeps the same
+// kgo.Client, reconnected, except for a group consumer that left its group
+// (a checkpoint without --leave-running whose dump failed). See the package
+// documentation for what happens before and after a checkpoint.
 type Client struct {
 	*core
 }

@@ -464,7 +464,8 @@ func (c *core) Name() string { return c.cfg.name }
 
 // Underlying returns the current kgo client, for calls the wrapper does not
 // gate (admin requests through kadm, metrics). It is replaced after a
-// restore, and after every checkpoint of a group consumer: do not keep it.
+// restore, and after a resume of a group consumer that left its group: do
+// not keep it.
 func (c *core) Underlying() *kgo.Client { return c.state.Load().cl }
 
 // close closes the gate for good and the kgo client.
@@ -677,10 +678,17 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 			rep["next_offsets"] = next
 		}
 	}
-	if c.group == "" {
-		// Nothing ties this client to the broker but its connections:
-		// close them and keep it, so that a resume goes on with the same
-		// client and producer id; a restore replaces it.
+	// Without a group nothing ties this client to the broker but its
+	// connections: close them and keep it, so that a resume goes on with
+	// the same client and producer id; a restore replaces it. A group
+	// member is kept too when the process is meant to go on
+	// (--leave-running): it stays in the group, and a copy restored from
+	// the image replaces its client without leaving (its dials fail), so
+	// the original keeps its membership.
+	if c.group == "" || notify.LeaveRunning(ctx) {
+		if c.group != "" {
+			rep["left_group"] = false
+		}
 		rep["connections_closed"] = s.dial.CloseAll(false)
 		c.mu.Lock()
 		c.cut = true
@@ -689,8 +697,10 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 		rep["connections_open"] = s.dial.Open()
 		return finish(nil)
 	}
-	// kgo cannot rejoin a group it left (the group consumer it left is done
-	// for good), so a group client is closed and replaced even on a resume.
+	// Otherwise a group member leaves, so that the others take its
+	// partitions at once. kgo cannot rejoin a group it left (the group
+	// consumer it left is done for good), so its client is closed and
+	// replaced even on a resume.
 	c.mu.Lock()
 	c.torn = true
 	c.mu.Unlock()
@@ -820,7 +830,9 @@ func (c *core) AfterRestore(ctx context.Context, ev notify.Event) error {
 	case c.torn || c.cut:
 		if c.cut {
 			// A restored copy must not write as the original: the old
-			// client's dials fail from now on, and it is closed.
+			// client's dials fail from now on, and it is closed (a group
+			// member's LeaveGroup cannot reach the broker, so it does not
+			// remove the original, which may run on).
 			s.dial.CloseAll(true)
 			if cerr := closeWithin(ctx, s); cerr != nil {
 				c.cfg.log.Warn("closing the kgo client of the image", "err", cerr)

@@ -44,11 +44,14 @@
 //     the application's commits in progress finish first (commits pass the
 //     gate until then). A commit that keeps failing fails the checkpoint.
 //     Then it leaves the group (LeaveGroupContext), so the other members
-//     take its partitions at once.
+//     take its partitions at once, unless the checkpoint is a
+//     --leave-running one (notify.LeaveRunning): the process goes on, so
+//     it stays in the group.
 //   - Without a consumer group (producers, transactional or not, and direct
-//     partitions), the kgo client is kept: its connections are closed and
-//     new dials wait, so no connection is open at the dump. With a group,
-//     the kgo client is closed, with all its connections.
+//     partitions), or with one that stays in its group, the kgo client is
+//     kept: its connections are closed and new dials wait, so no
+//     connection is open at the dump. A group member that left is closed,
+//     with all its connections.
 //
 // CheckpointReport (in the image manifest) says how many records were
 // flushed, how many partitions committed, what happened to an open
@@ -65,10 +68,14 @@
 // producer id.
 //
 // A group consumer (kgo.ConsumerGroup, and every GroupTransactSession)
-// gets a new kgo.Client on a resume too: it left the group before the
-// dump, and kgo cannot rejoin a group it left (LeaveGroupContext ends its
-// group consumer for good, and kgo has no call to join again). So after a
-// resume it is a new member with a new producer id and the same client id.
+// checkpointed with --leave-running is resumed the same way: the same
+// member, with no rebalance. A copy restored from that image replaces the
+// image's client without its LeaveGroup reaching the broker, so the
+// original keeps its membership. A group consumer that left its group (any
+// other checkpoint) gets a new kgo.Client if its dump fails and it is
+// resumed: kgo cannot rejoin a group it left (LeaveGroupContext ends its
+// group consumer for good, and kgo has no call to join again), so it is a
+// new member with a new producer id and the same client id.
 //
 // On Restore its client id is the base id + "-" + the first 8 hex digits of
 // notify.Event.InstanceID, and so is its transactional id unless

@@ -62,10 +62,10 @@ const (
 	// restored instance fences every other holder of that id (its epoch is
 	// bumped when it initializes): right for a migration, where the old
 	// process must stop writing, wrong for clones, which would fence each
-	// other in turn. After --leave-running the original re-initializes the
-	// id at its resume and the restored copy after it, so the original is
-	// the one fenced: its transactional calls return kgo's fencing error
-	// (see IsFenced), and it must stop and Close.
+	// other in turn. After --leave-running the original keeps its client
+	// and the restored copy initializes the id after it, so the original
+	// is the one fenced: its transactional calls return kgo's fencing
+	// error (see IsFenced), and it must stop and Close.
 	KeepTxnID
 )
 

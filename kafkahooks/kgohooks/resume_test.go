@@ -2,10 +2,12 @@ package kgohooks
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kcr-dev/kcr/notify"
@@ -156,5 +158,69 @@ func TestGroupClientResumeIsNewClient(t *testing.T) {
 	}
 	if want := slices.Concat(vals("a", 3), vals("b", 3)); !slices.Equal(got, want) {
 		t.Errorf("delivered %v, want %v", got, want)
+	}
+}
+
+// With --leave-running a group member stays in the group with the same kgo
+// client: same member id, no rebalance, no record delivered twice. A copy
+// restored from that image gets a new client and never sends the image's
+// LeaveGroup: the original's member is still in the group.
+func TestGroupClientLeaveRunningKeepsMember(t *testing.T) {
+	addrs := newCluster(t, 1, fmt.Sprintf("g%d", notify.SimLeaveRunning), fmt.Sprintf("g%d", notify.SimLeaveRunningCopy))
+	for _, outcome := range []notify.SimOutcome{notify.SimLeaveRunning, notify.SimLeaveRunningCopy} {
+		group := fmt.Sprintf("grp-%d", outcome)
+		topic := fmt.Sprintf("g%d", outcome)
+		producePlain(t, addrs, topic, vals("a", 3))
+		reg := notify.NewRegistry()
+		cc := &connCounter{}
+		atDump := dumpProbe(reg, cc)
+		c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic), kgo.Dialer(cc.Dial),
+			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)}, WithRegistry(reg))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		var got []string
+		poll := func(n int) {
+			for len(got) < n && ctx.Err() == nil {
+				c.PollFetches(ctx).EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
+			}
+		}
+		poll(3)
+		kcl0 := c.Underlying()
+		member0, _ := kcl0.GroupMetadata()
+		res, err := reg.Simulate(ctx, outcome, 5*time.Second)
+		if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
+			t.Fatalf("%v: cycle: %v, before %v, after %v", outcome, err, res.BeforeErr, res.AfterErr)
+		}
+		if n := atDump.Load(); n != 0 {
+			t.Errorf("%v: %d connections open at the dump instant, want 0", outcome, n)
+		}
+		adm := kadm.NewClient(mustClient(t, addrs))
+		described, err := adm.DescribeGroups(ctx, group)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var members []string
+		for _, m := range described[group].Members {
+			members = append(members, m.MemberID)
+		}
+		if !slices.Contains(members, member0) {
+			t.Errorf("%v: the group's members %v lack the member %s of before the checkpoint: it left or was removed", outcome, members, member0)
+		}
+		if outcome == notify.SimLeaveRunning {
+			if m, _ := c.Underlying().GroupMetadata(); c.Underlying() != kcl0 || m != member0 {
+				t.Errorf("after --leave-running: same kgo client %v, member %s (was %s); want the same member", c.Underlying() == kcl0, m, member0)
+			}
+			producePlain(t, addrs, topic, vals("b", 3))
+			poll(6)
+			if want := slices.Concat(vals("a", 3), vals("b", 3)); !slices.Equal(got, want) {
+				t.Errorf("delivered %v, want %v", got, want)
+			}
+		} else if c.Underlying() == kcl0 {
+			t.Error("a copy restored from a --leave-running image kept the image's kgo client")
+		}
+		c.Close()
+		cancel()
 	}
 }

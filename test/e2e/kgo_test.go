@@ -404,6 +404,19 @@ func testKgoTransact(t *testing.T, tc kgoTxnCase) {
 		return n >= 10, fmt.Sprintf("%d committed", n)
 	})
 
+	members := func() []string {
+		g, err := k.describe(group)
+		if err != nil {
+			t.Fatalf("describe group %s: %v", group, err)
+		}
+		var ids []string
+		for _, m := range g.Members {
+			ids = append(ids, m.MemberID)
+		}
+		return ids
+	}
+	members0 := members()
+
 	img := t.TempDir() + "/img"
 	args := []string{"checkpoint", "-o", img}
 	if tc.leave {
@@ -434,6 +447,15 @@ func testKgoTransact(t *testing.T, tc kgoTxnCase) {
 	}
 	if !tc.leave {
 		eventually(t, 10*time.Second, "the checkpointed process to be gone", func() (bool, string) { return !alive(pid), "" })
+	} else {
+		// --leave-running: the original stays in the group as the same
+		// member, with the same kgo session (kgohooks.LeaveRunning).
+		if rep["left_group"] != false || rep["kept_for_resume"] != true {
+			t.Errorf("session report %v: want left_group false, kept_for_resume (--leave-running)", rep)
+		}
+		if now := members(); len(members0) != 1 || !slices.Equal(now, members0) {
+			t.Errorf("group members before the checkpoint %v, after --leave-running %v: want the same one member", members0, now)
+		}
 	}
 	clones := restoreClones(t, img, base, 1)
 	c := clones[0]

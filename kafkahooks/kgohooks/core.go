@@ -29,15 +29,18 @@ var (
 	ErrNotFlushed = errors.New("kgohooks: records not acknowledged within the checkpoint budget")
 )
 
-// IsFenced reports whether err says that another producer now holds this
-// client's transactional id (kerr.ProducerFenced, or
-// kerr.InvalidProducerEpoch for a produce request): after a restore with
-// KeepTxnID, the instance that initialized the id last fences the other.
-// A fenced client cannot commit again; kgohooks does not replace it,
-// because the id now belongs to the other instance: stop producing and
-// Close it.
+// IsFenced reports whether err is one the broker gives a transactional
+// producer after another one took its transactional id: after a restore
+// with KeepTxnID, the instance that initialized the id last fences the
+// other. Kafka 4.1 (transactions v2) answers the fenced one with
+// kerr.InvalidProducerEpoch on a produce, kerr.ProducerFenced, or
+// kerr.InvalidTxnState when it ends a transaction the new holder aborted;
+// kgo then refuses to begin another. A fenced client cannot commit again;
+// kgohooks does not replace it, because the id now belongs to the other
+// instance: stop producing and Close it.
 func IsFenced(err error) bool {
-	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch)
+	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) ||
+		errors.Is(err, kerr.InvalidTxnState)
 }
 
 // commitMode is how the group consumer commits.

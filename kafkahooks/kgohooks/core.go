@@ -485,13 +485,16 @@ func (c *core) close(closeInner func(*state)) {
 		close(c.gate)
 		c.gate = nil
 	}
-	torn := c.torn
+	torn, cut := c.torn, c.cut
 	stopResolv, resolving := c.stopResolv, c.resolving
 	c.mu.Unlock()
 	c.unregister()
 	s.cancel()
-	if s.dial != nil {
-		s.dial.CloseAll(true) // nothing waits at a held dial
+	if cut {
+		// Closed during a checkpoint, with dials held: fail them rather
+		// than reconnect. Otherwise kgo closes as usual (it leaves the
+		// group, ends fetch sessions).
+		s.dial.CloseAll(true)
 	}
 	if stopResolv != nil {
 		stopResolv()

@@ -175,7 +175,11 @@ func TestGroupClientLeaveRunningKeepsMember(t *testing.T) {
 		cc := &connCounter{}
 		atDump := dumpProbe(reg, cc)
 		c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic), kgo.Dialer(cc.Dial),
-			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)}, WithRegistry(reg))
+			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond),
+			// The copy's new member waits for the image's, which never
+			// leaves (the original, not here, would keep heartbeating),
+			// to time out before its join and Close complete.
+			kgo.SessionTimeout(time.Second), kgo.HeartbeatInterval(100 * time.Millisecond)}, WithRegistry(reg))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -222,5 +226,37 @@ func TestGroupClientLeaveRunningKeepsMember(t *testing.T) {
 		}
 		c.Close()
 		cancel()
+	}
+}
+
+// Close outside a checkpoint lets kgo leave the group as usual: the member
+// is gone at once, not after the session timeout (45 s by default).
+func TestCloseLeavesGroup(t *testing.T) {
+	addrs := newCluster(t, 1, "g")
+	producePlain(t, addrs, "g", vals("a", 1))
+	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("cl"), kgo.ConsumeTopics("g"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}, WithRegistry(notify.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	for n := 0; n == 0 && ctx.Err() == nil; {
+		n = c.PollFetches(ctx).NumRecords()
+	}
+	c.Close()
+	adm := kadm.NewClient(mustClient(t, addrs))
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		d, err := adm.DescribeGroups(ctx, "cl")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(d["cl"].Members); n == 0 {
+			return
+		} else if time.Now().After(deadline) {
+			t.Fatalf("%d members in the group 2 s after Close: the client did not leave", n)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -503,7 +503,9 @@ func testKgoTransact(t *testing.T, tc kgoTxnCase) {
 		}
 	}
 	if tc.leave && tc.keep {
-		running = kgoFenced(t, a, kclone{PID: pid, Name: "original"}, c, mark)
+		// From the checkpoint on: the copy may fence the original before
+		// restoreClones returns.
+		running = kgoFenced(t, a, kclone{PID: pid, Name: "original"}, c, n0)
 	} else if tc.leave {
 		if !alive(pid) {
 			t.Fatal("the original died after --leave-running")
@@ -559,12 +561,12 @@ func testKgoTransact(t *testing.T, tc kgoTxnCase) {
 }
 
 // kgoFenced waits until exactly one of two holders of one transactional id
-// was fenced and stopped, checks that the other goes on committing, and
-// returns the one still running.
-func kgoFenced(t *testing.T, a *kapp, orig, copy kclone, mark int) []kclone {
+// was fenced (an event after skip) and stopped, checks that the other goes
+// on committing, and returns the one still running.
+func kgoFenced(t *testing.T, a *kapp, orig, copy kclone, skip int) []kclone {
 	t.Helper()
 	fencedEv := func(c kclone) event {
-		for _, e := range of(a.since(mark), c.PID) {
+		for _, e := range of(a.since(skip), c.PID) {
 			if e["ev"] == "fenced" {
 				return e
 			}
@@ -582,7 +584,17 @@ func kgoFenced(t *testing.T, a *kapp, orig, copy kclone, mark int) []kclone {
 		case fc != nil:
 			fenced, other = copy, orig
 		}
-		return fo != nil || fc != nil, ""
+		// What each did lately, other than committing.
+		last := func(c kclone) []event {
+			var out []event
+			for _, e := range of(a.since(skip), c.PID) {
+				if e["ev"] != "txn" || e["committed"] != true {
+					out = append(out, e)
+				}
+			}
+			return tail(out, 3)
+		}
+		return fo != nil || fc != nil, fmt.Sprintf("original %v; copy %v", last(orig), last(copy))
 	})
 	t.Logf("fenced: %s (PID %d): %v", fenced.Name, fenced.PID, fencedEv(fenced))
 	if fenced.PID != orig.PID {

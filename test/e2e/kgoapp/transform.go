@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -43,7 +44,7 @@ func newTransformer(brokers []string, in, out, group, txnID, clientID string, ho
 	s, err := kgohooks.NewSession([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(clientID),
 		kgo.ConsumerGroup(group), kgo.ConsumeTopics(in), kgo.TransactionalID(txnID), kgo.DefaultProduceTopic(out),
 		kgo.RequireStableFetchOffsets(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchMaxWait(200 * time.Millisecond), kgo.SessionTimeout(6 * time.Second)}, opts...)
+		kgo.FetchMaxWait(200 * time.Millisecond), kgo.SessionTimeout(6 * time.Second), kgo.WithLogger(kgoLog{})}, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -150,4 +151,21 @@ func (x *transformer) after(ev notify.Event) {
 	}
 	emit("after", "kind", ev.Kind.String(), "gen", ev.Generation, "instance", ev.InstanceID, "reason", ev.Reason,
 		"writer_client", x.s.ClientID(), "txn_id", x.s.TransactionalID())
+}
+
+// kgoLog sends kgo's own log, from info up, to slog (ev "log" events): the
+// group's joins, rebalances and errors, for a failing test to show.
+type kgoLog struct{}
+
+func (kgoLog) Level() kgo.LogLevel { return kgo.LogLevelInfo }
+
+func (kgoLog) Log(level kgo.LogLevel, msg string, kv ...any) {
+	l := slog.LevelInfo
+	switch level {
+	case kgo.LogLevelError:
+		l = slog.LevelError
+	case kgo.LogLevelWarn:
+		l = slog.LevelWarn
+	}
+	slog.Log(context.Background(), l, "kgo: "+msg, kv...)
 }

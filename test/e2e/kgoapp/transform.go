@@ -153,11 +153,17 @@ func (x *transformer) after(ev notify.Event) {
 		"writer_client", x.s.ClientID(), "txn_id", x.s.TransactionalID())
 }
 
-// kgoLog sends kgo's own log, from info up, to slog (ev "log" events): the
-// group's joins, rebalances and errors, for a failing test to show.
+// kgoLog sends kgo's own log to slog (ev "log" events), for a failing test
+// to show: warnings and errors, and with -log-level debug also kgo's info
+// (every transaction, join and rebalance).
 type kgoLog struct{}
 
-func (kgoLog) Level() kgo.LogLevel { return kgo.LogLevelInfo }
+func (kgoLog) Level() kgo.LogLevel {
+	if slog.Default().Enabled(context.Background(), slog.LevelDebug) {
+		return kgo.LogLevelInfo
+	}
+	return kgo.LogLevelWarn
+}
 
 func (kgoLog) Log(level kgo.LogLevel, msg string, kv ...any) {
 	l := slog.LevelInfo

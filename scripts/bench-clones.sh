@@ -38,7 +38,7 @@ for n in 1 3 8; do
 		t1=$(now_ns)
 		walls+=($(((t1 - t0) / 1000)))
 		# One object for one clone, an array for several.
-		clones='if type == "array" then .[] else . end'
+		clones='.restores[]'
 		# restore phase of each clone, in µs
 		while read -r us; do per+=("$us"); done < <(jq "$clones | .phases[] | select(.name == \"restore\") | .duration_ns / 1000 | floor" "$work/restore.json")
 		for p in $(jq "$clones | .pid" "$work/restore.json"); do

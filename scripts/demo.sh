@@ -165,7 +165,7 @@ say "kcr restore"
 t_restore=$(now_ns)
 TMPDIR="$work" "$bin/kcr" restore --json "$image" >"$work/restore.json" 2>"$work/restore.txt" || { cat "$work/restore.txt"; fail "kcr restore failed"; }
 restore_cmd_ms=$(ms "$(now_ns)" "$t_restore")
-newpid=$(field pid <"$work/restore.json")
+newpid=$(jq -r '.restores[0].pid' "$work/restore.json")
 pids+=("$newpid")
 watch=$newpid
 grep -v '^restored' "$work/restore.txt" | detail
@@ -199,7 +199,7 @@ phase() { jq --arg n "$2" '[.phases[] | select(.name == $n) | .duration_ns][0] /
 hooks=$(dur "$(phase "$work/checkpoint.json" hooks)")
 dump=$(dur "$(phase "$work/checkpoint.json" freeze+dump)")
 ckpt_total=$(dur "$(phase "$work/checkpoint.json" total)")
-restore_total=$(dur "$(phase "$work/restore.json" total)")
+restore_total=$(dur "$(jq '[.restores[0].phases[] | select(.name == "total") | .duration_ns][0] // 0' "$work/restore.json")")
 img_bytes=$(jq '[.manifest.files[].size] | add' "$work/checkpoint.json")
 rss=$(jq '.manifest.process.rss_bytes' "$work/checkpoint.json")
 size=$(awk -v i="$img_bytes" -v r="$rss" 'BEGIN{printf "%.1f MiB (RSS %.1f MiB)", i/1048576, r/1048576}')

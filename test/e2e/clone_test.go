@@ -80,14 +80,18 @@ func TestRestoreClones(t *testing.T) {
 	n := len(a.events())
 
 	r := mustKCR(t, "restore", "--json", "--count", "3", "--name", "svc", img)
-	var clones []struct {
-		PID        int    `json:"pid"`
-		Name       string `json:"name"`
-		Generation uint64 `json:"generation"`
-		InstanceID string `json:"instance_id"`
-		Pending    bool   `json:"hooks_pending"`
+	var doc struct {
+		Restores []struct {
+			PID        int    `json:"pid"`
+			Name       string `json:"name"`
+			Generation uint64 `json:"generation"`
+			InstanceID string `json:"instance_id"`
+			Pending    bool   `json:"hooks_pending"`
+		} `json:"restores"`
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &clones); err != nil || len(clones) != 3 {
+	err := json.Unmarshal([]byte(r.stdout), &doc)
+	clones := doc.Restores
+	if err != nil || len(clones) != 3 {
 		t.Fatalf("restore --count 3 --json: %v %q", err, r.stdout)
 	}
 	pids, gens, ids, names := map[int]bool{}, map[uint64]bool{}, map[string]bool{}, map[string]bool{}

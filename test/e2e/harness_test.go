@@ -323,15 +323,26 @@ func mustKCR(t *testing.T, args ...string) kcrResult {
 }
 
 // restore runs kcr restore --json and returns the new PID, killed at cleanup.
+// out is the one entry of the output's "restores".
 func restore(t *testing.T, image string, extra ...string) (pid int, out map[string]any) {
 	t.Helper()
 	r := mustKCR(t, append([]string{"restore", "--json", image}, extra...)...)
-	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
-		t.Fatalf("kcr restore --json: %v: %q", err, r.stdout)
-	}
+	out = oneRestore(t, r.stdout)
 	pid = int(out["pid"].(float64))
 	t.Cleanup(func() { killWait(pid) })
 	return pid, out
+}
+
+// oneRestore returns the only entry of kcr restore --json's "restores".
+func oneRestore(t *testing.T, stdout string) map[string]any {
+	t.Helper()
+	var doc struct {
+		Restores []map[string]any `json:"restores"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &doc); err != nil || len(doc.Restores) != 1 {
+		t.Fatalf("kcr restore --json: want one entry in restores: %v: %q", err, stdout)
+	}
+	return doc.Restores[0]
 }
 
 // killWait kills pid and waits until it is gone (PID 1 reaps restored

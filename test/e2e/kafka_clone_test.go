@@ -81,13 +81,12 @@ func checkpointGone(t *testing.T, pid int, extra ...string) string {
 func restoreClones(t *testing.T, img, name string, n int) []kclone {
 	t.Helper()
 	r := mustKCR(t, "restore", "--json", "--count", strconv.Itoa(n), "--name", name, img)
-	var clones []kclone
-	err := json.Unmarshal([]byte(r.stdout), &clones)
-	if n == 1 { // one restore prints one object
-		clones = make([]kclone, 1)
-		err = json.Unmarshal([]byte(r.stdout), &clones[0])
+	var doc struct {
+		Restores []kclone `json:"restores"`
 	}
-	if err != nil {
+	err := json.Unmarshal([]byte(r.stdout), &doc)
+	clones := doc.Restores
+	if err != nil || len(clones) != n {
 		t.Fatalf("kcr restore --count %d --json: %v: %q", n, err, r.stdout)
 	}
 	for _, c := range clones {

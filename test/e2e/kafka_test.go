@@ -14,7 +14,6 @@ package e2e
 // KCR_E2E_KEEP_LOGS=DIR keeps kafkaapp's event logs.
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -380,10 +379,7 @@ func TestKafkaBrokerDownDuringRestore(t *testing.T) {
 	t0 := time.Now()
 	r := mustKCR(t, "restore", "--json", "--wait", "3s", img)
 	took := time.Since(t0)
-	var out map[string]any
-	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
-		t.Fatalf("kcr restore --json: %v: %q", err, r.stdout)
-	}
+	out := oneRestore(t, r.stdout)
 	pid := int(num(out["pid"]))
 	t.Cleanup(func() { killWait(pid) })
 	inst, _ := out["instance_id"].(string)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/ed25519"
 	"errors"
 	"fmt"
@@ -12,8 +13,16 @@ import (
 	"github.com/kcr-dev/kcr/images"
 )
 
+// keygenOpts are keygen's arguments and flags.
+type keygenOpts struct {
+	globals
+	args    []string
+	prefix  string
+	comment string
+}
+
 func keygenCmd(g *globals) *cobra.Command {
-	var prefix, comment string
+	var opts keygenOpts
 	cmd := &cobra.Command{
 		Use:   "keygen -o PREFIX",
 		Short: "Create an ed25519 key pair to sign images (PREFIX.key, secret) and verify them (PREFIX.pub)",
@@ -26,23 +35,12 @@ Both are text files, one key a line: "kcr-ed25519-private-key BASE64-SEED" and
 (concatenate .pub files into a keyring); lines starting with # are comments.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if prefix == "" {
-				return &exitError{exitUsage, errors.New("keygen needs -o PREFIX: the key pair is written to PREFIX.key and PREFIX.pub")}
-			}
-			pub, err := images.GenerateKeyFiles(prefix, comment)
-			if err != nil {
-				return err
-			}
-			fp := images.Fingerprint(pub)
-			fmt.Fprintf(stderr, "wrote %s.key (private: keep it secret) and %s.pub (public, %s)\n", prefix, prefix, fp)
-			if g.json {
-				return printJSON(map[string]any{"private_key": prefix + ".key", "public_key": prefix + ".pub", "fingerprint": fp})
-			}
-			return nil
+			opts.args, opts.globals = args, *g
+			return runKeygen(cmd.Context(), &opts, newOutput(g))
 		},
 	}
-	cmd.Flags().StringVarP(&prefix, "output", "o", "", "write PREFIX.key and PREFIX.pub")
-	cmd.Flags().StringVar(&comment, "comment", "", "comment at the end of the public key's line (e.g. who owns it)")
+	cmd.Flags().StringVarP(&opts.prefix, "output", "o", "", "write PREFIX.key and PREFIX.pub")
+	cmd.Flags().StringVar(&opts.comment, "comment", "", "comment at the end of the public key's line (e.g. who owns it)")
 	return cmd
 }
 
@@ -84,4 +82,22 @@ func loadVerifyKeys(files []string) ([]ed25519.PublicKey, error) {
 func hasSignature(dir string) bool {
 	fi, err := os.Lstat(dir + "/" + images.SignatureName)
 	return err == nil && fi.Mode().IsRegular()
+}
+
+// runKeygen runs kcr keygen: results on out's stdout, the report on its stderr.
+func runKeygen(ctx context.Context, opts *keygenOpts, out *output) error {
+	prefix, comment := opts.prefix, opts.comment
+	if prefix == "" {
+		return &exitError{exitUsage, errors.New("keygen needs -o PREFIX: the key pair is written to PREFIX.key and PREFIX.pub")}
+	}
+	pub, err := images.GenerateKeyFiles(prefix, comment)
+	if err != nil {
+		return err
+	}
+	fp := images.Fingerprint(pub)
+	fmt.Fprintf(out.stderr, "wrote %s.key (private: keep it secret) and %s.pub (public, %s)\n", prefix, prefix, fp)
+	if out.json {
+		return out.JSON(map[string]any{"private_key": prefix + ".key", "public_key": prefix + ".pub", "fingerprint": fp})
+	}
+	return nil
 }

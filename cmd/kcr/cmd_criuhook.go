@@ -36,6 +36,7 @@ fails; at post-resume it sends the after-restore message. Defaults come from $KC
 $KCR_HOOK_RESUME_AFTER and $KCR_HOOK_AFTER_WAIT. It logs to stderr, which is CRIU's log.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			out := newOutput(g)
 			o.Logger = hookLogger()
 			res, err := runtimehook.RunFromEnv(cmd.Context(), o)
 			if _, ok := errors.AsType[*runtimehook.HookError](err); ok {
@@ -47,8 +48,8 @@ $KCR_HOOK_RESUME_AFTER and $KCR_HOOK_AFTER_WAIT. It logs to stderr, which is CRI
 			if err != nil {
 				return err
 			}
-			if g.json {
-				return printJSON(res)
+			if out.json {
+				return out.JSON(res)
 			}
 			return nil
 		},
@@ -89,6 +90,7 @@ configuration file that runc reads (--config; a container's org.criu.config anno
 another one), keeping the rest of the file. Idempotent; --remove undoes it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			out := newOutput(g)
 			var res *runtimehook.InstallResult
 			var err error
 			if remove {
@@ -99,15 +101,15 @@ another one), keeping the rest of the file. Idempotent; --remove undoes it.`,
 			if err != nil {
 				return err
 			}
-			if g.json {
-				return printJSON(res)
+			if out.json {
+				return out.JSON(res)
 			}
 			what := map[bool]string{false: "unchanged", true: "updated"}
 			if remove {
-				fmt.Fprintf(stderr, "removed kcr's CRIU hook: %s %s, %s %s\n", res.Config, what[res.ConfigChanged], res.Hook, what[res.HookChanged])
+				fmt.Fprintf(out.stderr, "removed kcr's CRIU hook: %s %s, %s %s\n", res.Config, what[res.ConfigChanged], res.Hook, what[res.HookChanged])
 				return nil
 			}
-			fmt.Fprintf(stderr, "CRIU runs kcr's hooks: %s %s; %s -> %s %s\n", res.Config, what[res.ConfigChanged], res.Hook, res.Target, what[res.HookChanged])
+			fmt.Fprintf(out.stderr, "CRIU runs kcr's hooks: %s %s; %s -> %s %s\n", res.Config, what[res.ConfigChanged], res.Hook, res.Target, what[res.HookChanged])
 			return nil
 		},
 	}

@@ -1,0 +1,158 @@
+package main
+
+import (
+	"context"
+	"crypto/ed25519"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kcr-dev/kcr/engine"
+	"github.com/kcr-dev/kcr/images"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// checkpointOpts are checkpoint's arguments and flags.
+type checkpointOpts struct {
+	globals
+	args     []string
+	o        engine.CheckpointOptions
+	ctr      engine.ContainerOptions
+	signFile string
+}
+
+func checkpointCmd(g *globals) *cobra.Command {
+	var opts checkpointOpts
+	cmd := &cobra.Command{
+		Use:   "checkpoint PID | --container ID",
+		Short: "Run the process's checkpoint hooks, dump it with CRIU and write an image",
+		Long: `Run the process's checkpoint hooks, dump it with CRIU and write an image.
+
+With --container ID, the runc container ID is checkpointed with "runc checkpoint" into
+the image's criu/ directory, the manifest beside it; the app's hooks run in kcr's CRIU
+action script (kcr install-runtime-hook), which runc's CRIU must be configured to run.
+With --runtime podman (or a container only podman knows), "podman container checkpoint
+--export" writes Podman's archive into the image instead; podman must run the container
+with runc (podman --runtime runc run ...) for the hooks to run.`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if cmd.Flags().Changed("container") {
+				return cobra.NoArgs(cmd, args)
+			}
+			return cobra.ExactArgs(1)(cmd, args)
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			opts.args, opts.globals = args, *g
+			return runCheckpoint(cmd.Context(), &opts, newOutput(g))
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&opts.o.Output, "output", "o", "", "image directory to create (default ./kcr-PID-TIME)")
+	f.BoolVar(&opts.o.LeaveRunning, "leave-running", false, "keep the process running after the dump")
+	f.DurationVar(&opts.o.HookBudget, "timeout", 10*time.Second, "deadline for the app's before-checkpoint hooks")
+	f.BoolVar(&opts.o.TCPClose, "tcp-close", false, "let CRIU close TCP connections that no hook closed")
+	f.BoolVar(&opts.o.NoHooks, "no-hooks", false, "dump a process that has no kcr control socket")
+	f.BoolVar(&opts.o.RequireDrained, "require-drained", false, "fail (exit 10, app resumed) if a resource would carry records into the image")
+	f.BoolVar(&opts.o.ShellJob, "shell-job", false, "dump a process attached to a terminal (detected by default)")
+	f.DurationVar(&opts.o.ResumeAfter, "resume-after", 0, "how long the app waits for kcr after its hooks before it resumes on its own (default timeout+60s)")
+	signFlag(f, &opts.signFile)
+	containerFlags(f, &opts.ctr)
+	return cmd
+}
+
+// containerFlags are the flags that select a runc container.
+func containerFlags(f *pflag.FlagSet, o *engine.ContainerOptions) {
+	f.StringVar(&o.ID, "container", "", "a runc container's id, checkpointed or restored with runc")
+	f.StringVar(&o.Runtime, "runtime", "runc", "with --container: the runc binary, or podman to go through podman container checkpoint/restore (a container runc does not know is looked for in podman)")
+	f.StringVar(&o.RuncRoot, "runc-root", "", "with --container: runc's --root state directory")
+}
+
+// printCheckpoint prints a written image's phases and hooks, and who
+// signed it if key is set.
+func printCheckpoint(out *output, res *engine.CheckpointResult, what string, pid int, key ed25519.PrivateKey) error {
+	m := res.Manifest
+	fmt.Fprintf(out.stderr, "checkpointed %s (%s) to %s\n", what, m.Process.Comm, res.Image)
+	phaseLines(out.stderr, res.Timings)
+	for _, r := range m.Resources {
+		fmt.Fprintf(out.stderr, "  hook %-15s %s%s\n", r.Name, fmtDur(r.Duration()), details(r.Details))
+	}
+	fmt.Fprintf(out.stderr, "  image size           %s (RSS %s)\n", fmtSize(m.TotalSize()), fmtSize(m.Process.RSSBytes))
+	if n := m.CarriedRecords(); n > 0 {
+		fmt.Fprintf(out.stderr, "kcr: warning: the image carries %d records (%s): every restored copy sends them, a deleted image loses them (--require-drained refuses such a checkpoint)\n",
+			n, strings.Join(m.Carriers(), ", "))
+	}
+	signedBy := ""
+	if key != nil {
+		signedBy = images.Fingerprint(key.Public().(ed25519.PublicKey))
+		fmt.Fprintf(out.stderr, "  signature            %s by %s\n", images.SignatureName, signedBy)
+	}
+	for _, w := range res.Warnings {
+		fmt.Fprintln(out.stderr, "kcr: warning: "+w)
+	}
+	if res.ResumeErr != nil {
+		fmt.Fprintln(out.stderr, "kcr: warning: the image is complete, but the app's resume hooks: "+res.ResumeErr.Error())
+	}
+	if out.json {
+		return out.JSON(map[string]any{"image": res.Image, "pid": pid, "phases": res.Timings, "manifest": m,
+			"warnings": res.Warnings, "resume_error": errString(res.ResumeErr), "signed_by": signedBy})
+	}
+	return nil
+}
+
+// runCheckpoint runs kcr checkpoint: results on out's stdout, the report on its stderr.
+func runCheckpoint(ctx context.Context, opts *checkpointOpts, out *output) error {
+	g := &opts.globals
+	args := opts.args
+	o, ctr, signFile := &opts.o, &opts.ctr, opts.signFile
+	// Before anything touches the target: a bad key is refused
+	// while the app still runs untouched.
+	key, err := loadSignKey(signFile)
+	if err != nil {
+		return err
+	}
+	o.SignKey, ctr.SignKey = key, key
+	if ctr.ID != "" {
+		ctr.Output, ctr.LeaveRunning, ctr.TCPClose, ctr.RequireDrained = o.Output, o.LeaveRunning, o.TCPClose, o.RequireDrained
+		if ctr.Output == "" {
+			ctr.Output = fmt.Sprintf("kcr-%s-%s", ctr.ID, time.Now().Format("20060102-150405"))
+		}
+		res, err := engine.CheckpointContainer(ctx, *ctr)
+		if err != nil {
+			return err
+		}
+		return printCheckpoint(out, res, "container "+ctr.ID, res.Manifest.Process.PID, key)
+	}
+	pid, err := strconv.Atoi(args[0])
+	if err != nil || pid <= 0 {
+		return &exitError{exitUsage, fmt.Errorf("%q is not a PID: give the numeric process id", args[0])}
+	}
+	o.PID = pid
+	o.CRIU = g.criu
+	if err := nonNegative(map[string]time.Duration{"--timeout": o.HookBudget, "--resume-after": o.ResumeAfter}); err != nil {
+		return err
+	}
+	if g.verbose {
+		o.CRIULogLevel = 4
+	}
+	if o.Output == "" {
+		o.Output = fmt.Sprintf("kcr-%d-%s", pid, time.Now().Format("20060102-150405"))
+	}
+	if d, err := time.ParseDuration(os.Getenv("KCR_TEST_STALL_AFTER_HOOKS")); err == nil {
+		// For the e2e test that kills kcr between hooks and dump.
+		o.AfterHooks = func() { time.Sleep(d) }
+	}
+	if d, err := time.ParseDuration(os.Getenv("KCR_TEST_STALL_AFTER_DUMP")); err == nil {
+		// For the e2e test that kills kcr between dump and publish.
+		o.AfterDump = func() { time.Sleep(d) }
+	}
+	if o.NoHooks {
+		fmt.Fprintln(out.stderr, "kcr: warning: --no-hooks: the process is dumped without running its hooks; open connections must be handled by CRIU (--tcp-close)")
+	}
+	res, err := engine.Checkpoint(ctx, *o)
+	if err != nil {
+		return err
+	}
+	return printCheckpoint(out, res, fmt.Sprintf("PID %d", pid), pid, key)
+}

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/kcr-dev/kcr/engine"
+	"github.com/kcr-dev/kcr/images"
+	"github.com/spf13/cobra"
+)
+
+// exportOpts are export's arguments and flags.
+type exportOpts struct {
+	globals
+	args   []string
+	output string
+	format string
+}
+
+// stdio is the file name that means stdin or stdout.
+const stdio = "-"
+
+func exportCmd(g *globals) *cobra.Command {
+	var opts exportOpts
+	cmd := &cobra.Command{
+		Use:   "export IMAGE",
+		Short: "Verify an image and write it as one compressed archive file (.tar.zst) to copy to another host",
+		Long: `Verify an image and write it as one compressed archive file to copy to another host,
+where "kcr import" unpacks and verifies it. The archive is a zstd-compressed tar
+holding manifest.json, its signature (manifest.sig) if the image is signed, and
+the files the manifest lists, nothing else. It is written to a
+temporary file and renamed into place, so FILE is never a partial archive.
+"-o -" writes the archive to stdout, e.g. kcr export img -o - | ssh host kcr import - -o img`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			opts.args, opts.globals = args, *g
+			return runExport(cmd.Context(), &opts, newOutput(g))
+		},
+	}
+	cmd.Flags().StringVarP(&opts.output, "output", "o", "", "archive file to create, or - for stdout (default ./IMAGE"+images.ArchiveExt+")")
+	cmd.Flags().StringVar(&opts.format, "format", "kcr", "kcr; for a container image (kcr checkpoint --container): cri-o, a CRI-O checkpoint archive (config.dump, spec.dump, checkpoint/), or oci, an OCI image layout with CRI-O's checkpoint annotation")
+	return cmd
+}
+
+// exportStream exports to a stream; the image is read back for the sizes.
+func exportStream(ctx context.Context, dir string, w io.Writer) (*images.Image, error) {
+	if err := images.Export(ctx, dir, w); err != nil {
+		return nil, err
+	}
+	m, err := images.ReadManifest(dir)
+	if err != nil {
+		return nil, err
+	}
+	return &images.Image{Dir: dir, Manifest: m}, nil
+}
+
+// runExport runs kcr export: results on out's stdout, the report on its stderr.
+func runExport(ctx context.Context, opts *exportOpts, out *output) error {
+	args := opts.args
+	output, format := opts.output, opts.format
+	dir := args[0]
+	switch format {
+	case "kcr":
+	case "cri-o":
+		if output == "" || output == stdio {
+			return &exitError{exitUsage, errors.New("--format cri-o needs -o FILE.tar")}
+		}
+		if err := engine.ExportArchive(ctx, dir, output); err != nil {
+			return err
+		}
+		fmt.Fprintf(out.stderr, "exported %s to %s (CRI-O checkpoint archive; checkpointctl show reads it)\n", dir, output)
+		if out.json {
+			return out.JSON(map[string]any{"image": dir, "archive": output, "format": format})
+		}
+		return nil
+	case "oci":
+		if output == "" || output == stdio {
+			return &exitError{exitUsage, errors.New("--format oci needs -o DIR (a new OCI image layout)")}
+		}
+		if err := engine.ExportOCIImage(ctx, dir, output); err != nil {
+			return err
+		}
+		fmt.Fprintf(out.stderr, "exported %s to the OCI layout %s (CRI-O checkpoint image, annotation %s)\n", dir, output, engine.CheckpointAnnotation)
+		if out.json {
+			return out.JSON(map[string]any{"image": dir, "oci_layout": output, "format": format})
+		}
+		return nil
+	default:
+		return &exitError{exitUsage, fmt.Errorf("--format %q: give kcr, cri-o or oci", format)}
+	}
+	if output == "" {
+		base := filepath.Base(filepath.Clean(dir))
+		if base == "." || base == ".." || base == "/" {
+			return &exitError{exitUsage, fmt.Errorf("cannot name the archive after %q: pass -o FILE", dir)}
+		}
+		output = base + images.ArchiveExt
+	}
+	if output == stdio && out.json {
+		return &exitError{exitUsage, errors.New("--json prints on stdout, where -o - writes the archive: drop one of them")}
+	}
+	if output == stdio && isTerminal(os.Stdout) {
+		return &exitError{exitUsage, errors.New("refusing to write a binary archive to a terminal: redirect stdout or use -o FILE")}
+	}
+	start := time.Now()
+	var img *images.Image
+	var size int64
+	var err error
+	if output == stdio {
+		cw := &countingWriter{w: os.Stdout}
+		img, err = exportStream(ctx, dir, cw)
+		size = cw.n
+	} else {
+		img, size, err = images.ExportFile(ctx, dir, output)
+	}
+	if err != nil {
+		return err
+	}
+	took := time.Since(start)
+	name := output
+	if output == stdio {
+		name = "stdout"
+	}
+	imgSize := img.Size()
+	fmt.Fprintf(out.stderr, "exported %s to %s in %s\n", dir, name, fmtDur(took))
+	fmt.Fprintf(out.stderr, "  image                %s in %d files (verified)\n", fmtSize(imgSize), len(img.Manifest.Files))
+	fmt.Fprintf(out.stderr, "  archive              %s (%s of the image)\n", fmtSize(size), ratio(size, imgSize))
+	for _, w := range img.Warnings {
+		fmt.Fprintln(out.stderr, "kcr: warning: "+w)
+	}
+	if out.json {
+		return out.JSON(map[string]any{"image": dir, "archive": output, "image_bytes": imgSize, "archive_bytes": size,
+			"files": len(img.Manifest.Files), "duration_ns": took.Nanoseconds(), "warnings": img.Warnings})
+	}
+	return nil
+}

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/kcr-dev/kcr/images"
+	"github.com/spf13/cobra"
+)
+
+// inspectOpts are inspect's arguments and flags.
+type inspectOpts struct {
+	globals
+	args     []string
+	noVerify bool
+	rehash   bool
+	keyFiles []string
+}
+
+func inspectCmd(g *globals) *cobra.Command {
+	var opts inspectOpts
+	cmd := &cobra.Command{
+		Use:   "inspect IMAGE",
+		Short: "Show an image's manifest, sizes and timings",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			opts.args, opts.globals = args, *g
+			return runInspect(cmd.Context(), &opts, newOutput(g))
+		},
+	}
+	cmd.Flags().BoolVar(&opts.noVerify, "no-verify", false, "read the manifest without checking the files' checksums")
+	cmd.Flags().BoolVar(&opts.rehash, "rehash", false, "hash every file, also those unchanged on disk since they were last verified")
+	verifyKeyFlag(cmd.Flags(), &opts.keyFiles)
+	return cmd
+}
+
+// runInspect runs kcr inspect: results on out's stdout, the report on its stderr.
+func runInspect(ctx context.Context, opts *inspectOpts, out *output) error {
+	args := opts.args
+	noVerify, rehash, keyFiles := opts.noVerify, opts.rehash, opts.keyFiles
+	keys, err := loadVerifyKeys(keyFiles)
+	if err != nil {
+		return err
+	}
+	if noVerify && keys != nil {
+		return &exitError{exitUsage, errors.New("--no-verify skips the checks that --verify-key asks for: drop one of them")}
+	}
+	var m *images.Manifest
+	var warn []string
+	var signer ed25519.PublicKey
+	cached := 0
+	if noVerify {
+		if m, err = images.ReadManifest(args[0]); err != nil {
+			return err
+		}
+	} else {
+		img, err := images.OpenWith(ctx, args[0], images.OpenOptions{Rehash: rehash, VerifyKeys: keys})
+		if err != nil {
+			return err
+		}
+		img.Close()
+		m, warn = img.Manifest, img.Warnings
+		cached, signer = img.Cached, img.Signer
+	}
+	if out.json {
+		return out.JSON(m)
+	}
+	w := safeWriter{out.stdout}
+	verified := "not verified"
+	if !noVerify {
+		verified = fmt.Sprintf("verified: %d files hashed, %d unchanged since their last check", len(m.Files)-cached, cached)
+	}
+	fmt.Fprintf(w, "image         %s (format %s v%d, %s)\n", args[0], m.Format, m.FormatVersion, verified)
+	fmt.Fprintf(w, "created       %s on %s (kernel %s, CRIU %s, kcr %s)\n", m.Created.Format(time.RFC3339), m.Host, m.Kernel, m.CRIUVersion, m.KCRVersion)
+	fmt.Fprintf(w, "process       PID %d %s (uid %d), cwd %s\n", m.Process.PID, m.Process.Comm, m.Process.UID, m.Process.Cwd)
+	fmt.Fprintf(w, "command       %s\n", strings.Join(m.Process.Cmdline, " "))
+	fmt.Fprintf(w, "size          %s in %d files, pages %s, RSS at dump %s\n", fmtSize(m.TotalSize()), len(m.Files), fmtSize(m.PagesSize()), fmtSize(m.Process.RSSBytes))
+	fmt.Fprintf(w, "options       leave-running=%v tcp-close=%v shell-job=%v no-hooks=%v\n", m.Options.LeaveRunning, m.Options.TCPClose, m.Options.ShellJob, m.NoHooks)
+	if m.ControlSocket != "" {
+		fmt.Fprintf(w, "socket        %s\n", m.ControlSocket)
+	}
+	if n := m.CarriedRecords(); n > 0 {
+		fmt.Fprintf(w, "carried       %d records (%s): sent by every restored copy\n", n, strings.Join(m.Carriers(), ", "))
+	} else if !m.NoHooks {
+		fmt.Fprintln(w, "carried       no records")
+	}
+	switch {
+	case signer != nil:
+		fmt.Fprintf(w, "signature     verified: signed by %s\n", images.Fingerprint(signer))
+	case hasSignature(args[0]):
+		fmt.Fprintln(w, "signature     present, not checked (pass --verify-key)")
+	default:
+		fmt.Fprintln(w, "signature     none")
+	}
+	fmt.Fprintln(w, "phases")
+	for _, p := range m.Phases {
+		fmt.Fprintf(w, "  %-20s %s\n", p.Name, fmtDur(p.Duration()))
+	}
+	if s := m.CRIUStats; s != (images.CRIUStats{}) {
+		fmt.Fprintf(w, "criu          frozen %s (freezing %s, memdump %s, memwrite %s), pages scanned %d, written %d\n",
+			fmtDur(time.Duration(s.FrozenTimeUS)*time.Microsecond), fmtDur(time.Duration(s.FreezingTimeUS)*time.Microsecond),
+			fmtDur(time.Duration(s.MemdumpTimeUS)*time.Microsecond), fmtDur(time.Duration(s.MemwriteTimeUS)*time.Microsecond),
+			s.PagesScanned, s.PagesWritten)
+	}
+	if len(m.Resources) > 0 {
+		fmt.Fprintln(w, "resources (before-checkpoint hooks, in call order)")
+		for _, r := range m.Resources {
+			carried := ""
+			if n := r.Carried(); n > 0 {
+				carried = fmt.Sprintf(" carried %d", n)
+			}
+			fmt.Fprintf(w, "  %-20s %s%s%s\n", r.Name, fmtDur(r.Duration()), carried, details(r.Details))
+		}
+	}
+	for _, x := range warn {
+		fmt.Fprintln(out.stderr, "kcr: warning: "+x)
+	}
+	return nil
+}

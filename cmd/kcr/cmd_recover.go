@@ -1,0 +1,62 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"github.com/kcr-dev/kcr/images"
+	"github.com/spf13/cobra"
+)
+
+// recoverOpts are recover's arguments and flags.
+type recoverOpts struct {
+	globals
+	args     []string
+	signFile string
+}
+
+func recoverCmd(g *globals) *cobra.Command {
+	var opts recoverOpts
+	cmd := &cobra.Command{
+		Use:   "recover DIR",
+		Short: "Finish images whose kcr checkpoint died after the dump (DIR: the hidden .NAME.kcr-tmp-* directory, or the directory holding them)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			opts.args, opts.globals = args, *g
+			return runRecover(cmd.Context(), &opts, newOutput(g))
+		},
+	}
+	signFlag(cmd.Flags(), &opts.signFile)
+	return cmd
+}
+
+// runRecover runs kcr recover: results on out's stdout, the report on its stderr.
+func runRecover(ctx context.Context, opts *recoverOpts, out *output) error {
+	args := opts.args
+	signFile := opts.signFile
+	key, err := loadSignKey(signFile)
+	if err != nil {
+		return err
+	}
+	dirs := []string{args[0]}
+	if !strings.Contains(filepath.Base(filepath.Clean(args[0])), ".kcr-tmp-") {
+		if dirs = images.FindPending(args[0]); len(dirs) == 0 {
+			return fmt.Errorf("%s: %w: no interrupted checkpoint with a finished dump in it", args[0], images.ErrNotRecoverable)
+		}
+	}
+	var recovered []string
+	for _, d := range dirs {
+		img, err := images.Recover(ctx, d, key)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out.stderr, "kcr: recovered %s\n", img.Dir)
+		recovered = append(recovered, img.Dir)
+	}
+	if out.json {
+		return out.JSON(map[string]any{"images": recovered})
+	}
+	return nil
+}

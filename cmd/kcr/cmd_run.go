@@ -1,0 +1,75 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kcr-dev/kcr/engine"
+	"github.com/spf13/cobra"
+)
+
+// runOpts are run's arguments and flags.
+type runOpts struct {
+	globals
+	args  []string
+	o     engine.RunOptions
+	ready time.Duration
+}
+
+func runCmd(g *globals) *cobra.Command {
+	var opts runOpts
+	cmd := &cobra.Command{
+		Use:   "run [flags] -- PROG [ARGS...]",
+		Short: "Start a service so that it can be checkpointed and cloned; prints its PID",
+		Long: `Start a service so that it can be checkpointed and cloned.
+
+The service runs as init of a PID namespace of its own (no mount namespace),
+as leader of its own session, with stdin from /dev/null and stdout and stderr
+appended to a log. GODEBUG=multipathtcp=0 is set unless GODEBUG already sets
+multipathtcp. kcr waits until the service's kcr control socket is up, prints
+its host PID and exits; the service keeps running.
+
+As init of its namespace, the service is the parent of every orphaned
+process in it, and Go does not reap orphans: a service that starts
+subprocesses which outlive their parent should reap them, or run with
+--no-pid-namespace (and then cannot be cloned).`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			opts.args, opts.globals = args, *g
+			return runRun(cmd.Context(), &opts, newOutput(g))
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.o.Log, "log", "", "file for the service's output, opened with O_APPEND (default ./PROG.log)")
+	f.BoolVar(&opts.o.NoPIDNamespace, "no-pid-namespace", false, "run in the host's PID namespace (no clones)")
+	f.StringArrayVarP(&opts.o.Env, "env", "e", nil, "add KEY=VALUE to the environment")
+	f.DurationVar(&opts.ready, "ready-timeout", 10*time.Second, "how long to wait for the service's control socket (0: do not wait)")
+	return cmd
+}
+
+// runRun runs kcr run: results on out's stdout, the report on its stderr.
+func runRun(ctx context.Context, opts *runOpts, out *output) error {
+	args := opts.args
+	o, ready := &opts.o, opts.ready
+	if err := nonNegative(map[string]time.Duration{"--ready-timeout": ready}); err != nil {
+		return err
+	}
+	o.Args = args
+	o.ReadyTimeout = ready
+	res, err := engine.Run(ctx, *o)
+	if res != nil && errors.Is(err, engine.ErrNoSocketYet) {
+		fmt.Fprintln(out.stderr, "kcr: warning: "+err.Error())
+		err = nil
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out.stderr, "started %s as PID %d (log %s)\n", args[0], res.PID, res.Log)
+	if out.json {
+		return out.JSON(map[string]any{"pid": res.PID, "log": res.Log, "socket": res.Socket})
+	}
+	fmt.Fprintln(out.stdout, res.PID)
+	return nil
+}

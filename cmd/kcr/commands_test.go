@@ -1,0 +1,157 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kcr-dev/kcr/images"
+)
+
+// bufOutput returns an output that prints into buffers.
+func bufOutput(json bool) (*output, *bytes.Buffer, *bytes.Buffer) {
+	var o, e bytes.Buffer
+	return &output{stdout: &o, stderr: &e, json: json}, &o, &e
+}
+
+// wantCode fails unless err maps to the exit code want and says hint.
+func wantCode(t *testing.T, err error, want int, hint string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("no error, want exit %d", want)
+	}
+	if got := exitCode(err); got != want || !strings.Contains(err.Error(), hint) || strings.Contains(err.Error(), "\n") {
+		t.Errorf("error %q: exit %d, want %d and one line naming %q", err, got, want, hint)
+	}
+}
+
+// Bad arguments are refused as usage errors before the target is touched.
+func TestRunCommandsUsage(t *testing.T) {
+	ctx := context.Background()
+	out, stdout, _ := bufOutput(false)
+	wantCode(t, runCheckpoint(ctx, &checkpointOpts{args: []string{"abc"}}, out), exitUsage, "not a PID")
+	co := &checkpointOpts{args: []string{"1"}}
+	co.o.HookBudget = -time.Second
+	wantCode(t, runCheckpoint(ctx, co, out), exitUsage, "--timeout")
+	ro := &restoreOpts{args: []string{t.TempDir()}}
+	ro.o.Count = 0
+	wantCode(t, runRestore(ctx, ro, out), exitUsage, "--count 0")
+	ro = &restoreOpts{args: []string{t.TempDir()}}
+	ro.ctr.ID = "c1"
+	wantCode(t, runRestore(ctx, ro, out), exitUsage, "--max-size")
+	wantCode(t, runExport(ctx, &exportOpts{args: []string{"img"}, format: "tar"}, out), exitUsage, "--format")
+	wantCode(t, runImport(ctx, &importOpts{args: []string{"-"}}, out), exitUsage, "-o DIR")
+	if stdout.Len() != 0 {
+		t.Errorf("refused commands printed %q on stdout", stdout)
+	}
+}
+
+// runVersion prints one line, or one JSON object, on out's stdout.
+func TestRunVersion(t *testing.T) {
+	out, stdout, _ := bufOutput(false)
+	if err := runVersion(context.Background(), &versionOpts{}, out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(stdout.String(), "kcr ") || strings.Count(stdout.String(), "\n") != 1 {
+		t.Errorf("version: %q", stdout)
+	}
+	out, stdout, _ = bufOutput(true)
+	if err := runVersion(context.Background(), &versionOpts{}, out); err != nil {
+		t.Fatal(err)
+	}
+	var v map[string]string
+	if err := json.Unmarshal(stdout.Bytes(), &v); err != nil || v["kcr"] == "" || v["go"] == "" {
+		t.Errorf("version --json: %v %q", err, stdout)
+	}
+}
+
+// A missing CRIU is a failed check with its fix, and exit 7.
+func TestRunDoctorNoCRIU(t *testing.T) {
+	out, stdout, _ := bufOutput(false)
+	o := &doctorOpts{}
+	o.criu = filepath.Join(t.TempDir(), "no-criu")
+	wantCode(t, runDoctor(context.Background(), o, out), exitNoCRIU, "problem")
+	if !strings.Contains(stdout.String(), "FAIL") || !strings.Contains(stdout.String(), "fix:") {
+		t.Errorf("doctor output lacks a FAIL line with its fix:\n%s", stdout)
+	}
+}
+
+// runInspect prints on out, not on the process's stdout.
+func TestRunInspect(t *testing.T) {
+	img := carriedImage(t, 0, false)
+	out, stdout, stderr := bufOutput(false)
+	if err := runInspect(context.Background(), &inspectOpts{args: []string{img}}, out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(stdout.String(), "verified: ") || !strings.Contains(stdout.String(), "carried       no records") {
+		t.Errorf("inspect:\n%s", stdout)
+	}
+	if stderr.Len() != 0 {
+		t.Errorf("inspect of a good image warned: %q", stderr)
+	}
+	wantCode(t, runInspect(context.Background(), &inspectOpts{args: []string{filepath.Join(t.TempDir(), "nope")}}, out), exitImage, "nope")
+}
+
+// runRecover of a directory with no interrupted checkpoint is an image error.
+func TestRunRecoverNothing(t *testing.T) {
+	out, _, _ := bufOutput(false)
+	err := runRecover(context.Background(), &recoverOpts{args: []string{t.TempDir()}}, out)
+	wantCode(t, err, exitImage, "no interrupted checkpoint")
+	if !errors.Is(err, images.ErrNotRecoverable) {
+		t.Errorf("%v is not images.ErrNotRecoverable", err)
+	}
+}
+
+// runExport writes the archive and reports it; runImport reads it back.
+func TestRunExportImport(t *testing.T) {
+	img := carriedImage(t, 0, false)
+	archive := filepath.Join(t.TempDir(), "img"+images.ArchiveExt)
+	out, stdout, stderr := bufOutput(true)
+	if err := runExport(context.Background(), &exportOpts{args: []string{img}, output: archive, format: "kcr"}, out); err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		Archive string `json:"archive"`
+		Files   int    `json:"files"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil || res.Archive != archive || res.Files != 1 {
+		t.Errorf("export --json: %v %q", err, stdout)
+	}
+	if !strings.Contains(stderr.String(), "exported "+img) {
+		t.Errorf("export report: %q", stderr)
+	}
+	dir := filepath.Join(t.TempDir(), "back")
+	out, _, _ = bufOutput(false)
+	if err := runImport(context.Background(), &importOpts{args: []string{archive}, output: dir, maxSize: images.DefaultMaxImportSize}, out); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "manifest.json")); err != nil {
+		t.Error(err)
+	}
+}
+
+// restore --json has one shape: every key always present, whatever the
+// flags, so scripts can read .restores[] without testing for them.
+func TestRestoreJSONShape(t *testing.T) {
+	var top, entry map[string]any
+	b, _ := json.Marshal(restoreJSON{Restores: []restoredJSON{{}}})
+	if err := json.Unmarshal(b, &top); err != nil {
+		t.Fatal(err)
+	}
+	if got := slices.Sorted(maps.Keys(top)); !slices.Equal(got, []string{"bundle", "container", "image", "restores"}) {
+		t.Errorf("restore --json keys %v", got)
+	}
+	entry = top["restores"].([]any)[0].(map[string]any)
+	want := []string{"criu_stats", "generation", "hook_error", "hooks_pending", "instance_id", "lazy_pages_log", "lazy_pages_pid", "log", "name", "phases", "pid", "reports"}
+	if got := slices.Sorted(maps.Keys(entry)); !slices.Equal(got, want) {
+		t.Errorf("restore --json entry keys %v, want %v", got, want)
+	}
+}

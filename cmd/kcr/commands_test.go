@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
@@ -13,7 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kcr-dev/kcr/criu"
+	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/images"
+	"github.com/kcr-dev/kcr/notify/client"
 )
 
 // bufOutput returns an output that prints into buffers.
@@ -153,5 +157,51 @@ func TestRestoreJSONShape(t *testing.T) {
 	want := []string{"criu_stats", "generation", "hook_error", "hooks_pending", "instance_id", "lazy_pages_log", "lazy_pages_pid", "log", "name", "phases", "pid", "reports"}
 	if got := slices.Sorted(maps.Keys(entry)); !slices.Equal(got, want) {
 		t.Errorf("restore --json entry keys %v, want %v", got, want)
+	}
+}
+
+// exitCode is the one switch from error to code; an interrupted command
+// exits 130 as a shell expects of SIGINT, also when the cancel is wrapped.
+func TestExitCodes(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want int
+	}{
+		{errors.New("x"), exitErr},
+		{&exitError{exitUsage, errors.New("x")}, exitUsage},
+		{context.Canceled, 130},
+		{fmt.Errorf("checkpoint PID 7: hooks: %w", context.Canceled), 130},
+		{fmt.Errorf("x: %w", images.ErrSignature), exitSignature},
+		{fmt.Errorf("x: %w", engine.ErrDuplicates), exitCarried},
+		{fmt.Errorf("x: %w", os.ErrNotExist), exitImage},
+		{fmt.Errorf("x: %w", criu.ErrNotFound), exitNoCRIU},
+		{fmt.Errorf("x: %w", client.ErrNoSocket), exitTarget},
+	} {
+		if got := exitCode(c.err); got != c.want {
+			t.Errorf("exitCode(%v) = %d, want %d", c.err, got, c.want)
+		}
+	}
+}
+
+// Every command's help ends with the EXIT STATUS list, codes 0 to 10 and 130.
+func TestHelpExitStatus(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"checkpoint", "--help"}, {"restore", "--help"}} {
+		root := newRoot(&globals{})
+		var buf bytes.Buffer
+		root.SetOut(&buf)
+		root.SetArgs(args)
+		if err := root.Execute(); err != nil {
+			t.Fatal(err)
+		}
+		h := buf.String()
+		_, sect, ok := strings.Cut(h, "\nEXIT STATUS\n")
+		if !ok {
+			t.Fatalf("kcr %v has no EXIT STATUS section:\n%s", args, h)
+		}
+		for _, code := range []string{"0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "130"} {
+			if !strings.Contains(sect, "\n  "+code+" ") && !strings.HasPrefix(sect, "  "+code+" ") {
+				t.Errorf("kcr %v: EXIT STATUS lacks code %s", args, code)
+			}
+		}
 	}
 }

@@ -17,6 +17,9 @@
 //	   into the image, or a resource that never carries refused (nothing
 //	   dumped, the app resumed, as for 3); or a restore would send an image's
 //	   carried records twice (nothing restored; --allow-duplicates)
+//	130 interrupted (SIGINT or SIGTERM); the app, if it was running, resumed
+//
+// exitStatusHelp says the same in every command's help.
 package main
 
 import (
@@ -50,7 +53,31 @@ const (
 	exitAfterHooks
 	exitSignature
 	exitCarried
+
+	// exitInterrupted is the shell's code for death by SIGINT (128+2):
+	// kcr stopped on a signal, after undoing what it had started.
+	exitInterrupted = 130
 )
+
+// exitStatusHelp is the EXIT STATUS section of every command's help.
+const exitStatusHelp = `
+EXIT STATUS
+  0    success
+  1    other error
+  2    usage error
+  3    the app's before-checkpoint hooks failed: nothing dumped, the app resumed
+  4    CRIU failed (dump or restore); the app, if it was running, resumed
+  5    the image is missing, incomplete or corrupt
+  6    the target process does not exist or has no kcr control socket
+  7    CRIU is missing or unusable on this kernel
+  8    restored, but the after-restore hooks failed
+  9    --verify-key: the image's signature is missing, malformed, by another key,
+       or the manifest or a file changed since it was signed
+  10   carried records: --require-drained refused a checkpoint that would carry
+       records (nothing dumped, the app resumed), or a restore would send an
+       image's carried records twice (nothing restored; --allow-duplicates)
+  130  interrupted (SIGINT or SIGTERM); the app, if it was running, resumed
+`
 
 type globals struct {
 	json    bool
@@ -71,6 +98,20 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var g globals
+	root := newRoot(&g)
+	os.Args = asCRIUHook(os.Args)
+
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return
+	}
+	fmt.Fprintln(stderr, "kcr: "+err.Error())
+	os.Exit(exitCode(err))
+}
+
+// newRoot returns the kcr command with all its subcommands, their flags
+// parsed into g.
+func newRoot(g *globals) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "kcr",
 		Short:         "Checkpoint and restore Go services (and their Kafka clients) with CRIU",
@@ -87,20 +128,15 @@ func main() {
 	root.PersistentFlags().BoolVar(&g.json, "json", false, "print the result as JSON on stdout")
 	root.PersistentFlags().BoolVarP(&g.verbose, "verbose", "v", false, "log debug details on stderr")
 	root.PersistentFlags().StringVar(&g.criu, "criu", "", "path of the criu binary (default: $KCR_CRIU, then PATH)")
-	root.AddCommand(checkpointCmd(&g), restoreCmd(&g), runCmd(&g), inspectCmd(&g), recoverCmd(&g), doctorCmd(&g), versionCmd(&g), exportCmd(&g), importCmd(&g), keygenCmd(&g))
-	root.AddCommand(criuHookCmd(&g), installHookCmd(&g))
-	os.Args = asCRIUHook(os.Args)
+	root.AddCommand(checkpointCmd(g), restoreCmd(g), runCmd(g), inspectCmd(g), recoverCmd(g), doctorCmd(g), versionCmd(g), exportCmd(g), importCmd(g), keygenCmd(g))
+	root.AddCommand(criuHookCmd(g), installHookCmd(g))
+	root.SetUsageTemplate(root.UsageTemplate() + exitStatusHelp)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &exitError{exitUsage, err} })
-
-	err := root.ExecuteContext(ctx)
-	if err == nil {
-		return
-	}
-	fmt.Fprintln(stderr, "kcr: "+err.Error())
-	os.Exit(exitCode(err))
+	return root
 }
 
-// exitCode maps an error to the documented exit codes.
+// exitCode maps an error to the documented exit codes: the one place that
+// does, so that a code and its help text cannot drift apart.
 func exitCode(err error) int {
 	var ee *exitError
 	var he *engine.HookError
@@ -109,6 +145,8 @@ func exitCode(err error) int {
 	switch {
 	case errors.As(err, &ee):
 		return ee.code
+	case errors.Is(err, context.Canceled):
+		return exitInterrupted
 	case errors.Is(err, images.ErrSignature):
 		return exitSignature
 	case errors.As(err, &he) && he.CarryVeto(), errors.Is(err, engine.ErrDuplicates):

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/ed25519"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -139,14 +138,7 @@ func runCheckpoint(ctx context.Context, opts *checkpointOpts, out *output) error
 	if o.Output == "" {
 		o.Output = fmt.Sprintf("kcr-%d-%s", pid, time.Now().Format("20060102-150405"))
 	}
-	if d, err := time.ParseDuration(os.Getenv("KCR_TEST_STALL_AFTER_HOOKS")); err == nil {
-		// For the e2e test that kills kcr between hooks and dump.
-		o.AfterHooks = func() { time.Sleep(d) }
-	}
-	if d, err := time.ParseDuration(os.Getenv("KCR_TEST_STALL_AFTER_DUMP")); err == nil {
-		// For the e2e test that kills kcr between dump and publish.
-		o.AfterDump = func() { time.Sleep(d) }
-	}
+	o.AfterHooks, o.AfterDump = testStall("KCR_TEST_STALL_AFTER_HOOKS"), testStall("KCR_TEST_STALL_AFTER_DUMP")
 	if o.NoHooks {
 		fmt.Fprintln(out.stderr, "kcr: warning: --no-hooks: the process is dumped without running its hooks; open connections must be handled by CRIU (--tcp-close)")
 	}

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/kcr-dev/kcr/criu"
@@ -129,10 +128,7 @@ func runRestore(ctx context.Context, opts *restoreOpts, out *output) error {
 	if o.Count < 1 {
 		return &exitError{exitUsage, fmt.Errorf("--count %d is negative or zero: give the number of clones, 1 or more", o.Count)}
 	}
-	if d, err := time.ParseDuration(os.Getenv("KCR_TEST_STALL_AFTER_VERIFY")); err == nil {
-		// For the e2e test that swaps the image after verification.
-		o.AfterVerify = func() { time.Sleep(d) }
-	}
+	o.AfterVerify = testStall("KCR_TEST_STALL_AFTER_VERIFY")
 	if g.verbose {
 		o.CRIULogLevel = 4
 	}

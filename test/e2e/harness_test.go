@@ -47,7 +47,9 @@ func TestMain(m *testing.M) {
 	kgoBin = filepath.Join(dir, "kgoapp")
 	setupOK = true
 	for _, b := range [][2]string{{kcrBin, "../../cmd/kcr"}, {filepath.Join(dir, "kcr-hook"), "../../cmd/kcr-hook"}, {appBin, "./testapp"}, {kafkaBin, "./kafkaapp"}, {kgoBin, "./kgoapp"}} {
-		out, err := exec.Command("go", "build", "-o", b[0], b[1]).CombinedOutput()
+		// kcrtest: kcr obeys the KCR_TEST_STALL_* variables that stall it
+		// between phases, so that tests can kill it there.
+		out, err := exec.Command("go", "build", "-tags", "kcrtest", "-o", b[0], b[1]).CombinedOutput()
 		if err != nil {
 			setupOK, setupErr = false, fmt.Sprintf("go build %s: %v\n%s", b[1], err, out)
 		}

@@ -1,0 +1,5 @@
+//go:build kcrtest
+
+package main
+
+const stallBuilt = true

@@ -101,6 +101,11 @@ func (e *HookError) Error() string {
 // Checkpoint runs the app's hooks, dumps it with CRIU and writes an image.
 // Whatever fails, the app is resumed and no partial image is left behind.
 func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, error) {
+	return realSeams.checkpoint(ctx, o)
+}
+
+// checkpoint is Checkpoint with the process, the app and CRIU behind s.
+func (s seams) checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, error) {
 	log := logger(o.Logger)
 	start := time.Now()
 	if o.HookBudget <= 0 {
@@ -109,20 +114,20 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 	if o.ResumeAfter <= 0 {
 		o.ResumeAfter = o.HookBudget + 60*time.Second
 	}
-	proc, err := processInfo(o.PID)
+	proc, err := s.process(o.PID)
 	if err != nil {
 		return nil, err
 	}
 
 	shell := o.ShellJob
 	if !shell {
-		if need, err := criu.ShellJobNeeded(o.PID); err == nil && need {
+		if need, err := s.shellJobNeeded(o.PID); err == nil && need {
 			shell = true
 		}
 	}
 	// CRIU starts now, so that its start-up and version check happen before
 	// the app is disturbed, not while it is suspended.
-	sess, criuVersion, err := session(ctx, o.CRIU, shell)
+	sess, criuVersion, err := s.openDumper(ctx, o.CRIU, shell)
 	if err != nil {
 		return nil, err
 	}
@@ -131,7 +136,7 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 	// Sockets CRIU can never dump (MPTCP) are found before any hook runs,
 	// so that the app is not disturbed for nothing; without hooks, all
 	// that CRIU would refuse is found here, once.
-	if probs, err := criu.Preflight(o.PID); err == nil {
+	if probs, err := s.preflight(o.PID); err == nil {
 		if err := fatalProblems(probs, o.TCPClose, !o.NoHooks); err != nil {
 			return nil, err
 		}
@@ -139,13 +144,14 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 		log.Debug("preflight", "err", err)
 	}
 
-	var sock *client.Socket
+	var sock appControl
+	var sockPath string
 	if o.NoHooks {
-		if p, err := client.Find(o.PID); err == nil {
+		if _, p, err := s.findApp(o.PID); err == nil {
 			log.Warn("the process has a kcr control socket, but --no-hooks skips its hooks", "socket", p)
 		}
 	} else {
-		sock, err = client.Find(o.PID)
+		sock, sockPath, err = s.findApp(o.PID)
 		if err != nil {
 			return nil, err
 		}
@@ -200,7 +206,7 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 		// which process it is.
 		if m.PID != o.PID {
 			resume("checkpoint aborted: the app answered for another PID")
-			return nil, fmt.Errorf("%w: %s of PID %d answered ready for PID %d: refusing to dump", client.ErrUnsafeSocket, sock.Path, o.PID, m.PID)
+			return nil, fmt.Errorf("%w: %s of PID %d answered ready for PID %d: refusing to dump", client.ErrUnsafeSocket, sockPath, o.PID, m.PID)
 		}
 	}
 	if o.AfterHooks != nil {
@@ -214,7 +220,7 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 	// What is left open after the hooks decides whether CRIU can succeed.
 	// Without hooks the first look already judged everything.
 	if !o.NoHooks {
-		if probs, err := criu.Preflight(o.PID); err == nil {
+		if probs, err := s.preflight(o.PID); err == nil {
 			if err := fatalProblems(probs, o.TCPClose, false); err != nil {
 				resume("checkpoint aborted: " + err.Error())
 				return nil, err
@@ -230,7 +236,7 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 		Kernel:        kernel(),
 		Host:          hostname(),
 		Process:       proc,
-		ControlSocket: sockPath(sock),
+		ControlSocket: sockPath,
 		NoHooks:       o.NoHooks,
 		Options:       images.Options{LeaveRunning: o.LeaveRunning, TCPClose: o.TCPClose, ShellJob: shell, FileLocks: true},
 	}
@@ -271,7 +277,7 @@ func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, er
 		// a restore on this host needs its PID. (Init of its own PID
 		// namespace is restored into a new namespace and needs no PID.)
 		t := time.Now()
-		if _, err := criu.WaitGone(ctx, o.PID, 10*time.Second); err != nil {
+		if _, err := s.waitGone(ctx, o.PID, 10*time.Second); err != nil {
 			res.Warnings = append(res.Warnings, fmt.Sprintf("dumped process %d did not exit: %v", o.PID, err))
 		}
 		res.Timings.add(PhaseExit, time.Since(t))
@@ -342,11 +348,4 @@ func fatalProblems(probs []criu.Problem, tcpClose, beforeHooks bool) error {
 		return nil
 	}
 	return &criu.Error{Op: "dump", First: "CRIU cannot dump " + strings.Join(msgs, ", "), Hint: hint}
-}
-
-func sockPath(s *client.Socket) string {
-	if s == nil {
-		return ""
-	}
-	return s.Path
 }

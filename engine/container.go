@@ -272,8 +272,8 @@ func CheckpointContainer(ctx context.Context, o ContainerOptions) (*CheckpointRe
 			// names the resource and the count.
 			return nil, &HookError{Reports: []proto.HookReport{{Name: "container " + o.ID, Error: tail, CarryVeto: true}}, Msg: tail}
 		}
-		if tail := logTail(dumpLog, "refusing the checkpoint"); tail != "" {
-			return nil, &HookError{Msg: tail}
+		if he := failedHooks(filepath.Join(b.CRIUDir(), HookReportsFile)); he != nil {
+			return nil, he
 		}
 		// The unfinished image, with CRIU's log, is removed: keep its last error.
 		return nil, fmt.Errorf("container %s: %w (CRIU: %s)", o.ID, err, logTail(filepath.Join(b.CRIUDir(), "dump.log"), "Error"))
@@ -350,6 +350,34 @@ func commitContainer(ctx context.Context, b *images.Builder, res *CheckpointResu
 	res.Timings.add(PhaseImageWrite, time.Since(t))
 	res.Manifest = img.Manifest
 	return nil
+}
+
+// failedHooks returns the HookError that kcr's action script recorded in
+// its reports file when before-checkpoint hooks failed, or nil if none did
+// (or there are no reports).
+func failedHooks(reportsFile string) *HookError {
+	b, err := os.ReadFile(reportsFile)
+	if err != nil {
+		return nil
+	}
+	var res runtimehook.Result
+	if json.Unmarshal(b, &res) != nil {
+		return nil
+	}
+	he := &HookError{}
+	var msgs []string
+	for _, t := range res.Targets {
+		if t.Error == "" {
+			continue
+		}
+		msgs = append(msgs, fmt.Sprintf("PID %d: %s", t.PID, t.Error))
+		he.Reports = append(he.Reports, t.Reports...)
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	he.Msg = strings.Join(msgs, "; ")
+	return he
 }
 
 // logTail returns the last line of a log that contains marker.

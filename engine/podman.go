@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kcr-dev/kcr/images"
+	"github.com/kcr-dev/kcr/runtimehook"
 )
 
 // PodmanArchive, in a kcr image of a Podman container, is Podman's own
@@ -139,12 +140,15 @@ func checkpointPodman(ctx context.Context, o ContainerOptions) (*CheckpointResul
 	if err != nil {
 		// Podman keeps CRIU's log after a failure and names it.
 		if log := podmanLog(err.Error()); log != "" {
-			if tail := logTail(log, "refusing the checkpoint"); tail != "" {
+			if he := failedHooks(filepath.Join(filepath.Dir(log), HookReportsFile)); he != nil {
+				return nil, he
+			}
+			if tail := logTail(log, runtimehook.FailedMarker); tail != "" {
 				return nil, &HookError{Msg: tail}
 			}
 			return nil, fmt.Errorf("container %s: %w (CRIU: %s)", o.ID, err, logTail(log, "Error"))
 		}
-		if strings.Contains(err.Error(), "refusing the checkpoint") {
+		if strings.Contains(err.Error(), runtimehook.FailedMarker) {
 			return nil, &HookError{Msg: err.Error()}
 		}
 		return nil, fmt.Errorf("container %s: %w", o.ID, err)

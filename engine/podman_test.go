@@ -17,7 +17,8 @@ import (
 // fakePodman writes a podman that logs its arguments to dir/args, answers
 // inspect for the test's own process, and copies dir/archive.tar where
 // checkpoint --export asks; FAKE_PODMAN_FAIL makes checkpoint fail the
-// way a refusing hook does.
+// way a refusing hook does (=reports: with the action script's reports
+// beside CRIU's log).
 func fakePodman(t *testing.T) (bin, dir string) {
 	t.Helper()
 	dir = t.TempDir()
@@ -29,7 +30,8 @@ case "$2" in
 inspect) [ "$3" = missing ] && { echo "Error: no such container $3" >&2; exit 125; }; echo '` + inspect + `' ;;
 checkpoint)
 	if [ -n "$FAKE_PODMAN_FAIL" ]; then
-		echo "(00.01) Error (criu/action-scripts.c:60): kcr-criu-hook: pre-dump: refusing the checkpoint: hook x failed" > ` + dir + `/dump.log
+		echo "(00.01) kcr-criu-hook: level=WARN msg=\"pre-dump: before-checkpoint hooks failed\" pid=7 err=\"hook x failed\"" > ` + dir + `/dump.log
+		[ "$FAKE_PODMAN_FAIL" = reports ] && echo '{"targets":[{"pid":7,"error":"hook y failed","reports":[{"name":"y","error":"hook y failed"}]}]}' > ` + dir + `/kcr-hooks.json
 		echo "Error: criu failed: type NOTIFY errno 0 log file: ` + dir + `/dump.log" >&2; exit 125
 	fi
 	cp ` + dir + `/archive.tar "$4" ;;
@@ -126,6 +128,11 @@ func TestPodmanCheckpointRefused(t *testing.T) {
 	var he *HookError
 	if !errors.As(err, &he) || !strings.Contains(err.Error(), "hook x failed") {
 		t.Errorf("refusing hook: %v", err)
+	}
+	t.Setenv("FAKE_PODMAN_FAIL", "reports")
+	_, err = CheckpointContainer(ctx, ContainerOptions{ID: "svc", Runtime: bin, Output: filepath.Join(parent, "c")})
+	if !errors.As(err, &he) || len(he.Reports) != 1 || !strings.Contains(err.Error(), "hook y failed") {
+		t.Errorf("refusing hook, with reports: %v", err)
 	}
 	if ents, _ := os.ReadDir(parent); len(ents) != 0 {
 		t.Errorf("left %v", ents)

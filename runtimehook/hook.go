@@ -147,6 +147,10 @@ type Result struct {
 	Targets   []Target `json:"targets"`   // of them, those with a control socket
 }
 
+// FailedMarker is in the log line and the error of failed before-checkpoint
+// hooks, for those who see only CRIU's log or the runtime's message.
+const FailedMarker = "before-checkpoint hooks failed"
+
 // HookError is returned when before-checkpoint hooks failed: nothing may be
 // dumped, and every process was resumed.
 type HookError struct{ Failed []Target }
@@ -156,7 +160,7 @@ func (e *HookError) Error() string {
 	for _, t := range e.Failed {
 		s = append(s, fmt.Sprintf("PID %d: %s", t.PID, t.Error))
 	}
-	return "before-checkpoint hooks failed, the dump must not go on, every app resumed: " + strings.Join(s, "; ")
+	return FailedMarker + ", the dump must not go on, every app resumed: " + strings.Join(s, "; ")
 }
 
 // Run handles one action-script call of CRIU.
@@ -238,9 +242,9 @@ func preDump(ctx context.Context, env Env, o Options, res *Result) error {
 				ts[i].Error = err.Error()
 				var hf *client.HookFailure
 				if errors.As(err, &hf) {
-					ts[i].Error = hf.Msg
+					ts[i].Error, ts[i].Reports = hf.Msg, hf.Reports
 				}
-				log.Warn("pre-dump: before-checkpoint hooks failed", "pid", ts[i].PID, "err", ts[i].Error)
+				log.Warn("pre-dump: "+FailedMarker, "pid", ts[i].PID, "err", ts[i].Error)
 				return
 			}
 			ready[i] = true
@@ -278,12 +282,17 @@ func preDump(ctx context.Context, env Env, o Options, res *Result) error {
 	} else if w.err == nil {
 		w.commit(false)
 	}
+	// The failed targets' reports too: kcr checkpoint --container reads in
+	// them which hook failed, rather than guessing from CRIU's log.
+	res.Targets = ts
+	writeReports(env, res, o)
 	resumeAll(ts, ready, "checkpoint aborted: "+(&HookError{Failed: failed}).Error(), o)
 	return &HookError{Failed: failed}
 }
 
 // writeReports keeps the hooks' reports beside CRIU's images, for the
-// manifest of "kcr checkpoint --container".
+// manifest of "kcr checkpoint --container", or, when hooks failed, for its
+// error (the targets' Error).
 func writeReports(env Env, res *Result, o Options) {
 	if env.ImageDir == "" {
 		return

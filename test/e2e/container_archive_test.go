@@ -80,14 +80,17 @@ func TestContainerRestoreFromArchive(t *testing.T) {
 		t.Fatalf("kcr restore --container %s %s: exit %d: %s", newID, archive, r.code, r.stderr)
 	}
 	var out struct {
-		Container  string `json:"container"`
-		Bundle     string `json:"bundle"`
-		Generation uint64 `json:"generation"`
+		Container string `json:"container"`
+		Bundle    string `json:"bundle"`
+		Restores  []struct {
+			PID        int    `json:"pid"`
+			Generation uint64 `json:"generation"`
+		} `json:"restores"`
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
-		t.Fatalf("restore --json: %v\n%s", err, r.stdout)
+	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil || len(out.Restores) != 1 {
+		t.Fatalf("restore --json: %v, want one entry in restores\n%s", err, r.stdout)
 	}
-	if out.Container != newID || out.Generation < 1 || filepath.Dir(filepath.Dir(out.Bundle)) != tmp {
+	if out.Container != newID || out.Restores[0].Generation < 1 || out.Restores[0].PID <= 0 || filepath.Dir(filepath.Dir(out.Bundle)) != tmp {
 		t.Errorf("restore --json: %+v, want container %s, a generation, a bundle under %s", out, newID, tmp)
 	}
 	// Only the built bundle stays: the unpacked image and CRIU's work

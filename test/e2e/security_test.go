@@ -6,7 +6,6 @@ package e2e
 
 import (
 	"bytes"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -113,10 +112,10 @@ func swappedAfterVerify(t *testing.T, lazy bool) {
 	}
 	err := cmd.Wait()
 	t.Logf("kcr restore -> %v\n%s%s", err, se.String(), so.String())
-	var out map[string]any
-	if err != nil || json.Unmarshal(so.Bytes(), &out) != nil {
+	if err != nil {
 		t.Fatalf("restore after the swap: %v %q; want the verified image restored", err, se.String())
 	}
+	out := oneRestore(t, so.String())
 	pid := int(out["pid"].(float64))
 	t.Cleanup(func() { killWait(pid) })
 	if lazy {

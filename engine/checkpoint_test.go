@@ -1,0 +1,207 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kcr-dev/kcr/criu"
+	"github.com/kcr-dev/kcr/images"
+	"github.com/kcr-dev/kcr/notify/client"
+	"github.com/kcr-dev/kcr/notify/proto"
+	"github.com/kcr-dev/kcr/runtimehook"
+)
+
+// fakeApp is an app's control socket that records what kcr asks.
+type fakeApp struct {
+	pid     int
+	hookErr error // returned by Checkpoint
+
+	mu      sync.Mutex
+	calls   int
+	resumes []string
+}
+
+func (a *fakeApp) Checkpoint(ctx context.Context, req client.CheckpointRequest) (proto.Message, error) {
+	a.mu.Lock()
+	a.calls++
+	a.mu.Unlock()
+	if a.hookErr != nil {
+		return proto.Message{}, a.hookErr
+	}
+	return proto.Message{PID: a.pid, Reports: []proto.HookReport{{Name: "db", Duration: time.Millisecond}}}, nil
+}
+
+func (a *fakeApp) Resume(ctx context.Context, reason string, wait time.Duration) (proto.Message, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.resumes = append(a.resumes, reason)
+	return proto.Message{}, nil
+}
+
+// fakeDumper is CRIU: it writes one image file, or fails with err.
+type fakeDumper struct {
+	err    error
+	dumps  int
+	closed bool
+}
+
+func (d *fakeDumper) Dump(ctx context.Context, o criu.DumpOptions) (*criu.DumpResult, error) {
+	d.dumps++
+	if d.err != nil {
+		return nil, d.err
+	}
+	if err := os.WriteFile(filepath.Join(o.ImagesDir, "pages-1.img"), []byte("pages"), 0o600); err != nil {
+		return nil, err
+	}
+	return &criu.DumpResult{}, nil
+}
+
+func (d *fakeDumper) Close() { d.closed = true }
+
+// fakeSeams checkpoint PID 4242 through app and d, nothing real touched.
+func fakeSeams(app *fakeApp, d *fakeDumper) seams {
+	return seams{
+		process: func(pid int) (images.Process, error) {
+			return images.Process{PID: pid, Comm: "fake", PIDNamespace: true}, nil
+		},
+		shellJobNeeded: func(int) (bool, error) { return false, nil },
+		preflight:      func(int) ([]criu.Problem, error) { return nil, nil },
+		findApp: func(pid int) (appControl, string, error) {
+			if app == nil {
+				return nil, "", client.ErrNoSocket
+			}
+			return app, "/run/fake.sock", nil
+		},
+		openDumper: func(context.Context, string, bool) (dumper, criu.Version, error) {
+			return d, criu.Version{Major: 4, Minor: 2}, nil
+		},
+		waitGone: func(context.Context, int, time.Duration) (time.Duration, error) { return 0, nil },
+	}
+}
+
+// noImage fails if dir holds anything: no image, no hidden temporary one.
+func noImage(t *testing.T, dir string) {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		t.Errorf("a failed checkpoint left %s in %s", e.Name(), dir)
+	}
+}
+
+func TestCheckpointSeams(t *testing.T) {
+	const pid = 4242
+	hookFail := &client.HookFailure{Reports: []proto.HookReport{{Name: "db", Error: "db: refusing"}}, Msg: "db: refusing"}
+	for _, c := range []struct {
+		name       string
+		hookErr    error
+		dumpErr    error
+		cancel     bool // kcr is interrupted between the hooks and the dump
+		wantErr    func(error) bool
+		wantDumps  int
+		wantResume string // prefix of the one resume reason; "" for none
+	}{
+		{name: "dump fails, app resumed", dumpErr: &criu.Error{Op: "dump", First: "Can't dump"},
+			wantErr: func(err error) bool { var ce *criu.Error; return errors.As(err, &ce) }, wantDumps: 1, wantResume: "dump failed: "},
+		{name: "hook fails, nothing dumped", hookErr: hookFail,
+			wantErr: func(err error) bool { var he *HookError; return errors.As(err, &he) && !he.CarryVeto() }},
+		{name: "cancelled between hooks and dump", cancel: true,
+			wantErr: func(err error) bool { return errors.Is(err, context.Canceled) }, wantResume: "checkpoint cancelled"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			app := &fakeApp{pid: pid, hookErr: c.hookErr}
+			d := &fakeDumper{err: c.dumpErr}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			o := CheckpointOptions{PID: pid, Output: filepath.Join(dir, "img")}
+			if c.cancel {
+				o.AfterHooks = cancel
+			}
+			res, err := fakeSeams(app, d).checkpoint(ctx, o)
+			if err == nil || !c.wantErr(err) || res != nil {
+				t.Fatalf("checkpoint: %v, %v", res, err)
+			}
+			if d.dumps != c.wantDumps || !d.closed {
+				t.Errorf("dumps %d (want %d), CRIU session closed %v", d.dumps, c.wantDumps, d.closed)
+			}
+			if c.wantResume == "" && len(app.resumes) != 0 || c.wantResume != "" && (len(app.resumes) != 1 || !strings.HasPrefix(app.resumes[0], c.wantResume)) {
+				t.Errorf("resumes %q, want one starting %q", app.resumes, c.wantResume)
+			}
+			noImage(t, dir)
+		})
+	}
+}
+
+// A checkpoint through the seams writes a complete, verifiable image with
+// the hooks' reports, and does not resume a dumped app.
+func TestCheckpointSeamsImage(t *testing.T) {
+	app := &fakeApp{pid: 4242}
+	d := &fakeDumper{}
+	out := filepath.Join(t.TempDir(), "img")
+	res, err := fakeSeams(app, d).checkpoint(context.Background(), CheckpointOptions{PID: 4242, Output: out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(app.resumes) != 0 || d.dumps != 1 {
+		t.Errorf("resumes %q, dumps %d", app.resumes, d.dumps)
+	}
+	img, err := images.Open(context.Background(), out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer img.Close()
+	if res.Image != out || img.Manifest.ControlSocket != "/run/fake.sock" || len(img.Manifest.Resources) != 1 || img.Manifest.Resources[0].Name != "db" {
+		t.Errorf("result %+v, manifest %+v", res, img.Manifest)
+	}
+}
+
+// Without a control socket, a checkpoint that needs hooks touches nothing.
+func TestCheckpointSeamsNoSocket(t *testing.T) {
+	dir := t.TempDir()
+	d := &fakeDumper{}
+	_, err := fakeSeams(nil, d).checkpoint(context.Background(), CheckpointOptions{PID: 4242, Output: filepath.Join(dir, "img")})
+	if !errors.Is(err, client.ErrNoSocket) || d.dumps != 0 {
+		t.Fatalf("err %v, dumps %d", err, d.dumps)
+	}
+	noImage(t, dir)
+}
+
+// The action script's reports say which hooks failed: a HookError with
+// their reports (a carry veto among them stays one), nil if none failed.
+func TestFailedHooks(t *testing.T) {
+	dir := t.TempDir()
+	write := func(res runtimehook.Result) string {
+		b, _ := json.Marshal(res)
+		p := filepath.Join(dir, HookReportsFile)
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	if he := failedHooks(filepath.Join(dir, "none")); he != nil {
+		t.Errorf("no reports file: %v", he)
+	}
+	ok := runtimehook.Target{PID: 1, Reports: []proto.HookReport{{Name: "db"}}}
+	if he := failedHooks(write(runtimehook.Result{Targets: []runtimehook.Target{ok}})); he != nil {
+		t.Errorf("no failed target: %v", he)
+	}
+	bad := runtimehook.Target{PID: 7, Error: "hook failing: no", Reports: []proto.HookReport{{Name: "failing", Error: "failing: no"}}}
+	he := failedHooks(write(runtimehook.Result{Targets: []runtimehook.Target{ok, bad}}))
+	if he == nil || he.CarryVeto() || !strings.Contains(he.Error(), "failing: no") || !strings.Contains(he.Msg, "PID 7") {
+		t.Errorf("failed target: %#v", he)
+	}
+	veto := runtimehook.Target{PID: 8, Error: "would carry 3 records", Reports: []proto.HookReport{{Name: "w", Error: "would carry 3 records", CarryVeto: true}}}
+	if he := failedHooks(write(runtimehook.Result{Targets: []runtimehook.Target{veto}})); he == nil || !he.CarryVeto() {
+		t.Errorf("carry veto: %#v", he)
+	}
+}

@@ -1,0 +1,58 @@
+package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/kcr-dev/kcr/criu"
+	"github.com/kcr-dev/kcr/images"
+	"github.com/kcr-dev/kcr/notify/client"
+	"github.com/kcr-dev/kcr/notify/proto"
+)
+
+// appControl is the checkpointed app's end of a checkpoint: its kcr control
+// socket (*client.Socket).
+type appControl interface {
+	Checkpoint(ctx context.Context, req client.CheckpointRequest) (proto.Message, error)
+	Resume(ctx context.Context, reason string, wait time.Duration) (proto.Message, error)
+}
+
+// dumper dumps a process: a CRIU swrk session (*criu.Session).
+type dumper interface {
+	Dump(ctx context.Context, o criu.DumpOptions) (*criu.DumpResult, error)
+	Close()
+}
+
+// seams are what a checkpoint drives outside kcr: the target process, its
+// control socket and CRIU. realSeams are the real ones; unit tests put fakes
+// in their place to reach the failure paths.
+type seams struct {
+	process        func(pid int) (images.Process, error)
+	shellJobNeeded func(pid int) (bool, error)
+	preflight      func(pid int) ([]criu.Problem, error)
+	// findApp returns the app's control socket and its path.
+	findApp    func(pid int) (appControl, string, error)
+	openDumper func(ctx context.Context, criuPath string, shellJob bool) (dumper, criu.Version, error)
+	waitGone   func(ctx context.Context, pid int, timeout time.Duration) (time.Duration, error)
+}
+
+var realSeams = seams{
+	process:        processInfo,
+	shellJobNeeded: criu.ShellJobNeeded,
+	preflight:      criu.Preflight,
+	findApp: func(pid int) (appControl, string, error) {
+		s, err := client.Find(pid)
+		if err != nil {
+			return nil, "", err // a nil interface, not a nil *Socket
+		}
+		return s, s.Path, nil
+	},
+	openDumper: func(ctx context.Context, criuPath string, shellJob bool) (dumper, criu.Version, error) {
+		s, v, err := session(ctx, criuPath, shellJob)
+		if err != nil {
+			return nil, v, err
+		}
+		return s, v, nil
+	},
+	waitGone: criu.WaitGone,
+}

@@ -62,16 +62,25 @@ const (
 // manifest lists, in order. Files are hashed again as they are archived,
 // so a file changed since the verification is refused rather than
 // exported. On error, what was written to w is not a valid archive.
-func Export(ctx context.Context, dir string, w io.Writer) error {
-	_, err := export(ctx, dir, w)
-	return err
+//
+// It returns the verified image, already closed (its Manifest and Warnings
+// stay), and the archive's size in bytes.
+func Export(ctx context.Context, dir string, w io.Writer) (*Image, int64, error) {
+	cw := &countWriter{w: w}
+	im, err := export(ctx, dir, cw)
+	if err != nil {
+		return nil, 0, err
+	}
+	return im, cw.n, nil
 }
 
+// export is Export without the count; the image it returns is closed.
 func export(ctx context.Context, dir string, w io.Writer) (*Image, error) {
 	im, err := Open(ctx, dir)
 	if err != nil {
 		return nil, err
 	}
+	defer im.Close() // export reads through a root of its own
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return nil, fmt.Errorf("images: %s: %w%s", dir, err, ioHint(err))
@@ -234,8 +243,7 @@ func ExportFile(ctx context.Context, dir, file string) (*Image, int64, error) {
 			os.Remove(tmp.Name())
 		}
 	}()
-	cw := &countWriter{w: tmp}
-	im, err := export(ctx, dir, cw)
+	im, size, err := Export(ctx, dir, tmp)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -261,7 +269,7 @@ func ExportFile(ctx context.Context, dir, file string) (*Image, int64, error) {
 	if err := syncDir(parent); err != nil {
 		return nil, 0, fmt.Errorf("images: %s: sync directory: %w", file, err)
 	}
-	return im, cw.n, nil
+	return im, size, nil
 }
 
 // renameNoReplace renames oldpath to newpath unless newpath exists.

@@ -130,7 +130,7 @@ func imageEntries(t *testing.T, dir string) []entry {
 func exportBytes(t *testing.T, dir string) []byte {
 	t.Helper()
 	var buf bytes.Buffer
-	if err := Export(context.Background(), dir, &buf); err != nil {
+	if _, _, err := Export(context.Background(), dir, &buf); err != nil {
 		t.Fatal(err)
 	}
 	return buf.Bytes()
@@ -279,7 +279,7 @@ func TestExportDamagedImage(t *testing.T) {
 	must(t, os.WriteFile(p, b, 0o600))
 
 	var buf bytes.Buffer
-	err := Export(context.Background(), src, &buf)
+	_, _, err := Export(context.Background(), src, &buf)
 	checkErr(t, err, ErrCorrupt, "criu/pages-1.img is corrupt: sha256 mismatch")
 	if buf.Len() != 0 {
 		t.Errorf("Export wrote %d bytes of a damaged image", buf.Len())
@@ -289,7 +289,7 @@ func TestExportDamagedImage(t *testing.T) {
 	checkErr(t, err, ErrCorrupt, "criu/pages-1.img")
 	nothingLeft(t, dir)
 
-	err = Export(context.Background(), filepath.Join(dir, "none"), io.Discard)
+	_, _, err = Export(context.Background(), filepath.Join(dir, "none"), io.Discard)
 	checkErr(t, err, ErrNotExist)
 }
 
@@ -489,4 +489,37 @@ func TestImportCanceled(t *testing.T) {
 		t.Errorf("Import with canceled ctx: %v", err)
 	}
 	nothingLeft(t, parent)
+}
+
+// openFDs counts this process's open file descriptors.
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+// Export returns the verified image with its warnings and the archive's
+// size, and keeps no descriptor of the image open.
+func TestExportReturnsImage(t *testing.T) {
+	src := build(t)
+	must(t, os.Chmod(filepath.Join(src, "criu", "pages-1.img"), 0o644)) // a verification warning
+	var buf bytes.Buffer
+	Export(context.Background(), src, io.Discard) // warm up (zstd pools, the verified cache)
+	before := openFDs(t)
+	im, n, err := Export(context.Background(), src, &buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after := openFDs(t); after != before {
+		t.Errorf("Export left %d descriptors open", after-before)
+	}
+	if n != int64(buf.Len()) || n == 0 {
+		t.Errorf("Export counted %d bytes, wrote %d", n, buf.Len())
+	}
+	if im.Dir != src || len(im.Manifest.Files) == 0 || len(im.Warnings) != 1 || !strings.Contains(im.Warnings[0], "go-rwx") {
+		t.Errorf("image %s, %d files, warnings %q", im.Dir, len(im.Manifest.Files), im.Warnings)
+	}
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -45,18 +43,6 @@ temporary file and renamed into place, so FILE is never a partial archive.
 	cmd.Flags().StringVarP(&opts.output, "output", "o", "", "archive file to create, or - for stdout (default ./IMAGE"+images.ArchiveExt+")")
 	cmd.Flags().StringVar(&opts.format, "format", "kcr", "kcr; for a container image (kcr checkpoint --container): cri-o, a CRI-O checkpoint archive (config.dump, spec.dump, checkpoint/), or oci, an OCI image layout with CRI-O's checkpoint annotation")
 	return cmd
-}
-
-// exportStream exports to a stream; the image is read back for the sizes.
-func exportStream(ctx context.Context, dir string, w io.Writer) (*images.Image, error) {
-	if err := images.Export(ctx, dir, w); err != nil {
-		return nil, err
-	}
-	m, err := images.ReadManifest(dir)
-	if err != nil {
-		return nil, err
-	}
-	return &images.Image{Dir: dir, Manifest: m}, nil
 }
 
 // runExport runs kcr export: results on out's stdout, the report on its stderr.
@@ -103,7 +89,7 @@ func runExport(ctx context.Context, opts *exportOpts, out *output) error {
 	if output == stdio && out.json {
 		return &exitError{exitUsage, errors.New("--json prints on stdout, where -o - writes the archive: drop one of them")}
 	}
-	if output == stdio && isTerminal(os.Stdout) {
+	if output == stdio && isTerminalWriter(out.stdout) {
 		return &exitError{exitUsage, errors.New("refusing to write a binary archive to a terminal: redirect stdout or use -o FILE")}
 	}
 	start := time.Now()
@@ -111,9 +97,7 @@ func runExport(ctx context.Context, opts *exportOpts, out *output) error {
 	var size int64
 	var err error
 	if output == stdio {
-		cw := &countingWriter{w: os.Stdout}
-		img, err = exportStream(ctx, dir, cw)
-		size = cw.n
+		img, size, err = images.Export(ctx, dir, out.stdout)
 	} else {
 		img, size, err = images.ExportFile(ctx, dir, output)
 	}

@@ -205,3 +205,27 @@ func TestHelpExitStatus(t *testing.T) {
 		}
 	}
 }
+
+// export -o - writes the archive on stdout and, like -o FILE, reports the
+// verification's warnings on stderr.
+func TestRunExportStdoutWarns(t *testing.T) {
+	img := carriedImage(t, 0, false)
+	if err := os.Chmod(filepath.Join(img, images.ManifestName), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []string{stdio, filepath.Join(t.TempDir(), "a"+images.ArchiveExt)} {
+		out, stdout, stderr := bufOutput(false)
+		if err := runExport(context.Background(), &exportOpts{args: []string{img}, output: o, format: "kcr"}, out); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(stderr.String(), "kcr: warning: ") || !strings.Contains(stderr.String(), "go-rwx") {
+			t.Errorf("export -o %s: no verification warning in %q", o, stderr)
+		}
+		if (o == stdio) != (stdout.Len() > 0) {
+			t.Errorf("export -o %s: %d bytes on stdout", o, stdout.Len())
+		}
+		if o == stdio && !strings.Contains(stderr.String(), fmtSize(int64(stdout.Len()))+" (") {
+			t.Errorf("export -o -: the archive's size %s is not reported: %q", fmtSize(int64(stdout.Len())), stderr)
+		}
+	}
+}

@@ -157,17 +157,11 @@ func (s seams) checkpoint(ctx context.Context, o CheckpointOptions) (*Checkpoint
 		}
 	}
 
-	b, err := images.Create(o.Output)
+	b, err := createImage(o.Output, o.SignKey)
 	if err != nil {
 		return nil, err
 	}
-	b.SignWith(o.SignKey)
-	committed := false
-	defer func() {
-		if !committed {
-			b.Abort()
-		}
-	}()
+	defer b.Abort() // removes the unfinished image; a no-op once committed
 
 	res := &CheckpointResult{Image: b.Final()}
 	res.Timings.add(PhasePrepare, time.Since(start))
@@ -299,7 +293,6 @@ func (s seams) checkpoint(ctx context.Context, o CheckpointOptions) (*Checkpoint
 	if err != nil {
 		return nil, fmt.Errorf("write image: %w", err)
 	}
-	committed = true
 	res.Timings.add(PhaseImageWrite, time.Since(t))
 	// CRIU exits while the image is hashed and synced; what is left of
 	// its exit is counted here.

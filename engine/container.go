@@ -185,11 +185,20 @@ func startImage(pid int, out string, key ed25519.PrivateKey) (images.Process, *i
 	if err != nil {
 		return proc, nil, err
 	}
-	b, err := images.Create(out)
-	if err == nil {
-		b.SignWith(key)
-	}
+	b, err := createImage(out, key)
 	return proc, b, err
+}
+
+// createImage starts the image out, signed with key if not nil. Callers
+// defer b.Abort() at once: it removes the unfinished image on every failure
+// and is a no-op after a successful Commit.
+func createImage(out string, key ed25519.PrivateKey) (*images.Builder, error) {
+	b, err := images.Create(out)
+	if err != nil {
+		return nil, err
+	}
+	b.SignWith(key)
+	return b, nil
 }
 
 // needHook refuses a container whose CRIU configuration would not run
@@ -245,12 +254,7 @@ func CheckpointContainer(ctx context.Context, o ContainerOptions) (*CheckpointRe
 	if err != nil {
 		return nil, err
 	}
-	committed := false
-	defer func() {
-		if !committed {
-			b.Abort()
-		}
-	}()
+	defer b.Abort() // removes the unfinished image; a no-op once committed
 	if err := os.MkdirAll(b.CRIUDir(), 0o700); err != nil {
 		return nil, err
 	}
@@ -290,7 +294,6 @@ func CheckpointContainer(ctx context.Context, o ContainerOptions) (*CheckpointRe
 	if err := commitContainer(ctx, b, res, proc, hasSock, reports, o, containerRecord{ID: o.ID, Bundle: st.Bundle}); err != nil {
 		return nil, err
 	}
-	committed = true
 	res.Timings.add(PhaseTotal, time.Since(start))
 	return res, nil
 }

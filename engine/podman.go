@@ -122,12 +122,7 @@ func checkpointPodman(ctx context.Context, o ContainerOptions) (*CheckpointResul
 	if err != nil {
 		return nil, err
 	}
-	committed := false
-	defer func() {
-		if !committed {
-			b.Abort()
-		}
-	}()
+	defer b.Abort() // removes the unfinished image; a no-op once committed
 	res := &CheckpointResult{Image: b.Final()}
 	archive := filepath.Join(b.Dir(), PodmanArchive)
 	args := []string{"container", "checkpoint", "--export", archive, "--compress", "none"}
@@ -160,7 +155,6 @@ func checkpointPodman(ctx context.Context, o ContainerOptions) (*CheckpointResul
 	if err := commitContainer(ctx, b, res, proc, hasSock, reports, o, containerRecord{ID: in.Name, Runtime: "podman"}); err != nil {
 		return nil, err
 	}
-	committed = true
 	res.Timings.add(PhaseTotal, time.Since(start))
 	return res, nil
 }

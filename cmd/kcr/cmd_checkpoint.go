@@ -8,10 +8,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kcr-dev/kcr/engine"
-	"github.com/kcr-dev/kcr/images"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/kcr-dev/kcr/engine"
+	"github.com/kcr-dev/kcr/images"
 )
 
 // checkpointOpts are checkpoint's arguments and flags.

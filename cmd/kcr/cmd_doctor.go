@@ -4,8 +4,9 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/kcr-dev/kcr/engine"
 	"github.com/spf13/cobra"
+
+	"github.com/kcr-dev/kcr/engine"
 )
 
 // doctorOpts are doctor's arguments and flags.

@@ -7,9 +7,10 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/images"
-	"github.com/spf13/cobra"
 )
 
 // exportOpts are export's arguments and flags.

@@ -9,9 +9,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kcr-dev/kcr/images"
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
+
+	"github.com/kcr-dev/kcr/images"
 )
 
 // importOpts are import's arguments and flags.

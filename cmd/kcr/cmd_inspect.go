@@ -8,8 +8,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kcr-dev/kcr/images"
 	"github.com/spf13/cobra"
+
+	"github.com/kcr-dev/kcr/images"
 )
 
 // inspectOpts are inspect's arguments and flags.

@@ -6,8 +6,9 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/kcr-dev/kcr/images"
 	"github.com/spf13/cobra"
+
+	"github.com/kcr-dev/kcr/images"
 )
 
 // recoverOpts are recover's arguments and flags.

@@ -5,11 +5,12 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/kcr-dev/kcr/criu"
 	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/notify/proto"
-	"github.com/spf13/cobra"
 )
 
 // restoreOpts are restore's arguments and flags.

@@ -6,8 +6,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/kcr-dev/kcr/engine"
 	"github.com/spf13/cobra"
+
+	"github.com/kcr-dev/kcr/engine"
 )
 
 // runOpts are run's arguments and flags.

@@ -5,8 +5,9 @@ import (
 	"fmt"
 	"runtime"
 
-	"github.com/kcr-dev/kcr/engine"
 	"github.com/spf13/cobra"
+
+	"github.com/kcr-dev/kcr/engine"
 )
 
 // versionOpts are version's arguments and flags.

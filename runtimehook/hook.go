@@ -284,7 +284,6 @@ func preDump(ctx context.Context, env Env, o Options, res *Result) error {
 	}
 	// The failed targets' reports too: kcr checkpoint --container reads in
 	// them which hook failed, rather than guessing from CRIU's log.
-	res.Targets = ts
 	writeReports(env, res, o)
 	resumeAll(ts, ready, "checkpoint aborted: "+(&HookError{Failed: failed}).Error(), o)
 	return &HookError{Failed: failed}

@@ -2,6 +2,7 @@ package runtimehook
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -120,10 +121,17 @@ func TestPreDumpHookFails(t *testing.T) {
 	events := startApp(t, errors.New("not now"))
 	committed := make(chan bool, 1)
 	o := Options{StateDir: t.TempDir(), SpawnWatcher: func(string) (func(bool), error) { return func(ok bool) { committed <- ok }, nil }}
-	_, err := Run(context.Background(), Env{Action: ActionPreDump, InitPID: os.Getpid(), CRIUPID: os.Getppid()}, o)
+	img := t.TempDir()
+	_, err := Run(context.Background(), Env{Action: ActionPreDump, InitPID: os.Getpid(), CRIUPID: os.Getppid(), ImageDir: img}, o)
 	var he *HookError
 	if !errors.As(err, &he) || len(he.Failed) != 1 {
 		t.Fatalf("err %v, want a HookError", err)
+	}
+	// The reports say which target failed, for kcr checkpoint --container.
+	var rep Result
+	if b, err := os.ReadFile(filepath.Join(img, ReportsFile)); err != nil || json.Unmarshal(b, &rep) != nil ||
+		len(rep.Targets) != 1 || !strings.Contains(rep.Targets[0].Error, "not now") {
+		t.Errorf("reports after a failed hook: %v %+v", err, rep)
 	}
 	if ev := waitEvent(t, events); ev.Kind != notify.Resume {
 		t.Errorf("event %+v, want Resume", ev)

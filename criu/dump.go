@@ -110,7 +110,7 @@ type Session struct {
 // DumpOptions.ShellJob (a shell job's CRIU stays in kcr's process group).
 // Cancelling ctx kills CRIU. Close a session that is not used for a dump.
 func StartSession(ctx context.Context, criuPath string, shellJob bool) (*Session, error) {
-	s, err := startSwrk(ctx, criuPath, !shellJob)
+	s, err := startSwrk(ctx, criuPath, !shellJob, true)
 	if err != nil {
 		return nil, err
 	}

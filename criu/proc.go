@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -112,7 +113,8 @@ func (e *PIDInUseError) Error() string {
 func (e *PIDInUseError) Is(target error) bool { return target == ErrPIDInUse }
 
 // CheckPIDFree returns nil if pid is free for a restore. If a zombie holds
-// it, it waits up to zombieWait for the zombie to be reaped. If a live
+// it, it waits up to zombieWait for the zombie to be reaped; so it does for
+// a task of a restore that CRIU is still aborting. If a live
 // process (or a thread of one: thread IDs share the PID space) holds it, it
 // returns a *PIDInUseError naming that process.
 func CheckPIDFree(ctx context.Context, pid int, zombieWait time.Duration) error {
@@ -124,6 +126,15 @@ func CheckPIDFree(ctx context.Context, pid int, zombieWait time.Duration) error 
 		return fmt.Errorf("criu: process %d: %w", pid, err)
 	}
 	owner := tgid(pid)
+	if restoring(owner) {
+		// Left by a restore whose caller died: its CRIU aborts at its
+		// next notification and kills the tree (see Restore).
+		if _, err := WaitGone(ctx, owner, zombieWait); err == nil {
+			return CheckPIDFree(ctx, pid, zombieWait)
+		} else if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
 	if st.State == 'Z' && owner == pid {
 		if _, err := WaitGone(ctx, pid, zombieWait); err == nil {
 			return nil
@@ -139,6 +150,25 @@ func CheckPIDFree(ctx context.Context, pid int, zombieWait time.Duration) error 
 		}
 	}
 	return e
+}
+
+// restoring reports whether pid is a task that a CRIU restore forked and has
+// not let go of yet: its parent is "criu swrk" or "criu restore".
+func restoring(pid int) bool {
+	st, err := readProcStat(pid)
+	if err != nil || st.PPID <= 1 {
+		return false
+	}
+	var isCRIU, isRestore bool
+	for _, a := range strings.Fields(cmdline(st.PPID)) {
+		switch {
+		case filepath.Base(a) == "criu":
+			isCRIU = true
+		case isCRIU && (a == "swrk" || a == "restore"):
+			isRestore = true
+		}
+	}
+	return isRestore
 }
 
 // CheckImagePIDsFree checks, with CheckPIDFree, every PID and thread ID that

@@ -69,7 +69,15 @@ type RestoreResult struct {
 // the restored tree into a new time namespace. Every PID and thread ID of the
 // image must be free (see CheckImagePIDsFree).
 //
-// Cancelling ctx kills CRIU, which then kills the half-restored tree.
+// Cancelling ctx stops the restore: CRIU aborts at its next notification
+// and kills the half-restored tree; Restore returns once CRIU exited.
+//
+// If the caller dies during the restore, CRIU is not killed with it: it goes
+// on to its next notification (before forking, or after every task restored
+// its memory), finds nobody to answer, aborts and kills the tasks it forked,
+// so no half-built tree is left. A caller dying after the "post-restore"
+// notification leaves a completely restored tree: CRIU does not abort past
+// that point.
 func Restore(ctx context.Context, criuPath string, opts RestoreOptions) (*RestoreResult, error) {
 	if opts.ImagesDir == "" {
 		return nil, errors.New("criu restore: no images directory")
@@ -120,7 +128,7 @@ func Restore(ctx context.Context, criuPath string, opts RestoreOptions) (*Restor
 			return nil, err
 		}
 	}
-	s, err := startSwrk(ctx, criuPath, !opts.ShellJob)
+	s, err := startSwrk(ctx, criuPath, !opts.ShellJob, false)
 	if err != nil {
 		return nil, lazy.abort(err)
 	}
@@ -137,7 +145,9 @@ func Restore(ctx context.Context, criuPath string, opts RestoreOptions) (*Restor
 			LazyPages:      proto.Bool(opts.LazyPages),
 			LogLevel:       proto.Int32(level(opts.LogLevel)),
 			LogFile:        proto.String(logFile),
-			NotifyScripts:  proto.Bool(opts.Notify != nil),
+			// Always: if kcr dies, CRIU's next notification fails and
+			// CRIU kills what it restored so far (see startSwrk).
+			NotifyScripts: proto.Bool(true),
 			// Not RstSibling: that would make the tree our child.
 		},
 	}

@@ -45,8 +45,10 @@ type swrk struct {
 // startSwrk starts "criu swrk 3". The socketpair is created close-on-exec;
 // the child's end is handed over as fd 3 through ExtraFiles (dup2'd without
 // CLOEXEC in the child only), so neither end leaks into other children that
-// the program starts concurrently. Cancelling ctx kills the criu process.
-func startSwrk(ctx context.Context, criuPath string, ownGroup bool) (*swrk, error) {
+// the program starts concurrently. dieWithUs (dumps) gives CRIU Pdeathsig
+// SIGKILL and makes cancelling ctx kill it; without it (restores),
+// cancelling ctx only stops the wait for CRIU's answer.
+func startSwrk(ctx context.Context, criuPath string, ownGroup, dieWithUs bool) (*swrk, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("criu: socketpair: %w", err)
@@ -76,14 +78,24 @@ func startSwrk(ctx context.Context, criuPath string, ownGroup bool) (*swrk, erro
 	// half-done dump must not be interrupted behind our back. Not for shell
 	// jobs, which are restored into CRIU's session and process group.
 	//
-	// Pdeathsig: CRIU dies with kcr, so an orphaned CRIU never starts or
-	// finishes a dump nobody will publish or resume. A CRIU killed in the
-	// middle of a dump releases the tree, which goes on running (ptrace
-	// detaches it; checked with a 1.5 GiB process killed mid-memory-dump).
-	// The signal fires when the thread that forked CRIU exits, not the
-	// process: the fork runs on a locked thread, and since this goroutine
-	// never ends locked, Go never retires that thread while kcr lives.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: ownGroup, Pdeathsig: syscall.SIGKILL}
+	// Pdeathsig (dumps): CRIU dies with kcr, so an orphaned CRIU never
+	// starts or finishes a dump nobody will publish or resume. A CRIU killed
+	// in the middle of a dump releases the tree, which goes on running
+	// (ptrace detaches it; checked with a 1.5 GiB process killed
+	// mid-memory-dump). The signal fires when the thread that forked CRIU
+	// exits, not the process: the fork runs on a locked thread, and since
+	// this goroutine never ends locked, Go never retires that thread while
+	// kcr lives.
+	//
+	// Not for restores: a CRIU killed in the middle of a restore leaves the
+	// half-built tree behind, each task waiting forever in CRIU's restorer
+	// for a stage that never comes, holding the image's PIDs. An orphaned
+	// CRIU instead fails to send its next notification to our closed end
+	// (it ignores SIGPIPE), aborts, and kills the tasks it forked.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: ownGroup}
+	if dieWithUs {
+		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	}
 	runtime.LockOSThread()
 	err = cmd.Start()
 	runtime.UnlockOSThread()
@@ -94,7 +106,11 @@ func startSwrk(ctx context.Context, criuPath string, ownGroup bool) (*swrk, erro
 	}
 	s := &swrk{cmd: cmd, conn: conn, stderr: out}
 	s.stop = context.AfterFunc(ctx, func() {
-		_ = cmd.Process.Kill()
+		if dieWithUs {
+			_ = cmd.Process.Kill()
+		}
+		// A restoring CRIU is left to abort by itself once close shuts
+		// our end: killing it would strand the tasks it forked.
 		_ = conn.SetDeadline(time.Unix(1, 0))
 	})
 	return s, nil

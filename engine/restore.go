@@ -27,7 +27,8 @@ type RestoreOptions struct {
 	// HookWait is how long to wait for the app's after-restore hooks
 	// before reporting them as pending (default 30 s).
 	HookWait time.Duration
-	// PIDWait is how long a PID held by a zombie may take to be reaped.
+	// PIDWait is how long a PID held by a zombie may take to be reaped, or
+	// one held by a restore that CRIU is aborting (its kcr died) to be freed.
 	PIDWait time.Duration
 	// WorkDir receives CRIU's restore log (default: a new directory under
 	// $TMPDIR/kcr-restore-*).

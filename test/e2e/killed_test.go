@@ -218,3 +218,100 @@ func TestKCRKilledDuringDump(t *testing.T) {
 	// And the app can be checkpointed again.
 	mustKCR(t, "checkpoint", "--leave-running", "-o", filepath.Join(t.TempDir(), "img2"), strconv.Itoa(a.pid))
 }
+
+// kcr SIGKILLed in the middle of CRIU's restore work (a 512 MiB heap makes
+// the memory restore take a while): the half-built tree is killed, not left
+// waiting in CRIU's restorer with the image's PIDs; the image stays
+// complete, and a restore started right away (it waits for the aborting
+// CRIU) brings the app back producing, with nothing missing on the broker.
+func TestKCRKilledDuringRestore(t *testing.T) {
+	k := needKafka(t)
+	topic := k.newTopic("killed-restore", 3)
+	a := k.start("-topic", topic, "-produce-rate", "200", "-client-id", "killed-restore", "-heap-mb", "512")
+	a.waitAcked(200, 60*time.Second)
+	img := filepath.Join(t.TempDir(), "img")
+	mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
+	select {
+	case <-a.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the checkpointed process is still running")
+	}
+	before := acked(a.events())
+	n1 := len(a.events())
+
+	tmp := t.TempDir() // kcr's restore work directory goes here
+	rs := exec.Command(kcrBin, "restore", img)
+	rs.Env = append(os.Environ(), "TMPDIR="+tmp)
+	if err := rs.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { rs.Wait(); close(exited) }()
+	// Kill kcr once CRIU has forked the image's PID and is restoring it.
+	eventually(t, 30*time.Second, "CRIU restoring the app's PID", func() (bool, string) {
+		select {
+		case <-exited:
+			t.Fatal("kcr restore finished before it could be killed mid-restore")
+		default:
+		}
+		return forkedByCRIU(a.pid), "not yet"
+	})
+	time.Sleep(50 * time.Millisecond)
+	rs.Process.Signal(syscall.SIGKILL)
+	<-exited
+	killed := time.Now()
+	if rs.ProcessState.Success() {
+		t.Fatal("kcr restore finished before it was killed")
+	}
+
+	// Right away: the restore waits until the aborting CRIU has freed the PID.
+	pid, _ := restore(t, img)
+	t.Logf("kcr killed mid-restore: restored again %v later", time.Since(killed).Round(time.Millisecond))
+	logs, _ := filepath.Glob(filepath.Join(tmp, "kcr-restore-*", "restore.log"))
+	if len(logs) != 1 {
+		t.Fatalf("restore logs of the killed restore: %v", logs)
+	}
+	b, err := os.ReadFile(logs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "Restoring FAILED") {
+		t.Fatalf("CRIU did not abort the restore whose kcr died; its log ends:\n%s", lastBytes(string(b), 800))
+	}
+	// The half-built incarnation never ran the app's code.
+	ev := a.waitAfter(n1, 30*time.Second)
+	if ev.str("kind") != "restore" || int(num(ev["pid"])) != pid {
+		t.Fatalf("after restore: %v", ev)
+	}
+	for _, e := range a.since(n1) {
+		if e["ev"] == "after" && num(e["gen"]) != num(ev["gen"]) {
+			t.Fatalf("two incarnations ran their after-restore hooks: %v and %v", ev, e)
+		}
+	}
+	mustKCR(t, "inspect", img)
+	a.waitAcked(len(before)+100, 30*time.Second)
+	a.stop(pid)
+	k.checkAcked(topic, acked(a.events()))
+}
+
+// forkedByCRIU reports whether pid is a task that CRIU is restoring: its
+// parent is "criu swrk".
+func forkedByCRIU(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) < 2 {
+		return false
+	}
+	cmd, _ := os.ReadFile("/proc/" + f[1] + "/cmdline")
+	return strings.Contains(string(cmd), "swrk")
+}
+
+func lastBytes(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}

@@ -99,7 +99,13 @@ func main() {
 	flag.DurationVar(&c.slowHook, "slow-hook", 0, "a before-checkpoint hook that runs last and takes this long (or until its deadline)")
 	failCheckpoint := flag.Bool("fail-checkpoint", false, "register a resource whose before-checkpoint hook fails")
 	logLevel := flag.String("log-level", "info", "level of the slog records logged as ev=log (debug, info, warn)")
+	heapMB := flag.Int("heap-mb", 0, "keep this many MiB of filled memory (an image that takes a while to restore)")
 	flag.Parse()
+	heap := make([]byte, *heapMB<<20)
+	for i := range heap {
+		heap[i] = byte(i * 7)
+	}
+	defer runtime.KeepAlive(heap)
 	c.brokers = strings.Split(*brokers, ",")
 	if c.topic == "" || (c.consume && c.group == "" && c.partition < 0) || c.writers < 1 || c.batch < 1 {
 		emit("fatal", "err", "need -topic, -group with -consume, positive -writers and -batch")

@@ -156,8 +156,9 @@ func TestKCRKilledBeforePublish(t *testing.T) {
 		t.Fatalf("kcr recover: %q", r.stderr)
 	}
 	mustKCR(t, "inspect", img) // verifies every checksum
-	// kcr SIGKILLed during a restore (CRIU slow to start): CRIU dies with
-	// it, and the image, untouched, restores afterwards.
+	// kcr SIGKILLed during a restore (CRIU slow to start): the orphaned
+	// CRIU aborts at its first notification, before forking anything, and
+	// the image, untouched, restores afterwards.
 	rs := exec.Command(kcrBin, "restore", img)
 	rs.Env = append(os.Environ(), "KCR_CRIU="+slowCRIU(t, 3*time.Second, "swrk"))
 	if err := rs.Start(); err != nil {

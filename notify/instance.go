@@ -47,6 +47,14 @@ func parseStartTime(stat []byte) (uint64, error) {
 	return strconv.ParseUint(string(fields[19]), 10, 64)
 }
 
+// Self returns this process's PID as /proc shows it and its start time:
+// what another process sharing that /proc watches to tell whether this one
+// still runs (kcr sends them in its checkpoint request).
+func Self() (pid int, start uint64, err error) {
+	start, err = startTime(0)
+	return hostPID(), start, err
+}
+
 // hostPID returns this process's PID as seen by /proc, which is the host's
 // PID when the process runs in a PID namespace of its own without a mount
 // namespace (as under "kcr run"). kcr looks processes up by that PID.

@@ -5,22 +5,36 @@ import (
 	"os"
 	"strconv"
 	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kcr-dev/kcr/notify/proto"
 )
 
 // peer identifies the kcr process on the other end of a control connection:
-// its PID (SO_PEERCRED, in our PID namespace) and its start time, so that a
-// PID reused by another process is not taken for kcr.
+// its PID (in our /proc) and its start time, so that a PID reused by another
+// process is not taken for kcr.
 type peer struct {
 	pid   int
 	start uint64
 }
 
-// newPeer reads pid's start time. pid 0 means the peer is outside our PID
-// namespace (a service under "kcr run"): it cannot be watched through /proc.
-func newPeer(pid int32) peer {
-	p := peer{pid: int(pid)}
+// newPeer identifies kcr by SO_PEERCRED's PID. That is 0 when kcr is
+// outside our PID namespace (a service under "kcr run"); /proc is then still
+// the host's, so the PID and start time kcr named in its request are used,
+// if /proc shows that process, with that start time, owned by the peer's
+// uid. A peer it cannot identify is not watched (pid 0).
+func newPeer(cred *unix.Ucred, m proto.Message) peer {
+	p := peer{pid: int(cred.Pid)}
+	if p.pid == 0 && m.KCRPID > 0 {
+		var st unix.Stat_t
+		if unix.Stat("/proc/"+strconv.Itoa(m.KCRPID), &st) != nil || st.Uid != cred.Uid {
+			return peer{}
+		}
+		p.pid = m.KCRPID
+	}
 	if p.pid > 0 {
-		if st, err := procStartTime(p.pid); err == nil {
+		if st, err := procStartTime(p.pid); err == nil && (int(cred.Pid) != 0 || st == m.KCRStart) {
 			p.start = st
 		} else {
 			p.pid = 0

@@ -414,7 +414,7 @@ func (s *Server) handle(c *net.UnixConn) {
 	case proto.TypeCheckpoint:
 		// checkpoint closes c itself, before it answers "ready".
 		closeConn = false
-		s.checkpoint(c, m, newPeer(cred.Pid))
+		s.checkpoint(c, m, newPeer(cred, m))
 	case proto.TypeResume, proto.TypeRestored:
 		f := followup{msg: m, reply: make(chan proto.Message, 1)}
 		// Hand f over under s.mu: checkpoint clears s.followups and drains

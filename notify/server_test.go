@@ -1,6 +1,7 @@
 package notify_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/binary"
@@ -51,6 +52,20 @@ func TestMain(m *testing.M) {
 		m, err := client.Checkpoint(context.Background(), os.Getenv("KCR_NOTIFY_TEST_SOCK"),
 			client.CheckpointRequest{HookBudget: 30 * time.Second, ResumeAfter: 2 * time.Minute})
 		fmt.Println("ANSWER", m.Type, err)
+		select {}
+	case "app":
+		// An app (started in a PID namespace of its own): serves its
+		// control socket and prints each after-restore event.
+		g := notify.NewRegistry()
+		g.Register("probe", notify.Func(nil, func(_ context.Context, ev notify.Event) error {
+			fmt.Printf("AFTER %s %q\n", ev.Kind, ev.Reason)
+			return nil
+		}))
+		if _, err := g.Start(notify.WithSocketPath(os.Getenv("KCR_NOTIFY_TEST_SOCK"))); err != nil {
+			fmt.Println("ERR " + err.Error())
+			os.Exit(1)
+		}
+		fmt.Println("READY", os.Getpid())
 		select {}
 	default:
 		fmt.Fprintln(os.Stderr, "unknown helper mode")
@@ -1147,5 +1162,78 @@ func TestLeaveRunningIntent(t *testing.T) {
 		if got := <-seen; got != c.leave || r.Event.Kind != c.kind {
 			t.Errorf("Simulate(%v): LeaveRunning %v, event %v; want %v, %v", c.o, got, r.Event.Kind, c.leave, c.kind)
 		}
+	}
+}
+
+// TestKCRKilledWhileWaitingOtherPIDNamespace: an app in a PID namespace of
+// its own (as under "kcr run") gets PID 0 for kcr from SO_PEERCRED; it
+// watches the PID kcr named in its request instead, so it resumes within a
+// moment of kcr's death, not after the 2-minute resumeAfter.
+func TestKCRKilledWhileWaitingOtherPIDNamespace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("needs root for a PID namespace")
+		}
+		t.Skip("needs root for a PID namespace")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(t.TempDir(), "kcr-ns.sock")
+	app := exec.Command(self)
+	app.Env = append(os.Environ(), helperEnv+"=app", "KCR_NOTIFY_TEST_SOCK="+sock)
+	app.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID}
+	out, err := app.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := app.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { app.Process.Kill(); app.Wait() })
+	lines := make(chan string, 16)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	next := func(within time.Duration) string {
+		t.Helper()
+		select {
+		case l := <-lines:
+			return l
+		case <-time.After(within):
+			t.Fatalf("app printed nothing within %v", within)
+			return ""
+		}
+	}
+	if l := next(10 * time.Second); l != "READY 1" {
+		t.Fatalf("app: %q, want READY 1 (init of its own PID namespace)", l)
+	}
+	answered, kill := startKCR(t, sock)
+	select {
+	case a := <-answered:
+		if !strings.HasPrefix(a, "ANSWER ready") {
+			t.Fatalf("stand-in got %q", a)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no ready")
+	}
+	select {
+	case l := <-lines:
+		t.Fatalf("app went on while kcr was alive: %q", l)
+	case <-time.After(200 * time.Millisecond):
+	}
+	kill()
+	killed := time.Now()
+	l := next(5 * time.Second)
+	if d := time.Since(killed); d > time.Second {
+		t.Errorf("resumed %v after kcr died, want ≤ 1s", d)
+	}
+	if !strings.HasPrefix(l, "AFTER resume") || !strings.Contains(l, "exited before its follow-up") {
+		t.Errorf("app: %q, want a resume because kcr exited", l)
 	}
 }

@@ -286,8 +286,11 @@ func checkpoint(ctx context.Context, dial dialer, path string, req CheckpointReq
 	if budget <= 0 {
 		budget = notify.DefaultHookBudget
 	}
+	// Named for an app in a PID namespace of its own, which cannot see
+	// kcr's PID through SO_PEERCRED but can watch this one.
+	pid, start, _ := notify.Self()
 	m, c, err := call(ctx, dial, path, proto.Message{Type: proto.TypeCheckpoint, HookBudget: req.HookBudget,
-		ResumeAfter: req.ResumeAfter, Leave: req.LeaveRunning, RequireDrained: req.RequireDrained}, budget+5*time.Second)
+		ResumeAfter: req.ResumeAfter, Leave: req.LeaveRunning, RequireDrained: req.RequireDrained, KCRPID: pid, KCRStart: start}, budget+5*time.Second)
 	if err != nil {
 		return m, err
 	}

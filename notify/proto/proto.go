@@ -79,6 +79,12 @@ type Message struct {
 	// RequireDrained asks that no resource carry records into the image
 	// (kcr checkpoint --require-drained): a hook that would, vetoes.
 	RequireDrained bool `json:"require_drained,omitempty"`
+	// KCRPID and KCRStart name the CLI: its PID as /proc shows it and its
+	// start time. An app in a PID namespace of its own ("kcr run") gets PID
+	// 0 from SO_PEERCRED but shares the host's /proc, so it watches this
+	// process instead, to resume at once if kcr dies.
+	KCRPID   int    `json:"kcr_pid,omitempty"`
+	KCRStart uint64 `json:"kcr_start_time,omitempty"`
 
 	// resume, restored
 	Reason     string   `json:"reason,omitempty"`
@@ -161,6 +167,9 @@ func Decode(body []byte) (Message, error) {
 	}
 	if !knownType(m.Type) {
 		return Message{}, fmt.Errorf("%w: unknown type %q", ErrBadMessage, m.Type)
+	}
+	if m.KCRPID < 0 {
+		return Message{}, fmt.Errorf("%w: negative kcr_pid", ErrBadMessage)
 	}
 	if m.HookBudget < 0 || m.ResumeAfter < 0 || m.Wait < 0 {
 		return Message{}, fmt.Errorf("%w: negative duration", ErrBadMessage)

@@ -184,6 +184,7 @@ func TestReadErrors(t *testing.T) {
 		{"negative hook budget", frame(`{"v":1,"type":"checkpoint","hook_budget_ns":-1}`), ErrBadMessage, "negative duration"},
 		{"negative resume after", frame(`{"v":1,"type":"checkpoint","resume_after_ns":-1000}`), ErrBadMessage, "negative duration"},
 		{"negative wait", frame(`{"v":1,"type":"resume","wait_ns":-9223372036854775808}`), ErrBadMessage, "negative duration"},
+		{"negative kcr pid", frame(`{"v":1,"type":"checkpoint","kcr_pid":-1}`), ErrBadMessage, "negative kcr_pid"},
 		{"wrong field type", frame(`{"v":1,"type":"restored","generation":"7"}`), ErrBadMessage, ""},
 		{"negative generation", frame(`{"v":1,"type":"restored","generation":-7}`), ErrBadMessage, ""},
 		{"too many resources", frame(`{"v":1,"type":"info","resources":[` + strings.Repeat(`"",`, 4096) + `""]}`), ErrBadMessage, "too many"},

@@ -25,21 +25,31 @@ func TestKCRKilledDuringCheckpoint(t *testing.T) {
 		env  func(t *testing.T) []string
 		kill time.Duration
 		args []string // for kafkaapp
+		run  bool     // start kafkaapp with kcr run (PID namespace of its own)
 	}{
 		// Before the hooks: nothing happened to the app.
 		// (CRIU's version check is slow: kcr dies before it connects.)
-		{"before-hooks", func(t *testing.T) []string { return []string{"KCR_CRIU=" + slowCRIU(t, 3*time.Second, "--version")} }, 0, nil},
+		{"before-hooks", func(t *testing.T) []string { return []string{"KCR_CRIU=" + slowCRIU(t, 3*time.Second, "--version")} }, 0, nil, false},
 		// During a slow hook: its context is cancelled, every hook resumes.
-		{"slow-hook", func(*testing.T) []string { return nil }, 300 * time.Millisecond, []string{"-slow-hook", "20s"}},
+		{"slow-hook", func(*testing.T) []string { return nil }, 300 * time.Millisecond, []string{"-slow-hook", "20s"}, false},
 		// After the hooks, before CRIU is asked to dump.
-		{"after-hooks", func(*testing.T) []string { return []string{"KCR_TEST_STALL_AFTER_HOOKS=60s"} }, 300 * time.Millisecond, nil},
+		{"after-hooks", func(*testing.T) []string { return []string{"KCR_TEST_STALL_AFTER_HOOKS=60s"} }, 300 * time.Millisecond, nil, false},
 		// CRIU slow to start: kcr dies while the dump request waits for it.
-		{"slow-criu", func(t *testing.T) []string { return []string{"KCR_CRIU=" + slowCRIU(t, 3*time.Second, "swrk")} }, 300 * time.Millisecond, nil},
+		{"slow-criu", func(t *testing.T) []string { return []string{"KCR_CRIU=" + slowCRIU(t, 3*time.Second, "swrk")} }, 300 * time.Millisecond, nil, false},
+		// After the hooks, the app under kcr run: SO_PEERCRED gives it PID
+		// 0 for kcr, so it watches the PID kcr named in its request.
+		{"after-hooks-kcr-run", func(*testing.T) []string { return []string{"KCR_TEST_STALL_AFTER_HOOKS=60s"} }, 300 * time.Millisecond, nil, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			k := needKafka(t)
 			topic := k.newTopic("killed", 3)
-			a := k.start(append([]string{"-topic", topic, "-produce-rate", "200", "-client-id", "killed"}, c.args...)...)
+			args := append([]string{"-topic", topic, "-produce-rate", "200", "-client-id", "killed"}, c.args...)
+			var a *kapp
+			if c.run {
+				_, a = k.run(args...)
+			} else {
+				a = k.start(args...)
+			}
 			a.waitAcked(200, 30*time.Second)
 			n0 := len(a.events())
 			cmd := exec.Command(kcrBin, "checkpoint", "-o", filepath.Join(t.TempDir(), "img"), strconv.Itoa(a.pid))
@@ -83,6 +93,9 @@ func TestKCRKilledDuringCheckpoint(t *testing.T) {
 			producing := time.Since(killed)
 			t.Logf("kcr killed: hooks resumed after %v, producing again after %v (reason %q)",
 				resumed.Round(time.Millisecond), producing.Round(time.Millisecond), ev.str("reason"))
+			if c.run && resumed > time.Second {
+				t.Errorf("the app under kcr run resumed %v after kcr died; want ≤ 1s", resumed)
+			}
 			if producing > 3*time.Second {
 				t.Errorf("the app produced again %v after kcr died; want ≤ 3s (goal 1s)", producing)
 			}

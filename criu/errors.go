@@ -6,6 +6,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"sync"
 )
 
 // Cause classifies a CRIU failure that kcr knows how to explain. It is an
@@ -55,27 +56,35 @@ var hints = map[Cause]string{
 func (c Cause) Hint() string { return hints[c] }
 
 // causePatterns are tried in order on every error line of a log; the first
-// cause found anywhere in the log wins over later ones in this list.
-var causePatterns = []struct {
+// cause found anywhere in the log wins over later ones in this list. They
+// are compiled on first use: every kcr command links this package, and
+// compiling at init would slow each start for the few that read a log.
+var causePatterns = sync.OnceValue(func() []causePattern {
+	return []causePattern{
+		{CauseMPTCP, regexp.MustCompile(`Unsupported proto 262|IPPROTO_MPTCP|proto 262`)},
+		{CauseTCPCloseNeeded, regexp.MustCompile(`Need to set the --tcp-close option`)},
+		{CauseTCPEstablished, regexp.MustCompile(`(?i)connected TCP socket|tcp-established|TCP connection`)},
+		{CauseExternalUnix, regexp.MustCompile(`(?i)external socket is used|ext-unix-sk|half of stream unix connection|unix socket .* without peer|Runaway socket`)},
+		{CausePIDInUse, regexp.MustCompile(`Can't fork for \d+: File exists|PID \d+ is in use`)},
+		{CauseUnixBindInUse, regexp.MustCompile(`Can't bind .*Address already in use`)},
+		{CauseFileVanished, regexp.MustCompile(`Unable to change \[-?\d+\]/.* ownership .*: No such file or directory`)},
+		{CauseShellJob, regexp.MustCompile(`(?i)not a session leader|shell-job|shell_job|controlling terminal`)},
+		{CauseNoProcess, regexp.MustCompile(`No such process`)},
+		{CausePermission, regexp.MustCompile(`(?i)operation not permitted|permission denied|CAP_SYS_ADMIN|CAP_CHECKPOINT_RESTORE|capability .* missing`)},
+		// Last: any other cause in the daemon's log is news.
+		{CauseRestoreGone, regexp.MustCompile(`PID recv|Restorer unexpectedly closed`)},
+	}
+})
+
+type causePattern struct {
 	cause Cause
 	re    *regexp.Regexp
-}{
-	{CauseMPTCP, regexp.MustCompile(`Unsupported proto 262|IPPROTO_MPTCP|proto 262`)},
-	{CauseTCPCloseNeeded, regexp.MustCompile(`Need to set the --tcp-close option`)},
-	{CauseTCPEstablished, regexp.MustCompile(`(?i)connected TCP socket|tcp-established|TCP connection`)},
-	{CauseExternalUnix, regexp.MustCompile(`(?i)external socket is used|ext-unix-sk|half of stream unix connection|unix socket .* without peer|Runaway socket`)},
-	{CausePIDInUse, regexp.MustCompile(`Can't fork for \d+: File exists|PID \d+ is in use`)},
-	{CauseUnixBindInUse, regexp.MustCompile(`Can't bind .*Address already in use`)},
-	{CauseFileVanished, regexp.MustCompile(`Unable to change \[-?\d+\]/.* ownership .*: No such file or directory`)},
-	{CauseShellJob, regexp.MustCompile(`(?i)not a session leader|shell-job|shell_job|controlling terminal`)},
-	{CauseNoProcess, regexp.MustCompile(`No such process`)},
-	{CausePermission, regexp.MustCompile(`(?i)operation not permitted|permission denied|CAP_SYS_ADMIN|CAP_CHECKPOINT_RESTORE|capability .* missing`)},
-	// Last: any other cause in the daemon's log is news.
-	{CauseRestoreGone, regexp.MustCompile(`PID recv|Restorer unexpectedly closed`)},
 }
 
 // logLineRE splits "(00.012345) Error (criu/sk-inet.c:188): message".
-var logLineRE = regexp.MustCompile(`^\s*(?:\(\s*[0-9.]+\)\s*)?(?:pie: \d+: )?(?:\d+: )?(Error|Warn) \(([^)]*)\): ?(.*)$`)
+var logLineRE = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^\s*(?:\(\s*[0-9.]+\)\s*)?(?:pie: \d+: )?(?:\d+: )?(Error|Warn) \(([^)]*)\): ?(.*)$`)
+})
 
 // harmless reports error lines CRIU prints that do not explain a failure:
 // when kcr runs without CAP_SYS_RESOURCE (containers, some VMs) CRIU cannot
@@ -109,11 +118,11 @@ func parseLogFile(path string) (string, Cause) {
 }
 
 func parseLog(r io.Reader) (first string, cause Cause) {
-	rank := len(causePatterns)
+	rank := len(causePatterns())
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		m := logLineRE.FindStringSubmatch(sc.Text())
+		m := logLineRE().FindStringSubmatch(sc.Text())
 		if m == nil || m[1] != "Error" {
 			continue
 		}
@@ -132,9 +141,10 @@ func parseLog(r io.Reader) (first string, cause Cause) {
 // classify returns the cause msg matches if it ranks before the cause found
 // so far (rank is that cause's index in causePatterns).
 func classify(msg string, cause Cause, rank int) (Cause, int) {
+	ps := causePatterns()
 	for i := 0; i < rank; i++ {
-		if causePatterns[i].re.MatchString(msg) {
-			return causePatterns[i].cause, i
+		if ps[i].re.MatchString(msg) {
+			return ps[i].cause, i
 		}
 	}
 	return cause, rank
@@ -144,13 +154,13 @@ func classify(msg string, cause Cause, rank int) (Cause, int) {
 // had a log file (e.g. "CRIU needs to have the CAP_SYS_ADMIN or the
 // CAP_CHECKPOINT_RESTORE capability"): every non-empty line counts.
 func parseOutput(out string) (first string, cause Cause) {
-	rank := len(causePatterns)
+	rank := len(causePatterns())
 	for _, line := range strings.Split(out, "\n") {
 		line = strings.TrimSpace(line)
 		if line == "" || harmless(line) {
 			continue
 		}
-		if m := logLineRE.FindStringSubmatch(line); m != nil {
+		if m := logLineRE().FindStringSubmatch(line); m != nil {
 			if m[1] != "Error" {
 				continue
 			}

@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -282,7 +283,9 @@ type LazyPagesStats struct {
 }
 
 // "uffd: 1234-12: UFFD transferred pages: (65892/65892)" (debug level).
-var lazyXferRE = regexp.MustCompile(`uffd: -?\d+-\d+: UFFD transferred pages: \((\d+)/(\d+)\)`)
+var lazyXferRE = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`uffd: -?\d+-\d+: UFFD transferred pages: \((\d+)/(\d+)\)`)
+})
 
 // ReadLazyPagesStats reads the summary the daemon writes to its log (at
 // log level 4, as Restore runs it) as each task's memory is complete. It
@@ -298,7 +301,7 @@ func ReadLazyPagesStats(logPath string) (*LazyPagesStats, error) {
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		m := lazyXferRE.FindStringSubmatch(sc.Text())
+		m := lazyXferRE().FindStringSubmatch(sc.Text())
 		if m == nil {
 			continue
 		}

@@ -4,6 +4,11 @@
 # and prints medians and ratios.
 #
 #   sudo scripts/bench.sh [rounds] [heap MiB]    (default 15 rounds, 0 MiB)
+#
+# With KCR_BENCH_BASE=REV (a git revision, e.g. main) a kcr built from REV
+# the way the README said then (plain go build) is timed in the same rounds,
+# for a before/after comparison. kcr itself is built as the README says
+# (CGO_ENABLED=0: a static binary, no dynamic loader at each start).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -17,8 +22,17 @@ criu="${KCR_CRIU:-$(command -v criu || echo /usr/local/sbin/criu)}"
 
 work=$(mktemp -d /var/tmp/kcr-bench.XXXXXX)
 trap 'kill -9 $(cat "$work"/pid 2>/dev/null) 2>/dev/null || true; rm -rf "$work"' EXIT
-go build -o "$work/kcr" ./cmd/kcr
+CGO_ENABLED=0 go build -o "$work/kcr" ./cmd/kcr
+go build -o "$work/kcr-cgo" ./cmd/kcr
 go build -o "$work/testapp" ./test/e2e/testapp
+base="${KCR_BENCH_BASE:-}"
+if [ -n "$base" ]; then
+	mkdir "$work/base"
+	git archive "$base" | tar -x -C "$work/base"
+	(cd "$work/base" && go build -o "$work/kcr-base" ./cmd/kcr)
+fi
+# Times are microseconds read from $EPOCHREALTIME, without forking: a "date"
+# per reading would add its own start to every interval.
 
 GODEBUG=multipathtcp=0 KCR_SOCKET_DIR="$work/sock" setsid "$work/testapp" -heap-mb "$heap_mb" </dev/null >>"$work/app.log" 2>&1 &
 pid=$!
@@ -27,27 +41,53 @@ wait_socket "$pid" 10
 [ "$heap_mb" = 0 ] || sleep 1
 rss=$(awk '/VmRSS/{print $2}' "/proc/$pid/status")
 
-declare -a kc cd cs kr cr fz pp dm wd iw ce rs vs
+declare -a kc cd cs kr cr fz pp dm wd iw ce rs vs gv bc bv br
 # phase NAME: that phase of the last "kcr checkpoint --json", in µs.
 phase() { jq --arg n "$1" '[.phases[] | select(.name == $n) | .duration_ns][0] // 0 | . / 1000 | floor' "$work/k.json"; }
-for _ in $(seq "$rounds"); do
-	rm -rf "$work/k" "$work/c"
-	mkdir -p "$work/c"
-	t0=$(now_ns)
+run_kcr() {
+	local t0 t1
+	t0=${EPOCHREALTIME/./}
 	quiet "$work/kcr.err" "$work/kcr" checkpoint --json --no-hooks --leave-running -o "$work/k" "$pid" >"$work/k.json"
-	t1=$(now_ns)
+	t1=${EPOCHREALTIME/./}
+	kwall=$((t1 - t0))
+	kc+=("$kwall")
+}
+run_criu() {
+	local t0 t1 t2
+	t0=${EPOCHREALTIME/./}
 	"$criu" dump -t "$pid" -D "$work/c" --leave-running --file-locks -o dump.log
-	t2=$(now_ns)
+	t1=${EPOCHREALTIME/./}
 	sync -f "$work/c"
-	t3=$(now_ns)
-	# A kcr start and exit alone: the Go runtime, cobra, the dynamic loader.
-	t4=$(now_ns)
-	"$work/kcr" version >/dev/null
-	t5=$(now_ns)
-	kc+=($(((t1 - t0) / 1000)))
-	cd+=($(((t2 - t1) / 1000)))
-	cs+=($(((t3 - t1) / 1000)))
-	vs+=($(((t5 - t4) / 1000)))
+	t2=${EPOCHREALTIME/./}
+	cd+=($((t1 - t0)))
+	cs+=($((t2 - t0)))
+}
+run_base() {
+	local t0 t1
+	t0=${EPOCHREALTIME/./}
+	quiet "$work/kcr.err" "$work/kcr-base" checkpoint --no-hooks --leave-running -o "$work/b" "$pid" >/dev/null
+	t1=${EPOCHREALTIME/./}
+	bc+=($((t1 - t0)))
+}
+# start_exit ARRAY BINARY: a start and exit alone (Go runtime, package init,
+# cobra), appended to ARRAY.
+start_exit() {
+	local t0 t1
+	t0=${EPOCHREALTIME/./}
+	"$2" version >/dev/null
+	t1=${EPOCHREALTIME/./}
+	eval "$1+=($((t1 - t0)))"
+}
+# The dumps run in a rotated order, so that none always comes first after
+# the restore that ends the previous round.
+if [ -n "$base" ]; then orders=("kcr criu base" "criu base kcr" "base kcr criu"); else orders=("kcr criu" "criu kcr"); fi
+for i in $(seq "$rounds"); do
+	rm -rf "$work/k" "$work/c" "$work/b"
+	mkdir -p "$work/c"
+	for step in ${orders[$((i % ${#orders[@]}))]}; do "run_$step"; done
+	start_exit vs "$work/kcr"
+	start_exit gv "$work/kcr-cgo"
+	[ -z "$base" ] || start_exit bv "$work/kcr-base"
 	# The app's pause: CRIU's own frozen time (freeze → resume of the tree),
 	# from the manifest; what a --leave-running user feels.
 	fz+=("$(jq '.manifest.criu_stats.frozen_time_us // 0' "$work/k.json")")
@@ -56,23 +96,32 @@ for _ in $(seq "$rounds"); do
 	wd+=("$(phase "freeze+dump")")
 	iw+=("$(phase "image write")")
 	ce+=("$(phase "criu exit")")
-	rs+=($(((t1 - t0) / 1000 - $(phase total))))
+	rs+=($((kwall - $(phase total))))
 
 	# Restores need the PID free: kill the original (outside the timing).
 	kill -9 "$pid"
 	wait "$pid" 2>/dev/null || true
 	wait_gone "$pid"
-	t0=$(now_ns)
+	t0=${EPOCHREALTIME/./}
 	quiet "$work/kcr.err" "$work/kcr" restore "$work/k" >/dev/null
-	t1=$(now_ns)
-	kr+=($(((t1 - t0) / 1000)))
+	t1=${EPOCHREALTIME/./}
+	kr+=($((t1 - t0)))
 	kill -9 "$pid"
 	wait_gone "$pid"
-	t0=$(now_ns)
+	if [ -n "$base" ]; then
+		t0=${EPOCHREALTIME/./}
+		quiet "$work/kcr.err" "$work/kcr-base" restore "$work/k" >/dev/null
+		t1=${EPOCHREALTIME/./}
+		br+=($((t1 - t0)))
+		kill -9 "$pid"
+		wait_gone "$pid"
+	fi
+	t0=${EPOCHREALTIME/./}
 	"$criu" restore -D "$work/c" -d --file-locks -o restore.log
-	t1=$(now_ns)
-	cr+=($(((t1 - t0) / 1000)))
+	t1=${EPOCHREALTIME/./}
+	cr+=($((t1 - t0)))
 	wait_socket "$pid"
+	sleep 0.5 # the restored app notices its restore by itself; let it settle
 done
 
 ms_() { awk -v x="$1" 'BEGIN{printf "%8.1f", x/1000}'; }
@@ -91,6 +140,7 @@ echo "    image write (hash, syncfs, publish)      $(ms_ "$(median "${iw[@]}")")
 echo "    CRIU's exit, left after the image write  $(ms_ "$(median "${ce[@]}")")"
 echo "    process start, flags, output, exit       $(ms_ "$(median "${rs[@]}")")"
 echo "    (a bare 'kcr version' start+exit)        $(ms_ "$(median "${vs[@]}")")"
+echo "    (the same, kcr built with cgo)           $(ms_ "$(median "${gv[@]}")")"
 echo "    (phase medians need not add up to the wall-time median)"
 echo "  app pause (CRIU frozen time)               $(ms_ "$(median "${fz[@]}")")"
 echo "  criu dump --leave-running                  $(ms_ "$mc")"
@@ -100,3 +150,15 @@ echo "  criu restore -d                            $(ms_ "$mcr")"
 echo "  ratio checkpoint kcr/criu dump:            $(ratio "$mk" "$mc")   (goal <= 1.15)"
 echo "  ratio checkpoint kcr/(criu dump + syncfs): $(ratio "$mk" "$ms")   (goal <= 1.05)"
 echo "  ratio restore kcr/criu:                    $(ratio "$mkr" "$mcr")"
+if [ -n "$base" ]; then
+	mb=$(median "${bc[@]}")
+	mbr=$(median "${br[@]}")
+	echo "  before: kcr from $base (plain go build), same rounds"
+	echo "    kcr checkpoint --no-hooks --leave-running $(ms_ "$mb")"
+	echo "    a bare 'kcr version' start+exit          $(ms_ "$(median "${bv[@]}")")"
+	echo "    kcr restore                              $(ms_ "$mbr")"
+	echo "    ratio checkpoint kcr/criu dump:          $(ratio "$mb" "$mc")"
+	echo "    ratio checkpoint kcr/(criu dump + syncfs): $(ratio "$mb" "$ms")"
+	echo "  ratio checkpoint after/before:             $(ratio "$mk" "$mb")"
+	echo "  ratio restore after/before:                $(ratio "$mkr" "$mbr")"
+fi

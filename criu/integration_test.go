@@ -562,3 +562,40 @@ func TestE2ENotifyCancelAndLeaks(t *testing.T) {
 	}
 	tg.waitTicks(t, tg.lastTick(t))
 }
+
+// TestE2ERestoreCancelled: a restore cancelled after CRIU forked the tree
+// (here during its post-restore notification, when every task has its
+// memory back) stops: CRIU is left to abort and kill what it restored, so
+// no half-restored task keeps the image's PID. (Killing CRIU instead left
+// the task waiting in CRIU's restorer for good.)
+func TestE2ERestoreCancelled(t *testing.T) {
+	criu := needCRIU(t)
+	tg := startTarget(t, false)
+	img := mkdir(t, "img")
+	if _, err := Dump(context.Background(), criu, DumpOptions{PID: tg.pid, ImagesDir: img}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := WaitGone(context.Background(), tg.pid, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	forked := false
+	_, err := Restore(ctx, criu, RestoreOptions{ImagesDir: img, WorkDir: mkdir(t, "work"),
+		Notify: func(script string, pid int) error {
+			if script == "post-restore" {
+				forked = restoring(tg.pid)
+				cancel()
+			}
+			return nil
+		}})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled restore = %v", err)
+	}
+	if !forked {
+		t.Fatal("the task was not CRIU's child at post-restore")
+	}
+	if _, err := WaitGone(context.Background(), tg.pid, 10*time.Second); err != nil {
+		t.Fatalf("the half-restored task stayed: %v", err)
+	}
+}

@@ -69,8 +69,10 @@ type RestoreResult struct {
 // the restored tree into a new time namespace. Every PID and thread ID of the
 // image must be free (see CheckImagePIDsFree).
 //
-// Cancelling ctx stops the restore: CRIU aborts at its next notification
-// and kills the half-restored tree; Restore returns once CRIU exited.
+// Cancelling ctx stops the restore at CRIU's next notification (before
+// forking, or once every task has its memory back): CRIU aborts and kills
+// the half-restored tree, and Restore returns once CRIU exited. A restore
+// past its last notification completes.
 //
 // If the caller dies during the restore, CRIU is not killed with it: it goes
 // on to its next notification (before forking, or after every task restored

@@ -36,6 +36,7 @@ const maxMsg = 1 << 20
 
 // swrk is one "criu swrk" child and our end of its socket.
 type swrk struct {
+	ctx    context.Context
 	cmd    *exec.Cmd
 	conn   *net.UnixConn
 	stderr *os.File // memfd collecting criu's stdout+stderr
@@ -46,8 +47,9 @@ type swrk struct {
 // the child's end is handed over as fd 3 through ExtraFiles (dup2'd without
 // CLOEXEC in the child only), so neither end leaks into other children that
 // the program starts concurrently. dieWithUs (dumps) gives CRIU Pdeathsig
-// SIGKILL and makes cancelling ctx kill it; without it (restores),
-// cancelling ctx only stops the wait for CRIU's answer.
+// SIGKILL and makes cancelling ctx kill it; without it (restores), a
+// cancelled ctx leaves CRIU's next notification unanswered, so that CRIU
+// aborts by itself.
 func startSwrk(ctx context.Context, criuPath string, ownGroup, dieWithUs bool) (*swrk, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -104,15 +106,14 @@ func startSwrk(ctx context.Context, criuPath string, ownGroup, dieWithUs bool) (
 		out.Close()
 		return nil, fmt.Errorf("criu: start %s swrk: %w", criuPath, err)
 	}
-	s := &swrk{cmd: cmd, conn: conn, stderr: out}
-	s.stop = context.AfterFunc(ctx, func() {
-		if dieWithUs {
+	s := &swrk{ctx: ctx, cmd: cmd, conn: conn, stderr: out}
+	s.stop = func() bool { return false }
+	if dieWithUs {
+		s.stop = context.AfterFunc(ctx, func() {
 			_ = cmd.Process.Kill()
-		}
-		// A restoring CRIU is left to abort by itself once close shuts
-		// our end: killing it would strand the tasks it forked.
-		_ = conn.SetDeadline(time.Unix(1, 0))
-	})
+			_ = conn.SetDeadline(time.Unix(1, 0))
+		})
+	}
 	return s, nil
 }
 
@@ -167,6 +168,12 @@ func (s *swrk) call(req *rpc.CriuReq, notify NotifyFunc) (*rpc.CriuResp, error) 
 				notifyErr = &hookError{script: nt.GetScript(), err: err}
 				ok = false
 			}
+		}
+		if err := s.ctx.Err(); err != nil {
+			// Unanswered: once close shuts our end, CRIU aborts (a
+			// restoring CRIU kills the tasks it forked; killing it instead
+			// would strand them in its restorer).
+			return nil, err
 		}
 		req = &rpc.CriuReq{
 			Type:          rpc.CriuReqType_NOTIFY.Enum(),

@@ -1074,15 +1074,7 @@ func startKCR(t *testing.T, sock string) (answered <-chan string, kill func()) {
 // moment, not after the 2-minute resumeAfter it was given.
 func TestKCRKilledWhileWaiting(t *testing.T) {
 	f := newFixture(t)
-	answered, kill := startKCR(t, f.path)
-	select {
-	case a := <-answered:
-		if !strings.HasPrefix(a, "ANSWER ready") {
-			t.Fatalf("stand-in got %q", a)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no ready")
-	}
+	kill := startKCRReady(t, f.path)
 	f.noAfter(200 * time.Millisecond) // kcr alive: the app waits
 	kill()
 	killed := time.Now()
@@ -1213,15 +1205,7 @@ func TestKCRKilledWhileWaitingOtherPIDNamespace(t *testing.T) {
 	if l := next(10 * time.Second); l != "READY 1" {
 		t.Fatalf("app: %q, want READY 1 (init of its own PID namespace)", l)
 	}
-	answered, kill := startKCR(t, sock)
-	select {
-	case a := <-answered:
-		if !strings.HasPrefix(a, "ANSWER ready") {
-			t.Fatalf("stand-in got %q", a)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no ready")
-	}
+	kill := startKCRReady(t, sock)
 	select {
 	case l := <-lines:
 		t.Fatalf("app went on while kcr was alive: %q", l)
@@ -1236,4 +1220,19 @@ func TestKCRKilledWhileWaitingOtherPIDNamespace(t *testing.T) {
 	if !strings.HasPrefix(l, "AFTER resume") || !strings.Contains(l, "exited before its follow-up") {
 		t.Errorf("app: %q, want a resume because kcr exited", l)
 	}
+}
+
+// startKCRReady is startKCR, waiting until the app answered ready.
+func startKCRReady(t *testing.T, sock string) (kill func()) {
+	t.Helper()
+	answered, kill := startKCR(t, sock)
+	select {
+	case a := <-answered:
+		if !strings.HasPrefix(a, "ANSWER ready") {
+			t.Fatalf("stand-in got %q", a)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no ready")
+	}
+	return kill
 }

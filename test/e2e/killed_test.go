@@ -243,13 +243,7 @@ func TestKCRKilledDuringRestore(t *testing.T) {
 	topic := k.newTopic("killed-restore", 3)
 	a := k.start("-topic", topic, "-produce-rate", "200", "-client-id", "killed-restore", "-heap-mb", "512")
 	a.waitAcked(200, 60*time.Second)
-	img := filepath.Join(t.TempDir(), "img")
-	mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
-	select {
-	case <-a.done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the checkpointed process is still running")
-	}
+	img := checkpointGone(t, a.pid)
 	before := acked(a.events())
 	n1 := len(a.events())
 

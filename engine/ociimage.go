@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 )
 
 // CheckpointAnnotation is the annotation by which CRI-O recognises a
@@ -157,3 +158,112 @@ func writeBlob(blobs, mediaType string, v any) (ociDescriptor, error) {
 }
 
 func digest(h hash.Hash) string { return "sha256:" + hex.EncodeToString(h.Sum(nil)) }
+
+// openOCILayer opens the one layer of the checkpoint image in the OCI image
+// layout dir (one image, carrying CheckpointAnnotation, with one layer), as
+// an uncompressed stream whose SHA-256 is checked against the layer's
+// digest when it ends: a mismatch is the stream's error instead of io.EOF.
+func openOCILayer(dir string) (io.ReadCloser, error) {
+	var idx struct {
+		Manifests []ociDescriptor `json:"manifests"`
+	}
+	if err := readOCIJSON(filepath.Join(dir, "index.json"), &idx); err != nil {
+		return nil, err
+	}
+	if len(idx.Manifests) != 1 {
+		return nil, fmt.Errorf("holds %d images: give a layout of kcr export --format oci (one checkpoint image)", len(idx.Manifests))
+	}
+	var m struct {
+		Layers      []ociDescriptor   `json:"layers"`
+		Annotations map[string]string `json:"annotations"`
+	}
+	if err := readOCIBlob(dir, idx.Manifests[0], &m); err != nil {
+		return nil, err
+	}
+	if len(m.Layers) != 1 || m.Annotations[CheckpointAnnotation] == "" {
+		return nil, fmt.Errorf("not a checkpoint image of kcr export --format oci (want one layer and the %s annotation)", CheckpointAnnotation)
+	}
+	l := m.Layers[0]
+	p, err := blobPath(dir, l)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, fmt.Errorf("layer: %w", err)
+	}
+	v := &digestReader{r: f, h: sha256.New(), want: l.Digest}
+	var r io.Reader = v
+	switch l.MediaType {
+	case ociLayerType, "application/vnd.docker.image.rootfs.diff.tar.gzip":
+		zr, err := gzip.NewReader(v)
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("layer: %w", err)
+		}
+		r = zr
+	case "application/vnd.oci.image.layer.v1.tar":
+	default:
+		f.Close()
+		return nil, fmt.Errorf("layer of media type %q: want a tar or gzipped tar", l.MediaType)
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{r, f}, nil
+}
+
+// blobPath is where the layout dir keeps the blob of d; only sha256
+// digests, so that a digest cannot name a path outside the layout.
+func blobPath(dir string, d ociDescriptor) (string, error) {
+	hexPart, ok := strings.CutPrefix(d.Digest, "sha256:")
+	if _, err := hex.DecodeString(hexPart); !ok || err != nil || len(hexPart) != 64 {
+		return "", fmt.Errorf("digest %q: want sha256:<64 hex digits>", d.Digest)
+	}
+	return filepath.Join(dir, "blobs", "sha256", hexPart), nil
+}
+
+// readOCIBlob decodes the JSON blob of d, checking its size and digest.
+func readOCIBlob(dir string, d ociDescriptor, v any) error {
+	p, err := blobPath(dir, d)
+	if err != nil {
+		return err
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return err
+	}
+	h := sha256.Sum256(b)
+	if int64(len(b)) != d.Size || "sha256:"+hex.EncodeToString(h[:]) != d.Digest {
+		return fmt.Errorf("blob %s does not match its descriptor (size or digest)", d.Digest)
+	}
+	return json.Unmarshal(b, v)
+}
+
+func readOCIJSON(p string, v any) error {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("%s: %w", filepath.Base(p), err)
+	}
+	return nil
+}
+
+// digestReader hashes what it reads and, at the end, fails unless the
+// SHA-256 is want.
+type digestReader struct {
+	r    io.Reader
+	h    hash.Hash
+	want string
+}
+
+func (d *digestReader) Read(p []byte) (int, error) {
+	n, err := d.r.Read(p)
+	d.h.Write(p[:n])
+	if err == io.EOF && digest(d.h) != d.want {
+		return n, fmt.Errorf("layer: digest %s, the manifest says %s", digest(d.h), d.want)
+	}
+	return n, err
+}

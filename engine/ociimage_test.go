@@ -2,9 +2,7 @@ package engine
 
 import (
 	"archive/tar"
-	"bytes"
 	"context"
-	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -85,46 +83,5 @@ func TestWriteOCILayout(t *testing.T) {
 	}
 	if len(names) != 2 || names[1] != "checkpoint/inventory.img" {
 		t.Errorf("layer holds %v", names)
-	}
-	checkOpenOCILayer(t, out, archive)
-}
-
-// checkOpenOCILayer: kcr's own reader gives back the archive; a layer
-// changed after the export fails at its end; a digest naming a path is
-// refused.
-func checkOpenOCILayer(t *testing.T, layoutDir, archive string) {
-	t.Helper()
-	want, _ := os.ReadFile(archive)
-	rc, err := openOCILayer(layoutDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := io.ReadAll(rc)
-	rc.Close()
-	if err != nil || !bytes.Equal(got, want) {
-		t.Fatalf("openOCILayer: %d bytes, %v; want the %d-byte archive", len(got), err, len(want))
-	}
-	if _, err := blobPath(layoutDir, ociDescriptor{Digest: "sha256:../../../etc/passwd"}); err == nil {
-		t.Error("a digest naming a path was accepted")
-	}
-	blobs, _ := filepath.Glob(filepath.Join(layoutDir, "blobs", "sha256", "*"))
-	for _, b := range blobs {
-		data, _ := os.ReadFile(b)
-		if len(data) < 2 || data[0] != 0x1f || data[1] != 0x8b {
-			continue // not the gzipped layer
-		}
-		// Same gzip stream, one byte of the trailer's CRC flipped: still
-		// readable by size, wrong digest.
-		data[len(data)-8] ^= 0xff
-		os.WriteFile(b, data, 0o644)
-		rc, err := openOCILayer(layoutDir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = io.ReadAll(rc)
-		rc.Close()
-		if err == nil {
-			t.Error("a changed layer read back without error")
-		}
 	}
 }

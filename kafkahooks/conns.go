@@ -46,9 +46,7 @@ type Conns struct {
 	t          *connTracker
 	log        *slog.Logger
 	unregister func()
-
-	mu     sync.Mutex
-	report map[string]any
+	reports    reportSlot
 }
 
 // TrackConns returns a Conns registered under name. dial is the function
@@ -73,9 +71,7 @@ func (c *Conns) Open() int { return c.t.open() }
 func (c *Conns) BeforeCheckpoint(ctx context.Context) error {
 	n := c.t.closeAll(false)
 	c.log.Debug("connections closed for a checkpoint", "connections", n)
-	c.mu.Lock()
-	c.report = map[string]any{"connections_closed": n}
-	c.mu.Unlock()
+	c.reports.set(map[string]any{"connections_closed": n})
 	return nil
 }
 
@@ -87,9 +83,7 @@ func (c *Conns) AfterRestore(ctx context.Context, ev notify.Event) error {
 
 // CheckpointReport implements notify.Reporter.
 func (c *Conns) CheckpointReport() map[string]any {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return copyMap(c.report)
+	return c.reports.get()
 }
 
 // Close unregisters the set, closes its connections and makes later dials

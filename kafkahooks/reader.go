@@ -79,8 +79,7 @@ type Reader struct {
 	baseDialer kafka.Dialer
 	group      bool
 
-	state        atomic.Pointer[readerState]
-	blocked      atomic.Int64 // callers waiting at the gate
+	gate[readerState, *readerState]
 	dropped      atomic.Int64 // records received from kafka-go but not handed out, this cycle
 	minDropped   atomic.Int64 // partition readers: lowest offset dropped this cycle
 	staleCommits atomic.Int64
@@ -93,20 +92,15 @@ type Reader struct {
 	unregister func()
 	bg         sync.WaitGroup
 
-	mu           sync.Mutex
-	gate         chan struct{}
-	closed       bool
-	conns        *connTracker // the current kafka.Reader's connections
-	next         int64        // partition readers: where the next kafka.Reader starts
-	nextSet      bool         // next was set by SetOffset during this checkpoint
-	cycle        uint64       // counts BeforeCheckpoint calls
-	inCycle      bool
-	acc          kafka.ReaderStats
-	baseClientID string
-	clientID     string
-
-	reportMu sync.Mutex
-	report   map[string]any
+	mu      sync.Mutex
+	closing chan struct{} // non-nil while the gate is closed
+	closed  bool
+	conns   *connTracker // the current kafka.Reader's connections
+	next    int64        // partition readers: where the next kafka.Reader starts
+	nextSet bool         // next was set by SetOffset during this checkpoint
+	cycle   uint64       // counts BeforeCheckpoint calls
+	inCycle bool
+	acc     kafka.ReaderStats
 }
 
 type readerState struct {
@@ -123,6 +117,8 @@ type readerState struct {
 	// cancels calls that reached kafka-go too late to be answered.
 	retired *retiredCtx
 }
+
+func (s *readerState) blocking() (chan struct{}, bool) { return s.gate, s.closed }
 
 // retiredCtx is a context canceled when a generation is retired.
 type retiredCtx struct {
@@ -174,14 +170,7 @@ func NewReader(c kafka.ReaderConfig, opts ...Opt) *Reader {
 	} else {
 		r.baseDialer = *kafka.DefaultDialer
 	}
-	r.baseClientID = cfg.clientID
-	if r.baseClientID == "" {
-		r.baseClientID = r.baseDialer.ClientID
-	}
-	if r.baseClientID == "" {
-		r.baseClientID = kafka.DefaultClientID
-	}
-	r.clientID = r.baseClientID
+	r.setBaseClientID(cfg.clientID, r.baseDialer.ClientID)
 	r.minDropped.Store(math.MaxInt64)
 	r.state.Store(&readerState{r: r.newInner(), handed: newHandedTable(nil), retired: newRetired()})
 	r.unregister = cfg.registry.Register(cfg.name, r)
@@ -260,21 +249,13 @@ func (r *Reader) lastOffset(ctx context.Context) (int64, error) {
 // until the process is resumed or restored, or until ctx ends. After Close it
 // returns io.EOF.
 func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
-	for {
-		s := r.state.Load()
-		if s.gate != nil || s.closed || s.tail {
-			if s.tail && s.gate == nil && !s.closed {
-				if err := r.resolveTail(ctx, s); err != nil {
-					return kafka.Message{}, err
-				}
-				continue
-			}
-			if err := r.wait(ctx, s, io.EOF); err != nil {
-				return kafka.Message{}, err
-			}
-			continue
+	return gatedCall(ctx, &r.gate, io.EOF, func(s *readerState) (kafka.Message, bool, error) {
+		if s.tail {
+			err := r.resolveTail(ctx, s)
+			return kafka.Message{}, err == nil, err
 		}
 		r.fetching.Add(1)
+		defer r.fetching.Add(-1)
 		m, err := s.r.FetchMessage(ctx)
 		if err == nil && r.group {
 			// Noted before the check below, so that a checkpoint
@@ -287,12 +268,10 @@ func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 			if err == nil {
 				r.drop(m.Offset)
 			}
-			r.fetching.Add(-1)
-			continue
+			return kafka.Message{}, true, nil
 		}
-		r.fetching.Add(-1)
-		return m, err
-	}
+		return m, false, err
+	})
 }
 
 func (r *Reader) drop(offset int64) {
@@ -331,30 +310,23 @@ func (r *Reader) CommitMessages(ctx context.Context, msgs ...kafka.Message) erro
 	if !r.group {
 		return r.state.Load().r.CommitMessages(ctx, msgs...) // kafka-go's error
 	}
-	for {
-		s := r.state.Load()
-		if s.gate != nil || s.closed {
-			if err := r.wait(ctx, s, io.ErrClosedPipe); err != nil {
-				return err
-			}
-			continue
-		}
+	_, err := gatedCall(ctx, &r.gate, io.ErrClosedPipe, func(s *readerState) (struct{}, bool, error) {
 		keep := s.handed.current(msgs)
 		if n := len(msgs) - len(keep); n > 0 {
 			r.staleCommits.Add(int64(n))
 			r.cfg.log.Debug("dropped commits of records fetched before a checkpoint", "records", n)
 		}
 		if len(keep) == 0 {
-			return nil
+			return struct{}{}, false, nil
 		}
 		if r.stash != nil {
 			r.stash.add(keep) // sent by intervalLoop or the checkpoint
-			return nil
+			return struct{}{}, false, nil
 		}
 		r.committing.Add(1)
 		if r.state.Load() != s {
 			r.committing.Add(-1)
-			continue // a checkpoint began: decide again after it
+			return struct{}{}, true, nil // a checkpoint began: decide again after it
 		}
 		// A call that reaches kafka-go after its final commit would wait
 		// for an answer forever: retiring the generation cancels it.
@@ -365,27 +337,14 @@ func (r *Reader) CommitMessages(ctx context.Context, msgs ...kafka.Message) erro
 		cancel()
 		r.committing.Add(-1)
 		if err != nil && r.state.Load() != s && ctx.Err() == nil {
-			continue // closed for a checkpoint: decide again after it
+			return struct{}{}, true, nil // closed for a checkpoint: decide again after it
 		}
 		if err == nil {
 			s.handed.committed(keep)
 		}
-		return err
-	}
-}
-
-func (r *Reader) wait(ctx context.Context, s *readerState, closedErr error) error {
-	if s.closed {
-		return closedErr
-	}
-	r.blocked.Add(1)
-	defer r.blocked.Add(-1)
-	select {
-	case <-s.gate:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+		return struct{}{}, false, err
+	})
+	return err
 }
 
 // Config returns the configuration of the current kafka.Reader: the one
@@ -449,39 +408,20 @@ func (r *Reader) SetOffset(offset int64) error {
 // SetOffsetAt is kafka.Reader.SetOffsetAt. During a checkpoint it waits
 // until the process is resumed or restored, or until ctx ends.
 func (r *Reader) SetOffsetAt(ctx context.Context, t time.Time) error {
-	for {
-		s := r.state.Load()
-		if s.gate != nil || s.closed {
-			if err := r.wait(ctx, s, io.ErrClosedPipe); err != nil {
-				return err
-			}
-			continue
-		}
+	_, err := gatedCall(ctx, &r.gate, io.ErrClosedPipe, func(s *readerState) (struct{}, bool, error) {
 		err := s.r.SetOffsetAt(ctx, t)
-		if err != nil && r.state.Load() != s {
-			continue
-		}
-		return err
-	}
+		return struct{}{}, err != nil && r.state.Load() != s, err
+	})
+	return err
 }
 
 // ReadLag is kafka.Reader.ReadLag. During a checkpoint it waits until the
 // process is resumed or restored, or until ctx ends.
 func (r *Reader) ReadLag(ctx context.Context) (int64, error) {
-	for {
-		s := r.state.Load()
-		if s.gate != nil || s.closed {
-			if err := r.wait(ctx, s, io.ErrClosedPipe); err != nil {
-				return 0, err
-			}
-			continue
-		}
+	return gatedCall(ctx, &r.gate, io.ErrClosedPipe, func(s *readerState) (int64, bool, error) {
 		lag, err := s.r.ReadLag(ctx)
-		if err != nil && r.state.Load() != s {
-			continue
-		}
-		return lag, err
-	}
+		return lag, err != nil && r.state.Load() != s, err
+	})
 }
 
 // Stats returns the kafka.Reader statistics since the last call, summed over
@@ -519,9 +459,9 @@ func (r *Reader) Close() error {
 	r.closed = true
 	s := r.state.Load()
 	r.state.Store(&readerState{r: s.r, closed: true, handed: s.handed, retired: s.retired})
-	if r.gate != nil {
-		close(r.gate)
-		r.gate = nil
+	if r.closing != nil {
+		close(r.closing)
+		r.closing = nil
 	}
 	conns := r.conns
 	r.mu.Unlock()
@@ -563,18 +503,18 @@ func (r *Reader) absorb(inner *kafka.Reader) kafka.ReaderStats {
 func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 	start := time.Now()
 	r.mu.Lock()
-	if r.closed || r.gate != nil {
+	if r.closed || r.closing != nil {
 		r.mu.Unlock()
 		return nil
 	}
 	s := r.state.Load()
-	r.gate = make(chan struct{})
+	r.closing = make(chan struct{})
 	r.cycle++
 	r.inCycle = true
 	cycle := r.cycle
 	r.dropped.Store(0)
 	r.minDropped.Store(math.MaxInt64)
-	r.state.Store(&readerState{r: s.r, gate: r.gate, handed: s.handed, retired: s.retired})
+	r.state.Store(&readerState{r: s.r, gate: r.closing, handed: s.handed, retired: s.retired})
 	inner, conns := s.r, r.conns
 	r.mu.Unlock()
 
@@ -667,7 +607,7 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 	}
 	elapsed := time.Since(start)
 	rep["duration_ms"] = elapsed.Milliseconds()
-	r.setReport(rep)
+	r.reports.set(rep)
 	switch {
 	case err != nil:
 		r.cfg.log.Warn("kafka reader could not flush its commits before the checkpoint; the checkpoint fails", "err", err, "duration", elapsed)
@@ -684,19 +624,17 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 func (r *Reader) AfterRestore(ctx context.Context, ev notify.Event) error {
 	start := time.Now()
 	r.mu.Lock()
-	if r.closed || r.gate == nil {
+	if r.closed || r.closing == nil {
 		r.mu.Unlock()
 		return nil
 	}
-	if ev.Kind == notify.Restore {
-		r.clientID = r.baseClientID + "-" + shortID(ev)
-	}
+	r.renewClientID(ev)
 	inner := r.newInner()
 	r.inCycle = false
 	r.state.Store(&readerState{r: inner, handed: r.state.Load().handed.next(), retired: newRetired(),
 		tail: !r.group && r.next == kafka.LastOffset})
-	close(r.gate)
-	r.gate = nil
+	close(r.closing)
+	r.closing = nil
 	rep := map[string]any{
 		"phase":           "after-restore",
 		"event":           ev.Kind.String(),
@@ -709,22 +647,14 @@ func (r *Reader) AfterRestore(ctx context.Context, ev notify.Event) error {
 	r.nextSet = false
 	r.mu.Unlock()
 	rep["duration_ms"] = time.Since(start).Milliseconds()
-	r.setReport(rep)
+	r.reports.set(rep)
 	return nil
 }
 
 // CheckpointReport implements notify.Reporter: the counts of the last hook
 // run, which land in the image manifest.
 func (r *Reader) CheckpointReport() map[string]any {
-	r.reportMu.Lock()
-	defer r.reportMu.Unlock()
-	return copyMap(r.report)
-}
-
-func (r *Reader) setReport(m map[string]any) {
-	r.reportMu.Lock()
-	r.report = m
-	r.reportMu.Unlock()
+	return r.reports.get()
 }
 
 // handedTable records, per partition, the first and last offsets that one

@@ -78,13 +78,12 @@ type Writer struct {
 	async     bool
 	cb        *callbacks // nil without a user Completion
 
-	state atomic.Pointer[writerState]
+	gate[writerState, *writerState]
 	// inflight counts, in its low 40 bits, the records handed to kafka-go
 	// and not yet acknowledged or failed, and above them (callUnit) the
 	// calls inside kafka.Writer.WriteMessages: one atomic add on entry and
 	// one on exit keep both.
 	inflight atomic.Int64
-	blocked  atomic.Int64 // callers waiting at the gate
 	// interruptedRecs counts records whose write failed because a
 	// checkpoint cut their request off with no attempt left.
 	interruptedRecs atomic.Int64
@@ -93,19 +92,14 @@ type Writer struct {
 	bg         sync.WaitGroup
 	done       chan struct{} // closed by Close
 
-	mu           sync.Mutex
-	gate         chan struct{} // non-nil while the gate is closed
-	inCycle      bool
-	cycle        uint64 // counts BeforeCheckpoint calls
-	closed       bool
-	closeDone    chan struct{} // closed when the kafka.Writer being drained has closed
-	statsSrc     *kafka.Writer // the newest kafka.Writer, for Stats
-	acc          kafka.WriterStats
-	baseClientID string
-	clientID     string
-
-	reportMu sync.Mutex
-	report   map[string]any
+	mu        sync.Mutex
+	closing   chan struct{} // non-nil while the gate is closed
+	inCycle   bool
+	cycle     uint64 // counts BeforeCheckpoint calls
+	closed    bool
+	closeDone chan struct{} // closed when the kafka.Writer being drained has closed
+	statsSrc  *kafka.Writer // the newest kafka.Writer, for Stats
+	acc       kafka.WriterStats
 }
 
 type writerState struct {
@@ -113,6 +107,8 @@ type writerState struct {
 	gate   chan struct{} // closed when the gate opens again
 	closed bool
 }
+
+func (s *writerState) blocking() (chan struct{}, bool) { return s.gate, s.closed }
 
 // writerTemplate holds the settings of the template kafka.Writer. kafka.Writer
 // values hold locks, so the settings are copied field by field.
@@ -164,14 +160,11 @@ func NewWriter(template *kafka.Writer, opts ...Opt) *Writer {
 		w.cb = newCallbacks(template.Completion)
 	}
 
-	w.baseClientID = cfg.clientID
-	if w.baseClientID == "" && kt != nil {
-		w.baseClientID = kt.ClientID
+	ktID := ""
+	if kt != nil {
+		ktID = kt.ClientID
 	}
-	if w.baseClientID == "" {
-		w.baseClientID = kafka.DefaultClientID
-	}
-	w.clientID = w.baseClientID
+	w.setBaseClientID(cfg.clientID, ktID)
 
 	resend := template.WriteTimeout
 	if resend <= 0 {
@@ -244,14 +237,7 @@ func (w *Writer) newInner() *kafka.Writer {
 // ends (then it returns ctx.Err()). After Close it returns io.ErrClosedPipe.
 func (w *Writer) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
 	n := int64(len(msgs))
-	for {
-		s := w.state.Load()
-		if s.w == nil {
-			if err := w.wait(ctx, s); err != nil {
-				return err
-			}
-			continue
-		}
+	_, err := gatedCall(ctx, &w.gate, io.ErrClosedPipe, func(s *writerState) (struct{}, bool, error) {
 		w.inflight.Add(callUnit + n)
 		err := s.w.WriteMessages(ctx, msgs...)
 		if err != nil || !w.async {
@@ -263,13 +249,12 @@ func (w *Writer) WriteMessages(ctx context.Context, msgs ...kafka.Message) error
 			// Accepted async records are counted down by Completion.
 			w.inflight.Add(-callUnit)
 		}
-		if err == io.ErrClosedPipe && w.state.Load() != s {
-			// A checkpoint closed that kafka.Writer before it took the
-			// records: wait at the gate and write them to the next one.
-			continue
-		}
-		return err
-	}
+		// A checkpoint that closed that kafka.Writer before it took the
+		// records: wait at the gate and write them to the next one.
+		again := err == io.ErrClosedPipe && w.state.Load() != s
+		return struct{}{}, again, err
+	})
+	return err
 }
 
 // isInterrupted says whether err is a produce request cut off by a
@@ -293,20 +278,6 @@ func (w *Writer) countInterrupted(err error) {
 		}
 	}
 	w.interruptedRecs.Add(int64(n))
-}
-
-func (w *Writer) wait(ctx context.Context, s *writerState) error {
-	if s.closed {
-		return io.ErrClosedPipe
-	}
-	w.blocked.Add(1)
-	defer w.blocked.Add(-1)
-	select {
-	case <-s.gate:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // Stats returns the kafka.Writer statistics since the last call, summed over
@@ -351,9 +322,9 @@ func (w *Writer) Close() error {
 	close(w.done)
 	s := w.state.Load()
 	w.state.Store(&writerState{closed: true})
-	if w.gate != nil {
-		close(w.gate)
-		w.gate = nil
+	if w.closing != nil {
+		close(w.closing)
+		w.closing = nil
 	}
 	closeDone := w.closeDone
 	w.mu.Unlock()
@@ -437,10 +408,10 @@ func (w *Writer) BeforeCheckpoint(ctx context.Context) error {
 		w.cb.detach()
 	}
 	pending := w.records()
-	if w.gate == nil {
-		w.gate = make(chan struct{})
+	if w.closing == nil {
+		w.closing = make(chan struct{})
 		s := w.state.Load()
-		w.state.Store(&writerState{gate: w.gate})
+		w.state.Store(&writerState{gate: w.closing})
 		done := make(chan struct{})
 		w.closeDone = done
 		inner := s.w
@@ -500,7 +471,7 @@ func (w *Writer) BeforeCheckpoint(ctx context.Context) error {
 		"connections_closed":  conns,
 		"duration_ms":         elapsed.Milliseconds(),
 	}
-	w.setReport(rep)
+	w.reports.set(rep)
 	// Declared even when zero; under --require-drained a carry vetoes the
 	// dump: every resource resumes and the records are sent on resume.
 	if err := notify.Carrying(ctx, carried); err != nil {
@@ -546,9 +517,7 @@ func (w *Writer) AfterRestore(ctx context.Context, ev notify.Event) error {
 		return nil
 	}
 	w.inCycle = false
-	if ev.Kind == notify.Restore {
-		w.clientID = w.baseClientID + "-" + shortID(ev)
-	}
+	w.renewClientID(ev)
 	clientID := w.clientID
 	w.transport.resume(clientID)
 	done := w.closeDone
@@ -586,7 +555,7 @@ func (w *Writer) AfterRestore(ctx context.Context, ev notify.Event) error {
 		w.cfg.log.Warn("kafka writer could not deliver carried records within the after-restore budget; resending in the background, writes stay blocked until then",
 			"records_carried", w.records(), "cause", context.Cause(ctx))
 	}
-	w.setReport(map[string]any{
+	w.reports.set(map[string]any{
 		"phase":             "after-restore",
 		"event":             ev.Kind.String(),
 		"client_id":         clientID,
@@ -612,7 +581,7 @@ func (w *Writer) AfterRestore(ctx context.Context, ev notify.Event) error {
 func (w *Writer) open() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.closed || w.inCycle || w.gate == nil {
+	if w.closed || w.inCycle || w.closing == nil {
 		return
 	}
 	w.transport.endCarry()
@@ -623,22 +592,14 @@ func (w *Writer) open() {
 	w.statsSrc = inner
 	w.closeDone = nil
 	w.state.Store(&writerState{w: inner})
-	close(w.gate)
-	w.gate = nil
+	close(w.closing)
+	w.closing = nil
 }
 
 // CheckpointReport implements notify.Reporter: the counts of the last hook
 // run, which land in the image manifest.
 func (w *Writer) CheckpointReport() map[string]any {
-	w.reportMu.Lock()
-	defer w.reportMu.Unlock()
-	return copyMap(w.report)
-}
-
-func (w *Writer) setReport(m map[string]any) {
-	w.reportMu.Lock()
-	w.report = m
-	w.reportMu.Unlock()
+	return w.reports.get()
 }
 
 // shortID returns the first 8 hex digits of the instance id.

@@ -1,0 +1,115 @@
+package kafkahooks
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kcr-dev/kcr/notify"
+)
+
+// gateView is implemented by the state a gate publishes: a closed gate
+// holds callers until the channel it returns is closed; a shut one (after
+// Close) turns them away.
+type gateView[S any] interface {
+	*S
+	// blocking returns the channel closed when the gate opens again (nil
+	// while it is open) and whether the resource is closed for good.
+	blocking() (gate chan struct{}, closed bool)
+}
+
+// gate is what Writer, Reader and Conns share: the published state that
+// calls load on their hot path, the count of callers waiting at it, the
+// report of the last hook run and the client-id policy.
+type gate[S any, P gateView[S]] struct {
+	state   atomic.Pointer[S]
+	blocked atomic.Int64 // callers waiting at the gate
+
+	// baseClientID and clientID are guarded by the owner's mutex.
+	baseClientID string
+	clientID     string
+
+	reports reportSlot
+}
+
+// setBaseClientID picks the base client id: the option, else the client's
+// own setting, else kafka-go's default.
+func (g *gate[S, P]) setBaseClientID(option, client string) {
+	switch {
+	case option != "":
+		g.baseClientID = option
+	case client != "":
+		g.baseClientID = client
+	default:
+		g.baseClientID = kafka.DefaultClientID
+	}
+	g.clientID = g.baseClientID
+}
+
+// renewClientID gives a restored instance a client id of its own (base +
+// "-" + the first 8 hex digits of its instance id); a resume keeps the
+// current one. Called with the owner's mutex held.
+func (g *gate[S, P]) renewClientID(ev notify.Event) {
+	if ev.Kind == notify.Restore {
+		g.clientID = g.baseClientID + "-" + shortID(ev)
+	}
+}
+
+// wait blocks a caller at the closed gate of s until it opens or ctx ends;
+// if the resource is closed it returns closedErr at once.
+func (g *gate[S, P]) wait(ctx context.Context, s P, closedErr error) error {
+	ch, closed := s.blocking()
+	if closed {
+		return closedErr
+	}
+	g.blocked.Add(1)
+	defer g.blocked.Add(-1)
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// gatedCall calls call with the current state whenever the gate is open,
+// and waits at it while it is closed; call returns again=true when a
+// checkpoint began under it and the call must be decided afresh after it.
+func gatedCall[T any, S any, P gateView[S]](ctx context.Context, g *gate[S, P], closedErr error, call func(s P) (v T, again bool, err error)) (T, error) {
+	for {
+		s := P(g.state.Load())
+		if ch, closed := s.blocking(); ch != nil || closed {
+			if err := g.wait(ctx, s, closedErr); err != nil {
+				var zero T
+				return zero, err
+			}
+			continue
+		}
+		v, again, err := call(s)
+		if again {
+			continue
+		}
+		return v, err
+	}
+}
+
+// reportSlot holds the report of a resource's last hook run.
+type reportSlot struct {
+	mu  sync.Mutex
+	rep map[string]any
+}
+
+func (r *reportSlot) set(m map[string]any) {
+	r.mu.Lock()
+	r.rep = m
+	r.mu.Unlock()
+}
+
+// get returns a copy of the last report.
+func (r *reportSlot) get() map[string]any {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return copyMap(r.rep)
+}

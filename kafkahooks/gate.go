@@ -2,6 +2,7 @@ package kafkahooks
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -112,4 +113,16 @@ func (r *reportSlot) get() map[string]any {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return copyMap(r.rep)
+}
+
+// shortID returns the first 8 hex digits of the instance id.
+func shortID(ev notify.Event) string {
+	id := ev.InstanceID
+	if id == "" {
+		return fmt.Sprintf("g%d", ev.Generation)
+	}
+	if len(id) > 8 {
+		id = id[:8]
+	}
+	return id
 }

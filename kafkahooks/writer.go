@@ -601,15 +601,3 @@ func (w *Writer) open() {
 func (w *Writer) CheckpointReport() map[string]any {
 	return w.reports.get()
 }
-
-// shortID returns the first 8 hex digits of the instance id.
-func shortID(ev notify.Event) string {
-	id := ev.InstanceID
-	if id == "" {
-		return fmt.Sprintf("g%d", ev.Generation)
-	}
-	if len(id) > 8 {
-		id = id[:8]
-	}
-	return id
-}

@@ -1,0 +1,135 @@
+package kafkahooks
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// handedTable records, per partition, the first and last offsets that one
+// kafka.Reader generation handed out and the highest offset the application
+// committed through it. It is read on every fetch, so it is a copy-on-write
+// map; the offsets are atomics.
+type handedTable struct {
+	mu sync.Mutex
+	m  atomic.Pointer[map[tpKey]*tpMark]
+	// hint is the partition of the last note: kafka-go hands out records
+	// in runs per partition, so this usually spares the map lookup.
+	hint atomic.Pointer[tpMark]
+	// before holds, per partition, the highest offset handed out by the
+	// generations before this one (immutable); empty until the first
+	// checkpoint.
+	before map[tpKey]int64
+}
+
+type tpKey struct {
+	topic     string
+	partition int
+}
+
+type tpMark struct {
+	key       tpKey
+	first     int64
+	last      atomic.Int64
+	committed atomic.Int64 // highest committed offset + 1; 0 if none
+}
+
+func newHandedTable(before map[tpKey]int64) *handedTable {
+	h := &handedTable{before: before}
+	m := map[tpKey]*tpMark{}
+	h.m.Store(&m)
+	return h
+}
+
+// next returns the table of the next generation.
+func (h *handedTable) next() *handedTable {
+	before := make(map[tpKey]int64, len(h.before))
+	for k, v := range h.before {
+		before[k] = v
+	}
+	for k, mk := range *h.m.Load() {
+		if last, ok := before[k]; !ok || mk.last.Load() > last {
+			before[k] = mk.last.Load()
+		}
+	}
+	return newHandedTable(before)
+}
+
+func (h *handedTable) note(topic string, partition int, offset int64) {
+	if mk := h.hint.Load(); mk != nil && mk.key.partition == partition && mk.key.topic == topic {
+		mk.last.Store(offset)
+		return
+	}
+	k := tpKey{topic, partition}
+	if mk := (*h.m.Load())[k]; mk != nil {
+		mk.last.Store(offset)
+		h.hint.Store(mk)
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	old := *h.m.Load()
+	if mk := old[k]; mk != nil {
+		mk.last.Store(offset)
+		h.hint.Store(mk)
+		return
+	}
+	m := make(map[tpKey]*tpMark, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	mk := &tpMark{key: k, first: offset}
+	mk.last.Store(offset)
+	m[k] = mk
+	h.m.Store(&m)
+	h.hint.Store(mk)
+}
+
+// current returns the messages to commit: all of them, except those that
+// may have been handed out before the last checkpoint (their partition was
+// handed out up to at least their offset before it) and whose commit would
+// not move the partition forward from what this generation handed out and
+// committed.
+func (h *handedTable) current(msgs []kafka.Message) []kafka.Message {
+	if len(h.before) == 0 {
+		return msgs // no checkpoint yet: kafka-go's behaviour
+	}
+	m := *h.m.Load()
+	ok := func(msg *kafka.Message) bool {
+		k := tpKey{msg.Topic, msg.Partition}
+		if last, seen := h.before[k]; !seen || msg.Offset > last {
+			return true
+		}
+		mk := m[k]
+		return mk != nil && msg.Offset >= mk.first && msg.Offset+1 > mk.committed.Load()
+	}
+	for i := range msgs {
+		if !ok(&msgs[i]) {
+			keep := append([]kafka.Message(nil), msgs[:i]...)
+			for j := i + 1; j < len(msgs); j++ {
+				if ok(&msgs[j]) {
+					keep = append(keep, msgs[j])
+				}
+			}
+			return keep
+		}
+	}
+	return msgs
+}
+
+func (h *handedTable) committed(msgs []kafka.Message) {
+	m := *h.m.Load()
+	for i := range msgs {
+		mk := m[tpKey{msgs[i].Topic, msgs[i].Partition}]
+		if mk == nil {
+			continue
+		}
+		for {
+			cur := mk.committed.Load()
+			if msgs[i].Offset+1 <= cur || mk.committed.CompareAndSwap(cur, msgs[i].Offset+1) {
+				break
+			}
+		}
+	}
+}

@@ -26,6 +26,11 @@ func (t *connTracker) closeAll(permanent bool) int { return t.CloseAll(permanent
 func (t *connTracker) resume()                     { t.Resume() }
 func (t *connTracker) open() int                   { return t.Open() }
 
+// ConnsReport is what Conns reports about its last checkpoint.
+type ConnsReport struct {
+	ConnectionsClosed int `json:"connections_closed"`
+}
+
 // Conns is a set of network connections that takes part in checkpoints:
 // before a checkpoint it closes every connection it dialed, busy or idle, and
 // makes new dials wait until the process is resumed or restored; after that,
@@ -46,7 +51,7 @@ type Conns struct {
 	t          *connTracker
 	log        *slog.Logger
 	unregister func()
-	reports    reportSlot
+	reports    reportSlot[ConnsReport]
 }
 
 // TrackConns returns a Conns registered under name. dial is the function
@@ -71,7 +76,7 @@ func (c *Conns) Open() int { return c.t.open() }
 func (c *Conns) BeforeCheckpoint(ctx context.Context) error {
 	n := c.t.closeAll(false)
 	c.log.Debug("connections closed for a checkpoint", "connections", n)
-	c.reports.set(map[string]any{"connections_closed": n})
+	c.reports.store(ConnsReport{ConnectionsClosed: n})
 	return nil
 }
 
@@ -83,7 +88,7 @@ func (c *Conns) AfterRestore(ctx context.Context, ev notify.Event) error {
 
 // CheckpointReport implements notify.Reporter.
 func (c *Conns) CheckpointReport() map[string]any {
-	return c.reports.get()
+	return c.reports.asMap()
 }
 
 // Close unregisters the set, closes its connections and makes later dials
@@ -114,15 +119,4 @@ func IdleConns(name string, t interface{ CloseIdleConnections() }, opts ...Opt) 
 		t.CloseIdleConnections()
 		return nil
 	}, nil, opts...)
-}
-
-func copyMap(m map[string]any) map[string]any {
-	if m == nil {
-		return nil
-	}
-	out := make(map[string]any, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
 }

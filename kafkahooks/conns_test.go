@@ -81,7 +81,7 @@ func TestConnsAndHelpers(t *testing.T) {
 		t.Fatalf("hooks ran %d/%d times, idle closed %d times", before.Load(), after.Load(), idleClosed.Load())
 	}
 	for _, r := range res.Before {
-		if r.Name == "schema-registry" && r.Details["connections_closed"] != 1 {
+		if r.Name == "schema-registry" && decodeReport[ConnsReport](t, r.Details).ConnectionsClosed != 1 {
 			t.Fatalf("report %v", r.Details)
 		}
 	}

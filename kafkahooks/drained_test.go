@@ -74,7 +74,7 @@ func TestWriterRequireDrainedVetoes(t *testing.T) {
 				t.Errorf("require-drained: event %v, other resource %v: want every resource resumed", res.Event.Kind, otherAfter.Load())
 			}
 		} else {
-			if res.BeforeErr != nil || rep.CarryVeto || rep.Carried <= 0 || rep.Carried != rep.Details["records_carried"] {
+			if res.BeforeErr != nil || rep.CarryVeto || rep.Carried <= 0 || rep.Carried != decodeReport[WriterReport](t, rep.Details).RecordsCarried {
 				t.Fatalf("carried: before error %v, report %+v: want no veto and the carried count", res.BeforeErr, rep)
 			}
 		}

@@ -24,7 +24,7 @@ type gateView[S any] interface {
 // gate is what Writer, Reader and Conns share: the published state that
 // calls load on their hot path, the count of callers waiting at it, the
 // report of the last hook run and the client-id policy.
-type gate[S any, P gateView[S]] struct {
+type gate[S any, P gateView[S], R any] struct {
 	state   atomic.Pointer[S]
 	blocked atomic.Int64 // callers waiting at the gate
 
@@ -32,12 +32,12 @@ type gate[S any, P gateView[S]] struct {
 	baseClientID string
 	clientID     string
 
-	reports reportSlot
+	reports reportSlot[R]
 }
 
 // setBaseClientID picks the base client id: the option, else the client's
 // own setting, else kafka-go's default.
-func (g *gate[S, P]) setBaseClientID(option, client string) {
+func (g *gate[S, P, R]) setBaseClientID(option, client string) {
 	switch {
 	case option != "":
 		g.baseClientID = option
@@ -52,7 +52,7 @@ func (g *gate[S, P]) setBaseClientID(option, client string) {
 // renewClientID gives a restored instance a client id of its own (base +
 // "-" + the first 8 hex digits of its instance id); a resume keeps the
 // current one. Called with the owner's mutex held.
-func (g *gate[S, P]) renewClientID(ev notify.Event) {
+func (g *gate[S, P, R]) renewClientID(ev notify.Event) {
 	if ev.Kind == notify.Restore {
 		g.clientID = g.baseClientID + "-" + shortID(ev)
 	}
@@ -60,7 +60,7 @@ func (g *gate[S, P]) renewClientID(ev notify.Event) {
 
 // wait blocks a caller at the closed gate of s until it opens or ctx ends;
 // if the resource is closed it returns closedErr at once.
-func (g *gate[S, P]) wait(ctx context.Context, s P, closedErr error) error {
+func (g *gate[S, P, R]) wait(ctx context.Context, s P, closedErr error) error {
 	ch, closed := s.blocking()
 	if closed {
 		return closedErr
@@ -78,7 +78,7 @@ func (g *gate[S, P]) wait(ctx context.Context, s P, closedErr error) error {
 // gatedCall calls call with the current state whenever the gate is open,
 // and waits at it while it is closed; call returns again=true when a
 // checkpoint began under it and the call must be decided afresh after it.
-func gatedCall[T any, S any, P gateView[S]](ctx context.Context, g *gate[S, P], closedErr error, call func(s P) (v T, again bool, err error)) (T, error) {
+func gatedCall[T, S, R any, P gateView[S]](ctx context.Context, g *gate[S, P, R], closedErr error, call func(s P) (v T, again bool, err error)) (T, error) {
 	for {
 		s := P(g.state.Load())
 		if ch, closed := s.blocking(); ch != nil || closed {
@@ -97,22 +97,33 @@ func gatedCall[T any, S any, P gateView[S]](ctx context.Context, g *gate[S, P], 
 }
 
 // reportSlot holds the report of a resource's last hook run.
-type reportSlot struct {
+type reportSlot[R any] struct {
 	mu  sync.Mutex
-	rep map[string]any
+	rep R
+	set bool
 }
 
-func (r *reportSlot) set(m map[string]any) {
+func (r *reportSlot[R]) store(rep R) {
 	r.mu.Lock()
-	r.rep = m
+	r.rep, r.set = rep, true
 	r.mu.Unlock()
 }
 
-// get returns a copy of the last report.
-func (r *reportSlot) get() map[string]any {
+// load returns the last report, and false before the first hook run.
+func (r *reportSlot[R]) load() (R, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return copyMap(r.rep)
+	return r.rep, r.set
+}
+
+// asMap returns the last report as the map notify.Reporter wants; nil
+// before the first hook run.
+func (r *reportSlot[R]) asMap() map[string]any {
+	rep, ok := r.load()
+	if !ok {
+		return nil
+	}
+	return reportMap(rep)
 }
 
 // shortID returns the first 8 hex digits of the instance id.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net"
@@ -286,4 +287,19 @@ func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// decodeReport turns a hook's report, as notify hands it over, back into
+// the typed report R, as a reader of the manifest would.
+func decodeReport[R any](t *testing.T, details map[string]any) R {
+	t.Helper()
+	var r R
+	b, err := json.Marshal(details)
+	if err == nil {
+		err = json.Unmarshal(b, &r)
+	}
+	if err != nil {
+		t.Fatalf("decoding report %v: %v", details, err)
+	}
+	return r
 }

@@ -87,8 +87,11 @@ func TestWriterCountsInterruptedRecords(t *testing.T) {
 			t.Fatalf("second simulate: %v %v", err, res.BeforeErr)
 		}
 		w.Close()
-		after := res.After[0].Details
-		reqs, recs := after["requests_interrupted"].(int64), after["records_interrupted"].(int64)
+		after := decodeReport[WriterReport](t, res.After[0].Details)
+		if after.WriterRestore == nil {
+			t.Fatalf("async=%v: after report %v has no after-restore part", async, res.After[0].Details)
+		}
+		reqs, recs := after.RequestsInterrupted, after.RecordsInterrupted
 		t.Logf("async=%v: requests_interrupted %d, records_interrupted %d; callers told: %d interrupted, %d other errors",
 			async, reqs, recs, toldInterrupted.Load(), toldOther.Load())
 		if reqs == 0 || toldInterrupted.Load() == 0 {

@@ -79,7 +79,7 @@ type Reader struct {
 	baseDialer kafka.Dialer
 	group      bool
 
-	gate[readerState, *readerState]
+	gate[readerState, *readerState, ReaderReport]
 	dropped      atomic.Int64 // records received from kafka-go but not handed out, this cycle
 	minDropped   atomic.Int64 // partition readers: lowest offset dropped this cycle
 	staleCommits atomic.Int64
@@ -563,22 +563,22 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 	n := conns.closeAll(true)
 	st := r.absorb(inner)
 
-	rep := map[string]any{
-		"phase":              "before-checkpoint",
-		"client_id":          r.ClientID(),
-		"group":              r.rcfg.GroupID,
-		"closed_cleanly":     closed,
-		"prefetched_dropped": st.QueueLength + r.dropped.Load(),
-		"callers_blocked":    r.blocked.Load(),
-		"connections_closed": n,
+	rc := &ReaderCheckpoint{
+		Group:             r.rcfg.GroupID,
+		ClosedCleanly:     closed,
+		PrefetchedDropped: st.QueueLength + r.dropped.Load(),
+		ConnectionsClosed: n,
 	}
+	rep := ReaderReport{Phase: "before-checkpoint", ClientID: r.ClientID(), CallersBlocked: r.blocked.Load(), ReaderCheckpoint: rc}
 	var err error
 	if r.group {
-		rep["left_group"] = closed
-		rep["stale_commits"] = r.staleCommits.Load()
-		rep["start_offsets_committed"] = q.pinned
+		rc.GroupCheckpoint = &GroupCheckpoint{
+			LeftGroup:             closed,
+			StaleCommits:          r.staleCommits.Load(),
+			StartOffsetsCommitted: q.pinned,
+		}
 		if q.err != nil {
-			rep["commit_error"] = q.err.Error()
+			rc.CommitError = q.err.Error()
 			if !r.cfg.unflushedOK {
 				err = q.err
 			}
@@ -603,16 +603,16 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 		}
 		next = r.next
 		r.mu.Unlock()
-		rep["next_offset"] = next
+		rep.NextOffset = &next
 	}
 	elapsed := time.Since(start)
-	rep["duration_ms"] = elapsed.Milliseconds()
-	r.reports.set(rep)
+	rep.DurationMS = elapsed.Milliseconds()
+	r.reports.store(rep)
 	switch {
 	case err != nil:
 		r.cfg.log.Warn("kafka reader could not flush its commits before the checkpoint; the checkpoint fails", "err", err, "duration", elapsed)
 	case closed:
-		r.cfg.log.Debug("kafka reader quiesced", "prefetched_dropped", rep["prefetched_dropped"], "duration", elapsed)
+		r.cfg.log.Debug("kafka reader quiesced", "prefetched_dropped", rc.PrefetchedDropped, "duration", elapsed)
 	default:
 		r.cfg.log.Warn("kafka reader did not close within the checkpoint budget; connections closed without leaving the group or flushing commits (records will be redelivered)",
 			"duration", elapsed, "cause", context.Cause(ctx))
@@ -635,24 +635,27 @@ func (r *Reader) AfterRestore(ctx context.Context, ev notify.Event) error {
 		tail: !r.group && r.next == kafka.LastOffset})
 	close(r.closing)
 	r.closing = nil
-	rep := map[string]any{
-		"phase":           "after-restore",
-		"event":           ev.Kind.String(),
-		"client_id":       r.clientID,
-		"callers_blocked": r.blocked.Load(),
+	rep := ReaderReport{
+		Phase:          "after-restore",
+		Event:          ev.Kind.String(),
+		ClientID:       r.clientID,
+		CallersBlocked: r.blocked.Load(),
 	}
 	if !r.group {
-		rep["next_offset"] = r.next
+		next := r.next
+		rep.NextOffset = &next
 	}
 	r.nextSet = false
 	r.mu.Unlock()
-	rep["duration_ms"] = time.Since(start).Milliseconds()
-	r.reports.set(rep)
+	rep.DurationMS = time.Since(start).Milliseconds()
+	r.reports.store(rep)
 	return nil
 }
 
-// CheckpointReport implements notify.Reporter: the counts of the last hook
-// run, which land in the image manifest.
-func (r *Reader) CheckpointReport() map[string]any {
-	return r.reports.get()
-}
+// CheckpointReport implements notify.Reporter: Report as a map, which lands
+// in the image manifest; nil before the first hook run.
+func (r *Reader) CheckpointReport() map[string]any { return r.reports.asMap() }
+
+// Report returns the report of the last hook run, and false before the
+// first one. Its parts are shared: do not modify them.
+func (r *Reader) Report() (ReaderReport, bool) { return r.reports.load() }

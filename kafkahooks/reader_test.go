@@ -243,9 +243,9 @@ func TestReaderGroup(t *testing.T) {
 		t.Fatal("B did not get every partition while A was checkpointed")
 	}
 	t.Logf("B owned all partitions %v after A's before-checkpoint hook", takeover)
-	rep := res.Before[0].Details
-	if rep["left_group"] != true || rep["connections_closed"] != 0 {
-		t.Errorf("A's before report = %v", rep)
+	rep := decodeReport[ReaderReport](t, res.Before[0].Details)
+	if rep.GroupCheckpoint == nil || !rep.LeftGroup || rep.ConnectionsClosed != 0 {
+		t.Errorf("A's before report = %v", res.Before[0].Details)
 	}
 	t.Logf("A before: %v", rep)
 	newID := "a-" + res.Event.InstanceID[:8]
@@ -335,9 +335,9 @@ func TestReaderPartition(t *testing.T) {
 	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
 		t.Fatalf("simulate: %v %v %v", err, res.BeforeErr, res.AfterErr)
 	}
-	rep := res.Before[0].Details
-	if rep["next_offset"] != int64(40) || rep["prefetched_dropped"].(int64) == 0 {
-		t.Fatalf("before report = %v, want next_offset 40 and dropped prefetched records", rep)
+	rep := decodeReport[ReaderReport](t, res.Before[0].Details)
+	if rep.ReaderCheckpoint == nil || rep.NextOffset == nil || *rep.NextOffset != 40 || rep.PrefetchedDropped == 0 {
+		t.Fatalf("before report = %v, want next_offset 40 and dropped prefetched records", res.Before[0].Details)
 	}
 	if r.Offset() != 40 {
 		t.Fatalf("Offset() = %d after restore, want 40", r.Offset())

@@ -78,7 +78,7 @@ type Writer struct {
 	async     bool
 	cb        *callbacks // nil without a user Completion
 
-	gate[writerState, *writerState]
+	gate[writerState, *writerState, WriterReport]
 	// inflight counts, in its low 40 bits, the records handed to kafka-go
 	// and not yet acknowledged or failed, and above them (callUnit) the
 	// calls inside kafka.Writer.WriteMessages: one atomic add on entry and
@@ -458,32 +458,34 @@ func (w *Writer) BeforeCheckpoint(ctx context.Context) error {
 		carried = w.records()
 	}
 	elapsed := time.Since(start)
-	rep := map[string]any{
-		"phase":               "before-checkpoint",
-		"client_id":           clientID,
-		"async":               w.async,
-		"drained":             drained,
-		"records_pending":     pending,
-		"records_drained":     max(pending-carried, 0),
-		"records_carried":     carried,
-		"callers_blocked":     w.blocked.Load(),
-		"completions_pending": completions,
-		"connections_closed":  conns,
-		"duration_ms":         elapsed.Milliseconds(),
+	rep := WriterReport{
+		Phase:          "before-checkpoint",
+		ClientID:       clientID,
+		RecordsCarried: carried,
+		CallersBlocked: w.blocked.Load(),
+		DurationMS:     elapsed.Milliseconds(),
+		WriterCheckpoint: &WriterCheckpoint{
+			Async:              w.async,
+			Drained:            drained,
+			RecordsPending:     pending,
+			RecordsDrained:     max(pending-carried, 0),
+			CompletionsPending: completions,
+			ConnectionsClosed:  conns,
+		},
 	}
-	w.reports.set(rep)
+	w.reports.store(rep)
 	// Declared even when zero; under --require-drained a carry vetoes the
 	// dump: every resource resumes and the records are sent on resume.
 	if err := notify.Carrying(ctx, carried); err != nil {
 		w.cfg.log.Warn("kafka writer would carry records across the checkpoint, which asked for none; refusing it",
-			"records_carried", carried, "records_drained", rep["records_drained"], "duration", elapsed)
+			"records_carried", carried, "records_drained", rep.RecordsDrained, "duration", elapsed)
 		return err
 	}
 	if drained {
-		w.cfg.log.Debug("kafka writer quiesced", "records_drained", pending, "callers_blocked", rep["callers_blocked"], "duration", elapsed)
+		w.cfg.log.Debug("kafka writer quiesced", "records_drained", pending, "callers_blocked", rep.CallersBlocked, "duration", elapsed)
 	} else {
 		w.cfg.log.Warn("kafka writer could not drain within the checkpoint budget; unacknowledged records are carried across the checkpoint and sent after restore",
-			"records_carried", carried, "records_drained", rep["records_drained"], "callers_blocked", rep["callers_blocked"], "duration", elapsed, "cause", context.Cause(ctx))
+			"records_carried", carried, "records_drained", rep.RecordsDrained, "callers_blocked", rep.CallersBlocked, "duration", elapsed, "cause", context.Cause(ctx))
 	}
 	return nil
 }
@@ -555,23 +557,20 @@ func (w *Writer) AfterRestore(ctx context.Context, ev notify.Event) error {
 		w.cfg.log.Warn("kafka writer could not deliver carried records within the after-restore budget; resending in the background, writes stay blocked until then",
 			"records_carried", w.records(), "cause", context.Cause(ctx))
 	}
-	w.reports.set(map[string]any{
-		"phase":             "after-restore",
-		"event":             ev.Kind.String(),
-		"client_id":         clientID,
-		"records_carried":   carried,
-		"records_delivered": max(carried-pendingNow, 0),
-		"gate_open":         open,
-		"callers_blocked":   w.blocked.Load(),
-		// Running totals: produce requests cut off on the wire by a
-		// checkpoint (each cost its batch one of MaxAttempts), the
-		// records whose caller or Completion got that interruption as
-		// their error (no attempt left; each may be on the topic), and
-		// carried records failed with a fatal error.
-		"requests_interrupted": w.transport.interrupted.Load(),
-		"records_interrupted":  w.interruptedRecs.Load(),
-		"records_failed":       w.transport.failed.Load(),
-		"duration_ms":          time.Since(start).Milliseconds(),
+	w.reports.store(WriterReport{
+		Phase:          "after-restore",
+		ClientID:       clientID,
+		RecordsCarried: carried,
+		CallersBlocked: w.blocked.Load(),
+		DurationMS:     time.Since(start).Milliseconds(),
+		WriterRestore: &WriterRestore{
+			Event:               ev.Kind.String(),
+			RecordsDelivered:    max(carried-pendingNow, 0),
+			GateOpen:            open,
+			RequestsInterrupted: w.transport.interrupted.Load(),
+			RecordsInterrupted:  w.interruptedRecs.Load(),
+			RecordsFailed:       w.transport.failed.Load(),
+		},
 	})
 	return nil
 }
@@ -596,8 +595,10 @@ func (w *Writer) open() {
 	w.closing = nil
 }
 
-// CheckpointReport implements notify.Reporter: the counts of the last hook
-// run, which land in the image manifest.
-func (w *Writer) CheckpointReport() map[string]any {
-	return w.reports.get()
-}
+// CheckpointReport implements notify.Reporter: Report as a map, which lands
+// in the image manifest; nil before the first hook run.
+func (w *Writer) CheckpointReport() map[string]any { return w.reports.asMap() }
+
+// Report returns the report of the last hook run, and false before the
+// first one. Its parts are shared: do not modify them.
+func (w *Writer) Report() (WriterReport, bool) { return w.reports.load() }

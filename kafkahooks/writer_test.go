@@ -124,11 +124,11 @@ func TestWriterCycles(t *testing.T) {
 	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
 		t.Fatalf("simulate: %v %v %v", err, res.BeforeErr, res.AfterErr)
 	}
-	rep := res.Before[0].Details // the writer's hook runs first
-	if res.Before[0].Name != "w" || rep["drained"] != true || rep["records_carried"] != int64(0) {
-		t.Fatalf("before report = %s %v", res.Before[0].Name, rep)
+	rep := decodeReport[WriterReport](t, res.Before[0].Details) // the writer's hook runs first
+	if res.Before[0].Name != "w" || rep.WriterCheckpoint == nil || !rep.Drained || rep.RecordsCarried != 0 {
+		t.Fatalf("before report = %s %+v", res.Before[0].Name, rep)
 	}
-	if n := rep["callers_blocked"].(int64); n == 0 {
+	if rep.CallersBlocked == 0 {
 		t.Errorf("report: no caller blocked at the gate: %v", rep)
 	}
 	wantID := "svc-" + res.Event.InstanceID[:8]
@@ -232,9 +232,9 @@ func TestWriterAsyncCompletions(t *testing.T) {
 	if atDump != n || failed.Load() != 0 {
 		t.Fatalf("completions when the before phase ended = %d (failed %d), want %d", atDump, failed.Load(), n)
 	}
-	rep := res.Before[0].Details
-	if rep["records_drained"] != int64(n) || rep["records_carried"] != int64(0) {
-		t.Fatalf("report = %v", rep)
+	rep := decodeReport[WriterReport](t, res.Before[0].Details)
+	if rep.WriterCheckpoint == nil || rep.RecordsDrained != int64(n) || rep.RecordsCarried != 0 {
+		t.Fatalf("report = %+v", rep)
 	}
 	// And the writer keeps working after restore.
 	if err := w.WriteMessages(context.Background(), kafka.Message{Value: []byte("after")}); err != nil {
@@ -371,9 +371,9 @@ func TestWriterCarryAcross(t *testing.T) {
 	if before.Duration > budget+100*time.Millisecond {
 		t.Errorf("before-checkpoint took %v with a budget of %v", before.Duration, budget)
 	}
-	rep := before.Details
-	if rep["drained"] != false || rep["records_carried"].(int64) <= 0 {
-		t.Fatalf("before report = %v, want records carried", rep)
+	rep := decodeReport[WriterReport](t, before.Details)
+	if rep.WriterCheckpoint == nil || rep.Drained || rep.RecordsCarried <= 0 {
+		t.Fatalf("before report = %+v, want records carried", rep)
 	}
 	if conns != 0 {
 		t.Errorf("%d connections to the broker established after the before phase", conns)
@@ -381,9 +381,9 @@ func TestWriterCarryAcross(t *testing.T) {
 	if sink.count(slog.LevelWarn) == 0 {
 		t.Error("no warning logged for carried records")
 	}
-	after := res.After[len(res.After)-1].Details
-	if after["gate_open"] != true {
-		t.Fatalf("after report = %v, want the gate open", after)
+	after := decodeReport[WriterReport](t, res.After[len(res.After)-1].Details)
+	if after.WriterRestore == nil || !after.GateOpen {
+		t.Fatalf("after report = %+v, want the gate open", after)
 	}
 	if err := <-syncW; err != nil {
 		t.Fatalf("sync write blocked during the checkpoint: %v", err)
@@ -447,7 +447,7 @@ func TestWriterBrokerDownAfterRestore(t *testing.T) {
 	if res.After[0].Duration > budget+100*time.Millisecond {
 		t.Errorf("after-restore took %v with a budget of %v", res.After[0].Duration, budget)
 	}
-	if open := res.After[0].Details["gate_open"]; open != false {
+	if after := decodeReport[WriterReport](t, res.After[0].Details); after.WriterRestore == nil || after.GateOpen {
 		t.Fatalf("after report = %v, want the gate still closed", res.After[0].Details)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)

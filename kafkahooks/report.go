@@ -1,0 +1,135 @@
+package kafkahooks
+
+import (
+	"reflect"
+	"strings"
+)
+
+// WriterReport is what a Writer reports about its last hook run
+// (Writer.Report); CheckpointReport gives the same keys as a map, which
+// lands in the image manifest. Exactly one of WriterCheckpoint (phase
+// "before-checkpoint") and WriterRestore (phase "after-restore") is set.
+type WriterReport struct {
+	Phase    string `json:"phase"`
+	ClientID string `json:"client_id"`
+	// RecordsCarried counts the records not acknowledged when the
+	// checkpoint was taken (before) or still carried when the
+	// after-restore hook began (after).
+	RecordsCarried int64 `json:"records_carried"`
+	CallersBlocked int64 `json:"callers_blocked"` // calls waiting at the gate
+	DurationMS     int64 `json:"duration_ms"`
+	*WriterCheckpoint
+	*WriterRestore
+}
+
+// WriterCheckpoint holds the before-checkpoint part of a WriterReport.
+type WriterCheckpoint struct {
+	Async              bool  `json:"async"`
+	Drained            bool  `json:"drained"`
+	RecordsPending     int64 `json:"records_pending"` // held by kafka-go when the hook began
+	RecordsDrained     int64 `json:"records_drained"`
+	CompletionsPending int   `json:"completions_pending"`
+	ConnectionsClosed  int   `json:"connections_closed"`
+}
+
+// WriterRestore holds the after-restore part of a WriterReport. The
+// interruption and failure counts are running totals.
+type WriterRestore struct {
+	Event            string `json:"event"` // "restore" or "resume"
+	RecordsDelivered int64  `json:"records_delivered"`
+	GateOpen         bool   `json:"gate_open"`
+	// RequestsInterrupted counts produce requests cut off on the wire by
+	// a checkpoint (each cost its batch one of MaxAttempts).
+	RequestsInterrupted int64 `json:"requests_interrupted"`
+	// RecordsInterrupted counts records whose caller or Completion got
+	// that interruption as their error (no attempt left; each may be on
+	// the topic).
+	RecordsInterrupted int64 `json:"records_interrupted"`
+	// RecordsFailed counts carried records failed with a fatal error.
+	RecordsFailed int64 `json:"records_failed"`
+}
+
+// ReaderReport is what a Reader reports about its last hook run
+// (Reader.Report); CheckpointReport gives the same keys as a map.
+// ReaderCheckpoint is set in the "before-checkpoint" phase, Event in the
+// "after-restore" one.
+type ReaderReport struct {
+	Phase          string `json:"phase"`
+	Event          string `json:"event,omitempty"` // after-restore: "restore" or "resume"
+	ClientID       string `json:"client_id"`
+	CallersBlocked int64  `json:"callers_blocked"`
+	// NextOffset is, for a partition reader (no group), the offset the
+	// next kafka.Reader starts from; nil for a group reader.
+	NextOffset *int64 `json:"next_offset,omitempty"`
+	DurationMS int64  `json:"duration_ms"`
+	*ReaderCheckpoint
+}
+
+// ReaderCheckpoint holds the before-checkpoint part of a ReaderReport.
+type ReaderCheckpoint struct {
+	Group             string `json:"group"`
+	ClosedCleanly     bool   `json:"closed_cleanly"`
+	PrefetchedDropped int64  `json:"prefetched_dropped"` // fetched again after the checkpoint
+	ConnectionsClosed int    `json:"connections_closed"`
+	*GroupCheckpoint
+}
+
+// GroupCheckpoint holds the consumer-group part of a ReaderCheckpoint.
+type GroupCheckpoint struct {
+	LeftGroup bool `json:"left_group"`
+	// StaleCommits is a running total of dropped commits of records
+	// fetched before a checkpoint.
+	StaleCommits          int64  `json:"stale_commits"`
+	StartOffsetsCommitted int    `json:"start_offsets_committed"`
+	CommitError           string `json:"commit_error,omitempty"`
+}
+
+// reportMap flattens a report struct into the map notify.Reporter returns,
+// with the keys encoding/json would write, but keeping each value's Go type
+// (an int64 stays an int64) for in-process readers such as Simulate.
+func reportMap(v any) map[string]any {
+	rv := reflect.ValueOf(v)
+	if rv.Kind() == reflect.Pointer && rv.IsNil() {
+		return nil
+	}
+	m := map[string]any{}
+	addFields(m, rv)
+	return m
+}
+
+func addFields(m map[string]any, v reflect.Value) {
+	if v.Kind() == reflect.Pointer {
+		if v.IsNil() {
+			return
+		}
+		v = v.Elem()
+	}
+	t := v.Type()
+	for i := range t.NumField() {
+		f, fv := t.Field(i), v.Field(i)
+		if f.Anonymous {
+			addFields(m, fv)
+			continue
+		}
+		if !f.IsExported() {
+			continue
+		}
+		name, opts, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "-" {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		if opts == "omitempty" && fv.IsZero() {
+			continue
+		}
+		if fv.Kind() == reflect.Pointer {
+			if fv.IsNil() {
+				continue
+			}
+			fv = fv.Elem()
+		}
+		m[name] = fv.Interface()
+	}
+}

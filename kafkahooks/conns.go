@@ -57,7 +57,7 @@ type Conns struct {
 // TrackConns returns a Conns registered under name. dial is the function
 // used to open connections; nil means a net.Dialer with a 10 s timeout.
 func TrackConns(name string, dial func(ctx context.Context, network, address string) (net.Conn, error), opts ...Opt) *Conns {
-	cfg := newConfig(name, opts)
+	cfg := newConfig(name, applyAll(opts, Opt.apply))
 	c := &Conns{t: newConnTracker(dial, nil), log: cfg.log}
 	c.unregister = cfg.registry.Register(cfg.name, c)
 	return c
@@ -104,7 +104,7 @@ func (c *Conns) Close() error {
 // may be nil. It is notify.Register(name, notify.Func(before, after)) with
 // the registry chosen by WithRegistry.
 func OnCheckpoint(name string, before func(context.Context) error, after func(context.Context, notify.Event) error, opts ...Opt) (unregister func()) {
-	cfg := newConfig(name, opts)
+	cfg := newConfig(name, applyAll(opts, Opt.apply))
 	return cfg.registry.Register(cfg.name, notify.Func(before, after))
 }
 

@@ -7,16 +7,50 @@ import (
 	"github.com/kcr-dev/kcr/notify"
 )
 
+// WriterOpt configures a Writer (NewWriter, NewWriterFromConfig).
+type WriterOpt interface {
+	applyWriter(*config)
+}
+
+// ReaderOpt configures a Reader (NewReader).
+type ReaderOpt interface {
+	applyReader(*config)
+}
+
 // Opt configures a Writer, a Reader or one of the helpers (OnCheckpoint,
-// IdleConns, TrackConns). Options that do not apply to a constructor are
-// ignored by it.
+// IdleConns, TrackConns). An option that applies to only one of them is a
+// WriterOpt or a ReaderOpt instead, so that passing it elsewhere does not
+// compile.
 type Opt interface {
+	WriterOpt
+	ReaderOpt
 	apply(*config)
 }
 
 type opt func(*config)
 
-func (o opt) apply(c *config) { o(c) }
+func (o opt) apply(c *config)       { o(c) }
+func (o opt) applyWriter(c *config) { o(c) }
+func (o opt) applyReader(c *config) { o(c) }
+
+// ClientOpt configures the Kafka client of a Writer or a Reader.
+type ClientOpt interface {
+	WriterOpt
+	ReaderOpt
+}
+
+type clientOpt func(*config)
+
+func (o clientOpt) applyWriter(c *config) { o(c) }
+func (o clientOpt) applyReader(c *config) { o(c) }
+
+type writerOpt func(*config)
+
+func (o writerOpt) applyWriter(c *config) { o(c) }
+
+type readerOpt func(*config)
+
+func (o readerOpt) applyReader(c *config) { o(c) }
 
 type config struct {
 	registry   *notify.Registry
@@ -29,18 +63,16 @@ type config struct {
 	unflushedOK bool
 }
 
-func newConfig(defaultName string, opts []Opt) config {
+// newConfig returns the configuration named defaultName unless an option
+// renames it, after set has applied the options.
+func newConfig(defaultName string, set func(*config)) config {
 	c := config{
 		registry:   notify.Default,
 		name:       defaultName,
 		backoffMin: 100 * time.Millisecond,
 		backoffMax: 5 * time.Second,
 	}
-	for _, o := range opts {
-		if o != nil {
-			o.apply(&c)
-		}
-	}
+	set(&c)
 	if c.registry == nil {
 		c.registry = notify.Default
 	}
@@ -52,6 +84,17 @@ func newConfig(defaultName string, opts []Opt) config {
 		c.backoffMax = c.backoffMin
 	}
 	return c
+}
+
+// applyAll applies opts with apply, skipping nil ones.
+func applyAll[O any](opts []O, apply func(O, *config)) func(*config) {
+	return func(c *config) {
+		for _, o := range opts {
+			if any(o) != nil {
+				apply(o, c)
+			}
+		}
+	}
 }
 
 // WithRegistry registers the resource with r instead of notify.Default. Tests
@@ -75,12 +118,12 @@ func WithLogger(l *slog.Logger) Opt { return opt(func(c *config) { c.log = l }) 
 // told apart in broker logs, quotas and group descriptions. The default base
 // is the ClientID of the template's *kafka.Transport (Writer) or
 // ReaderConfig.Dialer (Reader), or kafka.DefaultClientID if that is empty.
-func WithClientID(id string) Opt { return opt(func(c *config) { c.clientID = id }) }
+func WithClientID(id string) ClientOpt { return clientOpt(func(c *config) { c.clientID = id }) }
 
 // WithRetryBackoff bounds the backoff between resends of records carried
 // across a checkpoint, while the broker cannot be reached after a restore.
 // Such records are resent until they are acknowledged or the Writer is
 // closed; they are never given up on. Default 100ms to 5s.
-func WithRetryBackoff(min, max time.Duration) Opt {
-	return opt(func(c *config) { c.backoffMin, c.backoffMax = min, max })
+func WithRetryBackoff(min, max time.Duration) WriterOpt {
+	return writerOpt(func(c *config) { c.backoffMin, c.backoffMax = min, max })
 }

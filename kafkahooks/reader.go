@@ -148,7 +148,7 @@ func newRetired() *retiredCtx {
 //	r := kafkahooks.NewReader(kafka.ReaderConfig{Brokers: brokers, GroupID: "g", Topic: "events"})
 //
 // is all a service needs.
-func NewReader(c kafka.ReaderConfig, opts ...Opt) *Reader {
+func NewReader(c kafka.ReaderConfig, opts ...ReaderOpt) *Reader {
 	name := "kafka-reader/"
 	switch {
 	case c.GroupID != "":
@@ -156,7 +156,7 @@ func NewReader(c kafka.ReaderConfig, opts ...Opt) *Reader {
 	default:
 		name += c.Topic + "/" + strconv.Itoa(c.Partition)
 	}
-	cfg := newConfig(name, opts)
+	cfg := newConfig(name, applyAll(opts, ReaderOpt.applyReader))
 	r := &Reader{cfg: cfg, rcfg: c, group: c.GroupID != "", next: kafka.FirstOffset, quit: make(chan struct{})}
 	interval := c.CommitInterval
 	r.userInterval = interval

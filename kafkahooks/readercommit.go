@@ -18,8 +18,9 @@ var ErrCommitsNotFlushed = errors.New("kafkahooks: pending commits could not be 
 // WithUnflushedCommits lets a group Reader's checkpoint go on when its
 // pending commits cannot be flushed within the budget. They stay in memory
 // (in the image) and are sent after the restore; until then the records are
-// delivered again from the last commit that reached the broker.
-func WithUnflushedCommits() Opt { return opt(func(c *config) { c.unflushedOK = true }) }
+// delivered again from the last commit that reached the broker. By default
+// such a checkpoint fails with ErrCommitsNotFlushed.
+func WithUnflushedCommits() ReaderOpt { return readerOpt(func(c *config) { c.unflushedOK = true }) }
 
 // commitStash batches commits for a Reader with a CommitInterval. kafka-go's
 // own interval commits are flushed once by its Close, with a retry that

@@ -136,7 +136,7 @@ type writerTemplate struct {
 //	w := kafkahooks.NewWriter(&kafka.Writer{Addr: kafka.TCP(brokers...), Topic: "events"})
 //
 // is all a service needs.
-func NewWriter(template *kafka.Writer, opts ...Opt) *Writer {
+func NewWriter(template *kafka.Writer, opts ...WriterOpt) *Writer {
 	if template == nil {
 		panic("kafkahooks: NewWriter with nil template")
 	}
@@ -152,7 +152,7 @@ func NewWriter(template *kafka.Writer, opts ...Opt) *Writer {
 	if template.Topic != "" {
 		name += "/" + template.Topic
 	}
-	cfg := newConfig(name, opts)
+	cfg := newConfig(name, applyAll(opts, WriterOpt.applyWriter))
 	w := &Writer{cfg: cfg, async: template.Async, done: make(chan struct{})}
 	copyWriterSettings(&w.tmpl.w, template)
 	w.tmpl.completion = template.Completion
@@ -182,7 +182,7 @@ func NewWriter(template *kafka.Writer, opts ...Opt) *Writer {
 // kafka.NewWriter(kafka.WriterConfig): the config is turned into a template
 // by kafka.NewWriter, with the same defaults. The Dialer's ClientID, TLS,
 // SASL and timeouts carry over.
-func NewWriterFromConfig(c kafka.WriterConfig, opts ...Opt) *Writer {
+func NewWriterFromConfig(c kafka.WriterConfig, opts ...WriterOpt) *Writer {
 	return NewWriter(kafka.NewWriter(c), opts...)
 }
 

@@ -23,9 +23,8 @@
 // See Writer and Reader for the details, and CheckpointReport for what lands
 // in the image manifest.
 //
-// Other clients take part with OnCheckpoint (any pair of hooks), IdleConns
-// (an *http.Transport's idle pool) or TrackConns (every connection of a
-// dialer, busy or idle).
+// Other clients (HTTP, databases, a schema registry) take part through
+// package github.com/kcr-dev/kcr/hooks.
 //
 // Outside checkpoints the wrappers cost a few atomic operations per call; see
 // BenchmarkHotPath, BenchmarkProduceWrapper and bench.sh in this directory.

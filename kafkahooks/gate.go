@@ -21,7 +21,7 @@ type gateView[S any] interface {
 	blocking() (gate chan struct{}, closed bool)
 }
 
-// gate is what Writer, Reader and Conns share: the published state that
+// gate is what Writer and Reader share: the published state that
 // calls load on their hot path, the count of callers waiting at it, the
 // report of the last hook run and the client-id policy.
 type gate[S any, P gateView[S], R any] struct {

@@ -17,32 +17,18 @@ type ReaderOpt interface {
 	applyReader(*config)
 }
 
-// Opt configures a Writer, a Reader or one of the helpers (OnCheckpoint,
-// IdleConns, TrackConns). An option that applies to only one of them is a
-// WriterOpt or a ReaderOpt instead, so that passing it elsewhere does not
-// compile.
+// Opt configures a Writer or a Reader. An option that applies to only one
+// of them is a WriterOpt or a ReaderOpt instead, so that passing it to the
+// other does not compile.
 type Opt interface {
 	WriterOpt
 	ReaderOpt
-	apply(*config)
 }
 
 type opt func(*config)
 
-func (o opt) apply(c *config)       { o(c) }
 func (o opt) applyWriter(c *config) { o(c) }
 func (o opt) applyReader(c *config) { o(c) }
-
-// ClientOpt configures the Kafka client of a Writer or a Reader.
-type ClientOpt interface {
-	WriterOpt
-	ReaderOpt
-}
-
-type clientOpt func(*config)
-
-func (o clientOpt) applyWriter(c *config) { o(c) }
-func (o clientOpt) applyReader(c *config) { o(c) }
 
 type writerOpt func(*config)
 
@@ -118,7 +104,7 @@ func WithLogger(l *slog.Logger) Opt { return opt(func(c *config) { c.log = l }) 
 // told apart in broker logs, quotas and group descriptions. The default base
 // is the ClientID of the template's *kafka.Transport (Writer) or
 // ReaderConfig.Dialer (Reader), or kafka.DefaultClientID if that is empty.
-func WithClientID(id string) ClientOpt { return clientOpt(func(c *config) { c.clientID = id }) }
+func WithClientID(id string) Opt { return opt(func(c *config) { c.clientID = id }) }
 
 // WithRetryBackoff bounds the backoff between resends of records carried
 // across a checkpoint, while the broker cannot be reached after a restore.

@@ -13,8 +13,13 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kcr-dev/kcr/internal/conntrack"
 	"github.com/kcr-dev/kcr/notify"
 )
+
+// ErrConnsClosed is returned by dials of a Reader's or Writer's retired
+// Kafka client generation: its connections were closed for a checkpoint.
+var ErrConnsClosed = conntrack.ErrClosed
 
 // Reader is a kafka.Reader that takes part in kcr checkpoints. It has the
 // methods of kafka.Reader and behaves the same outside checkpoints; it owns
@@ -95,10 +100,10 @@ type Reader struct {
 	mu      sync.Mutex
 	closing chan struct{} // non-nil while the gate is closed
 	closed  bool
-	conns   *connTracker // the current kafka.Reader's connections
-	next    int64        // partition readers: where the next kafka.Reader starts
-	nextSet bool         // next was set by SetOffset during this checkpoint
-	cycle   uint64       // counts BeforeCheckpoint calls
+	conns   *conntrack.Tracker // the current kafka.Reader's connections
+	next    int64              // partition readers: where the next kafka.Reader starts
+	nextSet bool               // next was set by SetOffset during this checkpoint
+	cycle   uint64             // counts BeforeCheckpoint calls
 	inCycle bool
 	acc     kafka.ReaderStats
 }
@@ -189,7 +194,7 @@ func (r *Reader) newInner() *kafka.Reader {
 	if dial == nil {
 		dial = (&net.Dialer{LocalAddr: d.LocalAddr, FallbackDelay: d.FallbackDelay, KeepAlive: d.KeepAlive}).DialContext
 	}
-	r.conns = newConnTracker(dial, nil)
+	r.conns = conntrack.New(dial, nil)
 	d.DialFunc = r.conns.DialContext
 	d.ClientID = r.clientID
 	c := r.rcfg
@@ -483,7 +488,7 @@ func (r *Reader) Close() error {
 		r.absorb(s.r)
 	}
 	r.bg.Wait()
-	conns.closeAll(true)
+	conns.CloseAll(true)
 	return err
 }
 
@@ -560,7 +565,7 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 	// Fetches that were inside kafka-go note their drops before the
 	// offsets are read.
 	waitZero(dctx, &r.fetching)
-	n := conns.closeAll(true)
+	n := conns.CloseAll(true)
 	st := r.absorb(inner)
 
 	rc := &ReaderCheckpoint{

@@ -16,7 +16,6 @@ func TestReportMapMatchesJSON(t *testing.T) {
 		ReaderReport{Phase: "before-checkpoint", NextOffset: &next, ReaderCheckpoint: &ReaderCheckpoint{Group: ""}},
 		ReaderReport{Phase: "before-checkpoint", ReaderCheckpoint: &ReaderCheckpoint{Group: "g", GroupCheckpoint: &GroupCheckpoint{CommitError: "x", StaleCommits: 4}}},
 		ReaderReport{Phase: "after-restore", Event: "resume"},
-		ConnsReport{ConnectionsClosed: 7},
 	}
 	for _, rep := range reports {
 		b, err := json.Marshal(rep)

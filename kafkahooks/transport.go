@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kcr-dev/kcr/internal/conntrack"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
 	metadataAPI "github.com/segmentio/kafka-go/protocol/metadata"
@@ -136,7 +137,7 @@ func templateOf(t *kafka.Transport) transportTemplate {
 // dials are tracked. A paused or closed generation has no transport.
 type transportGen struct {
 	t      *kafka.Transport
-	conns  *connTracker
+	conns  *conntrack.Tracker
 	cancel context.CancelFunc
 	ready  chan struct{} // paused: closed when a new generation is installed
 }
@@ -203,7 +204,7 @@ func (p *gatedTransport) newGen(clientID string) *transportGen {
 		base = context.Background()
 	}
 	ctx, cancel := context.WithCancel(base)
-	conns := newConnTracker(p.tmpl.dial, &p.dials)
+	conns := conntrack.New(p.tmpl.dial, &p.dials)
 	t := &kafka.Transport{
 		Dial:           conns.DialContext,
 		DialTimeout:    p.tmpl.dialTimeout,
@@ -377,7 +378,7 @@ func (p *gatedTransport) pause() int {
 func (p *gatedTransport) endCarry() { p.carrying.Store(false) }
 
 func (p *gatedTransport) retire(g *transportGen) int {
-	n := g.conns.closeAll(true)
+	n := g.conns.CloseAll(true)
 	g.t.CloseIdleConnections()
 	g.cancel()
 	return n
@@ -419,7 +420,7 @@ func (p *gatedTransport) shutdown() {
 // openConns returns how many connections of the current generation are open.
 func (p *gatedTransport) openConns() int {
 	if g := p.gen.Load(); g.conns != nil {
-		return g.conns.open()
+		return g.conns.Open()
 	}
 	return 0
 }

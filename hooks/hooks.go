@@ -1,30 +1,60 @@
-package kafkahooks
+// Package hooks lets any client take part in kcr checkpoints: a pair of
+// hooks of your own (OnCheckpoint), an HTTP or database pool's idle
+// connections (IdleConns), or every connection a dialer opened (TrackConns).
+// Kafka clients have their own package, kafkahooks.
+package hooks
 
 import (
 	"context"
 	"log/slog"
 	"net"
 	"sync"
-	"sync/atomic"
 
 	"github.com/kcr-dev/kcr/internal/conntrack"
 	"github.com/kcr-dev/kcr/notify"
 )
 
-// ErrConnsClosed is returned by dials through a connection set that a
-// checkpoint (or Close) has shut for good.
+// ErrConnsClosed is returned by dials through a Conns after Close.
 var ErrConnsClosed = conntrack.ErrClosed
 
-// connTracker is conntrack.Tracker under the names this package's files use.
-type connTracker struct{ *conntrack.Tracker }
-
-func newConnTracker(dial func(ctx context.Context, network, address string) (net.Conn, error), dials *atomic.Int64) *connTracker {
-	return &connTracker{conntrack.New(dial, dials)}
+// Opt configures OnCheckpoint, IdleConns and TrackConns.
+type Opt interface {
+	apply(*config)
 }
 
-func (t *connTracker) closeAll(permanent bool) int { return t.CloseAll(permanent) }
-func (t *connTracker) resume()                     { t.Resume() }
-func (t *connTracker) open() int                   { return t.Open() }
+type opt func(*config)
+
+func (o opt) apply(c *config) { o(c) }
+
+type config struct {
+	registry *notify.Registry
+	log      *slog.Logger
+}
+
+func newConfig(opts []Opt) config {
+	var c config
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&c)
+		}
+	}
+	if c.registry == nil {
+		c.registry = notify.Default
+	}
+	if c.log == nil {
+		c.log = slog.Default()
+	}
+	return c
+}
+
+// WithRegistry registers the hooks with r instead of notify.Default (the
+// default). Tests use it to run checkpoint cycles with
+// (*notify.Registry).Simulate on a registry of their own.
+func WithRegistry(r *notify.Registry) Opt { return opt(func(c *config) { c.registry = r }) }
+
+// WithLogger sets the logger (default slog.Default()). Every record carries
+// the attribute resource=<name>.
+func WithLogger(l *slog.Logger) Opt { return opt(func(c *config) { c.log = l }) }
 
 // ConnsReport is what Conns reports about its last checkpoint.
 type ConnsReport struct {
@@ -39,7 +69,7 @@ type ConnsReport struct {
 // Use it for clients other than kafka-go that keep connections open, such as
 // a schema registry's HTTP client:
 //
-//	conns := kafkahooks.TrackConns("schema-registry", nil)
+//	conns := hooks.TrackConns("schema-registry", nil)
 //	client := &http.Client{Transport: &http.Transport{DialContext: conns.DialContext}}
 //
 // A request that was using a connection when the checkpoint closed it fails
@@ -48,18 +78,20 @@ type ConnsReport struct {
 // requests first, register your own hook with OnCheckpoint before this one
 // (hooks run in reverse registration order before a checkpoint).
 type Conns struct {
-	t          *connTracker
+	t          *conntrack.Tracker
 	log        *slog.Logger
 	unregister func()
-	reports    reportSlot[ConnsReport]
+
+	mu     sync.Mutex
+	report *ConnsReport // nil before the first checkpoint
 }
 
 // TrackConns returns a Conns registered under name. dial is the function
 // used to open connections; nil means a net.Dialer with a 10 s timeout.
 func TrackConns(name string, dial func(ctx context.Context, network, address string) (net.Conn, error), opts ...Opt) *Conns {
-	cfg := newConfig(name, applyAll(opts, Opt.apply))
-	c := &Conns{t: newConnTracker(dial, nil), log: cfg.log}
-	c.unregister = cfg.registry.Register(cfg.name, c)
+	cfg := newConfig(opts)
+	c := &Conns{t: conntrack.New(dial, nil), log: cfg.log.With("resource", name)}
+	c.unregister = cfg.registry.Register(name, c)
 	return c
 }
 
@@ -70,32 +102,39 @@ func (c *Conns) DialContext(ctx context.Context, network, address string) (net.C
 }
 
 // Open returns how many tracked connections are open.
-func (c *Conns) Open() int { return c.t.open() }
+func (c *Conns) Open() int { return c.t.Open() }
 
 // BeforeCheckpoint closes every tracked connection and holds new dials.
 func (c *Conns) BeforeCheckpoint(ctx context.Context) error {
-	n := c.t.closeAll(false)
+	n := c.t.CloseAll(false)
 	c.log.Debug("connections closed for a checkpoint", "connections", n)
-	c.reports.store(ConnsReport{ConnectionsClosed: n})
+	c.mu.Lock()
+	c.report = &ConnsReport{ConnectionsClosed: n}
+	c.mu.Unlock()
 	return nil
 }
 
 // AfterRestore lets dials through again.
 func (c *Conns) AfterRestore(ctx context.Context, ev notify.Event) error {
-	c.t.resume()
+	c.t.Resume()
 	return nil
 }
 
 // CheckpointReport implements notify.Reporter.
 func (c *Conns) CheckpointReport() map[string]any {
-	return c.reports.asMap()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.report == nil {
+		return nil
+	}
+	return map[string]any{"connections_closed": c.report.ConnectionsClosed}
 }
 
 // Close unregisters the set, closes its connections and makes later dials
 // fail with ErrConnsClosed.
 func (c *Conns) Close() error {
 	c.unregister()
-	c.t.closeAll(true)
+	c.t.CloseAll(true)
 	return nil
 }
 
@@ -104,8 +143,8 @@ func (c *Conns) Close() error {
 // may be nil. It is notify.Register(name, notify.Func(before, after)) with
 // the registry chosen by WithRegistry.
 func OnCheckpoint(name string, before func(context.Context) error, after func(context.Context, notify.Event) error, opts ...Opt) (unregister func()) {
-	cfg := newConfig(name, applyAll(opts, Opt.apply))
-	return cfg.registry.Register(cfg.name, notify.Func(before, after))
+	cfg := newConfig(opts)
+	return cfg.registry.Register(name, notify.Func(before, after))
 }
 
 // IdleConns registers a hook that calls t.CloseIdleConnections before every

@@ -1,8 +1,9 @@
-package kafkahooks
+package hooks
 
 import (
 	"context"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -21,7 +22,7 @@ func TestConnsAndHelpers(t *testing.T) {
 	}))
 	defer srv.Close()
 	reg := notify.NewRegistry()
-	log, _ := newLog(t)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 
 	var idleClosed, before, after atomic.Int64
 	OnCheckpoint("custom", func(context.Context) error { before.Add(1); return nil },
@@ -30,11 +31,11 @@ func TestConnsAndHelpers(t *testing.T) {
 
 	release := make(chan struct{})
 	inside := make(chan struct{})
-	hook(reg, func(context.Context) error {
+	reg.Register("probe", notify.Func(func(context.Context) error {
 		close(inside)
 		<-release
 		return nil
-	}, nil)
+	}, nil))
 	conns := TrackConns("schema-registry", nil, WithRegistry(reg), WithLogger(log))
 	defer conns.Close()
 	client := &http.Client{Transport: &http.Transport{DialContext: conns.DialContext}}
@@ -81,7 +82,7 @@ func TestConnsAndHelpers(t *testing.T) {
 		t.Fatalf("hooks ran %d/%d times, idle closed %d times", before.Load(), after.Load(), idleClosed.Load())
 	}
 	for _, r := range res.Before {
-		if r.Name == "schema-registry" && decodeReport[ConnsReport](t, r.Details).ConnectionsClosed != 1 {
+		if r.Name == "schema-registry" && r.Details["connections_closed"] != 1 {
 			t.Fatalf("report %v", r.Details)
 		}
 	}

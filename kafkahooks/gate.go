@@ -28,7 +28,7 @@ type gate[S any, P gateView[S], R any] struct {
 	state   atomic.Pointer[S]
 	blocked atomic.Int64 // callers waiting at the gate
 
-	// baseClientID and clientID are guarded by the owner's mutex.
+	idMu         sync.Mutex // guards baseClientID and clientID; a leaf lock
 	baseClientID string
 	clientID     string
 
@@ -38,6 +38,8 @@ type gate[S any, P gateView[S], R any] struct {
 // setBaseClientID picks the base client id: the option, else the client's
 // own setting, else kafka-go's default.
 func (g *gate[S, P, R]) setBaseClientID(option, client string) {
+	g.idMu.Lock()
+	defer g.idMu.Unlock()
 	switch {
 	case option != "":
 		g.baseClientID = option
@@ -51,11 +53,20 @@ func (g *gate[S, P, R]) setBaseClientID(option, client string) {
 
 // renewClientID gives a restored instance a client id of its own (base +
 // "-" + the first 8 hex digits of its instance id); a resume keeps the
-// current one. Called with the owner's mutex held.
+// current one.
 func (g *gate[S, P, R]) renewClientID(ev notify.Event) {
+	g.idMu.Lock()
+	defer g.idMu.Unlock()
 	if ev.Kind == notify.Restore {
 		g.clientID = g.baseClientID + "-" + shortID(ev)
 	}
+}
+
+// currentClientID returns the client id sent to brokers now.
+func (g *gate[S, P, R]) currentClientID() string {
+	g.idMu.Lock()
+	defer g.idMu.Unlock()
+	return g.clientID
 }
 
 // wait blocks a caller at the closed gate of s until it opens or ctx ends;

@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kcr-dev/kcr/internal/testwait"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -278,16 +279,7 @@ func readTopic(t testing.TB, addrs []string, topic string) []*kgo.Record {
 }
 
 // waitFor polls cond every 10ms until it holds or d passes.
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
+var waitFor = testwait.For
 
 // decodeReport turns a hook's report, as notify hands it over, back into
 // the typed report R, as a reader of the manifest would.

@@ -196,7 +196,7 @@ func (r *Reader) newInner() *kafka.Reader {
 	}
 	r.conns = conntrack.New(dial, nil)
 	d.DialFunc = r.conns.DialContext
-	d.ClientID = r.clientID
+	d.ClientID = r.currentClientID()
 	c := r.rcfg
 	c.Dialer = &d
 	inner := kafka.NewReader(c)
@@ -443,9 +443,7 @@ func (r *Reader) Stats() kafka.ReaderStats {
 
 // ClientID returns the client id of the current kafka.Reader's Dialer.
 func (r *Reader) ClientID() string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.clientID
+	return r.currentClientID()
 }
 
 // Name returns the name the Reader is registered under.
@@ -643,7 +641,7 @@ func (r *Reader) AfterRestore(ctx context.Context, ev notify.Event) error {
 	rep := ReaderReport{
 		Phase:          "after-restore",
 		Event:          ev.Kind.String(),
-		ClientID:       r.clientID,
+		ClientID:       r.currentClientID(),
 		CallersBlocked: r.blocked.Load(),
 	}
 	if !r.group {

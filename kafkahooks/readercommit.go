@@ -158,7 +158,7 @@ func (r *Reader) pinTail(ctx context.Context, s *readerState) (int, error) {
 	if len(topics) == 0 {
 		return 0, nil
 	}
-	tr := &kafka.Transport{Dial: r.conns.DialContext, ClientID: r.clientIDNow()}
+	tr := &kafka.Transport{Dial: r.conns.DialContext, ClientID: r.currentClientID()}
 	defer tr.CloseIdleConnections()
 	cl := &kafka.Client{Addr: kafka.TCP(r.rcfg.Brokers...), Transport: tr}
 	res, err := cl.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: r.rcfg.GroupID, Topics: topics})
@@ -185,12 +185,6 @@ func (r *Reader) pinTail(ctx context.Context, s *readerState) (int, error) {
 		return 0, fmt.Errorf("committing the resolved start offsets: %w", err)
 	}
 	return len(pin), nil
-}
-
-func (r *Reader) clientIDNow() string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.clientID
 }
 
 // waitZero polls n until it is 0 or ctx ends.

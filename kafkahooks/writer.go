@@ -170,7 +170,7 @@ func NewWriter(template *kafka.Writer, opts ...WriterOpt) *Writer {
 	if resend <= 0 {
 		resend = 10 * time.Second
 	}
-	w.transport = newGatedTransport(templateOf(kt), w.clientID, resend, cfg.backoffMin, cfg.backoffMax, cfg.log)
+	w.transport = newGatedTransport(templateOf(kt), w.currentClientID(), resend, cfg.backoffMin, cfg.backoffMax, cfg.log)
 	inner := w.newInner()
 	w.statsSrc = inner
 	w.state.Store(&writerState{w: inner})
@@ -298,9 +298,7 @@ func (w *Writer) Stats() kafka.WriterStats {
 
 // ClientID returns the client id the Writer currently sends to brokers.
 func (w *Writer) ClientID() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.clientID
+	return w.currentClientID()
 }
 
 // Name returns the name the Writer is registered under.
@@ -424,7 +422,7 @@ func (w *Writer) BeforeCheckpoint(ctx context.Context) error {
 	// Otherwise the gate is still closed since the previous cycle, whose
 	// carried records are still being resent: keep waiting for them.
 	done := w.closeDone
-	clientID := w.clientID
+	clientID := w.currentClientID()
 	w.mu.Unlock()
 
 	dctx, cancel := drainContext(ctx)
@@ -520,7 +518,7 @@ func (w *Writer) AfterRestore(ctx context.Context, ev notify.Event) error {
 	}
 	w.inCycle = false
 	w.renewClientID(ev)
-	clientID := w.clientID
+	clientID := w.currentClientID()
 	w.transport.resume(clientID)
 	done := w.closeDone
 	carried := w.records()

@@ -8,16 +8,11 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kcr-dev/kcr/internal/testwait"
 )
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(timeout); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
-}
+var waitFor = testwait.For
 
 // TestTrackerAbortsDials: a dial still connecting when the connections are
 // closed (a socket CRIU could not checkpoint) is aborted before closeAll

@@ -65,7 +65,7 @@ func TestAddResourcesCarried(t *testing.T) {
 func TestHookErrorCarryVeto(t *testing.T) {
 	veto := proto.HookReport{Name: "w", Error: `resource "w" before-checkpoint: would carry 3 records into the image`, CarryVeto: true, Carried: 3}
 	other := proto.HookReport{Name: "db", Error: `resource "db" before-checkpoint: boom`}
-	resumed := proto.HookReport{Name: "db", Error: `resource "db" after-restore: late`}
+	resumed := proto.HookReport{Name: "db", Phase: proto.PhaseAfterRestore, Error: `resource "db" after-restore: late`}
 	if e := (&HookError{Reports: []proto.HookReport{veto, {Name: "ok"}, resumed}}); !e.CarryVeto() || !strings.Contains(e.Error(), "would carry 3 records") {
 		t.Errorf("veto alone: CarryVeto %v, %q", e.CarryVeto(), e.Error())
 	}

@@ -63,40 +63,9 @@ type CheckpointResult struct {
 }
 
 // HookError is returned when the app's before-checkpoint hooks failed; no
-// image was written and the app resumed.
-type HookError struct {
-	Reports []proto.HookReport
-	Msg     string
-}
-
-// CarryVeto reports whether every hook that failed did so because it would
-// carry records into the image (notify.CarryError): kcr exits 10 then.
-func (e *HookError) CarryVeto() bool {
-	n := 0
-	for _, r := range e.Reports {
-		if r.Error == "" || strings.Contains(r.Error, "after-restore") {
-			continue
-		}
-		if !r.CarryVeto {
-			return false
-		}
-		n++
-	}
-	return n > 0
-}
-
-func (e *HookError) Error() string {
-	var failed []string
-	for _, r := range e.Reports {
-		if r.Error != "" && !strings.Contains(r.Error, "after-restore") {
-			failed = append(failed, r.Error)
-		}
-	}
-	if len(failed) == 0 {
-		failed = []string{e.Msg}
-	}
-	return "checkpoint aborted, the app resumed: " + strings.Join(failed, "; ")
-}
+// image was written and the app resumed. It is the contract's type, so that
+// client, engine and CLI share one.
+type HookError = proto.HookFailure
 
 // Checkpoint runs the app's hooks, dumps it with CRIU and writes an image.
 // Whatever fails, the app is resumed and no partial image is left behind.
@@ -109,7 +78,7 @@ func (s seams) checkpoint(ctx context.Context, o CheckpointOptions) (*Checkpoint
 	log := logger(o.Logger)
 	start := time.Now()
 	if o.HookBudget <= 0 {
-		o.HookBudget = 10 * time.Second
+		o.HookBudget = proto.DefaultHookBudget
 	}
 	if o.ResumeAfter <= 0 {
 		o.ResumeAfter = o.HookBudget + 60*time.Second
@@ -187,9 +156,8 @@ func (s seams) checkpoint(ctx context.Context, o CheckpointOptions) (*Checkpoint
 		m, err := sock.Checkpoint(ctx, client.CheckpointRequest{
 			HookBudget: o.HookBudget, ResumeAfter: o.ResumeAfter, LeaveRunning: o.LeaveRunning, RequireDrained: o.RequireDrained})
 		res.Timings.add(PhaseHooks, time.Since(t))
-		var hf *client.HookFailure
-		if errors.As(err, &hf) {
-			return nil, &HookError{Reports: hf.Reports, Msg: hf.Msg}
+		if _, ok := errors.AsType[*HookError](err); ok {
+			return nil, err
 		}
 		if err != nil {
 			return nil, fmt.Errorf("before-checkpoint hooks: %w", err)

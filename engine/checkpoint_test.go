@@ -100,7 +100,7 @@ func noImage(t *testing.T, dir string) {
 
 func TestCheckpointSeams(t *testing.T) {
 	const pid = 4242
-	hookFail := &client.HookFailure{Reports: []proto.HookReport{{Name: "db", Error: "db: refusing"}}, Msg: "db: refusing"}
+	hookFail := &proto.HookFailure{Reports: []proto.HookReport{{Name: "db", Error: "db: refusing"}}, Msg: "db: refusing"}
 	for _, c := range []struct {
 		name       string
 		hookErr    error

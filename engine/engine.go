@@ -17,6 +17,7 @@ import (
 
 	"github.com/kcr-dev/kcr/criu"
 	"github.com/kcr-dev/kcr/images"
+	"github.com/kcr-dev/kcr/notify/proto"
 )
 
 // Version is kcr's version, recorded in every image.
@@ -129,8 +130,9 @@ func logger(l *slog.Logger) *slog.Logger {
 // ErrCRIUUnusable is wrapped when the CRIU found cannot work on this kernel.
 var ErrCRIUUnusable = errors.New("criu unusable")
 
-// ErrNoProcess is returned for a PID that does not exist.
-var ErrNoProcess = errors.New("no such process")
+// ErrNoProcess is returned for a PID that does not exist: the contract's
+// error, which client.Find returns too.
+var ErrNoProcess = proto.ErrNoProcess
 
 // processInfo describes a live process from /proc.
 func processInfo(pid int) (images.Process, error) {

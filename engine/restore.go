@@ -9,13 +9,11 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/kcr-dev/kcr/criu"
 	"github.com/kcr-dev/kcr/images"
-	"github.com/kcr-dev/kcr/notify"
 	"github.com/kcr-dev/kcr/notify/client"
 	"github.com/kcr-dev/kcr/notify/proto"
 )
@@ -325,7 +323,7 @@ func bindRace(err error) bool {
 // host PID moves its socket to one named after that PID (the image's path
 // is shared by every clone), so kcr waits for that one.
 func afterRestore(ctx context.Context, pid, origPID int, gen uint64, name string, wait time.Duration) (proto.Message, error) {
-	own := notify.SocketPrefix + strconv.Itoa(pid) + notify.SocketSuffix
+	own := proto.SocketName(pid)
 	deadline := time.Now().Add(3 * time.Second)
 	for {
 		sock, err := client.Find(pid)

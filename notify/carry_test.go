@@ -110,7 +110,7 @@ func TestCarryVetoOverSocket(t *testing.T) {
 	f := newFixture(t)
 	f.g.Register("w", carrier(f.rec, "w", 3, false))
 	_, err := client.Checkpoint(ctx(t), f.path, client.CheckpointRequest{HookBudget: 2 * time.Second, RequireDrained: true})
-	var hf *client.HookFailure
+	var hf *proto.HookFailure
 	if !errors.As(err, &hf) {
 		t.Fatalf("Checkpoint: %v, want a HookFailure", err)
 	}
@@ -165,7 +165,7 @@ func TestFailedCheckpointAnsweredDuringSlowResume(t *testing.T) {
 	}))
 	start := time.Now()
 	_, err := client.Checkpoint(context.Background(), f.path, client.CheckpointRequest{HookBudget: 200 * time.Millisecond, RequireDrained: true})
-	var hf *client.HookFailure
+	var hf *proto.HookFailure
 	if !errors.As(err, &hf) {
 		t.Fatalf("Checkpoint after %v: %v, want the veto", time.Since(start), err)
 	}

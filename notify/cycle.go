@@ -12,13 +12,13 @@ import (
 )
 
 // ErrBusy is returned when a checkpoint is requested while one is running.
-var ErrBusy = errors.New("checkpoint already in progress")
+var ErrBusy = proto.ErrBusy
 
 // HookError is one resource's hook failure. The errors of a phase are joined
 // with errors.Join, so errors.As finds each of them.
 type HookError struct {
 	Resource string
-	Phase    string // "before-checkpoint" or "after-restore"
+	Phase    Phase
 	Err      error
 }
 
@@ -27,6 +27,15 @@ func (e *HookError) Error() string {
 }
 
 func (e *HookError) Unwrap() error { return e.Err }
+
+// Phase names a hook phase.
+type Phase = proto.Phase
+
+// Hook phases.
+const (
+	PhaseBeforeCheckpoint = proto.PhaseBeforeCheckpoint
+	PhaseAfterRestore     = proto.PhaseAfterRestore
+)
 
 // Report describes one resource's hook run.
 type Report = proto.HookReport
@@ -105,7 +114,7 @@ func (c *cycle) before(ctx context.Context) ([]Report, error) {
 			seen[e] = true
 			c.done = append(c.done, e)
 			hctx, cc := withCarryCount(ctx)
-			rep, err := runHook(hctx, e, "before-checkpoint", func(ctx context.Context) error {
+			rep, err := runHook(hctx, e, PhaseBeforeCheckpoint, func(ctx context.Context) error {
 				return e.res.BeforeCheckpoint(ctx)
 			}, cc)
 			reports = append(reports, rep)
@@ -138,7 +147,7 @@ func (c *cycle) after(ctx context.Context, ev Event) (Event, []Report, error) {
 	var reports []Report
 	var errs []error
 	for _, e := range c.done {
-		rep, err := runHook(ctx, e, "after-restore", func(ctx context.Context) error {
+		rep, err := runHook(ctx, e, PhaseAfterRestore, func(ctx context.Context) error {
 			return e.res.AfterRestore(ctx, ev)
 		}, nil)
 		reports = append(reports, rep)
@@ -153,7 +162,7 @@ func (c *cycle) after(ctx context.Context, ev Event) (Event, []Report, error) {
 // for it shortly after ctx ends, so that one hung hook cannot hold the whole
 // process suspended. A before-checkpoint hook passes its carry count (cc),
 // which fills the report's carry fields and may turn into a veto.
-func runHook(ctx context.Context, e *entry, phase string, fn func(context.Context) error, cc *carryCount) (Report, error) {
+func runHook(ctx context.Context, e *entry, phase Phase, fn func(context.Context) error, cc *carryCount) (Report, error) {
 	start := time.Now()
 	res := make(chan error, 1)
 	go func() {
@@ -176,7 +185,7 @@ func runHook(ctx context.Context, e *entry, phase string, fn func(context.Contex
 		}
 		t.Stop()
 	}
-	rep := Report{Name: e.name, Duration: time.Since(start)}
+	rep := Report{Name: e.name, Phase: phase, Duration: time.Since(start)}
 	if r, ok := e.res.(Reporter); ok {
 		rep.Details = r.CheckpointReport()
 	}

@@ -14,7 +14,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 
@@ -25,22 +24,20 @@ import (
 var errKCRGone = errors.New("kcr went away during the before-checkpoint hooks")
 
 // Defaults for checkpoint requests that leave a value out, and the bounds
-// the app holds to whatever the CLI asks.
+// the app holds to whatever the CLI asks: the contract's, see package proto.
 const (
-	DefaultHookBudget  = 10 * time.Second
-	DefaultResumeAfter = 30 * time.Second
-	DefaultMaxSuspend  = 5 * time.Minute
-	DefaultAfterBudget = 30 * time.Second
-	// DefaultMaxHookBudget caps the before-checkpoint budget a request may
-	// ask for: the app's resources stay quiesced that long.
-	DefaultMaxHookBudget = 2 * time.Minute
+	DefaultHookBudget    = proto.DefaultHookBudget
+	DefaultResumeAfter   = proto.DefaultResumeAfter
+	DefaultMaxSuspend    = proto.DefaultMaxSuspend
+	DefaultAfterBudget   = proto.DefaultAfterBudget
+	DefaultMaxHookBudget = proto.DefaultMaxHookBudget
 )
 
-// SocketPrefix and SocketSuffix frame the base name of every control socket;
-// kcr recognises the socket among a process's fds by them.
+// SocketPrefix and SocketSuffix frame the base name of every control socket
+// (proto.SocketName).
 const (
-	SocketPrefix = "kcr-"
-	SocketSuffix = ".sock"
+	SocketPrefix = proto.SocketPrefix
+	SocketSuffix = proto.SocketSuffix
 )
 
 // Option configures a Server.
@@ -143,15 +140,14 @@ func (g *Registry) Start(opts ...Option) (*Server, error) {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, fmt.Errorf("notify: create socket dir: %w", err)
 		}
-		path = filepath.Join(dir, SocketPrefix+strconv.Itoa(pid)+SocketSuffix)
+		path = filepath.Join(dir, proto.SocketName(pid))
 	}
 	path, err := safeSocketPath(path)
 	if err != nil {
 		return nil, err
 	}
-	base := filepath.Base(path)
-	if len(base) <= len(SocketPrefix)+len(SocketSuffix) || base[:len(SocketPrefix)] != SocketPrefix || filepath.Ext(base) != SocketSuffix {
-		return nil, fmt.Errorf("notify: socket name %q must look like kcr-NAME.sock so that kcr can find it", base)
+	if !proto.IsSocketName(path) {
+		return nil, fmt.Errorf("notify: socket name %q must look like kcr-NAME.sock so that kcr can find it", filepath.Base(path))
 	}
 	ln, err := listen(path)
 	if err != nil {
@@ -458,69 +454,12 @@ func (s *Server) reply(c *net.UnixConn, m proto.Message) error {
 	if errors.Is(err, proto.ErrTooLarge) {
 		// Huge hook errors or details must not cost the CLI its answer.
 		s.cfg.log.Warn("kcr control socket: reply too large; dropping report details", "type", m.Type)
-		err = proto.Write(c, shrink(m))
-		if errors.Is(err, proto.ErrTooLarge) {
-			err = proto.Write(c, proto.Message{Type: m.Type, PID: m.PID, StartTime: m.StartTime, State: m.State,
-				InstanceID: m.InstanceID, AppGeneration: m.AppGeneration, Error: cut(m.Error, 4<<10)})
-		}
+		err = proto.Write(c, proto.Fit(m))
 	}
 	if err != nil {
 		s.cfg.log.Debug("kcr control socket: reply", "type", m.Type, "err", err)
 	}
 	return err
-}
-
-// shrink drops report details, keeps at most proto.MaxEntries reports (the
-// failed ones first) and resources, and cuts long strings so that m fits a
-// frame.
-func shrink(m proto.Message) proto.Message {
-	if len(m.Resources) > proto.MaxEntries {
-		m.Resources = m.Resources[:proto.MaxEntries]
-	}
-	if len(m.Reports) > proto.MaxEntries {
-		keep := make([]bool, len(m.Reports))
-		n := 0
-		for pass := 0; pass < 2; pass++ {
-			for i, r := range m.Reports {
-				if n < proto.MaxEntries && !keep[i] && (pass == 1 || r.Error != "") {
-					keep[i] = true
-					n++
-				}
-			}
-		}
-		var reps []proto.HookReport
-		for i, r := range m.Reports {
-			if keep[i] {
-				reps = append(reps, r)
-			}
-		}
-		m.Reports = reps
-	}
-	// Room for every string even if JSON escaping makes it 6 times longer.
-	n := max(64, proto.MaxFrame/(8*(2+2*len(m.Reports)+len(m.Resources))))
-	m.Error = cut(m.Error, n)
-	m.Reason = cut(m.Reason, n)
-	res := make([]string, len(m.Resources))
-	for i, r := range m.Resources {
-		res[i] = cut(r, n)
-	}
-	m.Resources = res
-	reps := make([]proto.HookReport, len(m.Reports))
-	for i, r := range m.Reports {
-		reps[i] = proto.HookReport{Name: cut(r.Name, n), Duration: r.Duration, Error: cut(r.Error, n), Carried: r.Carried, CarryVeto: r.CarryVeto}
-	}
-	m.Reports = reps
-	return m
-}
-
-func cut(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "… (truncated)"
 }
 
 func (s *Server) info() proto.Message {
@@ -734,7 +673,7 @@ func (s *Server) logAfter(ev Event, aerr error) {
 // done is the answer to a follow-up once the after-restore hooks ran.
 func (s *Server) done(ev Event, after []Report, aerr error) proto.Message {
 	m := proto.Message{Type: proto.TypeDone, PID: s.hostPID(), Reports: after, InstanceID: ev.InstanceID,
-		AppGeneration: ev.Generation, State: ev.Kind.String()}
+		AppGeneration: ev.Generation, State: ev.Kind.String(), Kind: ev.Kind.String()}
 	if aerr != nil {
 		m.Error = aerr.Error()
 	}

@@ -289,7 +289,7 @@ func TestCheckpointResume(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Resume: %v", err)
 	}
-	if done.Type != proto.TypeDone || done.State != "resume" || done.InstanceID != id0 || done.AppGeneration != 0 {
+	if done.Type != proto.TypeDone || done.Kind != proto.KindResume || done.State != "resume" || done.InstanceID != id0 || done.AppGeneration != 0 {
 		t.Errorf("done = %+v", done)
 	}
 	if got := names(done.Reports); !slices.Equal(got, []string{"a", "b", "probe"}) {
@@ -353,7 +353,7 @@ func TestCheckpointRestored(t *testing.T) {
 	if ev.Kind != notify.Restore || ev.Generation != 7 || ev.InstanceID == id0 || !hexID.MatchString(ev.InstanceID) || ev.SelfDetected {
 		t.Errorf("event = %+v (old id %s)", ev, id0)
 	}
-	if done.State != "restore" || done.AppGeneration != 7 || done.InstanceID != ev.InstanceID {
+	if done.Kind != proto.KindRestore || done.AppGeneration != 7 || done.InstanceID != ev.InstanceID {
 		t.Errorf("done = %+v", done)
 	}
 	if gen, id := f.g.Identity(); gen != 7 || id != ev.InstanceID {
@@ -377,9 +377,9 @@ func TestCheckpointHookFailure(t *testing.T) {
 	f := newFixture(t)
 	f.g.Register("broken", f.rec.res("broken", errors.New("cannot close"), nil))
 	_, err := client.Checkpoint(ctx(t), f.path, client.CheckpointRequest{HookBudget: time.Second, ResumeAfter: 10 * time.Second})
-	var hf *client.HookFailure
+	var hf *proto.HookFailure
 	if !errors.As(err, &hf) {
-		t.Fatalf("Checkpoint err = %v, want *client.HookFailure", err)
+		t.Fatalf("Checkpoint err = %v, want *proto.HookFailure", err)
 	}
 	if !strings.Contains(hf.Msg, `"broken"`) || !strings.Contains(hf.Msg, "cannot close") || !strings.Contains(err.Error(), "nothing was dumped") {
 		t.Errorf("failure message %q", err)
@@ -548,7 +548,7 @@ func TestResumeToRestoredCopy(t *testing.T) {
 		t.Fatal(err)
 	}
 	ev := f.waitAfter(time.Second)
-	if ev.Kind != notify.Restore || ev.Generation != 1 || ev.InstanceID == id0 || done.State != "restore" {
+	if ev.Kind != notify.Restore || ev.Generation != 1 || ev.InstanceID == id0 || done.Kind != proto.KindRestore {
 		t.Errorf("event = %+v, done = %+v", ev, done)
 	}
 }
@@ -940,7 +940,7 @@ func TestHugeReportStillAnswered(t *testing.T) {
 		return errors.New(strings.Repeat("x", proto.MaxFrame+10))
 	}, nil))
 	_, err := client.Checkpoint(ctx(t), f.path, client.CheckpointRequest{HookBudget: time.Second})
-	var hf *client.HookFailure
+	var hf *proto.HookFailure
 	if !errors.As(err, &hf) || !strings.Contains(hf.Msg, "truncated") {
 		t.Fatalf("Checkpoint: %v", err)
 	}

@@ -44,7 +44,7 @@ type SimResult struct {
 // is already running on the registry.
 func (g *Registry) Simulate(ctx context.Context, outcome SimOutcome, budget time.Duration) (SimResult, error) {
 	if budget <= 0 {
-		budget = 10 * time.Second
+		budget = DefaultHookBudget
 	}
 	c, err := g.begin()
 	if err != nil {

@@ -105,7 +105,7 @@ type Options struct {
 
 func (o *Options) defaults() {
 	if o.HookBudget <= 0 {
-		o.HookBudget = 10 * time.Second
+		o.HookBudget = proto.DefaultHookBudget
 	}
 	if o.ResumeAfter <= 0 {
 		o.ResumeAfter = o.HookBudget + 60*time.Second
@@ -240,7 +240,7 @@ func preDump(ctx context.Context, env Env, o Options, res *Result) error {
 			ts[i].Reports = m.Reports
 			if err != nil {
 				ts[i].Error = err.Error()
-				var hf *client.HookFailure
+				var hf *proto.HookFailure
 				if errors.As(err, &hf) {
 					ts[i].Error, ts[i].Reports = hf.Msg, hf.Reports
 				}

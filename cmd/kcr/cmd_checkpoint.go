@@ -13,6 +13,7 @@ import (
 
 	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/images"
+	"github.com/kcr-dev/kcr/notify/proto"
 )
 
 // checkpointOpts are checkpoint's arguments and flags.
@@ -51,7 +52,7 @@ with runc (podman --runtime runc run ...) for the hooks to run.`,
 	f := cmd.Flags()
 	f.StringVarP(&opts.o.Output, "output", "o", "", "image directory to create (default ./kcr-PID-TIME)")
 	f.BoolVar(&opts.o.LeaveRunning, "leave-running", false, "keep the process running after the dump")
-	f.DurationVar(&opts.o.HookBudget, "timeout", 10*time.Second, "deadline for the app's before-checkpoint hooks")
+	f.DurationVar(&opts.o.HookBudget, "timeout", proto.DefaultHookBudget, "deadline for the app's before-checkpoint hooks")
 	f.BoolVar(&opts.o.TCPClose, "tcp-close", false, "let CRIU close TCP connections that no hook closed")
 	f.BoolVar(&opts.o.NoHooks, "no-hooks", false, "dump a process that has no kcr control socket")
 	f.BoolVar(&opts.o.RequireDrained, "require-drained", false, "fail (exit 10, app resumed) if a resource would carry records into the image")

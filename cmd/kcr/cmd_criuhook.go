@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kcr-dev/kcr/notify/proto"
 	"github.com/kcr-dev/kcr/runtimehook"
 )
 
@@ -55,7 +56,7 @@ $KCR_HOOK_RESUME_AFTER and $KCR_HOOK_AFTER_WAIT. It logs to stderr, which is CRI
 		},
 	}
 	f := cmd.Flags()
-	f.DurationVar(&o.HookBudget, "timeout", cmp.Or(env.HookBudget, 10*time.Second), "deadline for the apps' before-checkpoint hooks")
+	f.DurationVar(&o.HookBudget, "timeout", cmp.Or(env.HookBudget, proto.DefaultHookBudget), "deadline for the apps' before-checkpoint hooks")
 	f.DurationVar(&o.ResumeAfter, "resume-after", env.ResumeAfter, "how long an app waits for the end of the checkpoint before it resumes on its own (default timeout+60s)")
 	f.BoolVar(&o.RequireDrained, "require-drained", env.RequireDrained, "veto the dump when a resource would carry records into the image (kcr checkpoint --container --require-drained sets $"+runtimehook.EnvRequireDrained+")")
 	f.DurationVar(&o.AfterWait, "after-wait", cmp.Or(env.AfterWait, 10*time.Second), "how long post-resume waits for the after-restore hooks")

@@ -161,7 +161,7 @@ func exitCode(err error) int {
 		return exitCRIU
 	case errors.Is(err, engine.ErrNotClonable), errors.Is(err, images.ErrNotRecoverable):
 		return exitImage
-	case errors.Is(err, engine.ErrNoProcess), errors.Is(err, client.ErrNoProcess), errors.Is(err, client.ErrNoSocket),
+	case errors.Is(err, engine.ErrNoProcess), errors.Is(err, client.ErrNoSocket),
 		errors.Is(err, client.ErrUnsafeSocket):
 		return exitTarget
 	case isImageError(err):

@@ -23,7 +23,8 @@ import (
 
 // Errors of Find.
 var (
-	ErrNoProcess = errors.New("no such process")
+	// ErrNoProcess is proto.ErrNoProcess, which engine returns too.
+	ErrNoProcess = proto.ErrNoProcess
 	ErrNoSocket  = errors.New("no kcr control socket")
 )
 
@@ -62,13 +63,12 @@ func Find(pid int) (*Socket, error) {
 	}
 	// A clone restored in a PID namespace briefly holds the image's socket
 	// and then its own, named after its PID: prefer that one.
-	own := notify.SocketPrefix + strconv.Itoa(pid) + notify.SocketSuffix
+	own := proto.SocketName(pid)
 	slices.SortStableFunc(paths, func(a, b string) int {
 		return cmp.Compare(b2i(filepath.Base(b) == own), b2i(filepath.Base(a) == own))
 	})
 	for _, p := range paths {
-		base := filepath.Base(p)
-		if !strings.HasPrefix(base, notify.SocketPrefix) || !strings.HasSuffix(base, notify.SocketSuffix) {
+		if !proto.IsSocketName(p) {
 			continue
 		}
 		return &Socket{PID: pid, Path: p}, nil
@@ -261,18 +261,8 @@ type CheckpointRequest struct {
 	RequireDrained bool
 }
 
-// HookFailure is returned by Checkpoint when a before-checkpoint hook failed.
-// The app has already resumed every resource.
-type HookFailure struct {
-	Reports []proto.HookReport
-	Msg     string
-}
-
-func (e *HookFailure) Error() string {
-	return "before-checkpoint hooks failed, nothing was dumped, the app resumed: " + e.Msg
-}
-
-// Checkpoint asks the app to run its before-checkpoint hooks. On success the
+// Checkpoint asks the app to run its before-checkpoint hooks. If they fail
+// it returns a *proto.HookFailure (the app has resumed every resource). On success the
 // app has answered "ready" and closed its end of the connection (Checkpoint
 // waits for that close), so the process can be dumped. path is trusted as
 // for [Hello].
@@ -284,7 +274,7 @@ func checkpoint(ctx context.Context, dial dialer, path string, req CheckpointReq
 	// The app runs its hooks for up to its own default when we send none.
 	budget := req.HookBudget
 	if budget <= 0 {
-		budget = notify.DefaultHookBudget
+		budget = proto.DefaultHookBudget
 	}
 	// Named for an app in a PID namespace of its own, which cannot see
 	// kcr's PID through SO_PEERCRED but can watch this one.
@@ -298,9 +288,9 @@ func checkpoint(ctx context.Context, dial dialer, path string, req CheckpointReq
 	switch m.Type {
 	case proto.TypeReady:
 	case proto.TypeBusy:
-		return m, fmt.Errorf("%w: wait for it to finish", notify.ErrBusy)
+		return m, fmt.Errorf("%w: wait for it to finish", proto.ErrBusy)
 	case proto.TypeFailed:
-		return m, &HookFailure{Reports: m.Reports, Msg: m.Error}
+		return m, &proto.HookFailure{Reports: m.Reports, Msg: m.Error}
 	default:
 		return m, fmt.Errorf("unexpected answer %q to checkpoint", m.Type)
 	}
@@ -336,7 +326,7 @@ func RestoredAs(ctx context.Context, path string, generation uint64, name string
 func followup(ctx context.Context, dial dialer, path string, req proto.Message, wait time.Duration) (proto.Message, error) {
 	if wait <= 0 {
 		// A zero timeout would give up before the request is even read.
-		wait = notify.DefaultAfterBudget + 5*time.Second
+		wait = proto.DefaultAfterBudget + 5*time.Second
 	}
 	m, c, err := call(ctx, dial, path, req, wait)
 	if c != nil {

@@ -53,7 +53,10 @@ type Duration = time.Duration
 
 // HookReport describes one resource's hook run.
 type HookReport struct {
-	Name     string         `json:"name"`
+	Name string `json:"name"`
+	// Phase is the hook phase the report is for; empty from an app that
+	// predates it (read as before-checkpoint).
+	Phase    Phase          `json:"phase,omitempty"`
 	Duration Duration       `json:"duration_ns"`
 	Error    string         `json:"error,omitempty"`
 	Details  map[string]any `json:"details,omitempty"`
@@ -93,14 +96,19 @@ type Message struct {
 	Wait       Duration `json:"wait_ns,omitempty"` // how long the CLI waits for TypeDone
 
 	// info, ready, failed, done
-	PID           int          `json:"pid,omitempty"`
-	StartTime     uint64       `json:"start_time,omitempty"` // task start time from /proc/self/stat
-	Resources     []string     `json:"resources,omitempty"`
-	Reports       []HookReport `json:"reports,omitempty"`
-	State         string       `json:"state,omitempty"`
-	InstanceID    string       `json:"instance_id,omitempty"`
-	Error         string       `json:"error,omitempty"`
-	AppGeneration uint64       `json:"app_generation,omitempty"`
+	PID       int          `json:"pid,omitempty"`
+	StartTime uint64       `json:"start_time,omitempty"` // task start time from /proc/self/stat
+	Resources []string     `json:"resources,omitempty"`
+	Reports   []HookReport `json:"reports,omitempty"`
+	// State is the app's cycle state (info). Done messages also carry the
+	// event kind here, for CLIs that predate Kind.
+	State string `json:"state,omitempty"`
+	// Kind is the after-restore event's kind (done): KindResume or
+	// KindRestore.
+	Kind          string `json:"kind,omitempty"`
+	InstanceID    string `json:"instance_id,omitempty"`
+	Error         string `json:"error,omitempty"`
+	AppGeneration uint64 `json:"app_generation,omitempty"`
 }
 
 // Encode returns the frame for m, filling in the protocol version.

@@ -1,0 +1,80 @@
+package proto
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+func TestSocketName(t *testing.T) {
+	if got := SocketName(42); got != "kcr-42.sock" {
+		t.Fatalf("SocketName(42) = %q", got)
+	}
+	for path, want := range map[string]bool{
+		"/run/kcr/kcr-42.sock": true, "kcr-app.sock": true,
+		"/run/kcr/kcr-.sock": false, "/run/kcr/app.sock": false, "/tmp/kcr-1.socket": false, "/tmp/kcr-1.sock/x": false,
+	} {
+		if got := IsSocketName(path); got != want {
+			t.Errorf("IsSocketName(%q) = %v, want %v", path, got, want)
+		}
+	}
+}
+
+// A done message from an app that predates Kind still says its kind, and a
+// new app's Kind wins.
+func TestEventKindBackwardCompatible(t *testing.T) {
+	var old Message
+	if err := json.Unmarshal([]byte(`{"v":1,"type":"done","state":"restore"}`), &old); err != nil {
+		t.Fatal(err)
+	}
+	if k := old.EventKind(); k != KindRestore {
+		t.Errorf("old done: kind %q", k)
+	}
+	if k := (Message{Type: TypeDone, State: "resume", Kind: KindRestore}).EventKind(); k != KindRestore {
+		t.Errorf("new done: kind %q", k)
+	}
+	if k := (Message{Type: TypeInfo, State: "idle"}).EventKind(); k != "" {
+		t.Errorf("info: kind %q, want none", k)
+	}
+	b, _ := Encode(Message{Type: TypeDone, State: KindResume, Kind: KindResume})
+	if !strings.Contains(string(b), `"kind":"resume"`) || !strings.Contains(string(b), `"state":"resume"`) {
+		t.Errorf("done frame %s lacks kind or state", b[4:])
+	}
+}
+
+// The carry veto is judged by the reports' phase, not by their text.
+func TestHookFailurePhase(t *testing.T) {
+	veto := HookReport{Name: "w", Phase: PhaseBeforeCheckpoint, Error: "would carry 3 records", CarryVeto: true}
+	// An after-restore failure whose text looks like a before one.
+	after := HookReport{Name: "db", Phase: PhaseAfterRestore, Error: `resource "db" before-checkpoint: boom`}
+	e := &HookFailure{Reports: []HookReport{veto, after}, Msg: "m"}
+	if !e.CarryVeto() || strings.Contains(e.Error(), "boom") {
+		t.Errorf("CarryVeto %v, %q", e.CarryVeto(), e.Error())
+	}
+	if e := (&HookFailure{Msg: "m"}); e.CarryVeto() || !strings.HasSuffix(e.Error(), ": m") {
+		t.Errorf("no reports: CarryVeto %v, %q", e.CarryVeto(), e.Error())
+	}
+}
+
+func TestFit(t *testing.T) {
+	small := Message{Type: TypeFailed, Error: "x", Reports: []HookReport{{Name: "a", Details: map[string]any{"k": 1}}}}
+	if got := Fit(small); got.Reports[0].Details == nil {
+		t.Error("Fit changed a message that fits")
+	}
+	reps := make([]HookReport, MaxEntries+10)
+	for i := range reps {
+		reps[i] = HookReport{Name: strings.Repeat("n", 300), Phase: PhaseBeforeCheckpoint, Details: map[string]any{"big": strings.Repeat("d", 1000)}}
+	}
+	reps[len(reps)-1].Error = "the failure"
+	m := Fit(Message{Type: TypeFailed, Error: strings.Repeat("é", MaxFrame), Reports: reps})
+	if _, err := Encode(m); err != nil {
+		t.Fatalf("Fit result does not encode: %v", err)
+	}
+	last := m.Reports[len(m.Reports)-1]
+	if len(m.Reports) != MaxEntries || last.Error != "the failure" || last.Phase != PhaseBeforeCheckpoint || m.Reports[0].Details != nil {
+		t.Errorf("%d reports, last %+v: want the failed one kept, details dropped", len(m.Reports), last)
+	}
+	if !strings.HasSuffix(m.Error, "… (truncated)") {
+		t.Errorf("error not cut: ...%q", m.Error[len(m.Error)-20:])
+	}
+}

@@ -69,6 +69,13 @@ func (g *Registry) begin() (*cycle, error) {
 	return c, nil
 }
 
+// cycling reports whether a checkpoint cycle is running.
+func (g *Registry) cycling() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.cycle != nil
+}
+
 // end finishes the cycle and returns the names of resources that registered
 // too late to take part.
 func (c *cycle) end() []string {

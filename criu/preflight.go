@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kcr-dev/kcr/criu/proctree"
+	"github.com/kcr-dev/kcr/internal/procfs"
 )
 
 // ipprotoMPTCP is IPPROTO_MPTCP: Go >= 1.24 listens with it by default and
@@ -49,7 +49,7 @@ func (p Problem) Hint() string { return p.Cause.Hint() }
 // dump, and does not disturb the target. An empty result means no socket
 // problem was found, not that the dump will succeed.
 func Preflight(pid int) ([]Problem, error) {
-	tree := proctree.Tree(pid)
+	tree := procfs.Tree(pid)
 	inTree := map[int]bool{}
 	for _, p := range tree {
 		inTree[p] = true

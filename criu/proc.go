@@ -11,15 +11,15 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kcr-dev/kcr/criu/proctree"
+	"github.com/kcr-dev/kcr/internal/procfs"
 )
 
 // procStat holds the fields of /proc/<pid>/stat kcr uses.
-type procStat = proctree.Stat
+type procStat = procfs.Stat
 
-func readProcStat(pid int) (*procStat, error) { return proctree.ReadStat(pid) }
+func readProcStat(pid int) (*procStat, error) { return procfs.ReadStat(pid) }
 
-func parseProcStat(b []byte) (*procStat, error) { return proctree.ParseStat(b) }
+func parseProcStat(b []byte) (*procStat, error) { return procfs.ParseStat(b) }
 
 // ShellJobNeeded reports whether CRIU needs --shell-job (ShellJob) to dump
 // pid: the process has a controlling terminal (tty_nr in /proc/<pid>/stat is
@@ -218,9 +218,9 @@ func cmdline(pid int) string {
 
 // ProcessTree returns pid and all its descendants (pid first), from
 // /proc/<pid>/task/*/children. Processes that exit meanwhile are left out.
-func ProcessTree(pid int) []int { return proctree.Tree(pid) }
+func ProcessTree(pid int) []int { return procfs.Tree(pid) }
 
 // StartTime returns the start time of process pid (field 22 of
 // /proc/<pid>/stat, in clock ticks since boot): with the PID, it names one
 // process, as a PID alone may be reused.
-func StartTime(pid int) (uint64, error) { return proctree.StartTime(pid) }
+func StartTime(pid int) (uint64, error) { return procfs.StartTime(pid) }

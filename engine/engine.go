@@ -17,6 +17,7 @@ import (
 
 	"github.com/kcr-dev/kcr/criu"
 	"github.com/kcr-dev/kcr/images"
+	"github.com/kcr-dev/kcr/internal/procfs"
 	"github.com/kcr-dev/kcr/notify/proto"
 )
 
@@ -141,12 +142,8 @@ func processInfo(pid int) (images.Process, error) {
 	if _, err := os.Stat(dir); err != nil {
 		return p, fmt.Errorf("PID %d: %w: check the PID (ps -p %d)", pid, ErrNoProcess, pid)
 	}
-	if b, err := os.ReadFile(dir + "/stat"); err == nil {
-		if i := strings.LastIndexByte(string(b), ')'); i > 0 {
-			if f := strings.Fields(string(b)[i+1:]); len(f) > 0 && (f[0] == "Z" || f[0] == "X") {
-				return p, fmt.Errorf("PID %d is a zombie: %w", pid, ErrNoProcess)
-			}
-		}
+	if st, err := procfs.ReadStat(pid); err == nil && st.Zombie() {
+		return p, fmt.Errorf("PID %d is a zombie: %w", pid, ErrNoProcess)
 	}
 	p.Exe, _ = os.Readlink(dir + "/exe")
 	p.Cwd, _ = os.Readlink(dir + "/cwd")

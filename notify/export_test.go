@@ -1,6 +1,10 @@
 package notify
 
-import "time"
+import (
+	"time"
+
+	"github.com/kcr-dev/kcr/internal/procfs"
+)
 
 // Test seams, compiled only into this package's tests.
 
@@ -21,6 +25,12 @@ func WithPollEvery(d time.Duration) Option {
 	return func(c *serverConfig) { c.pollEvery = d }
 }
 
-var ParseStartTime = parseStartTime
+func ParseStartTime(b []byte) (uint64, error) {
+	st, err := procfs.ParseStat(b)
+	if err != nil {
+		return 0, err
+	}
+	return st.StartTime, nil
+}
 
 const HookGrace = hookGrace

@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kcr-dev/kcr/internal/procfs"
 	"github.com/kcr-dev/kcr/notify/proto"
 )
 
@@ -34,7 +35,7 @@ func newPeer(cred *unix.Ucred, m proto.Message) peer {
 		p.pid = m.KCRPID
 	}
 	if p.pid > 0 {
-		if st, err := procStartTime(p.pid); err == nil && (int(cred.Pid) != 0 || st == m.KCRStart) {
+		if st, err := procfs.StartTime(p.pid); err == nil && (int(cred.Pid) != 0 || st == m.KCRStart) {
 			p.start = st
 		} else {
 			p.pid = 0
@@ -53,37 +54,11 @@ func (p peer) gone() bool {
 	if p.pid <= 0 {
 		return false
 	}
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/stat")
+	st, err := procfs.ReadStat(p.pid)
 	if err != nil {
 		return os.IsNotExist(err)
 	}
-	st, err := parseStartTime(b)
-	if err != nil {
-		return false
-	}
-	return st != p.start || zombie(b)
-}
-
-func procStartTime(pid int) (uint64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	return parseStartTime(b)
-}
-
-// zombie reports whether a /proc stat line's state is Z or X.
-func zombie(stat []byte) bool {
-	for i := len(stat) - 1; i >= 0; i-- {
-		if stat[i] == ')' {
-			if i+2 < len(stat) {
-				s := stat[i+2]
-				return s == 'Z' || s == 'X'
-			}
-			return false
-		}
-	}
-	return false
+	return st.StartTime != p.start || st.Zombie()
 }
 
 // hangup returns a channel closed when the peer of c closes its end (kcr

@@ -36,8 +36,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kcr-dev/kcr/criu/proctree"
 	"github.com/kcr-dev/kcr/images"
+	"github.com/kcr-dev/kcr/internal/procfs"
 	"github.com/kcr-dev/kcr/notify/client"
 	"github.com/kcr-dev/kcr/notify/proto"
 )
@@ -186,7 +186,7 @@ func targets(env Env, o Options, res *Result) ([]Target, error) {
 	if env.InitPID <= 0 {
 		return nil, fmt.Errorf("%s: CRTOOLS_INIT_PID is not set: use CRIU >= 3.19, which sets it for every action", env.Action)
 	}
-	pids := proctree.Tree(env.InitPID)
+	pids := procfs.Tree(env.InitPID)
 	res.Processes = len(pids)
 	var ts []Target
 	for _, pid := range pids {
@@ -197,7 +197,7 @@ func targets(env Env, o Options, res *Result) ([]Target, error) {
 		case err != nil:
 			return nil, err
 		}
-		st, err := proctree.StartTime(pid)
+		st, err := procfs.StartTime(pid)
 		if err != nil {
 			continue // exited meanwhile
 		}
@@ -436,7 +436,7 @@ func takeGeneration(env Env, o Options) uint64 {
 }
 
 func startTime(pid int) uint64 {
-	st, _ := proctree.StartTime(pid)
+	st, _ := procfs.StartTime(pid)
 	return st
 }
 

@@ -17,7 +17,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kcr-dev/kcr/notify"
+	"github.com/kcr-dev/kcr/internal/procfs"
 	"github.com/kcr-dev/kcr/notify/proto"
 )
 
@@ -278,7 +278,7 @@ func checkpoint(ctx context.Context, dial dialer, path string, req CheckpointReq
 	}
 	// Named for an app in a PID namespace of its own, which cannot see
 	// kcr's PID through SO_PEERCRED but can watch this one.
-	pid, start, _ := notify.Self()
+	pid, start, _ := procfs.Self()
 	m, c, err := call(ctx, dial, path, proto.Message{Type: proto.TypeCheckpoint, HookBudget: req.HookBudget,
 		ResumeAfter: req.ResumeAfter, Leave: req.LeaveRunning, RequireDrained: req.RequireDrained, KCRPID: pid, KCRStart: start}, budget+5*time.Second)
 	if err != nil {

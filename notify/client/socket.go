@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kcr-dev/kcr/internal/procfs"
 	"github.com/kcr-dev/kcr/notify/proto"
 )
 
@@ -160,18 +161,9 @@ func inTree(pid, root int) bool {
 }
 
 func ppid(pid int) int {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	st, err := procfs.ReadStat(pid)
 	if err != nil {
 		return 0
 	}
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(string(b)[i+1:])
-	if len(f) < 2 {
-		return 0
-	}
-	p, _ := strconv.Atoi(f[1])
-	return p
+	return st.PPID
 }

@@ -1,8 +1,9 @@
-// Package proctree reads what kcr needs of processes from /proc: the
-// fields of /proc/<pid>/stat and a process's tree. It has no dependency
-// beyond the standard library, so that the small CRIU action script
-// (cmd/kcr-hook) starts fast.
-package proctree
+// Package procfs reads what kcr needs of processes from /proc: the fields
+// of /proc/<pid>/stat and a process's tree. It is the one parser of
+// /proc/<pid>/stat for criu, notify (which must not import criu), client and
+// engine. It has no dependency beyond the standard library, so that the
+// small CRIU action script (cmd/kcr-hook) starts fast.
+package procfs
 
 import (
 	"bytes"
@@ -25,7 +26,13 @@ type Stat struct {
 
 // ReadStat reads /proc/<pid>/stat.
 func ReadStat(pid int) (*Stat, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	return ReadStatPath("/proc/" + strconv.Itoa(pid) + "/stat")
+}
+
+// ReadStatPath reads a stat file by path, such as /proc/self/stat (which,
+// unlike /proc/<getpid>, is right in a PID namespace of the process's own).
+func ReadStatPath(path string) (*Stat, error) {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
@@ -58,6 +65,33 @@ func ParseStat(b []byte) (*Stat, error) {
 	}
 	s.StartTime = st
 	return s, nil
+}
+
+// Zombie reports whether the state is Z (zombie) or X (dead): the process
+// has exited and only waits to be reaped.
+func (s *Stat) Zombie() bool { return s.State == 'Z' || s.State == 'X' }
+
+// Self returns this process's PID as /proc shows it (SelfPID) and its start
+// time. It reads /proc/self, not /proc/<getpid>: in a PID namespace of its
+// own the process is PID 1, while /proc is usually the host's.
+func Self() (pid int, start uint64, err error) {
+	st, err := ReadStatPath("/proc/self/stat")
+	if err != nil {
+		return SelfPID(), 0, err
+	}
+	return SelfPID(), st.StartTime, nil
+}
+
+// SelfPID returns this process's PID as seen by /proc, which is the host's
+// PID when the process runs in a PID namespace of its own without a mount
+// namespace (as under "kcr run"). kcr looks processes up by that PID.
+func SelfPID() int {
+	if l, err := os.Readlink("/proc/self"); err == nil {
+		if pid, err := strconv.Atoi(l); err == nil && pid > 0 {
+			return pid
+		}
+	}
+	return os.Getpid()
 }
 
 // StartTime returns the start time of process pid (field 22 of

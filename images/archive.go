@@ -336,7 +336,7 @@ func ImportCRIO(ctx context.Context, r io.Reader, final string, opts ...ImportOp
 	return Import(ctx, r, final, append(opts, crioLayout)...)
 }
 
-func crioLayout(c *importConfig) { c.crio = true }
+var crioLayout ImportOption = importOpt{func(c *importConfig) { c.crio = true }}
 
 // zstdMagic starts every zstd frame.
 var zstdMagic = []byte{0x28, 0xb5, 0x2f, 0xfd}
@@ -369,8 +369,15 @@ func crioName(name string) string {
 // of zstd can expand to many GiB of zeros.
 const DefaultMaxImportSize int64 = 64 << 30
 
-// ImportOption configures [Import] and [ImportFile].
-type ImportOption func(*importConfig)
+// ImportOption configures [Import] and [ImportFile]. Options are values of
+// an interface, as in franz-go and package notify.
+type ImportOption interface {
+	apply(*importConfig)
+}
+
+type importOpt struct{ fn func(*importConfig) }
+
+func (o importOpt) apply(c *importConfig) { o.fn(c) }
 
 type importConfig struct {
 	maxSize int64
@@ -379,14 +386,17 @@ type importConfig struct {
 }
 
 // WithMaxSize sets the largest image, in bytes, that an import unpacks.
-func WithMaxSize(n int64) ImportOption { return func(c *importConfig) { c.maxSize = n } }
+// Default: DefaultMaxImportSize (64 GiB).
+func WithMaxSize(n int64) ImportOption {
+	return importOpt{func(c *importConfig) { c.maxSize = n }}
+}
 
 // WithVerifyKeys makes the import require a signature of the archive's
 // manifest by one of keys (see [OpenOptions.VerifyKeys]), checked before
 // anything is unpacked. Without it, a signature in the archive is kept
-// unchecked, for a later restore --verify-key.
+// unchecked, for a later restore --verify-key. Default: no key.
 func WithVerifyKeys(keys []ed25519.PublicKey) ImportOption {
-	return func(c *importConfig) { c.keys = keys }
+	return importOpt{func(c *importConfig) { c.keys = keys }}
 }
 
 // ImportFile imports the archive file (see [Import]). Errors name file.
@@ -429,7 +439,7 @@ type importer struct {
 func importArchive(ctx context.Context, r io.Reader, final, label string, opts []ImportOption) (*Image, error) {
 	cfg := importConfig{maxSize: DefaultMaxImportSize}
 	for _, o := range opts {
-		o(&cfg)
+		o.apply(&cfg)
 	}
 	b, err := Create(final)
 	if err != nil {

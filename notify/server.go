@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -30,55 +29,6 @@ const (
 	SocketPrefix = proto.SocketPrefix
 	SocketSuffix = proto.SocketSuffix
 )
-
-// Option configures a Server.
-type Option func(*serverConfig)
-
-type serverConfig struct {
-	path        string
-	dir         string
-	log         *slog.Logger
-	maxSuspend  time.Duration
-	maxBudget   time.Duration
-	pollEvery   time.Duration
-	restoreWait time.Duration
-	afterBudget time.Duration
-	// startTime reads a task's start time; a field so that tests can fake a
-	// restore, which needs CRIU otherwise.
-	startTime func(pid int) (uint64, error)
-	// hostPID reads the process's host PID; a field so that tests can fake
-	// the new PID of a restored copy.
-	hostPID func() int
-}
-
-// WithSocketPath binds the control socket at path. Its base name must start
-// with "kcr-" and end in ".sock", so that kcr can find it from the PID.
-func WithSocketPath(path string) Option { return func(c *serverConfig) { c.path = path } }
-
-// WithSocketDir binds the control socket as kcr-<pid>.sock in dir, which is
-// created with mode 0700. The default is $KCR_SOCKET_DIR, else /run/kcr for
-// root, else $XDG_RUNTIME_DIR/kcr, else $TMPDIR/kcr-<uid>.
-func WithSocketDir(dir string) Option { return func(c *serverConfig) { c.dir = dir } }
-
-// WithLogger sets the logger (default slog.Default()).
-func WithLogger(l *slog.Logger) Option { return func(c *serverConfig) { c.log = l } }
-
-// WithMaxSuspend caps how long the app waits for kcr's follow-up after its
-// before-checkpoint hooks ran, whatever the CLI asks. Default 5 minutes.
-func WithMaxSuspend(d time.Duration) Option { return func(c *serverConfig) { c.maxSuspend = d } }
-
-// WithMaxHookBudget caps the budget of the before-checkpoint hooks, whatever
-// the CLI asks; a larger request is clamped to it and logged. Default 2
-// minutes.
-func WithMaxHookBudget(d time.Duration) Option { return func(c *serverConfig) { c.maxBudget = d } }
-
-// WithRestoreGrace sets how long a process that detected by itself that it
-// was restored waits for kcr's after-restore message (which carries the
-// restore generation) before running its hooks anyway. Default 2 s.
-func WithRestoreGrace(d time.Duration) Option { return func(c *serverConfig) { c.restoreWait = d } }
-
-// WithAfterBudget bounds the after-restore phase when kcr does not say.
-func WithAfterBudget(d time.Duration) Option { return func(c *serverConfig) { c.afterBudget = d } }
 
 // Server is a registry's control socket: a listening Unix socket, mode 0600,
 // that accepts only root and the process's own user.
@@ -110,18 +60,9 @@ type followup struct {
 
 // Start opens the registry's control socket and serves it until Close.
 func (g *Registry) Start(opts ...Option) (*Server, error) {
-	cfg := serverConfig{
-		log:         slog.Default(),
-		maxSuspend:  DefaultMaxSuspend,
-		maxBudget:   DefaultMaxHookBudget,
-		pollEvery:   25 * time.Millisecond,
-		restoreWait: 2 * time.Second,
-		afterBudget: DefaultAfterBudget,
-		startTime:   startTime,
-		hostPID:     hostPID,
-	}
+	cfg := defaultServerConfig()
 	for _, o := range opts {
-		o(&cfg)
+		o.apply(&cfg)
 	}
 	pid := cfg.hostPID()
 	path := cfg.path

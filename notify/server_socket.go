@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/kcr-dev/kcr/notify/proto"
 )
 
 // This file binds the control socket: where, how safely, and the move to a
@@ -83,13 +85,7 @@ func (s *Server) rebind(pid int) {
 	if closed || pid == s.pid {
 		return
 	}
-	base := strings.TrimSuffix(filepath.Base(oldPath), SocketSuffix)
-	if prev := SocketPrefix + strconv.Itoa(s.pid); base == prev {
-		base = SocketPrefix + strconv.Itoa(pid)
-	} else {
-		base += "-" + strconv.Itoa(pid)
-	}
-	path := filepath.Join(filepath.Dir(oldPath), base+SocketSuffix)
+	path := filepath.Join(filepath.Dir(oldPath), proto.MovedSocketName(filepath.Base(oldPath), s.pid, pid))
 	ln, err := listen(path)
 	if err != nil {
 		s.cfg.log.Warn("kcr: cannot move the control socket after restore; keeping the old one", "path", path, "err", err)

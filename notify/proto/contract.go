@@ -21,6 +21,17 @@ const (
 // after restoring a clone with a new PID.
 func SocketName(pid int) string { return SocketPrefix + strconv.Itoa(pid) + SocketSuffix }
 
+// MovedSocketName is the base name a restored clone with the new host PID
+// pid moves its socket to from base, bound by the image's process oldPID:
+// SocketName(pid) if base was SocketName(oldPID), else base with "-<pid>"
+// before the suffix (clones of one image share its path).
+func MovedSocketName(base string, oldPID, pid int) string {
+	if base == SocketName(oldPID) {
+		return SocketName(pid)
+	}
+	return strings.TrimSuffix(base, SocketSuffix) + "-" + strconv.Itoa(pid) + SocketSuffix
+}
+
 // IsSocketName reports whether the base name of path looks like a control
 // socket (kcr-NAME.sock, NAME not empty).
 func IsSocketName(path string) bool {

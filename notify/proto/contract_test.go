@@ -20,6 +20,15 @@ func TestSocketName(t *testing.T) {
 	}
 }
 
+func TestMovedSocketName(t *testing.T) {
+	if got := MovedSocketName("kcr-10.sock", 10, 42); got != "kcr-42.sock" {
+		t.Errorf("own name: %q", got)
+	}
+	if got := MovedSocketName("kcr-app.sock", 10, 42); got != "kcr-app-42.sock" || !IsSocketName(got) {
+		t.Errorf("chosen name: %q", got)
+	}
+}
+
 // A done message from an app that predates Kind still says its kind, and a
 // new app's Kind wins.
 func TestEventKindBackwardCompatible(t *testing.T) {

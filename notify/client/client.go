@@ -262,9 +262,9 @@ type CheckpointRequest struct {
 }
 
 // Checkpoint asks the app to run its before-checkpoint hooks. If they fail
-// it returns a *proto.HookFailure (the app has resumed every resource). On success the
-// app has answered "ready" and closed its end of the connection (Checkpoint
-// waits for that close), so the process can be dumped. path is trusted as
+// it returns a *proto.HookFailure (the app has resumed every resource). On
+// success the app has answered "ready" and closed its end of the connection
+// (Checkpoint waits for that close), so the process can be dumped. path is trusted as
 // for [Hello].
 func Checkpoint(ctx context.Context, path string, req CheckpointRequest) (proto.Message, error) {
 	return checkpoint(ctx, atPath(path), path, req)

@@ -1,5 +1,8 @@
-// Package proto is the wire format of kcr's control socket: length-prefixed
-// JSON frames with a protocol version and bounded sizes.
+// Package proto is the contract between the app (package notify) and kcr
+// (package client): the wire format of the control socket, length-prefixed
+// JSON frames with a protocol version and bounded sizes, and everything else
+// both sides must agree on: the socket's name, the defaults, the hook phases
+// and the hook-failure error.
 //
 // A frame is a 4-byte big-endian length followed by that many bytes of JSON.
 // Every message carries "v" (the protocol version) and "type".

@@ -520,6 +520,10 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 	r.state.Store(&readerState{r: s.r, gate: r.closing, handed: s.handed, retired: s.retired})
 	inner, conns := s.r, r.conns
 	r.mu.Unlock()
+	if r.stash != nil {
+		// Says whether the hook has commits of its own to flush.
+		r.cfg.log.Debug("kafka reader quiescing", "pending_commit_partitions", r.stash.size())
+	}
 
 	dctx, cancel := drainContext(ctx)
 	defer cancel()

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/notify/client"
+	"github.com/kcr-dev/kcr/runtimehook"
 )
 
 // bufOutput returns an output that prints into buffers.
@@ -227,5 +229,62 @@ func TestRunExportStdoutWarns(t *testing.T) {
 		if o == stdio && !strings.Contains(stderr.String(), fmtSize(int64(stdout.Len()))+" (") {
 			t.Errorf("export -o -: the archive's size %s is not reported: %q", fmtSize(int64(stdout.Len())), stderr)
 		}
+	}
+}
+
+// kcr criu-hook run by hand, not by CRIU, or with a bad flag, is a usage
+// error that says what is wrong.
+func TestRunCRIUHookUsage(t *testing.T) {
+	ctx := context.Background()
+	quiet := runtimehook.Options{Logger: slog.New(slog.DiscardHandler)}
+	out, stdout, _ := bufOutput(true)
+	t.Setenv("CRTOOLS_SCRIPT_ACTION", "")
+	wantCode(t, runCRIUHook(ctx, &criuHookOpts{o: quiet}, out), exitUsage, "CRTOOLS_SCRIPT_ACTION is not set")
+	t.Setenv("CRTOOLS_SCRIPT_ACTION", "pre-dump")
+	t.Setenv("CRTOOLS_INIT_PID", "abc")
+	wantCode(t, runCRIUHook(ctx, &criuHookOpts{o: quiet}, out), exitUsage, `CRTOOLS_INIT_PID="abc" is not a PID`)
+	neg := quiet
+	neg.AfterWait = -time.Second
+	wantCode(t, runCRIUHook(ctx, &criuHookOpts{o: neg}, out), exitUsage, "--after-wait")
+	wantCode(t, runCRIUHookWatch(ctx, &criuHookOpts{o: quiet, args: []string{""}}, out), exitUsage, "state file")
+	missing := filepath.Join(t.TempDir(), "state.json")
+	wantCode(t, runCRIUHookWatch(ctx, &criuHookOpts{o: quiet, args: []string{missing}}, out), exitUsage, "state.json")
+	if stdout.Len() != 0 {
+		t.Errorf("refused criu-hook printed %q on stdout", stdout)
+	}
+}
+
+// install-runtime-hook refuses relative paths (usage) and somebody else's
+// script (left alone), and --json prints its one typed result.
+func TestRunInstallHook(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	out, stdout, _ := bufOutput(true)
+	for _, remove := range []bool{false, true} {
+		o := &installHookOpts{remove: remove, o: runtimehook.InstallOptions{Config: "runc.conf", Hook: filepath.Join(dir, "hook")}}
+		wantCode(t, runInstallHook(ctx, o, out), exitUsage, "must be absolute paths")
+	}
+	other := filepath.Join(dir, "other")
+	if err := os.WriteFile(other, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	conf := filepath.Join(dir, "runc.conf")
+	o := &installHookOpts{o: runtimehook.InstallOptions{Config: conf, Hook: other}}
+	wantCode(t, runInstallHook(ctx, o, out), exitErr, "is not kcr's action script")
+	if b, err := os.ReadFile(other); err != nil || string(b) != "#!/bin/sh\n" {
+		t.Errorf("somebody else's script changed: %q, %v", b, err)
+	}
+	if stdout.Len() != 0 {
+		t.Errorf("refused install printed %q on stdout", stdout)
+	}
+	o = &installHookOpts{o: runtimehook.InstallOptions{Config: conf, Hook: filepath.Join(dir, "kcr-criu-hook")}}
+	if err := runInstallHook(ctx, o, out); err != nil {
+		t.Fatal(err)
+	}
+	var res runtimehook.InstallResult
+	dec := json.NewDecoder(stdout)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&res); err != nil || res.Config != conf || !res.ConfigChanged || !res.HookChanged {
+		t.Errorf("install --json: %+v, %v", res, err)
 	}
 }

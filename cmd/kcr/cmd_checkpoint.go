@@ -18,8 +18,7 @@ import (
 
 // checkpointOpts are checkpoint's arguments and flags.
 type checkpointOpts struct {
-	globals
-	args     []string
+	cmdline
 	o        engine.CheckpointOptions
 	ctr      engine.ContainerOptions
 	signFile string
@@ -44,10 +43,7 @@ with runc (podman --runtime runc run ...) for the hooks to run.`,
 			}
 			return cobra.ExactArgs(1)(cmd, args)
 		},
-		RunE: func(cmd *cobra.Command, args []string) error {
-			opts.args, opts.globals = args, *g
-			return runCheckpoint(cmd.Context(), &opts, newOutput(g))
-		},
+		RunE: runE(g, &opts, runCheckpoint),
 	}
 	f := cmd.Flags()
 	f.StringVarP(&opts.o.Output, "output", "o", "", "image directory to create (default ./kcr-PID-TIME)")

@@ -27,9 +27,8 @@ func asCRIUHook(args []string) []string {
 
 // criuHookOpts are criu-hook's arguments and flags.
 type criuHookOpts struct {
-	globals
-	args []string
-	o    runtimehook.Options
+	cmdline
+	o runtimehook.Options
 	// stdin is the watch subcommand's pipe from pre-dump.
 	stdin io.Reader
 }
@@ -46,10 +45,7 @@ the tree of $CRTOOLS_INIT_PID that has a kcr control socket and fails (so that C
 fails; at post-resume it sends the after-restore message. Defaults come from $KCR_HOOK_TIMEOUT,
 $KCR_HOOK_RESUME_AFTER and $KCR_HOOK_AFTER_WAIT. It logs to stderr, which is CRIU's log.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			opts.args, opts.globals = args, *g
-			return runCRIUHook(cmd.Context(), &opts, newOutput(g))
-		},
+		RunE: runE(g, &opts, runCRIUHook),
 	}
 	f := cmd.Flags()
 	o := &opts.o
@@ -65,8 +61,8 @@ $KCR_HOOK_RESUME_AFTER and $KCR_HOOK_AFTER_WAIT. It logs to stderr, which is CRI
 		Hidden: true,
 		Args:   cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			opts.args, opts.globals, opts.stdin = args, *g, cmd.InOrStdin()
-			return runCRIUHookWatch(cmd.Context(), &opts, newOutput(g))
+			opts.stdin = cmd.InOrStdin()
+			return runE(g, &opts, runCRIUHookWatch)(cmd, args)
 		},
 	}
 	cmd.AddCommand(watch)
@@ -94,12 +90,6 @@ func runCRIUHook(ctx context.Context, opts *criuHookOpts, out *output) error {
 		return err
 	}
 	res, err := runtimehook.RunFromEnv(ctx, o)
-	if _, ok := errors.AsType[*runtimehook.HookError](err); ok {
-		return &exitError{exitHooks, err}
-	}
-	if errors.Is(err, runtimehook.ErrNoEnv) {
-		return &exitError{exitUsage, err}
-	}
 	if err != nil {
 		return err
 	}
@@ -132,8 +122,7 @@ func runCRIUHookWatch(ctx context.Context, opts *criuHookOpts, out *output) erro
 
 // installHookOpts are install-runtime-hook's arguments and flags.
 type installHookOpts struct {
-	globals
-	args   []string
+	cmdline
 	o      runtimehook.InstallOptions
 	remove bool
 }
@@ -147,10 +136,7 @@ func installHookCmd(g *globals) *cobra.Command {
 configuration file that runc reads (--config; a container's org.criu.config annotation names
 another one), keeping the rest of the file. Idempotent; --remove undoes it.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			opts.args, opts.globals = args, *g
-			return runInstallHook(cmd.Context(), &opts, newOutput(g))
-		},
+		RunE: runE(g, &opts, runInstallHook),
 	}
 	f := cmd.Flags()
 	f.StringVar(&opts.o.Config, "config", runtimehook.DefaultConfig, "CRIU configuration file to change")
@@ -169,9 +155,6 @@ func runInstallHook(ctx context.Context, opts *installHookOpts, out *output) err
 		res, err = runtimehook.Remove(opts.o)
 	} else {
 		res, err = runtimehook.Install(opts.o)
-	}
-	if errors.Is(err, runtimehook.ErrNotAbsolute) {
-		return &exitError{exitUsage, err}
 	}
 	if err != nil {
 		return err

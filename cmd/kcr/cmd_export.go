@@ -15,8 +15,7 @@ import (
 
 // exportOpts are export's arguments and flags.
 type exportOpts struct {
-	globals
-	args   []string
+	cmdline
 	output string
 	format string
 }
@@ -36,10 +35,7 @@ the files the manifest lists, nothing else. It is written to a
 temporary file and renamed into place, so FILE is never a partial archive.
 "-o -" writes the archive to stdout, e.g. kcr export img -o - | ssh host kcr import - -o img`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			opts.args, opts.globals = args, *g
-			return runExport(cmd.Context(), &opts, newOutput(g))
-		},
+		RunE: runE(g, &opts, runExport),
 	}
 	cmd.Flags().StringVarP(&opts.output, "output", "o", "", "archive file to create, or - for stdout (default ./IMAGE"+images.ArchiveExt+")")
 	cmd.Flags().StringVar(&opts.format, "format", "kcr", "kcr; for a container image (kcr checkpoint --container): cri-o, a CRI-O checkpoint archive (config.dump, spec.dump, checkpoint/), or oci, an OCI image layout with CRI-O's checkpoint annotation")

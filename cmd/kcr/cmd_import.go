@@ -17,8 +17,7 @@ import (
 
 // importOpts are import's arguments and flags.
 type importOpts struct {
-	globals
-	args     []string
+	cmdline
 	output   string
 	keyFiles []string
 	maxSize  int64
@@ -39,10 +38,7 @@ Checksums only catch damage: whoever wrote the archive chose them. With
 anything is unpacked (exit 9 otherwise): this is how an image is trusted across hosts.
 FILE "-" reads the archive from stdin (then -o is required).`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			opts.args, opts.globals = args, *g
-			return runImport(cmd.Context(), &opts, newOutput(g))
-		},
+		RunE: runE(g, &opts, runImport),
 	}
 	cmd.Flags().StringVarP(&opts.output, "output", "o", "", "image directory to create (default: FILE's name without "+images.ArchiveExt+", in the current directory)")
 	cmd.Flags().Int64Var(&opts.maxSize, "max-size", opts.maxSize, "largest image, in bytes, to unpack (the free space is checked too)")

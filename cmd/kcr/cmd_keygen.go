@@ -15,8 +15,7 @@ import (
 
 // keygenOpts are keygen's arguments and flags.
 type keygenOpts struct {
-	globals
-	args    []string
+	cmdline
 	prefix  string
 	comment string
 }
@@ -34,10 +33,7 @@ Both are text files, one key a line: "kcr-ed25519-private-key BASE64-SEED" and
 "kcr-ed25519-public-key BASE64-KEY [comment]". Public key files may hold several keys
 (concatenate .pub files into a keyring); lines starting with # are comments.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			opts.args, opts.globals = args, *g
-			return runKeygen(cmd.Context(), &opts, newOutput(g))
-		},
+		RunE: runE(g, &opts, runKeygen),
 	}
 	cmd.Flags().StringVarP(&opts.prefix, "output", "o", "", "write PREFIX.key and PREFIX.pub")
 	cmd.Flags().StringVar(&opts.comment, "comment", "", "comment at the end of the public key's line (e.g. who owns it)")

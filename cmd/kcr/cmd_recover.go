@@ -13,8 +13,7 @@ import (
 
 // recoverOpts are recover's arguments and flags.
 type recoverOpts struct {
-	globals
-	args     []string
+	cmdline
 	signFile string
 }
 
@@ -24,10 +23,7 @@ func recoverCmd(g *globals) *cobra.Command {
 		Use:   "recover DIR",
 		Short: "Finish images whose kcr checkpoint died after the dump (DIR: the hidden .NAME.kcr-tmp-* directory, or the directory holding them)",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			opts.args, opts.globals = args, *g
-			return runRecover(cmd.Context(), &opts, newOutput(g))
-		},
+		RunE:  runE(g, &opts, runRecover),
 	}
 	signFlag(cmd.Flags(), &opts.signFile)
 	return cmd

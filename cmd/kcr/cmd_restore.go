@@ -15,8 +15,7 @@ import (
 
 // restoreOpts are restore's arguments and flags.
 type restoreOpts struct {
-	globals
-	args     []string
+	cmdline
 	o        engine.RestoreOptions
 	ctr      engine.ContainerOptions
 	keyFiles []string
@@ -43,10 +42,7 @@ generation and instance id (so its own Kafka client ids); this needs an
 image of a service started with "kcr run". One line per clone is printed:
 host PID, name and restore time.`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			opts.args, opts.globals = args, *g
-			return runRestore(cmd.Context(), &opts, newOutput(g))
-		},
+		RunE: runE(g, &opts, runRestore),
 	}
 	f := cmd.Flags()
 	f.DurationVar(&opts.o.HookWait, "wait", 30*time.Second, "how long to wait for the app's after-restore hooks")

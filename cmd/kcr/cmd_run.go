@@ -13,8 +13,7 @@ import (
 
 // runOpts are run's arguments and flags.
 type runOpts struct {
-	globals
-	args  []string
+	cmdline
 	o     engine.RunOptions
 	ready time.Duration
 }
@@ -37,10 +36,7 @@ process in it, and Go does not reap orphans: a service that starts
 subprocesses which outlive their parent should reap them, or run with
 --no-pid-namespace (and then cannot be cloned).`,
 		Args: cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			opts.args, opts.globals = args, *g
-			return runRun(cmd.Context(), &opts, newOutput(g))
-		},
+		RunE: runE(g, &opts, runRun),
 	}
 	f := cmd.Flags()
 	f.StringVar(&opts.o.Log, "log", "", "file for the service's output, opened with O_APPEND (default ./PROG.log)")

@@ -28,6 +28,9 @@ func bufOutput(json bool) (*output, *bytes.Buffer, *bytes.Buffer) {
 	return &output{stdout: &o, stderr: &e, json: json}, &o, &e
 }
 
+// argv is a command's arguments, as cobra hands them over.
+func argv(args ...string) cmdline { return cmdline{args: args} }
+
 // wantCode fails unless err maps to the exit code want and says hint.
 func wantCode(t *testing.T, err error, want int, hint string) {
 	t.Helper()
@@ -43,18 +46,18 @@ func wantCode(t *testing.T, err error, want int, hint string) {
 func TestRunCommandsUsage(t *testing.T) {
 	ctx := context.Background()
 	out, stdout, _ := bufOutput(false)
-	wantCode(t, runCheckpoint(ctx, &checkpointOpts{args: []string{"abc"}}, out), exitUsage, "not a PID")
-	co := &checkpointOpts{args: []string{"1"}}
+	wantCode(t, runCheckpoint(ctx, &checkpointOpts{cmdline: argv("abc")}, out), exitUsage, "not a PID")
+	co := &checkpointOpts{cmdline: argv("1")}
 	co.o.HookBudget = -time.Second
 	wantCode(t, runCheckpoint(ctx, co, out), exitUsage, "--timeout")
-	ro := &restoreOpts{args: []string{t.TempDir()}}
+	ro := &restoreOpts{cmdline: argv(t.TempDir())}
 	ro.o.Count = 0
 	wantCode(t, runRestore(ctx, ro, out), exitUsage, "--count 0")
-	ro = &restoreOpts{args: []string{t.TempDir()}}
+	ro = &restoreOpts{cmdline: argv(t.TempDir())}
 	ro.ctr.ID = "c1"
 	wantCode(t, runRestore(ctx, ro, out), exitUsage, "--max-size")
-	wantCode(t, runExport(ctx, &exportOpts{args: []string{"img"}, format: "tar"}, out), exitUsage, "--format")
-	wantCode(t, runImport(ctx, &importOpts{args: []string{"-"}}, out), exitUsage, "-o DIR")
+	wantCode(t, runExport(ctx, &exportOpts{cmdline: argv("img"), format: "tar"}, out), exitUsage, "--format")
+	wantCode(t, runImport(ctx, &importOpts{cmdline: argv("-")}, out), exitUsage, "-o DIR")
 	if stdout.Len() != 0 {
 		t.Errorf("refused commands printed %q on stdout", stdout)
 	}
@@ -63,14 +66,14 @@ func TestRunCommandsUsage(t *testing.T) {
 // runVersion prints one line, or one JSON object, on out's stdout.
 func TestRunVersion(t *testing.T) {
 	out, stdout, _ := bufOutput(false)
-	if err := runVersion(context.Background(), &versionOpts{}, out); err != nil {
+	if err := runVersion(context.Background(), &cmdline{}, out); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.HasPrefix(stdout.String(), "kcr ") || strings.Count(stdout.String(), "\n") != 1 {
 		t.Errorf("version: %q", stdout)
 	}
 	out, stdout, _ = bufOutput(true)
-	if err := runVersion(context.Background(), &versionOpts{}, out); err != nil {
+	if err := runVersion(context.Background(), &cmdline{}, out); err != nil {
 		t.Fatal(err)
 	}
 	var v map[string]string
@@ -82,7 +85,7 @@ func TestRunVersion(t *testing.T) {
 // A missing CRIU is a failed check with its fix, and exit 7.
 func TestRunDoctorNoCRIU(t *testing.T) {
 	out, stdout, _ := bufOutput(false)
-	o := &doctorOpts{}
+	o := &cmdline{}
 	o.criu = filepath.Join(t.TempDir(), "no-criu")
 	wantCode(t, runDoctor(context.Background(), o, out), exitNoCRIU, "problem")
 	if !strings.Contains(stdout.String(), "FAIL") || !strings.Contains(stdout.String(), "fix:") {
@@ -94,7 +97,7 @@ func TestRunDoctorNoCRIU(t *testing.T) {
 func TestRunInspect(t *testing.T) {
 	img := carriedImage(t, 0, false)
 	out, stdout, stderr := bufOutput(false)
-	if err := runInspect(context.Background(), &inspectOpts{args: []string{img}}, out); err != nil {
+	if err := runInspect(context.Background(), &inspectOpts{cmdline: argv(img)}, out); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(stdout.String(), "verified: ") || !strings.Contains(stdout.String(), "carried       no records") {
@@ -103,13 +106,13 @@ func TestRunInspect(t *testing.T) {
 	if stderr.Len() != 0 {
 		t.Errorf("inspect of a good image warned: %q", stderr)
 	}
-	wantCode(t, runInspect(context.Background(), &inspectOpts{args: []string{filepath.Join(t.TempDir(), "nope")}}, out), exitImage, "nope")
+	wantCode(t, runInspect(context.Background(), &inspectOpts{cmdline: argv(filepath.Join(t.TempDir(), "nope"))}, out), exitImage, "nope")
 }
 
 // runRecover of a directory with no interrupted checkpoint is an image error.
 func TestRunRecoverNothing(t *testing.T) {
 	out, _, _ := bufOutput(false)
-	err := runRecover(context.Background(), &recoverOpts{args: []string{t.TempDir()}}, out)
+	err := runRecover(context.Background(), &recoverOpts{cmdline: argv(t.TempDir())}, out)
 	wantCode(t, err, exitImage, "no interrupted checkpoint")
 	if !errors.Is(err, images.ErrNotRecoverable) {
 		t.Errorf("%v is not images.ErrNotRecoverable", err)
@@ -121,7 +124,7 @@ func TestRunExportImport(t *testing.T) {
 	img := carriedImage(t, 0, false)
 	archive := filepath.Join(t.TempDir(), "img"+images.ArchiveExt)
 	out, stdout, stderr := bufOutput(true)
-	if err := runExport(context.Background(), &exportOpts{args: []string{img}, output: archive, format: "kcr"}, out); err != nil {
+	if err := runExport(context.Background(), &exportOpts{cmdline: argv(img), output: archive, format: "kcr"}, out); err != nil {
 		t.Fatal(err)
 	}
 	var res struct {
@@ -136,7 +139,7 @@ func TestRunExportImport(t *testing.T) {
 	}
 	dir := filepath.Join(t.TempDir(), "back")
 	out, _, _ = bufOutput(false)
-	if err := runImport(context.Background(), &importOpts{args: []string{archive}, output: dir, maxSize: images.DefaultMaxImportSize}, out); err != nil {
+	if err := runImport(context.Background(), &importOpts{cmdline: argv(archive), output: dir, maxSize: images.DefaultMaxImportSize}, out); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "manifest.json")); err != nil {
@@ -178,6 +181,8 @@ func TestExitCodes(t *testing.T) {
 		{fmt.Errorf("x: %w", os.ErrNotExist), exitImage},
 		{fmt.Errorf("x: %w", criu.ErrNotFound), exitNoCRIU},
 		{fmt.Errorf("x: %w", client.ErrNoSocket), exitTarget},
+		{&runtimehook.HookError{}, exitHooks},
+		{fmt.Errorf("x: %w", runtimehook.ErrNoEnv), exitUsage},
 	} {
 		if got := exitCode(c.err); got != c.want {
 			t.Errorf("exitCode(%v) = %d, want %d", c.err, got, c.want)
@@ -217,7 +222,7 @@ func TestRunExportStdoutWarns(t *testing.T) {
 	}
 	for _, o := range []string{stdio, filepath.Join(t.TempDir(), "a"+images.ArchiveExt)} {
 		out, stdout, stderr := bufOutput(false)
-		if err := runExport(context.Background(), &exportOpts{args: []string{img}, output: o, format: "kcr"}, out); err != nil {
+		if err := runExport(context.Background(), &exportOpts{cmdline: argv(img), output: o, format: "kcr"}, out); err != nil {
 			t.Fatal(err)
 		}
 		if !strings.Contains(stderr.String(), "kcr: warning: ") || !strings.Contains(stderr.String(), "go-rwx") {
@@ -246,9 +251,9 @@ func TestRunCRIUHookUsage(t *testing.T) {
 	neg := quiet
 	neg.AfterWait = -time.Second
 	wantCode(t, runCRIUHook(ctx, &criuHookOpts{o: neg}, out), exitUsage, "--after-wait")
-	wantCode(t, runCRIUHookWatch(ctx, &criuHookOpts{o: quiet, args: []string{""}}, out), exitUsage, "state file")
+	wantCode(t, runCRIUHookWatch(ctx, &criuHookOpts{o: quiet, cmdline: argv("")}, out), exitUsage, "state file")
 	missing := filepath.Join(t.TempDir(), "state.json")
-	wantCode(t, runCRIUHookWatch(ctx, &criuHookOpts{o: quiet, args: []string{missing}}, out), exitUsage, "state.json")
+	wantCode(t, runCRIUHookWatch(ctx, &criuHookOpts{o: quiet, cmdline: argv(missing)}, out), exitUsage, "state.json")
 	if stdout.Len() != 0 {
 		t.Errorf("refused criu-hook printed %q on stdout", stdout)
 	}

@@ -66,6 +66,18 @@ func containerFlags(f *pflag.FlagSet, o *engine.ContainerOptions) {
 	f.StringVar(&o.RuncRoot, "runc-root", "", "with --container: runc's --root state directory")
 }
 
+// checkpointJSON is kcr checkpoint --json's one shape, also with --container
+// (PID is then the container's init).
+type checkpointJSON struct {
+	Image       string           `json:"image"`
+	PID         int              `json:"pid"`
+	Phases      engine.Timings   `json:"phases"`
+	Manifest    *images.Manifest `json:"manifest"`
+	Warnings    []string         `json:"warnings"`
+	ResumeError string           `json:"resume_error"`
+	SignedBy    string           `json:"signed_by"`
+}
+
 // printCheckpoint prints a written image's phases and hooks, and who
 // signed it if key is set.
 func printCheckpoint(out *output, res *engine.CheckpointResult, what string, pid int, key ed25519.PrivateKey) error {
@@ -92,8 +104,8 @@ func printCheckpoint(out *output, res *engine.CheckpointResult, what string, pid
 		fmt.Fprintln(out.stderr, "kcr: warning: the image is complete, but the app's resume hooks: "+res.ResumeErr.Error())
 	}
 	if out.json {
-		return out.JSON(map[string]any{"image": res.Image, "pid": pid, "phases": res.Timings, "manifest": m,
-			"warnings": res.Warnings, "resume_error": errString(res.ResumeErr), "signed_by": signedBy})
+		return out.JSON(checkpointJSON{Image: res.Image, PID: pid, Phases: res.Timings, Manifest: m,
+			Warnings: nonNil(res.Warnings), ResumeError: errString(res.ResumeErr), SignedBy: signedBy})
 	}
 	return nil
 }

@@ -42,6 +42,21 @@ temporary file and renamed into place, so FILE is never a partial archive.
 	return cmd
 }
 
+// exportJSON is kcr export --json's one shape, whatever --format. The sizes,
+// file count and duration are those of --format kcr; the other formats
+// leave them 0.
+type exportJSON struct {
+	Image        string   `json:"image"`
+	Format       string   `json:"format"`
+	Archive      string   `json:"archive"`    // kcr, cri-o: the archive written ("-": stdout)
+	OCILayout    string   `json:"oci_layout"` // oci: the layout directory written
+	ImageBytes   int64    `json:"image_bytes"`
+	ArchiveBytes int64    `json:"archive_bytes"`
+	Files        int      `json:"files"`
+	DurationNS   int64    `json:"duration_ns"`
+	Warnings     []string `json:"warnings"`
+}
+
 // runExport runs kcr export: results on out's stdout, the report on its stderr.
 func runExport(ctx context.Context, opts *exportOpts, out *output) error {
 	args := opts.args
@@ -58,7 +73,7 @@ func runExport(ctx context.Context, opts *exportOpts, out *output) error {
 		}
 		fmt.Fprintf(out.stderr, "exported %s to %s (CRI-O checkpoint archive; checkpointctl show reads it)\n", dir, output)
 		if out.json {
-			return out.JSON(map[string]any{"image": dir, "archive": output, "format": format})
+			return out.JSON(exportJSON{Image: dir, Format: format, Archive: output, Warnings: []string{}})
 		}
 		return nil
 	case "oci":
@@ -70,7 +85,7 @@ func runExport(ctx context.Context, opts *exportOpts, out *output) error {
 		}
 		fmt.Fprintf(out.stderr, "exported %s to the OCI layout %s (CRI-O checkpoint image, annotation %s)\n", dir, output, engine.CheckpointAnnotation)
 		if out.json {
-			return out.JSON(map[string]any{"image": dir, "oci_layout": output, "format": format})
+			return out.JSON(exportJSON{Image: dir, Format: format, OCILayout: output, Warnings: []string{}})
 		}
 		return nil
 	default:
@@ -114,8 +129,8 @@ func runExport(ctx context.Context, opts *exportOpts, out *output) error {
 		fmt.Fprintln(out.stderr, "kcr: warning: "+w)
 	}
 	if out.json {
-		return out.JSON(map[string]any{"image": dir, "archive": output, "image_bytes": imgSize, "archive_bytes": size,
-			"files": len(img.Manifest.Files), "duration_ns": took.Nanoseconds(), "warnings": img.Warnings})
+		return out.JSON(exportJSON{Image: dir, Format: format, Archive: output, ImageBytes: imgSize, ArchiveBytes: size,
+			Files: len(img.Manifest.Files), DurationNS: took.Nanoseconds(), Warnings: nonNil(img.Warnings)})
 	}
 	return nil
 }

@@ -93,6 +93,17 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// importJSON is kcr import --json's one shape.
+type importJSON struct {
+	Image        string `json:"image"`
+	Archive      string `json:"archive"` // "-": stdin
+	ImageBytes   int64  `json:"image_bytes"`
+	ArchiveBytes int64  `json:"archive_bytes"`
+	Files        int    `json:"files"`
+	DurationNS   int64  `json:"duration_ns"`
+	SignedBy     string `json:"signed_by"`
+}
+
 // runImport runs kcr import: results on out's stdout, the report on its stderr.
 func runImport(ctx context.Context, opts *importOpts, out *output) error {
 	args := opts.args
@@ -143,8 +154,8 @@ func runImport(ctx context.Context, opts *importOpts, out *output) error {
 		fmt.Fprintf(out.stderr, "  signature            verified: signed by %s\n", signedBy)
 	}
 	if out.json {
-		return out.JSON(map[string]any{"image": img.Dir, "archive": file, "image_bytes": imgSize, "archive_bytes": size,
-			"files": len(img.Manifest.Files), "duration_ns": took.Nanoseconds(), "signed_by": signedBy})
+		return out.JSON(importJSON{Image: img.Dir, Archive: file, ImageBytes: imgSize, ArchiveBytes: size,
+			Files: len(img.Manifest.Files), DurationNS: took.Nanoseconds(), SignedBy: signedBy})
 	}
 	return nil
 }

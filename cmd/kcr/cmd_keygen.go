@@ -80,6 +80,13 @@ func hasSignature(dir string) bool {
 	return err == nil && fi.Mode().IsRegular()
 }
 
+// keygenJSON is kcr keygen --json's one shape: the files written.
+type keygenJSON struct {
+	PrivateKey  string `json:"private_key"`
+	PublicKey   string `json:"public_key"`
+	Fingerprint string `json:"fingerprint"`
+}
+
 // runKeygen runs kcr keygen: results on out's stdout, the report on its stderr.
 func runKeygen(ctx context.Context, opts *keygenOpts, out *output) error {
 	prefix, comment := opts.prefix, opts.comment
@@ -93,7 +100,7 @@ func runKeygen(ctx context.Context, opts *keygenOpts, out *output) error {
 	fp := images.Fingerprint(pub)
 	fmt.Fprintf(out.stderr, "wrote %s.key (private: keep it secret) and %s.pub (public, %s)\n", prefix, prefix, fp)
 	if out.json {
-		return out.JSON(map[string]any{"private_key": prefix + ".key", "public_key": prefix + ".pub", "fingerprint": fp})
+		return out.JSON(keygenJSON{PrivateKey: prefix + ".key", PublicKey: prefix + ".pub", Fingerprint: fp})
 	}
 	return nil
 }

@@ -29,6 +29,11 @@ func recoverCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
+// recoverJSON is kcr recover --json's one shape: the images finished.
+type recoverJSON struct {
+	Images []string `json:"images"`
+}
+
 // runRecover runs kcr recover: results on out's stdout, the report on its stderr.
 func runRecover(ctx context.Context, opts *recoverOpts, out *output) error {
 	args := opts.args
@@ -53,7 +58,7 @@ func runRecover(ctx context.Context, opts *recoverOpts, out *output) error {
 		recovered = append(recovered, img.Dir)
 	}
 	if out.json {
-		return out.JSON(map[string]any{"images": recovered})
+		return out.JSON(recoverJSON{Images: recovered})
 	}
 	return nil
 }

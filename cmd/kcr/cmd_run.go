@@ -46,6 +46,13 @@ subprocesses which outlive their parent should reap them, or run with
 	return cmd
 }
 
+// runJSON is kcr run --json's one shape: the started service.
+type runJSON struct {
+	PID    int    `json:"pid"`
+	Log    string `json:"log"`
+	Socket string `json:"socket"`
+}
+
 // runRun runs kcr run: results on out's stdout, the report on its stderr.
 func runRun(ctx context.Context, opts *runOpts, out *output) error {
 	args := opts.args
@@ -65,7 +72,7 @@ func runRun(ctx context.Context, opts *runOpts, out *output) error {
 	}
 	fmt.Fprintf(out.stderr, "started %s as PID %d (log %s)\n", args[0], res.PID, res.Log)
 	if out.json {
-		return out.JSON(map[string]any{"pid": res.PID, "log": res.Log, "socket": res.Socket})
+		return out.JSON(runJSON{PID: res.PID, Log: res.Log, Socket: res.Socket})
 	}
 	fmt.Fprintln(out.stdout, res.PID)
 	return nil

@@ -10,10 +10,13 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spf13/cobra"
 
 	"github.com/kcr-dev/kcr/criu"
 	"github.com/kcr-dev/kcr/engine"
@@ -192,7 +195,20 @@ func TestExitCodes(t *testing.T) {
 
 // Every command's help ends with the EXIT STATUS list, codes 0 to 10 and 130.
 func TestHelpExitStatus(t *testing.T) {
-	for _, args := range [][]string{{"--help"}, {"checkpoint", "--help"}, {"restore", "--help"}} {
+	all := [][]string{{"--help"}}
+	var walk func(c *cobra.Command, path []string)
+	walk = func(c *cobra.Command, path []string) {
+		for _, sub := range c.Commands() {
+			p := append(slices.Clone(path), sub.Name())
+			all = append(all, append(slices.Clone(p), "--help"))
+			walk(sub, p)
+		}
+	}
+	walk(newRoot(&globals{}), nil)
+	if len(all) < 14 {
+		t.Fatalf("only %d commands found: %v", len(all), all)
+	}
+	for _, args := range all {
 		root := newRoot(&globals{})
 		var buf bytes.Buffer
 		root.SetOut(&buf)
@@ -291,5 +307,77 @@ func TestRunInstallHook(t *testing.T) {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&res); err != nil || res.Config != conf || !res.ConfigChanged || !res.HookChanged {
 		t.Errorf("install --json: %+v, %v", res, err)
+	}
+}
+
+// jsonKeys are the keys of the JSON object b, sorted.
+func jsonKeys(t *testing.T, what string, b []byte) []string {
+	t.Helper()
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatalf("%s: %v: %q", what, err, b)
+	}
+	return slices.Sorted(maps.Keys(m))
+}
+
+// fieldKeys are the JSON names of struct v's fields, sorted: the keys its
+// every value prints, since none is omitempty.
+func fieldKeys(v any) []string {
+	var keys []string
+	rt := reflect.TypeOf(v)
+	for i := range rt.NumField() {
+		keys = append(keys, strings.Split(rt.Field(i).Tag.Get("json"), ",")[0])
+	}
+	return slices.Sorted(slices.Values(keys))
+}
+
+// Every command's --json prints one typed shape: all its struct's keys,
+// whatever the flags or the outcome, lists as [] rather than null.
+func TestJSONShapes(t *testing.T) {
+	ctx := context.Background()
+	check := func(what string, b []byte, v any) {
+		t.Helper()
+		if got, want := jsonKeys(t, what, b), fieldKeys(v); !slices.Equal(got, want) {
+			t.Errorf("%s --json keys %v, want %v", what, got, want)
+		}
+		if bytes.Contains(b, []byte("null")) {
+			t.Errorf("%s --json has a null: %s", what, b)
+		}
+	}
+	out, stdout, _ := bufOutput(true)
+	if err := runVersion(ctx, &cmdline{}, out); err != nil {
+		t.Fatal(err)
+	}
+	check("version", stdout.Bytes(), versionJSON{})
+
+	img := carriedImage(t, 0, false)
+	archive := filepath.Join(t.TempDir(), "img"+images.ArchiveExt)
+	out, stdout, _ = bufOutput(true)
+	if err := runExport(ctx, &exportOpts{cmdline: argv(img), output: archive, format: "kcr"}, out); err != nil {
+		t.Fatal(err)
+	}
+	check("export", stdout.Bytes(), exportJSON{})
+	out, stdout, _ = bufOutput(true)
+	if err := runImport(ctx, &importOpts{cmdline: argv(archive), output: filepath.Join(t.TempDir(), "back"), maxSize: images.DefaultMaxImportSize}, out); err != nil {
+		t.Fatal(err)
+	}
+	check("import", stdout.Bytes(), importJSON{})
+	out, stdout, _ = bufOutput(true)
+	if err := runKeygen(ctx, &keygenOpts{prefix: filepath.Join(t.TempDir(), "k")}, out); err != nil {
+		t.Fatal(err)
+	}
+	check("keygen", stdout.Bytes(), keygenJSON{})
+
+	// doctor prints its checks, passed or failed, all with the same keys.
+	out, stdout, _ = bufOutput(true)
+	o := &cmdline{}
+	o.criu = filepath.Join(t.TempDir(), "no-criu")
+	wantCode(t, runDoctor(ctx, o, out), exitNoCRIU, "problem")
+	var checks []json.RawMessage
+	if err := json.Unmarshal(stdout.Bytes(), &checks); err != nil || len(checks) == 0 {
+		t.Fatalf("doctor --json: %v %q", err, stdout)
+	}
+	for _, c := range checks {
+		check("doctor check", c, engine.Check{})
 	}
 }

@@ -64,6 +64,14 @@ func details(d map[string]any) string {
 	return " " + string(b)
 }
 
+// nonNil is s, or an empty list for nil: --json prints [], not null.
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
 func errString(err error) string {
 	if err == nil {
 		return ""

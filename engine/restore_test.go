@@ -146,8 +146,8 @@ func TestRestoreSeamsCRIUFails(t *testing.T) {
 	}
 }
 
-// When the after-restore message fails, times out, or finds no socket, the
-// process runs: the restore succeeds and says so in HookErr/HooksPending.
+// When the after-restore message fails, times out, is interrupted or finds
+// no socket, the process runs: the restore succeeds and says so in HookErr/HooksPending.
 func TestRestoreSeamsAfterRestore(t *testing.T) {
 	for _, c := range []struct {
 		name     string
@@ -159,6 +159,10 @@ func TestRestoreSeamsAfterRestore(t *testing.T) {
 		{name: "hooks fail", err: &proto.HookFailure{Msg: "kafka: rejoin failed"},
 			hookErr: func(err error) bool { var hf *proto.HookFailure; return errors.As(err, &hf) }},
 		{name: "hooks pending", err: client.ErrPending, pending: true},
+		// kcr interrupted while it waits: the process still runs and its PID
+		// is reported.
+		{name: "interrupted", err: fmt.Errorf("restored: %w", context.Canceled),
+			hookErr: func(err error) bool { return errors.Is(err, context.Canceled) }},
 		{name: "no socket", noSocket: true,
 			hookErr: func(err error) bool {
 				return errors.Is(err, client.ErrNoSocket) && strings.Contains(err.Error(), "restored process 5001")

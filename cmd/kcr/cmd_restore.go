@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -174,8 +175,15 @@ func runRestore(ctx context.Context, opts *restoreOpts, out *output) error {
 	if err != nil {
 		return err
 	}
-	if hookErr != nil {
-		return &exitError{exitAfterHooks, hookErr}
+	return afterHooksErr(hookErr)
+}
+
+// afterHooksErr is the error of a restore whose process runs but whose
+// after-restore hooks failed (exit 8), or were cut short by an interrupt
+// of kcr (exit 130: the app goes on with them by itself).
+func afterHooksErr(hookErr error) error {
+	if hookErr == nil || errors.Is(hookErr, context.Canceled) {
+		return hookErr
 	}
-	return nil
+	return &exitError{exitAfterHooks, hookErr}
 }

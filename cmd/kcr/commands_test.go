@@ -185,6 +185,8 @@ func TestExitCodes(t *testing.T) {
 		{fmt.Errorf("x: %w", criu.ErrNotFound), exitNoCRIU},
 		{fmt.Errorf("x: %w", client.ErrNoSocket), exitTarget},
 		{&runtimehook.HookError{}, exitHooks},
+		{afterHooksErr(fmt.Errorf("restored as PID 9, but %w", errors.New("rejoin failed"))), exitAfterHooks},
+		{afterHooksErr(fmt.Errorf("restored as PID 9, but %w", context.Canceled)), exitInterrupted},
 		{fmt.Errorf("x: %w", runtimehook.ErrNoEnv), exitUsage},
 	} {
 		if got := exitCode(c.err); got != c.want {

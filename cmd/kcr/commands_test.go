@@ -383,3 +383,16 @@ func TestJSONShapes(t *testing.T) {
 		check("doctor check", c, engine.Check{})
 	}
 }
+
+// kcr restore interrupted before CRIU starts exits 130 and prints no PID.
+func TestRunRestoreInterrupted(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	out, stdout, _ := bufOutput(false)
+	o := &restoreOpts{cmdline: argv(carriedImage(t, 0, false))}
+	o.o.Count = 1
+	wantCode(t, runRestore(ctx, o, out), exitInterrupted, "context canceled")
+	if stdout.Len() != 0 {
+		t.Errorf("an interrupted restore printed %q", stdout)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,12 +21,15 @@ import (
 
 // fakeApp is an app's control socket that records what kcr asks.
 type fakeApp struct {
-	pid     int
-	hookErr error // returned by Checkpoint
+	pid        int
+	hookErr    error              // returned by Checkpoint
+	reports    []proto.HookReport // Checkpoint's reports (default: one "db")
+	restoreErr error              // returned by RestoredAs
 
-	mu      sync.Mutex
-	calls   int
-	resumes []string
+	mu       sync.Mutex
+	calls    int
+	resumes  []string
+	restored []string // the names RestoredAs was given
 }
 
 func (a *fakeApp) Checkpoint(ctx context.Context, req client.CheckpointRequest) (proto.Message, error) {
@@ -35,7 +39,11 @@ func (a *fakeApp) Checkpoint(ctx context.Context, req client.CheckpointRequest) 
 	if a.hookErr != nil {
 		return proto.Message{}, a.hookErr
 	}
-	return proto.Message{PID: a.pid, Reports: []proto.HookReport{{Name: "db", Duration: time.Millisecond}}}, nil
+	reports := a.reports
+	if reports == nil {
+		reports = []proto.HookReport{{Name: "db", Duration: time.Millisecond}}
+	}
+	return proto.Message{PID: a.pid, Reports: reports}, nil
 }
 
 func (a *fakeApp) Resume(ctx context.Context, reason string, wait time.Duration) (proto.Message, error) {
@@ -43,6 +51,16 @@ func (a *fakeApp) Resume(ctx context.Context, reason string, wait time.Duration)
 	defer a.mu.Unlock()
 	a.resumes = append(a.resumes, reason)
 	return proto.Message{}, nil
+}
+
+func (a *fakeApp) RestoredAs(ctx context.Context, gen uint64, name string, wait time.Duration) (proto.Message, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.restored = append(a.restored, name)
+	if a.restoreErr != nil {
+		return proto.Message{}, a.restoreErr
+	}
+	return proto.Message{InstanceID: fmt.Sprintf("inst-%d", gen), Reports: []proto.HookReport{{Name: "db"}}}, nil
 }
 
 // fakeDumper is CRIU: it writes one image file, or fails with err.

@@ -17,7 +17,7 @@ type Check struct {
 	Name   string `json:"name"`
 	OK     bool   `json:"ok"`
 	Detail string `json:"detail"`
-	Fix    string `json:"fix,omitempty"`
+	Fix    string `json:"fix"` // "" when OK
 }
 
 // Doctor checks that this machine can checkpoint and restore: CRIU found,

@@ -137,6 +137,10 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 // On error, the clones restored so far keep running and are returned with
 // the error.
 func RestoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreResult, error) {
+	return realSeams.restoreClones(ctx, o)
+}
+
+func (s seams) restoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreResult, error) {
 	start := time.Now()
 	if o.HookWait <= 0 {
 		o.HookWait = 30 * time.Second
@@ -154,7 +158,7 @@ func RestoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreResult, err
 	}
 	criuCh := make(chan found, 1)
 	go func() {
-		p, _, err := CRIU(ctx, o.CRIU)
+		p, err := s.findCRIU(ctx, o.CRIU)
 		criuCh <- found{p, err}
 	}()
 	var pre Timings
@@ -185,12 +189,16 @@ func RestoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreResult, err
 	criuPath := fc.path
 	if !m.Process.PIDNamespace {
 		t = time.Now()
-		if err := checkPIDsFree(ctx, img, o.PIDWait); err != nil {
+		if err := s.pidsFree(ctx, img, o.PIDWait); err != nil {
 			return nil, err
 		}
 		if w := time.Since(t); w > 50*time.Millisecond {
 			pre.add(PhasePIDWait, w)
 		}
+	}
+	// An interrupt while the image was verified starts no CRIU.
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("restore %s: %w", o.Image, err)
 	}
 
 	results := make([]*RestoreResult, o.Count)
@@ -206,7 +214,7 @@ func RestoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreResult, err
 				}
 				name = fmt.Sprintf("%s-%d", name, i+1)
 			}
-			results[i], errs[i] = restoreOne(ctx, o, img, criuPath, name)
+			results[i], errs[i] = s.restoreOne(ctx, o, img, criuPath, name)
 		}()
 	}
 	for range o.Count {
@@ -233,7 +241,7 @@ func RestoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreResult, err
 }
 
 // restoreOne restores one copy of a verified image.
-func restoreOne(ctx context.Context, o RestoreOptions, img *images.Image, criuPath, name string) (res *RestoreResult, err error) {
+func (s seams) restoreOne(ctx context.Context, o RestoreOptions, img *images.Image, criuPath, name string) (res *RestoreResult, err error) {
 	m := img.Manifest
 	res = &RestoreResult{Name: name}
 	work := o.WorkDir
@@ -268,7 +276,7 @@ func restoreOne(ctx context.Context, o RestoreOptions, img *images.Image, criuPa
 	t := time.Now()
 	var rr *criu.RestoreResult
 	for attempt := 1; ; attempt++ {
-		rr, err = criu.Restore(ctx, criuPath, criu.RestoreOptions{
+		rr, err = s.restore(ctx, criuPath, criu.RestoreOptions{
 			ImagesDir: img.CRIUDir(), ImagesDirFile: imgDir, WorkDir: work, LazyPages: o.Lazy, LogLevel: o.CRIULogLevel,
 			TCPClose: m.Options.TCPClose, ShellJob: m.Options.ShellJob, FileLocks: m.Options.FileLocks,
 		})
@@ -297,7 +305,7 @@ func restoreOne(ctx context.Context, o RestoreOptions, img *images.Image, criuPa
 
 	if !m.NoHooks {
 		t = time.Now()
-		done, err := afterRestore(ctx, rr.PID, m.Process.PID, gen, name, o.HookWait)
+		done, err := s.afterRestore(ctx, rr.PID, m.Process.PID, gen, name, o.HookWait)
 		res.Timings.add(PhaseAfterHooks, time.Since(t))
 		res.Reports = done.Reports
 		res.InstanceID = done.InstanceID
@@ -322,12 +330,12 @@ func bindRace(err error) bool {
 // so it is found through the new PID like any other. A clone with a new
 // host PID moves its socket to one named after that PID (the image's path
 // is shared by every clone), so kcr waits for that one.
-func afterRestore(ctx context.Context, pid, origPID int, gen uint64, name string, wait time.Duration) (proto.Message, error) {
+func (s seams) afterRestore(ctx context.Context, pid, origPID int, gen uint64, name string, wait time.Duration) (proto.Message, error) {
 	own := proto.SocketName(pid)
-	deadline := time.Now().Add(3 * time.Second)
+	deadline := time.Now().Add(s.socketWait)
 	for {
-		sock, err := client.Find(pid)
-		if err == nil && (pid == origPID || filepath.Base(sock.Path) == own) {
+		sock, path, err := s.findApp(pid)
+		if err == nil && (pid == origPID || filepath.Base(path) == own) {
 			return sock.RestoredAs(ctx, gen, name, wait)
 		}
 		if time.Now().After(deadline) {

@@ -10,11 +10,13 @@ import (
 	"github.com/kcr-dev/kcr/notify/proto"
 )
 
-// appControl is the checkpointed app's end of a checkpoint: its kcr control
-// socket (*client.Socket).
+// appControl is the app's kcr control socket (*client.Socket): the
+// checkpointed app's end of a checkpoint, the restored one's end of a
+// restore.
 type appControl interface {
 	Checkpoint(ctx context.Context, req client.CheckpointRequest) (proto.Message, error)
 	Resume(ctx context.Context, reason string, wait time.Duration) (proto.Message, error)
+	RestoredAs(ctx context.Context, generation uint64, name string, wait time.Duration) (proto.Message, error)
 }
 
 // dumper dumps a process: a CRIU swrk session (*criu.Session).
@@ -23,8 +25,8 @@ type dumper interface {
 	Close()
 }
 
-// seams are what a checkpoint drives outside kcr: the target process, its
-// control socket and CRIU. realSeams are the real ones; unit tests put fakes
+// seams are what a checkpoint or a restore drives outside kcr: the target
+// process, its control socket and CRIU. realSeams are the real ones; unit tests put fakes
 // in their place to reach the failure paths.
 type seams struct {
 	process        func(pid int) (images.Process, error)
@@ -34,6 +36,17 @@ type seams struct {
 	findApp    func(pid int) (appControl, string, error)
 	openDumper func(ctx context.Context, criuPath string, shellJob bool) (dumper, criu.Version, error)
 	waitGone   func(ctx context.Context, pid int, timeout time.Duration) (time.Duration, error)
+
+	// findCRIU locates CRIU for a restore and checks it (CRIU).
+	findCRIU func(ctx context.Context, explicit string) (string, error)
+	// pidsFree checks that the PIDs a verified image needs are free,
+	// waiting up to wait for zombies (checkPIDsFree).
+	pidsFree func(ctx context.Context, img *images.Image, wait time.Duration) error
+	// restore is CRIU's restore (criu.Restore).
+	restore func(ctx context.Context, criuPath string, o criu.RestoreOptions) (*criu.RestoreResult, error)
+	// socketWait is how long a restored process may take to show its
+	// control socket.
+	socketWait time.Duration
 }
 
 var realSeams = seams{
@@ -55,4 +68,11 @@ var realSeams = seams{
 		return s, v, nil
 	},
 	waitGone: criu.WaitGone,
+	findCRIU: func(ctx context.Context, explicit string) (string, error) {
+		p, _, err := CRIU(ctx, explicit)
+		return p, err
+	},
+	pidsFree:   checkPIDsFree,
+	restore:    criu.Restore,
+	socketWait: 3 * time.Second,
 }

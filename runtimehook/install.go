@@ -63,10 +63,14 @@ func (o *InstallOptions) defaults() error {
 		}
 	}
 	if !filepath.IsAbs(o.Hook) || !filepath.IsAbs(o.Config) {
-		return fmt.Errorf("--hook %q and --config %q must be absolute paths: CRIU runs the script from its own work directory", o.Hook, o.Config)
+		return fmt.Errorf("--hook %q and --config %q %w: CRIU runs the script from its own work directory", o.Hook, o.Config, ErrNotAbsolute)
 	}
 	return nil
 }
+
+// ErrNotAbsolute is returned by Install and Remove for a relative hook or
+// configuration path.
+var ErrNotAbsolute = errors.New("must be absolute paths")
 
 // InstallResult says what Install or Remove changed.
 type InstallResult struct {

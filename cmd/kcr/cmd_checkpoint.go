@@ -18,8 +18,7 @@ import (
 
 // checkpointOpts are checkpoint's arguments and flags.
 type checkpointOpts struct {
-	globals
-	args     []string
+	cmdline
 	o        engine.CheckpointOptions
 	ctr      engine.ContainerOptions
 	signFile string
@@ -44,10 +43,7 @@ with runc (podman --runtime runc run ...) for the hooks to run.`,
 			}
 			return cobra.ExactArgs(1)(cmd, args)
 		},
-		RunE: func(cmd *cobra.Command, args []string) error {
-			opts.args, opts.globals = args, *g
-			return runCheckpoint(cmd.Context(), &opts, newOutput(g))
-		},
+		RunE: runE(g, &opts, runCheckpoint),
 	}
 	f := cmd.Flags()
 	f.StringVarP(&opts.o.Output, "output", "o", "", "image directory to create (default ./kcr-PID-TIME)")
@@ -68,6 +64,18 @@ func containerFlags(f *pflag.FlagSet, o *engine.ContainerOptions) {
 	f.StringVar(&o.ID, "container", "", "a runc container's id, checkpointed or restored with runc")
 	f.StringVar(&o.Runtime, "runtime", "runc", "with --container: the runc binary, or podman to go through podman container checkpoint/restore (a container runc does not know is looked for in podman)")
 	f.StringVar(&o.RuncRoot, "runc-root", "", "with --container: runc's --root state directory")
+}
+
+// checkpointJSON is kcr checkpoint --json's one shape, also with --container
+// (PID is then the container's init).
+type checkpointJSON struct {
+	Image       string           `json:"image"`
+	PID         int              `json:"pid"`
+	Phases      engine.Timings   `json:"phases"`
+	Manifest    *images.Manifest `json:"manifest"`
+	Warnings    []string         `json:"warnings"`
+	ResumeError string           `json:"resume_error"`
+	SignedBy    string           `json:"signed_by"`
 }
 
 // printCheckpoint prints a written image's phases and hooks, and who
@@ -96,8 +104,8 @@ func printCheckpoint(out *output, res *engine.CheckpointResult, what string, pid
 		fmt.Fprintln(out.stderr, "kcr: warning: the image is complete, but the app's resume hooks: "+res.ResumeErr.Error())
 	}
 	if out.json {
-		return out.JSON(map[string]any{"image": res.Image, "pid": pid, "phases": res.Timings, "manifest": m,
-			"warnings": res.Warnings, "resume_error": errString(res.ResumeErr), "signed_by": signedBy})
+		return out.JSON(checkpointJSON{Image: res.Image, PID: pid, Phases: res.Timings, Manifest: m,
+			Warnings: nonNil(res.Warnings), ResumeError: errString(res.ResumeErr), SignedBy: signedBy})
 	}
 	return nil
 }

@@ -2,9 +2,11 @@ package main
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
-	"log/slog"
+	"io"
+	"io/fs"
 	"path/filepath"
 	"time"
 
@@ -23,9 +25,16 @@ func asCRIUHook(args []string) []string {
 	return args
 }
 
+// criuHookOpts are criu-hook's arguments and flags.
+type criuHookOpts struct {
+	cmdline
+	o runtimehook.Options
+	// stdin is the watch subcommand's pipe from pre-dump.
+	stdin io.Reader
+}
+
 func criuHookCmd(g *globals) *cobra.Command {
-	var o runtimehook.Options
-	hookLogger := func() *slog.Logger { return runtimehook.Logger(g.verbose) }
+	var opts criuHookOpts
 	env := runtimehook.OptionsFromEnv()
 	cmd := &cobra.Command{
 		Use:   "criu-hook",
@@ -36,26 +45,10 @@ the tree of $CRTOOLS_INIT_PID that has a kcr control socket and fails (so that C
 fails; at post-resume it sends the after-restore message. Defaults come from $KCR_HOOK_TIMEOUT,
 $KCR_HOOK_RESUME_AFTER and $KCR_HOOK_AFTER_WAIT. It logs to stderr, which is CRIU's log.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			out := newOutput(g)
-			o.Logger = hookLogger()
-			res, err := runtimehook.RunFromEnv(cmd.Context(), o)
-			if _, ok := errors.AsType[*runtimehook.HookError](err); ok {
-				return &exitError{exitHooks, err}
-			}
-			if errors.Is(err, runtimehook.ErrNoEnv) {
-				return &exitError{exitUsage, err}
-			}
-			if err != nil {
-				return err
-			}
-			if out.json {
-				return out.JSON(res)
-			}
-			return nil
-		},
+		RunE: runE(g, &opts, runCRIUHook),
 	}
 	f := cmd.Flags()
+	o := &opts.o
 	f.DurationVar(&o.HookBudget, "timeout", cmp.Or(env.HookBudget, proto.DefaultHookBudget), "deadline for the apps' before-checkpoint hooks")
 	f.DurationVar(&o.ResumeAfter, "resume-after", env.ResumeAfter, "how long an app waits for the end of the checkpoint before it resumes on its own (default timeout+60s)")
 	f.BoolVar(&o.RequireDrained, "require-drained", env.RequireDrained, "veto the dump when a resource would carry records into the image (kcr checkpoint --container --require-drained sets $"+runtimehook.EnvRequireDrained+")")
@@ -68,21 +61,74 @@ $KCR_HOOK_RESUME_AFTER and $KCR_HOOK_AFTER_WAIT. It logs to stderr, which is CRI
 		Hidden: true,
 		Args:   cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o.Logger = hookLogger()
-			if err := runtimehook.Watch(cmd.Context(), args[0], cmd.InOrStdin(), o); err != nil {
-				o.Logger.Warn("watch", "err", err)
-				return err
-			}
-			return nil
+			opts.stdin = cmd.InOrStdin()
+			return runE(g, &opts, runCRIUHookWatch)(cmd, args)
 		},
 	}
 	cmd.AddCommand(watch)
 	return cmd
 }
 
+// hookOptions checks criu-hook's durations and sets its logger (stderr,
+// which is CRIU's log) unless a test set one.
+func (opts *criuHookOpts) hookOptions() (runtimehook.Options, error) {
+	o := opts.o
+	if err := nonNegative(map[string]time.Duration{"--timeout": o.HookBudget, "--resume-after": o.ResumeAfter, "--after-wait": o.AfterWait}); err != nil {
+		return o, err
+	}
+	if o.Logger == nil {
+		o.Logger = runtimehook.Logger(opts.verbose)
+	}
+	return o, nil
+}
+
+// runCRIUHook runs kcr criu-hook for the CRIU action its environment names:
+// with --json the result on out's stdout; the log goes to CRIU's.
+func runCRIUHook(ctx context.Context, opts *criuHookOpts, out *output) error {
+	o, err := opts.hookOptions()
+	if err != nil {
+		return err
+	}
+	res, err := runtimehook.RunFromEnv(ctx, o)
+	if err != nil {
+		return err
+	}
+	if out.json {
+		return out.JSON(res)
+	}
+	return nil
+}
+
+// runCRIUHookWatch runs kcr criu-hook watch STATE (opts.args[0]), which
+// pre-dump starts: it resumes the apps once CRIU is done.
+func runCRIUHookWatch(ctx context.Context, opts *criuHookOpts, out *output) error {
+	o, err := opts.hookOptions()
+	if err != nil {
+		return err
+	}
+	if len(opts.args) != 1 || opts.args[0] == "" {
+		return &exitError{exitUsage, errors.New("criu-hook watch: give the state file that pre-dump wrote")}
+	}
+	if err := runtimehook.Watch(ctx, opts.args[0], opts.stdin, o); err != nil {
+		o.Logger.Warn("watch", "err", err)
+		if errors.Is(err, fs.ErrNotExist) {
+			// Not exit 5: the state file is no image.
+			return &exitError{exitUsage, err}
+		}
+		return err
+	}
+	return nil
+}
+
+// installHookOpts are install-runtime-hook's arguments and flags.
+type installHookOpts struct {
+	cmdline
+	o      runtimehook.InstallOptions
+	remove bool
+}
+
 func installHookCmd(g *globals) *cobra.Command {
-	var o runtimehook.InstallOptions
-	var remove bool
+	var opts installHookOpts
 	cmd := &cobra.Command{
 		Use:   "install-runtime-hook",
 		Short: "Make CRIU run kcr's hooks when runc (Podman, CRI-O, the kubelet) checkpoints a container",
@@ -90,34 +136,37 @@ func installHookCmd(g *globals) *cobra.Command {
 configuration file that runc reads (--config; a container's org.criu.config annotation names
 another one), keeping the rest of the file. Idempotent; --remove undoes it.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			out := newOutput(g)
-			var res *runtimehook.InstallResult
-			var err error
-			if remove {
-				res, err = runtimehook.Remove(o)
-			} else {
-				res, err = runtimehook.Install(o)
-			}
-			if err != nil {
-				return err
-			}
-			if out.json {
-				return out.JSON(res)
-			}
-			what := map[bool]string{false: "unchanged", true: "updated"}
-			if remove {
-				fmt.Fprintf(out.stderr, "removed kcr's CRIU hook: %s %s, %s %s\n", res.Config, what[res.ConfigChanged], res.Hook, what[res.HookChanged])
-				return nil
-			}
-			fmt.Fprintf(out.stderr, "CRIU runs kcr's hooks: %s %s; %s -> %s %s\n", res.Config, what[res.ConfigChanged], res.Hook, res.Target, what[res.HookChanged])
-			return nil
-		},
+		RunE: runE(g, &opts, runInstallHook),
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.Config, "config", runtimehook.DefaultConfig, "CRIU configuration file to change")
-	f.StringVar(&o.Hook, "hook", runtimehook.DefaultHook, "path of the action script (a link to kcr)")
-	f.BoolVar(&o.TCPClose, "tcp-close", false, "also let CRIU close TCP connections that no hook closed")
-	f.BoolVar(&remove, "remove", false, "take kcr's block out of the configuration and remove the link")
+	f.StringVar(&opts.o.Config, "config", runtimehook.DefaultConfig, "CRIU configuration file to change")
+	f.StringVar(&opts.o.Hook, "hook", runtimehook.DefaultHook, "path of the action script (a link to kcr)")
+	f.BoolVar(&opts.o.TCPClose, "tcp-close", false, "also let CRIU close TCP connections that no hook closed")
+	f.BoolVar(&opts.remove, "remove", false, "take kcr's block out of the configuration and remove the link")
 	return cmd
+}
+
+// runInstallHook runs kcr install-runtime-hook: with --json the result on
+// out's stdout, the report on its stderr.
+func runInstallHook(ctx context.Context, opts *installHookOpts, out *output) error {
+	var res *runtimehook.InstallResult
+	var err error
+	if opts.remove {
+		res, err = runtimehook.Remove(opts.o)
+	} else {
+		res, err = runtimehook.Install(opts.o)
+	}
+	if err != nil {
+		return err
+	}
+	if out.json {
+		return out.JSON(res)
+	}
+	what := map[bool]string{false: "unchanged", true: "updated"}
+	if opts.remove {
+		fmt.Fprintf(out.stderr, "removed kcr's CRIU hook: %s %s, %s %s\n", res.Config, what[res.ConfigChanged], res.Hook, what[res.HookChanged])
+		return nil
+	}
+	fmt.Fprintf(out.stderr, "CRIU runs kcr's hooks: %s %s; %s -> %s %s\n", res.Config, what[res.ConfigChanged], res.Hook, res.Target, what[res.HookChanged])
+	return nil
 }

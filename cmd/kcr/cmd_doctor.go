@@ -9,27 +9,14 @@ import (
 	"github.com/kcr-dev/kcr/engine"
 )
 
-// doctorOpts are doctor's arguments and flags.
-type doctorOpts struct {
-	globals
-	args []string
-}
-
 func doctorCmd(g *globals) *cobra.Command {
-	var opts doctorOpts
-	return &cobra.Command{
-		Use:   "doctor",
-		Short: "Check that this machine can checkpoint and restore, and say how to fix what is missing",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			opts.args, opts.globals = args, *g
-			return runDoctor(cmd.Context(), &opts, newOutput(g))
-		},
-	}
+	// No flags of its own: its options are the global flags.
+	return &cobra.Command{Use: "doctor", Args: cobra.NoArgs, RunE: runE(g, &cmdline{}, runDoctor),
+		Short: "Check that this machine can checkpoint and restore, and say how to fix what is missing"}
 }
 
 // runDoctor runs kcr doctor: results on out's stdout, the report on its stderr.
-func runDoctor(ctx context.Context, opts *doctorOpts, out *output) error {
+func runDoctor(ctx context.Context, opts *cmdline, out *output) error {
 	g := &opts.globals
 	checks := engine.Doctor(ctx, g.criu)
 	failed := 0

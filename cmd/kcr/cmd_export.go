@@ -15,8 +15,7 @@ import (
 
 // exportOpts are export's arguments and flags.
 type exportOpts struct {
-	globals
-	args   []string
+	cmdline
 	output string
 	format string
 }
@@ -36,14 +35,26 @@ the files the manifest lists, nothing else. It is written to a
 temporary file and renamed into place, so FILE is never a partial archive.
 "-o -" writes the archive to stdout, e.g. kcr export img -o - | ssh host kcr import - -o img`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			opts.args, opts.globals = args, *g
-			return runExport(cmd.Context(), &opts, newOutput(g))
-		},
+		RunE: runE(g, &opts, runExport),
 	}
 	cmd.Flags().StringVarP(&opts.output, "output", "o", "", "archive file to create, or - for stdout (default ./IMAGE"+images.ArchiveExt+")")
 	cmd.Flags().StringVar(&opts.format, "format", "kcr", "kcr; for a container image (kcr checkpoint --container): cri-o, a CRI-O checkpoint archive (config.dump, spec.dump, checkpoint/), or oci, an OCI image layout with CRI-O's checkpoint annotation")
 	return cmd
+}
+
+// exportJSON is kcr export --json's one shape, whatever --format. The sizes,
+// file count and duration are those of --format kcr; the other formats
+// leave them 0.
+type exportJSON struct {
+	Image        string   `json:"image"`
+	Format       string   `json:"format"`
+	Archive      string   `json:"archive"`    // kcr, cri-o: the archive written ("-": stdout)
+	OCILayout    string   `json:"oci_layout"` // oci: the layout directory written
+	ImageBytes   int64    `json:"image_bytes"`
+	ArchiveBytes int64    `json:"archive_bytes"`
+	Files        int      `json:"files"`
+	DurationNS   int64    `json:"duration_ns"`
+	Warnings     []string `json:"warnings"`
 }
 
 // runExport runs kcr export: results on out's stdout, the report on its stderr.
@@ -62,7 +73,7 @@ func runExport(ctx context.Context, opts *exportOpts, out *output) error {
 		}
 		fmt.Fprintf(out.stderr, "exported %s to %s (CRI-O checkpoint archive; checkpointctl show reads it)\n", dir, output)
 		if out.json {
-			return out.JSON(map[string]any{"image": dir, "archive": output, "format": format})
+			return out.JSON(exportJSON{Image: dir, Format: format, Archive: output, Warnings: []string{}})
 		}
 		return nil
 	case "oci":
@@ -74,7 +85,7 @@ func runExport(ctx context.Context, opts *exportOpts, out *output) error {
 		}
 		fmt.Fprintf(out.stderr, "exported %s to the OCI layout %s (CRI-O checkpoint image, annotation %s)\n", dir, output, engine.CheckpointAnnotation)
 		if out.json {
-			return out.JSON(map[string]any{"image": dir, "oci_layout": output, "format": format})
+			return out.JSON(exportJSON{Image: dir, Format: format, OCILayout: output, Warnings: []string{}})
 		}
 		return nil
 	default:
@@ -118,8 +129,8 @@ func runExport(ctx context.Context, opts *exportOpts, out *output) error {
 		fmt.Fprintln(out.stderr, "kcr: warning: "+w)
 	}
 	if out.json {
-		return out.JSON(map[string]any{"image": dir, "archive": output, "image_bytes": imgSize, "archive_bytes": size,
-			"files": len(img.Manifest.Files), "duration_ns": took.Nanoseconds(), "warnings": img.Warnings})
+		return out.JSON(exportJSON{Image: dir, Format: format, Archive: output, ImageBytes: imgSize, ArchiveBytes: size,
+			Files: len(img.Manifest.Files), DurationNS: took.Nanoseconds(), Warnings: nonNil(img.Warnings)})
 	}
 	return nil
 }

@@ -17,8 +17,7 @@ import (
 
 // importOpts are import's arguments and flags.
 type importOpts struct {
-	globals
-	args     []string
+	cmdline
 	output   string
 	keyFiles []string
 	maxSize  int64
@@ -39,10 +38,7 @@ Checksums only catch damage: whoever wrote the archive chose them. With
 anything is unpacked (exit 9 otherwise): this is how an image is trusted across hosts.
 FILE "-" reads the archive from stdin (then -o is required).`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			opts.args, opts.globals = args, *g
-			return runImport(cmd.Context(), &opts, newOutput(g))
-		},
+		RunE: runE(g, &opts, runImport),
 	}
 	cmd.Flags().StringVarP(&opts.output, "output", "o", "", "image directory to create (default: FILE's name without "+images.ArchiveExt+", in the current directory)")
 	cmd.Flags().Int64Var(&opts.maxSize, "max-size", opts.maxSize, "largest image, in bytes, to unpack (the free space is checked too)")
@@ -97,6 +93,17 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// importJSON is kcr import --json's one shape.
+type importJSON struct {
+	Image        string `json:"image"`
+	Archive      string `json:"archive"` // "-": stdin
+	ImageBytes   int64  `json:"image_bytes"`
+	ArchiveBytes int64  `json:"archive_bytes"`
+	Files        int    `json:"files"`
+	DurationNS   int64  `json:"duration_ns"`
+	SignedBy     string `json:"signed_by"`
+}
+
 // runImport runs kcr import: results on out's stdout, the report on its stderr.
 func runImport(ctx context.Context, opts *importOpts, out *output) error {
 	args := opts.args
@@ -147,8 +154,8 @@ func runImport(ctx context.Context, opts *importOpts, out *output) error {
 		fmt.Fprintf(out.stderr, "  signature            verified: signed by %s\n", signedBy)
 	}
 	if out.json {
-		return out.JSON(map[string]any{"image": img.Dir, "archive": file, "image_bytes": imgSize, "archive_bytes": size,
-			"files": len(img.Manifest.Files), "duration_ns": took.Nanoseconds(), "signed_by": signedBy})
+		return out.JSON(importJSON{Image: img.Dir, Archive: file, ImageBytes: imgSize, ArchiveBytes: size,
+			Files: len(img.Manifest.Files), DurationNS: took.Nanoseconds(), SignedBy: signedBy})
 	}
 	return nil
 }

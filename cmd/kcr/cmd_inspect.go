@@ -15,8 +15,7 @@ import (
 
 // inspectOpts are inspect's arguments and flags.
 type inspectOpts struct {
-	globals
-	args     []string
+	cmdline
 	noVerify bool
 	rehash   bool
 	keyFiles []string
@@ -28,10 +27,7 @@ func inspectCmd(g *globals) *cobra.Command {
 		Use:   "inspect IMAGE",
 		Short: "Show an image's manifest, sizes and timings",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			opts.args, opts.globals = args, *g
-			return runInspect(cmd.Context(), &opts, newOutput(g))
-		},
+		RunE:  runE(g, &opts, runInspect),
 	}
 	cmd.Flags().BoolVar(&opts.noVerify, "no-verify", false, "read the manifest without checking the files' checksums")
 	cmd.Flags().BoolVar(&opts.rehash, "rehash", false, "hash every file, also those unchanged on disk since they were last verified")

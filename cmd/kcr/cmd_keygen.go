@@ -15,8 +15,7 @@ import (
 
 // keygenOpts are keygen's arguments and flags.
 type keygenOpts struct {
-	globals
-	args    []string
+	cmdline
 	prefix  string
 	comment string
 }
@@ -34,10 +33,7 @@ Both are text files, one key a line: "kcr-ed25519-private-key BASE64-SEED" and
 "kcr-ed25519-public-key BASE64-KEY [comment]". Public key files may hold several keys
 (concatenate .pub files into a keyring); lines starting with # are comments.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			opts.args, opts.globals = args, *g
-			return runKeygen(cmd.Context(), &opts, newOutput(g))
-		},
+		RunE: runE(g, &opts, runKeygen),
 	}
 	cmd.Flags().StringVarP(&opts.prefix, "output", "o", "", "write PREFIX.key and PREFIX.pub")
 	cmd.Flags().StringVar(&opts.comment, "comment", "", "comment at the end of the public key's line (e.g. who owns it)")
@@ -84,6 +80,13 @@ func hasSignature(dir string) bool {
 	return err == nil && fi.Mode().IsRegular()
 }
 
+// keygenJSON is kcr keygen --json's one shape: the files written.
+type keygenJSON struct {
+	PrivateKey  string `json:"private_key"`
+	PublicKey   string `json:"public_key"`
+	Fingerprint string `json:"fingerprint"`
+}
+
 // runKeygen runs kcr keygen: results on out's stdout, the report on its stderr.
 func runKeygen(ctx context.Context, opts *keygenOpts, out *output) error {
 	prefix, comment := opts.prefix, opts.comment
@@ -97,7 +100,7 @@ func runKeygen(ctx context.Context, opts *keygenOpts, out *output) error {
 	fp := images.Fingerprint(pub)
 	fmt.Fprintf(out.stderr, "wrote %s.key (private: keep it secret) and %s.pub (public, %s)\n", prefix, prefix, fp)
 	if out.json {
-		return out.JSON(map[string]any{"private_key": prefix + ".key", "public_key": prefix + ".pub", "fingerprint": fp})
+		return out.JSON(keygenJSON{PrivateKey: prefix + ".key", PublicKey: prefix + ".pub", Fingerprint: fp})
 	}
 	return nil
 }

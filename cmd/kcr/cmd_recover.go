@@ -13,8 +13,7 @@ import (
 
 // recoverOpts are recover's arguments and flags.
 type recoverOpts struct {
-	globals
-	args     []string
+	cmdline
 	signFile string
 }
 
@@ -24,13 +23,15 @@ func recoverCmd(g *globals) *cobra.Command {
 		Use:   "recover DIR",
 		Short: "Finish images whose kcr checkpoint died after the dump (DIR: the hidden .NAME.kcr-tmp-* directory, or the directory holding them)",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			opts.args, opts.globals = args, *g
-			return runRecover(cmd.Context(), &opts, newOutput(g))
-		},
+		RunE:  runE(g, &opts, runRecover),
 	}
 	signFlag(cmd.Flags(), &opts.signFile)
 	return cmd
+}
+
+// recoverJSON is kcr recover --json's one shape: the images finished.
+type recoverJSON struct {
+	Images []string `json:"images"`
 }
 
 // runRecover runs kcr recover: results on out's stdout, the report on its stderr.
@@ -57,7 +58,7 @@ func runRecover(ctx context.Context, opts *recoverOpts, out *output) error {
 		recovered = append(recovered, img.Dir)
 	}
 	if out.json {
-		return out.JSON(map[string]any{"images": recovered})
+		return out.JSON(recoverJSON{Images: recovered})
 	}
 	return nil
 }

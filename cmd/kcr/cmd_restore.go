@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -15,8 +16,7 @@ import (
 
 // restoreOpts are restore's arguments and flags.
 type restoreOpts struct {
-	globals
-	args     []string
+	cmdline
 	o        engine.RestoreOptions
 	ctr      engine.ContainerOptions
 	keyFiles []string
@@ -43,10 +43,7 @@ generation and instance id (so its own Kafka client ids); this needs an
 image of a service started with "kcr run". One line per clone is printed:
 host PID, name and restore time.`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			opts.args, opts.globals = args, *g
-			return runRestore(cmd.Context(), &opts, newOutput(g))
-		},
+		RunE: runE(g, &opts, runRestore),
 	}
 	f := cmd.Flags()
 	f.DurationVar(&opts.o.HookWait, "wait", 30*time.Second, "how long to wait for the app's after-restore hooks")
@@ -178,8 +175,15 @@ func runRestore(ctx context.Context, opts *restoreOpts, out *output) error {
 	if err != nil {
 		return err
 	}
-	if hookErr != nil {
-		return &exitError{exitAfterHooks, hookErr}
+	return afterHooksErr(hookErr)
+}
+
+// afterHooksErr is the error of a restore whose process runs but whose
+// after-restore hooks failed (exit 8), or were cut short by an interrupt
+// of kcr (exit 130: the app goes on with them by itself).
+func afterHooksErr(hookErr error) error {
+	if hookErr == nil || errors.Is(hookErr, context.Canceled) {
+		return hookErr
 	}
-	return nil
+	return &exitError{exitAfterHooks, hookErr}
 }

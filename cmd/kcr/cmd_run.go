@@ -13,8 +13,7 @@ import (
 
 // runOpts are run's arguments and flags.
 type runOpts struct {
-	globals
-	args  []string
+	cmdline
 	o     engine.RunOptions
 	ready time.Duration
 }
@@ -37,10 +36,7 @@ process in it, and Go does not reap orphans: a service that starts
 subprocesses which outlive their parent should reap them, or run with
 --no-pid-namespace (and then cannot be cloned).`,
 		Args: cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			opts.args, opts.globals = args, *g
-			return runRun(cmd.Context(), &opts, newOutput(g))
-		},
+		RunE: runE(g, &opts, runRun),
 	}
 	f := cmd.Flags()
 	f.StringVar(&opts.o.Log, "log", "", "file for the service's output, opened with O_APPEND (default ./PROG.log)")
@@ -48,6 +44,13 @@ subprocesses which outlive their parent should reap them, or run with
 	f.StringArrayVarP(&opts.o.Env, "env", "e", nil, "add KEY=VALUE to the environment")
 	f.DurationVar(&opts.ready, "ready-timeout", 10*time.Second, "how long to wait for the service's control socket (0: do not wait)")
 	return cmd
+}
+
+// runJSON is kcr run --json's one shape: the started service.
+type runJSON struct {
+	PID    int    `json:"pid"`
+	Log    string `json:"log"`
+	Socket string `json:"socket"`
 }
 
 // runRun runs kcr run: results on out's stdout, the report on its stderr.
@@ -69,7 +72,7 @@ func runRun(ctx context.Context, opts *runOpts, out *output) error {
 	}
 	fmt.Fprintf(out.stderr, "started %s as PID %d (log %s)\n", args[0], res.PID, res.Log)
 	if out.json {
-		return out.JSON(map[string]any{"pid": res.PID, "log": res.Log, "socket": res.Socket})
+		return out.JSON(runJSON{PID: res.PID, Log: res.Log, Socket: res.Socket})
 	}
 	fmt.Fprintln(out.stdout, res.PID)
 	return nil

@@ -10,29 +10,22 @@ import (
 	"github.com/kcr-dev/kcr/engine"
 )
 
-// versionOpts are version's arguments and flags.
-type versionOpts struct {
-	globals
-	args []string
+func versionCmd(g *globals) *cobra.Command {
+	// No flags of its own: its options are the global flags.
+	return &cobra.Command{Use: "version", Args: cobra.NoArgs, RunE: runE(g, &cmdline{}, runVersion),
+		Short: "Print kcr's version"}
 }
 
-func versionCmd(g *globals) *cobra.Command {
-	var opts versionOpts
-	return &cobra.Command{
-		Use:   "version",
-		Short: "Print kcr's version",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			opts.args, opts.globals = args, *g
-			return runVersion(cmd.Context(), &opts, newOutput(g))
-		},
-	}
+// versionJSON is kcr version --json's one shape.
+type versionJSON struct {
+	KCR string `json:"kcr"`
+	Go  string `json:"go"`
 }
 
 // runVersion runs kcr version: results on out's stdout, the report on its stderr.
-func runVersion(ctx context.Context, opts *versionOpts, out *output) error {
+func runVersion(ctx context.Context, opts *cmdline, out *output) error {
 	if out.json {
-		return out.JSON(map[string]string{"kcr": engine.Version, "go": runtime.Version()})
+		return out.JSON(versionJSON{KCR: engine.Version, Go: runtime.Version()})
 	}
 	fmt.Fprintf(out.stdout, "kcr %s (%s %s/%s)\n", engine.Version, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 	return nil

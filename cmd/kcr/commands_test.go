@@ -6,18 +6,23 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/kcr-dev/kcr/criu"
 	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/notify/client"
+	"github.com/kcr-dev/kcr/runtimehook"
 )
 
 // bufOutput returns an output that prints into buffers.
@@ -25,6 +30,9 @@ func bufOutput(json bool) (*output, *bytes.Buffer, *bytes.Buffer) {
 	var o, e bytes.Buffer
 	return &output{stdout: &o, stderr: &e, json: json}, &o, &e
 }
+
+// argv is a command's arguments, as cobra hands them over.
+func argv(args ...string) cmdline { return cmdline{args: args} }
 
 // wantCode fails unless err maps to the exit code want and says hint.
 func wantCode(t *testing.T, err error, want int, hint string) {
@@ -41,18 +49,18 @@ func wantCode(t *testing.T, err error, want int, hint string) {
 func TestRunCommandsUsage(t *testing.T) {
 	ctx := context.Background()
 	out, stdout, _ := bufOutput(false)
-	wantCode(t, runCheckpoint(ctx, &checkpointOpts{args: []string{"abc"}}, out), exitUsage, "not a PID")
-	co := &checkpointOpts{args: []string{"1"}}
+	wantCode(t, runCheckpoint(ctx, &checkpointOpts{cmdline: argv("abc")}, out), exitUsage, "not a PID")
+	co := &checkpointOpts{cmdline: argv("1")}
 	co.o.HookBudget = -time.Second
 	wantCode(t, runCheckpoint(ctx, co, out), exitUsage, "--timeout")
-	ro := &restoreOpts{args: []string{t.TempDir()}}
+	ro := &restoreOpts{cmdline: argv(t.TempDir())}
 	ro.o.Count = 0
 	wantCode(t, runRestore(ctx, ro, out), exitUsage, "--count 0")
-	ro = &restoreOpts{args: []string{t.TempDir()}}
+	ro = &restoreOpts{cmdline: argv(t.TempDir())}
 	ro.ctr.ID = "c1"
 	wantCode(t, runRestore(ctx, ro, out), exitUsage, "--max-size")
-	wantCode(t, runExport(ctx, &exportOpts{args: []string{"img"}, format: "tar"}, out), exitUsage, "--format")
-	wantCode(t, runImport(ctx, &importOpts{args: []string{"-"}}, out), exitUsage, "-o DIR")
+	wantCode(t, runExport(ctx, &exportOpts{cmdline: argv("img"), format: "tar"}, out), exitUsage, "--format")
+	wantCode(t, runImport(ctx, &importOpts{cmdline: argv("-")}, out), exitUsage, "-o DIR")
 	if stdout.Len() != 0 {
 		t.Errorf("refused commands printed %q on stdout", stdout)
 	}
@@ -61,14 +69,14 @@ func TestRunCommandsUsage(t *testing.T) {
 // runVersion prints one line, or one JSON object, on out's stdout.
 func TestRunVersion(t *testing.T) {
 	out, stdout, _ := bufOutput(false)
-	if err := runVersion(context.Background(), &versionOpts{}, out); err != nil {
+	if err := runVersion(context.Background(), &cmdline{}, out); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.HasPrefix(stdout.String(), "kcr ") || strings.Count(stdout.String(), "\n") != 1 {
 		t.Errorf("version: %q", stdout)
 	}
 	out, stdout, _ = bufOutput(true)
-	if err := runVersion(context.Background(), &versionOpts{}, out); err != nil {
+	if err := runVersion(context.Background(), &cmdline{}, out); err != nil {
 		t.Fatal(err)
 	}
 	var v map[string]string
@@ -80,7 +88,7 @@ func TestRunVersion(t *testing.T) {
 // A missing CRIU is a failed check with its fix, and exit 7.
 func TestRunDoctorNoCRIU(t *testing.T) {
 	out, stdout, _ := bufOutput(false)
-	o := &doctorOpts{}
+	o := &cmdline{}
 	o.criu = filepath.Join(t.TempDir(), "no-criu")
 	wantCode(t, runDoctor(context.Background(), o, out), exitNoCRIU, "problem")
 	if !strings.Contains(stdout.String(), "FAIL") || !strings.Contains(stdout.String(), "fix:") {
@@ -92,7 +100,7 @@ func TestRunDoctorNoCRIU(t *testing.T) {
 func TestRunInspect(t *testing.T) {
 	img := carriedImage(t, 0, false)
 	out, stdout, stderr := bufOutput(false)
-	if err := runInspect(context.Background(), &inspectOpts{args: []string{img}}, out); err != nil {
+	if err := runInspect(context.Background(), &inspectOpts{cmdline: argv(img)}, out); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(stdout.String(), "verified: ") || !strings.Contains(stdout.String(), "carried       no records") {
@@ -101,13 +109,13 @@ func TestRunInspect(t *testing.T) {
 	if stderr.Len() != 0 {
 		t.Errorf("inspect of a good image warned: %q", stderr)
 	}
-	wantCode(t, runInspect(context.Background(), &inspectOpts{args: []string{filepath.Join(t.TempDir(), "nope")}}, out), exitImage, "nope")
+	wantCode(t, runInspect(context.Background(), &inspectOpts{cmdline: argv(filepath.Join(t.TempDir(), "nope"))}, out), exitImage, "nope")
 }
 
 // runRecover of a directory with no interrupted checkpoint is an image error.
 func TestRunRecoverNothing(t *testing.T) {
 	out, _, _ := bufOutput(false)
-	err := runRecover(context.Background(), &recoverOpts{args: []string{t.TempDir()}}, out)
+	err := runRecover(context.Background(), &recoverOpts{cmdline: argv(t.TempDir())}, out)
 	wantCode(t, err, exitImage, "no interrupted checkpoint")
 	if !errors.Is(err, images.ErrNotRecoverable) {
 		t.Errorf("%v is not images.ErrNotRecoverable", err)
@@ -119,7 +127,7 @@ func TestRunExportImport(t *testing.T) {
 	img := carriedImage(t, 0, false)
 	archive := filepath.Join(t.TempDir(), "img"+images.ArchiveExt)
 	out, stdout, stderr := bufOutput(true)
-	if err := runExport(context.Background(), &exportOpts{args: []string{img}, output: archive, format: "kcr"}, out); err != nil {
+	if err := runExport(context.Background(), &exportOpts{cmdline: argv(img), output: archive, format: "kcr"}, out); err != nil {
 		t.Fatal(err)
 	}
 	var res struct {
@@ -134,7 +142,7 @@ func TestRunExportImport(t *testing.T) {
 	}
 	dir := filepath.Join(t.TempDir(), "back")
 	out, _, _ = bufOutput(false)
-	if err := runImport(context.Background(), &importOpts{args: []string{archive}, output: dir, maxSize: images.DefaultMaxImportSize}, out); err != nil {
+	if err := runImport(context.Background(), &importOpts{cmdline: argv(archive), output: dir, maxSize: images.DefaultMaxImportSize}, out); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "manifest.json")); err != nil {
@@ -176,6 +184,10 @@ func TestExitCodes(t *testing.T) {
 		{fmt.Errorf("x: %w", os.ErrNotExist), exitImage},
 		{fmt.Errorf("x: %w", criu.ErrNotFound), exitNoCRIU},
 		{fmt.Errorf("x: %w", client.ErrNoSocket), exitTarget},
+		{&runtimehook.HookError{}, exitHooks},
+		{afterHooksErr(fmt.Errorf("restored as PID 9, but %w", errors.New("rejoin failed"))), exitAfterHooks},
+		{afterHooksErr(fmt.Errorf("restored as PID 9, but %w", context.Canceled)), exitInterrupted},
+		{fmt.Errorf("x: %w", runtimehook.ErrNoEnv), exitUsage},
 	} {
 		if got := exitCode(c.err); got != c.want {
 			t.Errorf("exitCode(%v) = %d, want %d", c.err, got, c.want)
@@ -185,7 +197,20 @@ func TestExitCodes(t *testing.T) {
 
 // Every command's help ends with the EXIT STATUS list, codes 0 to 10 and 130.
 func TestHelpExitStatus(t *testing.T) {
-	for _, args := range [][]string{{"--help"}, {"checkpoint", "--help"}, {"restore", "--help"}} {
+	all := [][]string{{"--help"}}
+	var walk func(c *cobra.Command, path []string)
+	walk = func(c *cobra.Command, path []string) {
+		for _, sub := range c.Commands() {
+			p := append(slices.Clone(path), sub.Name())
+			all = append(all, append(slices.Clone(p), "--help"))
+			walk(sub, p)
+		}
+	}
+	walk(newRoot(&globals{}), nil)
+	if len(all) < 14 {
+		t.Fatalf("only %d commands found: %v", len(all), all)
+	}
+	for _, args := range all {
 		root := newRoot(&globals{})
 		var buf bytes.Buffer
 		root.SetOut(&buf)
@@ -215,7 +240,7 @@ func TestRunExportStdoutWarns(t *testing.T) {
 	}
 	for _, o := range []string{stdio, filepath.Join(t.TempDir(), "a"+images.ArchiveExt)} {
 		out, stdout, stderr := bufOutput(false)
-		if err := runExport(context.Background(), &exportOpts{args: []string{img}, output: o, format: "kcr"}, out); err != nil {
+		if err := runExport(context.Background(), &exportOpts{cmdline: argv(img), output: o, format: "kcr"}, out); err != nil {
 			t.Fatal(err)
 		}
 		if !strings.Contains(stderr.String(), "kcr: warning: ") || !strings.Contains(stderr.String(), "go-rwx") {
@@ -227,5 +252,147 @@ func TestRunExportStdoutWarns(t *testing.T) {
 		if o == stdio && !strings.Contains(stderr.String(), fmtSize(int64(stdout.Len()))+" (") {
 			t.Errorf("export -o -: the archive's size %s is not reported: %q", fmtSize(int64(stdout.Len())), stderr)
 		}
+	}
+}
+
+// kcr criu-hook run by hand, not by CRIU, or with a bad flag, is a usage
+// error that says what is wrong.
+func TestRunCRIUHookUsage(t *testing.T) {
+	ctx := context.Background()
+	quiet := runtimehook.Options{Logger: slog.New(slog.DiscardHandler)}
+	out, stdout, _ := bufOutput(true)
+	t.Setenv("CRTOOLS_SCRIPT_ACTION", "")
+	wantCode(t, runCRIUHook(ctx, &criuHookOpts{o: quiet}, out), exitUsage, "CRTOOLS_SCRIPT_ACTION is not set")
+	t.Setenv("CRTOOLS_SCRIPT_ACTION", "pre-dump")
+	t.Setenv("CRTOOLS_INIT_PID", "abc")
+	wantCode(t, runCRIUHook(ctx, &criuHookOpts{o: quiet}, out), exitUsage, `CRTOOLS_INIT_PID="abc" is not a PID`)
+	neg := quiet
+	neg.AfterWait = -time.Second
+	wantCode(t, runCRIUHook(ctx, &criuHookOpts{o: neg}, out), exitUsage, "--after-wait")
+	wantCode(t, runCRIUHookWatch(ctx, &criuHookOpts{o: quiet, cmdline: argv("")}, out), exitUsage, "state file")
+	missing := filepath.Join(t.TempDir(), "state.json")
+	wantCode(t, runCRIUHookWatch(ctx, &criuHookOpts{o: quiet, cmdline: argv(missing)}, out), exitUsage, "state.json")
+	if stdout.Len() != 0 {
+		t.Errorf("refused criu-hook printed %q on stdout", stdout)
+	}
+}
+
+// install-runtime-hook refuses relative paths (usage) and somebody else's
+// script (left alone), and --json prints its one typed result.
+func TestRunInstallHook(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	out, stdout, _ := bufOutput(true)
+	for _, remove := range []bool{false, true} {
+		o := &installHookOpts{remove: remove, o: runtimehook.InstallOptions{Config: "runc.conf", Hook: filepath.Join(dir, "hook")}}
+		wantCode(t, runInstallHook(ctx, o, out), exitUsage, "must be absolute paths")
+	}
+	other := filepath.Join(dir, "other")
+	if err := os.WriteFile(other, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	conf := filepath.Join(dir, "runc.conf")
+	o := &installHookOpts{o: runtimehook.InstallOptions{Config: conf, Hook: other}}
+	wantCode(t, runInstallHook(ctx, o, out), exitErr, "is not kcr's action script")
+	if b, err := os.ReadFile(other); err != nil || string(b) != "#!/bin/sh\n" {
+		t.Errorf("somebody else's script changed: %q, %v", b, err)
+	}
+	if stdout.Len() != 0 {
+		t.Errorf("refused install printed %q on stdout", stdout)
+	}
+	o = &installHookOpts{o: runtimehook.InstallOptions{Config: conf, Hook: filepath.Join(dir, "kcr-criu-hook")}}
+	if err := runInstallHook(ctx, o, out); err != nil {
+		t.Fatal(err)
+	}
+	var res runtimehook.InstallResult
+	dec := json.NewDecoder(stdout)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&res); err != nil || res.Config != conf || !res.ConfigChanged || !res.HookChanged {
+		t.Errorf("install --json: %+v, %v", res, err)
+	}
+}
+
+// jsonKeys are the keys of the JSON object b, sorted.
+func jsonKeys(t *testing.T, what string, b []byte) []string {
+	t.Helper()
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatalf("%s: %v: %q", what, err, b)
+	}
+	return slices.Sorted(maps.Keys(m))
+}
+
+// fieldKeys are the JSON names of struct v's fields, sorted: the keys its
+// every value prints, since none is omitempty.
+func fieldKeys(v any) []string {
+	var keys []string
+	rt := reflect.TypeOf(v)
+	for i := range rt.NumField() {
+		keys = append(keys, strings.Split(rt.Field(i).Tag.Get("json"), ",")[0])
+	}
+	return slices.Sorted(slices.Values(keys))
+}
+
+// Every command's --json prints one typed shape: all its struct's keys,
+// whatever the flags or the outcome, lists as [] rather than null.
+func TestJSONShapes(t *testing.T) {
+	ctx := context.Background()
+	check := func(what string, b []byte, v any) {
+		t.Helper()
+		if got, want := jsonKeys(t, what, b), fieldKeys(v); !slices.Equal(got, want) {
+			t.Errorf("%s --json keys %v, want %v", what, got, want)
+		}
+		if bytes.Contains(b, []byte("null")) {
+			t.Errorf("%s --json has a null: %s", what, b)
+		}
+	}
+	out, stdout, _ := bufOutput(true)
+	if err := runVersion(ctx, &cmdline{}, out); err != nil {
+		t.Fatal(err)
+	}
+	check("version", stdout.Bytes(), versionJSON{})
+
+	img := carriedImage(t, 0, false)
+	archive := filepath.Join(t.TempDir(), "img"+images.ArchiveExt)
+	out, stdout, _ = bufOutput(true)
+	if err := runExport(ctx, &exportOpts{cmdline: argv(img), output: archive, format: "kcr"}, out); err != nil {
+		t.Fatal(err)
+	}
+	check("export", stdout.Bytes(), exportJSON{})
+	out, stdout, _ = bufOutput(true)
+	if err := runImport(ctx, &importOpts{cmdline: argv(archive), output: filepath.Join(t.TempDir(), "back"), maxSize: images.DefaultMaxImportSize}, out); err != nil {
+		t.Fatal(err)
+	}
+	check("import", stdout.Bytes(), importJSON{})
+	out, stdout, _ = bufOutput(true)
+	if err := runKeygen(ctx, &keygenOpts{prefix: filepath.Join(t.TempDir(), "k")}, out); err != nil {
+		t.Fatal(err)
+	}
+	check("keygen", stdout.Bytes(), keygenJSON{})
+
+	// doctor prints its checks, passed or failed, all with the same keys.
+	out, stdout, _ = bufOutput(true)
+	o := &cmdline{}
+	o.criu = filepath.Join(t.TempDir(), "no-criu")
+	wantCode(t, runDoctor(ctx, o, out), exitNoCRIU, "problem")
+	var checks []json.RawMessage
+	if err := json.Unmarshal(stdout.Bytes(), &checks); err != nil || len(checks) == 0 {
+		t.Fatalf("doctor --json: %v %q", err, stdout)
+	}
+	for _, c := range checks {
+		check("doctor check", c, engine.Check{})
+	}
+}
+
+// kcr restore interrupted before CRIU starts exits 130 and prints no PID.
+func TestRunRestoreInterrupted(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	out, stdout, _ := bufOutput(false)
+	o := &restoreOpts{cmdline: argv(carriedImage(t, 0, false))}
+	o.o.Count = 1
+	wantCode(t, runRestore(ctx, o, out), exitInterrupted, "context canceled")
+	if stdout.Len() != 0 {
+		t.Errorf("an interrupted restore printed %q", stdout)
 	}
 }

@@ -38,6 +38,7 @@ import (
 	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/notify/client"
+	"github.com/kcr-dev/kcr/runtimehook"
 )
 
 // Exit codes; see the package comment.
@@ -142,6 +143,7 @@ func exitCode(err error) int {
 	var he *engine.HookError
 	var ce *criu.Error
 	var pe *criu.PIDInUseError
+	var rhe *runtimehook.HookError
 	switch {
 	case errors.As(err, &ee):
 		return ee.code
@@ -151,8 +153,10 @@ func exitCode(err error) int {
 		return exitSignature
 	case errors.As(err, &he) && he.CarryVeto(), errors.Is(err, engine.ErrDuplicates):
 		return exitCarried
-	case errors.As(err, &he):
+	case errors.As(err, &he), errors.As(err, &rhe):
 		return exitHooks
+	case errors.Is(err, runtimehook.ErrNoEnv), errors.Is(err, runtimehook.ErrNotAbsolute):
+		return exitUsage
 	case errors.Is(err, criu.ErrNotFound), errors.Is(err, engine.ErrCRIUUnusable):
 		return exitNoCRIU
 	case errors.Is(err, engine.ErrNoRuntimeHook), errors.Is(err, engine.ErrContainerState):

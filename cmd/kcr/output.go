@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -8,6 +9,8 @@ import (
 	"os"
 	"slices"
 	"time"
+
+	"github.com/spf13/cobra"
 
 	"github.com/kcr-dev/kcr/engine"
 )
@@ -61,6 +64,14 @@ func details(d map[string]any) string {
 	return " " + string(b)
 }
 
+// nonNil is s, or an empty list for nil: --json prints [], not null.
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
 func errString(err error) string {
 	if err == nil {
 		return ""
@@ -82,3 +93,22 @@ func newOutput(g *globals) *output {
 
 // JSON writes v on stdout; see writeJSON.
 func (o *output) JSON(v any) error { return writeJSON(o.stdout, v) }
+
+// cmdline is what cobra hands every command: the global flags and the
+// arguments. Each command's options embed it.
+type cmdline struct {
+	globals
+	args []string
+}
+
+func (c *cmdline) set(g *globals, args []string) { c.globals, c.args = *g, args }
+
+// runE is every command's cobra RunE: it gives opts the global flags and
+// the arguments, and calls run (the command's testable run<Name>) with the
+// process's output.
+func runE[P interface{ set(*globals, []string) }](g *globals, opts P, run func(context.Context, P, *output) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		opts.set(g, args)
+		return run(cmd.Context(), opts, newOutput(g))
+	}
+}

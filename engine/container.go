@@ -52,8 +52,8 @@ type ContainerOptions struct {
 	// stdio is never given to the container, so kcr can exit. The file is
 	// truncated: the restored container writes it from its start.
 	Stdout       string
-	LeaveRunning bool
-	TCPClose     bool
+	LeaveRunning bool // CheckpointContainer: runc checkpoint --leave-running
+	TCPClose     bool // refused by CheckpointContainer: runc takes tcp-close only from its CRIU configuration
 	// SignKey signs the image's manifest (CheckpointContainer).
 	SignKey ed25519.PrivateKey
 	// VerifyKeys and AllowUntrusted are as in RestoreOptions
@@ -85,10 +85,10 @@ const RequireDrainedEnv = runtimehook.EnvRequireDrained
 // ContainerState is what "runc state" says of a container.
 type ContainerState struct {
 	ID          string            `json:"id"`
-	PID         int               `json:"pid"`
-	Status      string            `json:"status"`
-	Bundle      string            `json:"bundle"`
-	Annotations map[string]string `json:"annotations"`
+	PID         int               `json:"pid"`         // the container's init process, on the host
+	Status      string            `json:"status"`      // "running", "paused", "stopped", …
+	Bundle      string            `json:"bundle"`      // the bundle directory
+	Annotations map[string]string `json:"annotations"` // org.criu.config names its CRIU configuration
 }
 
 func (o *ContainerOptions) runc(ctx context.Context, stdout *os.File, args ...string) (string, error) {

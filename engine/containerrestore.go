@@ -13,10 +13,10 @@ import (
 
 // ContainerRestoreResult describes a restored container.
 type ContainerRestoreResult struct {
-	ID         string
-	PID        int
-	Generation uint64
-	Timings    Timings
+	ID         string  // the container's id
+	PID        int     // its init process, on the host
+	Generation uint64  // this restore's count of the image
+	Timings    Timings // the phases and how long they took
 	// Bundle is the bundle runc restored into: o.Bundle, or for an
 	// archive, one kcr built from the checkpointed spec.
 	Bundle string

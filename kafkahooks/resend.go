@@ -34,11 +34,16 @@ func (e *interruptedError) Temporary() bool { return true }
 // them meets an error that waiting will not cure: authentication, an ACL, a
 // deleted topic. Their callers and Completions get it (wrapped in
 // kafka.WriteErrors for sync callers), as for any batch kafka-go gives up.
-type CarriedFailedError struct{ Err error }
+type CarriedFailedError struct {
+	Err error // what the resend met
+}
 
+// Error says the carried records failed, and why.
 func (e *CarriedFailedError) Error() string {
 	return "kafkahooks: records carried across a checkpoint failed: " + e.Err.Error()
 }
+
+// Unwrap returns Err.
 func (e *CarriedFailedError) Unwrap() error { return e.Err }
 
 // Temporary is false: kafka-go must not retry the batch.

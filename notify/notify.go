@@ -44,6 +44,7 @@ const (
 	Restore
 )
 
+// String returns "resume" or "restore".
 func (k Kind) String() string {
 	switch k {
 	case Resume:

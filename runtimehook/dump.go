@@ -22,8 +22,11 @@ const FailedMarker = "before-checkpoint hooks failed"
 
 // HookError is returned when before-checkpoint hooks failed: nothing may be
 // dumped, and every process was resumed.
-type HookError struct{ Failed []Target }
+type HookError struct {
+	Failed []Target // the processes whose hooks failed, with their Error
+}
 
+// Error names each failed process and its error, after FailedMarker.
 func (e *HookError) Error() string {
 	var s []string
 	for _, t := range e.Failed {

@@ -94,7 +94,7 @@ type Options struct {
 	// checkpoint to watch: it exits) otherwise. The default runs this
 	// executable as "criu-hook watch FILE", gated by a pipe on its stdin.
 	SpawnWatcher func(stateFile string) (commit func(ok bool), err error)
-	Logger       *slog.Logger
+	Logger       *slog.Logger // default: discard
 }
 
 func (o *Options) defaults() {
@@ -126,17 +126,17 @@ func (t Target) sock() *client.Socket { return &client.Socket{PID: t.PID, Path: 
 
 // Target is a process of the tree with a kcr control socket.
 type Target struct {
-	PID       int                `json:"pid"`
-	StartTime uint64             `json:"start_time"`
-	Socket    string             `json:"socket"`
-	Reports   []proto.HookReport `json:"reports,omitempty"`
-	Error     string             `json:"error,omitempty"`
+	PID       int                `json:"pid"`               // host PID
+	StartTime uint64             `json:"start_time"`        // from /proc/PID/stat, to tell a reused PID
+	Socket    string             `json:"socket"`            // its control socket's path
+	Reports   []proto.HookReport `json:"reports,omitempty"` // its hooks' reports
+	Error     string             `json:"error,omitempty"`   // why its hooks failed, "" if they did not
 }
 
 // Result says what Run did.
 type Result struct {
-	Action    string   `json:"action"`
-	InitPID   int      `json:"init_pid"`
+	Action    string   `json:"action"`    // CRIU's stage (Env.Action)
+	InitPID   int      `json:"init_pid"`  // the tree's root (Env.InitPID)
 	Processes int      `json:"processes"` // in the tree
 	Targets   []Target `json:"targets"`   // of them, those with a control socket
 }

@@ -118,6 +118,7 @@ func (e *HookFailure) CarryVeto() bool {
 	return len(failed) > 0
 }
 
+// Error joins the errors of the failed hooks (Msg if none is listed).
 func (e *HookFailure) Error() string {
 	var msgs []string
 	for _, r := range e.Failed() {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kcr-dev/kcr/internal/quiesce"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -48,7 +49,7 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 		defer r.bg.Done()
 		var q quiesced
 		if r.group {
-			waitZero(dctx, &r.committing)
+			quiesce.WaitZero(dctx, &r.committing)
 			if r.stash != nil {
 				q.err = r.flushRetry(dctx, s)
 			}
@@ -75,7 +76,7 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 	s.retired.cancel()
 	// Fetches that were inside kafka-go note their drops before the
 	// offsets are read.
-	waitZero(dctx, &r.fetching)
+	quiesce.WaitZero(dctx, &r.fetching)
 	n := conns.CloseAll(true)
 	st := r.absorb(inner)
 

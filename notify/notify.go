@@ -76,6 +76,16 @@ type Event struct {
 	SelfDetected bool
 }
 
+// ShortID returns a short form of InstanceID for names that must differ
+// between restored copies, such as a Kafka client id's suffix: its first 8
+// hex digits, or "g" and the Generation when there is no InstanceID.
+func (e Event) ShortID() string {
+	if e.InstanceID == "" {
+		return fmt.Sprintf("g%d", e.Generation)
+	}
+	return e.InstanceID[:min(8, len(e.InstanceID))]
+}
+
 // Resource is something that must be quiesced before a checkpoint and brought
 // back after it: a connection pool, a Kafka client, a file.
 type Resource interface {

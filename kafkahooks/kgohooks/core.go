@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kcr-dev/kcr/internal/conntrack"
+	"github.com/kcr-dev/kcr/internal/quiesce"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -272,13 +273,8 @@ func (c *core) enter(ctx context.Context, counter *atomic.Int64, kind int) (*sta
 		if s.closed {
 			return nil, kgo.ErrClientClosed
 		}
-		c.blocked.Add(1)
-		select {
-		case <-s.gate:
-			c.blocked.Add(-1)
-		case <-ctx.Done():
-			c.blocked.Add(-1)
-			return nil, ctx.Err()
+		if err := quiesce.Wait(ctx, s.gate, &c.blocked); err != nil {
+			return nil, err
 		}
 	}
 }
@@ -522,18 +518,6 @@ func (c *core) CheckpointReport() map[string]any {
 	return m
 }
 
-// waitZero waits until n is 0 or ctx ends.
-func waitZero(ctx context.Context, n *atomic.Int64) bool {
-	for d := 20 * time.Microsecond; n.Load() > 0; d = min(2*d, 5*time.Millisecond) {
-		select {
-		case <-ctx.Done():
-			return n.Load() == 0
-		case <-time.After(d):
-		}
-	}
-	return true
-}
-
 // share returns a context that ends when frac of ctx's remaining time has
 // passed.
 func share(ctx context.Context, frac float64) (context.Context, context.CancelFunc) {
@@ -621,7 +605,7 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 	}
 
 	pctx, cancel := share(ctx, 0.2)
-	waitZero(pctx, &c.polls)
+	quiesce.WaitZero(pctx, &c.polls)
 	cancel()
 
 	// An open transaction: let the application end it, then apply the policy.
@@ -644,7 +628,7 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 			c.state.Store(&state{cl: s.cl, sess: s.sess, dial: s.dial, gen: s.gen, gate: c.gate, commitPass: true, stop: s.stop, cancel: s.cancel})
 			c.mu.Unlock()
 			ectx, cancel := share(ctx, 0.6)
-			waitZero(ectx, &c.calls)
+			quiesce.WaitZero(ectx, &c.calls)
 			cancel()
 			rep["transaction"] = c.endOpenTxn(ctx, s)
 		}
@@ -652,7 +636,7 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 
 	// Flush: nothing may be carried in the image under this producer id.
 	fctx, cancel := share(ctx, 0.7)
-	waitZero(fctx, &c.calls)
+	quiesce.WaitZero(fctx, &c.calls)
 	buffered := s.cl.BufferedProduceRecords()
 	err := s.cl.Flush(fctx)
 	cancel()
@@ -670,7 +654,7 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 	c.mu.Unlock()
 	if c.group != "" && !c.session {
 		cctx, cancel := share(ctx, 0.7)
-		waitZero(cctx, &c.calls)
+		quiesce.WaitZero(cctx, &c.calls)
 		n, attempts, err := c.commitHanded(cctx, s.cl)
 		cancel()
 		rep["partitions_committed"], rep["commit_attempts"] = n, attempts
@@ -815,7 +799,7 @@ func (c *core) AfterRestore(ctx context.Context, ev notify.Event) error {
 		return nil
 	}
 	if ev.Kind == notify.Restore {
-		short := shortID(ev)
+		short := ev.ShortID()
 		c.clientID = c.baseClientID + "-" + short
 		if c.baseTxnID != "" && c.cfg.txnID == SuffixTxnID {
 			c.txnID = c.baseTxnID + "-" + short
@@ -879,13 +863,4 @@ func (c *core) AfterRestore(ctx context.Context, ev notify.Event) error {
 	rep["duration_ms"] = time.Since(start).Milliseconds()
 	c.setReport(rep)
 	return err
-}
-
-// shortID returns the first 8 hex digits of the instance id.
-func shortID(ev notify.Event) string {
-	id := ev.InstanceID
-	if id == "" {
-		return fmt.Sprintf("g%d", ev.Generation)
-	}
-	return id[:min(8, len(id))]
 }

@@ -57,7 +57,7 @@ func (k Kind) String() string {
 
 // Event is passed to after-restore hooks.
 type Event struct {
-	Kind Kind
+	Kind Kind // Resume or Restore
 	// Generation counts restores: 0 in the original process. On Restore it is
 	// the number kcr assigned to this restore of the image, which differs for
 	// every restore of one image on one host. Use InstanceID for identities

@@ -91,8 +91,8 @@ func (m Message) EventKind() string {
 // the before-checkpoint hooks did not all succeed, nothing was dumped and
 // the app resumed every resource.
 type HookFailure struct {
-	Reports []HookReport
-	Msg     string
+	Reports []HookReport // every hook's report, failed or not
+	Msg     string       // the app's error message
 }
 
 // Failed returns the reports of before-checkpoint hooks that failed.

@@ -58,9 +58,7 @@ func preDump(ctx context.Context, env Env, o Options, res *Result) error {
 	ready := make([]bool, len(ts))
 	var wg sync.WaitGroup
 	for i := range ts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			t := time.Now()
 			m, err := ts[i].sock().Checkpoint(hctx, client.CheckpointRequest{HookBudget: o.HookBudget, ResumeAfter: o.ResumeAfter, RequireDrained: o.RequireDrained})
 			ts[i].Reports = m.Reports
@@ -75,7 +73,7 @@ func preDump(ctx context.Context, env Env, o Options, res *Result) error {
 			}
 			ready[i] = true
 			log.Info("pre-dump: before-checkpoint hooks done", "pid", ts[i].PID, "socket", ts[i].Socket, "took", time.Since(t).Round(time.Microsecond), "hooks", len(m.Reports))
-		}()
+		})
 	}
 	wg.Wait()
 	res.Targets = ts
@@ -141,12 +139,10 @@ func resumeAll(ts []Target, which []bool, reason string, o Options) {
 		if !which[i] {
 			continue
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			_, err := t.sock().Resume(ctx, reason, o.AfterWait)
 			o.Logger.Log(ctx, level(err), "resumed", "pid", t.PID, "reason", reason, "err", err)
-		}()
+		})
 	}
 	wg.Wait()
 }

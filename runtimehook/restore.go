@@ -26,9 +26,7 @@ func postResume(ctx context.Context, env Env, o Options, res *Result) error {
 	errs := make([]error, len(ts))
 	var wg sync.WaitGroup
 	for i := range ts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			t := time.Now()
 			m, err := ts[i].sock().RestoredAs(actx, gen, "", o.AfterWait)
 			ts[i].Reports = m.Reports
@@ -42,7 +40,7 @@ func postResume(ctx context.Context, env Env, o Options, res *Result) error {
 			default:
 				log.Info("post-resume: restored", "pid", ts[i].PID, "generation", gen, "instance_id", m.InstanceID, "took", time.Since(t).Round(time.Microsecond))
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	res.Targets = ts

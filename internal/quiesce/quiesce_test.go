@@ -13,8 +13,10 @@ func TestWaitCountsTheCallerUntilTheGateOpens(t *testing.T) {
 	var blocked atomic.Int64
 	done := make(chan error)
 	go func() { done <- Wait(context.Background(), open, &blocked) }()
-	for blocked.Load() != 1 {
-		time.Sleep(time.Millisecond)
+	for deadline := time.Now().Add(5 * time.Second); blocked.Load() != 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("blocked = %d while a caller waits, want 1", blocked.Load())
+		}
 	}
 	select {
 	case err := <-done:

@@ -220,11 +220,11 @@ func parseContainerRecord(image string, b []byte) (containerRecord, error) {
 // readContainerFile returns the container id and bundle recorded in a kcr
 // image of a runc container.
 func readContainerFile(image string) (id, bundle string, err error) {
-	b, err := os.ReadFile(filepath.Join(image, containerBundleFile))
+	c, err := readContainerRecord(image)
 	if err != nil {
-		return "", "", fmt.Errorf("%s is not a container image (no %s): only images of kcr checkpoint --container", image, containerBundleFile)
+		return "", "", err
 	}
-	return parseContainerFile(image, b)
+	return runcRecord(image, c)
 }
 
 // parseContainerFile decodes the content of containerBundleFile of a runc
@@ -234,6 +234,11 @@ func parseContainerFile(image string, b []byte) (id, bundle string, err error) {
 	if err != nil {
 		return "", "", err
 	}
+	return runcRecord(image, c)
+}
+
+// runcRecord returns the id and bundle of c, the record of a runc container.
+func runcRecord(image string, c containerRecord) (id, bundle string, err error) {
 	if c.Runtime == "podman" {
 		return "", "", fmt.Errorf("%s is an image of a Podman container: its %s is Podman's own checkpoint archive (podman container restore --import reads it)", image, PodmanArchive)
 	}

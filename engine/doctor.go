@@ -14,10 +14,10 @@ import (
 
 // Check is one finding of Doctor.
 type Check struct {
-	Name   string `json:"name"`
-	OK     bool   `json:"ok"`
-	Detail string `json:"detail"`
-	Fix    string `json:"fix"` // "" when OK
+	Name   string `json:"name"`   // what was checked
+	OK     bool   `json:"ok"`     // whether it passed
+	Detail string `json:"detail"` // what was found
+	Fix    string `json:"fix"`    // how to fix a failed check; "" when OK
 }
 
 // Doctor checks that this machine can checkpoint and restore: CRIU found,

@@ -58,7 +58,7 @@ func WithLogger(l *slog.Logger) Opt { return opt(func(c *config) { c.log = l }) 
 
 // ConnsReport is what Conns reports about its last checkpoint.
 type ConnsReport struct {
-	ConnectionsClosed int `json:"connections_closed"`
+	ConnectionsClosed int `json:"connections_closed"` // connections the hook closed
 }
 
 // Conns is a set of network connections that takes part in checkpoints:

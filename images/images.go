@@ -16,16 +16,18 @@
 package images
 
 import (
-	"golang.org/x/sys/unix"
-
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // Names and limits of the image layout.
@@ -152,8 +154,6 @@ func (hs *hasher) sum(ctx context.Context, r io.Reader) (int64, string, error) {
 	return n, hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// syncDir fsyncs a directory so that entries created or renamed in it are
-// durable.
 // syncFS flushes the file system that holds dir.
 func syncFS(dir string) error {
 	f, err := os.Open(dir)
@@ -164,6 +164,8 @@ func syncFS(dir string) error {
 	return unix.Syncfs(int(f.Fd()))
 }
 
+// syncDir fsyncs a directory so that entries created or renamed in it are
+// durable.
 func syncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
@@ -191,3 +193,51 @@ func kindOf(m fs.FileMode) string {
 
 // isTempName reports whether a directory name is a Builder's temporary name.
 func isTempName(base string) bool { return strings.Contains(base, tmpMarker) }
+
+// trackReader records the first error of its underlying reader other than
+// io.EOF, to tell read errors from write errors in a copy.
+type trackReader struct {
+	r   io.Reader
+	err error
+}
+
+func (t *trackReader) Read(p []byte) (int, error) {
+	n, err := t.r.Read(p)
+	if err != nil && err != io.EOF && t.err == nil {
+		t.err = err
+	}
+	return n, err
+}
+
+var errTooBig = errors.New("file too big")
+
+// readRootFile reads the regular file name from root, refusing a symlink
+// (os.Root follows those that stay inside it, O_NOFOLLOW or not) and more
+// than limit bytes.
+func readRootFile(root *os.Root, name string, limit int64) ([]byte, error) {
+	lfi, err := root.Lstat(name)
+	if err != nil {
+		return nil, err
+	}
+	if !lfi.Mode().IsRegular() {
+		return nil, &fs.PathError{Op: "open", Path: name, Err: fmt.Errorf("a %s, not a regular file", kindOf(lfi.Mode()))}
+	}
+	f, err := root.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil {
+		return nil, err
+	} else if !os.SameFile(fi, lfi) {
+		return nil, &fs.PathError{Op: "open", Path: name, Err: errors.New("replaced while being opened")}
+	}
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > limit {
+		return nil, errTooBig
+	}
+	return data, nil
+}

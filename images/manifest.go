@@ -17,30 +17,30 @@ import (
 // manifest.json. Callers fill most fields; [Builder.Commit] fills Format,
 // FormatVersion and Files, and Created if it is zero.
 type Manifest struct {
-	Format        string `json:"format"`
-	FormatVersion int    `json:"format_version"`
+	Format        string `json:"format"`         // always Format ("kcr-image")
+	FormatVersion int    `json:"format_version"` // FormatVersion when written
 
-	KCRVersion  string    `json:"kcr_version"`
-	CRIUVersion string    `json:"criu_version"`
-	Kernel      string    `json:"kernel"`
-	Host        string    `json:"host"`
-	Created     time.Time `json:"created"` // UTC
+	KCRVersion  string    `json:"kcr_version"`  // the kcr that took the checkpoint
+	CRIUVersion string    `json:"criu_version"` // the CRIU that dumped
+	Kernel      string    `json:"kernel"`       // uname release of the dumping host
+	Host        string    `json:"host"`         // its host name
+	Created     time.Time `json:"created"`      // UTC
 
-	Process Process `json:"process"`
+	Process Process `json:"process"` // the checkpointed process (the tree's root)
 
 	// ControlSocket is the path of the application's control socket; empty
 	// when checkpointed with NoHooks.
 	ControlSocket string  `json:"control_socket"`
-	NoHooks       bool    `json:"no_hooks"`
+	NoHooks       bool    `json:"no_hooks"` // checkpointed without running the app's hooks
 	Options       Options `json:"options"`
 
-	Resources []ResourceReport `json:"resources"`
+	Resources []ResourceReport `json:"resources"` // the app's hook reports, one per resource
 	// RecordsCarried is the sum of the resources' RecordsCarried: records
 	// the application had accepted and not yet delivered, which every
 	// process restored from the image sends.
 	RecordsCarried int64     `json:"records_carried,omitempty"`
-	Phases         []Phase   `json:"phases"`
-	CRIUStats      CRIUStats `json:"criu_stats,omitzero"`
+	Phases         []Phase   `json:"phases"`              // how long each step of the checkpoint took
+	CRIUStats      CRIUStats `json:"criu_stats,omitzero"` // CRIU's own dump statistics
 
 	// Files lists every regular file in the image except manifest.json,
 	// sorted by Path.
@@ -49,13 +49,13 @@ type Manifest struct {
 
 // Process describes the checkpointed process.
 type Process struct {
-	PID      int      `json:"pid"`
-	Exe      string   `json:"exe"`
-	Cmdline  []string `json:"cmdline"`
-	Cwd      string   `json:"cwd"`
-	UID      int      `json:"uid"`
-	Comm     string   `json:"comm"`
-	RSSBytes int64    `json:"rss_bytes"`
+	PID      int      `json:"pid"`       // host PID at checkpoint time
+	Exe      string   `json:"exe"`       // /proc/PID/exe
+	Cmdline  []string `json:"cmdline"`   // /proc/PID/cmdline
+	Cwd      string   `json:"cwd"`       // /proc/PID/cwd
+	UID      int      `json:"uid"`       // real user id
+	Comm     string   `json:"comm"`      // /proc/PID/comm
+	RSSBytes int64    `json:"rss_bytes"` // resident memory (VmRSS)
 	// PIDNamespace is set when the process was init of a PID namespace of
 	// its own (started by "kcr run"): its image can be restored many times
 	// at once.
@@ -64,19 +64,19 @@ type Process struct {
 
 // Options records the checkpoint options that affect restore.
 type Options struct {
-	LeaveRunning bool `json:"leave_running"`
-	TCPClose     bool `json:"tcp_close"`
-	ShellJob     bool `json:"shell_job"`
-	FileLocks    bool `json:"file_locks"`
+	LeaveRunning bool `json:"leave_running"` // the process went on after the dump
+	TCPClose     bool `json:"tcp_close"`     // CRIU's --tcp-close
+	ShellJob     bool `json:"shell_job"`     // CRIU's --shell-job
+	FileLocks    bool `json:"file_locks"`    // CRIU's --file-locks
 }
 
 // ResourceReport is what one application resource (a connection pool, a
 // consumer…) reported when it was prepared for checkpoint.
 type ResourceReport struct {
-	Name       string         `json:"name"`
-	DurationNS int64          `json:"duration_ns"`
+	Name       string         `json:"name"`              // the name the resource registered under
+	DurationNS int64          `json:"duration_ns"`       // its before-checkpoint hook's run time
 	Details    map[string]any `json:"details,omitempty"` // free-form counts
-	Error      string         `json:"error,omitempty"`
+	Error      string         `json:"error,omitempty"`   // the hook's error, "" if it succeeded
 	// RecordsCarried is how many records the resource kept in memory, to
 	// be sent after the restore (notify.Carrying).
 	RecordsCarried int64 `json:"records_carried,omitempty"`
@@ -88,8 +88,8 @@ func (r ResourceReport) Duration() time.Duration { return time.Duration(r.Durati
 // Phase is the duration of one step of the checkpoint, such as "hooks",
 // "freeze+dump", "image write" or "total".
 type Phase struct {
-	Name       string `json:"name"`
-	DurationNS int64  `json:"duration_ns"`
+	Name       string `json:"name"`        // the step
+	DurationNS int64  `json:"duration_ns"` // how long it took
 }
 
 // Duration returns how long the phase took.
@@ -97,19 +97,19 @@ func (p Phase) Duration() time.Duration { return time.Duration(p.DurationNS) }
 
 // CRIUStats holds CRIU's dump statistics. Zero means unknown.
 type CRIUStats struct {
-	FreezingTimeUS     int64 `json:"freezing_time_us,omitempty"`
-	FrozenTimeUS       int64 `json:"frozen_time_us,omitempty"`
-	MemdumpTimeUS      int64 `json:"memdump_time_us,omitempty"`
-	MemwriteTimeUS     int64 `json:"memwrite_time_us,omitempty"`
-	PagesScanned       int64 `json:"pages_scanned,omitempty"`
-	PagesSkippedParent int64 `json:"pages_skipped_parent,omitempty"`
-	PagesWritten       int64 `json:"pages_written,omitempty"`
+	FreezingTimeUS     int64 `json:"freezing_time_us,omitempty"`     // freezing the tree
+	FrozenTimeUS       int64 `json:"frozen_time_us,omitempty"`       // how long it stayed frozen
+	MemdumpTimeUS      int64 `json:"memdump_time_us,omitempty"`      // collecting its memory
+	MemwriteTimeUS     int64 `json:"memwrite_time_us,omitempty"`     // writing the memory out
+	PagesScanned       int64 `json:"pages_scanned,omitempty"`        // pages CRIU looked at
+	PagesSkippedParent int64 `json:"pages_skipped_parent,omitempty"` // unchanged since a parent image
+	PagesWritten       int64 `json:"pages_written,omitempty"`        // pages written to the image
 }
 
 // FileEntry is one file of the image.
 type FileEntry struct {
-	Path   string `json:"path"` // slash-separated, relative to the image root
-	Size   int64  `json:"size"`
+	Path   string `json:"path"`   // slash-separated, relative to the image root
+	Size   int64  `json:"size"`   // in bytes
 	SHA256 string `json:"sha256"` // lower-case hex
 }
 

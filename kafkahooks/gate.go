@@ -2,12 +2,12 @@ package kafkahooks
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kcr-dev/kcr/internal/quiesce"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -58,7 +58,7 @@ func (g *gate[S, P, R]) renewClientID(ev notify.Event) {
 	g.idMu.Lock()
 	defer g.idMu.Unlock()
 	if ev.Kind == notify.Restore {
-		g.clientID = g.baseClientID + "-" + shortID(ev)
+		g.clientID = g.baseClientID + "-" + ev.ShortID()
 	}
 }
 
@@ -76,14 +76,7 @@ func (g *gate[S, P, R]) wait(ctx context.Context, s P, closedErr error) error {
 	if closed {
 		return closedErr
 	}
-	g.blocked.Add(1)
-	defer g.blocked.Add(-1)
-	select {
-	case <-ch:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return quiesce.Wait(ctx, ch, &g.blocked)
 }
 
 // gatedCall calls call with the current state whenever the gate is open,
@@ -135,16 +128,4 @@ func (r *reportSlot[R]) asMap() map[string]any {
 		return nil
 	}
 	return reportMap(rep)
-}
-
-// shortID returns the first 8 hex digits of the instance id.
-func shortID(ev notify.Event) string {
-	id := ev.InstanceID
-	if id == "" {
-		return fmt.Sprintf("g%d", ev.Generation)
-	}
-	if len(id) > 8 {
-		id = id[:8]
-	}
-	return id
 }

@@ -186,15 +186,3 @@ func (r *Reader) pinTail(ctx context.Context, s *readerState) (int, error) {
 	}
 	return len(pin), nil
 }
-
-// waitZero polls n until it is 0 or ctx ends.
-func waitZero(ctx context.Context, n interface{ Load() int64 }) bool {
-	for d := 50 * time.Microsecond; n.Load() > 0; d = min(2*d, 10*time.Millisecond) {
-		select {
-		case <-ctx.Done():
-			return false
-		case <-time.After(d):
-		}
-	}
-	return true
-}

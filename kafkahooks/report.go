@@ -10,34 +10,34 @@ import (
 // lands in the image manifest. Exactly one of WriterCheckpoint (phase
 // "before-checkpoint") and WriterRestore (phase "after-restore") is set.
 type WriterReport struct {
-	Phase    string `json:"phase"`
-	ClientID string `json:"client_id"`
+	Phase    string `json:"phase"`     // "before-checkpoint" or "after-restore"
+	ClientID string `json:"client_id"` // the client id sent to brokers then
 	// RecordsCarried counts the records not acknowledged when the
 	// checkpoint was taken (before) or still carried when the
 	// after-restore hook began (after).
 	RecordsCarried int64 `json:"records_carried"`
 	CallersBlocked int64 `json:"callers_blocked"` // calls waiting at the gate
-	DurationMS     int64 `json:"duration_ms"`
+	DurationMS     int64 `json:"duration_ms"`     // the hook's run time
 	*WriterCheckpoint
 	*WriterRestore
 }
 
 // WriterCheckpoint holds the before-checkpoint part of a WriterReport.
 type WriterCheckpoint struct {
-	Async              bool  `json:"async"`
-	Drained            bool  `json:"drained"`
-	RecordsPending     int64 `json:"records_pending"` // held by kafka-go when the hook began
-	RecordsDrained     int64 `json:"records_drained"`
-	CompletionsPending int   `json:"completions_pending"`
-	ConnectionsClosed  int   `json:"connections_closed"`
+	Async              bool  `json:"async"`               // the kafka.Writer is Async
+	Drained            bool  `json:"drained"`             // every record was acknowledged within the budget
+	RecordsPending     int64 `json:"records_pending"`     // held by kafka-go when the hook began
+	RecordsDrained     int64 `json:"records_drained"`     // of them, acknowledged before the dump
+	CompletionsPending int   `json:"completions_pending"` // Completion calls not returned yet
+	ConnectionsClosed  int   `json:"connections_closed"`  // broker connections the hook closed
 }
 
 // WriterRestore holds the after-restore part of a WriterReport. The
 // interruption and failure counts are running totals.
 type WriterRestore struct {
-	Event            string `json:"event"` // "restore" or "resume"
-	RecordsDelivered int64  `json:"records_delivered"`
-	GateOpen         bool   `json:"gate_open"`
+	Event            string `json:"event"`             // "restore" or "resume"
+	RecordsDelivered int64  `json:"records_delivered"` // carried records acknowledged within the hook
+	GateOpen         bool   `json:"gate_open"`         // writes resumed; false while carried records are still resent
 	// RequestsInterrupted counts produce requests cut off on the wire by
 	// a checkpoint (each cost its batch one of MaxAttempts).
 	RequestsInterrupted int64 `json:"requests_interrupted"`
@@ -54,34 +54,34 @@ type WriterRestore struct {
 // ReaderCheckpoint is set in the "before-checkpoint" phase, Event in the
 // "after-restore" one.
 type ReaderReport struct {
-	Phase          string `json:"phase"`
+	Phase          string `json:"phase"`           // "before-checkpoint" or "after-restore"
 	Event          string `json:"event,omitempty"` // after-restore: "restore" or "resume"
-	ClientID       string `json:"client_id"`
-	CallersBlocked int64  `json:"callers_blocked"`
+	ClientID       string `json:"client_id"`       // the client id sent to brokers then
+	CallersBlocked int64  `json:"callers_blocked"` // calls waiting at the gate
 	// NextOffset is, for a partition reader (no group), the offset the
 	// next kafka.Reader starts from; nil for a group reader.
 	NextOffset *int64 `json:"next_offset,omitempty"`
-	DurationMS int64  `json:"duration_ms"`
+	DurationMS int64  `json:"duration_ms"` // the hook's run time
 	*ReaderCheckpoint
 }
 
 // ReaderCheckpoint holds the before-checkpoint part of a ReaderReport.
 type ReaderCheckpoint struct {
-	Group             string `json:"group"`
-	ClosedCleanly     bool   `json:"closed_cleanly"`
+	Group             string `json:"group"`              // the consumer group, "" for a partition reader
+	ClosedCleanly     bool   `json:"closed_cleanly"`     // the kafka.Reader closed within the budget
 	PrefetchedDropped int64  `json:"prefetched_dropped"` // fetched again after the checkpoint
-	ConnectionsClosed int    `json:"connections_closed"`
+	ConnectionsClosed int    `json:"connections_closed"` // broker connections the hook closed
 	*GroupCheckpoint
 }
 
 // GroupCheckpoint holds the consumer-group part of a ReaderCheckpoint.
 type GroupCheckpoint struct {
-	LeftGroup bool `json:"left_group"`
+	LeftGroup bool `json:"left_group"` // the reader closed, leaving the group
 	// StaleCommits is a running total of dropped commits of records
 	// fetched before a checkpoint.
 	StaleCommits          int64  `json:"stale_commits"`
-	StartOffsetsCommitted int    `json:"start_offsets_committed"`
-	CommitError           string `json:"commit_error,omitempty"`
+	StartOffsetsCommitted int    `json:"start_offsets_committed"` // partitions whose resolved start offset was committed
+	CommitError           string `json:"commit_error,omitempty"`  // why commits were left unflushed
 }
 
 // reportMap flattens a report struct into the map notify.Reporter returns,

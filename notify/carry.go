@@ -15,6 +15,7 @@ import (
 // reports a veto apart from other hook failures (kcr checkpoint exits 10).
 // Like any failed hook it cancels the dump and every resource is resumed.
 type CarryError struct {
+	// Records is how many records the resource would carry.
 	Records int64
 	// Err is the resource's own reason; nil for a veto made because the
 	// checkpoint asked for no carried records.
@@ -25,6 +26,7 @@ type CarryError struct {
 // the message (kcr reading a CRIU log).
 const CarryMarker = "would carry"
 
+// Error names the count and the reason, with CarryMarker.
 func (e *CarryError) Error() string {
 	s := fmt.Sprintf(CarryMarker+" %d %s into the image", e.Records, plural(e.Records, "record"))
 	if e.Err == nil {
@@ -33,6 +35,7 @@ func (e *CarryError) Error() string {
 	return s + ": " + e.Err.Error()
 }
 
+// Unwrap returns Err.
 func (e *CarryError) Unwrap() error { return e.Err }
 
 func plural(n int64, word string) string {

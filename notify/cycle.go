@@ -17,15 +17,17 @@ var ErrBusy = proto.ErrBusy
 // HookError is one resource's hook failure. The errors of a phase are joined
 // with errors.Join, so errors.As finds each of them.
 type HookError struct {
-	Resource string
-	Phase    Phase
-	Err      error
+	Resource string // the name the resource was registered under
+	Phase    Phase  // the hook that failed
+	Err      error  // the hook's error
 }
 
+// Error names the resource, the phase and the hook's error.
 func (e *HookError) Error() string {
 	return fmt.Sprintf("resource %q %s: %v", e.Resource, e.Phase, e.Err)
 }
 
+// Unwrap returns Err.
 func (e *HookError) Unwrap() error { return e.Err }
 
 // Phase names a hook phase.

@@ -44,6 +44,7 @@ const (
 	Restore
 )
 
+// String returns "resume" or "restore".
 func (k Kind) String() string {
 	switch k {
 	case Resume:
@@ -56,7 +57,7 @@ func (k Kind) String() string {
 
 // Event is passed to after-restore hooks.
 type Event struct {
-	Kind Kind
+	Kind Kind // Resume or Restore
 	// Generation counts restores: 0 in the original process. On Restore it is
 	// the number kcr assigned to this restore of the image, which differs for
 	// every restore of one image on one host. Use InstanceID for identities
@@ -73,6 +74,16 @@ type Event struct {
 	// SelfDetected is true when the process found out by itself that it was
 	// restored, because kcr's after-restore message was late or lost.
 	SelfDetected bool
+}
+
+// ShortID returns a short form of InstanceID for names that must differ
+// between restored copies, such as a Kafka client id's suffix: its first 8
+// hex digits, or "g" and the Generation when there is no InstanceID.
+func (e Event) ShortID() string {
+	if e.InstanceID == "" {
+		return fmt.Sprintf("g%d", e.Generation)
+	}
+	return e.InstanceID[:min(8, len(e.InstanceID))]
 }
 
 // Resource is something that must be quiesced before a checkpoint and brought

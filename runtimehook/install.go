@@ -74,11 +74,11 @@ var ErrNotAbsolute = errors.New("must be absolute paths")
 
 // InstallResult says what Install or Remove changed.
 type InstallResult struct {
-	Config        string `json:"config"`
-	Hook          string `json:"hook"`
-	Target        string `json:"target,omitempty"`
-	ConfigChanged bool   `json:"config_changed"`
-	HookChanged   bool   `json:"hook_changed"`
+	Config        string `json:"config"`           // runc's CRIU configuration file
+	Hook          string `json:"hook"`             // the action script
+	Target        string `json:"target,omitempty"` // what the script runs (Install)
+	ConfigChanged bool   `json:"config_changed"`   // Config was written
+	HookChanged   bool   `json:"hook_changed"`     // Hook was written or removed
 }
 
 // Install writes the action script opts.Hook, which runs the kcr binary,

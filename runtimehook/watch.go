@@ -7,12 +7,15 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kcr-dev/kcr/internal/procfs"
 	"github.com/kcr-dev/kcr/notify/client"
 )
 
@@ -156,3 +159,40 @@ func waitExit(ctx context.Context, pid int, start uint64) error {
 		}
 	}
 }
+
+func startTime(pid int) uint64 {
+	st, _ := procfs.StartTime(pid)
+	return st
+}
+
+// spawnWatcher runs this executable as "criu-hook watch FILE" in a session
+// of its own. It inherits stderr (CRIU's log) and, as stdin, a pipe that
+// commit closes: Watch reads the outcome there first.
+func spawnWatcher(file string) (func(bool), error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	cmd := exec.Command(exe, "criu-hook", "watch", file)
+	cmd.Stdin, cmd.Stderr = r, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		return nil, fmt.Errorf("start %s criu-hook watch: %w", exe, err)
+	}
+	cmd.Process.Release()
+	return func(ok bool) {
+		if ok {
+			w.Write([]byte(watchGo))
+		}
+		w.Close()
+	}, nil
+}
+
+// watchGo, on the watcher's gate, says the state file is written.
+const watchGo = "go"

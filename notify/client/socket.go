@@ -29,6 +29,7 @@ type Socket struct {
 	Path string // the path it bound, in its own mount namespace
 }
 
+// String returns the socket's path.
 func (s *Socket) String() string { return s.Path }
 
 // Hello asks the app who it is.

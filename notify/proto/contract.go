@@ -91,8 +91,8 @@ func (m Message) EventKind() string {
 // the before-checkpoint hooks did not all succeed, nothing was dumped and
 // the app resumed every resource.
 type HookFailure struct {
-	Reports []HookReport
-	Msg     string
+	Reports []HookReport // every hook's report, failed or not
+	Msg     string       // the app's error message
 }
 
 // Failed returns the reports of before-checkpoint hooks that failed.
@@ -118,6 +118,7 @@ func (e *HookFailure) CarryVeto() bool {
 	return len(failed) > 0
 }
 
+// Error joins the errors of the failed hooks (Msg if none is listed).
 func (e *HookFailure) Error() string {
 	var msgs []string
 	for _, r := range e.Failed() {

@@ -56,13 +56,13 @@ type Duration = time.Duration
 
 // HookReport describes one resource's hook run.
 type HookReport struct {
-	Name string `json:"name"`
+	Name string `json:"name"` // the resource's registered name
 	// Phase is the hook phase the report is for; empty from an app that
 	// predates it (read as before-checkpoint).
 	Phase    Phase          `json:"phase,omitempty"`
-	Duration Duration       `json:"duration_ns"`
-	Error    string         `json:"error,omitempty"`
-	Details  map[string]any `json:"details,omitempty"`
+	Duration Duration       `json:"duration_ns"`       // the hook's run time
+	Error    string         `json:"error,omitempty"`   // the hook's error, "" if it succeeded
+	Details  map[string]any `json:"details,omitempty"` // the resource's CheckpointReport
 	// Carried is how many records the resource leaves in memory, to be
 	// sent after the restore: they are part of the image.
 	Carried int64 `json:"records_carried,omitempty"`
@@ -75,8 +75,8 @@ type HookReport struct {
 // Message is the union of all control messages. Fields that do not apply to
 // a type are left zero.
 type Message struct {
-	V    int    `json:"v"`
-	Type string `json:"type"`
+	V    int    `json:"v"`    // the protocol Version
+	Type string `json:"type"` // one of the Type constants
 
 	// checkpoint
 	HookBudget  Duration `json:"hook_budget_ns,omitempty"`  // deadline for the before-checkpoint hooks
@@ -93,25 +93,25 @@ type Message struct {
 	KCRStart uint64 `json:"kcr_start_time,omitempty"`
 
 	// resume, restored
-	Reason     string   `json:"reason,omitempty"`
-	Generation uint64   `json:"generation,omitempty"`
-	Name       string   `json:"name,omitempty"`    // restored: the clone's name (kcr restore --name)
-	Wait       Duration `json:"wait_ns,omitempty"` // how long the CLI waits for TypeDone
+	Reason     string   `json:"reason,omitempty"`     // why, for the app's logs
+	Generation uint64   `json:"generation,omitempty"` // restored: the generation kcr gave this restore
+	Name       string   `json:"name,omitempty"`       // restored: the clone's name (kcr restore --name)
+	Wait       Duration `json:"wait_ns,omitempty"`    // how long the CLI waits for TypeDone
 
 	// info, ready, failed, done
 	PID       int          `json:"pid,omitempty"`
 	StartTime uint64       `json:"start_time,omitempty"` // task start time from /proc/self/stat
-	Resources []string     `json:"resources,omitempty"`
-	Reports   []HookReport `json:"reports,omitempty"`
+	Resources []string     `json:"resources,omitempty"`  // info: the registered resources
+	Reports   []HookReport `json:"reports,omitempty"`    // ready, failed, done: the hooks' reports
 	// State is the app's cycle state (info). Done messages also carry the
 	// event kind here, for CLIs that predate Kind.
 	State string `json:"state,omitempty"`
 	// Kind is the after-restore event's kind (done): KindResume or
 	// KindRestore.
 	Kind          string `json:"kind,omitempty"`
-	InstanceID    string `json:"instance_id,omitempty"`
-	Error         string `json:"error,omitempty"`
-	AppGeneration uint64 `json:"app_generation,omitempty"`
+	InstanceID    string `json:"instance_id,omitempty"`    // info, done: the app's current instance id
+	Error         string `json:"error,omitempty"`          // failed, done, error: what went wrong
+	AppGeneration uint64 `json:"app_generation,omitempty"` // info, done: the generation the app runs as
 }
 
 // Encode returns the frame for m, filling in the protocol version.

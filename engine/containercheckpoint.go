@@ -1,0 +1,212 @@
+package engine
+
+import (
+	"context"
+	"crypto/ed25519"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/kcr-dev/kcr/images"
+	"github.com/kcr-dev/kcr/notify"
+	"github.com/kcr-dev/kcr/notify/proto"
+	"github.com/kcr-dev/kcr/runtimehook"
+)
+
+// startImage reads what the manifest records of the container's init pid
+// and starts the image out, signed with key if not nil.
+func startImage(pid int, out string, key ed25519.PrivateKey) (images.Process, *images.Builder, error) {
+	proc, err := processInfo(pid)
+	if err != nil {
+		return proc, nil, err
+	}
+	b, err := createImage(out, key)
+	return proc, b, err
+}
+
+// createImage starts the image out, signed with key if not nil. Callers
+// defer b.Abort() at once: it removes the unfinished image on every failure
+// and is a no-op after a successful Commit.
+func createImage(out string, key ed25519.PrivateKey) (*images.Builder, error) {
+	b, err := images.Create(out)
+	if err != nil {
+		return nil, err
+	}
+	b.SignWith(key)
+	return b, nil
+}
+
+// CheckpointContainer checkpoints a runc container with "runc checkpoint"
+// into a kcr image: runc's images in its criu/ directory, the manifest
+// beside them. The app's hooks run in kcr's CRIU action script
+// (kcr install-runtime-hook), whose reports go into the manifest.
+func CheckpointContainer(ctx context.Context, o ContainerOptions) (*CheckpointResult, error) {
+	start := time.Now()
+	if o.TCPClose {
+		// runc has no tcp-close flag (its --tcp-established is the
+		// opposite: dump connections in repair mode); CRIU reads
+		// tcp-close only from runc's CRIU configuration.
+		return nil, errors.New("--tcp-close with --container: runc takes tcp-close only from its CRIU configuration; run kcr install-runtime-hook --tcp-close instead")
+	}
+	if o.isPodman() {
+		return checkpointPodman(ctx, o)
+	}
+	st, err := o.State(ctx)
+	if err != nil {
+		if o.podmanKnows(ctx) {
+			return checkpointPodman(ctx, o)
+		}
+		return nil, err
+	}
+	if st.Status != "running" {
+		return nil, fmt.Errorf("container %s is %s: %w: only a running container can be checkpointed", o.ID, st.Status, ErrContainerState)
+	}
+	hasSock := hasKCRSocket(st.PID)
+	if hasSock {
+		if err := needHook(o.ID, st); err != nil {
+			return nil, err
+		}
+	}
+	proc, b, err := startImage(st.PID, o.Output, o.SignKey)
+	if err != nil {
+		return nil, err
+	}
+	defer b.Abort() // removes the unfinished image; a no-op once committed
+	if err := os.MkdirAll(b.CRIUDir(), 0o700); err != nil {
+		return nil, err
+	}
+	res := &CheckpointResult{Image: b.Final()}
+	args := []string{"checkpoint", "--image-path", b.CRIUDir(), "--work-path", b.CRIUDir()}
+	if o.LeaveRunning {
+		args = append(args, "--leave-running")
+	}
+	if o.RequireDrained {
+		o.env = append(o.env, RequireDrainedEnv+"=1")
+	}
+	t := time.Now()
+	_, err = o.runc(ctx, nil, append(args, o.ID)...)
+	res.Timings.add(PhaseRuncCheckpoint, time.Since(t))
+	if err != nil {
+		dumpLog := filepath.Join(b.CRIUDir(), "dump.log")
+		if tail := logTail(dumpLog, notify.CarryMarker); tail != "" {
+			// The script keeps no reports when it refuses: its log line
+			// names the resource and the count.
+			return nil, &HookError{Reports: []proto.HookReport{{Name: "container " + o.ID, Error: tail, CarryVeto: true}}, Msg: tail}
+		}
+		if he := failedHooks(filepath.Join(b.CRIUDir(), HookReportsFile)); he != nil {
+			return nil, he
+		}
+		// The unfinished image, with CRIU's log, is removed: keep its last error.
+		return nil, fmt.Errorf("container %s: %w (CRIU: %s)", o.ID, err, logTail(filepath.Join(b.CRIUDir(), "dump.log"), "Error"))
+	}
+
+	spec, err := os.ReadFile(filepath.Join(st.Bundle, "config.json"))
+	if err != nil {
+		return nil, fmt.Errorf("container %s: bundle: %w", o.ID, err)
+	}
+	if err := os.WriteFile(filepath.Join(b.Dir(), containerSpecFile), spec, 0o600); err != nil {
+		return nil, err
+	}
+	reports, _ := os.ReadFile(filepath.Join(b.CRIUDir(), HookReportsFile))
+	if err := commitContainer(ctx, b, res, proc, hasSock, reports, o, containerRecord{ID: o.ID, Bundle: st.Bundle}); err != nil {
+		return nil, err
+	}
+	res.Timings.add(PhaseTotal, time.Since(start))
+	return res, nil
+}
+
+// commitContainer writes the manifest of a container image, with the
+// hooks' reports that kcr's action script left (reports, may be nil), and
+// commits it.
+func commitContainer(ctx context.Context, b *images.Builder, res *CheckpointResult, proc images.Process, hasSock bool, reports []byte, o ContainerOptions, rec containerRecord) error {
+	m := &images.Manifest{KCRVersion: Version, Kernel: kernel(), Host: hostname(), Process: proc, NoHooks: !hasSock,
+		Options: images.Options{LeaveRunning: o.LeaveRunning, TCPClose: o.TCPClose}}
+	if _, v, err := CRIU(ctx, ""); err == nil {
+		m.CRIUVersion = v.String()
+	}
+	var hr struct {
+		Targets []struct {
+			Socket  string             `json:"socket"`
+			Reports []proto.HookReport `json:"reports"`
+		} `json:"targets"`
+	}
+	if reports != nil && json.Unmarshal(reports, &hr) == nil {
+		var slowest time.Duration // the apps quiesce at once
+		for _, tg := range hr.Targets {
+			if m.ControlSocket == "" {
+				m.ControlSocket = tg.Socket
+			}
+			var d time.Duration
+			for _, r := range tg.Reports {
+				d += time.Duration(r.Duration)
+			}
+			addResources(m, tg.Reports)
+			slowest = max(slowest, d)
+		}
+		if len(hr.Targets) > 0 {
+			res.Timings = append(Timings{{Name: PhaseHooks, DurationNS: int64(slowest)}}, res.Timings...)
+		}
+	} else if hasSock {
+		res.Warnings = append(res.Warnings, "the hook's reports ("+HookReportsFile+") are missing: see CRIU's dump.log")
+	}
+	cb, _ := json.Marshal(rec)
+	if err := os.WriteFile(filepath.Join(b.Dir(), containerBundleFile), cb, 0o600); err != nil {
+		return err
+	}
+	t := time.Now()
+	m.Phases = append(m.Phases, res.Timings...)
+	img, err := b.Commit(context.WithoutCancel(ctx), m)
+	if err != nil {
+		return fmt.Errorf("write image: %w", err)
+	}
+	res.Timings.add(PhaseImageWrite, time.Since(t))
+	res.Manifest = img.Manifest
+	return nil
+}
+
+// failedHooks returns the HookError that kcr's action script recorded in
+// its reports file when before-checkpoint hooks failed, or nil if none did
+// (or there are no reports).
+func failedHooks(reportsFile string) *HookError {
+	b, err := os.ReadFile(reportsFile)
+	if err != nil {
+		return nil
+	}
+	var res runtimehook.Result
+	if json.Unmarshal(b, &res) != nil {
+		return nil
+	}
+	he := &HookError{}
+	var msgs []string
+	for _, t := range res.Targets {
+		if t.Error == "" {
+			continue
+		}
+		msgs = append(msgs, fmt.Sprintf("PID %d: %s", t.PID, t.Error))
+		he.Reports = append(he.Reports, t.Reports...)
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	he.Msg = strings.Join(msgs, "; ")
+	return he
+}
+
+// logTail returns the last line of a log that contains marker.
+func logTail(path, marker string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	var last string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, marker) {
+			last = strings.TrimSpace(l)
+		}
+	}
+	return last
+}

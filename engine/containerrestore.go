@@ -1,0 +1,131 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/kcr-dev/kcr/images"
+)
+
+// ContainerRestoreResult describes a restored container.
+type ContainerRestoreResult struct {
+	ID         string  // the container's id
+	PID        int     // its init process, on the host
+	Generation uint64  // this restore's count of the image
+	Timings    Timings // the phases and how long they took
+	// Bundle is the bundle runc restored into: o.Bundle, or for an
+	// archive, one kcr built from the checkpointed spec.
+	Bundle string
+}
+
+// RestoreContainer verifies a kcr image of a container and restores it
+// with "runc restore -d". The app's after-restore hooks run in kcr's CRIU
+// action script, at post-resume. If o.Image is a file, it is a checkpoint
+// archive of "kcr export --format cri-o" (see restoreArchive); if it is an
+// OCI image layout, one of "kcr export --format oci" (restoreOCILayout).
+//
+// CRIU's work directory (restore.log, where the hook logs too) is removed
+// once the restore succeeded; after a failure it stays, and the error
+// names it.
+func RestoreContainer(ctx context.Context, o ContainerOptions) (*ContainerRestoreResult, error) {
+	fi, err := os.Stat(o.Image)
+	archive := err == nil && fi.Mode().IsRegular()
+	_, err = os.Stat(filepath.Join(o.Image, "oci-layout"))
+	layout := err == nil
+	if (archive || layout) && o.trusted() {
+		if err := images.CheckTrusted(o.Image); err != nil {
+			return nil, err
+		}
+	}
+	switch {
+	case archive:
+		return restoreArchive(ctx, o)
+	case layout:
+		return restoreOCILayout(ctx, o)
+	}
+	return restoreContainer(ctx, o, "")
+}
+
+// restoreContainer restores the image o.Image; CRIU works in a new
+// directory under workParent (default $TMPDIR).
+func restoreContainer(ctx context.Context, o ContainerOptions, workParent string) (_ *ContainerRestoreResult, err error) {
+	start := time.Now()
+	res := &ContainerRestoreResult{ID: o.ID}
+	t := time.Now()
+	img, err := images.OpenWith(ctx, o.Image, openOptions(false, o.AllowUntrusted, o.VerifyKeys))
+	if err != nil {
+		return nil, err
+	}
+	// runc hands CRIU the image by path, so the directory fd cannot be
+	// passed on: the trust check above is what keeps the path honest.
+	defer img.Close()
+	res.Timings.add(PhaseVerify, time.Since(t))
+	if err := checkDuplicates(o.Image, img.Manifest, 1, o.AllowDuplicates); err != nil {
+		return nil, err
+	}
+	if rec, err := readContainerRecord(img.Dir); err == nil && rec.Runtime == "podman" {
+		r, err := restorePodman(ctx, o, img, rec)
+		if r != nil {
+			r.Timings = append(res.Timings, r.Timings...)
+		}
+		return r, err
+	}
+	if o.Bundle == "" {
+		id, bundle, err := readContainerFile(img.Dir)
+		if err != nil {
+			return nil, fmt.Errorf("%w; restore it with kcr restore IMAGE, or give --bundle", err)
+		}
+		o.Bundle = bundle
+		if o.ID == "" {
+			o.ID = id
+		}
+	}
+	res.ID, res.Bundle = o.ID, o.Bundle
+	dst := o.Stdout
+	if dst == "" {
+		dst = os.DevNull
+	}
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("container output: %w", err)
+	}
+	defer out.Close()
+	gen := o.generation
+	if gen == 0 {
+		if gen, err = nextGeneration(img.Dir); err != nil {
+			return nil, err
+		}
+	}
+	res.Generation = gen
+	// CRIU writes restore.log and stats into its work directory: outside
+	// the sealed image.
+	work, err := os.MkdirTemp(workParent, "kcr-restore-"+o.ID+"-")
+	if err != nil {
+		return nil, fmt.Errorf("restore work directory: %w", err)
+	}
+	defer func() {
+		if err == nil {
+			os.RemoveAll(work)
+		}
+	}()
+	log := filepath.Join(work, "restore.log")
+	crDir := filepath.Join(img.Dir, images.CRIUSubdir)
+	args := []string{"restore", "-d", "--image-path", crDir, "--work-path", work, "--bundle", o.Bundle}
+	o.env = []string{GenerationEnv + "=" + strconv.FormatUint(gen, 10)}
+	t = time.Now()
+	if _, err := o.runc(ctx, out, append(args, o.ID)...); err != nil {
+		return nil, fmt.Errorf("container %s: %w (CRIU's log, kept: %s)", o.ID, err, log)
+	}
+	res.Timings.add(PhaseRuncRestore, time.Since(t))
+	st, err := o.State(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w (CRIU's log, kept: %s)", err, log)
+	}
+	res.PID = st.PID
+	res.Timings.add(PhaseTotal, time.Since(start))
+	return res, nil
+}

@@ -1,0 +1,145 @@
+package kgohooks
+
+import (
+	"context"
+	"errors"
+	"net"
+	"slices"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kcr-dev/kcr/internal/conntrack"
+)
+
+var errNoDial = errors.New("kgohooks: option inspection does not dial")
+
+// newCore reads the options with a kgo client that cannot dial, builds the
+// first client and registers the hooks.
+func newCore(kopts []kgo.Opt, session bool, opts []Option) (*core, error) {
+	// The dial function first, from a client that consumes nothing (a
+	// group without topics never joins) and so does not dial. kgo builds it
+	// from DialTimeout and DialTLSConfig unless the user gave a Dialer; the
+	// probe below cannot keep DialTLSConfig beside its own Dialer.
+	dprobe, err := kgo.NewClient(append(slices.Clip(kopts), kgo.ConsumeTopics(), kgo.ConsumePartitions(nil))...)
+	if err != nil {
+		return nil, err
+	}
+	userDial, _ := dprobe.OptValue(kgo.Dialer).(func(context.Context, string, string) (net.Conn, error))
+	dprobe.Close()
+	probe, err := kgo.NewClient(append(slices.Clip(kopts), kgo.DialTLSConfig(nil), kgo.Dialer(func(context.Context, string, string) (net.Conn, error) {
+		return nil, errNoDial
+	}))...)
+	if err != nil {
+		return nil, err
+	}
+	c := &core{cfg: newConfig(opts), kopts: slices.Clip(kopts), session: session}
+	c.dialFn = userDial
+	c.baseClientID, _ = probe.OptValue(kgo.ClientID).(string)
+	c.baseTxnID, _ = probe.OptValue(kgo.TransactionalID).(string)
+	c.group, _ = probe.OptValue(kgo.ConsumerGroup).(string)
+	parts, _ := probe.OptValue(kgo.ConsumePartitions).(map[string]map[int32]kgo.Offset)
+	if b, _ := probe.OptValue(kgo.DisableAutoCommit).(bool); b {
+		c.commit = commitManual
+	} else if b, _ := probe.OptValue(kgo.AutoCommitMarks).(bool); b {
+		c.commit = commitMarks
+	}
+	probe.Close()
+	if session && c.group == "" {
+		return nil, errors.New("kgohooks: a GroupTransactSession needs kgo.ConsumerGroup")
+	}
+	if session && c.baseTxnID == "" {
+		return nil, errors.New("kgohooks: a GroupTransactSession needs kgo.TransactionalID")
+	}
+	// Without a group, positions are kept even with no partitions yet:
+	// AddConsumePartitions may add some, and the next client needs them.
+	if c.group == "" {
+		if c.pos, err = newPositions(parts); err != nil {
+			return nil, err
+		}
+	}
+	if c.group != "" {
+		c.marks = newMarks()
+	}
+	c.clientID, c.txnID = c.baseClientID, c.baseTxnID
+	if c.cfg.name == "" {
+		c.cfg.name = "kgo/" + c.baseClientID
+	}
+	c.cfg.log = c.cfg.log.With("resource", c.cfg.name)
+	cl, sess, dial, err := c.build()
+	if err != nil {
+		return nil, err
+	}
+	c.gen = 1
+	c.state.Store(newState(cl, sess, dial, 1))
+	c.startResolve(cl)
+	c.unregister = c.cfg.registry.Register(c.cfg.name, c)
+	return c, nil
+}
+
+// build creates a kgo client with the user's options and the current
+// identity and positions. Called with c.mu held or before c is shared.
+func (c *core) build() (*kgo.Client, *kgo.GroupTransactSession, *conntrack.Tracker, error) {
+	// kgo dials through a tracker, so that a checkpoint can close the
+	// client's connections without closing the client (kgo has no other
+	// way). kgo refuses a Dialer beside DialTLSConfig: dialFn does the TLS.
+	dial := conntrack.New(c.dialFn, nil)
+	opts := append(slices.Clip(c.kopts), kgo.ClientID(c.clientID), kgo.DialTLSConfig(nil), kgo.Dialer(dial.DialContext))
+	if c.txnID != "" {
+		opts = append(opts, kgo.TransactionalID(c.txnID))
+	}
+	if c.pos != nil {
+		if exact := c.pos.exact(); len(exact) > 0 {
+			opts = append(opts, kgo.ConsumePartitions(exact))
+		}
+	}
+	if c.session {
+		s, err := kgo.NewGroupTransactSession(opts...)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return s.Client(), s, dial, nil
+	}
+	cl, err := kgo.NewClient(opts...)
+	return cl, nil, dial, err
+}
+
+// startResolve resolves symbolic start offsets of direct partitions in the
+// background, as kgo would, and hands the exact ones to cl. Called with
+// c.mu held or before c is shared.
+func (c *core) startResolve(cl *kgo.Client) {
+	if c.pos == nil || c.pos.unresolved() == 0 {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	c.resolving, c.stopResolv = done, cancel
+	go func() {
+		defer close(done)
+		adm := kadm.NewClient(cl)
+		for d := c.cfg.backoffMin; ; d = min(2*d, c.cfg.backoffMax) {
+			rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+			exact, err := c.pos.resolve(rctx, adm)
+			rcancel()
+			if err == nil {
+				if len(exact) > 0 {
+					cl.AddConsumePartitions(exact)
+				}
+				c.mu.Lock()
+				c.bgErr = nil
+				c.mu.Unlock()
+				return
+			}
+			c.mu.Lock()
+			c.bgErr = err
+			c.mu.Unlock()
+			c.cfg.log.Warn("resolving start offsets of direct partitions", "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(d):
+			}
+		}
+	}()
+}

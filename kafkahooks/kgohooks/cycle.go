@@ -1,0 +1,360 @@
+package kgohooks
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kcr-dev/kcr/internal/conntrack"
+	"github.com/kcr-dev/kcr/internal/quiesce"
+	"github.com/kcr-dev/kcr/notify"
+)
+
+// share returns a context that ends when frac of ctx's remaining time has
+// passed.
+func share(ctx context.Context, frac float64) (context.Context, context.CancelFunc) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithDeadline(ctx, time.Now().Add(time.Duration(float64(time.Until(deadline))*frac)))
+}
+
+// retry calls fn until it succeeds or ctx ends, with backoff.
+func (c *core) retry(ctx context.Context, what string, fn func(context.Context) error) (int, error) {
+	attempts := 0
+	for d := c.cfg.backoffMin; ; d = min(2*d, c.cfg.backoffMax) {
+		attempts++
+		err := fn(ctx)
+		if err == nil {
+			return attempts, nil
+		}
+		if ctx.Err() != nil {
+			return attempts, fmt.Errorf("%s: %w (after %d attempts; %v)", what, err, attempts, context.Cause(ctx))
+		}
+		c.cfg.log.Debug("retrying", "what", what, "err", err, "attempt", attempts)
+		select {
+		case <-ctx.Done():
+			return attempts, fmt.Errorf("%s: %w (after %d attempts; %v)", what, err, attempts, context.Cause(ctx))
+		case <-time.After(d):
+		}
+	}
+}
+
+// BeforeCheckpoint implements notify.Resource; see the package documentation.
+func (c *core) BeforeCheckpoint(ctx context.Context) error {
+	start := time.Now()
+	c.mu.Lock()
+	if c.closed || c.gate != nil {
+		c.mu.Unlock()
+		return nil
+	}
+	c.gate = make(chan struct{})
+	s := c.state.Load()
+	gated := &state{cl: s.cl, sess: s.sess, dial: s.dial, gen: s.gen, gate: c.gate, txnPass: true, commitPass: true, stop: s.stop, cancel: s.cancel}
+	c.state.Store(gated)
+	s.cancel() // ends waiting polls
+	resolving, stopResolv := c.resolving, c.stopResolv
+	clientID, txnID := c.clientID, c.txnID
+	c.mu.Unlock()
+
+	rep := map[string]any{"phase": "before-checkpoint", "client_id": clientID}
+	if txnID != "" {
+		rep["transactional_id"] = txnID
+	}
+	if c.group != "" {
+		rep["group"] = c.group
+	}
+	finish := func(err error) error {
+		rep["callers_blocked"] = c.blocked.Load()
+		rep["duration_ms"] = time.Since(start).Milliseconds()
+		if err != nil {
+			rep["error"] = err.Error()
+			c.cfg.log.Warn("checkpoint refused; the client goes on unchanged", "err", err)
+		} else {
+			c.cfg.log.Debug("kgo client quiesced", "report", rep)
+		}
+		c.setReport(rep)
+		return err
+	}
+
+	// Direct partitions: every start offset must be exact before the dump.
+	if resolving != nil {
+		rctx, cancel := share(ctx, 0.5)
+		select {
+		case <-resolving:
+		case <-rctx.Done():
+		}
+		cancel()
+		if c.pos.unresolved() > 0 {
+			stopResolv()
+			<-resolving
+			c.mu.Lock()
+			err := c.bgErr
+			c.mu.Unlock()
+			return finish(fmt.Errorf("kgohooks: the start offsets of %d direct partitions are not resolved yet (%v): a restored client would skip records", c.pos.unresolved(), err))
+		}
+	}
+
+	pctx, cancel := share(ctx, 0.2)
+	quiesce.WaitZero(pctx, &c.polls)
+	cancel()
+
+	// An open transaction: let the application end it, then apply the policy.
+	if c.baseTxnID != "" {
+		tctx, cancel := share(ctx, 0.5)
+		for c.txnOpen.Load() && tctx.Err() == nil {
+			select {
+			case <-tctx.Done():
+			case <-time.After(time.Millisecond):
+			}
+		}
+		cancel()
+		rep["transaction"] = "none"
+		if c.txnOpen.Load() {
+			if c.cfg.openTxn == FailOnOpenTxn {
+				rep["transaction"] = "open"
+				return finish(fmt.Errorf("%w at the checkpoint and the application did not end it within half the hook budget; end it before checkpointing, or choose AbortOpenTxn or CommitOpenTxn", ErrOpenTxn))
+			}
+			c.mu.Lock()
+			c.state.Store(&state{cl: s.cl, sess: s.sess, dial: s.dial, gen: s.gen, gate: c.gate, commitPass: true, stop: s.stop, cancel: s.cancel})
+			c.mu.Unlock()
+			ectx, cancel := share(ctx, 0.6)
+			quiesce.WaitZero(ectx, &c.calls)
+			cancel()
+			rep["transaction"] = c.endOpenTxn(ctx, s)
+		}
+	}
+
+	// Flush: nothing may be carried in the image under this producer id.
+	fctx, cancel := share(ctx, 0.7)
+	quiesce.WaitZero(fctx, &c.calls)
+	buffered := s.cl.BufferedProduceRecords()
+	err := s.cl.Flush(fctx)
+	cancel()
+	left := s.cl.BufferedProduceRecords()
+	rep["records_flushed"] = max(buffered-left, 0)
+	if err != nil || left > 0 {
+		rep["records_unflushed"] = left
+		// A carry veto (kcr exits 10), like --require-drained's for kafkahooks.
+		return finish(&notify.CarryError{Records: left, Err: fmt.Errorf("%w: %d of %d buffered records still unacknowledged (%v); the checkpoint is refused so that no record is carried in the image under producer id of client %q", ErrNotFlushed, left, buffered, err, clientID)})
+	}
+
+	// Commit what the group handed out, then leave the group.
+	c.mu.Lock()
+	c.state.Store(&state{cl: s.cl, sess: s.sess, dial: s.dial, gen: s.gen, gate: c.gate, stop: s.stop, cancel: s.cancel})
+	c.mu.Unlock()
+	if c.group != "" && !c.session {
+		cctx, cancel := share(ctx, 0.7)
+		quiesce.WaitZero(cctx, &c.calls)
+		n, attempts, err := c.commitHanded(cctx, s.cl)
+		cancel()
+		rep["partitions_committed"], rep["commit_attempts"] = n, attempts
+		if err != nil {
+			return finish(fmt.Errorf("kgohooks: committing the offsets handed out before the checkpoint: %w", err))
+		}
+		rep["stale_commits"] = c.marks.staleCommits()
+	}
+	if c.pos != nil {
+		if next := c.pos.report(); len(next) > 0 {
+			rep["next_offsets"] = next
+		}
+	}
+	// Without a group nothing ties this client to the broker but its
+	// connections: close them and keep it, so that a resume goes on with
+	// the same client and producer id; a restore replaces it. A group
+	// member is kept too when the process is meant to go on
+	// (--leave-running): it stays in the group, and a copy restored from
+	// the image replaces its client without leaving (its dials fail), so
+	// the original keeps its membership.
+	if c.group == "" || notify.LeaveRunning(ctx) {
+		if c.group != "" {
+			rep["left_group"] = false
+		}
+		rep["connections_closed"] = s.dial.CloseAll(false)
+		c.mu.Lock()
+		c.cut = true
+		c.mu.Unlock()
+		rep["closed"], rep["kept_for_resume"] = false, true
+		rep["connections_open"] = s.dial.Open()
+		return finish(nil)
+	}
+	// Otherwise a group member leaves, so that the others take its
+	// partitions at once. kgo cannot rejoin a group it left (the group
+	// consumer it left is done for good), so its client is closed and
+	// replaced even on a resume.
+	c.mu.Lock()
+	c.torn = true
+	c.mu.Unlock()
+	lctx, cancel := share(ctx, 0.8)
+	err = s.cl.LeaveGroupContext(lctx)
+	cancel()
+	rep["left_group"] = err == nil
+	if err != nil {
+		c.cfg.log.Warn("leaving the group before the checkpoint", "err", err)
+	}
+	if err := closeWithin(ctx, s); err != nil {
+		rep["closed"] = false
+		return finish(err)
+	}
+	rep["closed"] = true
+	return finish(nil)
+}
+
+// closeWithin closes s's kgo client (or session), waiting until ctx ends.
+func closeWithin(ctx context.Context, s *state) error {
+	closed := make(chan struct{})
+	go func() {
+		if s.sess != nil {
+			s.sess.Close()
+		} else {
+			s.cl.Close()
+		}
+		close(closed)
+	}()
+	select {
+	case <-closed:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("kgohooks: the kgo client did not close within the hook budget: %v", context.Cause(ctx))
+	}
+}
+
+// commitHanded commits, with retries, what kgo's autocommit would commit:
+// all polled records, or those marked (AutoCommitMarks). With
+// DisableAutoCommit the application's own commits have ended (the gate
+// waited for them), so nothing is left to commit.
+func (c *core) commitHanded(ctx context.Context, cl *kgo.Client) (int, int, error) {
+	var offs map[string]map[int32]kgo.EpochOffset
+	var commit func(context.Context) error
+	switch c.commit {
+	case commitAuto:
+		offs, commit = cl.UncommittedOffsets(), cl.CommitUncommittedOffsets
+	case commitMarks:
+		offs, commit = cl.MarkedOffsets(), cl.CommitMarkedOffsets
+	default:
+		return 0, 0, nil
+	}
+	n := 0
+	for _, ps := range offs {
+		n += len(ps)
+	}
+	if n == 0 {
+		return 0, 0, nil
+	}
+	attempts, err := c.retry(ctx, "commit", commit)
+	return n, attempts, err
+}
+
+// endOpenTxn ends the application's open transaction by the policy and
+// returns what it did, for the report.
+func (c *core) endOpenTxn(ctx context.Context, s *state) string {
+	commit := c.cfg.openTxn == CommitOpenTxn
+	var err error
+	committed := false
+	switch {
+	case s.sess != nil:
+		committed, err = s.sess.End(ctx, kgo.TransactionEndTry(commit))
+	case commit:
+		if err = s.cl.Flush(ctx); err == nil {
+			err = s.cl.EndTransaction(ctx, kgo.TryCommit)
+			committed = err == nil
+		}
+	default:
+		if err = s.cl.AbortBufferedRecords(ctx); err == nil {
+			err = s.cl.EndTransaction(ctx, kgo.TryAbort)
+		}
+	}
+	if err != nil && !committed && s.sess == nil {
+		// A failed commit is retried as an abort, as kgo's documentation says.
+		s.cl.AbortBufferedRecords(ctx)
+		err = s.cl.EndTransaction(ctx, kgo.TryAbort)
+	}
+	c.txnOpen.Store(false)
+	if committed {
+		return "committed"
+	}
+	c.txnAborted.Store(true)
+	if err != nil {
+		c.cfg.log.Warn("aborting the open transaction before the checkpoint", "err", err)
+		return "aborted (" + err.Error() + ")"
+	}
+	return "aborted"
+}
+
+// AfterRestore implements notify.Resource; see the package documentation.
+func (c *core) AfterRestore(ctx context.Context, ev notify.Event) error {
+	start := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.gate == nil {
+		return nil
+	}
+	if ev.Kind == notify.Restore {
+		short := ev.ShortID()
+		c.clientID = c.baseClientID + "-" + short
+		if c.baseTxnID != "" && c.cfg.txnID == SuffixTxnID {
+			c.txnID = c.baseTxnID + "-" + short
+		}
+	}
+	rep := map[string]any{"phase": "after-restore", "event": ev.Kind.String(), "client_id": c.clientID}
+	if c.txnID != "" {
+		rep["transactional_id"] = c.txnID
+	}
+	s := c.state.Load()
+	var err error
+	switch {
+	case c.cut && ev.Kind == notify.Resume:
+		// The same kgo client goes on: its dials may reach the broker again.
+		s.dial.Resume()
+		s = newState(s.cl, s.sess, s.dial, s.gen)
+		rep["new_client"] = false
+	case c.torn || c.cut:
+		if c.cut {
+			// A restored copy must not write as the original: the old
+			// client's dials fail from now on, and it is closed (a group
+			// member's LeaveGroup cannot reach the broker, so it does not
+			// remove the original, which may run on).
+			s.dial.CloseAll(true)
+			if cerr := closeWithin(ctx, s); cerr != nil {
+				c.cfg.log.Warn("closing the kgo client of the image", "err", cerr)
+			}
+		}
+		var cl *kgo.Client
+		var sess *kgo.GroupTransactSession
+		var dial *conntrack.Tracker
+		cl, sess, dial, err = c.build()
+		if err == nil {
+			c.gen++
+			if c.marks != nil {
+				c.marks.rotate()
+			}
+			s = newState(cl, sess, dial, c.gen)
+			c.startResolve(cl)
+			rep["new_client"] = true
+		}
+	default:
+		s = newState(s.cl, s.sess, s.dial, s.gen)
+		if c.resolving != nil && c.pos.unresolved() > 0 {
+			c.startResolve(s.cl)
+		}
+		rep["new_client"] = false
+	}
+	if err != nil {
+		// Cannot happen with options NewClient accepted; fail calls
+		// rather than leave them waiting.
+		c.closed = true
+		s = &state{cl: s.cl, closed: true, gate: make(chan struct{}), stop: s.stop, cancel: s.cancel}
+		err = fmt.Errorf("kgohooks: new kgo client: %w", err)
+	}
+	c.torn, c.cut = false, false
+	c.state.Store(s)
+	close(c.gate)
+	c.gate = nil
+	rep["callers_blocked"] = c.blocked.Load()
+	rep["duration_ms"] = time.Since(start).Milliseconds()
+	c.setReport(rep)
+	return err
+}

@@ -1,0 +1,32 @@
+package kgohooks
+
+import (
+	"errors"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+)
+
+var (
+	// ErrOpenTxn is the error of a checkpoint refused by FailOnOpenTxn.
+	ErrOpenTxn = errors.New("kgohooks: a transaction is open")
+	// ErrTxnAbortedByCheckpoint is returned for calls that belong to a
+	// transaction the before-checkpoint hook aborted (AbortOpenTxn).
+	ErrTxnAbortedByCheckpoint = errors.New("kgohooks: the transaction was aborted by a checkpoint; begin a new one")
+	// ErrNotFlushed is the error of a checkpoint refused because buffered
+	// records were not all acknowledged within the hook's budget.
+	ErrNotFlushed = errors.New("kgohooks: records not acknowledged within the checkpoint budget")
+)
+
+// IsFenced reports whether err is one the broker gives a transactional
+// producer after another one took its transactional id: after a restore
+// with KeepTxnID, the instance that initialized the id last fences the
+// other. Kafka 4.1 (transactions v2) answers the fenced one with
+// kerr.InvalidProducerEpoch on a produce, kerr.ProducerFenced, or
+// kerr.InvalidTxnState when it ends a transaction the new holder aborted;
+// kgo then refuses to begin another. A fenced client cannot commit again;
+// kgohooks does not replace it, because the id now belongs to the other
+// instance: stop producing and Close it.
+func IsFenced(err error) bool {
+	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) ||
+		errors.Is(err, kerr.InvalidTxnState)
+}

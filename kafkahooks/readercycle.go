@@ -1,0 +1,178 @@
+package kafkahooks
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kcr-dev/kcr/internal/quiesce"
+	"github.com/kcr-dev/kcr/notify"
+)
+
+// BeforeCheckpoint implements notify.Resource; see the type's documentation.
+func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
+	start := time.Now()
+	r.mu.Lock()
+	if r.closed || r.closing != nil {
+		r.mu.Unlock()
+		return nil
+	}
+	s := r.state.Load()
+	r.closing = make(chan struct{})
+	r.cycle++
+	r.inCycle = true
+	cycle := r.cycle
+	r.dropped.Store(0)
+	r.minDropped.Store(math.MaxInt64)
+	r.state.Store(&readerState{r: s.r, gate: r.closing, handed: s.handed, retired: s.retired})
+	inner, conns := s.r, r.conns
+	r.mu.Unlock()
+	if r.stash != nil {
+		// Says whether the hook has commits of its own to flush.
+		r.cfg.log.Debug("kafka reader quiescing", "pending_commit_partitions", r.stash.size())
+	}
+
+	dctx, cancel := drainContext(ctx)
+	defer cancel()
+	// Commits go out before the kafka.Reader closes: its own final commit
+	// gets a single attempt.
+	type quiesced struct {
+		pinned int
+		err    error
+	}
+	done := make(chan quiesced, 1)
+	r.bg.Add(1)
+	go func() {
+		defer r.bg.Done()
+		var q quiesced
+		if r.group {
+			quiesce.WaitZero(dctx, &r.committing)
+			if r.stash != nil {
+				q.err = r.flushRetry(dctx, s)
+			}
+			if q.err == nil && r.rcfg.StartOffset == kafka.LastOffset {
+				q.pinned, q.err = r.pinTail(dctx, s)
+			}
+		}
+		inner.Close()
+		done <- q
+	}()
+	closed := true
+	var q quiesced
+	select {
+	case q = <-done:
+	case <-dctx.Done():
+		closed = false
+		if r.group {
+			q.err = fmt.Errorf("%w: the budget ran out", ErrCommitsNotFlushed)
+			if r.stash == nil && r.rcfg.StartOffset != kafka.LastOffset {
+				q.err = nil // nothing of ours was pending
+			}
+		}
+	}
+	s.retired.cancel()
+	// Fetches that were inside kafka-go note their drops before the
+	// offsets are read.
+	quiesce.WaitZero(dctx, &r.fetching)
+	n := conns.CloseAll(true)
+	st := r.absorb(inner)
+
+	rc := &ReaderCheckpoint{
+		Group:             r.rcfg.GroupID,
+		ClosedCleanly:     closed,
+		PrefetchedDropped: st.QueueLength + r.dropped.Load(),
+		ConnectionsClosed: n,
+	}
+	rep := ReaderReport{Phase: "before-checkpoint", ClientID: r.ClientID(), CallersBlocked: r.blocked.Load(), ReaderCheckpoint: rc}
+	var err error
+	if r.group {
+		rc.GroupCheckpoint = &GroupCheckpoint{
+			LeftGroup:             closed,
+			StaleCommits:          r.staleCommits.Load(),
+			StartOffsetsCommitted: q.pinned,
+		}
+		if q.err != nil {
+			rc.CommitError = q.err.Error()
+			if !r.cfg.unflushedOK {
+				err = q.err
+			}
+		}
+	} else {
+		next := inner.Offset()
+		if s.tail {
+			// Still at a LastOffset that nothing resolved yet.
+			next = kafka.LastOffset
+			if off, rerr := r.lastOffset(dctx); rerr == nil {
+				next = off
+			} else {
+				r.cfg.log.Warn("kafka reader could not resolve LastOffset before the checkpoint; it resolves again after it", "err", rerr)
+			}
+		}
+		if md := r.minDropped.Load(); md < next || (next < 0 && md != math.MaxInt64) {
+			next = md
+		}
+		r.mu.Lock()
+		if !r.nextSet && r.inCycle && r.cycle == cycle {
+			r.next = next
+		}
+		next = r.next
+		r.mu.Unlock()
+		rep.NextOffset = &next
+	}
+	elapsed := time.Since(start)
+	rep.DurationMS = elapsed.Milliseconds()
+	r.reports.store(rep)
+	switch {
+	case err != nil:
+		r.cfg.log.Warn("kafka reader could not flush its commits before the checkpoint; the checkpoint fails", "err", err, "duration", elapsed)
+	case closed:
+		r.cfg.log.Debug("kafka reader quiesced", "prefetched_dropped", rc.PrefetchedDropped, "duration", elapsed)
+	default:
+		r.cfg.log.Warn("kafka reader did not close within the checkpoint budget; connections closed without leaving the group or flushing commits (records will be redelivered)",
+			"duration", elapsed, "cause", context.Cause(ctx))
+	}
+	return err
+}
+
+// AfterRestore implements notify.Resource; see the type's documentation.
+func (r *Reader) AfterRestore(ctx context.Context, ev notify.Event) error {
+	start := time.Now()
+	r.mu.Lock()
+	if r.closed || r.closing == nil {
+		r.mu.Unlock()
+		return nil
+	}
+	r.renewClientID(ev)
+	inner := r.newInner()
+	r.inCycle = false
+	r.state.Store(&readerState{r: inner, handed: r.state.Load().handed.next(), retired: newRetired(),
+		tail: !r.group && r.next == kafka.LastOffset})
+	close(r.closing)
+	r.closing = nil
+	rep := ReaderReport{
+		Phase:          "after-restore",
+		Event:          ev.Kind.String(),
+		ClientID:       r.currentClientID(),
+		CallersBlocked: r.blocked.Load(),
+	}
+	if !r.group {
+		next := r.next
+		rep.NextOffset = &next
+	}
+	r.nextSet = false
+	r.mu.Unlock()
+	rep.DurationMS = time.Since(start).Milliseconds()
+	r.reports.store(rep)
+	return nil
+}
+
+// CheckpointReport implements notify.Reporter: Report as a map, which lands
+// in the image manifest; nil before the first hook run.
+func (r *Reader) CheckpointReport() map[string]any { return r.reports.asMap() }
+
+// Report returns the report of the last hook run, and false before the
+// first one. Its parts are shared: do not modify them.
+func (r *Reader) Report() (ReaderReport, bool) { return r.reports.load() }

@@ -680,6 +680,16 @@ func (a *kapp) waitAfter(skip int, timeout time.Duration) event {
 	return ev
 }
 
+// finish waits until the app has had 100 records acknowledged beyond the
+// first from, stops the process pid and asserts that every acknowledged
+// record is on topic. It returns the count of each number on it.
+func (a *kapp) finish(topic string, pid, from int) map[int]int {
+	a.t.Helper()
+	a.waitAcked(from+100, 30*time.Second)
+	a.stop(pid)
+	return a.k.checkAcked(topic, acked(a.events()))
+}
+
 // stop sends SIGTERM and waits until the app has flushed, closed its
 // clients and exited.
 func (a *kapp) stop(pid int) {

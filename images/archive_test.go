@@ -14,7 +14,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/klauspost/compress/zstd"
+	"github.com/kcr-dev/kcr/internal/testimg"
 )
 
 // entry is one entry of a hand-made test archive.
@@ -47,46 +47,16 @@ func makeTar(t *testing.T, entries []entry) []byte {
 	return buf.Bytes()
 }
 
-func compress(t *testing.T, data []byte) []byte {
-	t.Helper()
-	var buf bytes.Buffer
-	zw, err := zstd.NewWriter(&buf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := zw.Write(data); err != nil {
-		t.Fatal(err)
-	}
-	if err := zw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
-}
-
-func decompress(t *testing.T, data []byte) []byte {
-	t.Helper()
-	zr, err := zstd.NewReader(bytes.NewReader(data))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer zr.Close()
-	out, err := io.ReadAll(zr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
 // makeArchive writes entries as a zstd-compressed tar stream.
 func makeArchive(t *testing.T, entries []entry) []byte {
 	t.Helper()
-	return compress(t, makeTar(t, entries))
+	return testimg.Zstd(t, makeTar(t, entries))
 }
 
 // readArchive lists the entries of an archive.
 func readArchive(t *testing.T, data []byte) []entry {
 	t.Helper()
-	tr := tar.NewReader(bytes.NewReader(decompress(t, data)))
+	tr := tar.NewReader(bytes.NewReader(testimg.Unzstd(t, data)))
 	var out []entry
 	for {
 		hdr, err := tr.Next()
@@ -297,13 +267,13 @@ func TestExportDamagedImage(t *testing.T) {
 // stream: the zstd layer is valid, the SHA-256 is not.
 func TestImportTampered(t *testing.T) {
 	src := build(t)
-	raw := decompress(t, exportBytes(t, src))
+	raw := testimg.Unzstd(t, exportBytes(t, src))
 	i := bytes.Index(raw, bytes.Repeat([]byte{0xAB}, 4096)) // criu/pages-1.img
 	if i < 0 {
 		t.Fatal("pages-1.img payload not found in the tar stream")
 	}
 	raw[i+1000] ^= 0x01
-	data := compress(t, raw)
+	data := testimg.Zstd(t, raw)
 
 	parent := t.TempDir()
 	final := filepath.Join(parent, "img")
@@ -405,7 +375,7 @@ func TestImportRefused(t *testing.T) {
 		{"newer format", manifest(func(m map[string]any) { m["format_version"] = 99 }), nil, ErrVersion, []string{"upgrade kcr"}},
 		{"empty", nil, nil, ErrBadArchive, []string{"is empty"}},
 		{"not zstd", nil, makeTar(t, good), ErrBadArchive, []string{"not a zstd-compressed archive"}},
-		{"not tar", nil, compress(t, bytes.Repeat([]byte("not a tar "), 100)), ErrBadArchive, []string{"not a valid tar stream"}},
+		{"not tar", nil, testimg.Zstd(t, bytes.Repeat([]byte("not a tar "), 100)), ErrBadArchive, []string{"not a valid tar stream"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kcr-dev/kcr/internal/testimg"
 )
 
 // testKey writes a key pair into a temporary directory and returns the
@@ -370,7 +372,7 @@ func TestSecurityForeignCacheIgnored(t *testing.T) {
 	noQuiet(t)
 	priv, pubFile := testKey(t)
 	img := buildSigned(t, priv)
-	chownAll(t, img, otherUID)
+	testimg.ChownAll(t, img, testimg.OtherUID)
 	p := filepath.Join(img, "criu", "core-1.img")
 	must(t, os.WriteFile(p, []byte("evil image"), 0o600)) // same size
 	fi, err := os.Lstat(p)
@@ -390,7 +392,7 @@ func TestSecurityForeignCacheIgnored(t *testing.T) {
 	ids["criu/core-1.img"], _ = idOf(fi, ids["criu/core-1.img"].SHA)
 	forged, _ := json.Marshal(ids)
 	must(t, os.WriteFile(filepath.Join(img, VerifiedName), forged, 0o600))
-	must(t, os.Lchown(filepath.Join(img, VerifiedName), otherUID, otherUID)) // chownAll would move the files' ctimes
+	must(t, os.Lchown(filepath.Join(img, VerifiedName), testimg.OtherUID, testimg.OtherUID)) // ChownAll would move the files' ctimes
 	err = openSigned(img, pubKeys(t, pubFile))
 	checkErr(t, err, ErrCorrupt, "core-1.img")
 }

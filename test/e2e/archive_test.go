@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/klauspost/compress/zstd"
+	"github.com/kcr-dev/kcr/internal/testimg"
 )
 
 // 9. checkpoint → export → image deleted → import elsewhere by a fresh kcr
@@ -126,7 +126,7 @@ func TestArchiveRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw := unzstd(t, data)
+	raw := testimg.Unzstd(t, data)
 
 	// Tampered: one byte of a pages file's payload flipped in the tar
 	// stream, recompressed: valid zstd, wrong sha256.
@@ -176,9 +176,9 @@ func TestArchiveRefused(t *testing.T) {
 		data []byte
 		want []string
 	}{
-		{"tampered", rezstd(t, tampered), []string{pages + " is corrupt: sha256 mismatch", "export the image again"}},
+		{"tampered", testimg.Zstd(t, tampered), []string{pages + " is corrupt: sha256 mismatch", "export the image again"}},
 		{"truncated", data[:len(data)/2], []string{"archive is truncated", "copy it again"}},
-		{"escape", rezstd(t, esc.Bytes()), []string{`"../evil"`, "refusing to write outside the image"}},
+		{"escape", testimg.Zstd(t, esc.Bytes()), []string{`"../evil"`, "refusing to write outside the image"}},
 	}
 	for _, c := range cases {
 		file := filepath.Join(dir, c.name+".tar.zst")
@@ -215,32 +215,4 @@ func TestArchiveRefused(t *testing.T) {
 		t.Errorf("import over a non-empty directory: exit %d %q; want 5, already exists", r.code, r.stderr)
 	}
 	mustKCR(t, "import", arch, "-o", filepath.Join(t.TempDir(), "ok"))
-}
-
-func unzstd(t *testing.T, data []byte) []byte {
-	t.Helper()
-	zr, err := zstd.NewReader(bytes.NewReader(data))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer zr.Close()
-	out, err := io.ReadAll(zr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-func rezstd(t *testing.T, data []byte) []byte {
-	t.Helper()
-	var buf bytes.Buffer
-	zw, err := zstd.NewWriter(&buf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	zw.Write(data)
-	if err := zw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
 }

@@ -16,21 +16,23 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/kcr-dev/kcr/internal/testimg"
 )
 
-// asOther runs a shell command as otherUID, as an attacker on the host
+// asOther runs a shell command as uid testimg.OtherUID, as an attacker on the host
 // would, with stdin from in.
 func asOther(t *testing.T, in []byte, script string) {
 	t.Helper()
 	cmd := exec.Command("/bin/sh", "-c", script)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: otherUID, Gid: otherUID}}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: testimg.OtherUID, Gid: testimg.OtherUID}}
 	cmd.Stdin = bytes.NewReader(in)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("as uid %d: %s: %v: %s", otherUID, script, err, out)
+		t.Fatalf("as uid %d: %s: %v: %s", testimg.OtherUID, script, err, out)
 	}
 }
 
-// sharedDir returns a new directory that otherUID owns, under ancestors it
+// sharedDir returns a new directory that uid testimg.OtherUID owns, under ancestors it
 // can traverse.
 func sharedDir(t *testing.T) string {
 	t.Helper()
@@ -44,7 +46,7 @@ func sharedDir(t *testing.T) string {
 	if err := os.Mkdir(d, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	chownR(t, d, otherUID)
+	testimg.ChownAll(t, d, testimg.OtherUID)
 	return d
 }
 
@@ -52,7 +54,7 @@ func sharedDir(t *testing.T) string {
 // fixes its checksum in the manifest, keeping the original signature.
 func reforge(t *testing.T, data []byte) []byte {
 	t.Helper()
-	tr := tar.NewReader(bytes.NewReader(unzstd(t, data)))
+	tr := tar.NewReader(bytes.NewReader(testimg.Unzstd(t, data)))
 	type ent struct {
 		hdr  *tar.Header
 		body []byte
@@ -102,7 +104,7 @@ func reforge(t *testing.T, data []byte) []byte {
 		tw.Write(e.body)
 	}
 	tw.Close()
-	return rezstd(t, out.Bytes())
+	return testimg.Zstd(t, out.Bytes())
 }
 
 // TestSecuritySignedImage: an image checkpointed with --sign and exported
@@ -166,9 +168,9 @@ func TestSecuritySignedImage(t *testing.T) {
 	if out, err := exec.Command("cp", "-a", good, theirs).CombinedOutput(); err != nil {
 		t.Fatalf("cp: %v %s", err, out)
 	}
-	chownR(t, theirs, otherUID)
+	testimg.ChownAll(t, theirs, testimg.OtherUID)
 	if r := kcr(t, "restore", "--verify-key", keys+".pub", theirs); r.code != 5 || !strings.Contains(r.stderr, "--allow-untrusted") {
-		t.Fatalf("restore --verify-key of uid %d's image: exit %d %q; want 5 (untrusted owner)", otherUID, r.code, r.stderr)
+		t.Fatalf("restore --verify-key of uid %d's image: exit %d %q; want 5 (untrusted owner)", testimg.OtherUID, r.code, r.stderr)
 	}
 	asOther(t, nil, `sed -i 's/"leave_running": false/"leave_running": true/' `+filepath.Join(theirs, "manifest.json"))
 	if r := kcr(t, "restore", "--verify-key", keys+".pub", "--allow-untrusted", theirs); r.code != 9 {

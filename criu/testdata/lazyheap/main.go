@@ -20,11 +20,11 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/kcr-dev/kcr/internal/testsvc"
 )
 
 const pageSize = 4096
@@ -59,11 +59,7 @@ func main() {
 		fatal(err)
 	}
 	if *portFile != "" {
-		tmp := *portFile + ".tmp"
-		if err := os.WriteFile(tmp, []byte(ln.Addr().String()), 0o644); err != nil {
-			fatal(err)
-		}
-		if err := os.Rename(tmp, *portFile); err != nil {
+		if err := testsvc.WriteAddr(*portFile, ln.Addr().String()); err != nil {
 			fatal(err)
 		}
 	}
@@ -140,24 +136,12 @@ func check(seed uint64) (sum uint64, bad int) {
 }
 
 func startDaemon(out, portFile string) {
-	if out == "" || portFile == "" {
-		fatal(fmt.Errorf("-daemon needs -out and -portfile"))
+	if portFile == "" {
+		fatal(fmt.Errorf("-daemon needs -portfile"))
 	}
-	f, err := os.OpenFile(out, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-	if err != nil {
-		fatal(err)
-	}
-	var args []string
-	flag.Visit(func(fl *flag.Flag) {
-		if fl.Name != "daemon" && fl.Name != "out" {
-			args = append(args, "-"+fl.Name+"="+fl.Value.String())
-		}
-	})
 	os.Remove(portFile)
-	cmd := exec.Command(os.Args[0], args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
+	cmd, err := testsvc.Detach(out)
+	if err != nil {
 		fatal(err)
 	}
 	exited := make(chan error, 1)

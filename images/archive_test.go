@@ -178,16 +178,7 @@ func TestExportImportRoundTrip(t *testing.T) {
 		t.Error("manifest changed in the round trip")
 	}
 	sameImage(t, src, final)
-	for _, d := range []string{"", "criu", "criu/sub", "criu/sub/deeper"} {
-		if m := mode(t, filepath.Join(final, d)); m != 0o700 {
-			t.Errorf("%s/ mode %04o, want 0700", d, m)
-		}
-	}
-	for _, f := range append(want, ManifestName) {
-		if m := mode(t, filepath.Join(final, f)); m != 0o600 {
-			t.Errorf("%s mode %04o, want 0600", f, m)
-		}
-	}
+	checkPrivate(t, final, []string{"", "criu", "criu/sub", "criu/sub/deeper"}, append(want, ManifestName))
 }
 
 func TestExportImportFile(t *testing.T) {
@@ -412,12 +403,8 @@ func TestImportDirectoryEntries(t *testing.T) {
 	if _, err := Import(context.Background(), bytes.NewReader(makeArchive(t, entries)), final); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Open(context.Background(), final); err != nil {
-		t.Fatal(err)
-	}
-	if m := mode(t, filepath.Join(final, "criu", "sub")); m != 0o700 {
-		t.Errorf("criu/sub mode %04o, want 0700", m)
-	}
+	openPrivate(t, final)
+	checkPrivate(t, final, []string{"criu/sub"}, nil)
 }
 
 func TestImportDestination(t *testing.T) {
@@ -441,12 +428,7 @@ func TestImportDestination(t *testing.T) {
 	if _, err := Import(context.Background(), bytes.NewReader(data), empty); err != nil {
 		t.Fatalf("import into an empty directory: %v", err)
 	}
-	if _, err := Open(context.Background(), empty); err != nil {
-		t.Fatal(err)
-	}
-	if m := mode(t, empty); m != 0o700 {
-		t.Errorf("imported image mode %04o, want 0700", m)
-	}
+	openPrivate(t, empty)
 }
 
 func TestImportCanceled(t *testing.T) {

@@ -477,19 +477,6 @@ func FuzzVerifySignature(f *testing.F) {
 	})
 }
 
-// pendingDump leaves the temporary directory of a checkpoint whose kcr died
-// after CRIU's dump, with its draft manifest.
-func pendingDump(t *testing.T) *Builder {
-	t.Helper()
-	b, err := Create(filepath.Join(t.TempDir(), "img"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	writeDump(t, b.CRIUDir())
-	must(t, b.WritePending(testManifest()))
-	return b
-}
-
 // BenchmarkVerifySignature: the cost --verify-key adds to an Open, for a
 // manifest of 64 KiB (some 400 files).
 func BenchmarkVerifySignature(b *testing.B) {

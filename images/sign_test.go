@@ -312,8 +312,8 @@ func TestSignedExportImport(t *testing.T) {
 	ctx := context.Background()
 	img := buildSigned(t, priv)
 	data := exportBytes(t, img)
-	ents := readArchive(t, data)
-	if len(ents) < 2 || ents[1].hdr.Name != SignatureName {
+	ents := testimg.ReadArchive(t, data)
+	if len(ents) < 2 || ents[1].Hdr.Name != SignatureName {
 		t.Fatalf("the signature is not the archive's second entry")
 	}
 
@@ -340,7 +340,7 @@ func TestSignedExportImport(t *testing.T) {
 
 	// Refused before anything is unpacked, leaving nothing behind.
 	var m map[string]any
-	must(t, json.Unmarshal(ents[0].data, &m))
+	must(t, json.Unmarshal(ents[0].Data, &m))
 	m["host"] = "evil"
 	evil, _ := json.Marshal(m)
 	for name, tc := range map[string]struct {
@@ -350,13 +350,13 @@ func TestSignedExportImport(t *testing.T) {
 		"unsigned":             {append([]entry{ents[0]}, ents[2:]...), "missing"},
 		"unsigned and empty":   {[]entry{ents[0]}, "missing"},
 		"tampered manifest":    {append([]entry{regEntry(ManifestName, evil), ents[1]}, ents[2:]...), "changed after it was signed"},
-		"other key":            {append([]entry{ents[0], regEntry(SignatureName, signManifest(otherPriv, ents[0].data))}, ents[2:]...), "not one of"},
-		"truncated signature":  {append([]entry{ents[0], regEntry(SignatureName, ents[1].data[:40])}, ents[2:]...), "malformed"},
+		"other key":            {append([]entry{ents[0], regEntry(SignatureName, signManifest(otherPriv, ents[0].Data))}, ents[2:]...), "not one of"},
+		"truncated signature":  {append([]entry{ents[0], regEntry(SignatureName, ents[1].Data[:40])}, ents[2:]...), "malformed"},
 		"signature not second": {append(append([]entry{ents[0]}, ents[2:]...), ents[1]), "missing"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			parent := t.TempDir()
-			_, err := Import(ctx, bytes.NewReader(makeArchive(t, tc.entries)), filepath.Join(parent, "img"), WithVerifyKeys(keys))
+			_, err := Import(ctx, bytes.NewReader(testimg.Archive(t, tc.entries)), filepath.Join(parent, "img"), WithVerifyKeys(keys))
 			checkErr(t, err, ErrSignature, tc.frag)
 			nothingLeft(t, parent)
 		})

@@ -1,8 +1,10 @@
 // Package testimg helps tests make and tamper with kcr images and archives:
-// trees owned by another user, zstd streams to take apart and put together.
+// trees owned by another user, tar and zstd streams to take apart and put
+// together.
 package testimg
 
 import (
+	"archive/tar"
 	"bytes"
 	"io"
 	"os"
@@ -59,4 +61,64 @@ func Unzstd(t testing.TB, data []byte) []byte {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// Entry is one entry of a tar stream.
+type Entry struct {
+	Hdr  tar.Header
+	Data []byte
+}
+
+// Tar writes entries as a tar stream, with their headers as they are.
+func Tar(t testing.TB, entries []Entry) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range entries {
+		hdr := e.Hdr
+		if err := tw.WriteHeader(&hdr); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write(e.Data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// ReadTar lists the entries of a tar stream.
+func ReadTar(t testing.TB, data []byte) []Entry {
+	t.Helper()
+	tr := tar.NewReader(bytes.NewReader(data))
+	var out []Entry
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, Entry{*hdr, b})
+	}
+}
+
+// Archive writes entries as a zstd-compressed tar stream: what kcr export
+// writes.
+func Archive(t testing.TB, entries []Entry) []byte {
+	t.Helper()
+	return Zstd(t, Tar(t, entries))
+}
+
+// ReadArchive lists the entries of a zstd-compressed tar stream.
+func ReadArchive(t testing.TB, data []byte) []Entry {
+	t.Helper()
+	return ReadTar(t, Unzstd(t, data))
 }

@@ -143,26 +143,9 @@ func TestArchiveRefused(t *testing.T) {
 	tampered[at+512+100] ^= 0xff
 
 	// Path escape: an extra "../evil" entry right after the manifest.
-	var esc bytes.Buffer
-	tw := tar.NewWriter(&esc)
-	tr = tar.NewReader(bytes.NewReader(raw))
-	for i := 0; ; i++ {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(tr)
-		tw.WriteHeader(hdr)
-		tw.Write(body)
-		if i == 0 {
-			tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "../evil", Size: 5, Mode: 0o600})
-			tw.Write([]byte("pwned"))
-		}
-	}
-	tw.Close()
+	ents := testimg.ReadTar(t, raw)
+	evil := testimg.Entry{Hdr: tar.Header{Typeflag: tar.TypeReg, Name: "../evil", Size: 5, Mode: 0o600}, Data: []byte("pwned")}
+	esc := testimg.Zstd(t, testimg.Tar(t, append([]testimg.Entry{ents[0], evil}, ents[1:]...)))
 
 	cases := []struct {
 		name string
@@ -171,7 +154,7 @@ func TestArchiveRefused(t *testing.T) {
 	}{
 		{"tampered", testimg.Zstd(t, tampered), []string{pages + " is corrupt: sha256 mismatch", "export the image again"}},
 		{"truncated", data[:len(data)/2], []string{"archive is truncated", "copy it again"}},
-		{"escape", testimg.Zstd(t, esc.Bytes()), []string{`"../evil"`, "refusing to write outside the image"}},
+		{"escape", esc, []string{`"../evil"`, "refusing to write outside the image"}},
 	}
 	for _, c := range cases {
 		file := filepath.Join(dir, c.name+".tar.zst")

@@ -4,12 +4,10 @@ package e2e
 // an image, so only a signature says who that was.
 
 import (
-	"archive/tar"
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -54,36 +52,20 @@ func sharedDir(t *testing.T) string {
 // fixes its checksum in the manifest, keeping the original signature.
 func reforge(t *testing.T, data []byte) []byte {
 	t.Helper()
-	tr := tar.NewReader(bytes.NewReader(testimg.Unzstd(t, data)))
-	type ent struct {
-		hdr  *tar.Header
-		body []byte
-	}
-	var ents []ent
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(tr)
-		ents = append(ents, ent{hdr, body})
-	}
-	if len(ents) < 3 || ents[1].hdr.Name != "manifest.sig" {
-		t.Fatalf("signed archive: second entry is %q, want manifest.sig", ents[1].hdr.Name)
+	ents := testimg.ReadArchive(t, data)
+	if len(ents) < 3 || ents[1].Hdr.Name != "manifest.sig" {
+		t.Fatalf("signed archive: second entry is %q, want manifest.sig", ents[1].Hdr.Name)
 	}
 	var m map[string]any
-	if err := json.Unmarshal(ents[0].body, &m); err != nil {
+	if err := json.Unmarshal(ents[0].Data, &m); err != nil {
 		t.Fatal(err)
 	}
 	changed := ""
 	for _, e := range ents[2:] {
-		if strings.HasPrefix(filepath.Base(e.hdr.Name), "pages-") && len(e.body) > 100 {
-			e.body[100] ^= 0xff
-			changed = e.hdr.Name
-			sum := sha256.Sum256(e.body)
+		if strings.HasPrefix(filepath.Base(e.Hdr.Name), "pages-") && len(e.Data) > 100 {
+			e.Data[100] ^= 0xff
+			changed = e.Hdr.Name
+			sum := sha256.Sum256(e.Data)
 			for _, f := range m["files"].([]any) {
 				if f := f.(map[string]any); f["path"] == changed {
 					f["sha256"] = hex.EncodeToString(sum[:])
@@ -95,16 +77,11 @@ func reforge(t *testing.T, data []byte) []byte {
 	if changed == "" {
 		t.Fatal("no pages file in the archive")
 	}
-	ents[0].body, _ = json.MarshalIndent(m, "", "  ")
-	var out bytes.Buffer
-	tw := tar.NewWriter(&out)
-	for _, e := range ents {
-		e.hdr.Size = int64(len(e.body))
-		tw.WriteHeader(e.hdr)
-		tw.Write(e.body)
+	ents[0].Data, _ = json.MarshalIndent(m, "", "  ")
+	for i := range ents {
+		ents[i].Hdr.Size = int64(len(ents[i].Data))
 	}
-	tw.Close()
-	return testimg.Zstd(t, out.Bytes())
+	return testimg.Archive(t, ents)
 }
 
 // TestSecuritySignedImage: an image checkpointed with --sign and exported

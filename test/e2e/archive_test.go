@@ -20,10 +20,7 @@ import (
 // 9. checkpoint → export → image deleted → import elsewhere by a fresh kcr
 // → restore: the app carries on.
 func TestArchiveRoundTrip(t *testing.T) {
-	need(t)
-	echo := newEcho(t)
-	a := startApp(t, "-echo", echo.addr())
-	time.Sleep(200 * time.Millisecond)
+	echo, a := startEchoApp(t)
 	c0, gen0, id0 := state(t, a.listen)
 	img := checkpointGone(t, a.pid)
 

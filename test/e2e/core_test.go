@@ -20,10 +20,7 @@ var (
 // 1. checkpoint → gone → restore → state continues, hooks in order with
 // restore, outbound connection reopened.
 func TestCheckpointRestore(t *testing.T) {
-	need(t)
-	echo := newEcho(t)
-	a := startApp(t, "-echo", echo.addr())
-	time.Sleep(300 * time.Millisecond)
+	echo, a := startEchoApp(t)
 	c0, gen0, id0 := state(t, a.listen)
 	img := checkpointGone(t, a.pid)
 	if alive(a.pid) {

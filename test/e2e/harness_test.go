@@ -144,6 +144,18 @@ func (e *echoServer) count() int {
 	return e.accepts
 }
 
+// startEchoApp starts testapp with an outbound connection to a new echo
+// server, and lets it run a moment: the connection is open, the worker has
+// ticked. It fails or skips the test without CRIU and root.
+func startEchoApp(t *testing.T) (*echoServer, *app) {
+	t.Helper()
+	need(t)
+	echo := newEcho(t)
+	a := startApp(t, "-echo", echo.addr())
+	time.Sleep(300 * time.Millisecond)
+	return echo, a
+}
+
 // startApp starts testapp detached: own session, stdin /dev/null, output to
 // an O_APPEND file, MPTCP off unless asked for.
 func startApp(t *testing.T, args ...string) *app {

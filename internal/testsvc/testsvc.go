@@ -1,13 +1,17 @@
 // Package testsvc is what the test services under criu/testdata share:
-// starting a detached copy of themselves and publishing their address.
+// starting a detached copy of themselves, publishing their address and
+// serving it.
 package testsvc
 
 import (
 	"errors"
 	"flag"
+	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"syscall"
+	"time"
 )
 
 // Detach starts a copy of this program with the flags that were set on the
@@ -42,4 +46,18 @@ func WriteAddr(path, addr string) error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+// Serve calls handle with every connection ln accepts, forever. A failed
+// accept is printed and retried: a test service must outlive a restore.
+func Serve(ln net.Listener, handle func(net.Conn)) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			fmt.Println("accept:", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		handle(c)
+	}
 }

@@ -45,18 +45,10 @@ func main() {
 				fatal(err)
 			}
 		}
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					fmt.Println("accept:", err)
-					time.Sleep(10 * time.Millisecond)
-					continue
-				}
-				fmt.Fprintf(c, "pong %d\n", counter.Load())
-				c.Close()
-			}
-		}()
+		go testsvc.Serve(ln, func(c net.Conn) {
+			fmt.Fprintf(c, "pong %d\n", counter.Load())
+			c.Close()
+		})
 	}
 	if *dial != "" {
 		c, err := net.Dial("tcp", *dial)

@@ -65,13 +65,7 @@ func main() {
 	}
 	fmt.Printf("ready pid %d addr %s\n", os.Getpid(), ln.Addr())
 	var mu sync.Mutex // one checksum at a time
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			fmt.Println("accept:", err)
-			time.Sleep(10 * time.Millisecond)
-			continue
-		}
+	testsvc.Serve(ln, func(c net.Conn) {
 		go func() {
 			defer c.Close()
 			c.SetDeadline(time.Now().Add(5 * time.Minute))
@@ -93,7 +87,7 @@ func main() {
 				fmt.Fprintf(c, "error unknown command %q\n", strings.TrimSpace(line))
 			}
 		}()
-	}
+	})
 }
 
 // word returns the pattern's i-th 8-byte word of page p (splitmix64).

@@ -4,11 +4,9 @@ package criu
 // integration_test.go), and userfaultfd.
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,79 +15,51 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kcr-dev/kcr/internal/testheap"
 )
 
 // heapTarget is a running testdata/lazyheap.
-type heapTarget struct {
-	pid  int
-	addr string
-	out  string
-	bin  string
-}
+type heapTarget struct{ *testheap.Heap }
 
-// startHeap starts lazyheap detached (setsid, stdin /dev/null, output
-// appended to a file, GODEBUG=multipathtcp=0) with a heap of mb MiB, and
-// waits until it has filled the heap and listens.
+// startHeap starts lazyheap with a heap of mb MiB and waits until it has
+// filled the heap and listens.
 func startHeap(t *testing.T, mb int, seed uint64) *heapTarget {
 	t.Helper()
 	bin := testProgram(t, "lazyheap")
-	dir := t.TempDir()
-	h := &heapTarget{out: filepath.Join(dir, "out.log"), bin: bin}
-	cmd := exec.Command(bin, "-daemon", "-out", h.out, "-portfile", filepath.Join(dir, "port"),
-		"-mb", strconv.Itoa(mb), "-seed", strconv.FormatUint(seed, 10))
-	for _, e := range os.Environ() {
-		if !strings.HasPrefix(e, "GODEBUG=") {
-			cmd.Env = append(cmd.Env, e)
-		}
-	}
-	cmd.Env = append(cmd.Env, "GODEBUG=multipathtcp=0")
-	out, err := cmd.Output()
+	h, err := testheap.Start(context.Background(), bin, t.TempDir(), mb, seed)
 	if err != nil {
-		t.Fatalf("start lazyheap: %v", err)
-	}
-	if _, err := fmt.Sscanf(string(out), "%d %s", &h.pid, &h.addr); err != nil {
-		t.Fatalf("lazyheap printed %q", out)
+		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if strings.Contains(cmdline(h.pid), bin) {
-			syscall.Kill(h.pid, syscall.SIGKILL)
-			waitGone(h.pid, 10*time.Second)
+		if strings.Contains(cmdline(h.PID), bin) {
+			syscall.Kill(h.PID, syscall.SIGKILL)
+			waitGone(h.PID, 10*time.Second)
 		}
 	})
-	return h
+	return &heapTarget{h}
 }
 
 // ask sends cmd to the target and returns its one-line answer.
 func (h *heapTarget) ask(t *testing.T, cmd string) string {
 	t.Helper()
-	c, err := net.DialTimeout("tcp", h.addr, 5*time.Second)
+	line, err := h.Ask(context.Background(), cmd)
 	if err != nil {
-		t.Fatalf("dial %s: %v", h.addr, err)
+		out, _ := os.ReadFile(h.Out)
+		t.Fatalf("%v; output:\n%s", err, out)
 	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(time.Minute))
-	fmt.Fprintf(c, "%s\n", cmd)
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		out, _ := os.ReadFile(h.out)
-		t.Fatalf("%s %s: %q, %v; output:\n%s", cmd, h.addr, line, err, out)
-	}
-	return strings.TrimSpace(line)
+	return line
 }
 
 // sum asks for the heap's checksum; it fails the test if a page differs
 // from the pattern.
 func (h *heapTarget) sum(t *testing.T) (sum string, ms int) {
 	t.Helper()
-	line := h.ask(t, "sum")
-	var pages, bad int
-	if _, err := fmt.Sscanf(line, "sum %s pages %d bad %d ms %d", &sum, &pages, &bad, &ms); err != nil {
-		t.Fatalf("sum: %q", line)
+	sum, _, took, err := h.Sum(context.Background())
+	if err != nil {
+		t.Fatal(err)
 	}
-	if bad != 0 {
-		t.Fatalf("%d of %d heap pages are wrong: %s", bad, pages, line)
-	}
-	return sum, ms
+	return sum, int(took.Milliseconds())
 }
 
 func daemonsFor(workDir string) []int {
@@ -149,11 +119,11 @@ func dumpHeap(t *testing.T, criu string, h *heapTarget) string {
 	t.Helper()
 	ctx := context.Background()
 	img := mkdir(t, "img")
-	res, err := Dump(ctx, criu, DumpOptions{PID: h.pid, ImagesDir: img})
+	res, err := Dump(ctx, criu, DumpOptions{PID: h.PID, ImagesDir: img})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := waitGone(h.pid, 10*time.Second); err != nil {
+	if err := waitGone(h.PID, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if err := CheckImagePIDsFree(ctx, img, 5*time.Second); err != nil {
@@ -169,7 +139,7 @@ func TestE2ELazyRestore(t *testing.T) {
 	const mb = 256
 	h := startHeap(t, mb, 7)
 	sumBefore, _ := h.sum(t)
-	fdsBefore := settledFDs(t, h.pid)
+	fdsBefore := settledFDs(t, h.PID)
 	img := dumpHeap(t, criu, h)
 
 	work := mkdir(t, "work")
@@ -182,8 +152,8 @@ func TestE2ELazyRestore(t *testing.T) {
 	if d == nil {
 		t.Fatal("no lazy-pages daemon in the result")
 	}
-	if rr.PID != h.pid {
-		t.Errorf("restored PID %d, want %d", rr.PID, h.pid)
+	if rr.PID != h.PID {
+		t.Errorf("restored PID %d, want %d", rr.PID, h.PID)
 	}
 	if d.LogPath != filepath.Join(work, DefaultLazyPagesLog) || d.SocketPath != filepath.Join(work, LazyPagesSocket) {
 		t.Errorf("daemon %+v", d)
@@ -206,7 +176,7 @@ func TestE2ELazyRestore(t *testing.T) {
 	// It answers at once, and with the same memory.
 	pong := h.ask(t, "ping")
 	firstAnswer := time.Since(restored)
-	if pong != fmt.Sprintf("pong %d", h.pid) {
+	if pong != fmt.Sprintf("pong %d", h.PID) {
 		t.Errorf("ping = %q", pong)
 	}
 	sumAfter, ms := h.sum(t)
@@ -270,7 +240,7 @@ func TestE2ELazyRestoreCallerExits(t *testing.T) {
 	}
 	var pid, dpid int
 	var logPath string
-	if _, err := fmt.Sscanf(string(out), "pid %d lazy %d log %s", &pid, &dpid, &logPath); err != nil || pid != h.pid {
+	if _, err := fmt.Sscanf(string(out), "pid %d lazy %d log %s", &pid, &dpid, &logPath); err != nil || pid != h.PID {
 		t.Fatalf("lazybench printed %q", out)
 	}
 	st, err := readProcStat(dpid)

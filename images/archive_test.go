@@ -14,94 +14,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/klauspost/compress/zstd"
+	"github.com/kcr-dev/kcr/internal/testimg"
 )
 
 // entry is one entry of a hand-made test archive.
-type entry struct {
-	hdr  tar.Header
-	data []byte
-}
+type entry = testimg.Entry
 
 func regEntry(name string, data []byte) entry {
-	return entry{tar.Header{Typeflag: tar.TypeReg, Name: name, Size: int64(len(data)), Mode: 0o600}, data}
-}
-
-// makeTar writes entries as an uncompressed tar stream.
-func makeTar(t *testing.T, entries []entry) []byte {
-	t.Helper()
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, e := range entries {
-		hdr := e.hdr
-		if err := tw.WriteHeader(&hdr); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tw.Write(e.data); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
-}
-
-func compress(t *testing.T, data []byte) []byte {
-	t.Helper()
-	var buf bytes.Buffer
-	zw, err := zstd.NewWriter(&buf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := zw.Write(data); err != nil {
-		t.Fatal(err)
-	}
-	if err := zw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
-}
-
-func decompress(t *testing.T, data []byte) []byte {
-	t.Helper()
-	zr, err := zstd.NewReader(bytes.NewReader(data))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer zr.Close()
-	out, err := io.ReadAll(zr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-// makeArchive writes entries as a zstd-compressed tar stream.
-func makeArchive(t *testing.T, entries []entry) []byte {
-	t.Helper()
-	return compress(t, makeTar(t, entries))
-}
-
-// readArchive lists the entries of an archive.
-func readArchive(t *testing.T, data []byte) []entry {
-	t.Helper()
-	tr := tar.NewReader(bytes.NewReader(decompress(t, data)))
-	var out []entry
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			return out
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := io.ReadAll(tr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, entry{*hdr, b})
-	}
+	return entry{Hdr: tar.Header{Typeflag: tar.TypeReg, Name: name, Size: int64(len(data)), Mode: 0o600}, Data: data}
 }
 
 // imageEntries returns what Export archives for the image in dir:
@@ -141,11 +61,11 @@ func exportBytes(t *testing.T, dir string) []byte {
 func sameImage(t *testing.T, want, got string) {
 	t.Helper()
 	for _, e := range imageEntries(t, want) {
-		b, err := os.ReadFile(filepath.Join(got, filepath.FromSlash(e.hdr.Name)))
+		b, err := os.ReadFile(filepath.Join(got, filepath.FromSlash(e.Hdr.Name)))
 		if err != nil {
-			t.Errorf("%s: %v", e.hdr.Name, err)
-		} else if !bytes.Equal(b, e.data) {
-			t.Errorf("%s differs after the round trip", e.hdr.Name)
+			t.Errorf("%s: %v", e.Hdr.Name, err)
+		} else if !bytes.Equal(b, e.Data) {
+			t.Errorf("%s differs after the round trip", e.Hdr.Name)
 		}
 	}
 }
@@ -167,15 +87,15 @@ func TestExportImportRoundTrip(t *testing.T) {
 
 	data := exportBytes(t, src)
 	var names []string
-	for _, e := range readArchive(t, data) {
-		names = append(names, e.hdr.Name)
-		if e.hdr.Typeflag != tar.TypeReg || e.hdr.Mode != 0o600 || e.hdr.Uid != 0 || e.hdr.Uname != "" {
-			t.Errorf("entry %s: type %q mode %o uid %d uname %q; want a plain 0600 file", e.hdr.Name, e.hdr.Typeflag, e.hdr.Mode, e.hdr.Uid, e.hdr.Uname)
+	for _, e := range testimg.ReadArchive(t, data) {
+		names = append(names, e.Hdr.Name)
+		if e.Hdr.Typeflag != tar.TypeReg || e.Hdr.Mode != 0o600 || e.Hdr.Uid != 0 || e.Hdr.Uname != "" {
+			t.Errorf("entry %s: type %q mode %o uid %d uname %q; want a plain 0600 file", e.Hdr.Name, e.Hdr.Typeflag, e.Hdr.Mode, e.Hdr.Uid, e.Hdr.Uname)
 		}
 	}
 	var want []string
 	for _, e := range imageEntries(t, src) {
-		want = append(want, e.hdr.Name)
+		want = append(want, e.Hdr.Name)
 	}
 	if !reflect.DeepEqual(names, want) {
 		t.Errorf("archive entries %q, want %q", names, want)
@@ -208,16 +128,7 @@ func TestExportImportRoundTrip(t *testing.T) {
 		t.Error("manifest changed in the round trip")
 	}
 	sameImage(t, src, final)
-	for _, d := range []string{"", "criu", "criu/sub", "criu/sub/deeper"} {
-		if m := mode(t, filepath.Join(final, d)); m != 0o700 {
-			t.Errorf("%s/ mode %04o, want 0700", d, m)
-		}
-	}
-	for _, f := range append(want, ManifestName) {
-		if m := mode(t, filepath.Join(final, f)); m != 0o600 {
-			t.Errorf("%s mode %04o, want 0600", f, m)
-		}
-	}
+	checkPrivate(t, final, []string{"", "criu", "criu/sub", "criu/sub/deeper"}, append(want, ManifestName))
 }
 
 func TestExportImportFile(t *testing.T) {
@@ -297,13 +208,13 @@ func TestExportDamagedImage(t *testing.T) {
 // stream: the zstd layer is valid, the SHA-256 is not.
 func TestImportTampered(t *testing.T) {
 	src := build(t)
-	raw := decompress(t, exportBytes(t, src))
+	raw := testimg.Unzstd(t, exportBytes(t, src))
 	i := bytes.Index(raw, bytes.Repeat([]byte{0xAB}, 4096)) // criu/pages-1.img
 	if i < 0 {
 		t.Fatal("pages-1.img payload not found in the tar stream")
 	}
 	raw[i+1000] ^= 0x01
-	data := compress(t, raw)
+	data := testimg.Zstd(t, raw)
 
 	parent := t.TempDir()
 	final := filepath.Join(parent, "img")
@@ -354,11 +265,11 @@ func TestImportRefused(t *testing.T) {
 
 	with := func(extra ...entry) []entry { return append(append([]entry{}, good...), extra...) }
 	hdr := func(typ byte, name, link string) entry {
-		return entry{tar.Header{Typeflag: typ, Name: name, Linkname: link, Mode: 0o600}, nil}
+		return entry{Hdr: tar.Header{Typeflag: typ, Name: name, Linkname: link, Mode: 0o600}, Data: nil}
 	}
 	manifest := func(edit func(m map[string]any)) []entry {
 		var m map[string]any
-		must(t, json.Unmarshal(good[0].data, &m))
+		must(t, json.Unmarshal(good[0].Data, &m))
 		edit(m)
 		b, err := json.Marshal(m)
 		must(t, err)
@@ -366,7 +277,7 @@ func TestImportRefused(t *testing.T) {
 	}
 	resized := func(i int, data []byte) []entry {
 		out := append([]entry{}, good...)
-		out[i] = regEntry(out[i].hdr.Name, data)
+		out[i] = regEntry(out[i].Hdr.Name, data)
 		return out
 	}
 
@@ -384,17 +295,17 @@ func TestImportRefused(t *testing.T) {
 		{"symlink", with(hdr(tar.TypeSymlink, "criu/link", "/etc/passwd")), nil, ErrUnsafePath, []string{"criu/link is a symlink", "only regular files and directories"}},
 		{"symlink over a listed file", append([]entry{good[0], hdr(tar.TypeSymlink, "criu/core-1.img", "/etc/shadow")}, good[2:]...), nil, ErrUnsafePath, []string{"criu/core-1.img is a symlink"}},
 		{"hard link", with(hdr(tar.TypeLink, "criu/hl", "criu/core-1.img")), nil, ErrUnsafePath, []string{"hard link"}},
-		{"device", with(entry{tar.Header{Typeflag: tar.TypeChar, Name: "criu/null", Devmajor: 1, Devminor: 3, Mode: 0o600}, nil}), nil, ErrUnsafePath, []string{"character device"}},
+		{"device", with(entry{Hdr: tar.Header{Typeflag: tar.TypeChar, Name: "criu/null", Devmajor: 1, Devminor: 3, Mode: 0o600}, Data: nil}), nil, ErrUnsafePath, []string{"character device"}},
 		{"fifo", with(hdr(tar.TypeFifo, "criu/fifo", "")), nil, ErrUnsafePath, []string{"named pipe"}},
 		{"unlisted file", with(regEntry("criu/extra.img", []byte("x"))), nil, ErrUnsafePath, []string{"criu/extra.img is not listed in manifest.json"}},
 		{"unlisted dir", with(hdr(tar.TypeDir, "evil/", "")), nil, ErrUnsafePath, []string{"evil/ is a directory that holds no file listed"}},
-		{"duplicate", with(good[3]), nil, ErrUnsafePath, []string{good[3].hdr.Name + " appears twice"}},
+		{"duplicate", with(good[3]), nil, ErrUnsafePath, []string{good[3].Hdr.Name + " appears twice"}},
 		{"second manifest", with(good[0]), nil, ErrUnsafePath, []string{"manifest.json appears twice"}},
-		{"missing file", append(append([]entry{}, good[:2]...), good[3:]...), nil, ErrMissing, []string{good[2].hdr.Name + " is missing from the archive"}},
-		{"manifest not first", append([]entry{good[1], good[0]}, good[2:]...), nil, ErrNotImage, []string{`first archive entry is "` + good[1].hdr.Name + `", not manifest.json`}},
+		{"missing file", append(append([]entry{}, good[:2]...), good[3:]...), nil, ErrMissing, []string{good[2].Hdr.Name + " is missing from the archive"}},
+		{"manifest not first", append([]entry{good[1], good[0]}, good[2:]...), nil, ErrNotImage, []string{`first archive entry is "` + good[1].Hdr.Name + `", not manifest.json`}},
 		{"no manifest", good[1:], nil, ErrNotImage, []string{"not manifest.json"}},
-		{"shorter than manifest", resized(4, []byte("short")), nil, ErrTruncated, []string{good[4].hdr.Name + " is truncated: 5 bytes, manifest says"}},
-		{"longer than manifest", resized(4, bytes.Repeat([]byte{1}, 5000)), nil, ErrCorrupt, []string{good[4].hdr.Name + " is corrupt: 5000 bytes"}},
+		{"shorter than manifest", resized(4, []byte("short")), nil, ErrTruncated, []string{good[4].Hdr.Name + " is truncated: 5 bytes, manifest says"}},
+		{"longer than manifest", resized(4, bytes.Repeat([]byte{1}, 5000)), nil, ErrCorrupt, []string{good[4].Hdr.Name + " is corrupt: 5000 bytes"}},
 		{"oversize manifest", []entry{regEntry(ManifestName, bytes.Repeat([]byte(" "), MaxManifestSize+1))}, nil, ErrCorruptManifest, []string{"larger than"}},
 		{"corrupt manifest", []entry{regEntry(ManifestName, []byte("{"))}, nil, ErrCorruptManifest, []string{"manifest.json is corrupt", "export the image again"}},
 		{"manifest lists ../", manifest(setFirstPath("../x")), nil, ErrUnsafePath, []string{`lists "../x"`}},
@@ -404,14 +315,14 @@ func TestImportRefused(t *testing.T) {
 		{"manifest lists the counter", manifest(setFirstPath(GenerationName)), nil, ErrUnsafePath, []string{`lists "restores"`, "reserves"}},
 		{"newer format", manifest(func(m map[string]any) { m["format_version"] = 99 }), nil, ErrVersion, []string{"upgrade kcr"}},
 		{"empty", nil, nil, ErrBadArchive, []string{"is empty"}},
-		{"not zstd", nil, makeTar(t, good), ErrBadArchive, []string{"not a zstd-compressed archive"}},
-		{"not tar", nil, compress(t, bytes.Repeat([]byte("not a tar "), 100)), ErrBadArchive, []string{"not a valid tar stream"}},
+		{"not zstd", nil, testimg.Tar(t, good), ErrBadArchive, []string{"not a zstd-compressed archive"}},
+		{"not tar", nil, testimg.Zstd(t, bytes.Repeat([]byte("not a tar "), 100)), ErrBadArchive, []string{"not a valid tar stream"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			data := tc.raw
 			if data == nil {
-				data = makeArchive(t, tc.entries)
+				data = testimg.Archive(t, tc.entries)
 			}
 			parent := t.TempDir()
 			final := filepath.Join(parent, "img")
@@ -435,19 +346,15 @@ func TestImportDirectoryEntries(t *testing.T) {
 	src := build(t)
 	good := imageEntries(t, src)
 	dir := func(name string) entry {
-		return entry{tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: 0o755}, nil}
+		return entry{Hdr: tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: 0o755}, Data: nil}
 	}
 	entries := append([]entry{good[0], dir("criu/"), dir("criu/sub/"), dir("criu/sub/deeper/")}, good[1:]...)
 	final := filepath.Join(t.TempDir(), "img")
-	if _, err := Import(context.Background(), bytes.NewReader(makeArchive(t, entries)), final); err != nil {
+	if _, err := Import(context.Background(), bytes.NewReader(testimg.Archive(t, entries)), final); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Open(context.Background(), final); err != nil {
-		t.Fatal(err)
-	}
-	if m := mode(t, filepath.Join(final, "criu", "sub")); m != 0o700 {
-		t.Errorf("criu/sub mode %04o, want 0700", m)
-	}
+	openPrivate(t, final)
+	checkPrivate(t, final, []string{"criu/sub"}, nil)
 }
 
 func TestImportDestination(t *testing.T) {
@@ -471,12 +378,7 @@ func TestImportDestination(t *testing.T) {
 	if _, err := Import(context.Background(), bytes.NewReader(data), empty); err != nil {
 		t.Fatalf("import into an empty directory: %v", err)
 	}
-	if _, err := Open(context.Background(), empty); err != nil {
-		t.Fatal(err)
-	}
-	if m := mode(t, empty); m != 0o700 {
-		t.Errorf("imported image mode %04o, want 0700", m)
-	}
+	openPrivate(t, empty)
 }
 
 func TestImportCanceled(t *testing.T) {

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kcr-dev/kcr/internal/testimg"
 )
 
 // crioEntries lays a kcr image out as "kcr export --format cri-o" does:
@@ -15,14 +17,14 @@ func crioEntries(t *testing.T, dir string) []entry {
 	t.Helper()
 	out := []entry{regEntry("config.dump", []byte(`{"id":"c"}`)), regEntry("spec.dump", []byte(`{}`))}
 	for _, e := range imageEntries(t, dir) {
-		name := e.hdr.Name
+		name := e.Hdr.Name
 		switch {
 		case name == ManifestName:
 			name = CRIOManifestName
 		case strings.HasPrefix(name, CRIUSubdir+"/"):
 			name = CRIOCheckpointDir + strings.TrimPrefix(name, CRIUSubdir)
 		}
-		out = append(out, regEntry(name, e.data))
+		out = append(out, regEntry(name, e.Data))
 	}
 	return out
 }
@@ -39,8 +41,8 @@ func writeFile(t *testing.T, data []byte) string {
 func TestImportCRIO(t *testing.T) {
 	src := build(t)
 	for name, data := range map[string][]byte{
-		"tar":     makeTar(t, crioEntries(t, src)),
-		"tar.zst": makeArchive(t, crioEntries(t, src)),
+		"tar":     testimg.Tar(t, crioEntries(t, src)),
+		"tar.zst": testimg.Archive(t, crioEntries(t, src)),
 	} {
 		t.Run(name, func(t *testing.T) {
 			dst := filepath.Join(t.TempDir(), "img")
@@ -68,9 +70,9 @@ func TestImportCRIORefused(t *testing.T) {
 	good := crioEntries(t, src)
 	last := len(good) - 1
 	tampered := append([]entry(nil), good...)
-	d := append([]byte(nil), good[last].data...)
+	d := append([]byte(nil), good[last].Data...)
 	d[0] ^= 1
-	tampered[last] = regEntry(good[last].hdr.Name, d)
+	tampered[last] = regEntry(good[last].Hdr.Name, d)
 	for _, tc := range []struct {
 		name    string
 		entries []entry
@@ -93,7 +95,7 @@ func TestImportCRIORefused(t *testing.T) {
 			if tc.maxSize > 0 {
 				opts = append(opts, WithMaxSize(tc.maxSize))
 			}
-			_, err := ImportCRIOFile(context.Background(), writeFile(t, makeTar(t, tc.entries)), filepath.Join(parent, "img"), opts...)
+			_, err := ImportCRIOFile(context.Background(), writeFile(t, testimg.Tar(t, tc.entries)), filepath.Join(parent, "img"), opts...)
 			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.frag) {
 				t.Errorf("ImportCRIOFile: %v, want %v mentioning %q", err, tc.want, tc.frag)
 			}

@@ -84,6 +84,31 @@ func mode(t *testing.T, p string) fs.FileMode {
 	return fi.Mode().Perm()
 }
 
+// checkPrivate asserts that the image dir and its directories below it
+// (dirs, relative) have mode 0700, and its files (relative) 0600.
+func checkPrivate(t *testing.T, dir string, dirs, files []string) {
+	t.Helper()
+	for _, d := range dirs {
+		if m := mode(t, filepath.Join(dir, d)); m != 0o700 {
+			t.Errorf("%s/ mode %04o, want 0700", d, m)
+		}
+	}
+	for _, f := range files {
+		if m := mode(t, filepath.Join(dir, f)); m != 0o600 {
+			t.Errorf("%s mode %04o, want 0600", f, m)
+		}
+	}
+}
+
+// openPrivate asserts that dir opens as an image and has mode 0700.
+func openPrivate(t *testing.T, dir string) {
+	t.Helper()
+	if _, err := Open(context.Background(), dir); err != nil {
+		t.Fatal(err)
+	}
+	checkPrivate(t, dir, []string{""}, nil)
+}
+
 func dirNames(t *testing.T, dir string) []string {
 	t.Helper()
 	ents, err := os.ReadDir(dir)
@@ -198,16 +223,7 @@ func TestRoundTrip(t *testing.T) {
 		t.Errorf("PagesSize = %d, want %d", got.PagesSize(), pages)
 	}
 
-	for _, d := range []string{"", "criu", "criu/sub", "criu/sub/deeper"} {
-		if m := mode(t, filepath.Join(final, d)); m != 0o700 {
-			t.Errorf("%s/ mode %04o, want 0700", d, m)
-		}
-	}
-	for _, f := range append(wantPaths, ManifestName) {
-		if m := mode(t, filepath.Join(final, f)); m != 0o600 {
-			t.Errorf("%s mode %04o, want 0600", f, m)
-		}
-	}
+	checkPrivate(t, final, []string{"", "criu", "criu/sub", "criu/sub/deeper"}, append(wantPaths, ManifestName))
 
 	quick, err := ReadManifest(final)
 	if err != nil {
@@ -322,12 +338,7 @@ func TestCreateDestination(t *testing.T) {
 	if _, err := b.Commit(context.Background(), testManifest()); err != nil {
 		t.Fatalf("Commit over empty dir: %v", err)
 	}
-	if _, err := Open(context.Background(), empty); err != nil {
-		t.Fatal(err)
-	}
-	if m := mode(t, empty); m != 0o700 {
-		t.Errorf("replaced dir mode %04o, want 0700", m)
-	}
+	openPrivate(t, empty)
 }
 
 func TestCommitDestinationFilledMeanwhile(t *testing.T) {

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kcr-dev/kcr/internal/testimg"
 )
 
 // TestImportSizeLimit: an archive whose image is above the limit is refused
@@ -34,13 +36,13 @@ func TestImportSizeLimit(t *testing.T) {
 func TestImportNoSpace(t *testing.T) {
 	good := imageEntries(t, build(t))
 	var m map[string]any
-	must(t, json.Unmarshal(good[0].data, &m))
+	must(t, json.Unmarshal(good[0].Data, &m))
 	m["files"].([]any)[0].(map[string]any)["size"] = int64(1) << 55
 	b, err := json.Marshal(m)
 	must(t, err)
 	entries := append([]entry{regEntry(ManifestName, b)}, good[1:]...)
 	parent := t.TempDir()
-	_, err = Import(context.Background(), bytes.NewReader(makeArchive(t, entries)), filepath.Join(parent, "img"), WithMaxSize(math.MaxInt64))
+	_, err = Import(context.Background(), bytes.NewReader(testimg.Archive(t, entries)), filepath.Join(parent, "img"), WithMaxSize(math.MaxInt64))
 	if !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "free") {
 		t.Errorf("Import larger than the free space: %v", err)
 	}

@@ -11,15 +11,8 @@ import (
 // A checkpoint whose kcr died after the dump leaves its temporary directory
 // with the draft manifest: Recover publishes a complete, verified image.
 func TestRecoverAfterDump(t *testing.T) {
-	final := filepath.Join(t.TempDir(), "img")
-	b, err := Create(final)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.WritePending(testManifest()); err != nil {
-		t.Fatal(err)
-	}
-	writeDump(t, b.CRIUDir())
+	b := pendingDump(t)
+	final := b.Final()
 	if got := FindPending(filepath.Dir(final)); len(got) != 1 || got[0] != b.Dir() {
 		t.Fatalf("FindPending = %v, want [%s]", got, b.Dir())
 	}
@@ -51,15 +44,8 @@ func TestRecoverAfterDump(t *testing.T) {
 // A dump that did not finish (no stats-dump: CRIU resumed the app or was
 // killed) is refused, and left for the user to remove.
 func TestRecoverUnfinishedDump(t *testing.T) {
-	final := filepath.Join(t.TempDir(), "img")
-	b, err := Create(final)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.WritePending(testManifest()); err != nil {
-		t.Fatal(err)
-	}
-	writeDump(t, b.CRIUDir())
+	b := pendingDump(t)
+	final := b.Final()
 	os.Remove(filepath.Join(b.CRIUDir(), CRIUDoneName))
 	if _, err := Recover(context.Background(), b.Dir(), nil); !errors.Is(err, ErrNotRecoverable) {
 		t.Fatalf("Recover = %v, want ErrNotRecoverable", err)
@@ -95,4 +81,17 @@ func TestRecoverAfterManifest(t *testing.T) {
 	if _, err := Open(context.Background(), final); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// pendingDump leaves the temporary directory of a checkpoint whose kcr died
+// after CRIU's dump, with its draft manifest.
+func pendingDump(t *testing.T) *Builder {
+	t.Helper()
+	b, err := Create(filepath.Join(t.TempDir(), "img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeDump(t, b.CRIUDir())
+	must(t, b.WritePending(testManifest()))
+	return b
 }

@@ -7,9 +7,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-)
 
-const otherUID = 61001
+	"github.com/kcr-dev/kcr/internal/testimg"
+)
 
 func needRoot(t *testing.T) {
 	t.Helper()
@@ -21,26 +21,13 @@ func needRoot(t *testing.T) {
 	}
 }
 
-func chownAll(t *testing.T, dir string, uid int) {
-	t.Helper()
-	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		return os.Lchown(p, uid, uid)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestSecurityCacheNotWrittenThroughLinks: root verifying an image of
 // another uid, which planted verified.tmp as a link to a file of root's,
 // must not write through it; nor in its own image.
 func TestSecurityCacheNotWrittenThroughLinks(t *testing.T) {
 	needRoot(t)
 	noQuiet(t)
-	for _, owner := range []int{otherUID, 0} {
+	for _, owner := range []int{testimg.OtherUID, 0} {
 		img := build(t)
 		precious := filepath.Join(t.TempDir(), "precious")
 		if err := os.WriteFile(precious, []byte("root's\n"), 0o600); err != nil {
@@ -50,7 +37,7 @@ func TestSecurityCacheNotWrittenThroughLinks(t *testing.T) {
 		if err := os.Symlink(precious, filepath.Join(img, verifiedTmp)); err != nil {
 			t.Fatal(err)
 		}
-		chownAll(t, img, owner)
+		testimg.ChownAll(t, img, owner)
 		if _, err := Open(context.Background(), img); err != nil {
 			t.Fatal(err)
 		}
@@ -81,11 +68,13 @@ func TestSecurityUntrustedImageRefused(t *testing.T) {
 	im.Close()
 
 	for name, spoil := range map[string]func(img string){
-		"dir of another uid":    func(img string) { os.Chown(img, otherUID, otherUID) },
-		"file of another uid":   func(img string) { os.Chown(filepath.Join(img, "criu", "core-1.img"), otherUID, otherUID) },
+		"dir of another uid": func(img string) { os.Chown(img, testimg.OtherUID, testimg.OtherUID) },
+		"file of another uid": func(img string) {
+			os.Chown(filepath.Join(img, "criu", "core-1.img"), testimg.OtherUID, testimg.OtherUID)
+		},
 		"group-writable file":   func(img string) { os.Chmod(filepath.Join(img, "criu", "pages-1.img"), 0o620) },
 		"world-writable parent": func(img string) { os.Chmod(filepath.Dir(img), 0o777) },
-		"parent of another uid": func(img string) { os.Chown(filepath.Dir(img), otherUID, otherUID) },
+		"parent of another uid": func(img string) { os.Chown(filepath.Dir(img), testimg.OtherUID, testimg.OtherUID) },
 	} {
 		img := build(t)
 		spoil(img)
@@ -117,9 +106,11 @@ func TestSecurityRecoverUntrusted(t *testing.T) {
 	needRoot(t)
 	priv, _ := testKey(t)
 	for name, spoil := range map[string]func(tmp string){
-		"dir of another uid":  func(tmp string) { chownAll(t, tmp, otherUID) },
-		"file of another uid": func(tmp string) { os.Lchown(filepath.Join(tmp, "criu", "core-1.img"), otherUID, otherUID) },
-		"group-writable dir":  func(tmp string) { os.Chmod(filepath.Join(tmp, "criu"), 0o770) },
+		"dir of another uid": func(tmp string) { testimg.ChownAll(t, tmp, testimg.OtherUID) },
+		"file of another uid": func(tmp string) {
+			os.Lchown(filepath.Join(tmp, "criu", "core-1.img"), testimg.OtherUID, testimg.OtherUID)
+		},
+		"group-writable dir": func(tmp string) { os.Chmod(filepath.Join(tmp, "criu"), 0o770) },
 	} {
 		b := pendingDump(t)
 		final := b.Final()

@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kcr-dev/kcr/internal/testimg"
 )
 
 // testKey writes a key pair into a temporary directory and returns the
@@ -310,8 +312,8 @@ func TestSignedExportImport(t *testing.T) {
 	ctx := context.Background()
 	img := buildSigned(t, priv)
 	data := exportBytes(t, img)
-	ents := readArchive(t, data)
-	if len(ents) < 2 || ents[1].hdr.Name != SignatureName {
+	ents := testimg.ReadArchive(t, data)
+	if len(ents) < 2 || ents[1].Hdr.Name != SignatureName {
 		t.Fatalf("the signature is not the archive's second entry")
 	}
 
@@ -338,7 +340,7 @@ func TestSignedExportImport(t *testing.T) {
 
 	// Refused before anything is unpacked, leaving nothing behind.
 	var m map[string]any
-	must(t, json.Unmarshal(ents[0].data, &m))
+	must(t, json.Unmarshal(ents[0].Data, &m))
 	m["host"] = "evil"
 	evil, _ := json.Marshal(m)
 	for name, tc := range map[string]struct {
@@ -348,13 +350,13 @@ func TestSignedExportImport(t *testing.T) {
 		"unsigned":             {append([]entry{ents[0]}, ents[2:]...), "missing"},
 		"unsigned and empty":   {[]entry{ents[0]}, "missing"},
 		"tampered manifest":    {append([]entry{regEntry(ManifestName, evil), ents[1]}, ents[2:]...), "changed after it was signed"},
-		"other key":            {append([]entry{ents[0], regEntry(SignatureName, signManifest(otherPriv, ents[0].data))}, ents[2:]...), "not one of"},
-		"truncated signature":  {append([]entry{ents[0], regEntry(SignatureName, ents[1].data[:40])}, ents[2:]...), "malformed"},
+		"other key":            {append([]entry{ents[0], regEntry(SignatureName, signManifest(otherPriv, ents[0].Data))}, ents[2:]...), "not one of"},
+		"truncated signature":  {append([]entry{ents[0], regEntry(SignatureName, ents[1].Data[:40])}, ents[2:]...), "malformed"},
 		"signature not second": {append(append([]entry{ents[0]}, ents[2:]...), ents[1]), "missing"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			parent := t.TempDir()
-			_, err := Import(ctx, bytes.NewReader(makeArchive(t, tc.entries)), filepath.Join(parent, "img"), WithVerifyKeys(keys))
+			_, err := Import(ctx, bytes.NewReader(testimg.Archive(t, tc.entries)), filepath.Join(parent, "img"), WithVerifyKeys(keys))
 			checkErr(t, err, ErrSignature, tc.frag)
 			nothingLeft(t, parent)
 		})
@@ -370,7 +372,7 @@ func TestSecurityForeignCacheIgnored(t *testing.T) {
 	noQuiet(t)
 	priv, pubFile := testKey(t)
 	img := buildSigned(t, priv)
-	chownAll(t, img, otherUID)
+	testimg.ChownAll(t, img, testimg.OtherUID)
 	p := filepath.Join(img, "criu", "core-1.img")
 	must(t, os.WriteFile(p, []byte("evil image"), 0o600)) // same size
 	fi, err := os.Lstat(p)
@@ -390,7 +392,7 @@ func TestSecurityForeignCacheIgnored(t *testing.T) {
 	ids["criu/core-1.img"], _ = idOf(fi, ids["criu/core-1.img"].SHA)
 	forged, _ := json.Marshal(ids)
 	must(t, os.WriteFile(filepath.Join(img, VerifiedName), forged, 0o600))
-	must(t, os.Lchown(filepath.Join(img, VerifiedName), otherUID, otherUID)) // chownAll would move the files' ctimes
+	must(t, os.Lchown(filepath.Join(img, VerifiedName), testimg.OtherUID, testimg.OtherUID)) // ChownAll would move the files' ctimes
 	err = openSigned(img, pubKeys(t, pubFile))
 	checkErr(t, err, ErrCorrupt, "core-1.img")
 }
@@ -473,19 +475,6 @@ func FuzzVerifySignature(f *testing.F) {
 			t.Fatalf("signature %q verified manifest %q", sig, m)
 		}
 	})
-}
-
-// pendingDump leaves the temporary directory of a checkpoint whose kcr died
-// after CRIU's dump, with its draft manifest.
-func pendingDump(t *testing.T) *Builder {
-	t.Helper()
-	b, err := Create(filepath.Join(t.TempDir(), "img"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	writeDump(t, b.CRIUDir())
-	must(t, b.WritePending(testManifest()))
-	return b
 }
 
 // BenchmarkVerifySignature: the cost --verify-key adds to an Open, for a

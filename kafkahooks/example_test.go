@@ -104,7 +104,7 @@ func Example() {
 		RequiredAcks: kafka.RequireAll, // kafka-go's default (none) acknowledges a write once it is on a socket
 	})
 	r := kafkahooks.NewReader(kafka.ReaderConfig{Brokers: brokers, GroupID: "pipeline", Topic: "orders"})
+	// w.WriteMessages, r.FetchMessage, r.CommitMessages, Stats, Close … as before
 	defer w.Close()
 	defer r.Close()
-	// w.WriteMessages, r.FetchMessage, r.CommitMessages, Stats, Close … as before
 }

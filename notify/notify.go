@@ -15,10 +15,10 @@
 // deadline of the checkpoint request runs out, and a restored process detects
 // that it is a new instance by itself.
 //
-// A minimal service:
+// A minimal service (the package Example):
 //
 //	notify.Register("db", notify.Func(
-//		func(ctx context.Context) error { return pool.CloseIdle(ctx) },
+//		func(ctx context.Context) error { return pool.CloseAll(ctx) },
 //		func(ctx context.Context, ev notify.Event) error { return pool.Reopen(ctx) },
 //	))
 //	srv, err := notify.Start()

@@ -52,6 +52,10 @@ type Pipeline struct {
 	Log   *slog.Logger
 	// Batch is the most orders taken into one produce and commit.
 	Batch int
+	// Registry is the one the pipeline's hook is registered with: its
+	// identity is that of the results until the first restore. Default:
+	// notify.Default.
+	Registry *notify.Registry
 
 	seq       atomic.Uint64 // results produced, in the image too: clones continue it
 	processed atomic.Int64
@@ -78,8 +82,15 @@ func (p *Pipeline) init() {
 	if p.Log == nil {
 		p.Log = slog.Default()
 	}
-	empty, start := "", "start"
-	p.instance.Store(&empty)
+	if p.Registry == nil {
+		p.Registry = notify.Default
+	}
+	// The cold process has an identity too: results carry it until a
+	// restore gives the instance a new one.
+	gen, id := p.Registry.Identity()
+	start := "start"
+	p.gen.Store(gen)
+	p.instance.Store(&id)
 	p.after.Store(&start)
 }
 

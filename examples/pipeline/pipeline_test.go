@@ -73,8 +73,9 @@ func testDrain(t *testing.T, clients func([]string, *notify.Registry) (Fetcher, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Pipeline{In: in, Out: out, Cache: cache}
+	p := &Pipeline{In: in, Out: out, Cache: cache, Registry: reg}
 	p.init()
+	_, coldID := reg.Identity()
 	reg.Register("pipeline", notify.Func(p.Drain, p.Continue))
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -119,6 +120,11 @@ func testDrain(t *testing.T, clients func([]string, *notify.Registry) (Fetcher, 
 			t.Errorf("%s has %d results, want 1", id, got.perOrder[id])
 		}
 	}
+	// Every result names the instance that made it, the cold one too (the
+	// demo's verify output lists them).
+	if got.perInstance[""] > 0 || got.perInstance[coldID] == 0 {
+		t.Errorf("results per instance %v: want some of the cold instance %s and none without an instance", got.perInstance, coldID)
+	}
 	for seq, k := range got.perSeq {
 		if k > 1 {
 			t.Errorf("result sequence %d used %d times", seq, k)
@@ -131,8 +137,9 @@ func testDrain(t *testing.T, clients func([]string, *notify.Registry) (Fetcher, 
 }
 
 type results struct {
-	perOrder map[string]int
-	perSeq   map[uint64]int
+	perOrder    map[string]int
+	perSeq      map[uint64]int
+	perInstance map[string]int
 }
 
 // readResults reads the results topic from the start until every one of n
@@ -145,7 +152,7 @@ func readResults(t *testing.T, brokers []string, n int, timeout time.Duration) r
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	res := results{perOrder: map[string]int{}, perSeq: map[uint64]int{}}
+	res := results{perOrder: map[string]int{}, perSeq: map[uint64]int{}, perInstance: map[string]int{}}
 	deadline := time.Now().Add(timeout)
 	var complete time.Time
 	for time.Now().Before(deadline) {
@@ -166,6 +173,7 @@ func readResults(t *testing.T, brokers []string, n int, timeout time.Duration) r
 			}
 			res.perOrder[string(r.Key)]++
 			res.perSeq[v.Seq]++
+			res.perInstance[v.Instance]++
 		})
 	}
 	if len(res.perOrder) < n {

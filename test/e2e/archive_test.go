@@ -14,16 +14,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/klauspost/compress/zstd"
+	"github.com/kcr-dev/kcr/internal/testimg"
 )
 
 // 9. checkpoint → export → image deleted → import elsewhere by a fresh kcr
 // → restore: the app carries on.
 func TestArchiveRoundTrip(t *testing.T) {
-	need(t)
-	echo := newEcho(t)
-	a := startApp(t, "-echo", echo.addr())
-	time.Sleep(200 * time.Millisecond)
+	echo, a := startEchoApp(t)
 	c0, gen0, id0 := state(t, a.listen)
 	img := checkpointGone(t, a.pid)
 
@@ -80,14 +77,7 @@ func TestArchiveRoundTrip(t *testing.T) {
 	if echo.count() != accepts+1 {
 		t.Fatalf("echo server saw %d new connections after restore, want 1", echo.count()-accepts)
 	}
-	c1, gen1, id1 := state(t, a.listen)
-	if c1 < c0 || gen1 != gen0+1 || id1 == id0 {
-		t.Fatalf("state after restore: counter %d (was %d), gen %d (was %d), id %s (was %s)", c1, c0, gen1, gen0, id1, id0)
-	}
-	time.Sleep(200 * time.Millisecond)
-	if c2, _, _ := state(t, a.listen); c2 <= c1 {
-		t.Fatalf("worker goroutine stopped: counter %d then %d", c1, c2)
-	}
+	checkRestoredState(t, a.listen, c0, gen0, id0)
 
 	// Streaming: kcr export -o - | kcr import -.
 	piped := filepath.Join(t.TempDir(), "piped")
@@ -126,7 +116,7 @@ func TestArchiveRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw := unzstd(t, data)
+	raw := testimg.Unzstd(t, data)
 
 	// Tampered: one byte of a pages file's payload flipped in the tar
 	// stream, recompressed: valid zstd, wrong sha256.
@@ -150,35 +140,18 @@ func TestArchiveRefused(t *testing.T) {
 	tampered[at+512+100] ^= 0xff
 
 	// Path escape: an extra "../evil" entry right after the manifest.
-	var esc bytes.Buffer
-	tw := tar.NewWriter(&esc)
-	tr = tar.NewReader(bytes.NewReader(raw))
-	for i := 0; ; i++ {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(tr)
-		tw.WriteHeader(hdr)
-		tw.Write(body)
-		if i == 0 {
-			tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "../evil", Size: 5, Mode: 0o600})
-			tw.Write([]byte("pwned"))
-		}
-	}
-	tw.Close()
+	ents := testimg.ReadTar(t, raw)
+	evil := testimg.Entry{Hdr: tar.Header{Typeflag: tar.TypeReg, Name: "../evil", Size: 5, Mode: 0o600}, Data: []byte("pwned")}
+	esc := testimg.Zstd(t, testimg.Tar(t, append([]testimg.Entry{ents[0], evil}, ents[1:]...)))
 
 	cases := []struct {
 		name string
 		data []byte
 		want []string
 	}{
-		{"tampered", rezstd(t, tampered), []string{pages + " is corrupt: sha256 mismatch", "export the image again"}},
+		{"tampered", testimg.Zstd(t, tampered), []string{pages + " is corrupt: sha256 mismatch", "export the image again"}},
 		{"truncated", data[:len(data)/2], []string{"archive is truncated", "copy it again"}},
-		{"escape", rezstd(t, esc.Bytes()), []string{`"../evil"`, "refusing to write outside the image"}},
+		{"escape", esc, []string{`"../evil"`, "refusing to write outside the image"}},
 	}
 	for _, c := range cases {
 		file := filepath.Join(dir, c.name+".tar.zst")
@@ -215,32 +188,4 @@ func TestArchiveRefused(t *testing.T) {
 		t.Errorf("import over a non-empty directory: exit %d %q; want 5, already exists", r.code, r.stderr)
 	}
 	mustKCR(t, "import", arch, "-o", filepath.Join(t.TempDir(), "ok"))
-}
-
-func unzstd(t *testing.T, data []byte) []byte {
-	t.Helper()
-	zr, err := zstd.NewReader(bytes.NewReader(data))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer zr.Close()
-	out, err := io.ReadAll(zr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-func rezstd(t *testing.T, data []byte) []byte {
-	t.Helper()
-	var buf bytes.Buffer
-	zw, err := zstd.NewWriter(&buf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	zw.Write(data)
-	if err := zw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
 }

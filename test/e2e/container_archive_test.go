@@ -19,10 +19,7 @@ import (
 // bundle runc uses is left. A restore that fails (onto the running copy's
 // id) keeps CRIU's work directory and names it.
 func TestContainerRestoreFromArchive(t *testing.T) {
-	k := needKafka(t)
-	topic := k.newTopic("kcr-ctr-archive", 1)
-	c := newContainer(t, k, nil, "-topic", topic, "-produce-rate", "200", "-client-id", "ctr-archive")
-	c.waitAcked(100, 30*time.Second)
+	topic, c := producingContainer(t, "kcr-ctr-archive", "-client-id", "ctr-archive")
 	before := c.state()
 
 	keys := filepath.Join(t.TempDir(), "ops")
@@ -145,9 +142,7 @@ func TestContainerRestoreFromArchive(t *testing.T) {
 		t.Errorf("the failed restore left its unpacked image in %s", tmp2)
 	}
 
-	c.waitAcked(ackedMid+100, 30*time.Second)
-	c.stop(c.pid)
-	k.checkAcked(topic, acked(c.events()))
+	c.finish(topic, c.pid, ackedMid)
 }
 
 // leftovers counts the entries named name anywhere under dir.

@@ -209,6 +209,25 @@ func (c *container) hostPID() int {
 	return st.Pid
 }
 
+// producingContainer starts kafkaapp in a container producing 200 records
+// a second, with args, to a new topic name, and waits for 100 of them.
+func producingContainer(t *testing.T, name string, args ...string) (topic string, c *container) {
+	t.Helper()
+	k := needKafka(t)
+	topic = k.newTopic(name, 1)
+	c = newContainer(t, k, nil, append([]string{"-topic", topic, "-produce-rate", "200"}, args...)...)
+	c.waitAcked(100, 30*time.Second)
+	return topic, c
+}
+
+// mustRun fails the test unless the container is running after what.
+func (c *container) mustRun(what string) {
+	c.t.Helper()
+	if s := c.status(); s != "running" {
+		c.t.Fatalf("container %q after %s, want running", s, what)
+	}
+}
+
 func (c *container) status() string {
 	out, err := exec.Command("runc", "--root", c.root, "state", c.id).Output()
 	if err != nil {
@@ -250,10 +269,7 @@ func readFile(t *testing.T, p string) string {
 // TestContainerRuncCheckpointRestore: plain "runc checkpoint" runs the
 // hooks, "runc restore" gives a new identity, and no record is lost.
 func TestContainerRuncCheckpointRestore(t *testing.T) {
-	k := needKafka(t)
-	topic := k.newTopic("runc", 1)
-	c := newContainer(t, k, nil, "-topic", topic, "-produce-rate", "200", "-client-id", "ctr")
-	c.waitAcked(100, 30*time.Second)
+	topic, c := producingContainer(t, "runc", "-client-id", "ctr")
 	before := c.state()
 	n0 := len(c.events())
 
@@ -291,9 +307,7 @@ func TestContainerRuncCheckpointRestore(t *testing.T) {
 		t.Errorf("restore.log does not show kcr's post-resume message")
 	}
 	c.pid = c.hostPID()
-	c.waitAcked(ackedBefore+100, 30*time.Second)
-	c.stop(c.pid)
-	on := k.checkAcked(topic, acked(c.events()))
+	on := c.finish(topic, c.pid, ackedBefore)
 	for _, n := range pending {
 		if on[n] == 0 {
 			t.Errorf("record %d, pending at the checkpoint, is not on the topic", n)
@@ -303,10 +317,7 @@ func TestContainerRuncCheckpointRestore(t *testing.T) {
 
 // TestContainerRuncLeaveRunning: --leave-running resumes the same instance.
 func TestContainerRuncLeaveRunning(t *testing.T) {
-	k := needKafka(t)
-	topic := k.newTopic("runc-leave", 1)
-	c := newContainer(t, k, nil, "-topic", topic, "-produce-rate", "200", "-client-id", "ctr")
-	c.waitAcked(100, 30*time.Second)
+	topic, c := producingContainer(t, "runc-leave", "-client-id", "ctr")
 	before := c.state()
 	n0 := len(c.events())
 	img := filepath.Join(t.TempDir(), "img")
@@ -318,22 +329,14 @@ func TestContainerRuncLeaveRunning(t *testing.T) {
 	if w := after.str("writer_client"); w != before.WriterClient {
 		t.Errorf("writer client id changed on resume: %q, before %q", w, before.WriterClient)
 	}
-	if s := c.status(); s != "running" {
-		t.Fatalf("container %q after --leave-running", s)
-	}
-	n := len(acked(c.events()))
-	c.waitAcked(n+100, 30*time.Second)
-	c.stop(c.pid)
-	k.checkAcked(topic, acked(c.events()))
+	c.mustRun("--leave-running")
+	c.finish(topic, c.pid, len(acked(c.events())))
 }
 
 // TestContainerRuncFailingHook: a failing hook makes runc checkpoint fail;
 // the container keeps running and producing.
 func TestContainerRuncFailingHook(t *testing.T) {
-	k := needKafka(t)
-	topic := k.newTopic("runc-fail", 1)
-	c := newContainer(t, k, nil, "-topic", topic, "-produce-rate", "200", "-fail-checkpoint")
-	c.waitAcked(100, 30*time.Second)
+	topic, c := producingContainer(t, "runc-fail", "-fail-checkpoint")
 	n0 := len(c.events())
 	img := filepath.Join(t.TempDir(), "img")
 	var err error
@@ -345,17 +348,12 @@ func TestContainerRuncFailingHook(t *testing.T) {
 	if !strings.Contains(dumpLog, "refusing the checkpoint") {
 		t.Errorf("dump.log does not name the failing hook:\n%s", dumpLog)
 	}
-	if s := c.status(); s != "running" {
-		t.Fatalf("container %q after a failed checkpoint, want running", s)
-	}
+	c.mustRun("a failed checkpoint")
 	after := c.waitAfter(n0, 20*time.Second)
 	if after.str("kind") != "resume" {
 		t.Errorf("after a failed checkpoint: kind %q, want resume", after.str("kind"))
 	}
-	n := len(acked(c.events()))
-	c.waitAcked(n+100, 30*time.Second)
-	c.stop(c.pid)
-	k.checkAcked(topic, acked(c.events()))
+	c.finish(topic, c.pid, len(acked(c.events())))
 }
 
 // TestCRIUHookNoSocket: on a tree without a kcr control socket the hook
@@ -395,10 +393,7 @@ func TestCRIUHookNoSocket(t *testing.T) {
 // container goes on (runc gets stdio of its own, not kcr's: runKCR reads
 // kcr's output through pipes and would wait for the container otherwise).
 func TestContainerKCRCheckpointRestore(t *testing.T) {
-	k := needKafka(t)
-	topic := k.newTopic("kcr-ctr", 1)
-	c := newContainer(t, k, nil, "-topic", topic, "-produce-rate", "200", "-client-id", "ctr")
-	c.waitAcked(100, 30*time.Second)
+	topic, c := producingContainer(t, "kcr-ctr", "-client-id", "ctr")
 	before := c.state()
 
 	if r := runKCR(t, "checkpoint", "--container", "no-such-ctr", "--runc-root", c.root, "-o", filepath.Join(t.TempDir(), "x")); r.code != 6 {
@@ -468,19 +463,14 @@ func TestContainerKCRCheckpointRestore(t *testing.T) {
 	}
 	c.restoredTo(restoredOut, n1, before)
 	c.pid = c.hostPID()
-	c.waitAcked(ackedBefore+100, 30*time.Second)
-	c.stop(c.pid)
-	k.checkAcked(topic, acked(c.events()))
+	c.finish(topic, c.pid, ackedBefore)
 }
 
 // TestContainerKCRCheckpointFailingHook: a failing hook fails "kcr
 // checkpoint --container" with the hooks' exit code, names the hook, leaves
 // no image, and the container goes on producing.
 func TestContainerKCRCheckpointFailingHook(t *testing.T) {
-	k := needKafka(t)
-	topic := k.newTopic("kcr-ctr-fail", 1)
-	c := newContainer(t, k, nil, "-topic", topic, "-produce-rate", "200", "-fail-checkpoint")
-	c.waitAcked(100, 30*time.Second)
+	topic, c := producingContainer(t, "kcr-ctr-fail", "-fail-checkpoint")
 	dir := t.TempDir()
 	img := filepath.Join(dir, "img")
 	r := runKCR(t, "checkpoint", "--container", c.id, "--runc-root", c.root, "-o", img)
@@ -490,13 +480,8 @@ func TestContainerKCRCheckpointFailingHook(t *testing.T) {
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 		t.Errorf("a failed checkpoint left %v", ents)
 	}
-	if s := c.status(); s != "running" {
-		t.Fatalf("container %q after a failed checkpoint, want running", s)
-	}
-	n := len(acked(c.events()))
-	c.waitAcked(n+100, 30*time.Second)
-	c.stop(c.pid)
-	k.checkAcked(topic, acked(c.events()))
+	c.mustRun("a failed checkpoint")
+	c.finish(topic, c.pid, len(acked(c.events())))
 }
 
 var (

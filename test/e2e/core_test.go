@@ -20,10 +20,7 @@ var (
 // 1. checkpoint → gone → restore → state continues, hooks in order with
 // restore, outbound connection reopened.
 func TestCheckpointRestore(t *testing.T) {
-	need(t)
-	echo := newEcho(t)
-	a := startApp(t, "-echo", echo.addr())
-	time.Sleep(300 * time.Millisecond)
+	echo, a := startEchoApp(t)
 	c0, gen0, id0 := state(t, a.listen)
 	img := checkpointGone(t, a.pid)
 	if alive(a.pid) {
@@ -59,14 +56,7 @@ func TestCheckpointRestore(t *testing.T) {
 		t.Fatalf("echo server saw %d new connections after restore, want 1", echo.count()-accepts)
 	}
 	time.Sleep(200 * time.Millisecond)
-	c1, gen1, id1 := state(t, a.listen)
-	if c1 < c0 || gen1 != gen0+1 || id1 == id0 {
-		t.Fatalf("state after restore: counter %d (was %d), gen %d (was %d), id %s (was %s)", c1, c0, gen1, gen0, id1, id0)
-	}
-	time.Sleep(200 * time.Millisecond)
-	if c2, _, _ := state(t, a.listen); c2 <= c1 {
-		t.Fatalf("worker goroutine stopped: counter %d then %d", c1, c2)
-	}
+	checkRestoredState(t, a.listen, c0, gen0, id0)
 
 	r := mustKCR(t, "inspect", "--json", img)
 	for _, want := range []string{`"format": "kcr-image"`, `"name": "conn"`, `"freeze+dump"`, `"sha256"`} {

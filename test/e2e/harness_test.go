@@ -144,6 +144,18 @@ func (e *echoServer) count() int {
 	return e.accepts
 }
 
+// startEchoApp starts testapp with an outbound connection to a new echo
+// server, and lets it run a moment: the connection is open, the worker has
+// ticked. It fails or skips the test without CRIU and root.
+func startEchoApp(t *testing.T) (*echoServer, *app) {
+	t.Helper()
+	need(t)
+	echo := newEcho(t)
+	a := startApp(t, "-echo", echo.addr())
+	time.Sleep(300 * time.Millisecond)
+	return echo, a
+}
+
 // startApp starts testapp detached: own session, stdin /dev/null, output to
 // an O_APPEND file, MPTCP off unless asked for.
 func startApp(t *testing.T, args ...string) *app {
@@ -243,6 +255,21 @@ func (a *app) since(n int) []event {
 }
 
 // state asks the app's TCP listener for its counter, generation and instance id.
+// checkRestoredState asserts that the testapp at addr, restored from an
+// image taken when its state was c0, gen0, id0, kept its counter, counts one
+// restore more, has a new instance id, and that its worker goroutine runs.
+func checkRestoredState(t *testing.T, addr string, c0 int64, gen0 uint64, id0 string) {
+	t.Helper()
+	c1, gen1, id1 := state(t, addr)
+	if c1 < c0 || gen1 != gen0+1 || id1 == id0 {
+		t.Fatalf("state after restore: counter %d (was %d), gen %d (was %d), id %s (was %s)", c1, c0, gen1, gen0, id1, id0)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if c2, _, _ := state(t, addr); c2 <= c1 {
+		t.Fatalf("worker goroutine stopped: counter %d then %d", c1, c2)
+	}
+}
+
 func state(t *testing.T, addr string) (counter int64, gen uint64, id string) {
 	t.Helper()
 	var lastErr error

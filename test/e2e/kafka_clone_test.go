@@ -216,22 +216,7 @@ func TestKafkaRunClones(t *testing.T) {
 	restoreTook := time.Since(tr)
 	checkAfter(t, a, base, clones, true)
 
-	var want []string
-	for _, c := range clones {
-		want = append(want, clientOf(base, c))
-	}
-	sort.Strings(want)
-	v := k.waitGroup(group, topic, 60*time.Second, "three members "+fmt.Sprint(want)+" sharing the partitions", func(v groupView) bool {
-		if v.state != "Stable" || !slices.Equal(v.clients, want) || len(v.all) != parts {
-			return false
-		}
-		for _, c := range want {
-			if len(v.assigned[c]) == 0 {
-				return false
-			}
-		}
-		return true
-	})
+	v := k.waitClonesShare(group, topic, parts, base, clones)
 	stable := time.Since(tr)
 	t.Logf("kcr restore --count 3 took %v; the broker lists %v %v after it started", restoreTook.Round(time.Millisecond), v, stable.Round(time.Millisecond))
 
@@ -376,22 +361,7 @@ func TestKafkaCloneKilled(t *testing.T) {
 
 	clones := restoreClones(t, img, base, 3)
 	checkAfter(t, a, base, clones, false)
-	var want []string
-	for _, c := range clones {
-		want = append(want, clientOf(base, c))
-	}
-	sort.Strings(want)
-	v := k.waitGroup(group, topic, 60*time.Second, "three members "+fmt.Sprint(want)+" sharing the partitions", func(v groupView) bool {
-		if v.state != "Stable" || !slices.Equal(v.clients, want) || len(v.all) != parts {
-			return false
-		}
-		for _, c := range want {
-			if len(v.assigned[c]) == 0 {
-				return false
-			}
-		}
-		return true
-	})
+	v := k.waitClonesShare(group, topic, parts, base, clones)
 	t.Logf("the group: %v", v)
 	mark := len(a.events())
 	eventually(t, 30*time.Second, "every clone processing records", func() (bool, string) {
@@ -462,4 +432,27 @@ func TestKafkaCloneKilled(t *testing.T) {
 	}
 	t.Logf("processed per clone %v, %d commit errors; test took %v", per, count(a.events(), "commit-error"), time.Since(start).Round(time.Millisecond))
 	stopAll(t, a, rest)
+}
+
+// waitClonesShare waits until the group is stable with the clones (client
+// ids from base) as its only members, each assigned some of the topic's
+// parts partitions, and returns what the broker showed.
+func (k *kafkaEnv) waitClonesShare(group, topic string, parts int, base string, clones []kclone) groupView {
+	k.t.Helper()
+	var want []string
+	for _, c := range clones {
+		want = append(want, clientOf(base, c))
+	}
+	sort.Strings(want)
+	return k.waitGroup(group, topic, 60*time.Second, fmt.Sprintf("%d members %v sharing the partitions", len(want), want), func(v groupView) bool {
+		if v.state != "Stable" || !slices.Equal(v.clients, want) || len(v.all) != parts {
+			return false
+		}
+		for _, c := range want {
+			if len(v.assigned[c]) == 0 {
+				return false
+			}
+		}
+		return true
+	})
 }

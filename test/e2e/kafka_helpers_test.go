@@ -680,6 +680,32 @@ func (a *kapp) waitAfter(skip int, timeout time.Duration) event {
 	return ev
 }
 
+// waitRecordsAcked waits until each of recs was acknowledged after the
+// first skip events, and returns how long that took.
+func (a *kapp) waitRecordsAcked(skip int, recs []int, timeout time.Duration, what string) time.Duration {
+	a.t.Helper()
+	return eventually(a.t, timeout, what, func() (bool, string) {
+		after := acked(a.since(skip))
+		var miss []int
+		for _, n := range recs {
+			if after[n] == 0 {
+				miss = append(miss, n)
+			}
+		}
+		return len(miss) == 0, fmt.Sprintf("%d of %d not yet: %s", len(miss), len(recs), runsOf(miss, 10))
+	})
+}
+
+// finish waits until the app has had 100 records acknowledged beyond the
+// first from, stops the process pid and asserts that every acknowledged
+// record is on topic. It returns the count of each number on it.
+func (a *kapp) finish(topic string, pid, from int) map[int]int {
+	a.t.Helper()
+	a.waitAcked(from+100, 30*time.Second)
+	a.stop(pid)
+	return a.k.checkAcked(topic, acked(a.events()))
+}
+
 // stop sends SIGTERM and waits until the app has flushed, closed its
 // clients and exited.
 func (a *kapp) stop(pid int) {

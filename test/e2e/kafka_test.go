@@ -105,16 +105,7 @@ func testProducerCheckpoint(t *testing.T, async, carry bool) {
 	if want := "prod-" + prefix8(inst); ev.str("kind") != "restore" || ev.str("instance") != inst || ev.str("writer_client") != want {
 		t.Fatalf("after-restore event %v: want kind restore, instance %s, writer client id %s", ev, inst, want)
 	}
-	d := eventually(t, 30*time.Second, "the records in hand at the checkpoint acknowledged after the restore", func() (bool, string) {
-		after := acked(a.since(n1))
-		var miss []int
-		for _, n := range pending {
-			if after[n] == 0 {
-				miss = append(miss, n)
-			}
-		}
-		return len(miss) == 0, fmt.Sprintf("%d of %d not yet: %s", len(miss), len(pending), runsOf(miss, 10))
-	})
+	d := a.waitRecordsAcked(n1, pending, 30*time.Second, "the records in hand at the checkpoint acknowledged after the restore")
 	t.Logf("the %d records in hand at the checkpoint (%d carried in the image) were acknowledged %v after the restore hooks",
 		len(pending), carried, d.Round(time.Millisecond))
 	a.waitAcked(len(before)+300, 30*time.Second)
@@ -422,16 +413,7 @@ func TestKafkaBrokerDownDuringRestore(t *testing.T) {
 		num(ev["gen"]) != num(out["generation"]) || ev.str("writer_client") != want || ev.str("reader_client") != want {
 		t.Fatalf("after-restore event %v: want kind restore, generation %v, client ids %s", ev, out["generation"], want)
 	}
-	eventually(t, 60*time.Second, "the records in hand at the checkpoint acknowledged", func() (bool, string) {
-		after := acked(a.since(n1))
-		var miss []int
-		for _, n := range pending {
-			if after[n] == 0 {
-				miss = append(miss, n)
-			}
-		}
-		return len(miss) == 0, fmt.Sprintf("%d of %d not yet: %s", len(miss), len(pending), runsOf(miss, 10))
-	})
+	a.waitRecordsAcked(n1, pending, 60*time.Second, "the records in hand at the checkpoint acknowledged")
 	t.Logf("%d resends logged while the broker was down (backoffs %v ns; down for %v); the %d records in hand at the checkpoint were acknowledged %v after the broker was back",
 		len(backoffs), backoffs, down.Round(time.Millisecond), len(pending), time.Since(tup).Round(time.Millisecond))
 	a.waitAcked(len(before)+len(pending)+200, 60*time.Second)

@@ -191,9 +191,7 @@ func TestKCRKilledBeforePublish(t *testing.T) {
 	if ev := a.waitAfter(n1, 30*time.Second); ev.str("kind") != "restore" {
 		t.Fatalf("after restore: %v", ev)
 	}
-	a.waitAcked(len(before)+100, 30*time.Second)
-	a.stop(pid)
-	k.checkAcked(topic, acked(a.events()))
+	a.finish(topic, pid, len(before))
 }
 
 // kcr SIGKILLed in the middle of CRIU's dump (a 1 GiB heap makes it take a
@@ -297,9 +295,7 @@ func TestKCRKilledDuringRestore(t *testing.T) {
 		}
 	}
 	mustKCR(t, "inspect", img)
-	a.waitAcked(len(before)+100, 30*time.Second)
-	a.stop(pid)
-	k.checkAcked(topic, acked(a.events()))
+	a.finish(topic, pid, len(before))
 }
 
 // forkedByCRIU reports whether pid is a task that CRIU is restoring: its

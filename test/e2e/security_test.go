@@ -13,22 +13,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kcr-dev/kcr/internal/testimg"
 )
-
-const otherUID = 61001
-
-func chownR(t *testing.T, dir string, uid int) {
-	t.Helper()
-	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		return os.Lchown(p, uid, uid)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-}
 
 // TestSecurityUntrustedImage: root does not restore an image that another
 // uid owns (CRIU would recreate whatever it describes with root's powers),
@@ -37,10 +24,10 @@ func TestSecurityUntrustedImage(t *testing.T) {
 	need(t)
 	a := startApp(t)
 	img := checkpointGone(t, a.pid)
-	chownR(t, img, otherUID)
+	testimg.ChownAll(t, img, testimg.OtherUID)
 	r := kcr(t, "restore", img)
 	if r.code != 5 || !strings.Contains(r.stderr, "belongs to uid 61001") || !strings.Contains(r.stderr, "--allow-untrusted") {
-		t.Fatalf("restore of an image of uid %d: exit %d %q; want exit 5 naming the owner and --allow-untrusted", otherUID, r.code, r.stderr)
+		t.Fatalf("restore of an image of uid %d: exit %d %q; want exit 5 naming the owner and --allow-untrusted", testimg.OtherUID, r.code, r.stderr)
 	}
 	if alive(a.pid) {
 		t.Fatal("the untrusted image was restored")

@@ -12,10 +12,7 @@ import (
 // restored copy must still find out that it is a new instance and run its
 // restore hooks.
 func TestRestoreAfterSelfResume(t *testing.T) {
-	need(t)
-	echo := newEcho(t)
-	a := startApp(t, "-echo", echo.addr())
-	time.Sleep(300 * time.Millisecond)
+	_, a := startEchoApp(t)
 	img := filepath.Join(t.TempDir(), "img")
 	mustKCR(t, "checkpoint", "--tcp-close", "--resume-after", "1ns", "-o", img, strconv.Itoa(a.pid))
 	select {

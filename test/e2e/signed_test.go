@@ -4,33 +4,33 @@ package e2e
 // an image, so only a signature says who that was.
 
 import (
-	"archive/tar"
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/kcr-dev/kcr/internal/testimg"
 )
 
-// asOther runs a shell command as otherUID, as an attacker on the host
+// asOther runs a shell command as uid testimg.OtherUID, as an attacker on the host
 // would, with stdin from in.
 func asOther(t *testing.T, in []byte, script string) {
 	t.Helper()
 	cmd := exec.Command("/bin/sh", "-c", script)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: otherUID, Gid: otherUID}}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: testimg.OtherUID, Gid: testimg.OtherUID}}
 	cmd.Stdin = bytes.NewReader(in)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("as uid %d: %s: %v: %s", otherUID, script, err, out)
+		t.Fatalf("as uid %d: %s: %v: %s", testimg.OtherUID, script, err, out)
 	}
 }
 
-// sharedDir returns a new directory that otherUID owns, under ancestors it
+// sharedDir returns a new directory that uid testimg.OtherUID owns, under ancestors it
 // can traverse.
 func sharedDir(t *testing.T) string {
 	t.Helper()
@@ -44,7 +44,7 @@ func sharedDir(t *testing.T) string {
 	if err := os.Mkdir(d, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	chownR(t, d, otherUID)
+	testimg.ChownAll(t, d, testimg.OtherUID)
 	return d
 }
 
@@ -52,36 +52,20 @@ func sharedDir(t *testing.T) string {
 // fixes its checksum in the manifest, keeping the original signature.
 func reforge(t *testing.T, data []byte) []byte {
 	t.Helper()
-	tr := tar.NewReader(bytes.NewReader(unzstd(t, data)))
-	type ent struct {
-		hdr  *tar.Header
-		body []byte
-	}
-	var ents []ent
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(tr)
-		ents = append(ents, ent{hdr, body})
-	}
-	if len(ents) < 3 || ents[1].hdr.Name != "manifest.sig" {
-		t.Fatalf("signed archive: second entry is %q, want manifest.sig", ents[1].hdr.Name)
+	ents := testimg.ReadArchive(t, data)
+	if len(ents) < 3 || ents[1].Hdr.Name != "manifest.sig" {
+		t.Fatalf("signed archive: second entry is %q, want manifest.sig", ents[1].Hdr.Name)
 	}
 	var m map[string]any
-	if err := json.Unmarshal(ents[0].body, &m); err != nil {
+	if err := json.Unmarshal(ents[0].Data, &m); err != nil {
 		t.Fatal(err)
 	}
 	changed := ""
 	for _, e := range ents[2:] {
-		if strings.HasPrefix(filepath.Base(e.hdr.Name), "pages-") && len(e.body) > 100 {
-			e.body[100] ^= 0xff
-			changed = e.hdr.Name
-			sum := sha256.Sum256(e.body)
+		if strings.HasPrefix(filepath.Base(e.Hdr.Name), "pages-") && len(e.Data) > 100 {
+			e.Data[100] ^= 0xff
+			changed = e.Hdr.Name
+			sum := sha256.Sum256(e.Data)
 			for _, f := range m["files"].([]any) {
 				if f := f.(map[string]any); f["path"] == changed {
 					f["sha256"] = hex.EncodeToString(sum[:])
@@ -93,16 +77,11 @@ func reforge(t *testing.T, data []byte) []byte {
 	if changed == "" {
 		t.Fatal("no pages file in the archive")
 	}
-	ents[0].body, _ = json.MarshalIndent(m, "", "  ")
-	var out bytes.Buffer
-	tw := tar.NewWriter(&out)
-	for _, e := range ents {
-		e.hdr.Size = int64(len(e.body))
-		tw.WriteHeader(e.hdr)
-		tw.Write(e.body)
+	ents[0].Data, _ = json.MarshalIndent(m, "", "  ")
+	for i := range ents {
+		ents[i].Hdr.Size = int64(len(ents[i].Data))
 	}
-	tw.Close()
-	return rezstd(t, out.Bytes())
+	return testimg.Archive(t, ents)
 }
 
 // TestSecuritySignedImage: an image checkpointed with --sign and exported
@@ -166,9 +145,9 @@ func TestSecuritySignedImage(t *testing.T) {
 	if out, err := exec.Command("cp", "-a", good, theirs).CombinedOutput(); err != nil {
 		t.Fatalf("cp: %v %s", err, out)
 	}
-	chownR(t, theirs, otherUID)
+	testimg.ChownAll(t, theirs, testimg.OtherUID)
 	if r := kcr(t, "restore", "--verify-key", keys+".pub", theirs); r.code != 5 || !strings.Contains(r.stderr, "--allow-untrusted") {
-		t.Fatalf("restore --verify-key of uid %d's image: exit %d %q; want 5 (untrusted owner)", otherUID, r.code, r.stderr)
+		t.Fatalf("restore --verify-key of uid %d's image: exit %d %q; want 5 (untrusted owner)", testimg.OtherUID, r.code, r.stderr)
 	}
 	asOther(t, nil, `sed -i 's/"leave_running": false/"leave_running": true/' `+filepath.Join(theirs, "manifest.json"))
 	if r := kcr(t, "restore", "--verify-key", keys+".pub", "--allow-untrusted", theirs); r.code != 9 {

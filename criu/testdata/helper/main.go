@@ -9,10 +9,10 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"sync/atomic"
-	"syscall"
 	"time"
+
+	"github.com/kcr-dev/kcr/internal/testsvc"
 )
 
 func main() {
@@ -41,26 +41,14 @@ func main() {
 			fatal(err)
 		}
 		if *portFile != "" {
-			tmp := *portFile + ".tmp"
-			if err := os.WriteFile(tmp, []byte(ln.Addr().String()), 0o644); err != nil {
-				fatal(err)
-			}
-			if err := os.Rename(tmp, *portFile); err != nil {
+			if err := testsvc.WriteAddr(*portFile, ln.Addr().String()); err != nil {
 				fatal(err)
 			}
 		}
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					fmt.Println("accept:", err)
-					time.Sleep(10 * time.Millisecond)
-					continue
-				}
-				fmt.Fprintf(c, "pong %d\n", counter.Load())
-				c.Close()
-			}
-		}()
+		go testsvc.Serve(ln, func(c net.Conn) {
+			fmt.Fprintf(c, "pong %d\n", counter.Load())
+			c.Close()
+		})
 	}
 	if *dial != "" {
 		c, err := net.Dial("tcp", *dial)
@@ -88,23 +76,8 @@ func main() {
 var held []net.Conn
 
 func startDaemon(out string) {
-	if out == "" {
-		fatal(fmt.Errorf("-daemon needs -out"))
-	}
-	f, err := os.OpenFile(out, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	cmd, err := testsvc.Detach(out)
 	if err != nil {
-		fatal(err)
-	}
-	var args []string
-	flag.Visit(func(fl *flag.Flag) {
-		if fl.Name != "daemon" && fl.Name != "out" {
-			args = append(args, "-"+fl.Name+"="+fl.Value.String())
-		}
-	})
-	cmd := exec.Command(os.Args[0], args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
 		fatal(err)
 	}
 	fmt.Println(cmd.Process.Pid)

@@ -20,15 +20,12 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io/fs"
-	"net"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"sort"
@@ -38,6 +35,7 @@ import (
 	"time"
 
 	"github.com/kcr-dev/kcr/criu"
+	"github.com/kcr-dev/kcr/internal/testheap"
 	"golang.org/x/sys/unix"
 )
 
@@ -274,61 +272,25 @@ func restoreOnce(criuPath, img, work, addr, want string, lazy bool) (sample, err
 	return s, nil
 }
 
-// startHeap starts lazyheap detached (setsid, stdin /dev/null, output
-// appended to a file) with GODEBUG=multipathtcp=0.
+// startHeap starts lazyheap with a heap of mb MiB (seed mb).
 func startHeap(bin string, mb int, dir string) (int, string, error) {
-	cmd := exec.Command(bin, "-daemon", "-out", filepath.Join(dir, "out.log"), "-portfile", filepath.Join(dir, "port"),
-		"-mb", strconv.Itoa(mb), "-seed", strconv.Itoa(mb))
-	for _, e := range os.Environ() {
-		if !strings.HasPrefix(e, "GODEBUG=") {
-			cmd.Env = append(cmd.Env, e)
-		}
-	}
-	cmd.Env = append(cmd.Env, "GODEBUG=multipathtcp=0")
-	out, err := cmd.Output()
+	h, err := testheap.Start(ctx, bin, dir, mb, uint64(mb))
 	if err != nil {
-		return 0, "", fmt.Errorf("start %s: %w", bin, err)
+		return 0, "", err
 	}
-	var pid int
-	var addr string
-	if _, err := fmt.Sscanf(string(out), "%d %s", &pid, &addr); err != nil {
-		return 0, "", fmt.Errorf("%s printed %q", bin, out)
-	}
-	live[pid] = true
-	heapPID[pid] = true
-	return pid, addr, ctx.Err()
+	live[h.PID] = true
+	heapPID[h.PID] = true
+	return h.PID, h.Addr, ctx.Err()
 }
 
 func ask(addr, cmd string) (string, error) {
-	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	c, err := new(net.Dialer).DialContext(dctx, "tcp", addr)
-	if err != nil {
-		return "", err
-	}
-	defer c.Close()
-	defer context.AfterFunc(ctx, func() { c.Close() })()
-	c.SetDeadline(time.Now().Add(2 * time.Minute))
-	fmt.Fprintf(c, "%s\n", cmd)
-	line, err := bufio.NewReader(c).ReadString('\n')
-	return strings.TrimSpace(line), err
+	return (&testheap.Heap{Addr: addr}).Ask(ctx, cmd)
 }
 
 // sum asks for the heap checksum and fails unless every page is right.
 func sum(addr string) (string, time.Duration, error) {
-	line, err := ask(addr, "sum")
-	if err != nil {
-		return "", 0, fmt.Errorf("sum: %w", err)
-	}
-	var s string
-	var pages, bad, ms int
-	if _, err := fmt.Sscanf(line, "sum %s pages %d bad %d ms %d", &s, &pages, &bad, &ms); err != nil {
-		return "", 0, fmt.Errorf("sum: %q", line)
-	}
-	if bad != 0 {
-		return "", 0, fmt.Errorf("%d of %d heap pages are wrong", bad, pages)
-	}
-	return s, time.Duration(ms) * time.Millisecond, nil
+	s, _, took, err := (&testheap.Heap{Addr: addr}).Sum(ctx)
+	return s, took, err
 }
 
 // reap kills pid (our child: we are a subreaper) and waits for it.

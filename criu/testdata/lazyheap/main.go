@@ -20,11 +20,11 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/kcr-dev/kcr/internal/testsvc"
 )
 
 const pageSize = 4096
@@ -59,23 +59,13 @@ func main() {
 		fatal(err)
 	}
 	if *portFile != "" {
-		tmp := *portFile + ".tmp"
-		if err := os.WriteFile(tmp, []byte(ln.Addr().String()), 0o644); err != nil {
-			fatal(err)
-		}
-		if err := os.Rename(tmp, *portFile); err != nil {
+		if err := testsvc.WriteAddr(*portFile, ln.Addr().String()); err != nil {
 			fatal(err)
 		}
 	}
 	fmt.Printf("ready pid %d addr %s\n", os.Getpid(), ln.Addr())
 	var mu sync.Mutex // one checksum at a time
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			fmt.Println("accept:", err)
-			time.Sleep(10 * time.Millisecond)
-			continue
-		}
+	testsvc.Serve(ln, func(c net.Conn) {
 		go func() {
 			defer c.Close()
 			c.SetDeadline(time.Now().Add(5 * time.Minute))
@@ -97,7 +87,7 @@ func main() {
 				fmt.Fprintf(c, "error unknown command %q\n", strings.TrimSpace(line))
 			}
 		}()
-	}
+	})
 }
 
 // word returns the pattern's i-th 8-byte word of page p (splitmix64).
@@ -140,24 +130,12 @@ func check(seed uint64) (sum uint64, bad int) {
 }
 
 func startDaemon(out, portFile string) {
-	if out == "" || portFile == "" {
-		fatal(fmt.Errorf("-daemon needs -out and -portfile"))
+	if portFile == "" {
+		fatal(fmt.Errorf("-daemon needs -portfile"))
 	}
-	f, err := os.OpenFile(out, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-	if err != nil {
-		fatal(err)
-	}
-	var args []string
-	flag.Visit(func(fl *flag.Flag) {
-		if fl.Name != "daemon" && fl.Name != "out" {
-			args = append(args, "-"+fl.Name+"="+fl.Value.String())
-		}
-	})
 	os.Remove(portFile)
-	cmd := exec.Command(os.Args[0], args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
+	cmd, err := testsvc.Detach(out)
+	if err != nil {
 		fatal(err)
 	}
 	exited := make(chan error, 1)

@@ -7,12 +7,16 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"net"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/kcr-dev/kcr/notify"
 )
 
 var (
@@ -158,4 +162,104 @@ func Ports(addrs []string) []int {
 		}
 	}
 	return ps
+}
+
+// Fatal emits a "fatal" event with msg and exits with code.
+func Fatal(code int, msg string) {
+	Emit("fatal", "err", msg)
+	os.Exit(code)
+}
+
+// EmitAfter emits the "after" event of an after-restore hook: the event's
+// kind, generation, instance id and reason, and the pairs kv (client ids).
+func EmitAfter(ev notify.Event, kv ...any) {
+	Emit("after", append([]any{"kind", ev.Kind.String(), "gen", ev.Generation, "instance", ev.InstanceID, "reason", ev.Reason}, kv...)...)
+}
+
+// Pending is the set of record numbers handed to a client and not yet
+// acknowledged.
+type Pending struct {
+	mu sync.Mutex
+	m  map[int]struct{}
+}
+
+// Add records the numbers b as pending.
+func (p *Pending) Add(b ...int) {
+	p.mu.Lock()
+	if p.m == nil {
+		p.m = map[int]struct{}{}
+	}
+	for _, n := range b {
+		p.m[n] = struct{}{}
+	}
+	p.mu.Unlock()
+}
+
+// Done removes the numbers b.
+func (p *Pending) Done(b ...int) {
+	p.mu.Lock()
+	for _, n := range b {
+		delete(p.m, n)
+	}
+	p.mu.Unlock()
+}
+
+// Len is how many numbers are pending.
+func (p *Pending) Len() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.m)
+}
+
+// Runs returns the pending numbers as runs (see Runs).
+func (p *Pending) Runs() [][2]int {
+	p.mu.Lock()
+	b := make([]int, 0, len(p.m))
+	for n := range p.m {
+		b = append(b, n)
+	}
+	p.mu.Unlock()
+	return Runs(b)
+}
+
+// Pace calls next about rate times a second until ctx ends or next returns
+// false. Ticks missed while the process was stopped or checkpointed are not
+// made up for.
+func Pace(ctx context.Context, rate int, next func() bool) {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	last := time.Now()
+	credit := 0.0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			credit += float64(rate) * min(now.Sub(last), 50*time.Millisecond).Seconds()
+			last = now
+		}
+		for ; credit >= 1; credit-- {
+			if !next() {
+				return
+			}
+		}
+	}
+}
+
+// ServeState answers every connection on ln with one JSON line: goroutine
+// and open fd counts, the identity, and what state returns.
+func ServeState(ln net.Listener, state func() map[string]any) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		gen, id := notify.Identity()
+		m := state()
+		m["goroutines"], m["fds"], m["gen"], m["instance"] = runtime.NumGoroutine(), OpenFDs(), gen, id
+		b, _ := json.Marshal(m)
+		c.SetWriteDeadline(time.Now().Add(2 * time.Second))
+		c.Write(append(b, '\n'))
+		c.Close()
+	}
 }

@@ -2,6 +2,7 @@ package appkit
 
 import (
 	"net"
+	"slices"
 	"testing"
 )
 
@@ -30,5 +31,18 @@ func TestSocketsTo(t *testing.T) {
 	c.Close()
 	if n := SocketsTo(ports); n != 0 {
 		t.Errorf("%d sockets to the port after closing the connection, want 0", n)
+	}
+}
+
+func TestPending(t *testing.T) {
+	var p Pending
+	p.Add(5, 1, 2, 3)
+	p.Add(7)
+	p.Done(2, 9)
+	if got, want := p.Runs(), [][2]int{{1, 1}, {3, 3}, {5, 5}, {7, 7}}; !slices.Equal(got, want) {
+		t.Errorf("Runs() = %v, want %v", got, want)
+	}
+	if p.Len() != 4 {
+		t.Errorf("Len() = %d, want 4", p.Len())
 	}
 }

@@ -33,11 +33,9 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"net"
-	"os"
 	"os/signal"
 	"runtime"
 	"strconv"
@@ -108,19 +106,16 @@ func main() {
 	defer runtime.KeepAlive(heap)
 	c.brokers = strings.Split(*brokers, ",")
 	if c.topic == "" || (c.consume && c.group == "" && c.partition < 0) || c.writers < 1 || c.batch < 1 {
-		emit("fatal", "err", "need -topic, -group with -consume, positive -writers and -batch")
-		os.Exit(2)
+		appkit.Fatal(2, "need -topic, -group with -consume, positive -writers and -batch")
 	}
 	if err := appkit.SetLogger(*logLevel); err != nil {
-		emit("fatal", "err", err.Error())
-		os.Exit(2)
+		appkit.Fatal(2, err.Error())
 	}
 	if *failCheckpoint {
 		notify.Register("failing", notify.Func(func(context.Context) error { return errors.New("refusing the checkpoint (-fail-checkpoint)") }, nil))
 	}
 	if err := run(c, *listen); err != nil {
-		emit("fatal", "err", err.Error())
-		os.Exit(1)
+		appkit.Fatal(1, err.Error())
 	}
 }
 
@@ -134,11 +129,8 @@ type app struct {
 	acked   atomic.Int64
 	failed  atomic.Int64
 	procd   atomic.Int64
-	pending struct {
-		sync.Mutex
-		m map[int]struct{}
-	}
-	takeMu sync.Mutex // one writer takes numbers at a time: batches are runs
+	pending appkit.Pending
+	takeMu  sync.Mutex // one writer takes numbers at a time: batches are runs
 }
 
 func run(c config, listen string) error {
@@ -146,7 +138,6 @@ func run(c config, listen string) error {
 	defer stop()
 
 	a := &app{cfg: c, next: make(chan int, 4096), retry: make(chan []int, 1024)}
-	a.pending.m = map[int]struct{}{}
 
 	if c.slowHook > 0 {
 		notify.Register("kafkaapp-slow", notify.Func(func(ctx context.Context) error {
@@ -220,7 +211,7 @@ func run(c config, listen string) error {
 		return err
 	}
 	defer srv.Close()
-	go a.serveState(ln)
+	go appkit.ServeState(ln, a.state)
 
 	var wg sync.WaitGroup
 	wctx, wstop := context.WithCancel(context.Background())
@@ -254,7 +245,7 @@ func run(c config, listen string) error {
 	if a.r != nil {
 		rerr = a.r.Close()
 	}
-	emit("exit", "acked", a.acked.Load(), "processed", a.procd.Load(), "pending", a.pendingRuns(),
+	emit("exit", "acked", a.acked.Load(), "processed", a.procd.Load(), "pending", a.pending.Runs(),
 		"writer_close", errString(werr), "reader_close", errString(rerr))
 	ln.Close()
 	return nil
@@ -263,29 +254,16 @@ func run(c config, listen string) error {
 // generate hands out record numbers 1, 2, … at the configured rate. Ticks
 // missed while the process was stopped or checkpointed are not made up for.
 func (a *app) generate(ctx context.Context) {
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	last := time.Now()
-	credit := 0.0
 	n := 0
-	for {
+	appkit.Pace(ctx, a.cfg.rate, func() bool {
+		n++
 		select {
+		case a.next <- n:
+			return true
 		case <-ctx.Done():
-			return
-		case now := <-tick.C:
-			dt := now.Sub(last)
-			last = now
-			credit += float64(a.cfg.rate) * min(dt, 50*time.Millisecond).Seconds()
-			for ; credit >= 1; credit-- {
-				n++
-				select {
-				case a.next <- n:
-				case <-ctx.Done():
-					return
-				}
-			}
+			return false
 		}
-	}
+	})
 }
 
 // take returns the next batch of numbers to write: records to retry first,
@@ -333,7 +311,7 @@ func (a *app) writeLoop(ctx, wctx context.Context) {
 			msgs[i] = kafka.Message{Key: []byte(strconv.Itoa(n)), Value: []byte(strconv.Itoa(n)),
 				Headers: []kafka.Header{{Key: "inst", Value: []byte(inst)}, {Key: "hpid", Value: []byte(hpid)}}}
 		}
-		a.addPending(b)
+		a.pending.Add(b...)
 		// wctx ends only after every writer returned: records handed to
 		// the Writer are never abandoned by the app.
 		err := a.w.WriteMessages(wctx, msgs...)
@@ -354,14 +332,14 @@ func (a *app) writeLoop(ctx, wctx context.Context) {
 				}
 			}
 			if len(ok) > 0 {
-				a.donePending(ok)
+				a.pending.Done(ok...)
 				a.ackRuns(ok, inst, hpid)
 			}
 			b = bad
 		}
 		switch {
 		case err != nil:
-			a.donePending(b)
+			a.pending.Done(b...)
 			a.failed.Add(int64(len(b)))
 			emit("write-error", "err", err.Error(), "records", runs(b))
 			if wctx.Err() != nil {
@@ -373,7 +351,7 @@ func (a *app) writeLoop(ctx, wctx context.Context) {
 			time.Sleep(200 * time.Millisecond)
 			a.retry <- b
 		case !a.cfg.async:
-			a.donePending(b)
+			a.pending.Done(b...)
 			a.ackRuns(b, inst, hpid)
 		}
 	}
@@ -400,7 +378,7 @@ func (a *app) completion(msgs []kafka.Message, err error) {
 		}
 		by[s] = append(by[s], n)
 	}
-	a.donePending(b)
+	a.pending.Done(b...)
 	if err != nil {
 		a.failed.Add(int64(len(b)))
 		emit("write-error", "err", err.Error(), "records", runs(b), "async", true)
@@ -440,11 +418,11 @@ func (a *app) reproduce(msgs []kafka.Message) {
 	if len(out) == 0 {
 		return
 	}
-	a.addPending(b)
+	a.pending.Add(b...)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if err := a.w.WriteMessages(ctx, out...); err != nil {
-		a.donePending(b)
+		a.pending.Done(b...)
 		emit("reproduce-error", "err", err.Error(), "records", runs(b))
 	}
 }
@@ -460,32 +438,6 @@ func (a *app) ackRuns(b []int, inst, hpid string) {
 	for _, r := range runs(b) {
 		emit("acked", "from", r[0], "to", r[1], "inst", inst, "rhpid", rh)
 	}
-}
-
-func (a *app) addPending(b []int) {
-	a.pending.Lock()
-	for _, n := range b {
-		a.pending.m[n] = struct{}{}
-	}
-	a.pending.Unlock()
-}
-
-func (a *app) donePending(b []int) {
-	a.pending.Lock()
-	for _, n := range b {
-		delete(a.pending.m, n)
-	}
-	a.pending.Unlock()
-}
-
-func (a *app) pendingRuns() [][2]int {
-	a.pending.Lock()
-	b := make([]int, 0, len(a.pending.m))
-	for n := range a.pending.m {
-		b = append(b, n)
-	}
-	a.pending.Unlock()
-	return runs(b)
 }
 
 // consumeLoop fetches records, processes them and commits them in small
@@ -553,13 +505,12 @@ func (a *app) beforeLast(ctx context.Context) error {
 	if a.w != nil {
 		rep = a.w.CheckpointReport()
 	}
-	emit("pending", "records", a.pendingRuns(), "writer", rep)
+	emit("pending", "records", a.pending.Runs(), "writer", rep)
 	return nil
 }
 
 func (a *app) afterLast(ctx context.Context, ev notify.Event) error {
-	emit("after", "kind", ev.Kind.String(), "gen", ev.Generation, "instance", ev.InstanceID, "reason", ev.Reason,
-		"writer_client", a.writerClient(), "reader_client", a.readerClient())
+	appkit.EmitAfter(ev, "writer_client", a.writerClient(), "reader_client", a.readerClient())
 	return nil
 }
 
@@ -577,32 +528,17 @@ func (a *app) readerClient() string {
 	return a.r.ClientID()
 }
 
-// serveState answers every connection with one JSON line.
-func (a *app) serveState(ln net.Listener) {
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		gen, id := notify.Identity()
-		a.pending.Lock()
-		pending := len(a.pending.m)
-		a.pending.Unlock()
-		b, _ := json.Marshal(map[string]any{
-			"goroutines": runtime.NumGoroutine(), "fds": openFDs(),
-			"gen": gen, "instance": id, "writer_client": a.writerClient(), "reader_client": a.readerClient(),
-			"acked": a.acked.Load(), "failed": a.failed.Load(), "processed": a.procd.Load(), "pending": pending,
-		})
-		c.SetWriteDeadline(time.Now().Add(2 * time.Second))
-		c.Write(append(b, '\n'))
-		c.Close()
+// state is the app's part of the state listener's line.
+func (a *app) state() map[string]any {
+	return map[string]any{
+		"writer_client": a.writerClient(), "reader_client": a.readerClient(),
+		"acked": a.acked.Load(), "failed": a.failed.Load(), "processed": a.procd.Load(), "pending": a.pending.Len(),
 	}
 }
 
 var (
 	emit      = appkit.Emit
 	hostPID   = appkit.HostPID
-	openFDs   = appkit.OpenFDs
 	runs      = appkit.Runs
 	errString = appkit.ErrString
 )

@@ -27,8 +27,7 @@ func runConsume(brokers []string, topic, group, clientID string) error {
 		return err
 	}
 	notify.Register("kgoapp", notify.Func(nil, func(_ context.Context, ev notify.Event) error {
-		emit("after", "kind", ev.Kind.String(), "gen", ev.Generation, "instance", ev.InstanceID, "reason", ev.Reason,
-			"reader_client", cl.ClientID())
+		appkit.EmitAfter(ev, "reader_client", cl.ClientID())
 		return nil
 	}))
 	srv, err := notify.Start()

@@ -24,16 +24,12 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"net"
-	"os"
 	"os/signal"
-	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -62,30 +58,25 @@ func main() {
 	consume := flag.Bool("consume", false, "consume -topic as a member of -group, committing after processing, instead of producing")
 	flag.Parse()
 	if *topic == "" || *rate < 1 || (*from != "" && (*group == "" || *txnID == "")) || (*consume && *group == "") {
-		emit("fatal", "err", "need -topic, a positive -produce-rate, -group and -txn-id with -transform-from, -group with -consume")
-		os.Exit(2)
+		appkit.Fatal(2, "need -topic, a positive -produce-rate, -group and -txn-id with -transform-from, -group with -consume")
 	}
 	if err := appkit.SetLogger(*logLevel); err != nil {
-		emit("fatal", "err", err.Error())
-		os.Exit(2)
+		appkit.Fatal(2, err.Error())
 	}
 	if *consume {
 		if err := runConsume(strings.Split(*brokers, ","), *topic, *group, *clientID); err != nil {
-			emit("fatal", "err", err.Error())
-			os.Exit(1)
+			appkit.Fatal(1, err.Error())
 		}
 		return
 	}
 	if *from != "" {
 		if err := runTransform(strings.Split(*brokers, ","), *from, *topic, *group, *txnID, *clientID, *holdTxn, *keepTxnID); err != nil {
-			emit("fatal", "err", err.Error())
-			os.Exit(1)
+			appkit.Fatal(1, err.Error())
 		}
 		return
 	}
 	if err := run(strings.Split(*brokers, ","), *topic, *clientID, *rate, *listen); err != nil {
-		emit("fatal", "err", err.Error())
-		os.Exit(1)
+		appkit.Fatal(1, err.Error())
 	}
 }
 
@@ -95,17 +86,13 @@ type app struct {
 	retry   chan int
 	acked   atomic.Int64
 	failed  atomic.Int64
-	pending struct {
-		sync.Mutex
-		m map[int]struct{}
-	}
+	pending appkit.Pending
 }
 
 func run(brokers []string, topic, clientID string, rate int, listen string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	a := &app{retry: make(chan int, 1<<16), ports: appkit.Ports(brokers)}
-	a.pending.m = map[int]struct{}{}
 
 	// Registered first: its before-checkpoint hook runs last, once the
 	// client has quiesced.
@@ -130,7 +117,7 @@ func run(brokers []string, topic, clientID string, rate int, listen string) erro
 		}
 		defer ln.Close()
 		addr = ln.Addr().String()
-		go a.serveState(ln)
+		go appkit.ServeState(ln, a.state)
 	}
 	srv, err := notify.Start()
 	if err != nil {
@@ -145,7 +132,7 @@ func run(brokers []string, topic, clientID string, rate int, listen string) erro
 	ferr := cl.Flush(fctx)
 	cancel()
 	cl.Close()
-	emit("exit", "acked", a.acked.Load(), "pending", a.pendingRuns(), "writer_close", appkit.ErrString(ferr))
+	emit("exit", "acked", a.acked.Load(), "pending", a.pending.Runs(), "writer_close", appkit.ErrString(ferr))
 	return nil
 }
 
@@ -175,29 +162,17 @@ func runTransform(brokers []string, in, out, group, txnID, clientID string, hold
 // ones that failed. Ticks missed while the process was stopped are not made
 // up for.
 func (a *app) produceLoop(ctx context.Context, rate int) {
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	last := time.Now()
-	credit := 0.0
 	n := 0
-	for {
+	appkit.Pace(ctx, rate, func() bool {
 		select {
-		case <-ctx.Done():
-			return
-		case now := <-tick.C:
-			credit += float64(rate) * min(now.Sub(last), 50*time.Millisecond).Seconds()
-			last = now
+		case r := <-a.retry:
+			a.produce(ctx, r)
+		default:
+			n++
+			a.produce(ctx, n)
 		}
-		for ; credit >= 1; credit-- {
-			select {
-			case r := <-a.retry:
-				a.produce(ctx, r)
-			default:
-				n++
-				a.produce(ctx, n)
-			}
-		}
-	}
+		return true
+	})
 }
 
 func (a *app) produce(ctx context.Context, n int) {
@@ -208,15 +183,11 @@ func (a *app) produce(ctx context.Context, n int) {
 	v := []byte(strconv.Itoa(n))
 	rec := &kgo.Record{Key: v, Value: v, Headers: []kgo.RecordHeader{
 		{Key: "inst", Value: []byte(inst)}, {Key: "hpid", Value: []byte(strconv.Itoa(hpid))}}}
-	a.pending.Lock()
-	a.pending.m[n] = struct{}{}
-	a.pending.Unlock()
+	a.pending.Add(n)
 	// Not ctx: records handed to the client are never abandoned by the app;
 	// a Produce waiting at the checkpoint gate waits for the restore.
 	a.cl.Produce(context.Background(), rec, func(_ *kgo.Record, err error) {
-		a.pending.Lock()
-		delete(a.pending.m, n)
-		a.pending.Unlock()
+		a.pending.Done(n)
 		if err != nil {
 			a.failed.Add(1)
 			emit("write-error", "err", err.Error(), "records", [][2]int{{n, n}})
@@ -230,25 +201,14 @@ func (a *app) produce(ctx context.Context, n int) {
 	})
 }
 
-func (a *app) pendingRuns() [][2]int {
-	a.pending.Lock()
-	b := make([]int, 0, len(a.pending.m))
-	for n := range a.pending.m {
-		b = append(b, n)
-	}
-	a.pending.Unlock()
-	return appkit.Runs(b)
-}
-
 func (a *app) beforeLast(ctx context.Context) error {
 	// Last before the dump: the kernel's count of sockets to the brokers.
-	emit("pending", "records", a.pendingRuns(), "writer", a.cl.CheckpointReport(), "broker_sockets", appkit.SocketsTo(a.ports))
+	emit("pending", "records", a.pending.Runs(), "writer", a.cl.CheckpointReport(), "broker_sockets", appkit.SocketsTo(a.ports))
 	return nil
 }
 
 func (a *app) afterLast(ctx context.Context, ev notify.Event) error {
-	emit("after", "kind", ev.Kind.String(), "gen", ev.Generation, "instance", ev.InstanceID, "reason", ev.Reason,
-		"writer_client", a.cl.ClientID())
+	appkit.EmitAfter(ev, "writer_client", a.cl.ClientID())
 	go a.reportProducer()
 	return nil
 }
@@ -262,24 +222,9 @@ func (a *app) reportProducer() {
 	emit("producer", "id", id, "epoch", epoch, "err", appkit.ErrString(err))
 }
 
-// serveState answers every connection with one JSON line.
-func (a *app) serveState(ln net.Listener) {
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		gen, id := notify.Identity()
-		a.pending.Lock()
-		pending := len(a.pending.m)
-		a.pending.Unlock()
-		b, _ := json.Marshal(map[string]any{
-			"goroutines": runtime.NumGoroutine(), "fds": appkit.OpenFDs(),
-			"gen": gen, "instance": id, "writer_client": a.cl.ClientID(),
-			"acked": a.acked.Load(), "failed": a.failed.Load(), "pending": pending,
-		})
-		c.SetWriteDeadline(time.Now().Add(2 * time.Second))
-		c.Write(append(b, '\n'))
-		c.Close()
+// state is the app's part of the state listener's line.
+func (a *app) state() map[string]any {
+	return map[string]any{
+		"writer_client": a.cl.ClientID(), "acked": a.acked.Load(), "failed": a.failed.Load(), "pending": a.pending.Len(),
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kcr-dev/kcr/kafkahooks/kgohooks"
 	"github.com/kcr-dev/kcr/notify"
+	"github.com/kcr-dev/kcr/test/e2e/appkit"
 )
 
 // transformer is the consume-transform-produce mode (-transform-from): a
@@ -149,8 +150,7 @@ func (x *transformer) after(ev notify.Event) {
 	if x.hold.Swap(false) {
 		close(x.release)
 	}
-	emit("after", "kind", ev.Kind.String(), "gen", ev.Generation, "instance", ev.InstanceID, "reason", ev.Reason,
-		"writer_client", x.s.ClientID(), "txn_id", x.s.TransactionalID())
+	appkit.EmitAfter(ev, "writer_client", x.s.ClientID(), "txn_id", x.s.TransactionalID())
 }
 
 // kgoLog sends kgo's own log to slog (ev "log" events), for a failing test

@@ -11,21 +11,22 @@ import (
 // checkpoint, so they keep the last counts of the retired values and add them
 // to the next Stats call.
 
+// addDurationStats merges b into a as addSummaryStats does; a duration is
+// an int64 count of nanoseconds, so it goes through the same arithmetic.
 func addDurationStats(a *kafka.DurationStats, b kafka.DurationStats) {
-	if b.Count == 0 {
-		return
-	}
-	if a.Count == 0 {
-		*a = b
-		return
-	}
-	a.Min = min(a.Min, b.Min)
-	a.Max = max(a.Max, b.Max)
-	a.Count += b.Count
-	a.Sum += b.Sum
-	a.Avg = a.Sum / time.Duration(a.Count)
+	s := summaryOf(*a)
+	addSummaryStats(&s, summaryOf(b))
+	*a = kafka.DurationStats{Avg: time.Duration(s.Avg), Min: time.Duration(s.Min),
+		Max: time.Duration(s.Max), Count: s.Count, Sum: time.Duration(s.Sum)}
 }
 
+func summaryOf(d kafka.DurationStats) kafka.SummaryStats {
+	return kafka.SummaryStats{Avg: int64(d.Avg), Min: int64(d.Min),
+		Max: int64(d.Max), Count: d.Count, Sum: int64(d.Sum)}
+}
+
+// addSummaryStats merges b into a: an empty side takes the other whole, so a
+// retired value's zero Min is never taken for an observation.
 func addSummaryStats(a *kafka.SummaryStats, b kafka.SummaryStats) {
 	if b.Count == 0 {
 		return

@@ -1,6 +1,7 @@
 package kafkahooks
 
 import (
+	"reflect"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -42,36 +43,22 @@ func addSummaryStats(a *kafka.SummaryStats, b kafka.SummaryStats) {
 	a.Avg = a.Sum / a.Count
 }
 
-// addWriterStats adds the counters and summaries of b to a; gauges stay a's.
-func addWriterStats(a *kafka.WriterStats, b kafka.WriterStats) {
-	a.Dials += b.Dials
-	a.Writes += b.Writes
-	a.Messages += b.Messages
-	a.Bytes += b.Bytes
-	a.Errors += b.Errors
-	a.Retries += b.Retries
-	addDurationStats(&a.BatchTime, b.BatchTime)
-	addDurationStats(&a.BatchQueueTime, b.BatchQueueTime)
-	addDurationStats(&a.WriteTime, b.WriteTime)
-	addDurationStats(&a.WaitTime, b.WaitTime)
-	addDurationStats(&a.DialTime, b.DialTime)
-	addSummaryStats(&a.BatchSize, b.BatchSize)
-	addSummaryStats(&a.BatchBytes, b.BatchBytes)
-}
-
-// addReaderStats adds the counters and summaries of b to a; gauges stay a's.
-func addReaderStats(a *kafka.ReaderStats, b kafka.ReaderStats) {
-	a.Dials += b.Dials
-	a.Fetches += b.Fetches
-	a.Messages += b.Messages
-	a.Bytes += b.Bytes
-	a.Rebalances += b.Rebalances
-	a.Timeouts += b.Timeouts
-	a.Errors += b.Errors
-	a.DeprecatedFetchesWithTypo += b.DeprecatedFetchesWithTypo
-	addDurationStats(&a.DialTime, b.DialTime)
-	addDurationStats(&a.ReadTime, b.ReadTime)
-	addDurationStats(&a.WaitTime, b.WaitTime)
-	addSummaryStats(&a.FetchSize, b.FetchSize)
-	addSummaryStats(&a.FetchBytes, b.FetchBytes)
+// addStats adds the counters and summaries of b to a; gauges and tags stay
+// a's. It walks the fields by kafka-go's own `type:"counter"` tags, so a
+// counter added in a later kafka-go version is carried without a change here.
+func addStats[T kafka.WriterStats | kafka.ReaderStats](a *T, b T) {
+	av, bv := reflect.ValueOf(a).Elem(), reflect.ValueOf(b)
+	for i := range av.NumField() {
+		f, bf := av.Field(i), bv.Field(i)
+		switch p := f.Addr().Interface().(type) {
+		case *kafka.DurationStats:
+			addDurationStats(p, bf.Interface().(kafka.DurationStats))
+		case *kafka.SummaryStats:
+			addSummaryStats(p, bf.Interface().(kafka.SummaryStats))
+		case *int64:
+			if av.Type().Field(i).Tag.Get("type") == "counter" {
+				*p += bf.Int()
+			}
+		}
+	}
 }

@@ -120,10 +120,7 @@ func TestWriterCycles(t *testing.T) {
 	}
 
 	// Checkpoint → restore.
-	res, err := reg.Simulate(context.Background(), notify.SimRestore, 5*time.Second)
-	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("simulate: %v %v %v", err, res.BeforeErr, res.AfterErr)
-	}
+	res := simulateOK(t, reg, notify.SimRestore, 5*time.Second)
 	rep := decodeReport[WriterReport](t, res.Before[0].Details) // the writer's hook runs first
 	if res.Before[0].Name != "w" || rep.WriterCheckpoint == nil || !rep.Drained || rep.RecordsCarried != 0 {
 		t.Fatalf("before report = %s %+v", res.Before[0].Name, rep)
@@ -143,10 +140,7 @@ func TestWriterCycles(t *testing.T) {
 	}
 
 	// Checkpoint → resume: identity unchanged.
-	res, err = reg.Simulate(context.Background(), notify.SimResume, 5*time.Second)
-	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("simulate resume: %v %v %v", err, res.BeforeErr, res.AfterErr)
-	}
+	res = simulateOK(t, reg, notify.SimResume, 5*time.Second)
 	mark = k.sniff.mark()
 	n = ackedCount()
 	waitFor(t, 10*time.Second, "records after resume", func() bool { return ackedCount() > n+200 })
@@ -225,10 +219,7 @@ func TestWriterAsyncCompletions(t *testing.T) {
 	if r, c := w.records(), completed.Load(); r != n || c != 0 {
 		t.Fatalf("%d records pending and %d completed before the checkpoint; the test wants all %d buffered", r, c, n)
 	}
-	res, err := reg.Simulate(context.Background(), notify.SimRestore, 5*time.Second)
-	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("simulate: %v %v %v", err, res.BeforeErr, res.AfterErr)
-	}
+	res := simulateOK(t, reg, notify.SimRestore, 5*time.Second)
 	if atDump != n || failed.Load() != 0 {
 		t.Fatalf("completions when the before phase ended = %d (failed %d), want %d", atDump, failed.Load(), n)
 	}
@@ -363,10 +354,7 @@ func TestWriterCarryAcross(t *testing.T) {
 
 	const budget = time.Second
 	start := time.Now()
-	res, err := reg.Simulate(context.Background(), notify.SimRestore, budget)
-	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("simulate: %v %v %v", err, res.BeforeErr, res.AfterErr)
-	}
+	res := simulateOK(t, reg, notify.SimRestore, budget)
 	before := res.Before[0]
 	if before.Duration > budget+100*time.Millisecond {
 		t.Errorf("before-checkpoint took %v with a budget of %v", before.Duration, budget)
@@ -440,10 +428,7 @@ func TestWriterBrokerDownAfterRestore(t *testing.T) {
 	waitFor(t, 5*time.Second, "held produce", func() bool { return bp.held.Load() > 0 })
 
 	const budget = 300 * time.Millisecond
-	res, err := reg.Simulate(context.Background(), notify.SimRestore, budget)
-	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("simulate: %v %v %v", err, res.BeforeErr, res.AfterErr)
-	}
+	res := simulateOK(t, reg, notify.SimRestore, budget)
 	if res.After[0].Duration > budget+100*time.Millisecond {
 		t.Errorf("after-restore took %v with a budget of %v", res.After[0].Duration, budget)
 	}
@@ -451,7 +436,7 @@ func TestWriterBrokerDownAfterRestore(t *testing.T) {
 		t.Fatalf("after report = %v, want the gate still closed", res.After[0].Details)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	err = w.WriteMessages(ctx, kafka.Message{Value: []byte("deadline")})
+	err := w.WriteMessages(ctx, kafka.Message{Value: []byte("deadline")})
 	cancel()
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("write with deadline while resending: %v, want DeadlineExceeded", err)

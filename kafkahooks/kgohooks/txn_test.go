@@ -141,3 +141,37 @@ func TestAppEndsTxnDuringCheckpoint(t *testing.T) {
 	want := vals("e", 2)
 	wantCommitted(t, addrs, "t", want)
 }
+
+// TryProduce goes through the same gate as Produce: it delivers, and after a
+// checkpoint aborted the open transaction it fails like Produce.
+func TestTryProduceGatedLikeProduce(t *testing.T) {
+	addrs, reg := newRig(t, 1, "t")
+	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("t"), kgo.TransactionalID("tx")})
+	ctx := testCtx(t, 15*time.Second)
+	if err := c.BeginTransaction(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tryProduce := func(v string) error {
+		done := make(chan error, 1)
+		c.TryProduce(ctx, &kgo.Record{Value: []byte(v)}, func(_ *kgo.Record, err error) { done <- err })
+		return <-done
+	}
+	if err := tryProduce("y-0"); err != nil {
+		t.Fatal(err)
+	}
+	simulateOK(t, ctx, reg, notify.SimRestore, time.Second)
+	if err := tryProduce("y-1"); !errors.Is(err, ErrTxnAbortedByCheckpoint) {
+		t.Errorf("TryProduce in the aborted transaction = %v, want ErrTxnAbortedByCheckpoint", err)
+	}
+	if err := c.EndTransaction(ctx, kgo.TryCommit); !errors.Is(err, ErrTxnAbortedByCheckpoint) {
+		t.Errorf("EndTransaction = %v, want ErrTxnAbortedByCheckpoint", err)
+	}
+	runTxn(t, ctx, c, "z", 2, false)
+	if err := tryProduce("z-2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Fatal(err)
+	}
+	wantCommitted(t, addrs, "t", vals("z", 3))
+}

@@ -358,3 +358,15 @@ func fetchCommitInOrder(t *testing.T, ctx context.Context, r *Reader, n int) {
 		}
 	}
 }
+
+// has tells whether a record of level with msg holding substr was logged.
+func (s *logSink) has(level slog.Level, substr string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.recs {
+		if r.Level == level && strings.Contains(r.Message, substr) {
+			return true
+		}
+	}
+	return false
+}

@@ -9,16 +9,14 @@ import (
 
 func TestSinceFindsNewGoroutineBySite(t *testing.T) {
 	before := Take()
-	stop, started := make(chan struct{}), make(chan struct{})
-	go park(started, stop)
-	<-started
+	stop := startParked()
 	left := before.Since(Take(), nil)
-	close(stop)
+	stop()
 	if len(left) != 1 {
 		t.Fatalf("%d new goroutines, want 1:%s", len(left), Report(left))
 	}
-	if site := left[0].CreatedBy; !strings.Contains(site, "TestSinceFindsNewGoroutineBySite") || !strings.Contains(site, "leakcheck_test.go:") {
-		t.Errorf("created by %q, want this test and its file:line", site)
+	if site := left[0].CreatedBy; !strings.Contains(site, "leakcheck.startParked") || !strings.Contains(site, "leakcheck_test.go:") {
+		t.Errorf("created by %q, want startParked and its file:line", site)
 	}
 	if !strings.Contains(left[0].Stack, "leakcheck.park") {
 		t.Errorf("stack lacks the goroutine's function:\n%s", left[0].Stack)
@@ -30,10 +28,7 @@ func TestSinceFindsNewGoroutineBySite(t *testing.T) {
 
 func TestSinceKeep(t *testing.T) {
 	before := Take()
-	stop, started := make(chan struct{}), make(chan struct{})
-	go park(started, stop)
-	defer close(stop)
-	<-started
+	defer startParked()()
 	if left := before.Since(Take(), func(g Goroutine) bool { return strings.Contains(g.Stack, "no such function") }); len(left) != 0 {
 		t.Errorf("keep filtered nothing: %s", Report(left))
 	}
@@ -42,25 +37,27 @@ func TestSinceKeep(t *testing.T) {
 // Check waits for a goroutine on its way out instead of failing at once.
 func TestCheckWaitsForEnding(t *testing.T) {
 	before := Take()
-	stop, started := make(chan struct{}), make(chan struct{})
-	go park(started, stop)
-	<-started
-	time.AfterFunc(50*time.Millisecond, func() { close(stop) })
+	time.AfterFunc(50*time.Millisecond, startParked())
 	Check(t, before, 5*time.Second, nil)
 }
 
 // Check fails on a goroutine that stays.
 func TestCheckFailsOnLeak(t *testing.T) {
 	before := Take()
-	stop, started := make(chan struct{}), make(chan struct{})
-	go park(started, stop)
-	defer close(stop)
-	<-started
+	defer startParked()()
 	rec := &recorder{TB: t}
 	Check(rec, before, 50*time.Millisecond, nil)
 	if !strings.Contains(rec.msg, "1 goroutines started since the snapshot") || !strings.Contains(rec.msg, "leakcheck.park") {
 		t.Errorf("Check on a leak reported %q", rec.msg)
 	}
+}
+
+// startParked starts a goroutine that parks until the returned stop.
+func startParked() (stop func()) {
+	started, done := make(chan struct{}), make(chan struct{})
+	go park(started, done)
+	<-started
+	return func() { close(done) }
 }
 
 func park(started, stop chan struct{}) {

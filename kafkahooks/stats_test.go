@@ -74,3 +74,14 @@ func TestAddStatsCountersAndSummaries(t *testing.T) {
 		t.Fatalf("reader:\n got %+v\nwant %+v", r, wantR)
 	}
 }
+
+// BenchmarkAddStats is the cost a Stats call pays to carry the counts of
+// the retired kafka-go values (one addStats per call).
+func BenchmarkAddStats(b *testing.B) {
+	d := kafka.DurationStats{Avg: time.Second, Min: time.Second, Max: time.Second, Count: 1, Sum: time.Second}
+	acc := kafka.WriterStats{Writes: 1, BatchTime: d, WriteTime: d}
+	for b.Loop() {
+		st := kafka.WriterStats{Writes: 2, BatchTime: d, WriteTime: d}
+		addStats(&st, acc)
+	}
+}

@@ -35,17 +35,7 @@ func TestDirectPartitionsAtEndAcrossRestore(t *testing.T) {
 	}
 	producePlain(t, addrs, "d", vals("before", 10))
 
-	var got []string
-	poll := func(max int) {
-		fs := c.PollRecords(ctx, max)
-		for _, e := range fs.Errors() {
-			t.Fatalf("poll: %v", e.Err)
-		}
-		fs.EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
-	}
-	for len(got) < 4 && ctx.Err() == nil {
-		poll(4 - len(got))
-	}
+	got := pollUpTo(t, ctx, c, nil, 4)
 	res := simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 	var next map[string]int64
 	for _, r := range res.Before {
@@ -57,13 +47,9 @@ func TestDirectPartitionsAtEndAcrossRestore(t *testing.T) {
 		t.Errorf("next offset in the report = %v, want d/0: 14", next)
 	}
 	producePlain(t, addrs, "d", vals("after", 10))
-	for len(got) < 30 && ctx.Err() == nil {
-		poll(-1)
-	}
+	got = pollUpTo(t, ctx, c, got, 30)
 	// A little longer, to catch redelivered records.
-	short, cancel2 := context.WithTimeout(ctx, 300*time.Millisecond)
-	c.PollFetches(short).EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
-	cancel2()
+	got = pollMore(ctx, c, got)
 	want := slices.Concat(vals("before", 10), vals("during", 10), vals("after", 10))
 	if !slices.Equal(got, want) {
 		t.Errorf("delivered %d records, want %d in order:\n got %v\nwant %v", len(got), len(want), got, want)

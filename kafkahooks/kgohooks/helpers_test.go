@@ -46,16 +46,7 @@ func readAll(t *testing.T, addrs []string, topic string, want int, extra ...kgo.
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	var got []string
-	for len(got) < want && ctx.Err() == nil {
-		fs := cl.PollFetches(ctx)
-		fs.EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
-	}
-	// A little longer, so that extra records (duplicates) show.
-	short, cancel2 := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer cancel2()
-	cl.PollFetches(short).EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
-	return got
+	return pollMore(ctx, cl, pollValues(ctx, cl, nil, want))
 }
 
 func vals(prefix string, n int) []string {
@@ -198,4 +189,27 @@ func wantCommitted(t *testing.T, addrs []string, topic string, want []string) {
 func newRig(t *testing.T, partitions int32, topics ...string) ([]string, *notify.Registry) {
 	t.Helper()
 	return newCluster(t, partitions, topics...), notify.NewRegistry()
+}
+
+// pollUpTo polls c with PollRecords for what got still lacks of n values,
+// failing the test on a fetch error, until got holds n or ctx ends.
+func pollUpTo(t *testing.T, ctx context.Context, c *Client, got []string, n int) []string {
+	t.Helper()
+	for len(got) < n && ctx.Err() == nil {
+		fs := c.PollRecords(ctx, n-len(got))
+		for _, e := range fs.Errors() {
+			t.Fatalf("poll: %v", e.Err)
+		}
+		fs.EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
+	}
+	return got
+}
+
+// pollMore polls p 300 ms longer and appends what comes, so that records
+// delivered again show.
+func pollMore(ctx context.Context, p poller, got []string) []string {
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	p.PollFetches(short).EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
+	return got
 }

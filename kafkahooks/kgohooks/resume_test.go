@@ -54,17 +54,7 @@ func TestDirectPartitionsResumeKeepsClient(t *testing.T) {
 	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.FetchMaxWait(100 * time.Millisecond), kgo.Dialer(cc.Dial),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{"d": {0: kgo.NewOffset().At(0)}})})
 	ctx := testCtx(t, 15*time.Second)
-	var got []string
-	poll := func(max int) {
-		fs := c.PollRecords(ctx, max)
-		for _, e := range fs.Errors() {
-			t.Fatalf("poll: %v", e.Err)
-		}
-		fs.EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
-	}
-	for len(got) < 4 && ctx.Err() == nil {
-		poll(4 - len(got))
-	}
+	got := pollUpTo(t, ctx, c, nil, 4)
 	kcl0 := c.Underlying()
 	simulateOK(t, ctx, reg, notify.SimResume, 5*time.Second)
 	if n := atDump.Load(); n != 0 {
@@ -74,12 +64,8 @@ func TestDirectPartitionsResumeKeepsClient(t *testing.T) {
 		t.Error("a resume replaced the kgo client of a direct consumer")
 	}
 	producePlain(t, addrs, "d", vals("after", 10))
-	for len(got) < 20 && ctx.Err() == nil {
-		poll(-1)
-	}
-	short, cancel2 := context.WithTimeout(ctx, 300*time.Millisecond)
-	c.PollFetches(short).EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
-	cancel2()
+	got = pollUpTo(t, ctx, c, got, 20)
+	got = pollMore(ctx, c, got)
 	if want := slices.Concat(vals("before", 10), vals("after", 10)); !slices.Equal(got, want) {
 		t.Errorf("delivered %d records, want %d in order:\n got %v\nwant %v", len(got), len(want), got, want)
 	}

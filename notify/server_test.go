@@ -367,9 +367,7 @@ func TestCheckpointResume(t *testing.T) {
 	if ev.Kind != notify.Resume || ev.Reason != "leave-running" || ev.InstanceID != id0 || ev.SelfDetected {
 		t.Errorf("event = %+v", ev)
 	}
-	if got, want := f.rec.take(), []string{"before:probe", "before:b", "before:a", "after:a", "after:b", "after:probe"}; !slices.Equal(got, want) {
-		t.Errorf("calls = %v, want %v", got, want)
-	}
+	f.rec.wantCalls(t, "calls", []string{"before:probe", "before:b", "before:a", "after:a", "after:b", "after:probe"})
 	if st := f.state(); st != "idle" {
 		t.Errorf("state after the cycle = %q", st)
 	}
@@ -462,9 +460,7 @@ func TestCheckpointHookFailure(t *testing.T) {
 		t.Errorf("event = %+v", ev)
 	}
 	want := []string{"before:broken", "before:probe", "before:b", "before:a", "after:a", "after:b", "after:probe", "after:broken"}
-	if got := f.rec.take(); !slices.Equal(got, want) {
-		t.Errorf("calls = %v, want %v", got, want)
-	}
+	f.rec.wantCalls(t, "calls", want)
 	if ev := f.rec.eventsOf("broken"); len(ev) != 1 || ev[0].Kind != notify.Resume {
 		t.Errorf("failing resource's events = %+v", ev)
 	}

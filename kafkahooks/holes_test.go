@@ -382,7 +382,7 @@ func TestCarriedFatalError(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 5*time.Second, "a held produce request", func() bool { return bp.held.Load() > 0 })
+	bp.waitHeld(t, 5*time.Second)
 	res, err := reg.Simulate(context.Background(), notify.SimRestore, 500*time.Millisecond)
 	if err != nil || res.BeforeErr != nil {
 		t.Fatalf("simulate: %v %v", err, res.BeforeErr)
@@ -435,7 +435,7 @@ func TestAbandonedBeforeHook(t *testing.T) {
 	}
 	bp.block()
 	go w.WriteMessages(context.Background(), kafka.Message{Value: []byte("held")})
-	waitFor(t, 5*time.Second, "a held produce request", func() bool { return bp.held.Load() > 0 })
+	bp.waitHeld(t, 5*time.Second)
 
 	bctx, overrun := context.WithCancel(context.Background()) // no deadline: the hook waits
 	before := make(chan error, 1)

@@ -275,18 +275,19 @@ type blockProduce struct {
 	blocked  atomic.Bool
 	mu       sync.Mutex
 	released chan struct{}
-	held     atomic.Int64
+	heldOne  chan struct{} // closed when the first request is held
+	once     sync.Once
 }
 
 func newBlockProduce(c *kfake.Cluster) *blockProduce {
-	b := &blockProduce{released: make(chan struct{})}
+	b := &blockProduce{released: make(chan struct{}), heldOne: make(chan struct{})}
 	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
 		c.KeepControl()
 		if b.blocked.Load() {
 			b.mu.Lock()
 			ch := b.released
 			b.mu.Unlock()
-			b.held.Add(1)
+			b.once.Do(func() { close(b.heldOne) })
 			c.SleepControl(func() { <-ch })
 		}
 		return nil, nil, false
@@ -299,6 +300,16 @@ func (b *blockProduce) block() {
 	b.released = make(chan struct{})
 	b.mu.Unlock()
 	b.blocked.Store(true)
+}
+
+// waitHeld waits up to d until the broker holds a produce request.
+func (b *blockProduce) waitHeld(t testing.TB, d time.Duration) {
+	t.Helper()
+	select {
+	case <-b.heldOne:
+	case <-time.After(d):
+		t.Fatalf("no produce request held by the broker within %v", d)
+	}
 }
 
 func (b *blockProduce) release() {
@@ -370,7 +381,7 @@ func TestWriterCarryAcross(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 5*time.Second, "a produce request held by the broker", func() bool { return bp.held.Load() > 0 })
+	bp.waitHeld(t, 5*time.Second)
 
 	// A sync caller blocked at the gate, with and without a deadline.
 	syncW := make(chan error, 1)
@@ -460,7 +471,7 @@ func TestWriterBrokerDownAfterRestore(t *testing.T) {
 	bp.block()
 	first := make(chan error, 1)
 	go func() { first <- w.WriteMessages(context.Background(), kafka.Message{Value: []byte("carried")}) }()
-	waitFor(t, 5*time.Second, "held produce", func() bool { return bp.held.Load() > 0 })
+	bp.waitHeld(t, 5*time.Second)
 
 	// The cycle ends while the broker is still down: the hook gave up at
 	// the end of its budget instead of waiting for the broker. (The bound

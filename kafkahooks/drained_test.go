@@ -54,7 +54,7 @@ func TestWriterRequireDrainedVetoes(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		waitFor(t, 5*time.Second, "a produce request held by the broker", func() bool { return bp.held.Load() > 0 })
+		bp.waitHeld(t, 5*time.Second)
 
 		ctx := context.Background()
 		if require {

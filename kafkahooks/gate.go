@@ -26,7 +26,7 @@ type gateView[S any] interface {
 // report of the last hook run and the client-id policy.
 type gate[S any, P gateView[S], R any] struct {
 	state   atomic.Pointer[S]
-	blocked atomic.Int64 // callers waiting at the gate
+	blocked watchedCount // callers waiting at the gate
 
 	idMu         sync.Mutex // guards baseClientID and clientID; a leaf lock
 	baseClientID string
@@ -77,6 +77,22 @@ func (g *gate[S, P, R]) wait(ctx context.Context, s P, closedErr error) error {
 		return closedErr
 	}
 	return quiesce.Wait(ctx, ch, &g.blocked)
+}
+
+// watchedCount is an atomic count that calls onChange, when set (by tests,
+// before the first use), after each Add: tests wait on it, not poll it.
+type watchedCount struct {
+	atomic.Int64
+	onChange func()
+}
+
+// Add adds d and returns the new count, as atomic.Int64's.
+func (c *watchedCount) Add(d int64) int64 {
+	n := c.Int64.Add(d)
+	if c.onChange != nil {
+		c.onChange()
+	}
+	return n
 }
 
 // gatedCall calls call with the current state whenever the gate is open,

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -294,4 +295,78 @@ func decodeReport[R any](t *testing.T, details map[string]any) R {
 		t.Fatalf("decoding report %v: %v", details, err)
 	}
 	return r
+}
+
+// seqWriter returns write(from, to), which writes the values from..to-1 to
+// topic, a record a batch with acks from all, through a Writer of its own
+// that no checkpoint touches.
+func seqWriter(t *testing.T, addrs []string, topic string, log *slog.Logger) func(from, to int) {
+	w := NewWriter(&kafka.Writer{Addr: kafka.TCP(addrs...), Topic: topic, BatchSize: 1, RequiredAcks: kafka.RequireAll},
+		WithRegistry(notify.NewRegistry()), WithLogger(log))
+	t.Cleanup(func() { w.Close() })
+	return func(from, to int) {
+		t.Helper()
+		for i := from; i < to; i++ {
+			if err := w.WriteMessages(context.Background(), kafka.Message{Value: []byte(strconv.Itoa(i))}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// writeBatch writes the values 0..n-1 to topic in one batch, through a
+// Writer of its own that no checkpoint touches.
+func writeBatch(t *testing.T, addrs []string, topic string, log *slog.Logger, n int) {
+	t.Helper()
+	w := NewWriter(&kafka.Writer{Addr: kafka.TCP(addrs...), Topic: topic, BatchSize: 100, BatchTimeout: time.Millisecond},
+		WithRegistry(notify.NewRegistry()), WithLogger(log))
+	defer w.Close()
+	msgs := make([]kafka.Message, n)
+	for i := range msgs {
+		msgs[i] = kafka.Message{Value: []byte(strconv.Itoa(i))}
+	}
+	if err := w.WriteMessages(context.Background(), msgs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// simulateOK runs a checkpoint cycle of outcome on reg and fails the test
+// unless it ran and both phases succeeded.
+func simulateOK(t testing.TB, reg *notify.Registry, outcome notify.SimOutcome, budget time.Duration) notify.SimResult {
+	t.Helper()
+	res, err := reg.Simulate(context.Background(), outcome, budget)
+	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
+		t.Fatalf("simulate: %v, before %v, after %v", err, res.BeforeErr, res.AfterErr)
+	}
+	return res
+}
+
+// fetchCommitInOrder fetches n records from r, which must come at offsets
+// 0..n-1, and commits each.
+func fetchCommitInOrder(t *testing.T, ctx context.Context, r *Reader, n int) {
+	t.Helper()
+	for i := range n {
+		m, err := r.FetchMessage(ctx)
+		if err != nil {
+			t.Fatalf("fetch offset %d: %v", i, err)
+		}
+		if m.Offset != int64(i) {
+			t.Fatalf("offset %d, want %d", m.Offset, i)
+		}
+		if err := r.CommitMessages(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// has tells whether a record of level with msg holding substr was logged.
+func (s *logSink) has(level slog.Level, substr string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.recs {
+		if r.Level == level && strings.Contains(r.Message, substr) {
+			return true
+		}
+	}
+	return false
 }

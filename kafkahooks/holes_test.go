@@ -70,12 +70,9 @@ func TestCompletionWritesSameWriter(t *testing.T) {
 	}()
 	waitFor(t, 5*time.Second, "records flowing", func() bool { return sent.Load() > 200 })
 
-	res, err := reg.Simulate(context.Background(), notify.SimRestore, 2*time.Second)
-	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("simulate: %v %v %v", err, res.BeforeErr, res.AfterErr)
-	}
+	res := simulateOK(t, reg, notify.SimRestore, 2*time.Second)
 	wctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	err = w.WriteMessages(wctx, kafka.Message{Value: []byte("after")})
+	err := w.WriteMessages(wctx, kafka.Message{Value: []byte("after")})
 	cancel()
 	if err != nil {
 		t.Fatalf("write 0-3 s after the restore: %v (report %v / %v)", err, res.Before[0].Details, res.After[0].Details)
@@ -214,17 +211,7 @@ func TestPartitionReaderSymbolicOffset(t *testing.T) {
 	k := newFake(t, 1, topic)
 	reg := notify.NewRegistry()
 	log, _ := newLog(t)
-	w := NewWriter(&kafka.Writer{Addr: kafka.TCP(k.addrs...), Topic: topic, BatchSize: 1, RequiredAcks: kafka.RequireAll},
-		WithRegistry(notify.NewRegistry()), WithLogger(log))
-	defer w.Close()
-	write := func(from, to int) {
-		t.Helper()
-		for i := from; i < to; i++ {
-			if err := w.WriteMessages(context.Background(), kafka.Message{Value: []byte(strconv.Itoa(i))}); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	write := seqWriter(t, k.addrs, topic, log)
 	write(0, 5)
 	hook(reg, func(context.Context) error { write(8, 10); return nil }, nil)
 	r := NewReader(kafka.ReaderConfig{Brokers: k.addrs, Topic: topic, MaxWait: 50 * time.Millisecond},
@@ -242,10 +229,7 @@ func TestPartitionReaderSymbolicOffset(t *testing.T) {
 	write(5, 8) // prefetched, not handed out
 	time.Sleep(300 * time.Millisecond)
 
-	res, err := reg.Simulate(context.Background(), notify.SimRestore, 5*time.Second)
-	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("simulate: %v %v %v", err, res.BeforeErr, res.AfterErr)
-	}
+	res := simulateOK(t, reg, notify.SimRestore, 5*time.Second)
 	write(10, 12) // before the first fetch after the restore
 	for want := int64(5); want < 12; want++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -269,17 +253,7 @@ func TestGroupReaderLastOffsetNoCommit(t *testing.T) {
 	k := newFake(t, 1, topic)
 	reg := notify.NewRegistry()
 	log, _ := newLog(t)
-	w := NewWriter(&kafka.Writer{Addr: kafka.TCP(k.addrs...), Topic: topic, BatchSize: 1, RequiredAcks: kafka.RequireAll},
-		WithRegistry(notify.NewRegistry()), WithLogger(log))
-	defer w.Close()
-	write := func(from, to int) {
-		t.Helper()
-		for i := from; i < to; i++ {
-			if err := w.WriteMessages(context.Background(), kafka.Message{Value: []byte(strconv.Itoa(i))}); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	write := seqWriter(t, k.addrs, topic, log)
 	write(0, 5)
 	hook(reg, func(context.Context) error { write(12, 14); return nil }, nil)
 	c := groupConfig(k.addrs, group, topic, "glo")
@@ -303,10 +277,7 @@ func TestGroupReaderLastOffsetNoCommit(t *testing.T) {
 	}
 	waitFor(t, 5*time.Second, "prefetched records", func() bool { return r.Stats().QueueLength > 0 })
 
-	res, err := reg.Simulate(context.Background(), notify.SimRestore, 5*time.Second)
-	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("simulate: %v %v %v", err, res.BeforeErr, res.AfterErr)
-	}
+	res := simulateOK(t, reg, notify.SimRestore, 5*time.Second)
 	write(14, 16)
 	got := map[int64]bool{}
 	for len(got) < 16-7 {
@@ -331,16 +302,7 @@ func TestCommitIntervalFlushRetried(t *testing.T) {
 	k := newFake(t, 1, topic)
 	reg := notify.NewRegistry()
 	log, _ := newLog(t)
-	w := NewWriter(&kafka.Writer{Addr: kafka.TCP(k.addrs...), Topic: topic, BatchSize: 100, BatchTimeout: time.Millisecond},
-		WithRegistry(notify.NewRegistry()), WithLogger(log))
-	defer w.Close()
-	var msgs []kafka.Message
-	for i := range 30 {
-		msgs = append(msgs, kafka.Message{Value: []byte(strconv.Itoa(i))})
-	}
-	if err := w.WriteMessages(context.Background(), msgs...); err != nil {
-		t.Fatal(err)
-	}
+	writeBatch(t, k.addrs, topic, log, 30)
 	var failNext, failed atomic.Bool
 	k.c.ControlKey(int16(kmsg.OffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		k.c.KeepControl()
@@ -370,20 +332,9 @@ func TestCommitIntervalFlushRetried(t *testing.T) {
 	defer r.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	for i := range 20 {
-		m, err := r.FetchMessage(ctx)
-		if err != nil || m.Offset != int64(i) {
-			t.Fatalf("fetch: %d %v", m.Offset, err)
-		}
-		if err := r.CommitMessages(ctx, m); err != nil {
-			t.Fatal(err)
-		}
-	}
+	fetchCommitInOrder(t, ctx, r, 20)
 	failNext.Store(true)
-	res, err := reg.Simulate(context.Background(), notify.SimRestore, 5*time.Second)
-	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("simulate: %v %v %v", err, res.BeforeErr, res.AfterErr)
-	}
+	res := simulateOK(t, reg, notify.SimRestore, 5*time.Second)
 	if !failed.Load() {
 		t.Fatal("no commit was sent during the hooks")
 	}
@@ -431,7 +382,7 @@ func TestCarriedFatalError(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 5*time.Second, "a held produce request", func() bool { return bp.held.Load() > 0 })
+	bp.waitHeld(t, 5*time.Second)
 	res, err := reg.Simulate(context.Background(), notify.SimRestore, 500*time.Millisecond)
 	if err != nil || res.BeforeErr != nil {
 		t.Fatalf("simulate: %v %v", err, res.BeforeErr)
@@ -484,7 +435,7 @@ func TestAbandonedBeforeHook(t *testing.T) {
 	}
 	bp.block()
 	go w.WriteMessages(context.Background(), kafka.Message{Value: []byte("held")})
-	waitFor(t, 5*time.Second, "a held produce request", func() bool { return bp.held.Load() > 0 })
+	bp.waitHeld(t, 5*time.Second)
 
 	bctx, overrun := context.WithCancel(context.Background()) // no deadline: the hook waits
 	before := make(chan error, 1)

@@ -71,7 +71,7 @@ func TestWriterCountsInterruptedRecords(t *testing.T) {
 				}
 			}()
 		}
-		waitFor(t, 5*time.Second, "produce requests held by the broker", func() bool { return bp.held.Load() > 0 })
+		bp.waitHeld(t, 5*time.Second)
 		time.Sleep(50 * time.Millisecond)
 		res, err := reg.Simulate(context.Background(), notify.SimRestore, 500*time.Millisecond)
 		if err != nil || res.BeforeErr != nil {

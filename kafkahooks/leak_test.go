@@ -1,13 +1,9 @@
 package kafkahooks
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"runtime"
-	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +11,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kcr-dev/kcr/internal/leakcheck"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -25,7 +22,7 @@ import (
 func TestNoGoroutineLeak(t *testing.T) {
 	k := newFake(t, 2, "l")
 	log, _ := newLog(t)
-	before := goroutines()
+	before := leakcheck.Take()
 
 	reg := notify.NewRegistry()
 	sw := NewWriter(testWriter(k.addrs, "l"), WithRegistry(reg), WithName("sync"), WithLogger(log))
@@ -102,46 +99,5 @@ func TestNoGoroutineLeak(t *testing.T) {
 		}
 	}
 
-	// Goroutines may still be on their way out (a connection's reader
-	// seeing the close): wait for them, then name those left.
-	var left []string
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		left = left[:0]
-		for id, stack := range goroutines() {
-			if _, ok := before[id]; !ok {
-				left = append(left, stack)
-			}
-		}
-		if len(left) == 0 || time.Now().After(deadline) {
-			break
-		}
-	}
-	if len(left) > 0 {
-		slices.Sort(left)
-		t.Fatalf("%d goroutines started by the clients are still running after Close:\n\n%s", len(left), strings.Join(left, "\n\n"))
-	}
-}
-
-// goroutines returns the stack of every goroutine but the caller's, by
-// goroutine id.
-func goroutines() map[string]string {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	m := map[string]string{}
-	for i, g := range bytes.Split(buf, []byte("\n\n")) {
-		if i == 0 {
-			continue // the caller's own
-		}
-		// "goroutine 42 [chan receive]:"
-		id, _, _ := strings.Cut(strings.TrimPrefix(string(g), "goroutine "), " ")
-		m[id] = string(g)
-	}
-	return m
+	leakcheck.Check(t, before, 5*time.Second, nil)
 }

@@ -436,7 +436,7 @@ func (r *Reader) Stats() kafka.ReaderStats {
 	r.acc = kafka.ReaderStats{}
 	r.mu.Unlock()
 	st := r.state.Load().r.Stats()
-	addReaderStats(&st, acc)
+	addStats(&st, acc)
 	return st
 }
 
@@ -496,7 +496,7 @@ const closeFlushTimeout = 10 * time.Second
 func (r *Reader) absorb(inner *kafka.Reader) kafka.ReaderStats {
 	st := inner.Stats()
 	r.mu.Lock()
-	addReaderStats(&r.acc, st)
+	addStats(&r.acc, st)
 	r.mu.Unlock()
 	return st
 }

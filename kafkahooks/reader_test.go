@@ -235,10 +235,7 @@ func TestReaderGroup(t *testing.T) {
 	producing.Store(true)
 	time.Sleep(300 * time.Millisecond)
 
-	res, err := regA.Simulate(context.Background(), notify.SimRestore, 5*time.Second)
-	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("simulate: %v %v %v", err, res.BeforeErr, res.AfterErr)
-	}
+	res := simulateOK(t, regA, notify.SimRestore, 5*time.Second)
 	if duringCheckpoint == nil {
 		t.Fatal("B did not get every partition while A was checkpointed")
 	}
@@ -331,10 +328,7 @@ func TestReaderPartition(t *testing.T) {
 	read(40)
 	waitFor(t, 5*time.Second, "prefetched records", func() bool { return r.Stats().QueueLength > 0 })
 
-	res, err := reg.Simulate(context.Background(), notify.SimRestore, 5*time.Second)
-	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("simulate: %v %v %v", err, res.BeforeErr, res.AfterErr)
-	}
+	res := simulateOK(t, reg, notify.SimRestore, 5*time.Second)
 	rep := decodeReport[ReaderReport](t, res.Before[0].Details)
 	if rep.ReaderCheckpoint == nil || rep.NextOffset == nil || *rep.NextOffset != 40 || rep.PrefetchedDropped == 0 {
 		t.Fatalf("before report = %v, want next_offset 40 and dropped prefetched records", res.Before[0].Details)
@@ -344,8 +338,7 @@ func TestReaderPartition(t *testing.T) {
 	}
 	read(30)
 
-	res, err = reg.Simulate(context.Background(), notify.SimResume, 5*time.Second)
-	if err != nil || res.BeforeErr != nil {
+	if res, err := reg.Simulate(context.Background(), notify.SimResume, 5*time.Second); err != nil || res.BeforeErr != nil {
 		t.Fatalf("simulate resume: %v %v", err, res.BeforeErr)
 	}
 	read(30) // up to 100: the end of the partition
@@ -496,16 +489,7 @@ func TestReaderCommitIntervalFlushed(t *testing.T) {
 	adm := admin(t, k.addrs)
 	reg := notify.NewRegistry()
 	log, _ := newLog(t)
-	w := NewWriter(&kafka.Writer{Addr: kafka.TCP(k.addrs...), Topic: topic, BatchSize: 100, BatchTimeout: time.Millisecond},
-		WithRegistry(notify.NewRegistry()), WithLogger(log))
-	defer w.Close()
-	var msgs []kafka.Message
-	for i := range 30 {
-		msgs = append(msgs, kafka.Message{Value: []byte(strconv.Itoa(i))})
-	}
-	if err := w.WriteMessages(context.Background(), msgs...); err != nil {
-		t.Fatal(err)
-	}
+	writeBatch(t, k.addrs, topic, log, 30)
 
 	var committedAtDump int64 = -1
 	var stateAtDump string
@@ -526,27 +510,13 @@ func TestReaderCommitIntervalFlushed(t *testing.T) {
 	defer r.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	for i := range 20 {
-		m, err := r.FetchMessage(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if m.Offset != int64(i) {
-			t.Fatalf("offset %d, want %d", m.Offset, i)
-		}
-		if err := r.CommitMessages(ctx, m); err != nil {
-			t.Fatal(err)
-		}
-	}
+	fetchCommitInOrder(t, ctx, r, 20)
 	if os, err := adm.FetchOffsets(ctx, group); err == nil {
 		if o, ok := os.Lookup(topic, 0); ok && o.At > 0 {
 			t.Fatalf("offset %d committed before the checkpoint; CommitInterval should hold it", o.At)
 		}
 	}
-	res, err := reg.Simulate(context.Background(), notify.SimRestore, 5*time.Second)
-	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("simulate: %v %v %v", err, res.BeforeErr, res.AfterErr)
-	}
+	simulateOK(t, reg, notify.SimRestore, 5*time.Second)
 	if committedAtDump != 20 {
 		t.Fatalf("committed offset during the checkpoint = %d, want 20 (flushed by Close)", committedAtDump)
 	}

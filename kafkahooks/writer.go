@@ -281,7 +281,7 @@ func (w *Writer) Stats() kafka.WriterStats {
 	w.acc = kafka.WriterStats{}
 	w.mu.Unlock()
 	st := src.Stats()
-	addWriterStats(&st, acc)
+	addStats(&st, acc)
 	st.Dials += w.transport.dials.Swap(0)
 	st.ClientID = w.ClientID()
 	return st
@@ -376,6 +376,6 @@ func (w *Writer) closeInner(inner *kafka.Writer) {
 func (w *Writer) absorb(inner *kafka.Writer) {
 	st := inner.Stats()
 	w.mu.Lock()
-	addWriterStats(&w.acc, st)
+	addStats(&w.acc, st)
 	w.mu.Unlock()
 }

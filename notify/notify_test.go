@@ -38,6 +38,15 @@ func (r *recorder) take() []string {
 	return c
 }
 
+// wantCalls fails t unless the calls since the last take are want, in
+// order; what names them in the failure.
+func (r *recorder) wantCalls(t *testing.T, what string, want []string) {
+	t.Helper()
+	if got := r.take(); !slices.Equal(got, want) {
+		t.Fatalf("%s = %v, want %v", what, got, want)
+	}
+}
+
 func (r *recorder) eventsOf(name string) []notify.Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -112,9 +121,7 @@ func TestOrder(t *testing.T) {
 	}
 	r := simulate(t, g, notify.SimRestore, time.Second)
 	want := []string{"before:d", "before:c", "before:b", "before:a", "after:a", "after:b", "after:c", "after:d"}
-	if got := rec.take(); !slices.Equal(got, want) {
-		t.Fatalf("calls = %v, want %v", got, want)
-	}
+	rec.wantCalls(t, "calls", want)
 	if got := names(r.Before); !slices.Equal(got, []string{"d", "c", "b", "a"}) {
 		t.Errorf("before reports = %v", got)
 	}
@@ -153,9 +160,7 @@ func TestBeforeFailureNotifiesAllAndResumes(t *testing.T) {
 
 	r := simulate(t, g, notify.SimRestore, time.Second)
 	want := []string{"before:d", "before:c", "before:b", "before:a", "after:a", "after:b", "after:c", "after:d"}
-	if got := rec.take(); !slices.Equal(got, want) {
-		t.Fatalf("calls = %v, want %v (every resource notified, failing ones resumed too)", got, want)
-	}
+	rec.wantCalls(t, "calls (every resource notified, failing ones resumed too)", want)
 	if r.BeforeErr == nil {
 		t.Fatal("no BeforeErr")
 	}
@@ -214,9 +219,7 @@ func TestAfterErrorsJoined(t *testing.T) {
 		t.Fatal(r.BeforeErr)
 	}
 	want := []string{"before:c", "before:b", "before:a", "after:a", "after:b", "after:c"}
-	if got := rec.take(); !slices.Equal(got, want) {
-		t.Fatalf("calls = %v, want %v", got, want)
-	}
+	rec.wantCalls(t, "calls", want)
 	hes := hookErrors(t, r.AfterErr)
 	if len(hes) != 2 || hes[0].Resource != "a" || hes[1].Resource != "c" {
 		t.Fatalf("after errors = %v", r.AfterErr)
@@ -256,9 +259,7 @@ func TestHungHookDeadline(t *testing.T) {
 		t.Fatalf("cycle took %v with a budget of %v: it waited for the hung hook", el, budget)
 	}
 	want := []string{"before:c", "before:polite", "before:hung", "before:a", "after:a", "after:hung", "after:c"}
-	if got := rec.take(); !slices.Equal(got, want) {
-		t.Fatalf("calls = %v, want %v", got, want)
-	}
+	rec.wantCalls(t, "calls", want)
 	hes := hookErrors(t, r.BeforeErr)
 	if len(hes) != 2 {
 		t.Fatalf("before errors = %v", r.BeforeErr)
@@ -317,9 +318,7 @@ func TestPanicBecomesError(t *testing.T) {
 	if len(hes) != 1 || hes[0].Resource != "boom" || !strings.Contains(hes[0].Error(), "panic: after boom") {
 		t.Fatalf("after errors = %v", r.AfterErr)
 	}
-	if got, want := rec.take(), []string{"before:c", "before:a", "after:a", "after:c"}; !slices.Equal(got, want) {
-		t.Fatalf("calls = %v, want %v", got, want)
-	}
+	rec.wantCalls(t, "calls", []string{"before:c", "before:a", "after:a", "after:c"})
 	if r.Event.Kind != notify.Resume {
 		t.Errorf("event = %+v", r.Event)
 	}
@@ -356,9 +355,7 @@ func TestRegisterFromBeforeHookJoinsCycle(t *testing.T) {
 	// The newcomers run after every resource registered before them, in
 	// reverse order among themselves, and are resumed last.
 	want := []string{"before:b", "before:a", "before:y", "before:x", "after:a", "after:b", "after:x", "after:y"}
-	if got := rec.take(); !slices.Equal(got, want) {
-		t.Fatalf("calls = %v, want %v", got, want)
-	}
+	rec.wantCalls(t, "calls", want)
 	if len(r.LateJoiners) != 0 {
 		t.Errorf("late joiners = %v, want none", r.LateJoiners)
 	}
@@ -377,16 +374,12 @@ func TestRegisterAfterBeforePhaseIsLateJoiner(t *testing.T) {
 		return nil
 	}))
 	r := simulate(t, g, notify.SimRestore, time.Second)
-	if got, want := rec.take(), []string{"before:a", "after:a"}; !slices.Equal(got, want) {
-		t.Fatalf("calls = %v, want %v", got, want)
-	}
+	rec.wantCalls(t, "calls", []string{"before:a", "after:a"})
 	if !slices.Equal(r.LateJoiners, []string{"late"}) {
 		t.Errorf("late joiners = %v, want [late]", r.LateJoiners)
 	}
 	r = simulate(t, g, notify.SimRestore, time.Second)
-	if got, want := rec.take(), []string{"before:late", "before:a", "after:a", "after:late"}; !slices.Equal(got, want) {
-		t.Fatalf("next cycle calls = %v, want %v", got, want)
-	}
+	rec.wantCalls(t, "next cycle calls", []string{"before:late", "before:a", "after:a", "after:late"})
 	if len(r.LateJoiners) != 0 {
 		t.Errorf("late joiners of the next cycle = %v", r.LateJoiners)
 	}
@@ -404,9 +397,7 @@ func TestUnregister(t *testing.T) {
 		t.Fatalf("Names = %v", got)
 	}
 	simulate(t, g, notify.SimResume, time.Second)
-	if got, want := rec.take(), []string{"before:c", "before:a", "after:a", "after:c"}; !slices.Equal(got, want) {
-		t.Fatalf("calls = %v, want %v", got, want)
-	}
+	rec.wantCalls(t, "calls", []string{"before:c", "before:a", "after:a", "after:c"})
 
 	// Unregistering during a cycle does not take the resource out of it.
 	var unD func()
@@ -419,13 +410,9 @@ func TestUnregister(t *testing.T) {
 		return nil
 	}))
 	simulate(t, g, notify.SimResume, time.Second)
-	if got, want := rec.take(), []string{"before:d", "before:c", "before:a", "after:a", "after:c", "after:d"}; !slices.Equal(got, want) {
-		t.Fatalf("calls = %v, want %v", got, want)
-	}
+	rec.wantCalls(t, "calls", []string{"before:d", "before:c", "before:a", "after:a", "after:c", "after:d"})
 	simulate(t, g, notify.SimResume, time.Second)
-	if got, want := rec.take(), []string{"before:c", "before:a", "after:a", "after:c"}; !slices.Equal(got, want) {
-		t.Fatalf("calls after unregister = %v, want %v", got, want)
-	}
+	rec.wantCalls(t, "calls after unregister", []string{"before:c", "before:a", "after:a", "after:c"})
 }
 
 func TestRegisterNilPanics(t *testing.T) {

@@ -22,6 +22,7 @@ func (s *Server) setState(st string) {
 	s.mu.Lock()
 	s.state = st
 	s.mu.Unlock()
+	s.cfg.log.Debug("kcr control socket: state", "state", st)
 }
 
 // checkpoint runs one cycle: before hooks, "ready", then the wait for the

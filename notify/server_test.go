@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kcr-dev/kcr/internal/testwait"
 	"github.com/kcr-dev/kcr/notify"
 	"github.com/kcr-dev/kcr/notify/client"
 	"github.com/kcr-dev/kcr/notify/proto"
@@ -73,15 +74,21 @@ func TestMain(m *testing.M) {
 	}
 }
 
-// syncBuffer is a log sink safe for concurrent use.
+// syncBuffer is a log sink safe for concurrent use; waitFor lets a test
+// wait for a line without polling.
 type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+	mu   sync.Mutex
+	b    bytes.Buffer
+	grew chan struct{} // closed by the next Write, made by a waiter
 }
 
 func (s *syncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.grew != nil {
+		close(s.grew)
+		s.grew = nil
+	}
 	return s.b.Write(p)
 }
 
@@ -89,6 +96,35 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+func (s *syncBuffer) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Len()
+}
+
+// waitFor waits up to d until what was written after the first from bytes
+// holds substr, and tells whether it did.
+func (s *syncBuffer) waitFor(from int, substr string, d time.Duration) bool {
+	timeout := time.After(d)
+	for {
+		s.mu.Lock()
+		if strings.Contains(s.b.String()[from:], substr) {
+			s.mu.Unlock()
+			return true
+		}
+		if s.grew == nil {
+			s.grew = make(chan struct{})
+		}
+		grew := s.grew
+		s.mu.Unlock()
+		select {
+		case <-grew:
+		case <-timeout:
+			return false
+		}
+	}
 }
 
 type fixture struct {
@@ -188,25 +224,57 @@ func (f *fixture) state() string {
 // waitLog waits until the server has logged a line holding substr.
 func (f *fixture) waitLog(substr string) {
 	f.t.Helper()
-	for range 500 {
-		if strings.Contains(f.log.String(), substr) {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !f.log.waitFor(0, substr, 5*time.Second) {
+		f.t.Fatalf("never logged %q; log:\n%s", substr, f.log)
 	}
-	f.t.Fatalf("never logged %q; log:\n%s", substr, f.log)
 }
 
-// waitIdle waits until the cycle is over.
+// waitIdle waits until the cycle is over: the server is idle, or logs that
+// it went idle after this call began.
 func (f *fixture) waitIdle() {
 	f.t.Helper()
-	for range 300 {
-		if f.state() == "idle" {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
+	mark := f.log.Len()
+	if f.state() == "idle" {
+		return
 	}
-	f.t.Fatal("server never went back to idle")
+	if !f.log.waitFor(mark, "state=idle", 3*time.Second) {
+		f.t.Fatalf("server never went back to idle; log:\n%s", f.log)
+	}
+}
+
+// dial opens a connection to the server, closed at the end of the test.
+func (f *fixture) dial() net.Conn {
+	f.t.Helper()
+	c, err := net.Dial("unix", f.path)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// slowHook registers a resource "slow" whose before hook signals entered
+// and then waits for release.
+func (f *fixture) slowHook() (entered <-chan struct{}, release func()) {
+	in, out := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	f.g.Register("slow", notify.Func(func(ctx context.Context) error {
+		once.Do(func() { close(in) })
+		<-out
+		return nil
+	}, nil))
+	return in, sync.OnceFunc(func() { close(out) })
+}
+
+// checkpointAsync sends a checkpoint request from a goroutine; its error
+// comes on the channel.
+func (f *fixture) checkpointAsync(req client.CheckpointRequest) <-chan error {
+	res := make(chan error, 1)
+	go func() {
+		_, err := client.Checkpoint(context.Background(), f.path, req)
+		res <- err
+	}()
+	return res
 }
 
 func ctx(t *testing.T) context.Context {
@@ -299,9 +367,7 @@ func TestCheckpointResume(t *testing.T) {
 	if ev.Kind != notify.Resume || ev.Reason != "leave-running" || ev.InstanceID != id0 || ev.SelfDetected {
 		t.Errorf("event = %+v", ev)
 	}
-	if got, want := f.rec.take(), []string{"before:probe", "before:b", "before:a", "after:a", "after:b", "after:probe"}; !slices.Equal(got, want) {
-		t.Errorf("calls = %v, want %v", got, want)
-	}
+	f.rec.wantCalls(t, "calls", []string{"before:probe", "before:b", "before:a", "after:a", "after:b", "after:probe"})
 	if st := f.state(); st != "idle" {
 		t.Errorf("state after the cycle = %q", st)
 	}
@@ -316,11 +382,7 @@ func TestCheckpointResume(t *testing.T) {
 // new connection.
 func TestRawProtocolReadyThenEOF(t *testing.T) {
 	f := newFixture(t)
-	c, err := net.Dial("unix", f.path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := f.dial()
 	c.SetDeadline(time.Now().Add(5 * time.Second))
 	if err := proto.Write(c, proto.Message{Type: proto.TypeCheckpoint, HookBudget: time.Second, ResumeAfter: 10 * time.Second}); err != nil {
 		t.Fatal(err)
@@ -398,9 +460,7 @@ func TestCheckpointHookFailure(t *testing.T) {
 		t.Errorf("event = %+v", ev)
 	}
 	want := []string{"before:broken", "before:probe", "before:b", "before:a", "after:a", "after:b", "after:probe", "after:broken"}
-	if got := f.rec.take(); !slices.Equal(got, want) {
-		t.Errorf("calls = %v, want %v", got, want)
-	}
+	f.rec.wantCalls(t, "calls", want)
 	if ev := f.rec.eventsOf("broken"); len(ev) != 1 || ev[0].Kind != notify.Resume {
 		t.Errorf("failing resource's events = %+v", ev)
 	}
@@ -411,19 +471,8 @@ func TestCheckpointHookFailure(t *testing.T) {
 
 func TestCheckpointBusy(t *testing.T) {
 	f := newFixture(t)
-	entered := make(chan struct{})
-	release := make(chan struct{})
-	var once sync.Once
-	f.g.Register("slow", notify.Func(func(ctx context.Context) error {
-		once.Do(func() { close(entered) })
-		<-release
-		return nil
-	}, nil))
-	first := make(chan error, 1)
-	go func() {
-		_, err := client.Checkpoint(context.Background(), f.path, client.CheckpointRequest{HookBudget: 5 * time.Second, ResumeAfter: 10 * time.Second})
-		first <- err
-	}()
+	entered, release := f.slowHook()
+	first := f.checkpointAsync(client.CheckpointRequest{HookBudget: 5 * time.Second, ResumeAfter: 10 * time.Second})
 	<-entered
 	if st := f.state(); st != "checkpointing" {
 		t.Errorf("state during hooks = %q", st)
@@ -435,7 +484,7 @@ func TestCheckpointBusy(t *testing.T) {
 	if _, err := f.g.Simulate(context.Background(), notify.SimResume, time.Second); !errors.Is(err, notify.ErrBusy) {
 		t.Fatalf("Simulate during a checkpoint: %v", err)
 	}
-	close(release)
+	release()
 	if err := <-first; err != nil {
 		t.Fatalf("first Checkpoint: %v", err)
 	}
@@ -579,34 +628,18 @@ func TestCloseDuringWaitingResumes(t *testing.T) {
 // dumped) when it is closing and about to resume.
 func TestCloseDuringBeforeHooks(t *testing.T) {
 	f := newFixture(t)
-	entered := make(chan struct{})
-	release := make(chan struct{})
-	var once sync.Once
-	f.g.Register("slow", notify.Func(func(ctx context.Context) error {
-		once.Do(func() { close(entered) })
-		<-release
-		return nil
-	}, nil))
-	res := make(chan error, 1)
-	go func() {
-		_, err := client.Checkpoint(context.Background(), f.path, client.CheckpointRequest{HookBudget: 5 * time.Second, ResumeAfter: time.Minute})
-		res <- err
-	}()
+	entered, release := f.slowHook()
+	res := f.checkpointAsync(client.CheckpointRequest{HookBudget: 5 * time.Second, ResumeAfter: time.Minute})
 	<-entered
 	closed := make(chan struct{})
 	go func() { f.s.Close(); close(closed) }()
 	// Close has begun once it has closed the listener, which unlinks the
 	// socket.
-	for i := 0; ; i++ {
-		if _, err := os.Lstat(f.path); errors.Is(err, os.ErrNotExist) {
-			break
-		}
-		if i == 500 {
-			t.Fatal("Close never removed the socket")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	close(release)
+	testwait.For(t, 5*time.Second, "Close to remove the socket", func() bool {
+		_, err := os.Lstat(f.path)
+		return errors.Is(err, os.ErrNotExist)
+	})
+	release()
 	<-closed
 	if err := <-res; err == nil || !strings.Contains(err.Error(), "closed during the before-checkpoint hooks") {
 		t.Fatalf("Checkpoint while closing: %v", err)
@@ -620,11 +653,7 @@ func TestCloseDuringBeforeHooks(t *testing.T) {
 // not hold Close up.
 func TestCloseWithSilentClient(t *testing.T) {
 	f := newFixture(t)
-	c, err := net.Dial("unix", f.path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	f.dial()
 	// Connections are accepted in order: once a later one is answered, c
 	// has been accepted too.
 	f.state()
@@ -807,11 +836,7 @@ func TestMalformedFrames(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			frame := tc.frame
-			c, err := net.Dial("unix", f.path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
+			c := f.dial()
 			c.SetDeadline(time.Now().Add(5 * time.Second))
 			if _, err := c.Write(frame); err != nil {
 				t.Fatal(err)
@@ -836,10 +861,7 @@ func TestMalformedFrames(t *testing.T) {
 		t.Errorf("hooks ran: %v", calls)
 	}
 	// An empty connection gets no answer and no complaint.
-	c, err := net.Dial("unix", f.path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := f.dial()
 	c.Close()
 	if m := rawCall(t, f.path, frameOf(`{"v":1,"type":"hello"}`)); m.Type != proto.TypeInfo {
 		t.Errorf("hello after bad frames = %+v", m)
@@ -888,25 +910,15 @@ func TestRegisterDuringWaitingIsLateJoiner(t *testing.T) {
 // will dump the process, which resumes at once rather than after ResumeAfter.
 func TestCLIGoneBeforeReady(t *testing.T) {
 	f := newFixture(t)
-	entered := make(chan struct{})
-	release := make(chan struct{})
-	var once sync.Once
-	f.g.Register("slow", notify.Func(func(ctx context.Context) error {
-		once.Do(func() { close(entered) })
-		<-release
-		return nil
-	}, nil))
-	c, err := net.Dial("unix", f.path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	entered, release := f.slowHook()
+	c := f.dial()
 	if err := proto.Write(c, proto.Message{Type: proto.TypeCheckpoint, HookBudget: 5 * time.Second, ResumeAfter: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	<-entered
 	c.Close()
 	f.waitLog("kcr went away while the before-checkpoint hooks ran")
-	close(release)
+	release()
 	ev := f.waitAfter(3 * time.Second)
 	if ev.Kind != notify.Resume || !strings.Contains(ev.Reason, "went away") {
 		t.Errorf("event = %+v", ev)
@@ -1076,16 +1088,7 @@ func TestKCRKilledWhileWaiting(t *testing.T) {
 	f := newFixture(t)
 	kill := startKCRReady(t, f.path)
 	f.noAfter(200 * time.Millisecond) // kcr alive: the app waits
-	kill()
-	killed := time.Now()
-	ev := f.waitAfter(5 * time.Second)
-	if d := time.Since(killed); d > time.Second {
-		t.Errorf("resumed %v after kcr died, want ≤ 1s", d)
-	}
-	if ev.Kind != notify.Resume || !strings.Contains(ev.Reason, "exited before its follow-up") {
-		t.Errorf("event = %+v, want a resume because kcr exited", ev)
-	}
-	f.waitIdle()
+	f.resumesAfterKill(kill, "exited before its follow-up")
 }
 
 // TestKCRKilledDuringHooks: kcr dies while a slow hook runs; the hook's
@@ -1105,14 +1108,21 @@ func TestKCRKilledDuringHooks(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("hook not called")
 	}
+	f.resumesAfterKill(kill, "kcr went away")
+}
+
+// resumesAfterKill kills the stand-in kcr and wants every resource resumed
+// within a second, for a reason holding reason, and the cycle over.
+func (f *fixture) resumesAfterKill(kill func(), reason string) {
+	f.t.Helper()
 	kill()
 	killed := time.Now()
 	ev := f.waitAfter(5 * time.Second)
 	if d := time.Since(killed); d > time.Second {
-		t.Errorf("resumed %v after kcr died, want ≤ 1s", d)
+		f.t.Errorf("resumed %v after kcr died, want ≤ 1s", d)
 	}
-	if ev.Kind != notify.Resume || !strings.Contains(ev.Reason, "kcr went away") {
-		t.Errorf("event = %+v, want a resume because kcr went away", ev)
+	if ev.Kind != notify.Resume || !strings.Contains(ev.Reason, reason) {
+		f.t.Errorf("event = %+v, want a resume with reason %q", ev, reason)
 	}
 	f.waitIdle()
 }

@@ -6,13 +6,16 @@ package quiesce
 
 import (
 	"context"
-	"sync/atomic"
 	"time"
 )
 
+// Counter is the count of waiting callers: an *atomic.Int64, or a type
+// that also signals its changes.
+type Counter interface{ Add(delta int64) int64 }
+
 // Wait blocks until open is closed or ctx ends, counting the caller in
 // blocked meanwhile. It returns ctx.Err() if ctx ended first.
-func Wait(ctx context.Context, open <-chan struct{}, blocked *atomic.Int64) error {
+func Wait(ctx context.Context, open <-chan struct{}, blocked Counter) error {
 	blocked.Add(1)
 	defer blocked.Add(-1)
 	select {

@@ -10,13 +10,16 @@ import (
 
 func TestWaitCountsTheCallerUntilTheGateOpens(t *testing.T) {
 	open := make(chan struct{})
-	var blocked atomic.Int64
+	blocked := &tellingCount{adds: make(chan int64, 2)}
 	done := make(chan error)
-	go func() { done <- Wait(context.Background(), open, &blocked) }()
-	for deadline := time.Now().Add(5 * time.Second); blocked.Load() != 1; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("blocked = %d while a caller waits, want 1", blocked.Load())
+	go func() { done <- Wait(context.Background(), open, blocked) }()
+	select {
+	case n := <-blocked.adds:
+		if n != 1 {
+			t.Fatalf("blocked = %d while a caller waits, want 1", n)
 		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Wait did not count the caller")
 	}
 	select {
 	case err := <-done:
@@ -61,4 +64,16 @@ func TestWaitZero(t *testing.T) {
 	if WaitZero(ctx, &n) {
 		t.Fatal("WaitZero = true with n stuck at 1")
 	}
+}
+
+// tellingCount is a Counter that tells each new count on adds.
+type tellingCount struct {
+	atomic.Int64
+	adds chan int64
+}
+
+func (c *tellingCount) Add(d int64) int64 {
+	n := c.Int64.Add(d)
+	c.adds <- n
+	return n
 }

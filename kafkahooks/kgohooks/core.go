@@ -122,21 +122,17 @@ func (c *core) enter(ctx context.Context, counter *atomic.Int64, kind int) (*sta
 // ctx's error); it never fails because of the checkpoint. Records of an open
 // transaction pass while the hook waits for the transaction to end.
 func (c *core) Produce(ctx context.Context, r *kgo.Record, promise func(*kgo.Record, error)) {
-	if c.baseTxnID != "" && c.txnAborted.Load() {
-		fail(r, promise, ErrTxnAbortedByCheckpoint)
-		return
-	}
-	s, err := c.enter(ctx, &c.calls, c.produceKind())
-	if err != nil {
-		fail(r, promise, err)
-		return
-	}
-	s.cl.Produce(ctx, r, promise)
-	c.calls.Add(-1)
+	c.produce(ctx, r, promise, (*kgo.Client).Produce)
 }
 
 // TryProduce is kgo.Client.TryProduce, gated like Produce.
 func (c *core) TryProduce(ctx context.Context, r *kgo.Record, promise func(*kgo.Record, error)) {
+	c.produce(ctx, r, promise, (*kgo.Client).TryProduce)
+}
+
+// produce passes r through the gate to send, kgo's Produce or TryProduce.
+func (c *core) produce(ctx context.Context, r *kgo.Record, promise func(*kgo.Record, error),
+	send func(*kgo.Client, context.Context, *kgo.Record, func(*kgo.Record, error))) {
 	if c.baseTxnID != "" && c.txnAborted.Load() {
 		fail(r, promise, ErrTxnAbortedByCheckpoint)
 		return
@@ -146,7 +142,7 @@ func (c *core) TryProduce(ctx context.Context, r *kgo.Record, promise func(*kgo.
 		fail(r, promise, err)
 		return
 	}
-	s.cl.TryProduce(ctx, r, promise)
+	send(s.cl, ctx, r, promise)
 	c.calls.Add(-1)
 }
 

@@ -14,24 +14,17 @@ import (
 )
 
 func TestDirectPartitionsAtEndAcrossRestore(t *testing.T) {
-	addrs := newCluster(t, 1, "d")
+	addrs, reg := newRig(t, 1, "d")
 	producePlain(t, addrs, "d", vals("old", 10))
-	reg := notify.NewRegistry()
 	// Registered before the client, so its before hook runs after the
 	// client's: these records are produced while the client is torn down.
 	reg.Register("probe", notify.Func(func(context.Context) error {
 		producePlain(t, addrs, "d", vals("during", 10))
 		return nil
 	}, nil))
-	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.FetchMaxWait(100 * time.Millisecond),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{"d": {0: kgo.NewOffset().AtEnd()}})},
-		WithRegistry(reg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
+	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.FetchMaxWait(100 * time.Millisecond),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{"d": {0: kgo.NewOffset().AtEnd()}})})
+	ctx := testCtx(t, 15*time.Second)
 	select {
 	case <-c.resolving:
 	case <-ctx.Done():
@@ -42,24 +35,8 @@ func TestDirectPartitionsAtEndAcrossRestore(t *testing.T) {
 	}
 	producePlain(t, addrs, "d", vals("before", 10))
 
-	var got []string
-	poll := func(max int) {
-		fs := c.PollRecords(ctx, max)
-		for _, e := range fs.Errors() {
-			t.Fatalf("poll: %v", e.Err)
-		}
-		fs.EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
-	}
-	for len(got) < 4 && ctx.Err() == nil {
-		poll(4 - len(got))
-	}
-	res, err := reg.Simulate(ctx, notify.SimRestore, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("cycle: before %v, after %v", res.BeforeErr, res.AfterErr)
-	}
+	got := pollUpTo(t, ctx, c, nil, 4)
+	res := simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 	var next map[string]int64
 	for _, r := range res.Before {
 		if r.Name == c.Name() {
@@ -70,13 +47,9 @@ func TestDirectPartitionsAtEndAcrossRestore(t *testing.T) {
 		t.Errorf("next offset in the report = %v, want d/0: 14", next)
 	}
 	producePlain(t, addrs, "d", vals("after", 10))
-	for len(got) < 30 && ctx.Err() == nil {
-		poll(-1)
-	}
+	got = pollUpTo(t, ctx, c, got, 30)
 	// A little longer, to catch redelivered records.
-	short, cancel2 := context.WithTimeout(ctx, 300*time.Millisecond)
-	c.PollFetches(short).EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
-	cancel2()
+	got = pollMore(ctx, c, got)
 	want := slices.Concat(vals("before", 10), vals("during", 10), vals("after", 10))
 	if !slices.Equal(got, want) {
 		t.Errorf("delivered %d records, want %d in order:\n got %v\nwant %v", len(got), len(want), got, want)
@@ -86,16 +59,10 @@ func TestDirectPartitionsAtEndAcrossRestore(t *testing.T) {
 // Partitions added with AddConsumePartitions to a client built without
 // kgo.ConsumePartitions are still consumed after a restore.
 func TestAddConsumePartitionsAcrossRestore(t *testing.T) {
-	addrs := newCluster(t, 1, "d")
+	addrs, reg := newRig(t, 1, "d")
 	producePlain(t, addrs, "d", vals("old", 3))
-	reg := notify.NewRegistry()
-	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.FetchMaxWait(100 * time.Millisecond)}, WithRegistry(reg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
+	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.FetchMaxWait(100 * time.Millisecond)})
+	ctx := testCtx(t, 15*time.Second)
 	if err := c.AddConsumePartitions(map[string]map[int32]kgo.Offset{"d": {0: kgo.NewOffset().AtEnd()}}); err != nil {
 		t.Fatal(err)
 	}
@@ -103,20 +70,12 @@ func TestAddConsumePartitionsAcrossRestore(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	producePlain(t, addrs, "d", vals("before", 3))
-	var got []string
-	for len(got) < 3 && ctx.Err() == nil {
-		c.PollFetches(ctx).EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
-	}
-	res, err := reg.Simulate(ctx, notify.SimRestore, 5*time.Second)
-	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("cycle: %v, before %v, after %v", err, res.BeforeErr, res.AfterErr)
-	}
+	got := pollValues(ctx, c, nil, 3)
+	simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 	producePlain(t, addrs, "d", vals("after", 3))
 	pctx, pcancel := context.WithTimeout(ctx, 3*time.Second)
 	defer pcancel()
-	for len(got) < 6 && pctx.Err() == nil {
-		c.PollFetches(pctx).EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
-	}
+	got = pollValues(pctx, c, got, 6)
 	if want := slices.Concat(vals("before", 3), vals("after", 3)); !slices.Equal(got, want) {
 		t.Errorf("delivered %v, want %v", got, want)
 	}
@@ -135,15 +94,9 @@ func TestUnresolvedStartRefusesCheckpoint(t *testing.T) {
 		return nil, nil, false
 	})
 	reg := notify.NewRegistry()
-	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.FetchMaxWait(100 * time.Millisecond),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{"d": {0: kgo.NewOffset().AtEnd()}})},
-		WithRegistry(reg), WithRetryBackoff(10*time.Millisecond, 50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
+	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.FetchMaxWait(100 * time.Millisecond),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{"d": {0: kgo.NewOffset().AtEnd()}})}, WithRetryBackoff(10*time.Millisecond, 50*time.Millisecond))
+	ctx := testCtx(t, 15*time.Second)
 	res, err := reg.Simulate(ctx, notify.SimRestore, time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -159,10 +112,7 @@ func TestUnresolvedStartRefusesCheckpoint(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	producePlain(t, addrs, "d", vals("new", 3))
-	var got []string
-	for len(got) < 3 && ctx.Err() == nil {
-		c.PollFetches(ctx).EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
-	}
+	got := pollValues(ctx, c, nil, 3)
 	if !slices.Equal(got, vals("new", 3)) {
 		t.Errorf("delivered %v, want %v", got, vals("new", 3))
 	}

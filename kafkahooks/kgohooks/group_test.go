@@ -28,18 +28,11 @@ func producePlain(t *testing.T, addrs []string, topic string, values []string, e
 }
 
 func TestGroupConsumerRestoreNoRedeliveryNoSkip(t *testing.T) {
-	addrs := newCluster(t, 2, "g")
+	addrs, reg := newRig(t, 2, "g")
 	producePlain(t, addrs, "g", vals("a", 30))
-	reg := notify.NewRegistry()
-	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("grp"), kgo.ConsumeTopics("g"),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)},
-		WithRegistry(reg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
+	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("grp"), kgo.ConsumeTopics("g"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)})
+	ctx := testCtx(t, 15*time.Second)
 
 	seen := map[string]int{}
 	next := map[int32]int64{} // offset after the last record handed out, per partition
@@ -60,13 +53,7 @@ func TestGroupConsumerRestoreNoRedeliveryNoSkip(t *testing.T) {
 		got += poll(12 - got)
 	}
 
-	res, err := reg.Simulate(ctx, notify.SimRestore, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("cycle: before %v, after %v", res.BeforeErr, res.AfterErr)
-	}
+	res := simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 	rep := res.Before[0]
 	t.Logf("before report: %+v", rep)
 
@@ -126,18 +113,12 @@ func mustClient(t *testing.T, addrs []string) *kgo.Client {
 // checkpoint must not move the group's offset back below what the new
 // member committed.
 func TestLateCommitDoesNotGoBack(t *testing.T) {
-	addrs := newCluster(t, 1, "m")
+	addrs, reg := newRig(t, 1, "m")
 	producePlain(t, addrs, "m", vals("a", 10))
-	reg := notify.NewRegistry()
-	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("mg"), kgo.ConsumeTopics("m"),
+	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("mg"), kgo.ConsumeTopics("m"),
 		kgo.DisableAutoCommit(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchMaxWait(100 * time.Millisecond)}, WithRegistry(reg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
+		kgo.FetchMaxWait(100 * time.Millisecond)})
+	ctx := testCtx(t, 15*time.Second)
 	var old []*kgo.Record
 	for len(old) < 10 && ctx.Err() == nil {
 		old = append(old, c.PollFetches(ctx).Records()...)
@@ -145,10 +126,7 @@ func TestLateCommitDoesNotGoBack(t *testing.T) {
 	if err := c.CommitRecords(ctx, old...); err != nil {
 		t.Fatal(err)
 	}
-	res, err := reg.Simulate(ctx, notify.SimRestore, 5*time.Second)
-	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("cycle: %v, before %v, after %v", err, res.BeforeErr, res.AfterErr)
-	}
+	simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 	producePlain(t, addrs, "m", vals("b", 5))
 	var fresh []*kgo.Record
 	for len(fresh) < 5 && ctx.Err() == nil {
@@ -172,27 +150,18 @@ func TestLateCommitDoesNotGoBack(t *testing.T) {
 // With AutoCommitMarks the checkpoint commits the marked records only; the
 // unmarked ones are delivered again after the restore.
 func TestAutoCommitMarksAcrossRestore(t *testing.T) {
-	addrs := newCluster(t, 1, "k")
+	addrs, reg := newRig(t, 1, "k")
 	producePlain(t, addrs, "k", vals("a", 10))
-	reg := notify.NewRegistry()
-	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("kg"), kgo.ConsumeTopics("k"),
+	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("kg"), kgo.ConsumeTopics("k"),
 		kgo.AutoCommitMarks(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchMaxWait(100 * time.Millisecond)}, WithRegistry(reg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
+		kgo.FetchMaxWait(100 * time.Millisecond)})
+	ctx := testCtx(t, 15*time.Second)
 	var old []*kgo.Record
 	for len(old) < 10 && ctx.Err() == nil {
 		old = append(old, c.PollFetches(ctx).Records()...)
 	}
 	c.MarkCommitRecords(old[:6]...)
-	res, err := reg.Simulate(ctx, notify.SimRestore, 5*time.Second)
-	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("cycle: %v, before %v, after %v", err, res.BeforeErr, res.AfterErr)
-	}
+	res := simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 	if n := res.Before[0].Details["partitions_committed"]; n != 1 {
 		t.Errorf("partitions_committed = %v, want 1", n)
 	}
@@ -200,10 +169,7 @@ func TestAutoCommitMarksAcrossRestore(t *testing.T) {
 	if o, _ := offs.Lookup("k", 0); o.At != 6 {
 		t.Errorf("committed offset %d, want 6 (the marked records)", o.At)
 	}
-	var again []string
-	for len(again) < 4 && ctx.Err() == nil {
-		c.PollFetches(ctx).EachRecord(func(r *kgo.Record) { again = append(again, string(r.Value)) })
-	}
+	again := pollValues(ctx, c, nil, 4)
 	if want := vals("a", 10)[6:]; !slices.Equal(again, want) {
 		t.Errorf("after restore delivered %v, want %v", again, want)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -45,16 +46,7 @@ func readAll(t *testing.T, addrs []string, topic string, want int, extra ...kgo.
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	var got []string
-	for len(got) < want && ctx.Err() == nil {
-		fs := cl.PollFetches(ctx)
-		fs.EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
-	}
-	// A little longer, so that extra records (duplicates) show.
-	short, cancel2 := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer cancel2()
-	cl.PollFetches(short).EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
-	return got
+	return pollMore(ctx, cl, pollValues(ctx, cl, nil, want))
 }
 
 func vals(prefix string, n int) []string {
@@ -118,4 +110,106 @@ func dumpProbe(reg *notify.Registry, cc *connCounter) *atomic.Int64 {
 		return nil
 	}, nil))
 	return &open
+}
+
+// newHooked returns a Client of kopts hooked into reg, closed at the end of
+// the test.
+func newHooked(t *testing.T, reg *notify.Registry, kopts []kgo.Opt, opts ...Option) *Client {
+	t.Helper()
+	c, err := New(kopts, append([]Option{WithRegistry(reg)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// testCtx returns a context that ends after d or with the test.
+func testCtx(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// simulateOK runs a checkpoint cycle of outcome on reg and fails the test
+// unless it ran and both phases succeeded.
+func simulateOK(t *testing.T, ctx context.Context, reg *notify.Registry, outcome notify.SimOutcome, budget time.Duration) notify.SimResult {
+	t.Helper()
+	res, err := reg.Simulate(ctx, outcome, budget)
+	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
+		t.Fatalf("cycle: %v, before %v, after %v", err, res.BeforeErr, res.AfterErr)
+	}
+	return res
+}
+
+// poller is what pollValues needs of a Client or a GroupTransactSession.
+type poller interface {
+	PollFetches(context.Context) kgo.Fetches
+}
+
+// pollValues polls p and appends the values to got until it holds n or ctx
+// ends.
+func pollValues(ctx context.Context, p poller, got []string, n int) []string {
+	for len(got) < n && ctx.Err() == nil {
+		p.PollFetches(ctx).EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
+	}
+	return got
+}
+
+// runTxn produces n values of prefix in a transaction of c, and commits it
+// if end.
+func runTxn(t *testing.T, ctx context.Context, c *Client, prefix string, n int, end bool) {
+	t.Helper()
+	if err := c.BeginTransaction(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range vals(prefix, n) {
+		if err := c.ProduceSync(ctx, &kgo.Record{Value: []byte(v)}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if end {
+		if err := c.EndTransaction(ctx, kgo.TryCommit); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// wantCommitted fails the test unless a read_committed reader of topic sees
+// exactly want, in order.
+func wantCommitted(t *testing.T, addrs []string, topic string, want []string) {
+	t.Helper()
+	if got := readAll(t, addrs, topic, len(want), kgo.FetchIsolationLevel(kgo.ReadCommitted())); !slices.Equal(got, want) {
+		t.Errorf("read_committed sees %v, want %v", got, want)
+	}
+}
+
+// newRig starts a kfake cluster with the given topics and a Registry for the
+// clients under test.
+func newRig(t *testing.T, partitions int32, topics ...string) ([]string, *notify.Registry) {
+	t.Helper()
+	return newCluster(t, partitions, topics...), notify.NewRegistry()
+}
+
+// pollUpTo polls c with PollRecords for what got still lacks of n values,
+// failing the test on a fetch error, until got holds n or ctx ends.
+func pollUpTo(t *testing.T, ctx context.Context, c *Client, got []string, n int) []string {
+	t.Helper()
+	for len(got) < n && ctx.Err() == nil {
+		fs := c.PollRecords(ctx, n-len(got))
+		for _, e := range fs.Errors() {
+			t.Fatalf("poll: %v", e.Err)
+		}
+		fs.EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
+	}
+	return got
+}
+
+// pollMore polls p 300 ms longer and appends what comes, so that records
+// delivered again show.
+func pollMore(ctx context.Context, p poller, got []string) []string {
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	p.PollFetches(short).EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
+	return got
 }

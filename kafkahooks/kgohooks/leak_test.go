@@ -1,15 +1,14 @@
 package kgohooks
 
 import (
-	"bytes"
 	"context"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kcr-dev/kcr/internal/leakcheck"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -18,7 +17,7 @@ import (
 // (an image's client whose dials were held would keep its goroutines).
 func TestNoKgoGoroutineLeak(t *testing.T) {
 	addrs := newCluster(t, 2, "l")
-	before := kgoGoroutines()
+	before := leakcheck.Take()
 	reg := notify.NewRegistry()
 	prod, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("l"), kgo.ClientID("p")}, WithRegistry(reg))
 	if err != nil {
@@ -34,8 +33,7 @@ func TestNoKgoGoroutineLeak(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx := testCtx(t, 60*time.Second)
 	for i := range 12 {
 		if err := prod.ProduceSync(ctx, &kgo.Record{Value: []byte("x")}).FirstErr(); err != nil {
 			t.Fatal(err)
@@ -57,41 +55,10 @@ func TestNoKgoGoroutineLeak(t *testing.T) {
 	prod.Close()
 	direct.Close()
 	group.Close()
-	var left []string
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		left = left[:0]
-		for id, g := range kgoGoroutines() {
-			if _, ok := before[id]; !ok {
-				left = append(left, g)
-			}
-		}
-		if len(left) == 0 {
-			return
-		}
-	}
-	t.Errorf("%d goroutines of kgo clients left after Close, e.g.:\n%s", len(left), left[0])
+	leakcheck.Check(t, before, 5*time.Second, isKgo)
 }
 
-// kgoGoroutines returns the stacks of the goroutines running kgo client
-// code (not kfake's broker), by goroutine id.
-func kgoGoroutines() map[string]string {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	m := map[string]string{}
-	for _, g := range bytes.Split(buf, []byte("\n\n")) {
-		s := string(g)
-		if !strings.Contains(s, "franz-go/pkg/kgo.") || strings.Contains(s, "pkg/kfake") {
-			continue
-		}
-		id, _, _ := strings.Cut(strings.TrimPrefix(s, "goroutine "), " ")
-		m[id] = s
-	}
-	return m
+// isKgo tells the goroutines running kgo client code from kfake's broker.
+func isKgo(g leakcheck.Goroutine) bool {
+	return strings.Contains(g.Stack, "franz-go/pkg/kgo.") && !strings.Contains(g.Stack, "pkg/kfake")
 }

@@ -1,7 +1,6 @@
 package kgohooks
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -14,30 +13,17 @@ import (
 // fail nor return empty: it waits at the gate and then returns the records
 // of the new client.
 func TestWaitingPollSurvivesRestore(t *testing.T) {
-	addrs := newCluster(t, 1, "w")
-	reg := notify.NewRegistry()
-	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("wg"), kgo.ConsumeTopics("w"),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)},
-		WithRegistry(reg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
+	addrs, reg := newRig(t, 1, "w")
+	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("wg"), kgo.ConsumeTopics("w"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)})
+	ctx := testCtx(t, 15*time.Second)
 	done := make(chan kgo.Fetches, 1)
 	go func() { done <- c.PollFetches(ctx) }()
 	for c.polls.Load() == 0 {
 		time.Sleep(time.Millisecond)
 	}
 	time.Sleep(200 * time.Millisecond) // let it wait inside kgo
-	res, err := reg.Simulate(ctx, notify.SimRestore, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("cycle: before %v, after %v", res.BeforeErr, res.AfterErr)
-	}
+	simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 	select {
 	case fs := <-done:
 		t.Fatalf("poll returned during the cycle with %d records, errors %v", fs.NumRecords(), fs.Errors())

@@ -51,18 +51,12 @@ func duringProbe(t *testing.T, reg *notify.Registry, c **Client, prefix string, 
 }
 
 func testProducerCycle(t *testing.T, outcome notify.SimOutcome) {
-	addrs := newCluster(t, 3, "p")
-	reg := notify.NewRegistry()
+	addrs, reg := newRig(t, 3, "p")
 	var c *Client
 	cc := &connCounter{}
 	atDump := dumpProbe(reg, cc)
 	wait := duringProbe(t, reg, &c, "during", 10)
-	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("p"), kgo.ClientID("app"), kgo.Dialer(cc.Dial)},
-		WithRegistry(reg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c = newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("p"), kgo.ClientID("app"), kgo.Dialer(cc.Dial)})
 	ctx := context.Background()
 	for _, v := range vals("before", 20) {
 		if err := c.ProduceSync(ctx, &kgo.Record{Value: []byte(v)}).FirstErr(); err != nil {
@@ -136,14 +130,8 @@ func TestProducerRestore(t *testing.T) { testProducerCycle(t, notify.SimRestore)
 func TestProducerResume(t *testing.T)  { testProducerCycle(t, notify.SimResume) }
 
 func TestProducerManyCycles(t *testing.T) {
-	addrs := newCluster(t, 2, "p")
-	reg := notify.NewRegistry()
-	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("p"), kgo.ClientID("app")},
-		WithRegistry(reg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	addrs, reg := newRig(t, 2, "p")
+	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("p"), kgo.ClientID("app")})
 	ctx := context.Background()
 	pids := map[int64]bool{}
 	var want []string
@@ -194,14 +182,8 @@ func TestUnflushedRefusesCheckpoint(t *testing.T) {
 	kf := newKfake(t, 1, "p")
 	addrs := kf.ListenAddrs()
 	reg := notify.NewRegistry()
-	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("p"), kgo.ClientID("app")},
-		WithRegistry(reg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
+	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("p"), kgo.ClientID("app")})
+	ctx := testCtx(t, 15*time.Second)
 	if err := c.ProduceSync(ctx, &kgo.Record{Value: []byte("x-0")}).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
@@ -248,8 +230,7 @@ func TestUnflushedRefusesCheckpoint(t *testing.T) {
 // Close during a checkpoint releases the callers waiting at the gate with
 // kgo.ErrClientClosed, and the cycle ends cleanly.
 func TestCloseDuringCheckpointReleasesCallers(t *testing.T) {
-	addrs := newCluster(t, 1, "p")
-	reg := notify.NewRegistry()
+	addrs, reg := newRig(t, 1, "p")
 	var c *Client
 	wait := make(chan error, 1)
 	reg.Register("closer", notify.Func(func(context.Context) error {
@@ -293,8 +274,7 @@ func TestProduceSyncDoesNotLinger(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	ctx := testCtx(t, 20*time.Second)
 	if err := cl.ProduceSync(ctx, &kgo.Record{Value: []byte("warm-up")}).FirstErr(); err != nil {
 		t.Fatal(err)
 	}

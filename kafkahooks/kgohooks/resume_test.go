@@ -17,43 +17,19 @@ import (
 // client: same producer id, same transactional id, and its next
 // transactions commit; no connection is open at the dump instant.
 func TestTxnClientResumeKeepsProducer(t *testing.T) {
-	addrs := newCluster(t, 1, "t")
-	reg := notify.NewRegistry()
+	addrs, reg := newRig(t, 1, "t")
 	cc := &connCounter{}
 	atDump := dumpProbe(reg, cc)
-	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("t"), kgo.TransactionalID("tx"), kgo.Dialer(cc.Dial)},
-		WithRegistry(reg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	txn := func(prefix string) {
-		t.Helper()
-		if err := c.BeginTransaction(ctx); err != nil {
-			t.Fatal(err)
-		}
-		for _, v := range vals(prefix, 5) {
-			if err := c.ProduceSync(ctx, &kgo.Record{Value: []byte(v)}).FirstErr(); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := c.EndTransaction(ctx, kgo.TryCommit); err != nil {
-			t.Fatal(err)
-		}
-	}
-	txn("a")
+	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("t"), kgo.TransactionalID("tx"), kgo.Dialer(cc.Dial)})
+	ctx := testCtx(t, 15*time.Second)
+	runTxn(t, ctx, c, "a", 5, true)
 	pid0, _, _ := c.ProducerID(ctx)
 	kcl0 := c.Underlying()
-	res, err := reg.Simulate(ctx, notify.SimResume, 5*time.Second)
-	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("cycle: %v, before %v, after %v", err, res.BeforeErr, res.AfterErr)
-	}
+	simulateOK(t, ctx, reg, notify.SimResume, 5*time.Second)
 	if n := atDump.Load(); n != 0 {
 		t.Errorf("%d connections open at the dump instant, want 0", n)
 	}
-	txn("b")
+	runTxn(t, ctx, c, "b", 5, true)
 	// The epoch is not compared: with transactions v2 (KIP-890) every
 	// EndTxn bumps it.
 	pid1, _, _ := c.ProducerID(ctx)
@@ -65,44 +41,22 @@ func TestTxnClientResumeKeepsProducer(t *testing.T) {
 		t.Errorf("transactional id after resume = %q, want tx", id)
 	}
 	want := slices.Concat(vals("a", 5), vals("b", 5))
-	if got := readAll(t, addrs, "t", len(want), kgo.FetchIsolationLevel(kgo.ReadCommitted())); !slices.Equal(got, want) {
-		t.Errorf("read_committed sees %v, want %v", got, want)
-	}
+	wantCommitted(t, addrs, "t", want)
 }
 
 // A direct-partition consumer is resumed on the same kgo client and goes on
 // exactly after the last record it handed out: no skip, no redelivery.
 func TestDirectPartitionsResumeKeepsClient(t *testing.T) {
-	addrs := newCluster(t, 1, "d")
+	addrs, reg := newRig(t, 1, "d")
 	producePlain(t, addrs, "d", vals("before", 10))
-	reg := notify.NewRegistry()
 	cc := &connCounter{}
 	atDump := dumpProbe(reg, cc)
-	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.FetchMaxWait(100 * time.Millisecond), kgo.Dialer(cc.Dial),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{"d": {0: kgo.NewOffset().At(0)}})},
-		WithRegistry(reg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	var got []string
-	poll := func(max int) {
-		fs := c.PollRecords(ctx, max)
-		for _, e := range fs.Errors() {
-			t.Fatalf("poll: %v", e.Err)
-		}
-		fs.EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
-	}
-	for len(got) < 4 && ctx.Err() == nil {
-		poll(4 - len(got))
-	}
+	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.FetchMaxWait(100 * time.Millisecond), kgo.Dialer(cc.Dial),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{"d": {0: kgo.NewOffset().At(0)}})})
+	ctx := testCtx(t, 15*time.Second)
+	got := pollUpTo(t, ctx, c, nil, 4)
 	kcl0 := c.Underlying()
-	res, err := reg.Simulate(ctx, notify.SimResume, 5*time.Second)
-	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("cycle: %v, before %v, after %v", err, res.BeforeErr, res.AfterErr)
-	}
+	simulateOK(t, ctx, reg, notify.SimResume, 5*time.Second)
 	if n := atDump.Load(); n != 0 {
 		t.Errorf("%d connections open at the dump instant, want 0", n)
 	}
@@ -110,12 +64,8 @@ func TestDirectPartitionsResumeKeepsClient(t *testing.T) {
 		t.Error("a resume replaced the kgo client of a direct consumer")
 	}
 	producePlain(t, addrs, "d", vals("after", 10))
-	for len(got) < 20 && ctx.Err() == nil {
-		poll(-1)
-	}
-	short, cancel2 := context.WithTimeout(ctx, 300*time.Millisecond)
-	c.PollFetches(short).EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
-	cancel2()
+	got = pollUpTo(t, ctx, c, got, 20)
+	got = pollMore(ctx, c, got)
 	if want := slices.Concat(vals("before", 10), vals("after", 10)); !slices.Equal(got, want) {
 		t.Errorf("delivered %d records, want %d in order:\n got %v\nwant %v", len(got), len(want), got, want)
 	}
@@ -124,28 +74,16 @@ func TestDirectPartitionsResumeKeepsClient(t *testing.T) {
 // kgo cannot rejoin a group it left, so a group consumer gets a new kgo
 // client on a resume too, and no connection of the old one is left open.
 func TestGroupClientResumeIsNewClient(t *testing.T) {
-	addrs := newCluster(t, 1, "g")
-	reg := notify.NewRegistry()
+	addrs, reg := newRig(t, 1, "g")
 	cc := &connCounter{}
 	atDump := dumpProbe(reg, cc)
-	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("grp"), kgo.ConsumeTopics("g"), kgo.Dialer(cc.Dial),
-		kgo.FetchMaxWait(100 * time.Millisecond)}, WithRegistry(reg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
+	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("grp"), kgo.ConsumeTopics("g"), kgo.Dialer(cc.Dial),
+		kgo.FetchMaxWait(100 * time.Millisecond)})
+	ctx := testCtx(t, 15*time.Second)
 	producePlain(t, addrs, "g", vals("a", 3))
-	var got []string
-	for len(got) < 3 && ctx.Err() == nil {
-		c.PollFetches(ctx).EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
-	}
+	got := pollValues(ctx, c, nil, 3)
 	kcl0 := c.Underlying()
-	res, err := reg.Simulate(ctx, notify.SimResume, 5*time.Second)
-	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("cycle: %v, before %v, after %v", err, res.BeforeErr, res.AfterErr)
-	}
+	simulateOK(t, ctx, reg, notify.SimResume, 5*time.Second)
 	if n := atDump.Load(); n != 0 {
 		t.Errorf("%d connections open at the dump instant, want 0", n)
 	}
@@ -153,9 +91,7 @@ func TestGroupClientResumeIsNewClient(t *testing.T) {
 		t.Error("a resumed group consumer kept a kgo client that has left its group")
 	}
 	producePlain(t, addrs, "g", vals("b", 3))
-	for len(got) < 6 && ctx.Err() == nil {
-		c.PollFetches(ctx).EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
-	}
+	got = pollValues(ctx, c, got, 6)
 	if want := slices.Concat(vals("a", 3), vals("b", 3)); !slices.Equal(got, want) {
 		t.Errorf("delivered %v, want %v", got, want)
 	}
@@ -239,8 +175,7 @@ func TestCloseLeavesGroup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
+	ctx := testCtx(t, 15*time.Second)
 	for n := 0; n == 0 && ctx.Err() == nil; {
 		n = c.PollFetches(ctx).NumRecords()
 	}

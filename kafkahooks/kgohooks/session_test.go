@@ -15,19 +15,10 @@ import (
 // checkpoint: the transaction is aborted, its input is polled again, and a
 // read_committed reader of the output sees every input exactly once.
 func TestSessionExactlyOnceAcrossRestore(t *testing.T) {
-	addrs := newCluster(t, 1, "in", "out")
+	addrs, reg := newRig(t, 1, "in", "out")
 	producePlain(t, addrs, "in", vals("r", 20))
-	reg := notify.NewRegistry()
-	s, err := NewSession([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("etl"), kgo.ConsumeTopics("in"),
-		kgo.TransactionalID("etl"), kgo.DefaultProduceTopic("out"), kgo.RequireStableFetchOffsets(),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)},
-		WithRegistry(reg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	s := newETLSession(t, addrs, reg)
+	ctx := testCtx(t, 20*time.Second)
 
 	// step begins a transaction, transforms up to 5 polled records, and
 	// returns how many; end ends it.
@@ -72,13 +63,7 @@ func TestSessionExactlyOnceAcrossRestore(t *testing.T) {
 	if step() == 0 {
 		t.Fatal("no records for the open transaction")
 	}
-	res, err := reg.Simulate(ctx, notify.SimRestore, 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("cycle: before %v, after %v", res.BeforeErr, res.AfterErr)
-	}
+	res := simulateOK(t, ctx, reg, notify.SimRestore, 2*time.Second)
 	t.Logf("before report: %+v", res.Before[0].Details)
 	if got := res.Before[0].Details["transaction"]; got != "aborted" {
 		t.Errorf("report transaction = %v, want aborted", got)
@@ -92,10 +77,7 @@ func TestSessionExactlyOnceAcrossRestore(t *testing.T) {
 			done += n
 		}
 	}
-	var want []string
-	for _, v := range vals("r", 20) {
-		want = append(want, "out-"+v)
-	}
+	want := outValues(vals("r", 20))
 	got := readAll(t, addrs, "out", len(want), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	slices.Sort(got)
 	slices.Sort(want)
@@ -107,19 +89,10 @@ func TestSessionExactlyOnceAcrossRestore(t *testing.T) {
 // The application ends its session transaction itself while the hook
 // waits: Produce, Flush and End pass the gate and the transaction commits.
 func TestSessionAppEndsTxnDuringCheckpoint(t *testing.T) {
-	addrs := newCluster(t, 1, "in", "out")
+	addrs, reg := newRig(t, 1, "in", "out")
 	producePlain(t, addrs, "in", vals("r", 3))
-	reg := notify.NewRegistry()
-	s, err := NewSession([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("etl"), kgo.ConsumeTopics("in"),
-		kgo.TransactionalID("etl"), kgo.DefaultProduceTopic("out"), kgo.RequireStableFetchOffsets(),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)},
-		WithRegistry(reg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
+	s := newETLSession(t, addrs, reg)
+	ctx := testCtx(t, 15*time.Second)
 	if err := s.Begin(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -146,20 +119,14 @@ func TestSessionAppEndsTxnDuringCheckpoint(t *testing.T) {
 		c, err := s.End(ctx, kgo.TryCommit)
 		ended <- result{c, err}
 	}()
-	res, err := reg.Simulate(ctx, notify.SimRestore, 4*time.Second)
-	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("cycle: %v, before %v, after %v", err, res.BeforeErr, res.AfterErr)
-	}
+	res := simulateOK(t, ctx, reg, notify.SimRestore, 4*time.Second)
 	if r := <-ended; !r.committed || r.err != nil {
 		t.Fatalf("End during the checkpoint = %v, %v; want committed", r.committed, r.err)
 	}
 	if got := res.Before[0].Details["transaction"]; got != "none" {
 		t.Errorf("report transaction = %v, want none", got)
 	}
-	var want []string
-	for _, v := range vals("r", 3) {
-		want = append(want, "out-"+v)
-	}
+	want := outValues(vals("r", 3))
 	if got := readAll(t, addrs, "out", len(want), kgo.FetchIsolationLevel(kgo.ReadCommitted())); !slices.Equal(got, want) {
 		t.Errorf("read_committed output %v, want %v", got, want)
 	}
@@ -169,4 +136,28 @@ func TestSessionAppEndsTxnDuringCheckpoint(t *testing.T) {
 	if n := s.PollFetches(pctx).NumRecords(); n != 0 {
 		t.Errorf("restored member got %d input records again", n)
 	}
+}
+
+// newETLSession returns a session that reads "in" in group etl and writes
+// "out" in transactions, hooked into reg and closed at the end of the test.
+func newETLSession(t *testing.T, addrs []string, reg *notify.Registry) *GroupTransactSession {
+	t.Helper()
+	s, err := NewSession([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("etl"), kgo.ConsumeTopics("in"),
+		kgo.TransactionalID("etl"), kgo.DefaultProduceTopic("out"), kgo.RequireStableFetchOffsets(),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)},
+		WithRegistry(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+// outValues returns the values the transform writes for inputs.
+func outValues(inputs []string) []string {
+	out := make([]string, len(inputs))
+	for i, v := range inputs {
+		out[i] = "out-" + v
+	}
+	return out
 }

@@ -1,7 +1,6 @@
 package kgohooks
 
 import (
-	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -36,15 +35,11 @@ func TestDialTLSThroughTracker(t *testing.T) {
 		t.Fatalf("New with kgo.DialTLSConfig: %v", err)
 	}
 	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
+	ctx := testCtx(t, 15*time.Second)
 	if err := c.ProduceSync(ctx, &kgo.Record{Value: []byte("a")}).FirstErr(); err != nil {
 		t.Fatalf("produce over TLS: %v", err)
 	}
-	res, err := reg.Simulate(ctx, notify.SimResume, 5*time.Second)
-	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("cycle: %v, before %v, after %v", err, res.BeforeErr, res.AfterErr)
-	}
+	simulateOK(t, ctx, reg, notify.SimResume, 5*time.Second)
 	if err := c.ProduceSync(ctx, &kgo.Record{Value: []byte("b")}).FirstErr(); err != nil {
 		t.Fatalf("produce over TLS after the resume: %v", err)
 	}

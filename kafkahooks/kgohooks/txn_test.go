@@ -1,7 +1,6 @@
 package kgohooks
 
 import (
-	"context"
 	"errors"
 	"slices"
 	"strings"
@@ -14,42 +13,13 @@ import (
 )
 
 func TestOpenTxnAbortedAtCheckpoint(t *testing.T) {
-	addrs := newCluster(t, 1, "t")
-	reg := notify.NewRegistry()
-	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("t"), kgo.TransactionalID("tx")},
-		WithRegistry(reg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	txn := func(prefix string, n int, end bool) {
-		t.Helper()
-		if err := c.BeginTransaction(ctx); err != nil {
-			t.Fatal(err)
-		}
-		for _, v := range vals(prefix, n) {
-			if err := c.ProduceSync(ctx, &kgo.Record{Value: []byte(v)}).FirstErr(); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if end {
-			if err := c.EndTransaction(ctx, kgo.TryCommit); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	txn("c", 5, true)
-	txn("open", 5, false)
+	addrs, reg := newRig(t, 1, "t")
+	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("t"), kgo.TransactionalID("tx")})
+	ctx := testCtx(t, 15*time.Second)
+	runTxn(t, ctx, c, "c", 5, true)
+	runTxn(t, ctx, c, "open", 5, false)
 
-	res, err := reg.Simulate(ctx, notify.SimRestore, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("cycle: before %v, after %v", res.BeforeErr, res.AfterErr)
-	}
+	res := simulateOK(t, ctx, reg, notify.SimRestore, time.Second)
 	if got := res.Before[0].Details["transaction"]; got != "aborted" {
 		t.Errorf("report transaction = %v, want aborted", got)
 	}
@@ -59,34 +29,16 @@ func TestOpenTxnAbortedAtCheckpoint(t *testing.T) {
 	if id := c.TransactionalID(); !strings.HasPrefix(id, "tx-") || len(id) != len("tx-")+8 {
 		t.Errorf("transactional id after restore = %q, want tx-<8 hex>", id)
 	}
-	txn("n", 5, true)
+	runTxn(t, ctx, c, "n", 5, true)
 
-	want := slices.Concat(vals("c", 5), vals("n", 5))
-	got := readAll(t, addrs, "t", len(want), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
-	if !slices.Equal(got, want) {
-		t.Errorf("read_committed sees %v, want %v", got, want)
-	}
+	wantCommitted(t, addrs, "t", slices.Concat(vals("c", 5), vals("n", 5)))
 }
 
 func TestFailOnOpenTxnRefusesAndKeepsTxn(t *testing.T) {
-	addrs := newCluster(t, 1, "t")
-	reg := notify.NewRegistry()
-	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("t"), kgo.TransactionalID("tx")},
-		WithRegistry(reg), WithOpenTxnPolicy(FailOnOpenTxn))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	if err := c.BeginTransaction(ctx); err != nil {
-		t.Fatal(err)
-	}
-	for _, v := range vals("k", 3) {
-		if err := c.ProduceSync(ctx, &kgo.Record{Value: []byte(v)}).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	addrs, reg := newRig(t, 1, "t")
+	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("t"), kgo.TransactionalID("tx")}, WithOpenTxnPolicy(FailOnOpenTxn))
+	ctx := testCtx(t, 15*time.Second)
+	runTxn(t, ctx, c, "k", 3, false)
 	pid0, _, _ := c.ProducerID(ctx)
 	res, err := reg.Simulate(ctx, notify.SimRestore, time.Second)
 	if err != nil {
@@ -112,34 +64,22 @@ func TestFailOnOpenTxnRefusesAndKeepsTxn(t *testing.T) {
 		t.Errorf("producer id changed from %d to %d by a refused checkpoint", pid0, pid1)
 	}
 	want := vals("k", 4)
-	if got := readAll(t, addrs, "t", len(want), kgo.FetchIsolationLevel(kgo.ReadCommitted())); !slices.Equal(got, want) {
-		t.Errorf("read_committed sees %v, want %v", got, want)
-	}
+	wantCommitted(t, addrs, "t", want)
 }
 
 // CommitOpenTxn commits the open transaction before the dump; KeepTxnID
 // keeps the transactional id after a restore.
 func TestCommitOpenTxnKeepTxnID(t *testing.T) {
-	addrs := newCluster(t, 1, "t")
-	reg := notify.NewRegistry()
-	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("t"), kgo.TransactionalID("tx")},
-		WithRegistry(reg), WithOpenTxnPolicy(CommitOpenTxn), WithTxnIDPolicy(KeepTxnID))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
+	addrs, reg := newRig(t, 1, "t")
+	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("t"), kgo.TransactionalID("tx")}, WithOpenTxnPolicy(CommitOpenTxn), WithTxnIDPolicy(KeepTxnID))
+	ctx := testCtx(t, 15*time.Second)
 	if err := c.BeginTransaction(ctx); err != nil {
 		t.Fatal(err)
 	}
 	for _, v := range vals("o", 3) {
 		c.Produce(ctx, &kgo.Record{Value: []byte(v)}, nil)
 	}
-	res, err := reg.Simulate(ctx, notify.SimRestore, time.Second)
-	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("cycle: %v, before %v, after %v", err, res.BeforeErr, res.AfterErr)
-	}
+	res := simulateOK(t, ctx, reg, notify.SimRestore, time.Second)
 	if got := res.Before[0].Details["transaction"]; got != "committed" {
 		t.Errorf("report transaction = %v, want committed", got)
 	}
@@ -162,25 +102,16 @@ func TestCommitOpenTxnKeepTxnID(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := vals("o", 4)
-	if got := readAll(t, addrs, "t", len(want), kgo.FetchIsolationLevel(kgo.ReadCommitted())); !slices.Equal(got, want) {
-		t.Errorf("read_committed sees %v, want %v", got, want)
-	}
+	wantCommitted(t, addrs, "t", want)
 }
 
 // The application may end its open transaction itself while the hook
 // waits, with kgo's sequence Produce, Flush, EndTransaction: these calls
 // pass the closed gate.
 func TestAppEndsTxnDuringCheckpoint(t *testing.T) {
-	addrs := newCluster(t, 1, "t")
-	reg := notify.NewRegistry()
-	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("t"), kgo.TransactionalID("tx")},
-		WithRegistry(reg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
+	addrs, reg := newRig(t, 1, "t")
+	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("t"), kgo.TransactionalID("tx")})
+	ctx := testCtx(t, 15*time.Second)
 	if err := c.BeginTransaction(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -197,10 +128,7 @@ func TestAppEndsTxnDuringCheckpoint(t *testing.T) {
 		}
 		ended <- c.EndTransaction(ctx, kgo.TryCommit)
 	}()
-	res, err := reg.Simulate(ctx, notify.SimRestore, 4*time.Second)
-	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("cycle: %v, before %v, after %v", err, res.BeforeErr, res.AfterErr)
-	}
+	res := simulateOK(t, ctx, reg, notify.SimRestore, 4*time.Second)
 	if err := <-ended; err != nil {
 		t.Fatalf("the application's commit during the checkpoint: %v", err)
 	}
@@ -211,7 +139,39 @@ func TestAppEndsTxnDuringCheckpoint(t *testing.T) {
 		t.Errorf("before hook took %v: it waited for a transaction the application had ended", d)
 	}
 	want := vals("e", 2)
-	if got := readAll(t, addrs, "t", len(want), kgo.FetchIsolationLevel(kgo.ReadCommitted())); !slices.Equal(got, want) {
-		t.Errorf("read_committed sees %v, want %v", got, want)
+	wantCommitted(t, addrs, "t", want)
+}
+
+// TryProduce goes through the same gate as Produce: it delivers, and after a
+// checkpoint aborted the open transaction it fails like Produce.
+func TestTryProduceGatedLikeProduce(t *testing.T) {
+	addrs, reg := newRig(t, 1, "t")
+	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("t"), kgo.TransactionalID("tx")})
+	ctx := testCtx(t, 15*time.Second)
+	if err := c.BeginTransaction(ctx); err != nil {
+		t.Fatal(err)
 	}
+	tryProduce := func(v string) error {
+		done := make(chan error, 1)
+		c.TryProduce(ctx, &kgo.Record{Value: []byte(v)}, func(_ *kgo.Record, err error) { done <- err })
+		return <-done
+	}
+	if err := tryProduce("y-0"); err != nil {
+		t.Fatal(err)
+	}
+	simulateOK(t, ctx, reg, notify.SimRestore, time.Second)
+	if err := tryProduce("y-1"); !errors.Is(err, ErrTxnAbortedByCheckpoint) {
+		t.Errorf("TryProduce in the aborted transaction = %v, want ErrTxnAbortedByCheckpoint", err)
+	}
+	if err := c.EndTransaction(ctx, kgo.TryCommit); !errors.Is(err, ErrTxnAbortedByCheckpoint) {
+		t.Errorf("EndTransaction = %v, want ErrTxnAbortedByCheckpoint", err)
+	}
+	runTxn(t, ctx, c, "z", 2, false)
+	if err := tryProduce("z-2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Fatal(err)
+	}
+	wantCommitted(t, addrs, "t", vals("z", 3))
 }

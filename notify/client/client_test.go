@@ -187,20 +187,7 @@ func TestCheckpointZeroBudgetWaitsForAppDefault(t *testing.T) {
 }
 
 func TestResumeCancelledIsNotPending(t *testing.T) {
-	g := notify.NewRegistry()
-	release := make(chan struct{})
-	g.Register("slow-after", notify.Func(nil, func(ctx context.Context, ev notify.Event) error {
-		select {
-		case <-release:
-		case <-ctx.Done():
-		}
-		return nil
-	}))
-	s := startServer(t, g)
-	t.Cleanup(func() { close(release) }) // before Close, which waits for the hook
-	if _, err := Checkpoint(context.Background(), s.Path(), CheckpointRequest{HookBudget: time.Second, ResumeAfter: 10 * time.Second}); err != nil {
-		t.Fatal(err)
-	}
+	s := checkpointedWithSlowAfter(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(100*time.Millisecond, cancel)
 	_, err := Resume(ctx, s.Path(), "", 5*time.Second)
@@ -210,20 +197,7 @@ func TestResumeCancelledIsNotPending(t *testing.T) {
 }
 
 func TestResumePending(t *testing.T) {
-	g := notify.NewRegistry()
-	release := make(chan struct{})
-	g.Register("slow-after", notify.Func(nil, func(ctx context.Context, ev notify.Event) error {
-		select {
-		case <-release:
-		case <-ctx.Done():
-		}
-		return nil
-	}))
-	s := startServer(t, g)
-	t.Cleanup(func() { close(release) }) // before Close, which waits for the hook
-	if _, err := Checkpoint(context.Background(), s.Path(), CheckpointRequest{HookBudget: time.Second, ResumeAfter: 10 * time.Second}); err != nil {
-		t.Fatal(err)
-	}
+	s := checkpointedWithSlowAfter(t)
 	_, err := Resume(context.Background(), s.Path(), "", 200*time.Millisecond)
 	if !errors.Is(err, ErrPending) {
 		t.Fatalf("Resume with a short wait: %v, want ErrPending", err)
@@ -263,4 +237,25 @@ func TestParseUnixTableForged(t *testing.T) {
 			t.Errorf("%q: %q, %v; want ErrUnsafeSocket", table, got, err)
 		}
 	}
+}
+
+// checkpointedWithSlowAfter starts a server whose after hook runs until the
+// test ends, and checkpoints it: a Resume then waits for the hook.
+func checkpointedWithSlowAfter(t *testing.T) *notify.Server {
+	t.Helper()
+	g := notify.NewRegistry()
+	release := make(chan struct{})
+	g.Register("slow-after", notify.Func(nil, func(ctx context.Context, ev notify.Event) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}))
+	s := startServer(t, g)
+	t.Cleanup(func() { close(release) }) // before Close, which waits for the hook
+	if _, err := Checkpoint(context.Background(), s.Path(), CheckpointRequest{HookBudget: time.Second, ResumeAfter: 10 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

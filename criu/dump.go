@@ -65,6 +65,9 @@ type DumpResult struct {
 	// Stats is CRIU's stats-dump; nil (with StatsErr set) if unreadable.
 	Stats    *DumpStats
 	StatsErr error
+	// Ready is when CRIU had prepared (started, probed the kernel) and
+	// reached its pre-dump stage; set for a dump run with Begin and Go.
+	Ready time.Time
 
 	exited chan struct{} // closed when CRIU has exited; nil if it had already
 }
@@ -130,6 +133,37 @@ func (ss *Session) Close() {
 // CRIU to exit.
 // DumpResult.Duration covers the dump request only.
 func (ss *Session) Dump(ctx context.Context, opts DumpOptions) (*DumpResult, error) {
+	p, err := ss.begin(opts, false)
+	if err != nil {
+		return nil, err
+	}
+	return p.run(ctx, opts.Notify)
+}
+
+// Begin sends the session's dump request and returns without waiting. CRIU
+// first prepares by itself: it probes the kernel (tens of milliseconds
+// where no kerndat cache is kept, that is where /run is not a tmpfs), then
+// stops at its pre-dump stage, before it touches the tree, until Go. The
+// caller prepares meanwhile. Cancel (or a cancelled ctx) kills CRIU before
+// it ever seized the tree. opts.ImagesDir must stay as it is until Go or
+// Cancel.
+func (ss *Session) Begin(opts DumpOptions) (*PendingDump, error) {
+	return ss.begin(opts, true)
+}
+
+// PendingDump is a dump request that CRIU holds at its pre-dump stage.
+type PendingDump struct {
+	s       *swrk
+	dir     *os.File // the images directory CRIU opens through our fd table
+	opts    DumpOptions
+	logPath string
+	start   time.Time
+	req     *rpc.CriuReq // not yet sent (Session.Dump)
+	sendErr error
+	ready   time.Time // when CRIU reached its pre-dump stage
+}
+
+func (ss *Session) begin(opts DumpOptions, gated bool) (*PendingDump, error) {
 	if ss.s == nil {
 		return nil, errors.New("criu dump: session already used")
 	}
@@ -158,11 +192,7 @@ func (ss *Session) Dump(ctx context.Context, opts DumpOptions) (*DumpResult, err
 		ss.Close()
 		return nil, fmt.Errorf("criu dump: images directory: %w", err)
 	}
-	defer dir.Close()
-	logPath := filepath.Join(opts.ImagesDir, logFile)
-
-	start := time.Now()
-	s := ss.s
+	p := &PendingDump{s: ss.s, dir: dir, opts: opts, logPath: filepath.Join(opts.ImagesDir, logFile), start: time.Now()}
 	ss.s = nil
 	req := &rpc.CriuReq{
 		Type: rpc.CriuReqType_DUMP.Enum(),
@@ -176,12 +206,63 @@ func (ss *Session) Dump(ctx context.Context, opts DumpOptions) (*DumpResult, err
 			TcpEstablished: proto.Bool(opts.TCPEstablished),
 			LogLevel:       proto.Int32(level(opts.LogLevel)),
 			LogFile:        proto.String(logFile),
-			NotifyScripts:  proto.Bool(opts.Notify != nil),
+			NotifyScripts:  proto.Bool(gated || opts.Notify != nil),
 		},
 	}
-	resp, callErr := s.call(req, opts.Notify)
-	elapsed := time.Since(start)
-	res := &DumpResult{Duration: elapsed, LogPath: logPath}
+	if gated {
+		// A failed send shows in Go, with CRIU's output.
+		p.sendErr = p.s.send(req)
+	} else {
+		p.req = req
+	}
+	return p, nil
+}
+
+// Go lets CRIU dump: it waits for CRIU's pre-dump stage, passes it (and
+// every later stage to opts.Notify, if set) and returns when CRIU answered,
+// as Session.Dump does. DumpResult.Duration covers the request from Begin.
+func (p *PendingDump) Go(ctx context.Context) (*DumpResult, error) {
+	if p.s == nil {
+		return nil, errors.New("criu dump: pending dump already run or cancelled")
+	}
+	user := p.opts.Notify
+	return p.run(ctx, func(script string, pid int) error {
+		if script == "pre-dump" && p.ready.IsZero() {
+			p.ready = time.Now()
+		}
+		if user != nil {
+			return user(script, pid)
+		}
+		return nil
+	})
+}
+
+// Cancel stops a pending dump that was not run: CRIU is killed before it
+// seized the tree (it waits for Go at its pre-dump stage at the latest).
+// It is a no-op after Go.
+func (p *PendingDump) Cancel() {
+	if p.s == nil {
+		return
+	}
+	_ = p.s.cmd.Process.Kill()
+	p.s.close()
+	p.s = nil
+	p.dir.Close()
+}
+
+func (p *PendingDump) run(ctx context.Context, notify NotifyFunc) (*DumpResult, error) {
+	s := p.s
+	p.s = nil
+	defer p.dir.Close()
+	var resp *rpc.CriuResp
+	callErr := p.sendErr
+	if p.req != nil {
+		resp, callErr = s.call(p.req, notify)
+	} else if callErr == nil {
+		resp, callErr = s.await(rpc.CriuReqType_DUMP, notify)
+	}
+	elapsed := time.Since(p.start)
+	res := &DumpResult{Duration: elapsed, LogPath: p.logPath, Ready: p.ready}
 	if resp.GetSuccess() && callErr == nil {
 		// CRIU answers once every image file is written and closed; its
 		// exit (a few ms of teardown) overlaps with the caller's hashing
@@ -194,11 +275,11 @@ func (ss *Session) Dump(ctx context.Context, opts DumpOptions) (*DumpResult, err
 		res.exited = exited
 	} else {
 		output, waitErr := s.close()
-		if err := respError(ctx, "dump", resp, callErr, output, waitErr, logPath); err != nil {
+		if err := respError(ctx, "dump", resp, callErr, output, waitErr, p.logPath); err != nil {
 			return nil, err
 		}
 	}
-	res.Stats, res.StatsErr = ReadDumpStats(opts.ImagesDir)
+	res.Stats, res.StatsErr = ReadDumpStats(p.opts.ImagesDir)
 	return res, nil
 }
 

@@ -131,25 +131,39 @@ func memfd(name string) (*os.File, error) {
 // with the hook's error. A response with success=false is otherwise returned
 // with a nil error; the caller turns it into an *Error with the log.
 func (s *swrk) call(req *rpc.CriuReq, notify NotifyFunc) (*rpc.CriuResp, error) {
+	if err := s.send(req); err != nil {
+		return nil, err
+	}
+	return s.await(req.GetType(), notify)
+}
+
+// send writes one request (or notification answer) to CRIU.
+func (s *swrk) send(req *rpc.CriuReq) error {
+	b, err := proto.Marshal(req)
+	if err != nil {
+		return fmt.Errorf("criu: marshal request: %w", err)
+	}
+	if _, err := s.conn.Write(b); err != nil {
+		return fmt.Errorf("criu: send %s request: %w", req.GetType(), err)
+	}
+	return nil
+}
+
+// await reads CRIU's messages for the request of type typ that was sent,
+// answering notifications as call does, until the final response.
+func (s *swrk) await(typ rpc.CriuReqType, notify NotifyFunc) (*rpc.CriuResp, error) {
 	var notifyErr error
 	buf := make([]byte, maxMsg)
 	for {
-		b, err := proto.Marshal(req)
-		if err != nil {
-			return nil, fmt.Errorf("criu: marshal request: %w", err)
-		}
-		if _, err := s.conn.Write(b); err != nil {
-			return nil, fmt.Errorf("criu: send %s request: %w", req.GetType(), err)
-		}
 		n, _, flags, _, err := s.conn.ReadMsgUnix(buf, nil)
 		if err != nil {
 			if errors.Is(err, io.EOF) || n == 0 {
-				return nil, fmt.Errorf("criu swrk exited without answering the %s request", req.GetType())
+				return nil, fmt.Errorf("criu swrk exited without answering the %s request", typ)
 			}
 			return nil, fmt.Errorf("criu: read response: %w", err)
 		}
 		if n == 0 {
-			return nil, fmt.Errorf("criu swrk exited without answering the %s request", req.GetType())
+			return nil, fmt.Errorf("criu swrk exited without answering the %s request", typ)
 		}
 		if flags&unix.MSG_TRUNC != 0 {
 			return nil, fmt.Errorf("criu: response larger than %d bytes", maxMsg)
@@ -175,9 +189,11 @@ func (s *swrk) call(req *rpc.CriuReq, notify NotifyFunc) (*rpc.CriuResp, error) 
 			// would strand them in its restorer).
 			return nil, err
 		}
-		req = &rpc.CriuReq{
+		if err := s.send(&rpc.CriuReq{
 			Type:          rpc.CriuReqType_NOTIFY.Enum(),
 			NotifySuccess: proto.Bool(ok),
+		}); err != nil {
+			return nil, err
 		}
 	}
 }

@@ -102,6 +102,28 @@ func (s seams) checkpoint(ctx context.Context, o CheckpointOptions) (*Checkpoint
 	}
 	defer sess.Close()
 
+	b, err := createImage(o.Output, o.SignKey)
+	if err != nil {
+		return nil, err
+	}
+	defer b.Abort() // removes the unfinished image; a no-op once committed
+
+	// CRIU gets the dump request at once: it then probes the kernel (most
+	// of a plain "criu dump" where /run keeps no kerndat cache) while kcr
+	// runs the preflight, the hooks and writes the draft manifest. CRIU
+	// waits at its pre-dump stage, before it touches the app, until Go;
+	// every return before that kills it (deferred Cancel, before Abort).
+	pd, err := sess.Begin(criu.DumpOptions{
+		PID: o.PID, ImagesDir: b.CRIUDir(), LeaveRunning: o.LeaveRunning,
+		ShellJob: shell, FileLocks: true, TCPClose: o.TCPClose, LogLevel: o.CRIULogLevel,
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer pd.Cancel()
+	res := &CheckpointResult{Image: b.Final()}
+	res.Timings.add(PhasePrepare, time.Since(start))
+
 	// Sockets CRIU can never dump (MPTCP) are found before any hook runs,
 	// so that the app is not disturbed for nothing; without hooks, all
 	// that CRIU would refuse is found here, once.
@@ -126,14 +148,6 @@ func (s seams) checkpoint(ctx context.Context, o CheckpointOptions) (*Checkpoint
 		}
 	}
 
-	b, err := createImage(o.Output, o.SignKey)
-	if err != nil {
-		return nil, err
-	}
-	defer b.Abort() // removes the unfinished image; a no-op once committed
-
-	res := &CheckpointResult{Image: b.Final()}
-	res.Timings.add(PhasePrepare, time.Since(start))
 	var reports []proto.HookReport
 	hooksRan := false
 	// resume tells the app to go on after a failure; with a fresh context,
@@ -211,15 +225,19 @@ func (s seams) checkpoint(ctx context.Context, o CheckpointOptions) (*Checkpoint
 	res.Timings.add(PhaseDraft, time.Since(t))
 
 	t = time.Now()
-	dr, err := sess.Dump(ctx, criu.DumpOptions{
-		PID: o.PID, ImagesDir: b.CRIUDir(), LeaveRunning: o.LeaveRunning,
-		ShellJob: shell, FileLocks: true, TCPClose: o.TCPClose, LogLevel: o.CRIULogLevel,
-	})
-	res.Timings.add(PhaseFreezeDump, time.Since(t))
+	dr, err := pd.Go(ctx)
 	if err != nil {
+		res.Timings.add(PhaseFreezeDump, time.Since(t))
 		resume("dump failed: " + err.Error())
 		return nil, err
 	}
+	if dr.Ready.After(t) {
+		res.Timings.add(PhaseCRIUReady, dr.Ready.Sub(t))
+		t = dr.Ready
+	} else {
+		res.Timings.add(PhaseCRIUReady, 0)
+	}
+	res.Timings.add(PhaseFreezeDump, time.Since(t))
 	defer dr.Wait() // on every return; normally already done below
 	pause := time.Since(start)
 	if o.AfterDump != nil {

@@ -38,14 +38,19 @@ const (
 	PhasePIDWait    = "pid wait"
 	PhaseCheckpoint = "checkpoint"
 	PhasePause      = "pause"
-	// PhasePrepare is kcr's work before the hooks: reading the process,
-	// starting CRIU and checking its version, the preflight, finding the
-	// socket and creating the image directory.
+	// PhasePrepare is kcr's work until CRIU has the dump request: reading
+	// the process, starting CRIU and checking its version, creating the
+	// image directory. The preflight and the socket search follow, while
+	// CRIU prepares.
 	PhasePrepare = "prepare"
 	// PhaseDraft writes the draft manifest that "kcr recover" needs.
 	PhaseDraft = "draft manifest"
 	// PhaseCRIUExit is the wait for CRIU's exit left after the image write.
 	PhaseCRIUExit = "criu exit"
+	// PhaseCRIUReady is what kcr still waited, once its own preparation
+	// (preflight, socket, hooks, draft manifest) was done, for CRIU's: its
+	// start and its probing of the kernel, which ran meanwhile.
+	PhaseCRIUReady = "criu ready wait"
 )
 
 // Timings records phase durations in order.
@@ -91,9 +96,9 @@ func checkVersion(ctx context.Context, path string) (v criu.Version, err error) 
 	return v, nil
 }
 
-// session starts CRIU for a dump and checks its version against the
+// startSession starts CRIU for a dump and checks its version against the
 // kernel (both at once), before the target is disturbed.
-func session(ctx context.Context, explicit string, shellJob bool) (*criu.Session, criu.Version, error) {
+func startSession(ctx context.Context, explicit string, shellJob bool) (*criu.Session, criu.Version, error) {
 	path, err := criu.Find(explicit)
 	if err != nil {
 		return nil, criu.Version{}, err

@@ -21,8 +21,27 @@ type appControl interface {
 
 // dumper dumps a process: a CRIU swrk session (*criu.Session).
 type dumper interface {
-	Dump(ctx context.Context, o criu.DumpOptions) (*criu.DumpResult, error)
+	// Begin hands CRIU the dump request, which CRIU prepares for while
+	// kcr finishes its own; the tree is untouched until Go.
+	Begin(o criu.DumpOptions) (pendingDump, error)
 	Close()
+}
+
+// pendingDump is a begun dump (*criu.PendingDump).
+type pendingDump interface {
+	Go(ctx context.Context) (*criu.DumpResult, error)
+	Cancel()
+}
+
+// session adapts *criu.Session to dumper.
+type session struct{ *criu.Session }
+
+func (s session) Begin(o criu.DumpOptions) (pendingDump, error) {
+	p, err := s.Session.Begin(o)
+	if err != nil {
+		return nil, err // a nil interface, not a nil *PendingDump
+	}
+	return p, nil
 }
 
 // seams are what a checkpoint or a restore drives outside kcr: the target
@@ -61,11 +80,11 @@ var realSeams = seams{
 		return s, s.Path, nil
 	},
 	openDumper: func(ctx context.Context, criuPath string, shellJob bool) (dumper, criu.Version, error) {
-		s, v, err := session(ctx, criuPath, shellJob)
+		s, v, err := startSession(ctx, criuPath, shellJob)
 		if err != nil {
 			return nil, v, err
 		}
-		return s, v, nil
+		return session{s}, v, nil
 	},
 	waitGone: criu.WaitGone,
 	findCRIU: func(ctx context.Context, explicit string) (string, error) {

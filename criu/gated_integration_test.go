@@ -1,0 +1,120 @@
+package criu
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// atPreDump waits until CRIU's log says it is about to run the pre-dump
+// stage (its kernel probing is done), then a little longer, so that a CRIU
+// that did not stop there would have seized the tree by then.
+func atPreDump(t *testing.T, log string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, _ := os.ReadFile(log)
+		if strings.Contains(string(b), "Dumping processes") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("CRIU never reached its pre-dump stage; log:\n%s", b)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond)
+}
+
+// untouched fails if the target is traced (seized by CRIU) or stopped.
+func untouched(t *testing.T, pid int, when string) {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 && (f[0] == "TracerPid:" && f[1] != "0" || f[0] == "State:" && (f[1] == "t" || f[1] == "T")) {
+			t.Errorf("%s: target %s", when, line)
+		}
+	}
+}
+
+// A begun dump stops at CRIU's pre-dump stage, after CRIU's own
+// preparation, without touching the tree; Go then dumps it.
+func TestE2EGatedDump(t *testing.T) {
+	criu := needCRIU(t)
+	ctx := context.Background()
+	tg := startTarget(t, false)
+	img := mkdir(t, "img")
+	ss, err := StartSession(ctx, criu, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Close()
+	begun := time.Now()
+	p, err := ss.Begin(DumpOptions{PID: tg.pid, ImagesDir: img, LeaveRunning: true, LogLevel: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Cancel()
+	atPreDump(t, filepath.Join(img, "dump.log"))
+	untouched(t, tg.pid, "before Go")
+	if _, err := os.Stat(filepath.Join(img, StatsDumpFile)); err == nil {
+		t.Fatal("CRIU dumped before Go")
+	}
+	tg.waitTicks(t, tg.lastTick(t))
+
+	res, err := p.Go(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Wait()
+	if res.StatsErr != nil || res.Stats.PagesWritten == 0 {
+		t.Errorf("stats %+v, %v", res.Stats, res.StatsErr)
+	}
+	if !res.Ready.After(begun) || res.Ready.After(time.Now()) {
+		t.Errorf("Ready %v, begun %v", res.Ready, begun)
+	}
+	if _, err := p.Go(ctx); err == nil {
+		t.Error("a second Go succeeded")
+	}
+	tg.waitTicks(t, tg.lastTick(t))
+}
+
+// A cancelled pending dump kills CRIU before it seized the tree: the
+// target runs on untraced, and nothing was dumped.
+func TestE2EGatedDumpCancel(t *testing.T) {
+	criu := needCRIU(t)
+	ctx := context.Background()
+	tg := startTarget(t, false)
+	img := mkdir(t, "img")
+	ss, err := StartSession(ctx, criu, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Close()
+	p, err := ss.Begin(DumpOptions{PID: tg.pid, ImagesDir: img, LogLevel: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	criuPID := p.s.cmd.Process.Pid
+	atPreDump(t, filepath.Join(img, "dump.log"))
+	p.Cancel()
+	p.Cancel() // idempotent
+	if _, err := os.Stat("/proc/" + strconv.Itoa(criuPID)); err == nil {
+		t.Errorf("CRIU (PID %d) still exists after Cancel", criuPID)
+	}
+	untouched(t, tg.pid, "after Cancel")
+	if _, err := os.Stat(filepath.Join(img, StatsDumpFile)); err == nil {
+		t.Error("CRIU dumped although cancelled")
+	}
+	if _, err := p.Go(ctx); err == nil {
+		t.Error("Go after Cancel succeeded")
+	}
+	tg.waitTicks(t, tg.lastTick(t))
+}

@@ -103,10 +103,13 @@ func Dump(ctx context.Context, criuPath string, opts DumpOptions) (*DumpResult, 
 // Session is a started "criu swrk" that waits for one dump. Starting CRIU
 // takes several milliseconds (more through a wrapper and a private loader);
 // a session started before the target's hooks run keeps that out of the
-// time the target is suspended. (CRIU's swrk serves one request, so the
-// version is read with ReadVersion.)
+// time the target is suspended. The session asks the same CRIU for its
+// version first (a VERSION request with keep_open, which CRIU serves before
+// the dump), so no separate "criu --version" runs.
 type Session struct {
-	s *swrk
+	s    *swrk // nil once the dump was begun
+	w    *swrk // the same CRIU, for Version
+	path string
 }
 
 // StartSession starts CRIU for one dump. shellJob must match the dump's
@@ -117,7 +120,18 @@ func StartSession(ctx context.Context, criuPath string, shellJob bool) (*Session
 	if err != nil {
 		return nil, err
 	}
-	return &Session{s: s}, nil
+	s.askVersion()
+	return &Session{s: s, w: s, path: criuPath}, nil
+}
+
+// Path is the CRIU binary the session runs.
+func (ss *Session) Path() string { return ss.path }
+
+// Version returns the version of the session's CRIU, from its answer to
+// the VERSION request sent at start. It waits for CRIU to have started.
+// It may be called before or after Begin, but not during Go.
+func (ss *Session) Version() (Version, error) {
+	return ss.w.readVersion()
 }
 
 // Close stops a session that was not used for a dump. It is safe after Dump.
@@ -256,9 +270,15 @@ func (p *PendingDump) run(ctx context.Context, notify NotifyFunc) (*DumpResult, 
 	defer p.dir.Close()
 	var resp *rpc.CriuResp
 	callErr := p.sendErr
-	if p.req != nil {
+	if _, err := s.readVersion(); err != nil && callErr == nil {
+		// The version answer comes first; without it the dump's is lost too.
+		callErr = err
+	}
+	switch {
+	case callErr != nil:
+	case p.req != nil:
 		resp, callErr = s.call(p.req, notify)
-	} else if callErr == nil {
+	default:
 		resp, callErr = s.await(rpc.CriuReqType_DUMP, notify)
 	}
 	elapsed := time.Since(p.start)

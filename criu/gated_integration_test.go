@@ -118,3 +118,42 @@ func TestE2EGatedDumpCancel(t *testing.T) {
 	}
 	tg.waitTicks(t, tg.lastTick(t))
 }
+
+// The session's CRIU answers its version itself, the same as
+// "criu --version", and then serves the dump.
+func TestE2ESessionVersion(t *testing.T) {
+	criu := needCRIU(t)
+	ctx := context.Background()
+	want, err := ReadVersion(ctx, criu)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg := startTarget(t, false)
+	ss, err := StartSession(ctx, criu, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Close()
+	img := mkdir(t, "img")
+	p, err := ss.Begin(DumpOptions{PID: tg.pid, ImagesDir: img, LeaveRunning: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Cancel()
+	v, err := ss.Version()
+	if err != nil || v != want {
+		t.Fatalf("session version %+v, %v; criu --version %+v", v, err, want)
+	}
+	if v2, err := ss.Version(); v2 != v || err != nil {
+		t.Errorf("second Version %+v, %v", v2, err)
+	}
+	res, err := p.Go(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Wait()
+	if res.StatsErr != nil {
+		t.Error(res.StatsErr)
+	}
+	tg.waitTicks(t, tg.lastTick(t))
+}

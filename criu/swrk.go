@@ -41,6 +41,41 @@ type swrk struct {
 	conn   *net.UnixConn
 	stderr *os.File // memfd collecting criu's stdout+stderr
 	stop   func() bool
+
+	// The answer to the VERSION request askVersion sent, read once.
+	verAsked, verRead bool
+	ver               Version
+	verErr            error
+}
+
+// askVersion sends a VERSION request that keeps CRIU open for the next
+// request; readVersion reads its answer.
+func (s *swrk) askVersion() {
+	s.verAsked = true
+	s.verErr = s.send(&rpc.CriuReq{Type: rpc.CriuReqType_VERSION.Enum(), KeepOpen: proto.Bool(true)})
+}
+
+// readVersion returns CRIU's answer to askVersion, reading it the first
+// time. Without askVersion it returns a zero Version and no error.
+func (s *swrk) readVersion() (Version, error) {
+	if !s.verAsked || s.verRead {
+		return s.ver, s.verErr
+	}
+	s.verRead = true
+	if s.verErr != nil {
+		return s.ver, s.verErr
+	}
+	resp, err := s.await(rpc.CriuReqType_VERSION, nil)
+	switch {
+	case err != nil:
+		s.verErr = err
+	case resp.GetType() != rpc.CriuReqType_VERSION || !resp.GetSuccess() || resp.GetVersion() == nil:
+		s.verErr = fmt.Errorf("criu swrk answered its VERSION request with a %s response (success %v)", resp.GetType(), resp.GetSuccess())
+	default:
+		v := resp.GetVersion()
+		s.ver = Version{Major: int(v.GetMajorNumber()), Minor: int(v.GetMinorNumber()), Sublevel: int(v.GetSublevel()), GitID: v.GetGitid()}
+	}
+	return s.ver, s.verErr
 }
 
 // startSwrk starts "criu swrk 3". The socketpair is created close-on-exec;

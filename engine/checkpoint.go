@@ -96,7 +96,7 @@ func (s seams) checkpoint(ctx context.Context, o CheckpointOptions) (*Checkpoint
 	}
 	// CRIU starts now, so that its start-up and version check happen before
 	// the app is disturbed, not while it is suspended.
-	sess, criuVersion, err := s.openDumper(ctx, o.CRIU, shell)
+	sess, err := s.openDumper(ctx, o.CRIU, shell)
 	if err != nil {
 		return nil, err
 	}
@@ -146,6 +146,13 @@ func (s seams) checkpoint(ctx context.Context, o CheckpointOptions) (*Checkpoint
 		if err != nil {
 			return nil, err
 		}
+	}
+
+	// CRIU answered its version meanwhile (the request went with its
+	// start); a CRIU unfit for this kernel is refused before any hook.
+	criuVersion, err := sess.Version()
+	if err != nil {
+		return nil, err
 	}
 
 	var reports []proto.HookReport

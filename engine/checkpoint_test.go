@@ -70,7 +70,9 @@ type fakeDumper struct {
 	dumps     int // dumps let go
 	cancelled bool
 	closed    bool
-	o         criu.DumpOptions
+	// versionErr is the version check's failure.
+	versionErr error
+	o          criu.DumpOptions
 }
 
 func (d *fakeDumper) Begin(o criu.DumpOptions) (pendingDump, error) {
@@ -99,6 +101,10 @@ func (d *fakeDumper) Cancel() {
 
 func (d *fakeDumper) Close() { d.closed = true }
 
+func (d *fakeDumper) Version() (criu.Version, error) {
+	return criu.Version{Major: 4, Minor: 2}, d.versionErr
+}
+
 // fakeSeams checkpoint PID 4242 through app and d, nothing real touched.
 func fakeSeams(app *fakeApp, d *fakeDumper) seams {
 	return seams{
@@ -113,10 +119,8 @@ func fakeSeams(app *fakeApp, d *fakeDumper) seams {
 			}
 			return app, "/run/fake.sock", nil
 		},
-		openDumper: func(context.Context, string, bool) (dumper, criu.Version, error) {
-			return d, criu.Version{Major: 4, Minor: 2}, nil
-		},
-		waitGone: func(context.Context, int, time.Duration) (time.Duration, error) { return 0, nil },
+		openDumper: func(context.Context, string, bool) (dumper, error) { return d, nil },
+		waitGone:   func(context.Context, int, time.Duration) (time.Duration, error) { return 0, nil },
 	}
 }
 
@@ -262,9 +266,7 @@ func TestCheckpointSeamsCRIUPreparesEarly(t *testing.T) {
 		order = append(order, fmt.Sprintf("hooks begun=%d dumps=%d", d.begun, d.dumps))
 	}}
 	d2 := &draftChecker{fakeDumper: d, t: t}
-	s.openDumper = func(context.Context, string, bool) (dumper, criu.Version, error) {
-		return d2, criu.Version{Major: 4, Minor: 2}, nil
-	}
+	s.openDumper = func(context.Context, string, bool) (dumper, error) { return d2, nil }
 	res, err := s.checkpoint(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
@@ -312,6 +314,19 @@ func TestCheckpointSeamsPreflightCancels(t *testing.T) {
 	var ce *criu.Error
 	if !errors.As(err, &ce) || d.begun != 1 || d.dumps != 0 || !d.cancelled || app.calls != 0 {
 		t.Fatalf("err %v, begun %d, dumps %d, cancelled %v, hook calls %d", err, d.begun, d.dumps, d.cancelled, app.calls)
+	}
+	noImage(t, dir)
+}
+
+// A CRIU unfit for the kernel (its own answer to the session's VERSION
+// request) is refused before any hook: CRIU is stopped, no image is left.
+func TestCheckpointSeamsVersionRefused(t *testing.T) {
+	dir := t.TempDir()
+	app := &fakeApp{pid: 4242}
+	d := &fakeDumper{versionErr: fmt.Errorf("%w: /usr/sbin/criu: CRIU 4.1 on kernel 6.18", ErrCRIUUnusable)}
+	_, err := fakeSeams(app, d).checkpoint(context.Background(), CheckpointOptions{PID: 4242, Output: filepath.Join(dir, "img")})
+	if !errors.Is(err, ErrCRIUUnusable) || app.calls != 0 || d.dumps != 0 || !d.cancelled || !d.closed {
+		t.Fatalf("err %v, hook calls %d, dumps %d, cancelled %v, closed %v", err, app.calls, d.dumps, d.cancelled, d.closed)
 	}
 	noImage(t, dir)
 }

@@ -81,8 +81,14 @@ func CRIU(ctx context.Context, explicit string) (path string, v criu.Version, er
 }
 
 // checkVersion reads CRIU's version and checks it against the kernel.
-func checkVersion(ctx context.Context, path string) (v criu.Version, err error) {
-	v, err = readVersionCached(ctx, path)
+func checkVersion(ctx context.Context, path string) (criu.Version, error) {
+	v, err := readVersionCached(ctx, path)
+	return checkedVersion(path, v, err)
+}
+
+// checkedVersion is the outcome of reading the version of the CRIU at path
+// (v, err), checked against the kernel.
+func checkedVersion(path string, v criu.Version, err error) (criu.Version, error) {
 	if err != nil {
 		return v, fmt.Errorf("%w: %s: %w (reinstall it with scripts/install-criu.sh)", ErrCRIUUnusable, path, err)
 	}
@@ -96,34 +102,18 @@ func checkVersion(ctx context.Context, path string) (v criu.Version, err error) 
 	return v, nil
 }
 
-// startSession starts CRIU for a dump and checks its version against the
-// kernel (both at once), before the target is disturbed.
-func startSession(ctx context.Context, explicit string, shellJob bool) (*criu.Session, criu.Version, error) {
+// startSession finds and starts CRIU for a dump; the session's Version,
+// answered by that CRIU, is checked with checkedVersion.
+func startSession(ctx context.Context, explicit string, shellJob bool) (*criu.Session, error) {
 	path, err := criu.Find(explicit)
 	if err != nil {
-		return nil, criu.Version{}, err
+		return nil, err
 	}
-	type started struct {
-		s   *criu.Session
-		err error
+	s, err := criu.StartSession(ctx, path, shellJob)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w (reinstall it with scripts/install-criu.sh)", ErrCRIUUnusable, path, err)
 	}
-	ch := make(chan started, 1)
-	go func() {
-		s, err := criu.StartSession(ctx, path, shellJob)
-		ch <- started{s, err}
-	}()
-	v, verr := checkVersion(ctx, path)
-	st := <-ch
-	if verr != nil || st.err != nil {
-		if st.s != nil {
-			st.s.Close()
-		}
-		if verr == nil {
-			verr = fmt.Errorf("%w: %s: %w (reinstall it with scripts/install-criu.sh)", ErrCRIUUnusable, path, st.err)
-		}
-		return nil, v, verr
-	}
-	return st.s, v, nil
+	return s, nil
 }
 
 func logger(l *slog.Logger) *slog.Logger {

@@ -24,6 +24,8 @@ type dumper interface {
 	// Begin hands CRIU the dump request, which CRIU prepares for while
 	// kcr finishes its own; the tree is untouched until Go.
 	Begin(o criu.DumpOptions) (pendingDump, error)
+	// Version is CRIU's version, checked against the kernel.
+	Version() (criu.Version, error)
 	Close()
 }
 
@@ -44,6 +46,11 @@ func (s session) Begin(o criu.DumpOptions) (pendingDump, error) {
 	return p, nil
 }
 
+func (s session) Version() (criu.Version, error) {
+	v, err := s.Session.Version()
+	return checkedVersion(s.Path(), v, err)
+}
+
 // seams are what a checkpoint or a restore drives outside kcr: the target
 // process, its control socket and CRIU. realSeams are the real ones; unit tests put fakes
 // in their place to reach the failure paths.
@@ -53,7 +60,7 @@ type seams struct {
 	preflight      func(pid int) ([]criu.Problem, error)
 	// findApp returns the app's control socket and its path.
 	findApp    func(pid int) (appControl, string, error)
-	openDumper func(ctx context.Context, criuPath string, shellJob bool) (dumper, criu.Version, error)
+	openDumper func(ctx context.Context, criuPath string, shellJob bool) (dumper, error)
 	waitGone   func(ctx context.Context, pid int, timeout time.Duration) (time.Duration, error)
 
 	// findCRIU locates CRIU for a restore and checks it (CRIU).
@@ -79,12 +86,12 @@ var realSeams = seams{
 		}
 		return s, s.Path, nil
 	},
-	openDumper: func(ctx context.Context, criuPath string, shellJob bool) (dumper, criu.Version, error) {
-		s, v, err := startSession(ctx, criuPath, shellJob)
+	openDumper: func(ctx context.Context, criuPath string, shellJob bool) (dumper, error) {
+		s, err := startSession(ctx, criuPath, shellJob)
 		if err != nil {
-			return nil, v, err
+			return nil, err
 		}
-		return session{s}, v, nil
+		return session{s}, nil
 	},
 	waitGone: criu.WaitGone,
 	findCRIU: func(ctx context.Context, explicit string) (string, error) {

@@ -41,7 +41,7 @@ wait_socket "$pid" 10
 [ "$heap_mb" = 0 ] || sleep 1
 rss=$(awk '/VmRSS/{print $2}' "/proc/$pid/status")
 
-declare -a kc cd cs kr cr fz pp dm wd iw ce rs vs gv bc bv br
+declare -a kc cd cs kr cr fz pp dm cw wd iw ce rs vs gv bc bv br
 # phase NAME: that phase of the last "kcr checkpoint --json", in µs.
 phase() { jq --arg n "$1" '[.phases[] | select(.name == $n) | .duration_ns][0] // 0 | . / 1000 | floor' "$work/k.json"; }
 run_kcr() {
@@ -93,6 +93,7 @@ for i in $(seq "$rounds"); do
 	fz+=("$(jq '.manifest.criu_stats.frozen_time_us // 0' "$work/k.json")")
 	pp+=("$(phase prepare)")
 	dm+=("$(phase "draft manifest")")
+	cw+=("$(phase "criu ready wait")")
 	wd+=("$(phase "freeze+dump")")
 	iw+=("$(phase "image write")")
 	ce+=("$(phase "criu exit")")
@@ -131,11 +132,14 @@ mc=$(median "${cd[@]}")
 ms=$(median "${cs[@]}")
 mkr=$(median "${kr[@]}")
 mcr=$(median "${cr[@]}")
-echo "kcr bench: $rounds rounds, one process (RSS $((rss / 1024)) MiB), medians in ms"
+echo "kcr bench: $rounds rounds, one process (RSS $((rss / 1024)) MiB), medians in ms; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "  kcr checkpoint --no-hooks --leave-running  $(ms_ "$mk")"
-echo "    prepare (process, CRIU start+version, preflight, socket, image dir) $(ms_ "$(median "${pp[@]}")")"
+echo "    prepare (process, CRIU start, image dir, dump request sent) $(ms_ "$(median "${pp[@]}")")"
+echo "    (preflight, socket, version, hooks run while CRIU prepares)"
 echo "    draft manifest (for kcr recover)         $(ms_ "$(median "${dm[@]}")")"
-echo "    CRIU's dump request (swrk)               $(ms_ "$(median "${wd[@]}")")"
+echo "    wait for CRIU's own preparation          $(ms_ "$(median "${cw[@]}")")"
+echo "      (its start and kernel probing, left after kcr's)"
+echo "    freeze+dump (from CRIU's pre-dump stage) $(ms_ "$(median "${wd[@]}")")"
 echo "    image write (hash, syncfs, publish)      $(ms_ "$(median "${iw[@]}")")"
 echo "    CRIU's exit, left after the image write  $(ms_ "$(median "${ce[@]}")")"
 echo "    process start, flags, output, exit       $(ms_ "$(median "${rs[@]}")")"

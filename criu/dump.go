@@ -174,7 +174,9 @@ type PendingDump struct {
 	start   time.Time
 	req     *rpc.CriuReq // not yet sent (Session.Dump)
 	sendErr error
-	ready   time.Time // when CRIU reached its pre-dump stage
+	ready   time.Time       // when CRIU reached its pre-dump stage
+	held    *rpc.CriuNotify // that notification, answered by Go
+	final   *rpc.CriuResp   // CRIU's answer, if it came before the stage
 }
 
 func (ss *Session) begin(opts DumpOptions, gated bool) (*PendingDump, error) {
@@ -232,23 +234,56 @@ func (ss *Session) begin(opts DumpOptions, gated bool) (*PendingDump, error) {
 	return p, nil
 }
 
-// Go lets CRIU dump: it waits for CRIU's pre-dump stage, passes it (and
-// every later stage to opts.Notify, if set) and returns when CRIU answered,
-// as Session.Dump does. DumpResult.Duration covers the request from Begin.
-func (p *PendingDump) Go(ctx context.Context) (*DumpResult, error) {
+// Ready waits until CRIU has prepared (started, probed the kernel) and
+// stopped at its pre-dump stage, where it waits for Go. A caller that
+// disturbs the tree before the dump (its hooks) waits for Ready first, so
+// that CRIU's preparation is not part of the disturbance. An error means
+// CRIU failed before it touched the tree; the dump is over.
+func (p *PendingDump) Ready(ctx context.Context) error {
 	if p.s == nil {
-		return nil, errors.New("criu dump: pending dump already run or cancelled")
+		return errors.New("criu dump: pending dump already run or cancelled")
 	}
-	user := p.opts.Notify
-	return p.run(ctx, func(script string, pid int) error {
-		if script == "pre-dump" && p.ready.IsZero() {
-			p.ready = time.Now()
-		}
-		if user != nil {
-			return user(script, pid)
-		}
+	if !p.ready.IsZero() {
 		return nil
-	})
+	}
+	if _, err := p.s.readVersion(); err != nil && p.sendErr == nil {
+		p.sendErr = err
+	}
+	for p.sendErr == nil {
+		resp, err := p.s.recv(rpc.CriuReqType_DUMP)
+		if err != nil {
+			p.sendErr = err
+			break
+		}
+		if resp.GetType() != rpc.CriuReqType_NOTIFY {
+			p.final = resp // CRIU gave up before its pre-dump stage
+			break
+		}
+		if nt := resp.GetNotify(); nt.GetScript() == "pre-dump" {
+			p.ready, p.held = time.Now(), nt
+			return nil
+		}
+		var ignored error
+		if err := p.s.answer(resp.GetNotify(), p.opts.Notify, &ignored); err != nil {
+			p.sendErr = err
+		}
+	}
+	_, err := p.run(ctx, nil)
+	if err == nil {
+		err = errors.New("criu dump: CRIU answered before its pre-dump stage")
+	}
+	return err
+}
+
+// Go lets CRIU dump: it waits for CRIU's pre-dump stage (see Ready),
+// passes it (and every later stage to opts.Notify, if set) and returns when
+// CRIU answered, as Session.Dump does. DumpResult.Duration covers the
+// request from Begin.
+func (p *PendingDump) Go(ctx context.Context) (*DumpResult, error) {
+	if err := p.Ready(ctx); err != nil {
+		return nil, err
+	}
+	return p.run(ctx, p.opts.Notify)
 }
 
 // Cancel stops a pending dump that was not run: CRIU is killed before it
@@ -276,6 +311,17 @@ func (p *PendingDump) run(ctx context.Context, notify NotifyFunc) (*DumpResult, 
 	}
 	switch {
 	case callErr != nil:
+	case p.final != nil:
+		resp = p.final
+	case p.held != nil:
+		// The pre-dump notification that Ready held back.
+		var hookErr error
+		if callErr = s.answer(p.held, notify, &hookErr); callErr == nil {
+			resp, callErr = s.await(rpc.CriuReqType_DUMP, notify)
+		}
+		if callErr == nil {
+			callErr = hookErr
+		}
 	case p.req != nil:
 		resp, callErr = s.call(p.req, notify)
 	default:

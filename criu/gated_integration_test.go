@@ -45,7 +45,8 @@ func untouched(t *testing.T, pid int, when string) {
 }
 
 // A begun dump stops at CRIU's pre-dump stage, after CRIU's own
-// preparation, without touching the tree; Go then dumps it.
+// preparation (Ready returns then), without touching the tree; Go then
+// dumps it.
 func TestE2EGatedDump(t *testing.T) {
 	criu := needCRIU(t)
 	ctx := context.Background()
@@ -62,6 +63,16 @@ func TestE2EGatedDump(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Cancel()
+	if err := p.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ready := time.Now()
+	if b, _ := os.ReadFile(filepath.Join(img, "dump.log")); !strings.Contains(string(b), "Dumping processes") {
+		t.Errorf("Ready returned before CRIU's pre-dump stage; log:\n%s", b)
+	}
+	if err := p.Ready(ctx); err != nil {
+		t.Errorf("second Ready: %v", err)
+	}
 	atPreDump(t, filepath.Join(img, "dump.log"))
 	untouched(t, tg.pid, "before Go")
 	if _, err := os.Stat(filepath.Join(img, StatsDumpFile)); err == nil {
@@ -77,7 +88,7 @@ func TestE2EGatedDump(t *testing.T) {
 	if res.StatsErr != nil || res.Stats.PagesWritten == 0 {
 		t.Errorf("stats %+v, %v", res.Stats, res.StatsErr)
 	}
-	if !res.Ready.After(begun) || res.Ready.After(time.Now()) {
+	if !res.Ready.After(begun) || res.Ready.After(ready) {
 		t.Errorf("Ready %v, begun %v", res.Ready, begun)
 	}
 	if _, err := p.Go(ctx); err == nil {

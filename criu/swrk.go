@@ -41,6 +41,7 @@ type swrk struct {
 	conn   *net.UnixConn
 	stderr *os.File // memfd collecting criu's stdout+stderr
 	stop   func() bool
+	buf    []byte // for CRIU's messages
 
 	// The answer to the VERSION request askVersion sent, read once.
 	verAsked, verRead bool
@@ -188,49 +189,66 @@ func (s *swrk) send(req *rpc.CriuReq) error {
 // answering notifications as call does, until the final response.
 func (s *swrk) await(typ rpc.CriuReqType, notify NotifyFunc) (*rpc.CriuResp, error) {
 	var notifyErr error
-	buf := make([]byte, maxMsg)
 	for {
-		n, _, flags, _, err := s.conn.ReadMsgUnix(buf, nil)
+		resp, err := s.recv(typ)
 		if err != nil {
-			if errors.Is(err, io.EOF) || n == 0 {
-				return nil, fmt.Errorf("criu swrk exited without answering the %s request", typ)
-			}
-			return nil, fmt.Errorf("criu: read response: %w", err)
-		}
-		if n == 0 {
-			return nil, fmt.Errorf("criu swrk exited without answering the %s request", typ)
-		}
-		if flags&unix.MSG_TRUNC != 0 {
-			return nil, fmt.Errorf("criu: response larger than %d bytes", maxMsg)
-		}
-		resp := &rpc.CriuResp{}
-		if err := proto.Unmarshal(buf[:n], resp); err != nil {
-			return nil, fmt.Errorf("criu: unmarshal response: %w", err)
+			return nil, err
 		}
 		if resp.GetType() != rpc.CriuReqType_NOTIFY {
 			return resp, notifyErr
 		}
-		ok := true
-		if notify != nil {
-			nt := resp.GetNotify()
-			if err := notify(nt.GetScript(), int(nt.GetPid())); err != nil {
-				notifyErr = &hookError{script: nt.GetScript(), err: err}
-				ok = false
-			}
-		}
-		if err := s.ctx.Err(); err != nil {
-			// Unanswered: once close shuts our end, CRIU aborts (a
-			// restoring CRIU kills the tasks it forked; killing it instead
-			// would strand them in its restorer).
-			return nil, err
-		}
-		if err := s.send(&rpc.CriuReq{
-			Type:          rpc.CriuReqType_NOTIFY.Enum(),
-			NotifySuccess: proto.Bool(ok),
-		}); err != nil {
+		if err := s.answer(resp.GetNotify(), notify, &notifyErr); err != nil {
 			return nil, err
 		}
 	}
+}
+
+// recv reads one message from CRIU, which is working on a request of
+// type typ.
+func (s *swrk) recv(typ rpc.CriuReqType) (*rpc.CriuResp, error) {
+	if s.buf == nil {
+		s.buf = make([]byte, maxMsg)
+	}
+	n, _, flags, _, err := s.conn.ReadMsgUnix(s.buf, nil)
+	if err != nil {
+		if errors.Is(err, io.EOF) || n == 0 {
+			return nil, fmt.Errorf("criu swrk exited without answering the %s request", typ)
+		}
+		return nil, fmt.Errorf("criu: read response: %w", err)
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("criu swrk exited without answering the %s request", typ)
+	}
+	if flags&unix.MSG_TRUNC != 0 {
+		return nil, fmt.Errorf("criu: response larger than %d bytes", maxMsg)
+	}
+	resp := &rpc.CriuResp{}
+	if err := proto.Unmarshal(s.buf[:n], resp); err != nil {
+		return nil, fmt.Errorf("criu: unmarshal response: %w", err)
+	}
+	return resp, nil
+}
+
+// answer runs notify (if set) for CRIU's notification nt and tells CRIU
+// whether it succeeded; a failure of notify is kept in *notifyErr.
+func (s *swrk) answer(nt *rpc.CriuNotify, notify NotifyFunc, notifyErr *error) error {
+	ok := true
+	if notify != nil {
+		if err := notify(nt.GetScript(), int(nt.GetPid())); err != nil {
+			*notifyErr = &hookError{script: nt.GetScript(), err: err}
+			ok = false
+		}
+	}
+	if err := s.ctx.Err(); err != nil {
+		// Unanswered: once close shuts our end, CRIU aborts (a
+		// restoring CRIU kills the tasks it forked; killing it instead
+		// would strand them in its restorer).
+		return err
+	}
+	return s.send(&rpc.CriuReq{
+		Type:          rpc.CriuReqType_NOTIFY.Enum(),
+		NotifySuccess: proto.Bool(ok),
+	})
 }
 
 // close shuts the socket (criu swrk exits on EOF), waits for the process and

@@ -110,9 +110,9 @@ func (s seams) checkpoint(ctx context.Context, o CheckpointOptions) (*Checkpoint
 
 	// CRIU gets the dump request at once: it then probes the kernel (most
 	// of a plain "criu dump" where /run keeps no kerndat cache) while kcr
-	// runs the preflight, the hooks and writes the draft manifest. CRIU
-	// waits at its pre-dump stage, before it touches the app, until Go;
-	// every return before that kills it (deferred Cancel, before Abort).
+	// runs the preflight and finds the socket. CRIU waits at its pre-dump
+	// stage, before it touches the app, until Go; every return before that
+	// kills it (deferred Cancel, before Abort).
 	pd, err := sess.Begin(criu.DumpOptions{
 		PID: o.PID, ImagesDir: b.CRIUDir(), LeaveRunning: o.LeaveRunning,
 		ShellJob: shell, FileLocks: true, TCPClose: o.TCPClose, LogLevel: o.CRIULogLevel,
@@ -154,6 +154,14 @@ func (s seams) checkpoint(ctx context.Context, o CheckpointOptions) (*Checkpoint
 	if err != nil {
 		return nil, err
 	}
+	// The app is disturbed only once CRIU is ready to seize it: CRIU's
+	// preparation (tens of ms where it keeps no kerndat cache) is not part
+	// of the time the app's resources stay quiesced.
+	t := time.Now()
+	if err := pd.Ready(ctx); err != nil {
+		return nil, err
+	}
+	res.Timings.add(PhaseCRIUReady, time.Since(t))
 
 	var reports []proto.HookReport
 	hooksRan := false
@@ -224,7 +232,7 @@ func (s seams) checkpoint(ctx context.Context, o CheckpointOptions) (*Checkpoint
 		Options:       images.Options{LeaveRunning: o.LeaveRunning, TCPClose: o.TCPClose, ShellJob: shell, FileLocks: true},
 	}
 	addResources(m, reports)
-	t := time.Now()
+	t = time.Now()
 	if err := b.WritePending(m); err != nil {
 		resume("checkpoint aborted: " + err.Error())
 		return nil, err
@@ -233,18 +241,11 @@ func (s seams) checkpoint(ctx context.Context, o CheckpointOptions) (*Checkpoint
 
 	t = time.Now()
 	dr, err := pd.Go(ctx)
+	res.Timings.add(PhaseFreezeDump, time.Since(t))
 	if err != nil {
-		res.Timings.add(PhaseFreezeDump, time.Since(t))
 		resume("dump failed: " + err.Error())
 		return nil, err
 	}
-	if dr.Ready.After(t) {
-		res.Timings.add(PhaseCRIUReady, dr.Ready.Sub(t))
-		t = dr.Ready
-	} else {
-		res.Timings.add(PhaseCRIUReady, 0)
-	}
-	res.Timings.add(PhaseFreezeDump, time.Since(t))
 	defer dr.Wait() // on every return; normally already done below
 	pause := time.Since(start)
 	if o.AfterDump != nil {

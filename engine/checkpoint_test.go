@@ -72,6 +72,8 @@ type fakeDumper struct {
 	closed    bool
 	// versionErr is the version check's failure.
 	versionErr error
+	readied    int   // calls of Ready
+	readyErr   error // CRIU failed before its pre-dump stage
 	o          criu.DumpOptions
 }
 
@@ -79,6 +81,11 @@ func (d *fakeDumper) Begin(o criu.DumpOptions) (pendingDump, error) {
 	d.begun++
 	d.o = o
 	return d, nil
+}
+
+func (d *fakeDumper) Ready(ctx context.Context) error {
+	d.readied++
+	return d.readyErr
 }
 
 func (d *fakeDumper) Go(ctx context.Context) (*criu.DumpResult, error) {
@@ -244,9 +251,10 @@ func TestFailedHooks(t *testing.T) {
 	}
 }
 
-// CRIU has the dump request before the preflight, the socket search and the
-// hooks run (it prepares meanwhile), and is let go only once the draft
-// manifest is written.
+// CRIU has the dump request before the preflight and the socket search run
+// (it prepares meanwhile), is ready before the hooks run, so that its
+// preparation is not part of the app's disturbance, and is let go only once
+// the draft manifest is written.
 func TestCheckpointSeamsCRIUPreparesEarly(t *testing.T) {
 	app := &fakeApp{pid: 4242}
 	d := &fakeDumper{}
@@ -263,7 +271,7 @@ func TestCheckpointSeamsCRIUPreparesEarly(t *testing.T) {
 	}
 	out := filepath.Join(t.TempDir(), "img")
 	o := CheckpointOptions{PID: 4242, Output: out, AfterHooks: func() {
-		order = append(order, fmt.Sprintf("hooks begun=%d dumps=%d", d.begun, d.dumps))
+		order = append(order, fmt.Sprintf("hooks begun=%d ready=%d dumps=%d", d.begun, d.readied, d.dumps))
 	}}
 	d2 := &draftChecker{fakeDumper: d, t: t}
 	s.openDumper = func(context.Context, string, bool) (dumper, error) { return d2, nil }
@@ -271,7 +279,7 @@ func TestCheckpointSeamsCRIUPreparesEarly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"preflight begun=1", "socket begun=1", "hooks begun=1 dumps=0", "preflight begun=1"}
+	want := []string{"preflight begun=1", "socket begun=1", "hooks begun=1 ready=1 dumps=0", "preflight begun=1"}
 	if strings.Join(order, ", ") != strings.Join(want, ", ") || d.dumps != 1 || !d2.drafted {
 		t.Errorf("order %q (want %q), dumps %d, draft before Go %v", order, want, d.dumps, d2.drafted)
 	}
@@ -327,6 +335,20 @@ func TestCheckpointSeamsVersionRefused(t *testing.T) {
 	_, err := fakeSeams(app, d).checkpoint(context.Background(), CheckpointOptions{PID: 4242, Output: filepath.Join(dir, "img")})
 	if !errors.Is(err, ErrCRIUUnusable) || app.calls != 0 || d.dumps != 0 || !d.cancelled || !d.closed {
 		t.Fatalf("err %v, hook calls %d, dumps %d, cancelled %v, closed %v", err, app.calls, d.dumps, d.cancelled, d.closed)
+	}
+	noImage(t, dir)
+}
+
+// A CRIU that fails before its pre-dump stage fails the checkpoint before
+// any hook ran; no image is left.
+func TestCheckpointSeamsCRIUNotReady(t *testing.T) {
+	dir := t.TempDir()
+	app := &fakeApp{pid: 4242}
+	d := &fakeDumper{readyErr: &criu.Error{Op: "dump", First: "Can't open images directory"}}
+	_, err := fakeSeams(app, d).checkpoint(context.Background(), CheckpointOptions{PID: 4242, Output: filepath.Join(dir, "img")})
+	var ce *criu.Error
+	if !errors.As(err, &ce) || app.calls != 0 || d.dumps != 0 || len(app.resumes) != 0 {
+		t.Fatalf("err %v, hook calls %d, dumps %d, resumes %q", err, app.calls, d.dumps, app.resumes)
 	}
 	noImage(t, dir)
 }

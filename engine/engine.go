@@ -48,8 +48,8 @@ const (
 	// PhaseCRIUExit is the wait for CRIU's exit left after the image write.
 	PhaseCRIUExit = "criu exit"
 	// PhaseCRIUReady is what kcr still waited, once its own preparation
-	// (preflight, socket, hooks, draft manifest) was done, for CRIU's: its
-	// start and its probing of the kernel, which ran meanwhile.
+	// (preflight, socket search, CRIU's version) was done, for CRIU's: its
+	// start and its probing of the kernel. The hooks run after it.
 	PhaseCRIUReady = "criu ready wait"
 )
 

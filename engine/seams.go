@@ -31,6 +31,7 @@ type dumper interface {
 
 // pendingDump is a begun dump (*criu.PendingDump).
 type pendingDump interface {
+	Ready(ctx context.Context) error
 	Go(ctx context.Context) (*criu.DumpResult, error)
 	Cancel()
 }

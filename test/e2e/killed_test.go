@@ -36,11 +36,10 @@ func TestKCRKilledDuringCheckpoint(t *testing.T) {
 		// After the hooks, before CRIU is asked to dump.
 		{"after-hooks", func(*testing.T) []string { return []string{"KCR_TEST_STALL_AFTER_HOOKS=60s"} }, 300 * time.Millisecond, nil, false},
 		// CRIU slow to start: the hooks run only once it answered its
-		// version, so they wait for it, and CRIU already has the dump
-		// request; kcr dies after the hooks (stalled there, or it would
-		// finish the dump within the 300 ms), while CRIU prepares the dump
-		// or waits for kcr's go at its pre-dump stage. CRIU dies with kcr:
-		// it must never dump the app.
+		// version and is ready at its pre-dump stage, so they wait for it;
+		// kcr dies after the hooks (stalled there, or it would finish the
+		// dump within the 300 ms), while CRIU waits for kcr's go. CRIU dies
+		// with kcr: it must never dump the app.
 		{"slow-criu", func(t *testing.T) []string {
 			return []string{"KCR_CRIU=" + slowCRIU(t, 3*time.Second, "swrk"), "KCR_TEST_STALL_AFTER_HOOKS=60s"}
 		}, 300 * time.Millisecond, nil, false},

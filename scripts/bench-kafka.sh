@@ -45,7 +45,7 @@ for c in $clients; do
 	printf '  %-40s %8.0f ms\n' "cold start to first acked result" "$cold"
 	printf '  %-40s %8.0f ms\n' "restore to first acked result" "$rest"
 	printf '  %-40s %8.1f x\n' "ratio cold / restore" "$(awk -v a="$cold" -v b="$rest" 'BEGIN{print a/b}')"
-	printf '  %-40s %8.1f ms\n' "checkpoint pause (hooks to dump end)" "$(awk -v x="$pause" 'BEGIN{print x/1e6}')"
+	printf '  %-40s %8.1f ms\n' "checkpoint pause (hooks + freeze+dump)" "$(awk -v x="$pause" 'BEGIN{print x/1e6}')"
 	printf '  %-40s %8.1f MiB / %.1f MiB (%.2f)\n' "image size / RSS" "$(awk -v x="$img" 'BEGIN{print x/1048576}')" "$(awk -v x="$rss" 'BEGIN{print x/1048576}')" "$(awk -v a="$img" -v b="$rss" 'BEGIN{print a/b}')"
 	echo "  records missing (all runs): $missing, duplicates: $dups"
 done

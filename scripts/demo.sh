@@ -214,9 +214,7 @@ printf '  %-34s %s\n' "orders / results / missing / dups" "$orders / $results / 
 echo "  $verdict"
 if [ -n "${KCR_DEMO_RESULT:-}" ]; then
 	# One line for scripts/bench-kafka.sh: cold_ms restore_ms pause_ns image_bytes rss_bytes missing dups
-	# From the hooks to the dump's end: hooks, what kcr still waited for CRIU to
-	# be ready after them, the freeze and dump.
-	pause_ns=$(($(phase "$work/checkpoint.json" hooks) + $(phase "$work/checkpoint.json" "criu ready wait") + $(phase "$work/checkpoint.json" freeze+dump)))
+	pause_ns=$(($(phase "$work/checkpoint.json" hooks) + $(phase "$work/checkpoint.json" freeze+dump)))
 	echo "$cold_ms $restore_ms $pause_ns $img_bytes $rss $missing $dups" >>"$KCR_DEMO_RESULT"
 fi
 [ "$verdict" = PASS ] || exit 1

@@ -44,25 +44,35 @@ func untouched(t *testing.T, pid int, when string) {
 	}
 }
 
+// begin starts a target and a CRIU session and begins a dump of the
+// target with opts (PID and ImagesDir set here); CRIU is cancelled and the
+// session closed when the test ends.
+func begin(t *testing.T, opts DumpOptions) (*target, string, *Session, *PendingDump) {
+	t.Helper()
+	criu := needCRIU(t)
+	tg := startTarget(t, false)
+	img := mkdir(t, "img")
+	ss, err := StartSession(context.Background(), criu, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ss.Close)
+	opts.PID, opts.ImagesDir = tg.pid, img
+	p, err := ss.Begin(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Cancel)
+	return tg, img, ss, p
+}
+
 // A begun dump stops at CRIU's pre-dump stage, after CRIU's own
 // preparation (Ready returns then), without touching the tree; Go then
 // dumps it.
 func TestE2EGatedDump(t *testing.T) {
-	criu := needCRIU(t)
 	ctx := context.Background()
-	tg := startTarget(t, false)
-	img := mkdir(t, "img")
-	ss, err := StartSession(ctx, criu, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ss.Close()
 	begun := time.Now()
-	p, err := ss.Begin(DumpOptions{PID: tg.pid, ImagesDir: img, LeaveRunning: true, LogLevel: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Cancel()
+	tg, img, _, p := begin(t, DumpOptions{LeaveRunning: true, LogLevel: 4})
 	if err := p.Ready(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -100,19 +110,8 @@ func TestE2EGatedDump(t *testing.T) {
 // A cancelled pending dump kills CRIU before it seized the tree: the
 // target runs on untraced, and nothing was dumped.
 func TestE2EGatedDumpCancel(t *testing.T) {
-	criu := needCRIU(t)
 	ctx := context.Background()
-	tg := startTarget(t, false)
-	img := mkdir(t, "img")
-	ss, err := StartSession(ctx, criu, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ss.Close()
-	p, err := ss.Begin(DumpOptions{PID: tg.pid, ImagesDir: img, LogLevel: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tg, img, _, p := begin(t, DumpOptions{LogLevel: 4})
 	criuPID := p.s.cmd.Process.Pid
 	atPreDump(t, filepath.Join(img, "dump.log"))
 	p.Cancel()
@@ -139,18 +138,7 @@ func TestE2ESessionVersion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tg := startTarget(t, false)
-	ss, err := StartSession(ctx, criu, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ss.Close()
-	img := mkdir(t, "img")
-	p, err := ss.Begin(DumpOptions{PID: tg.pid, ImagesDir: img, LeaveRunning: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Cancel()
+	tg, _, ss, p := begin(t, DumpOptions{LeaveRunning: true})
 	v, err := ss.Version()
 	if err != nil || v != want {
 		t.Fatalf("session version %+v, %v; criu --version %+v", v, err, want)

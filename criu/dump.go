@@ -65,6 +65,9 @@ type DumpResult struct {
 	// Stats is CRIU's stats-dump; nil (with StatsErr set) if unreadable.
 	Stats    *DumpStats
 	StatsErr error
+	// Ready is when CRIU had prepared (started, probed the kernel) and
+	// reached its pre-dump stage; set for a dump run with Begin and Go.
+	Ready time.Time
 
 	exited chan struct{} // closed when CRIU has exited; nil if it had already
 }
@@ -100,10 +103,13 @@ func Dump(ctx context.Context, criuPath string, opts DumpOptions) (*DumpResult, 
 // Session is a started "criu swrk" that waits for one dump. Starting CRIU
 // takes several milliseconds (more through a wrapper and a private loader);
 // a session started before the target's hooks run keeps that out of the
-// time the target is suspended. (CRIU's swrk serves one request, so the
-// version is read with ReadVersion.)
+// time the target is suspended. The session asks the same CRIU for its
+// version first (a VERSION request with keep_open, which CRIU serves before
+// the dump), so no separate "criu --version" runs.
 type Session struct {
-	s *swrk
+	s    *swrk // nil once the dump was begun
+	w    *swrk // the same CRIU, for Version
+	path string
 }
 
 // StartSession starts CRIU for one dump. shellJob must match the dump's
@@ -114,7 +120,18 @@ func StartSession(ctx context.Context, criuPath string, shellJob bool) (*Session
 	if err != nil {
 		return nil, err
 	}
-	return &Session{s: s}, nil
+	s.askVersion()
+	return &Session{s: s, w: s, path: criuPath}, nil
+}
+
+// Path is the CRIU binary the session runs.
+func (ss *Session) Path() string { return ss.path }
+
+// Version returns the version of the session's CRIU, from its answer to
+// the VERSION request sent at start. It waits for CRIU to have started.
+// It may be called before or after Begin, but not during Go.
+func (ss *Session) Version() (Version, error) {
+	return ss.w.readVersion()
 }
 
 // Close stops a session that was not used for a dump. It is safe after Dump.
@@ -130,6 +147,39 @@ func (ss *Session) Close() {
 // CRIU to exit.
 // DumpResult.Duration covers the dump request only.
 func (ss *Session) Dump(ctx context.Context, opts DumpOptions) (*DumpResult, error) {
+	p, err := ss.begin(opts, false)
+	if err != nil {
+		return nil, err
+	}
+	return p.run(ctx, opts.Notify)
+}
+
+// Begin sends the session's dump request and returns without waiting. CRIU
+// first prepares by itself: it probes the kernel (tens of milliseconds
+// where no kerndat cache is kept, that is where /run is not a tmpfs), then
+// stops at its pre-dump stage, before it touches the tree, until Go. The
+// caller prepares meanwhile. Cancel (or a cancelled ctx) kills CRIU before
+// it ever seized the tree. opts.ImagesDir must stay as it is until Go or
+// Cancel.
+func (ss *Session) Begin(opts DumpOptions) (*PendingDump, error) {
+	return ss.begin(opts, true)
+}
+
+// PendingDump is a dump request that CRIU holds at its pre-dump stage.
+type PendingDump struct {
+	s       *swrk
+	dir     *os.File // the images directory CRIU opens through our fd table
+	opts    DumpOptions
+	logPath string
+	start   time.Time
+	req     *rpc.CriuReq // not yet sent (Session.Dump)
+	sendErr error
+	ready   time.Time       // when CRIU reached its pre-dump stage
+	held    *rpc.CriuNotify // that notification, answered by Go
+	final   *rpc.CriuResp   // CRIU's answer, if it came before the stage
+}
+
+func (ss *Session) begin(opts DumpOptions, gated bool) (*PendingDump, error) {
 	if ss.s == nil {
 		return nil, errors.New("criu dump: session already used")
 	}
@@ -158,11 +208,7 @@ func (ss *Session) Dump(ctx context.Context, opts DumpOptions) (*DumpResult, err
 		ss.Close()
 		return nil, fmt.Errorf("criu dump: images directory: %w", err)
 	}
-	defer dir.Close()
-	logPath := filepath.Join(opts.ImagesDir, logFile)
-
-	start := time.Now()
-	s := ss.s
+	p := &PendingDump{s: ss.s, dir: dir, opts: opts, logPath: filepath.Join(opts.ImagesDir, logFile), start: time.Now()}
 	ss.s = nil
 	req := &rpc.CriuReq{
 		Type: rpc.CriuReqType_DUMP.Enum(),
@@ -176,12 +222,113 @@ func (ss *Session) Dump(ctx context.Context, opts DumpOptions) (*DumpResult, err
 			TcpEstablished: proto.Bool(opts.TCPEstablished),
 			LogLevel:       proto.Int32(level(opts.LogLevel)),
 			LogFile:        proto.String(logFile),
-			NotifyScripts:  proto.Bool(opts.Notify != nil),
+			NotifyScripts:  proto.Bool(gated || opts.Notify != nil),
 		},
 	}
-	resp, callErr := s.call(req, opts.Notify)
-	elapsed := time.Since(start)
-	res := &DumpResult{Duration: elapsed, LogPath: logPath}
+	if gated {
+		// A failed send shows in Go, with CRIU's output.
+		p.sendErr = p.s.send(req)
+	} else {
+		p.req = req
+	}
+	return p, nil
+}
+
+// Ready waits until CRIU has prepared (started, probed the kernel) and
+// stopped at its pre-dump stage, where it waits for Go. A caller that
+// disturbs the tree before the dump (its hooks) waits for Ready first, so
+// that CRIU's preparation is not part of the disturbance. An error means
+// CRIU failed before it touched the tree; the dump is over.
+func (p *PendingDump) Ready(ctx context.Context) error {
+	if p.s == nil {
+		return errors.New("criu dump: pending dump already run or cancelled")
+	}
+	if !p.ready.IsZero() {
+		return nil
+	}
+	if _, err := p.s.readVersion(); err != nil && p.sendErr == nil {
+		p.sendErr = err
+	}
+	for p.sendErr == nil {
+		resp, err := p.s.recv(rpc.CriuReqType_DUMP)
+		if err != nil {
+			p.sendErr = err
+			break
+		}
+		if resp.GetType() != rpc.CriuReqType_NOTIFY {
+			p.final = resp // CRIU gave up before its pre-dump stage
+			break
+		}
+		if nt := resp.GetNotify(); nt.GetScript() == "pre-dump" {
+			p.ready, p.held = time.Now(), nt
+			return nil
+		}
+		var ignored error
+		if err := p.s.answer(resp.GetNotify(), p.opts.Notify, &ignored); err != nil {
+			p.sendErr = err
+		}
+	}
+	_, err := p.run(ctx, nil)
+	if err == nil {
+		err = errors.New("criu dump: CRIU answered before its pre-dump stage")
+	}
+	return err
+}
+
+// Go lets CRIU dump: it waits for CRIU's pre-dump stage (see Ready),
+// passes it (and every later stage to opts.Notify, if set) and returns when
+// CRIU answered, as Session.Dump does. DumpResult.Duration covers the
+// request from Begin.
+func (p *PendingDump) Go(ctx context.Context) (*DumpResult, error) {
+	if err := p.Ready(ctx); err != nil {
+		return nil, err
+	}
+	return p.run(ctx, p.opts.Notify)
+}
+
+// Cancel stops a pending dump that was not run: CRIU is killed before it
+// seized the tree (it waits for Go at its pre-dump stage at the latest).
+// It is a no-op after Go.
+func (p *PendingDump) Cancel() {
+	if p.s == nil {
+		return
+	}
+	_ = p.s.cmd.Process.Kill()
+	p.s.close()
+	p.s = nil
+	p.dir.Close()
+}
+
+func (p *PendingDump) run(ctx context.Context, notify NotifyFunc) (*DumpResult, error) {
+	s := p.s
+	p.s = nil
+	defer p.dir.Close()
+	var resp *rpc.CriuResp
+	callErr := p.sendErr
+	if _, err := s.readVersion(); err != nil && callErr == nil {
+		// The version answer comes first; without it the dump's is lost too.
+		callErr = err
+	}
+	switch {
+	case callErr != nil:
+	case p.final != nil:
+		resp = p.final
+	case p.held != nil:
+		// The pre-dump notification that Ready held back.
+		var hookErr error
+		if callErr = s.answer(p.held, notify, &hookErr); callErr == nil {
+			resp, callErr = s.await(rpc.CriuReqType_DUMP, notify)
+		}
+		if callErr == nil {
+			callErr = hookErr
+		}
+	case p.req != nil:
+		resp, callErr = s.call(p.req, notify)
+	default:
+		resp, callErr = s.await(rpc.CriuReqType_DUMP, notify)
+	}
+	elapsed := time.Since(p.start)
+	res := &DumpResult{Duration: elapsed, LogPath: p.logPath, Ready: p.ready}
 	if resp.GetSuccess() && callErr == nil {
 		// CRIU answers once every image file is written and closed; its
 		// exit (a few ms of teardown) overlaps with the caller's hashing
@@ -194,11 +341,11 @@ func (ss *Session) Dump(ctx context.Context, opts DumpOptions) (*DumpResult, err
 		res.exited = exited
 	} else {
 		output, waitErr := s.close()
-		if err := respError(ctx, "dump", resp, callErr, output, waitErr, logPath); err != nil {
+		if err := respError(ctx, "dump", resp, callErr, output, waitErr, p.logPath); err != nil {
 			return nil, err
 		}
 	}
-	res.Stats, res.StatsErr = ReadDumpStats(opts.ImagesDir)
+	res.Stats, res.StatsErr = ReadDumpStats(p.opts.ImagesDir)
 	return res, nil
 }
 

@@ -41,6 +41,42 @@ type swrk struct {
 	conn   *net.UnixConn
 	stderr *os.File // memfd collecting criu's stdout+stderr
 	stop   func() bool
+	buf    []byte // for CRIU's messages
+
+	// The answer to the VERSION request askVersion sent, read once.
+	verAsked, verRead bool
+	ver               Version
+	verErr            error
+}
+
+// askVersion sends a VERSION request that keeps CRIU open for the next
+// request; readVersion reads its answer.
+func (s *swrk) askVersion() {
+	s.verAsked = true
+	s.verErr = s.send(&rpc.CriuReq{Type: rpc.CriuReqType_VERSION.Enum(), KeepOpen: proto.Bool(true)})
+}
+
+// readVersion returns CRIU's answer to askVersion, reading it the first
+// time. Without askVersion it returns a zero Version and no error.
+func (s *swrk) readVersion() (Version, error) {
+	if !s.verAsked || s.verRead {
+		return s.ver, s.verErr
+	}
+	s.verRead = true
+	if s.verErr != nil {
+		return s.ver, s.verErr
+	}
+	resp, err := s.await(rpc.CriuReqType_VERSION, nil)
+	switch {
+	case err != nil:
+		s.verErr = err
+	case resp.GetType() != rpc.CriuReqType_VERSION || !resp.GetSuccess() || resp.GetVersion() == nil:
+		s.verErr = fmt.Errorf("criu swrk answered its VERSION request with a %s response (success %v)", resp.GetType(), resp.GetSuccess())
+	default:
+		v := resp.GetVersion()
+		s.ver = Version{Major: int(v.GetMajorNumber()), Minor: int(v.GetMinorNumber()), Sublevel: int(v.GetSublevel()), GitID: v.GetGitid()}
+	}
+	return s.ver, s.verErr
 }
 
 // startSwrk starts "criu swrk 3". The socketpair is created close-on-exec;
@@ -131,55 +167,88 @@ func memfd(name string) (*os.File, error) {
 // with the hook's error. A response with success=false is otherwise returned
 // with a nil error; the caller turns it into an *Error with the log.
 func (s *swrk) call(req *rpc.CriuReq, notify NotifyFunc) (*rpc.CriuResp, error) {
+	if err := s.send(req); err != nil {
+		return nil, err
+	}
+	return s.await(req.GetType(), notify)
+}
+
+// send writes one request (or notification answer) to CRIU.
+func (s *swrk) send(req *rpc.CriuReq) error {
+	b, err := proto.Marshal(req)
+	if err != nil {
+		return fmt.Errorf("criu: marshal request: %w", err)
+	}
+	if _, err := s.conn.Write(b); err != nil {
+		return fmt.Errorf("criu: send %s request: %w", req.GetType(), err)
+	}
+	return nil
+}
+
+// await reads CRIU's messages for the request of type typ that was sent,
+// answering notifications as call does, until the final response.
+func (s *swrk) await(typ rpc.CriuReqType, notify NotifyFunc) (*rpc.CriuResp, error) {
 	var notifyErr error
-	buf := make([]byte, maxMsg)
 	for {
-		b, err := proto.Marshal(req)
+		resp, err := s.recv(typ)
 		if err != nil {
-			return nil, fmt.Errorf("criu: marshal request: %w", err)
-		}
-		if _, err := s.conn.Write(b); err != nil {
-			return nil, fmt.Errorf("criu: send %s request: %w", req.GetType(), err)
-		}
-		n, _, flags, _, err := s.conn.ReadMsgUnix(buf, nil)
-		if err != nil {
-			if errors.Is(err, io.EOF) || n == 0 {
-				return nil, fmt.Errorf("criu swrk exited without answering the %s request", req.GetType())
-			}
-			return nil, fmt.Errorf("criu: read response: %w", err)
-		}
-		if n == 0 {
-			return nil, fmt.Errorf("criu swrk exited without answering the %s request", req.GetType())
-		}
-		if flags&unix.MSG_TRUNC != 0 {
-			return nil, fmt.Errorf("criu: response larger than %d bytes", maxMsg)
-		}
-		resp := &rpc.CriuResp{}
-		if err := proto.Unmarshal(buf[:n], resp); err != nil {
-			return nil, fmt.Errorf("criu: unmarshal response: %w", err)
+			return nil, err
 		}
 		if resp.GetType() != rpc.CriuReqType_NOTIFY {
 			return resp, notifyErr
 		}
-		ok := true
-		if notify != nil {
-			nt := resp.GetNotify()
-			if err := notify(nt.GetScript(), int(nt.GetPid())); err != nil {
-				notifyErr = &hookError{script: nt.GetScript(), err: err}
-				ok = false
-			}
-		}
-		if err := s.ctx.Err(); err != nil {
-			// Unanswered: once close shuts our end, CRIU aborts (a
-			// restoring CRIU kills the tasks it forked; killing it instead
-			// would strand them in its restorer).
+		if err := s.answer(resp.GetNotify(), notify, &notifyErr); err != nil {
 			return nil, err
 		}
-		req = &rpc.CriuReq{
-			Type:          rpc.CriuReqType_NOTIFY.Enum(),
-			NotifySuccess: proto.Bool(ok),
+	}
+}
+
+// recv reads one message from CRIU, which is working on a request of
+// type typ.
+func (s *swrk) recv(typ rpc.CriuReqType) (*rpc.CriuResp, error) {
+	if s.buf == nil {
+		s.buf = make([]byte, maxMsg)
+	}
+	n, _, flags, _, err := s.conn.ReadMsgUnix(s.buf, nil)
+	if err != nil {
+		if errors.Is(err, io.EOF) || n == 0 {
+			return nil, fmt.Errorf("criu swrk exited without answering the %s request", typ)
+		}
+		return nil, fmt.Errorf("criu: read response: %w", err)
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("criu swrk exited without answering the %s request", typ)
+	}
+	if flags&unix.MSG_TRUNC != 0 {
+		return nil, fmt.Errorf("criu: response larger than %d bytes", maxMsg)
+	}
+	resp := &rpc.CriuResp{}
+	if err := proto.Unmarshal(s.buf[:n], resp); err != nil {
+		return nil, fmt.Errorf("criu: unmarshal response: %w", err)
+	}
+	return resp, nil
+}
+
+// answer runs notify (if set) for CRIU's notification nt and tells CRIU
+// whether it succeeded; a failure of notify is kept in *notifyErr.
+func (s *swrk) answer(nt *rpc.CriuNotify, notify NotifyFunc, notifyErr *error) error {
+	ok := true
+	if notify != nil {
+		if err := notify(nt.GetScript(), int(nt.GetPid())); err != nil {
+			*notifyErr = &hookError{script: nt.GetScript(), err: err}
+			ok = false
 		}
 	}
+	if err := s.ctx.Err(); err != nil {
+		// Unanswered: once close shuts our end, CRIU aborts (a
+		// restoring CRIU kills the tasks it forked; killing it instead
+		// would strand them in its restorer).
+		return err
+	}
+	return s.send(&rpc.CriuReq{
+		Type:          rpc.CriuReqType_NOTIFY.Enum(),
+		NotifySuccess: proto.Bool(ok),
+	})
 }
 
 // close shuts the socket (criu swrk exits on EOF), waits for the process and

@@ -96,11 +96,33 @@ func (s seams) checkpoint(ctx context.Context, o CheckpointOptions) (*Checkpoint
 	}
 	// CRIU starts now, so that its start-up and version check happen before
 	// the app is disturbed, not while it is suspended.
-	sess, criuVersion, err := s.openDumper(ctx, o.CRIU, shell)
+	sess, err := s.openDumper(ctx, o.CRIU, shell)
 	if err != nil {
 		return nil, err
 	}
 	defer sess.Close()
+
+	b, err := createImage(o.Output, o.SignKey)
+	if err != nil {
+		return nil, err
+	}
+	defer b.Abort() // removes the unfinished image; a no-op once committed
+
+	// CRIU gets the dump request at once: it then probes the kernel (most
+	// of a plain "criu dump" where /run keeps no kerndat cache) while kcr
+	// runs the preflight and finds the socket. CRIU waits at its pre-dump
+	// stage, before it touches the app, until Go; every return before that
+	// kills it (deferred Cancel, before Abort).
+	pd, err := sess.Begin(criu.DumpOptions{
+		PID: o.PID, ImagesDir: b.CRIUDir(), LeaveRunning: o.LeaveRunning,
+		ShellJob: shell, FileLocks: true, TCPClose: o.TCPClose, LogLevel: o.CRIULogLevel,
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer pd.Cancel()
+	res := &CheckpointResult{Image: b.Final()}
+	res.Timings.add(PhasePrepare, time.Since(start))
 
 	// Sockets CRIU can never dump (MPTCP) are found before any hook runs,
 	// so that the app is not disturbed for nothing; without hooks, all
@@ -126,14 +148,21 @@ func (s seams) checkpoint(ctx context.Context, o CheckpointOptions) (*Checkpoint
 		}
 	}
 
-	b, err := createImage(o.Output, o.SignKey)
+	// CRIU answered its version meanwhile (the request went with its
+	// start); a CRIU unfit for this kernel is refused before any hook.
+	criuVersion, err := sess.Version()
 	if err != nil {
 		return nil, err
 	}
-	defer b.Abort() // removes the unfinished image; a no-op once committed
+	// The app is disturbed only once CRIU is ready to seize it: CRIU's
+	// preparation (tens of ms where it keeps no kerndat cache) is not part
+	// of the time the app's resources stay quiesced.
+	t := time.Now()
+	if err := pd.Ready(ctx); err != nil {
+		return nil, err
+	}
+	res.Timings.add(PhaseCRIUReady, time.Since(t))
 
-	res := &CheckpointResult{Image: b.Final()}
-	res.Timings.add(PhasePrepare, time.Since(start))
 	var reports []proto.HookReport
 	hooksRan := false
 	// resume tells the app to go on after a failure; with a fresh context,
@@ -203,7 +232,7 @@ func (s seams) checkpoint(ctx context.Context, o CheckpointOptions) (*Checkpoint
 		Options:       images.Options{LeaveRunning: o.LeaveRunning, TCPClose: o.TCPClose, ShellJob: shell, FileLocks: true},
 	}
 	addResources(m, reports)
-	t := time.Now()
+	t = time.Now()
 	if err := b.WritePending(m); err != nil {
 		resume("checkpoint aborted: " + err.Error())
 		return nil, err
@@ -211,10 +240,7 @@ func (s seams) checkpoint(ctx context.Context, o CheckpointOptions) (*Checkpoint
 	res.Timings.add(PhaseDraft, time.Since(t))
 
 	t = time.Now()
-	dr, err := sess.Dump(ctx, criu.DumpOptions{
-		PID: o.PID, ImagesDir: b.CRIUDir(), LeaveRunning: o.LeaveRunning,
-		ShellJob: shell, FileLocks: true, TCPClose: o.TCPClose, LogLevel: o.CRIULogLevel,
-	})
+	dr, err := pd.Go(ctx)
 	res.Timings.add(PhaseFreezeDump, time.Since(t))
 	if err != nil {
 		resume("dump failed: " + err.Error())

@@ -65,23 +65,52 @@ func (a *fakeApp) RestoredAs(ctx context.Context, gen uint64, name string, wait 
 
 // fakeDumper is CRIU: it writes one image file, or fails with err.
 type fakeDumper struct {
-	err    error
-	dumps  int
-	closed bool
+	err       error
+	begun     int
+	dumps     int // dumps let go
+	cancelled bool
+	closed    bool
+	// versionErr is the version check's failure.
+	versionErr error
+	readied    int   // calls of Ready
+	readyErr   error // CRIU failed before its pre-dump stage
+	o          criu.DumpOptions
 }
 
-func (d *fakeDumper) Dump(ctx context.Context, o criu.DumpOptions) (*criu.DumpResult, error) {
+func (d *fakeDumper) Begin(o criu.DumpOptions) (pendingDump, error) {
+	d.begun++
+	d.o = o
+	return d, nil
+}
+
+func (d *fakeDumper) Ready(ctx context.Context) error {
+	d.readied++
+	return d.readyErr
+}
+
+func (d *fakeDumper) Go(ctx context.Context) (*criu.DumpResult, error) {
 	d.dumps++
 	if d.err != nil {
 		return nil, d.err
 	}
-	if err := os.WriteFile(filepath.Join(o.ImagesDir, "pages-1.img"), []byte("pages"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(d.o.ImagesDir, "pages-1.img"), []byte("pages"), 0o600); err != nil {
 		return nil, err
 	}
 	return &criu.DumpResult{}, nil
 }
 
+// Cancel is the engine stopping a begun dump; a no-op after Go.
+func (d *fakeDumper) Cancel() {
+	if d.dumps == 0 {
+		d.cancelled = true
+	}
+}
+
 func (d *fakeDumper) Close() { d.closed = true }
+
+func (d *fakeDumper) Version() (criu.Version, error) {
+	return criu.Version{Major: 4, Minor: 2}, d.versionErr
+}
 
 // fakeSeams checkpoint PID 4242 through app and d, nothing real touched.
 func fakeSeams(app *fakeApp, d *fakeDumper) seams {
@@ -97,10 +126,8 @@ func fakeSeams(app *fakeApp, d *fakeDumper) seams {
 			}
 			return app, "/run/fake.sock", nil
 		},
-		openDumper: func(context.Context, string, bool) (dumper, criu.Version, error) {
-			return d, criu.Version{Major: 4, Minor: 2}, nil
-		},
-		waitGone: func(context.Context, int, time.Duration) (time.Duration, error) { return 0, nil },
+		openDumper: func(context.Context, string, bool) (dumper, error) { return d, nil },
+		waitGone:   func(context.Context, int, time.Duration) (time.Duration, error) { return 0, nil },
 	}
 }
 
@@ -149,8 +176,8 @@ func TestCheckpointSeams(t *testing.T) {
 			if err == nil || !c.wantErr(err) || res != nil {
 				t.Fatalf("checkpoint: %v, %v", res, err)
 			}
-			if d.dumps != c.wantDumps || !d.closed {
-				t.Errorf("dumps %d (want %d), CRIU session closed %v", d.dumps, c.wantDumps, d.closed)
+			if d.dumps != c.wantDumps || !d.closed || d.cancelled != (c.wantDumps == 0) {
+				t.Errorf("dumps %d (want %d), CRIU session closed %v, begun dump cancelled %v", d.dumps, c.wantDumps, d.closed, d.cancelled)
 			}
 			if c.wantResume == "" && len(app.resumes) != 0 || c.wantResume != "" && (len(app.resumes) != 1 || !strings.HasPrefix(app.resumes[0], c.wantResume)) {
 				t.Errorf("resumes %q, want one starting %q", app.resumes, c.wantResume)
@@ -188,8 +215,8 @@ func TestCheckpointSeamsNoSocket(t *testing.T) {
 	dir := t.TempDir()
 	d := &fakeDumper{}
 	_, err := fakeSeams(nil, d).checkpoint(context.Background(), CheckpointOptions{PID: 4242, Output: filepath.Join(dir, "img")})
-	if !errors.Is(err, client.ErrNoSocket) || d.dumps != 0 {
-		t.Fatalf("err %v, dumps %d", err, d.dumps)
+	if !errors.Is(err, client.ErrNoSocket) || d.dumps != 0 || d.begun == 1 && !d.cancelled {
+		t.Fatalf("err %v, dumps %d, begun %d, cancelled %v", err, d.dumps, d.begun, d.cancelled)
 	}
 	noImage(t, dir)
 }
@@ -222,4 +249,106 @@ func TestFailedHooks(t *testing.T) {
 	if he := failedHooks(write(runtimehook.Result{Targets: []runtimehook.Target{veto}})); he == nil || !he.CarryVeto() {
 		t.Errorf("carry veto: %#v", he)
 	}
+}
+
+// CRIU has the dump request before the preflight and the socket search run
+// (it prepares meanwhile), is ready before the hooks run, so that its
+// preparation is not part of the app's disturbance, and is let go only once
+// the draft manifest is written.
+func TestCheckpointSeamsCRIUPreparesEarly(t *testing.T) {
+	app := &fakeApp{pid: 4242}
+	d := &fakeDumper{}
+	s := fakeSeams(app, d)
+	var order []string
+	s.preflight = func(int) ([]criu.Problem, error) {
+		order = append(order, fmt.Sprintf("preflight begun=%d", d.begun))
+		return nil, nil
+	}
+	findApp := s.findApp
+	s.findApp = func(pid int) (appControl, string, error) {
+		order = append(order, fmt.Sprintf("socket begun=%d", d.begun))
+		return findApp(pid)
+	}
+	out := filepath.Join(t.TempDir(), "img")
+	o := CheckpointOptions{PID: 4242, Output: out, AfterHooks: func() {
+		order = append(order, fmt.Sprintf("hooks begun=%d ready=%d dumps=%d", d.begun, d.readied, d.dumps))
+	}}
+	d2 := &draftChecker{fakeDumper: d, t: t}
+	s.openDumper = func(context.Context, string, bool) (dumper, error) { return d2, nil }
+	res, err := s.checkpoint(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"preflight begun=1", "socket begun=1", "hooks begun=1 ready=1 dumps=0", "preflight begun=1"}
+	if strings.Join(order, ", ") != strings.Join(want, ", ") || d.dumps != 1 || !d2.drafted {
+		t.Errorf("order %q (want %q), dumps %d, draft before Go %v", order, want, d.dumps, d2.drafted)
+	}
+	if res.Timings.Get(PhasePrepare) <= 0 {
+		t.Errorf("timings %+v", res.Timings)
+	}
+}
+
+// draftChecker is a fakeDumper whose Go checks that the draft manifest is
+// already written.
+type draftChecker struct {
+	*fakeDumper
+	t       *testing.T
+	drafted bool
+}
+
+func (d *draftChecker) Begin(o criu.DumpOptions) (pendingDump, error) {
+	d.fakeDumper.Begin(o)
+	return d, nil
+}
+
+func (d *draftChecker) Go(ctx context.Context) (*criu.DumpResult, error) {
+	_, err := os.Stat(filepath.Join(filepath.Dir(d.o.ImagesDir), images.PendingName))
+	d.drafted = err == nil
+	return d.fakeDumper.Go(ctx)
+}
+
+// A process CRIU can never dump (MPTCP) is refused by the preflight after
+// CRIU got the request: CRIU is stopped before it touched the app, and no
+// image is left.
+func TestCheckpointSeamsPreflightCancels(t *testing.T) {
+	dir := t.TempDir()
+	app := &fakeApp{pid: 4242}
+	d := &fakeDumper{}
+	s := fakeSeams(app, d)
+	s.preflight = func(int) ([]criu.Problem, error) {
+		return []criu.Problem{{PID: 4242, FD: 3, Cause: criu.CauseMPTCP, Desc: "MPTCP listener"}}, nil
+	}
+	_, err := s.checkpoint(context.Background(), CheckpointOptions{PID: 4242, Output: filepath.Join(dir, "img")})
+	var ce *criu.Error
+	if !errors.As(err, &ce) || d.begun != 1 || d.dumps != 0 || !d.cancelled || app.calls != 0 {
+		t.Fatalf("err %v, begun %d, dumps %d, cancelled %v, hook calls %d", err, d.begun, d.dumps, d.cancelled, app.calls)
+	}
+	noImage(t, dir)
+}
+
+// A CRIU unfit for the kernel (its own answer to the session's VERSION
+// request) is refused before any hook: CRIU is stopped, no image is left.
+func TestCheckpointSeamsVersionRefused(t *testing.T) {
+	dir := t.TempDir()
+	app := &fakeApp{pid: 4242}
+	d := &fakeDumper{versionErr: fmt.Errorf("%w: /usr/sbin/criu: CRIU 4.1 on kernel 6.18", ErrCRIUUnusable)}
+	_, err := fakeSeams(app, d).checkpoint(context.Background(), CheckpointOptions{PID: 4242, Output: filepath.Join(dir, "img")})
+	if !errors.Is(err, ErrCRIUUnusable) || app.calls != 0 || d.dumps != 0 || !d.cancelled || !d.closed {
+		t.Fatalf("err %v, hook calls %d, dumps %d, cancelled %v, closed %v", err, app.calls, d.dumps, d.cancelled, d.closed)
+	}
+	noImage(t, dir)
+}
+
+// A CRIU that fails before its pre-dump stage fails the checkpoint before
+// any hook ran; no image is left.
+func TestCheckpointSeamsCRIUNotReady(t *testing.T) {
+	dir := t.TempDir()
+	app := &fakeApp{pid: 4242}
+	d := &fakeDumper{readyErr: &criu.Error{Op: "dump", First: "Can't open images directory"}}
+	_, err := fakeSeams(app, d).checkpoint(context.Background(), CheckpointOptions{PID: 4242, Output: filepath.Join(dir, "img")})
+	var ce *criu.Error
+	if !errors.As(err, &ce) || app.calls != 0 || d.dumps != 0 || len(app.resumes) != 0 {
+		t.Fatalf("err %v, hook calls %d, dumps %d, resumes %q", err, app.calls, d.dumps, app.resumes)
+	}
+	noImage(t, dir)
 }

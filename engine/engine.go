@@ -38,14 +38,19 @@ const (
 	PhasePIDWait    = "pid wait"
 	PhaseCheckpoint = "checkpoint"
 	PhasePause      = "pause"
-	// PhasePrepare is kcr's work before the hooks: reading the process,
-	// starting CRIU and checking its version, the preflight, finding the
-	// socket and creating the image directory.
+	// PhasePrepare is kcr's work until CRIU has the dump request: reading
+	// the process, starting CRIU and checking its version, creating the
+	// image directory. The preflight and the socket search follow, while
+	// CRIU prepares.
 	PhasePrepare = "prepare"
 	// PhaseDraft writes the draft manifest that "kcr recover" needs.
 	PhaseDraft = "draft manifest"
 	// PhaseCRIUExit is the wait for CRIU's exit left after the image write.
 	PhaseCRIUExit = "criu exit"
+	// PhaseCRIUReady is what kcr still waited, once its own preparation
+	// (preflight, socket search, CRIU's version) was done, for CRIU's: its
+	// start and its probing of the kernel. The hooks run after it.
+	PhaseCRIUReady = "criu ready wait"
 )
 
 // Timings records phase durations in order.
@@ -76,8 +81,14 @@ func CRIU(ctx context.Context, explicit string) (path string, v criu.Version, er
 }
 
 // checkVersion reads CRIU's version and checks it against the kernel.
-func checkVersion(ctx context.Context, path string) (v criu.Version, err error) {
-	v, err = readVersionCached(ctx, path)
+func checkVersion(ctx context.Context, path string) (criu.Version, error) {
+	v, err := readVersionCached(ctx, path)
+	return checkedVersion(path, v, err)
+}
+
+// checkedVersion is the outcome of reading the version of the CRIU at path
+// (v, err), checked against the kernel.
+func checkedVersion(path string, v criu.Version, err error) (criu.Version, error) {
 	if err != nil {
 		return v, fmt.Errorf("%w: %s: %w (reinstall it with scripts/install-criu.sh)", ErrCRIUUnusable, path, err)
 	}
@@ -91,34 +102,18 @@ func checkVersion(ctx context.Context, path string) (v criu.Version, err error) 
 	return v, nil
 }
 
-// session starts CRIU for a dump and checks its version against the
-// kernel (both at once), before the target is disturbed.
-func session(ctx context.Context, explicit string, shellJob bool) (*criu.Session, criu.Version, error) {
+// startSession finds and starts CRIU for a dump; the session's Version,
+// answered by that CRIU, is checked with checkedVersion.
+func startSession(ctx context.Context, explicit string, shellJob bool) (*criu.Session, error) {
 	path, err := criu.Find(explicit)
 	if err != nil {
-		return nil, criu.Version{}, err
+		return nil, err
 	}
-	type started struct {
-		s   *criu.Session
-		err error
+	s, err := criu.StartSession(ctx, path, shellJob)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w (reinstall it with scripts/install-criu.sh)", ErrCRIUUnusable, path, err)
 	}
-	ch := make(chan started, 1)
-	go func() {
-		s, err := criu.StartSession(ctx, path, shellJob)
-		ch <- started{s, err}
-	}()
-	v, verr := checkVersion(ctx, path)
-	st := <-ch
-	if verr != nil || st.err != nil {
-		if st.s != nil {
-			st.s.Close()
-		}
-		if verr == nil {
-			verr = fmt.Errorf("%w: %s: %w (reinstall it with scripts/install-criu.sh)", ErrCRIUUnusable, path, st.err)
-		}
-		return nil, v, verr
-	}
-	return st.s, v, nil
+	return s, nil
 }
 
 func logger(l *slog.Logger) *slog.Logger {

@@ -21,8 +21,35 @@ type appControl interface {
 
 // dumper dumps a process: a CRIU swrk session (*criu.Session).
 type dumper interface {
-	Dump(ctx context.Context, o criu.DumpOptions) (*criu.DumpResult, error)
+	// Begin hands CRIU the dump request, which CRIU prepares for while
+	// kcr finishes its own; the tree is untouched until Go.
+	Begin(o criu.DumpOptions) (pendingDump, error)
+	// Version is CRIU's version, checked against the kernel.
+	Version() (criu.Version, error)
 	Close()
+}
+
+// pendingDump is a begun dump (*criu.PendingDump).
+type pendingDump interface {
+	Ready(ctx context.Context) error
+	Go(ctx context.Context) (*criu.DumpResult, error)
+	Cancel()
+}
+
+// session adapts *criu.Session to dumper.
+type session struct{ *criu.Session }
+
+func (s session) Begin(o criu.DumpOptions) (pendingDump, error) {
+	p, err := s.Session.Begin(o)
+	if err != nil {
+		return nil, err // a nil interface, not a nil *PendingDump
+	}
+	return p, nil
+}
+
+func (s session) Version() (criu.Version, error) {
+	v, err := s.Session.Version()
+	return checkedVersion(s.Path(), v, err)
 }
 
 // seams are what a checkpoint or a restore drives outside kcr: the target
@@ -34,7 +61,7 @@ type seams struct {
 	preflight      func(pid int) ([]criu.Problem, error)
 	// findApp returns the app's control socket and its path.
 	findApp    func(pid int) (appControl, string, error)
-	openDumper func(ctx context.Context, criuPath string, shellJob bool) (dumper, criu.Version, error)
+	openDumper func(ctx context.Context, criuPath string, shellJob bool) (dumper, error)
 	waitGone   func(ctx context.Context, pid int, timeout time.Duration) (time.Duration, error)
 
 	// findCRIU locates CRIU for a restore and checks it (CRIU).
@@ -60,12 +87,12 @@ var realSeams = seams{
 		}
 		return s, s.Path, nil
 	},
-	openDumper: func(ctx context.Context, criuPath string, shellJob bool) (dumper, criu.Version, error) {
-		s, v, err := session(ctx, criuPath, shellJob)
+	openDumper: func(ctx context.Context, criuPath string, shellJob bool) (dumper, error) {
+		s, err := startSession(ctx, criuPath, shellJob)
 		if err != nil {
-			return nil, v, err
+			return nil, err
 		}
-		return s, v, nil
+		return session{s}, nil
 	},
 	waitGone: criu.WaitGone,
 	findCRIU: func(ctx context.Context, explicit string) (string, error) {

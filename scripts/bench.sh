@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Times "kcr checkpoint" against a plain "criu dump", and "kcr restore"
 # against a plain "criu restore", alternating on the same process in one run,
-# and prints medians and ratios.
+# and prints medians and ratios. A checkpoint with the test app's hooks
+# (--leave-running) is timed too, for the time the app stays quiesced.
 #
 #   sudo scripts/bench.sh [rounds] [heap MiB]    (default 15 rounds, 0 MiB)
 #
@@ -41,7 +42,7 @@ wait_socket "$pid" 10
 [ "$heap_mb" = 0 ] || sleep 1
 rss=$(awk '/VmRSS/{print $2}' "/proc/$pid/status")
 
-declare -a kc cd cs kr cr fz pp dm wd iw ce rs vs gv bc bv br
+declare -a kc cd cs kr cr fz pp dm cw wd iw ce rs vs gv bc bv br hq hw bq bw
 # phase NAME: that phase of the last "kcr checkpoint --json", in µs.
 phase() { jq --arg n "$1" '[.phases[] | select(.name == $n) | .duration_ns][0] // 0 | . / 1000 | floor' "$work/k.json"; }
 run_kcr() {
@@ -62,6 +63,23 @@ run_criu() {
 	cd+=($((t1 - t0)))
 	cs+=($((t2 - t0)))
 }
+# quiesced FILE: hooks, draft manifest and freeze+dump of a hooked
+# checkpoint's --json, in µs: from the app's hooks to the dump's end, the
+# time the app's resources stay quiesced (CRIU's preparation before the
+# hooks is not in it).
+quiesced() { jq '[.phases[] | select(.name == "hooks" or .name == "draft manifest" or .name == "freeze+dump") | .duration_ns] | add / 1000 | floor' "$1"; }
+# run_hooked BINARY WALL QUIESCED: a checkpoint with the test app's hooks.
+run_hooked() {
+	local t0 t1
+	rm -rf "$work/h"
+	t0=${EPOCHREALTIME/./}
+	quiet "$work/kcr.err" "$1" checkpoint --json --leave-running -o "$work/h" "$pid" >"$work/h.json"
+	t1=${EPOCHREALTIME/./}
+	eval "$2+=($((t1 - t0)))"
+	eval "$3+=($(quiesced "$work/h.json"))"
+}
+run_hooks() { run_hooked "$work/kcr" hw hq; }
+run_hooksbase() { run_hooked "$work/kcr-base" bw bq; }
 run_base() {
 	local t0 t1
 	t0=${EPOCHREALTIME/./}
@@ -80,9 +98,13 @@ start_exit() {
 }
 # The dumps run in a rotated order, so that none always comes first after
 # the restore that ends the previous round.
-if [ -n "$base" ]; then orders=("kcr criu base" "criu base kcr" "base kcr criu"); else orders=("kcr criu" "criu kcr"); fi
+if [ -n "$base" ]; then
+	orders=("kcr criu base hooks hooksbase" "criu base kcr hooksbase hooks" "base kcr criu hooks hooksbase")
+else
+	orders=("kcr criu hooks" "criu kcr hooks")
+fi
 for i in $(seq "$rounds"); do
-	rm -rf "$work/k" "$work/c" "$work/b"
+	rm -rf "$work/k" "$work/c" "$work/b" "$work/h"
 	mkdir -p "$work/c"
 	for step in ${orders[$((i % ${#orders[@]}))]}; do "run_$step"; done
 	start_exit vs "$work/kcr"
@@ -93,6 +115,7 @@ for i in $(seq "$rounds"); do
 	fz+=("$(jq '.manifest.criu_stats.frozen_time_us // 0' "$work/k.json")")
 	pp+=("$(phase prepare)")
 	dm+=("$(phase "draft manifest")")
+	cw+=("$(phase "criu ready wait")")
 	wd+=("$(phase "freeze+dump")")
 	iw+=("$(phase "image write")")
 	ce+=("$(phase "criu exit")")
@@ -131,11 +154,14 @@ mc=$(median "${cd[@]}")
 ms=$(median "${cs[@]}")
 mkr=$(median "${kr[@]}")
 mcr=$(median "${cr[@]}")
-echo "kcr bench: $rounds rounds, one process (RSS $((rss / 1024)) MiB), medians in ms"
+echo "kcr bench: $rounds rounds, one process (RSS $((rss / 1024)) MiB), medians in ms; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "  kcr checkpoint --no-hooks --leave-running  $(ms_ "$mk")"
-echo "    prepare (process, CRIU start+version, preflight, socket, image dir) $(ms_ "$(median "${pp[@]}")")"
+echo "    prepare (process, CRIU start, image dir, dump request sent) $(ms_ "$(median "${pp[@]}")")"
+echo "    (preflight, socket, version, hooks run while CRIU prepares)"
 echo "    draft manifest (for kcr recover)         $(ms_ "$(median "${dm[@]}")")"
-echo "    CRIU's dump request (swrk)               $(ms_ "$(median "${wd[@]}")")"
+echo "    wait for CRIU's own preparation          $(ms_ "$(median "${cw[@]}")")"
+echo "      (its start and kernel probing, left after kcr's)"
+echo "    freeze+dump (from CRIU's pre-dump stage) $(ms_ "$(median "${wd[@]}")")"
 echo "    image write (hash, syncfs, publish)      $(ms_ "$(median "${iw[@]}")")"
 echo "    CRIU's exit, left after the image write  $(ms_ "$(median "${ce[@]}")")"
 echo "    process start, flags, output, exit       $(ms_ "$(median "${rs[@]}")")"
@@ -143,6 +169,8 @@ echo "    (a bare 'kcr version' start+exit)        $(ms_ "$(median "${vs[@]}")")
 echo "    (the same, kcr built with cgo)           $(ms_ "$(median "${gv[@]}")")"
 echo "    (phase medians need not add up to the wall-time median)"
 echo "  app pause (CRIU frozen time)               $(ms_ "$(median "${fz[@]}")")"
+echo "  kcr checkpoint --leave-running (with hooks) $(ms_ "$(median "${hw[@]}")")"
+echo "    app quiesced: hooks to the dump's end    $(ms_ "$(median "${hq[@]}")")"
 echo "  criu dump --leave-running                  $(ms_ "$mc")"
 echo "  criu dump --leave-running + syncfs         $(ms_ "$ms")"
 echo "  kcr restore                                $(ms_ "$mkr")"
@@ -157,8 +185,11 @@ if [ -n "$base" ]; then
 	echo "    kcr checkpoint --no-hooks --leave-running $(ms_ "$mb")"
 	echo "    a bare 'kcr version' start+exit          $(ms_ "$(median "${bv[@]}")")"
 	echo "    kcr restore                              $(ms_ "$mbr")"
+	echo "    kcr checkpoint --leave-running (hooks)   $(ms_ "$(median "${bw[@]}")")"
+	echo "      app quiesced: hooks to the dump's end  $(ms_ "$(median "${bq[@]}")")"
 	echo "    ratio checkpoint kcr/criu dump:          $(ratio "$mb" "$mc")"
 	echo "    ratio checkpoint kcr/(criu dump + syncfs): $(ratio "$mb" "$ms")"
 	echo "  ratio checkpoint after/before:             $(ratio "$mk" "$mb")"
 	echo "  ratio restore after/before:                $(ratio "$mkr" "$mbr")"
+	echo "  ratio app quiesced after/before:           $(ratio "$(median "${hq[@]}")" "$(median "${bq[@]}")")"
 fi

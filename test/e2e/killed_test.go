@@ -28,14 +28,21 @@ func TestKCRKilledDuringCheckpoint(t *testing.T) {
 		run  bool     // start kafkaapp with kcr run (PID namespace of its own)
 	}{
 		// Before the hooks: nothing happened to the app.
-		// (CRIU's version check is slow: kcr dies before it connects.)
-		{"before-hooks", func(t *testing.T) []string { return []string{"KCR_CRIU=" + slowCRIU(t, 3*time.Second, "--version")} }, 0, nil, false},
+		// (CRIU is slow to start, so its answer to the version request
+		// that the hooks wait for is late: kcr dies before it connects.)
+		{"before-hooks", func(t *testing.T) []string { return []string{"KCR_CRIU=" + slowCRIU(t, 3*time.Second, "swrk")} }, 0, nil, false},
 		// During a slow hook: its context is cancelled, every hook resumes.
 		{"slow-hook", func(*testing.T) []string { return nil }, 300 * time.Millisecond, []string{"-slow-hook", "20s"}, false},
 		// After the hooks, before CRIU is asked to dump.
 		{"after-hooks", func(*testing.T) []string { return []string{"KCR_TEST_STALL_AFTER_HOOKS=60s"} }, 300 * time.Millisecond, nil, false},
-		// CRIU slow to start: kcr dies while the dump request waits for it.
-		{"slow-criu", func(t *testing.T) []string { return []string{"KCR_CRIU=" + slowCRIU(t, 3*time.Second, "swrk")} }, 300 * time.Millisecond, nil, false},
+		// CRIU slow to start: the hooks run only once it answered its
+		// version and is ready at its pre-dump stage, so they wait for it;
+		// kcr dies after the hooks (stalled there, or it would finish the
+		// dump within the 300 ms), while CRIU waits for kcr's go. CRIU dies
+		// with kcr: it must never dump the app.
+		{"slow-criu", func(t *testing.T) []string {
+			return []string{"KCR_CRIU=" + slowCRIU(t, 3*time.Second, "swrk"), "KCR_TEST_STALL_AFTER_HOOKS=60s"}
+		}, 300 * time.Millisecond, nil, false},
 		// After the hooks, the app under kcr run: SO_PEERCRED gives it PID
 		// 0 for kcr, so it watches the PID kcr named in its request.
 		{"after-hooks-kcr-run", func(*testing.T) []string { return []string{"KCR_TEST_STALL_AFTER_HOOKS=60s"} }, 300 * time.Millisecond, nil, true},

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"reflect"
 	"testing"
+
+	"github.com/kcr-dev/kcr/internal/hookreport"
 )
 
 // The map a report lands in the manifest as must have the keys and values
@@ -26,7 +28,7 @@ func TestReportMapMatchesJSON(t *testing.T) {
 		if err := json.Unmarshal(b, &want); err != nil {
 			t.Fatal(err)
 		}
-		b, err = json.Marshal(reportMap(rep))
+		b, err = json.Marshal(hookreport.Map(rep))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -35,10 +37,10 @@ func TestReportMapMatchesJSON(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !reflect.DeepEqual(got, want) {
-			t.Errorf("reportMap(%T) = %v, want %v", rep, got, want)
+			t.Errorf("hookreport.Map(%T) = %v, want %v", rep, got, want)
 		}
 	}
-	if m := reportMap(WriterReport{RecordsCarried: 3}); m["records_carried"] != int64(3) {
+	if m := hookreport.Map(WriterReport{RecordsCarried: 3}); m["records_carried"] != int64(3) {
 		t.Errorf("records_carried = %#v, want int64(3)", m["records_carried"])
 	}
 }

@@ -53,9 +53,10 @@
 //     connection is open at the dump. A group member that left is closed,
 //     with all its connections.
 //
-// CheckpointReport (in the image manifest) says how many records were
-// flushed, how many partitions committed, what happened to an open
-// transaction, and, for direct partitions, the exact next offsets.
+// The Report of the hook run (CheckpointReport gives it as a map, in the
+// image manifest) says how many records were flushed, how many partitions
+// committed, what happened to an open transaction, and, for direct
+// partitions, the exact next offsets.
 //
 // # After a restore or resume
 //

@@ -1,15 +1,13 @@
 package kgohooks
 
 import (
-	"encoding/json"
-	"reflect"
 	"testing"
 
 	"github.com/kcr-dev/kcr/internal/hookreport"
 )
 
-// The manifest's map of a Report has the keys and values encoding/json
-// gives it, and the keys kcr's e2e tests and users read.
+// The manifest's map of a Report has the keys kcr's e2e tests and users
+// read (hookreport's test checks that they are encoding/json's).
 func TestReportKeys(t *testing.T) {
 	cases := []struct {
 		rep  Report
@@ -29,27 +27,8 @@ func TestReportKeys(t *testing.T) {
 			[]string{"phase", "client_id", "callers_blocked", "duration_ms", "event", "new_client"}},
 	}
 	for _, c := range cases {
-		b, err := json.Marshal(c.rep)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var want map[string]any
-		if err := json.Unmarshal(b, &want); err != nil {
-			t.Fatal(err)
-		}
-		b, err = json.Marshal(hookreport.Map(c.rep))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got map[string]any
-		if err := json.Unmarshal(b, &got); err != nil {
-			t.Fatal(err)
-		}
-		if !reflect.DeepEqual(got, want) {
-			t.Errorf("map of %s report = %v, want %v", c.rep.Phase, got, want)
-		}
 		var keys []string
-		for k := range got {
+		for k := range hookreport.Map(c.rep) {
 			keys = append(keys, k)
 		}
 		if !equalSets(keys, c.keys) {

@@ -137,7 +137,7 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 	if err != nil || left > 0 {
 		cp.RecordsUnflushed = left
 		// A carry veto (kcr exits 10), like --require-drained's for kafkahooks.
-		return finish(&notify.CarryError{Records: left, Err: fmt.Errorf("%w: %d of %d buffered records still unacknowledged (%v); the checkpoint is refused so that no record is carried in the image under producer id of client %q", ErrNotFlushed, left, buffered, err, clientID)})
+		return finish(&notify.CarryError{Records: left, Err: fmt.Errorf("%w: %d of %d buffered records still unacknowledged (%v); the checkpoint is refused so that no record is carried in the image under producer id of client %q", ErrRecordsNotFlushed, left, buffered, err, clientID)})
 	}
 
 	// Commit what the group handed out, then leave the group.

@@ -35,7 +35,7 @@
 //     Then OpenTxnPolicy applies: abort it (the default), commit it, or fail
 //     the checkpoint.
 //   - Flush, within the budget. If records remain unacknowledged, the hook
-//     fails with ErrNotFlushed inside a notify.CarryError: the checkpoint
+//     fails with ErrRecordsNotFlushed inside a notify.CarryError: the checkpoint
 //     is refused as a carry veto (kcr exits 10, nothing is dumped) and the
 //     client goes on unchanged.
 //   - A group consumer commits, with kgo's own calls and retries, what kgo

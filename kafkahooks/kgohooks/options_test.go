@@ -15,13 +15,13 @@ func TestOptionDefaults(t *testing.T) {
 		t.Errorf("defaults = %+v", c)
 	}
 	reg := notify.NewRegistry()
-	c = newConfig([]Option{nil, WithRegistry(reg), WithName("n"), WithTxnIDPolicy(KeepTxnID),
+	c = newConfig([]Opt{nil, WithRegistry(reg), WithName("n"), WithTxnIDPolicy(KeepTxnID),
 		WithOpenTxnPolicy(FailOnOpenTxn), WithRetryBackoff(time.Second, time.Millisecond)})
 	if c.registry != reg || c.name != "n" || c.txnID != KeepTxnID || c.openTxn != FailOnOpenTxn ||
 		c.backoffMin != time.Second || c.backoffMax != time.Second {
 		t.Errorf("with options = %+v", c)
 	}
-	if c := newConfig([]Option{WithRegistry(nil)}); c.registry != notify.Default {
+	if c := newConfig([]Opt{WithRegistry(nil)}); c.registry != notify.Default {
 		t.Errorf("WithRegistry(nil) registers with %p, want notify.Default", c.registry)
 	}
 }

@@ -26,7 +26,7 @@ type Checkpoint struct {
 	Transaction    string `json:"transaction,omitempty"`
 	RecordsFlushed int64  `json:"records_flushed"` // buffered records acknowledged by the flush
 	// RecordsUnflushed counts the records still buffered when the flush
-	// ended unfinished (the checkpoint is refused, ErrNotFlushed).
+	// ended unfinished (the checkpoint is refused, ErrRecordsNotFlushed).
 	RecordsUnflushed int64 `json:"records_unflushed,omitempty"`
 	// NextOffsets maps "topic/partition" of each direct partition to the
 	// offset the next kgo client starts from.

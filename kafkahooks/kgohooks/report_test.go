@@ -7,7 +7,7 @@ import (
 )
 
 // The manifest's map of a Report has the keys kcr's e2e tests and users
-// read (hookreport's test checks that they are encoding/json's).
+// read (internal/hookreport's test checks that they are encoding/json's).
 func TestReportKeys(t *testing.T) {
 	cases := []struct {
 		rep  Report

@@ -7,6 +7,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kcr-dev/kcr/internal/hookreport"
 	"github.com/kcr-dev/kcr/internal/quiesce"
 	"github.com/kcr-dev/kcr/notify"
 )
@@ -32,7 +33,7 @@ type gate[S any, P gateView[S], R any] struct {
 	baseClientID string
 	clientID     string
 
-	reports reportSlot[R]
+	reports hookreport.Slot[R]
 }
 
 // setBaseClientID picks the base client id: the option, else the client's
@@ -114,34 +115,4 @@ func gatedCall[T, S, R any, P gateView[S]](ctx context.Context, g *gate[S, P, R]
 		}
 		return v, err
 	}
-}
-
-// reportSlot holds the report of a resource's last hook run.
-type reportSlot[R any] struct {
-	mu  sync.Mutex
-	rep R
-	set bool
-}
-
-func (r *reportSlot[R]) store(rep R) {
-	r.mu.Lock()
-	r.rep, r.set = rep, true
-	r.mu.Unlock()
-}
-
-// load returns the last report, and false before the first hook run.
-func (r *reportSlot[R]) load() (R, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.rep, r.set
-}
-
-// asMap returns the last report as the map notify.Reporter wants; nil
-// before the first hook run.
-func (r *reportSlot[R]) asMap() map[string]any {
-	rep, ok := r.load()
-	if !ok {
-		return nil
-	}
-	return reportMap(rep)
 }

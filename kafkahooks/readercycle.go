@@ -124,7 +124,7 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 	}
 	elapsed := time.Since(start)
 	rep.DurationMS = elapsed.Milliseconds()
-	r.reports.store(rep)
+	r.reports.Store(rep)
 	switch {
 	case err != nil:
 		r.cfg.log.Warn("kafka reader could not flush its commits before the checkpoint; the checkpoint fails", "err", err, "duration", elapsed)
@@ -165,14 +165,14 @@ func (r *Reader) AfterRestore(ctx context.Context, ev notify.Event) error {
 	r.nextSet = false
 	r.mu.Unlock()
 	rep.DurationMS = time.Since(start).Milliseconds()
-	r.reports.store(rep)
+	r.reports.Store(rep)
 	return nil
 }
 
 // CheckpointReport implements notify.Reporter: Report as a map, which lands
 // in the image manifest; nil before the first hook run.
-func (r *Reader) CheckpointReport() map[string]any { return r.reports.asMap() }
+func (r *Reader) CheckpointReport() map[string]any { return r.reports.Map() }
 
 // Report returns the report of the last hook run, and false before the
 // first one. Its parts are shared: do not modify them.
-func (r *Reader) Report() (ReaderReport, bool) { return r.reports.load() }
+func (r *Reader) Report() (ReaderReport, bool) { return r.reports.Load() }

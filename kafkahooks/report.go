@@ -1,10 +1,5 @@
 package kafkahooks
 
-import (
-	"reflect"
-	"strings"
-)
-
 // WriterReport is what a Writer reports about its last hook run
 // (Writer.Report); CheckpointReport gives the same keys as a map, which
 // lands in the image manifest. Exactly one of WriterCheckpoint (phase
@@ -82,54 +77,4 @@ type GroupCheckpoint struct {
 	StaleCommits          int64  `json:"stale_commits"`
 	StartOffsetsCommitted int    `json:"start_offsets_committed"` // partitions whose resolved start offset was committed
 	CommitError           string `json:"commit_error,omitempty"`  // why commits were left unflushed
-}
-
-// reportMap flattens a report struct into the map notify.Reporter returns,
-// with the keys encoding/json would write, but keeping each value's Go type
-// (an int64 stays an int64) for in-process readers such as Simulate.
-func reportMap(v any) map[string]any {
-	rv := reflect.ValueOf(v)
-	if rv.Kind() == reflect.Pointer && rv.IsNil() {
-		return nil
-	}
-	m := map[string]any{}
-	addFields(m, rv)
-	return m
-}
-
-func addFields(m map[string]any, v reflect.Value) {
-	if v.Kind() == reflect.Pointer {
-		if v.IsNil() {
-			return
-		}
-		v = v.Elem()
-	}
-	t := v.Type()
-	for i := range t.NumField() {
-		f, fv := t.Field(i), v.Field(i)
-		if f.Anonymous {
-			addFields(m, fv)
-			continue
-		}
-		if !f.IsExported() {
-			continue
-		}
-		name, opts, _ := strings.Cut(f.Tag.Get("json"), ",")
-		if name == "-" {
-			continue
-		}
-		if name == "" {
-			name = f.Name
-		}
-		if opts == "omitempty" && fv.IsZero() {
-			continue
-		}
-		if fv.Kind() == reflect.Pointer {
-			if fv.IsNil() {
-				continue
-			}
-			fv = fv.Elem()
-		}
-		m[name] = fv.Interface()
-	}
 }

@@ -89,7 +89,7 @@ func (w *Writer) BeforeCheckpoint(ctx context.Context) error {
 			ConnectionsClosed:  conns,
 		},
 	}
-	w.reports.store(rep)
+	w.reports.Store(rep)
 	// Declared even when zero; under --require-drained a carry vetoes the
 	// dump: every resource resumes and the records are sent on resume.
 	if err := notify.Carrying(ctx, carried); err != nil {
@@ -173,7 +173,7 @@ func (w *Writer) AfterRestore(ctx context.Context, ev notify.Event) error {
 		w.cfg.log.Warn("kafka writer could not deliver carried records within the after-restore budget; resending in the background, writes stay blocked until then",
 			"records_carried", w.records(), "cause", context.Cause(ctx))
 	}
-	w.reports.store(WriterReport{
+	w.reports.Store(WriterReport{
 		Phase:          "after-restore",
 		ClientID:       clientID,
 		RecordsCarried: carried,
@@ -213,8 +213,8 @@ func (w *Writer) open() {
 
 // CheckpointReport implements notify.Reporter: Report as a map, which lands
 // in the image manifest; nil before the first hook run.
-func (w *Writer) CheckpointReport() map[string]any { return w.reports.asMap() }
+func (w *Writer) CheckpointReport() map[string]any { return w.reports.Map() }
 
 // Report returns the report of the last hook run, and false before the
 // first one. Its parts are shared: do not modify them.
-func (w *Writer) Report() (WriterReport, bool) { return w.reports.load() }
+func (w *Writer) Report() (WriterReport, bool) { return w.reports.Load() }

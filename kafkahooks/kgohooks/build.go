@@ -17,7 +17,7 @@ var errNoDial = errors.New("kgohooks: option inspection does not dial")
 
 // newCore reads the options with a kgo client that cannot dial, builds the
 // first client and registers the hooks.
-func newCore(kopts []kgo.Opt, session bool, opts []Option) (*core, error) {
+func newCore(kopts []kgo.Opt, session bool, opts []Opt) (*core, error) {
 	// The dial function first, from a client that consumes nothing (a
 	// group without topics never joins) and so does not dial. kgo builds it
 	// from DialTimeout and DialTLSConfig unless the user gave a Dialer; the

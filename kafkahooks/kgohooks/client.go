@@ -30,7 +30,7 @@ func NewClient(opts ...kgo.Opt) (*Client, error) { return New(opts) }
 // that name no record (AtStart, AtEnd, Relative, AfterMilli) are resolved to
 // exact offsets by the Client, at once, in the background; LookbackOffset,
 // RewindOffset and AtCommitted are refused there.
-func New(kopts []kgo.Opt, opts ...Option) (*Client, error) {
+func New(kopts []kgo.Opt, opts ...Opt) (*Client, error) {
 	c, err := newCore(kopts, false, opts)
 	if err != nil {
 		return nil, err

@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kcr-dev/kcr/internal/conntrack"
+	"github.com/kcr-dev/kcr/internal/hookreport"
 	"github.com/kcr-dev/kcr/internal/quiesce"
 )
 
@@ -64,8 +65,7 @@ type core struct {
 	clientID string
 	txnID    string
 	bgErr    error // the last error of the background offset resolution
-	reportMu sync.Mutex
-	report   map[string]any
+	reports  hookreport.Slot[Report]
 }
 
 // state is one kgo client and whether the gate is closed in front of it.
@@ -335,19 +335,10 @@ func (c *core) close(closeInner func(*state)) {
 	}
 }
 
-func (c *core) setReport(m map[string]any) {
-	c.reportMu.Lock()
-	c.report = m
-	c.reportMu.Unlock()
-}
+// CheckpointReport implements notify.Reporter: Report as a map, which lands
+// in the image manifest; nil before the first hook run.
+func (c *core) CheckpointReport() map[string]any { return c.reports.Map() }
 
-// CheckpointReport implements notify.Reporter: what the last hook run did.
-func (c *core) CheckpointReport() map[string]any {
-	c.reportMu.Lock()
-	defer c.reportMu.Unlock()
-	m := make(map[string]any, len(c.report))
-	for k, v := range c.report {
-		m[k] = v
-	}
-	return m
-}
+// Report returns the report of the last hook run, and false before the
+// first one. Its parts are shared: do not modify them.
+func (c *core) Report() (Report, bool) { return c.reports.Load() }

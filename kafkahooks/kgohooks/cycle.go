@@ -60,23 +60,21 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 	clientID, txnID := c.clientID, c.txnID
 	c.mu.Unlock()
 
-	rep := map[string]any{"phase": "before-checkpoint", "client_id": clientID}
-	if txnID != "" {
-		rep["transactional_id"] = txnID
-	}
+	cp := &Checkpoint{}
+	rep := Report{Phase: "before-checkpoint", ClientID: clientID, TransactionalID: txnID, Checkpoint: cp}
 	if c.group != "" {
-		rep["group"] = c.group
+		cp.GroupCheckpoint = &GroupCheckpoint{Group: c.group}
 	}
 	finish := func(err error) error {
-		rep["callers_blocked"] = c.blocked.Load()
-		rep["duration_ms"] = time.Since(start).Milliseconds()
+		rep.CallersBlocked = c.blocked.Load()
+		rep.DurationMS = time.Since(start).Milliseconds()
 		if err != nil {
-			rep["error"] = err.Error()
+			cp.Error = err.Error()
 			c.cfg.log.Warn("checkpoint refused; the client goes on unchanged", "err", err)
 		} else {
 			c.cfg.log.Debug("kgo client quiesced", "report", rep)
 		}
-		c.setReport(rep)
+		c.reports.Store(rep)
 		return err
 	}
 
@@ -112,10 +110,10 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 			}
 		}
 		cancel()
-		rep["transaction"] = "none"
+		cp.Transaction = "none"
 		if c.txnOpen.Load() {
 			if c.cfg.openTxn == FailOnOpenTxn {
-				rep["transaction"] = "open"
+				cp.Transaction = "open"
 				return finish(fmt.Errorf("%w at the checkpoint and the application did not end it within half the hook budget; end it before checkpointing, or choose AbortOpenTxn or CommitOpenTxn", ErrOpenTxn))
 			}
 			c.mu.Lock()
@@ -124,7 +122,7 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 			ectx, cancel := share(ctx, 0.6)
 			quiesce.WaitZero(ectx, &c.calls)
 			cancel()
-			rep["transaction"] = c.endOpenTxn(ctx, s)
+			cp.Transaction = c.endOpenTxn(ctx, s)
 		}
 	}
 
@@ -135,11 +133,11 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 	err := s.cl.Flush(fctx)
 	cancel()
 	left := s.cl.BufferedProduceRecords()
-	rep["records_flushed"] = max(buffered-left, 0)
+	cp.RecordsFlushed = max(buffered-left, 0)
 	if err != nil || left > 0 {
-		rep["records_unflushed"] = left
+		cp.RecordsUnflushed = left
 		// A carry veto (kcr exits 10), like --require-drained's for kafkahooks.
-		return finish(&notify.CarryError{Records: left, Err: fmt.Errorf("%w: %d of %d buffered records still unacknowledged (%v); the checkpoint is refused so that no record is carried in the image under producer id of client %q", ErrNotFlushed, left, buffered, err, clientID)})
+		return finish(&notify.CarryError{Records: left, Err: fmt.Errorf("%w: %d of %d buffered records still unacknowledged (%v); the checkpoint is refused so that no record is carried in the image under producer id of client %q", ErrRecordsNotFlushed, left, buffered, err, clientID)})
 	}
 
 	// Commit what the group handed out, then leave the group.
@@ -151,15 +149,15 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 		quiesce.WaitZero(cctx, &c.calls)
 		n, attempts, err := c.commitHanded(cctx, s.cl)
 		cancel()
-		rep["partitions_committed"], rep["commit_attempts"] = n, attempts
+		cp.PartitionsCommitted, cp.CommitAttempts = n, attempts
 		if err != nil {
 			return finish(fmt.Errorf("kgohooks: committing the offsets handed out before the checkpoint: %w", err))
 		}
-		rep["stale_commits"] = c.marks.staleCommits()
+		cp.StaleCommits = c.marks.staleCommits()
 	}
 	if c.pos != nil {
 		if next := c.pos.report(); len(next) > 0 {
-			rep["next_offsets"] = next
+			cp.NextOffsets = next
 		}
 	}
 	// Without a group nothing ties this client to the broker but its
@@ -170,15 +168,12 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 	// the image replaces its client without leaving (its dials fail), so
 	// the original keeps its membership.
 	if c.group == "" || notify.LeaveRunning(ctx) {
-		if c.group != "" {
-			rep["left_group"] = false
-		}
-		rep["connections_closed"] = s.dial.CloseAll(false)
+		kept := &KeptClient{KeptForResume: true, ConnectionsClosed: s.dial.CloseAll(false)}
+		cp.KeptClient = kept
 		c.mu.Lock()
 		c.cut = true
 		c.mu.Unlock()
-		rep["closed"], rep["kept_for_resume"] = false, true
-		rep["connections_open"] = s.dial.Open()
+		kept.ConnectionsOpen = s.dial.Open()
 		return finish(nil)
 	}
 	// Otherwise a group member leaves, so that the others take its
@@ -191,15 +186,14 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 	lctx, cancel := share(ctx, 0.8)
 	err = s.cl.LeaveGroupContext(lctx)
 	cancel()
-	rep["left_group"] = err == nil
+	cp.LeftGroup = err == nil
 	if err != nil {
 		c.cfg.log.Warn("leaving the group before the checkpoint", "err", err)
 	}
 	if err := closeWithin(ctx, s); err != nil {
-		rep["closed"] = false
 		return finish(err)
 	}
-	rep["closed"] = true
+	cp.Closed = true
 	return finish(nil)
 }
 
@@ -299,10 +293,8 @@ func (c *core) AfterRestore(ctx context.Context, ev notify.Event) error {
 			c.txnID = c.baseTxnID + "-" + short
 		}
 	}
-	rep := map[string]any{"phase": "after-restore", "event": ev.Kind.String(), "client_id": c.clientID}
-	if c.txnID != "" {
-		rep["transactional_id"] = c.txnID
-	}
+	rs := &Restore{Event: ev.Kind.String()}
+	rep := Report{Phase: "after-restore", ClientID: c.clientID, TransactionalID: c.txnID, Restore: rs}
 	s := c.state.Load()
 	var err error
 	switch {
@@ -310,7 +302,6 @@ func (c *core) AfterRestore(ctx context.Context, ev notify.Event) error {
 		// The same kgo client goes on: its dials may reach the broker again.
 		s.dial.Resume()
 		s = newState(s.cl, s.sess, s.dial, s.gen)
-		rep["new_client"] = false
 	case c.torn || c.cut:
 		if c.cut {
 			// A restored copy must not write as the original: the old
@@ -333,14 +324,13 @@ func (c *core) AfterRestore(ctx context.Context, ev notify.Event) error {
 			}
 			s = newState(cl, sess, dial, c.gen)
 			c.startResolve(cl)
-			rep["new_client"] = true
+			rs.NewClient = true
 		}
 	default:
 		s = newState(s.cl, s.sess, s.dial, s.gen)
 		if c.resolving != nil && c.pos.unresolved() > 0 {
 			c.startResolve(s.cl)
 		}
-		rep["new_client"] = false
 	}
 	if err != nil {
 		// Cannot happen with options NewClient accepted; fail calls
@@ -353,8 +343,8 @@ func (c *core) AfterRestore(ctx context.Context, ev notify.Event) error {
 	c.state.Store(s)
 	close(c.gate)
 	c.gate = nil
-	rep["callers_blocked"] = c.blocked.Load()
-	rep["duration_ms"] = time.Since(start).Milliseconds()
-	c.setReport(rep)
+	rep.CallersBlocked = c.blocked.Load()
+	rep.DurationMS = time.Since(start).Milliseconds()
+	c.reports.Store(rep)
 	return err
 }

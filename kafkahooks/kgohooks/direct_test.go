@@ -17,12 +17,18 @@ func TestDirectPartitionsAtEndAcrossRestore(t *testing.T) {
 	addrs, reg := newRig(t, 1, "d")
 	producePlain(t, addrs, "d", vals("old", 10))
 	// Registered before the client, so its before hook runs after the
-	// client's: these records are produced while the client is torn down.
+	// client's: these records are produced while the client is torn down,
+	// and the client's before-checkpoint report is there to read.
+	var c *Client
+	var next map[string]int64
 	reg.Register("probe", notify.Func(func(context.Context) error {
 		producePlain(t, addrs, "d", vals("during", 10))
+		if rep, ok := c.Report(); ok && rep.Checkpoint != nil {
+			next = rep.NextOffsets
+		}
 		return nil
 	}, nil))
-	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.FetchMaxWait(100 * time.Millisecond),
+	c = newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.FetchMaxWait(100 * time.Millisecond),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{"d": {0: kgo.NewOffset().AtEnd()}})})
 	ctx := testCtx(t, 15*time.Second)
 	select {
@@ -36,13 +42,7 @@ func TestDirectPartitionsAtEndAcrossRestore(t *testing.T) {
 	producePlain(t, addrs, "d", vals("before", 10))
 
 	got := pollUpTo(t, ctx, c, nil, 4)
-	res := simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
-	var next map[string]int64
-	for _, r := range res.Before {
-		if r.Name == c.Name() {
-			next, _ = r.Details["next_offsets"].(map[string]int64)
-		}
-	}
+	simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 	if next["d/0"] != 10+4 {
 		t.Errorf("next offset in the report = %v, want d/0: 14", next)
 	}

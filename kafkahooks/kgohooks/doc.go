@@ -35,7 +35,7 @@
 //     Then OpenTxnPolicy applies: abort it (the default), commit it, or fail
 //     the checkpoint.
 //   - Flush, within the budget. If records remain unacknowledged, the hook
-//     fails with ErrNotFlushed inside a notify.CarryError: the checkpoint
+//     fails with ErrRecordsNotFlushed inside a notify.CarryError: the checkpoint
 //     is refused as a carry veto (kcr exits 10, nothing is dumped) and the
 //     client goes on unchanged.
 //   - A group consumer commits, with kgo's own calls and retries, what kgo
@@ -53,9 +53,10 @@
 //     connection is open at the dump. A group member that left is closed,
 //     with all its connections.
 //
-// CheckpointReport (in the image manifest) says how many records were
-// flushed, how many partitions committed, what happened to an open
-// transaction, and, for direct partitions, the exact next offsets.
+// The Report of the hook run (CheckpointReport gives it as a map, in the
+// image manifest) says how many records were flushed, how many partitions
+// committed, what happened to an open transaction, and, for direct
+// partitions, the exact next offsets.
 //
 // # After a restore or resume
 //

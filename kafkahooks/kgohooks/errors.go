@@ -12,9 +12,9 @@ var (
 	// ErrTxnAbortedByCheckpoint is returned for calls that belong to a
 	// transaction the before-checkpoint hook aborted (AbortOpenTxn).
 	ErrTxnAbortedByCheckpoint = errors.New("kgohooks: the transaction was aborted by a checkpoint; begin a new one")
-	// ErrNotFlushed is the error of a checkpoint refused because buffered
+	// ErrRecordsNotFlushed is the error of a checkpoint refused because buffered
 	// records were not all acknowledged within the hook's budget.
-	ErrNotFlushed = errors.New("kgohooks: records not acknowledged within the checkpoint budget")
+	ErrRecordsNotFlushed = errors.New("kgohooks: records not acknowledged within the checkpoint budget")
 )
 
 // IsFenced reports whether err is one the broker gives a transactional

@@ -114,9 +114,9 @@ func dumpProbe(reg *notify.Registry, cc *connCounter) *atomic.Int64 {
 
 // newHooked returns a Client of kopts hooked into reg, closed at the end of
 // the test.
-func newHooked(t *testing.T, reg *notify.Registry, kopts []kgo.Opt, opts ...Option) *Client {
+func newHooked(t *testing.T, reg *notify.Registry, kopts []kgo.Opt, opts ...Opt) *Client {
 	t.Helper()
-	c, err := New(kopts, append([]Option{WithRegistry(reg)}, opts...)...)
+	c, err := New(kopts, append([]Opt{WithRegistry(reg)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,9 +7,18 @@ import (
 	"github.com/kcr-dev/kcr/notify"
 )
 
-// Option configures a Client or a GroupTransactSession. kgo's own options
-// (kgo.Opt) are given separately, unchanged.
-type Option func(*config)
+// Opt configures a Client (New) or a GroupTransactSession (NewSession).
+// Options are values of an interface, as kgo.Opt is; kgo's own options are
+// given separately, unchanged. Every option applies to both: the
+// transaction options act on a Client built with kgo.TransactionalID and
+// are ignored by one without.
+type Opt interface {
+	apply(*config)
+}
+
+type opt func(*config)
+
+func (o opt) apply(c *config) { o(c) }
 
 type config struct {
 	registry   *notify.Registry
@@ -21,11 +30,11 @@ type config struct {
 	backoffMax time.Duration
 }
 
-func newConfig(opts []Option) config {
+func newConfig(opts []Opt) config {
 	c := config{registry: notify.Default, backoffMin: 50 * time.Millisecond, backoffMax: time.Second}
 	for _, o := range opts {
 		if o != nil {
-			o(&c)
+			o.apply(&c)
 		}
 	}
 	if c.registry == nil {
@@ -37,16 +46,17 @@ func newConfig(opts []Option) config {
 	return c
 }
 
-// WithRegistry registers the client with r instead of notify.Default. Tests
-// use it to run cycles with (*notify.Registry).Simulate.
-func WithRegistry(r *notify.Registry) Option { return func(c *config) { c.registry = r } }
+// WithRegistry registers the client with r instead of notify.Default (the
+// default). Tests use it to run cycles with (*notify.Registry).Simulate.
+func WithRegistry(r *notify.Registry) Opt { return opt(func(c *config) { c.registry = r }) }
 
 // WithName sets the name the client is registered under (reports, errors,
 // logs, the image manifest). The default is "kgo/" and the client id.
-func WithName(name string) Option { return func(c *config) { c.name = name } }
+func WithName(name string) Opt { return opt(func(c *config) { c.name = name }) }
 
-// WithLogger sets the logger (default slog.Default()).
-func WithLogger(l *slog.Logger) Option { return func(c *config) { c.log = l } }
+// WithLogger sets the logger (default slog.Default()). Every record carries
+// the attribute resource=<name>.
+func WithLogger(l *slog.Logger) Opt { return opt(func(c *config) { c.log = l }) }
 
 // TxnIDPolicy says which transactional id a restored client uses.
 type TxnIDPolicy int
@@ -69,8 +79,9 @@ const (
 	KeepTxnID
 )
 
-// WithTxnIDPolicy sets what a restore does to kgo.TransactionalID.
-func WithTxnIDPolicy(p TxnIDPolicy) Option { return func(c *config) { c.txnID = p } }
+// WithTxnIDPolicy sets what a restore does to kgo.TransactionalID (default
+// SuffixTxnID).
+func WithTxnIDPolicy(p TxnIDPolicy) Opt { return opt(func(c *config) { c.txnID = p }) }
 
 // OpenTxnPolicy says what the before-checkpoint hook does with a transaction
 // the application has begun and not ended. In every case the hook first
@@ -99,11 +110,13 @@ const (
 	FailOnOpenTxn
 )
 
-// WithOpenTxnPolicy sets what a checkpoint does with an open transaction.
-func WithOpenTxnPolicy(p OpenTxnPolicy) Option { return func(c *config) { c.openTxn = p } }
+// WithOpenTxnPolicy sets what a checkpoint does with an open transaction
+// (default AbortOpenTxn).
+func WithOpenTxnPolicy(p OpenTxnPolicy) Opt { return opt(func(c *config) { c.openTxn = p }) }
 
 // WithRetryBackoff bounds the backoff between attempts of the commits the
-// before-checkpoint hook makes. Default 50ms to 1s.
-func WithRetryBackoff(lo, hi time.Duration) Option {
-	return func(c *config) { c.backoffMin, c.backoffMax = lo, max(hi, lo) }
+// before-checkpoint hook makes, and of the resolution of symbolic start
+// offsets of direct partitions. Default 50ms to 1s.
+func WithRetryBackoff(lo, hi time.Duration) Opt {
+	return opt(func(c *config) { c.backoffMin, c.backoffMax = lo, max(hi, lo) })
 }

@@ -199,8 +199,8 @@ func TestUnflushedRefusesCheckpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !errors.Is(res.BeforeErr, ErrNotFlushed) {
-		t.Fatalf("before error = %v, want ErrNotFlushed", res.BeforeErr)
+	if !errors.Is(res.BeforeErr, ErrRecordsNotFlushed) {
+		t.Fatalf("before error = %v, want ErrRecordsNotFlushed", res.BeforeErr)
 	}
 	if res.Event.Kind != notify.Resume || res.AfterErr != nil {
 		t.Fatalf("event %v, after error %v; want a clean resume", res.Event.Kind, res.AfterErr)

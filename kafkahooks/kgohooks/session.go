@@ -32,7 +32,7 @@ func NewGroupTransactSession(opts ...kgo.Opt) (*GroupTransactSession, error) {
 // NewSession returns a GroupTransactSession built from the kgo options
 // kopts, which must set kgo.ConsumerGroup and kgo.TransactionalID. The
 // identities change after a restore as for New.
-func NewSession(kopts []kgo.Opt, opts ...Option) (*GroupTransactSession, error) {
+func NewSession(kopts []kgo.Opt, opts ...Opt) (*GroupTransactSession, error) {
 	c, err := newCore(kopts, true, opts)
 	if err != nil {
 		return nil, err

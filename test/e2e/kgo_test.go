@@ -7,6 +7,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -17,6 +18,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kcr-dev/kcr/kafkahooks/kgohooks"
 )
 
 // producerIDs returns the ids of the producers the broker knows for topic,
@@ -63,6 +66,25 @@ func newIDs(before, now map[int64]int) []int64 {
 // checkpointed and restored: every record it saw acknowledged is on the
 // topic, and the broker lists a producer id after the restore that it did
 // not list before (the restored copy never writes under the image's).
+// kgoReport decodes a kgohooks resource's manifest details (see
+// manifestResource) into its typed before-checkpoint report: the manifest's
+// keys are the Report's json tags.
+func kgoReport(t *testing.T, details map[string]any) kgohooks.Report {
+	t.Helper()
+	b, err := json.Marshal(details)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r kgohooks.Report
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatalf("manifest details %v as a kgohooks.Report: %v", details, err)
+	}
+	if r.Checkpoint == nil {
+		t.Fatalf("manifest details %v: not a before-checkpoint report", details)
+	}
+	return r
+}
+
 func TestKgoProducerCheckpoint(t *testing.T) {
 	k := needKafka(t)
 	topic := k.newTopic("kgoprod", 3)
@@ -88,7 +110,7 @@ func TestKgoProducerCheckpoint(t *testing.T) {
 		len(ackedBefore), len(pending), rep)
 	// A producer without a group is kept for a resume, with no
 	// connection open at the dump (a restore replaces it).
-	if rep["kept_for_resume"] != true || rep["connections_open"] != float64(0) || rep["records_unflushed"] != nil {
+	if r := kgoReport(t, rep); r.KeptClient == nil || r.ConnectionsOpen != 0 || r.RecordsUnflushed != 0 {
 		t.Errorf("client report %v: want kept_for_resume, connections_open 0, nothing unflushed", rep)
 	}
 	checkNoBrokerSockets(t, a, n0)
@@ -255,7 +277,7 @@ func TestKgoProducerLeaveRunning(t *testing.T) {
 	n0 := len(a.events())
 	mustKCR(t, "checkpoint", "--leave-running", "-o", img, strconv.Itoa(pid))
 	rep := manifestResource(t, img, "kgo/"+base)
-	if rep["kept_for_resume"] != true || rep["connections_open"] != float64(0) {
+	if r := kgoReport(t, rep); r.KeptClient == nil || r.ConnectionsOpen != 0 {
 		t.Errorf("client report %v: want kept_for_resume, connections_open 0", rep)
 	}
 	checkNoBrokerSockets(t, a, n0)
@@ -441,7 +463,7 @@ func testKgoTransact(t *testing.T, tc kgoTxnCase) {
 		if held == nil || num(held["records"]) == 0 {
 			t.Fatalf("the loop did not hold a transaction with records at the checkpoint: %v", a.since(n0))
 		}
-		if rep["transaction"] != "aborted" {
+		if kgoReport(t, rep).Transaction != "aborted" {
 			t.Fatalf("session report %v: want transaction aborted (AbortOpenTxn)", rep)
 		}
 	}
@@ -450,7 +472,7 @@ func testKgoTransact(t *testing.T, tc kgoTxnCase) {
 	} else {
 		// --leave-running: the original stays in the group as the same
 		// member, with the same kgo session (kgohooks.LeaveRunning).
-		if rep["left_group"] != false || rep["kept_for_resume"] != true {
+		if r := kgoReport(t, rep); r.GroupCheckpoint == nil || r.LeftGroup || r.KeptClient == nil {
 			t.Errorf("session report %v: want left_group false, kept_for_resume (--leave-running)", rep)
 		}
 		if now := members(); len(members0) != 1 || !slices.Equal(now, members0) {

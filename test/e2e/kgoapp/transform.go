@@ -38,7 +38,7 @@ type transformer struct {
 }
 
 func newTransformer(brokers []string, in, out, group, txnID, clientID string, holdTxn, keepTxnID bool) (*transformer, error) {
-	var opts []kgohooks.Option
+	var opts []kgohooks.Opt
 	if keepTxnID {
 		opts = append(opts, kgohooks.WithTxnIDPolicy(kgohooks.KeepTxnID))
 	}

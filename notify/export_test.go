@@ -10,18 +10,18 @@ import (
 
 // WithStartTimeFunc replaces the /proc/<pid>/stat start-time reader, so that
 // a test can fake the restore of the process, which otherwise needs CRIU.
-func WithStartTimeFunc(f func(pid int) (uint64, error)) Option {
+func WithStartTimeFunc(f func(pid int) (uint64, error)) Opt {
 	return serverOpt{func(c *serverConfig) { c.startTime = f }}
 }
 
 // WithHostPIDFunc replaces the host PID reader, so that a test can fake the
 // new PID of a restored copy, which moves its control socket.
-func WithHostPIDFunc(f func() int) Option {
+func WithHostPIDFunc(f func() int) Opt {
 	return serverOpt{func(c *serverConfig) { c.hostPID = f }}
 }
 
 // WithPollEvery sets how often a waiting checkpoint polls the start time.
-func WithPollEvery(d time.Duration) Option {
+func WithPollEvery(d time.Duration) Opt {
 	return serverOpt{func(c *serverConfig) { c.pollEvery = d }}
 }
 

@@ -135,7 +135,7 @@ var Default = NewRegistry()
 func Register(name string, r Resource) (unregister func()) { return Default.Register(name, r) }
 
 // Start opens the default registry's control socket. See Registry.Start.
-func Start(opts ...Option) (*Server, error) { return Default.Start(opts...) }
+func Start(opts ...Opt) (*Server, error) { return Default.Start(opts...) }
 
 // Identity returns the default registry's current identity.
 func Identity() (generation uint64, instanceID string) { return Default.Identity() }

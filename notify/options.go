@@ -5,9 +5,9 @@ import (
 	"time"
 )
 
-// Option configures a Server (Start). Options are values of an interface,
+// Opt configures a Server (Start). Options are values of an interface,
 // as in franz-go, so that they can be listed, wrapped and compared in tests.
-type Option interface {
+type Opt interface {
 	apply(*serverConfig)
 }
 
@@ -51,45 +51,45 @@ func defaultServerConfig() serverConfig {
 // WithSocketPath binds the control socket at path. Its base name must start
 // with "kcr-" and end in ".sock", so that kcr can find it from the PID.
 // Default: kcr-<pid>.sock in the directory of WithSocketDir.
-func WithSocketPath(path string) Option {
+func WithSocketPath(path string) Opt {
 	return serverOpt{func(c *serverConfig) { c.path = path }}
 }
 
 // WithSocketDir binds the control socket as kcr-<pid>.sock in dir, which is
 // created with mode 0700. Default: $KCR_SOCKET_DIR, else /run/kcr for root,
 // else $XDG_RUNTIME_DIR/kcr, else $TMPDIR/kcr-<uid>.
-func WithSocketDir(dir string) Option {
+func WithSocketDir(dir string) Opt {
 	return serverOpt{func(c *serverConfig) { c.dir = dir }}
 }
 
 // WithLogger sets the logger. Default: slog.Default().
-func WithLogger(l *slog.Logger) Option {
+func WithLogger(l *slog.Logger) Opt {
 	return serverOpt{func(c *serverConfig) { c.log = l }}
 }
 
 // WithMaxSuspend caps how long the app waits for kcr's follow-up after its
 // before-checkpoint hooks ran, whatever the CLI asks. Default:
 // DefaultMaxSuspend (5 minutes).
-func WithMaxSuspend(d time.Duration) Option {
+func WithMaxSuspend(d time.Duration) Opt {
 	return serverOpt{func(c *serverConfig) { c.maxSuspend = d }}
 }
 
 // WithMaxHookBudget caps the budget of the before-checkpoint hooks, whatever
 // the CLI asks; a larger request is clamped to it and logged. Default:
 // DefaultMaxHookBudget (2 minutes).
-func WithMaxHookBudget(d time.Duration) Option {
+func WithMaxHookBudget(d time.Duration) Opt {
 	return serverOpt{func(c *serverConfig) { c.maxBudget = d }}
 }
 
 // WithRestoreGrace sets how long a process that detected by itself that it
 // was restored waits for kcr's after-restore message (which carries the
 // restore generation) before running its hooks anyway. Default: 2 s.
-func WithRestoreGrace(d time.Duration) Option {
+func WithRestoreGrace(d time.Duration) Opt {
 	return serverOpt{func(c *serverConfig) { c.restoreWait = d }}
 }
 
 // WithAfterBudget bounds the after-restore phase when kcr does not say.
 // Default: DefaultAfterBudget (30 s).
-func WithAfterBudget(d time.Duration) Option {
+func WithAfterBudget(d time.Duration) Opt {
 	return serverOpt{func(c *serverConfig) { c.afterBudget = d }}
 }

@@ -59,7 +59,7 @@ type followup struct {
 }
 
 // Start opens the registry's control socket and serves it until Close.
-func (g *Registry) Start(opts ...Option) (*Server, error) {
+func (g *Registry) Start(opts ...Opt) (*Server, error) {
 	cfg := defaultServerConfig()
 	for _, o := range opts {
 		o.apply(&cfg)

@@ -141,7 +141,7 @@ type fixture struct {
 
 // newFixture starts a server on a fresh registry with three recorded
 // resources (a, b, probe) in t.TempDir().
-func newFixture(t *testing.T, opts ...notify.Option) *fixture {
+func newFixture(t *testing.T, opts ...notify.Opt) *fixture {
 	t.Helper()
 	f := &fixture{t: t, g: notify.NewRegistry(), log: &syncBuffer{}, rec: newRecorder(), afterEv: make(chan notify.Event, 16)}
 	f.g.Register("a", f.rec.res("a", nil, nil))
@@ -159,10 +159,10 @@ func newFixture(t *testing.T, opts ...notify.Option) *fixture {
 	return f
 }
 
-func (f *fixture) start(opts ...notify.Option) {
+func (f *fixture) start(opts ...notify.Opt) {
 	f.t.Helper()
 	logger := slog.New(slog.NewTextHandler(f.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	opts = append([]notify.Option{notify.WithSocketPath(f.path), notify.WithLogger(logger)}, opts...)
+	opts = append([]notify.Opt{notify.WithSocketPath(f.path), notify.WithLogger(logger)}, opts...)
 	s, err := f.g.Start(opts...)
 	if err != nil {
 		f.t.Fatalf("Start: %v", err)

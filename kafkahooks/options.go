@@ -110,6 +110,6 @@ func WithClientID(id string) Opt { return opt(func(c *config) { c.clientID = id 
 // across a checkpoint, while the broker cannot be reached after a restore.
 // Such records are resent until they are acknowledged or the Writer is
 // closed; they are never given up on. Default 100ms to 5s.
-func WithRetryBackoff(min, max time.Duration) WriterOpt {
-	return writerOpt(func(c *config) { c.backoffMin, c.backoffMax = min, max })
+func WithRetryBackoff(lo, hi time.Duration) WriterOpt {
+	return writerOpt(func(c *config) { c.backoffMin, c.backoffMax = lo, hi })
 }

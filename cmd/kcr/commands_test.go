@@ -6,12 +6,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -395,4 +397,103 @@ func TestRunRestoreInterrupted(t *testing.T) {
 	if stdout.Len() != 0 {
 		t.Errorf("an interrupted restore printed %q", stdout)
 	}
+}
+
+// containerImage writes a small kcr image of a runc container (what kcr
+// checkpoint --container writes: container.json beside the manifest), its
+// manifest readable by others so that the verification warns.
+func containerImage(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	bundle := filepath.Join(dir, "bundle")
+	os.Mkdir(bundle, 0o700)
+	os.WriteFile(filepath.Join(bundle, "config.json"), []byte(`{"ociVersion":"1.0.2"}`), 0o600)
+	img := filepath.Join(dir, "img")
+	b, err := images.Create(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Abort()
+	os.WriteFile(filepath.Join(b.CRIUDir(), "pages-1.img"), bytes.Repeat([]byte{7}, 5000), 0o600)
+	os.WriteFile(filepath.Join(b.Dir(), "container.json"), []byte(`{"id":"c","bundle":"`+bundle+`"}`), 0o600)
+	if _, err := b.Commit(context.Background(), &images.Manifest{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(img, images.ManifestName), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return img
+}
+
+// export --format cri-o and oci report the sizes, file count, duration and
+// warnings that --format kcr does, in text and in --json; -o - is refused
+// for them (a directory, or a tar that would look complete if cut short).
+func TestRunExportFormatsReport(t *testing.T) {
+	img := containerImage(t)
+	m, err := images.ReadManifest(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, format := range []string{"kcr", "cri-o", "oci"} {
+		for _, json_ := range []bool{false, true} {
+			o := filepath.Join(t.TempDir(), "out")
+			out, stdout, stderr := bufOutput(json_)
+			if err := runExport(context.Background(), &exportOpts{cmdline: argv(img), output: o, format: format}, out); err != nil {
+				t.Fatalf("export --format %s: %v", format, err)
+			}
+			written := diskSize(t, o)
+			report := stderr.String()
+			for _, want := range []string{fmtSize(m.TotalSize()) + " in " + strconv.Itoa(len(m.Files)) + " files", fmtSize(written) + " (", "kcr: warning: ", "go-rwx"} {
+				if !strings.Contains(report, want) {
+					t.Errorf("export --format %s: report lacks %q:\n%s", format, want, report)
+				}
+			}
+			if strings.Contains(report, " 0 B") || strings.Contains(report, " in 0µs") {
+				t.Errorf("export --format %s: a zero in the report:\n%s", format, report)
+			}
+			if !json_ {
+				continue
+			}
+			var res exportJSON
+			if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
+				t.Fatalf("export --format %s --json: %v %q", format, err, stdout)
+			}
+			if res.ImageBytes != m.TotalSize() || res.ArchiveBytes != written || res.Files != len(m.Files) || res.DurationNS <= 0 ||
+				len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], "go-rwx") {
+				t.Errorf("export --format %s --json: %+v; want image %d bytes, %d written, %d files, a duration and the warning",
+					format, res, m.TotalSize(), written, len(m.Files))
+			}
+			if (format == "oci") != (res.OCILayout == o) || (format == "oci") == (res.Archive == o) {
+				t.Errorf("export --format %s --json: archive %q, oci_layout %q", format, res.Archive, res.OCILayout)
+			}
+		}
+		if format == "kcr" {
+			continue // -o -: TestRunExportStdoutWarns
+		}
+		out, stdout, _ := bufOutput(false)
+		wantCode(t, runExport(context.Background(), &exportOpts{cmdline: argv(img), output: stdio, format: format}, out), exitUsage, "--format "+format+" needs -o")
+		if stdout.Len() != 0 {
+			t.Errorf("export --format %s -o -: %d bytes on stdout", format, stdout.Len())
+		}
+	}
+}
+
+// diskSize is the size of the file p, or of the regular files under it.
+func diskSize(t *testing.T, p string) int64 {
+	t.Helper()
+	var n int64
+	err := filepath.WalkDir(p, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		fi, err := d.Info()
+		if err == nil {
+			n += fi.Size()
+		}
+		return err
+	})
+	if err != nil || n == 0 {
+		t.Fatalf("%s: %d bytes, %v", p, n, err)
+	}
+	return n
 }

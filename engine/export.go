@@ -11,6 +11,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/kcr-dev/kcr/images"
@@ -142,6 +143,9 @@ func writeArchive(ctx context.Context, img *images.Image, image, out string) err
 
 	tmp := out + ".kcr-tmp"
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("export: %s: directory %s: %w: create it first", out, filepath.Dir(out), syscall.ENOENT)
+	}
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
 	}

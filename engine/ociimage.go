@@ -2,10 +2,12 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
@@ -30,6 +32,9 @@ func exportOCIImage(ctx context.Context, image, dir string) (*images.Image, int6
 		return nil, 0, fmt.Errorf("export: %s exists: give a new directory", dir)
 	}
 	tmp, err := os.MkdirTemp(filepath.Dir(dir), ".kcr-oci-")
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, 0, fmt.Errorf("export: %s: directory %s: %w: create it first", dir, filepath.Dir(dir), syscall.ENOENT)
+	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("export: %w", err)
 	}

@@ -183,7 +183,8 @@ func TestExitCodes(t *testing.T) {
 		{fmt.Errorf("checkpoint PID 7: hooks: %w", context.Canceled), 130},
 		{fmt.Errorf("x: %w", images.ErrSignature), exitSignature},
 		{fmt.Errorf("x: %w", engine.ErrDuplicates), exitCarried},
-		{fmt.Errorf("x: %w", os.ErrNotExist), exitImage},
+		{fmt.Errorf("x: %w", os.ErrNotExist), exitUsage}, // a missing file that is not the image
+		{&images.Error{Kind: images.ErrNotExist, Err: os.ErrNotExist}, exitImage},
 		{fmt.Errorf("x: %w", criu.ErrNotFound), exitNoCRIU},
 		{fmt.Errorf("x: %w", client.ErrNoSocket), exitTarget},
 		{&runtimehook.HookError{}, exitHooks},
@@ -496,4 +497,49 @@ func diskSize(t *testing.T, p string) int64 {
 		t.Fatalf("%s: %d bytes, %v", p, n, err)
 	}
 	return n
+}
+
+// Exit 5 is the image (or archive) named on the command line; any other
+// missing file is an input error, exit 2, in one line naming it and the fix.
+func TestMissingFileExitCodes(t *testing.T) {
+	ctx := context.Background()
+	img := containerImage(t)
+	nope := filepath.Join(t.TempDir(), "nope")
+	noDir := filepath.Join(nope, "f")
+	out, _, _ := bufOutput(false)
+	for _, format := range []string{"kcr", "cri-o", "oci"} {
+		err := runExport(ctx, &exportOpts{cmdline: argv(nope), output: filepath.Join(t.TempDir(), "a"), format: format}, out)
+		wantCode(t, err, exitImage, nope+": does not exist")
+		if !errors.Is(err, images.ErrNotExist) {
+			t.Errorf("export --format %s of a missing image: %v is not images.ErrNotExist", format, err)
+		}
+		wantCode(t, runExport(ctx, &exportOpts{cmdline: argv(img), output: noDir, format: format}, out), exitUsage, nope+": no such file or directory: create it first")
+	}
+	wantCode(t, runInspect(ctx, &inspectOpts{cmdline: argv(nope)}, out), exitImage, nope)
+	wantCode(t, runRestore(ctx, &restoreOpts{cmdline: argv(nope), o: engine.RestoreOptions{Count: 1}}, out), exitImage, nope)
+	ro := &restoreOpts{cmdline: argv(nope)}
+	ro.ctr.ID, ro.ctr.MaxSize = "c1", 1<<20
+	wantCode(t, runRestore(ctx, ro, out), exitImage, nope)
+	wantCode(t, runImport(ctx, &importOpts{cmdline: argv(nope), output: filepath.Join(t.TempDir(), "i"), maxSize: 1 << 20}, out), exitImage, nope+": does not exist: check the archive path")
+	wantCode(t, runRecover(ctx, &recoverOpts{cmdline: argv(nope)}, out), exitImage, "no interrupted checkpoint")
+
+	// Key files.
+	wantCode(t, runInspect(ctx, &inspectOpts{cmdline: argv(img), keyFiles: []string{nope}}, out), exitUsage, nope+": bad key file: no such file or directory: check the path, or write a key pair with kcr keygen")
+	wantCode(t, runCheckpoint(ctx, &checkpointOpts{cmdline: argv("1"), signFile: nope}, out), exitUsage, "--sign: images: "+nope+": bad key file: no such file or directory")
+	// --bundle, --container-output.
+	ro = &restoreOpts{cmdline: argv(img)}
+	ro.ctr.ID, ro.ctr.MaxSize, ro.ctr.Bundle = "c1", 1<<20, nope
+	wantCode(t, runRestore(ctx, ro, out), exitUsage, "--bundle "+nope+": no config.json in it")
+	ro = &restoreOpts{cmdline: argv(img)}
+	ro.ctr.ID, ro.ctr.MaxSize, ro.ctr.Stdout, ro.ctr.Runtime = "c1", 1<<20, noDir, "/bin/false"
+	wantCode(t, runRestore(ctx, ro, out), exitUsage, "container output "+noDir+": directory "+nope+": no such file or directory: create it first, or give another --container-output")
+	// kcr run's program and log.
+	wantCode(t, runRun(ctx, &runOpts{cmdline: argv(nope)}, out), exitUsage, nope+`": no such file or directory: give its path, or a name found in $PATH`)
+	wantCode(t, runRun(ctx, &runOpts{cmdline: argv("kcr-no-such-program")}, out), exitUsage, `"kcr-no-such-program": no such file or directory`)
+	wantCode(t, runRun(ctx, &runOpts{cmdline: argv("/bin/true"), o: engine.RunOptions{Log: noDir}}, out), exitUsage, "directory "+nope+": no such file or directory: create it first, or give another --log")
+	// checkpoint -o in a directory that does not exist.
+	_, err := images.Create(noDir)
+	if got := exitCode(err); got != exitUsage || !strings.Contains(err.Error(), nope+": no such file or directory: create it first") {
+		t.Errorf("checkpoint -o %s: %v, exit %d; want exit 2 naming %s", noDir, err, got, nope)
+	}
 }

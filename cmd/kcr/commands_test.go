@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"maps"
 	"os"
@@ -23,6 +22,7 @@ import (
 	"github.com/kcr-dev/kcr/criu"
 	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/images"
+	"github.com/kcr-dev/kcr/internal/testimg"
 	"github.com/kcr-dev/kcr/notify/client"
 	"github.com/kcr-dev/kcr/runtimehook"
 )
@@ -442,7 +442,7 @@ func TestRunExportFormatsReport(t *testing.T) {
 			if err := runExport(context.Background(), &exportOpts{cmdline: argv(img), output: o, format: format}, out); err != nil {
 				t.Fatalf("export --format %s: %v", format, err)
 			}
-			written := diskSize(t, o)
+			written := testimg.TreeSize(t, o)
 			report := stderr.String()
 			for _, want := range []string{fmtSize(m.TotalSize()) + " in " + strconv.Itoa(len(m.Files)) + " files", fmtSize(written) + " (", "kcr: warning: ", "go-rwx"} {
 				if !strings.Contains(report, want) {
@@ -477,26 +477,6 @@ func TestRunExportFormatsReport(t *testing.T) {
 			t.Errorf("export --format %s -o -: %d bytes on stdout", format, stdout.Len())
 		}
 	}
-}
-
-// diskSize is the size of the file p, or of the regular files under it.
-func diskSize(t *testing.T, p string) int64 {
-	t.Helper()
-	var n int64
-	err := filepath.WalkDir(p, func(_ string, d fs.DirEntry, err error) error {
-		if err != nil || !d.Type().IsRegular() {
-			return err
-		}
-		fi, err := d.Info()
-		if err == nil {
-			n += fi.Size()
-		}
-		return err
-	})
-	if err != nil || n == 0 {
-		t.Fatalf("%s: %d bytes, %v", p, n, err)
-	}
-	return n
 }
 
 // Exit 5 is the image (or archive) named on the command line; any other

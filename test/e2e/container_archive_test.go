@@ -2,13 +2,14 @@ package e2e
 
 import (
 	"encoding/json"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kcr-dev/kcr/internal/testimg"
 )
 
 // TestContainerRestoreFromArchive: a CRI-O checkpoint archive of "kcr
@@ -43,7 +44,7 @@ func TestContainerRestoreFromArchive(t *testing.T) {
 		if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
 			t.Fatalf("kcr export --format %s --json: %v: %q", e.format, err, r.stdout)
 		}
-		if written := treeBytes(t, e.out); res.ArchiveBytes != written || res.ImageBytes <= 0 || res.Files <= 0 || res.DurationNS <= 0 {
+		if written := testimg.TreeSize(t, e.out); res.ArchiveBytes != written || res.ImageBytes <= 0 || res.Files <= 0 || res.DurationNS <= 0 {
 			t.Fatalf("export --format %s: %+v, %d bytes written", e.format, res, written)
 		}
 		t.Logf("export --format %s: image %d bytes in %d files, wrote %d bytes in %v",
@@ -192,24 +193,4 @@ func runcState(t *testing.T, root, id string) runcStatus {
 		t.Fatal(err)
 	}
 	return st
-}
-
-// treeBytes is the size of the file p, or of the regular files under it.
-func treeBytes(t *testing.T, p string) int64 {
-	t.Helper()
-	var n int64
-	err := filepath.WalkDir(p, func(_ string, d fs.DirEntry, err error) error {
-		if err != nil || !d.Type().IsRegular() {
-			return err
-		}
-		fi, err := d.Info()
-		if err == nil {
-			n += fi.Size()
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
 }

@@ -2,10 +2,13 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/kcr-dev/kcr/images"
@@ -32,6 +35,12 @@ type ContainerRestoreResult struct {
 // once the restore succeeded; after a failure it stays, and the error
 // names it.
 func RestoreContainer(ctx context.Context, o ContainerOptions) (*ContainerRestoreResult, error) {
+	if o.Bundle != "" {
+		// Before the image: runc would only say that it failed.
+		if _, err := os.Stat(filepath.Join(o.Bundle, "config.json")); errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("--bundle %s: no config.json in it (%w): give the bundle directory to restore into, or leave --bundle out", o.Bundle, syscall.ENOENT)
+		}
+	}
 	fi, err := os.Stat(o.Image)
 	archive := err == nil && fi.Mode().IsRegular()
 	_, err = os.Stat(filepath.Join(o.Image, "oci-layout"))
@@ -90,6 +99,9 @@ func restoreContainer(ctx context.Context, o ContainerOptions, workParent string
 		dst = os.DevNull
 	}
 	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("container output %s: directory %s: %w: create it first, or give another --container-output", dst, filepath.Dir(dst), syscall.ENOENT)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("container output: %w", err)
 	}

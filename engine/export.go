@@ -11,30 +11,102 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/kcr-dev/kcr/images"
 )
 
 // SignatureEntry is the name, in a CRI-O checkpoint archive written by
-// ExportArchive, of the kcr manifest's signature (images.SignatureName);
-// the manifest itself is kcr-manifest.json.
+// Export with FormatCRIO, of the kcr manifest's signature
+// (images.SignatureName); the manifest itself is kcr-manifest.json.
 const SignatureEntry = images.CRIOSignatureName
 
-// ExportArchive writes a verified kcr image of a container (kcr checkpoint
+// Export formats, the values of kcr export --format.
+const (
+	// FormatKCR is kcr's own zstd archive (images.Export), for kcr import.
+	FormatKCR = "kcr"
+	// FormatCRIO is a CRI-O checkpoint archive of a container image.
+	FormatCRIO = "cri-o"
+	// FormatOCI is an OCI image layout holding the CRI-O archive.
+	FormatOCI = "oci"
+)
+
+// ExportOptions configures Export.
+type ExportOptions struct {
+	Image  string // the kcr image to export
+	Format string // FormatKCR (the default), FormatCRIO or FormatOCI
+	// Output is the file (FormatKCR, FormatCRIO) or the new directory
+	// (FormatOCI) to write; it must not exist.
+	Output string
+	// Stdout, with FormatKCR, receives the archive instead of Output.
+	Stdout io.Writer
+}
+
+// ExportResult is what an export read and wrote, whatever the format.
+type ExportResult struct {
+	ImageBytes int64         // the image's files, as its manifest lists them
+	Bytes      int64         // written: the archive, or every file of the OCI layout
+	Files      int           // files the manifest lists
+	Duration   time.Duration // verification and writing
+	Warnings   []string      // the verification's (images.Image.Warnings)
+}
+
+// Export verifies o.Image and writes it in o.Format. Nothing is left at
+// o.Output unless the export is complete.
+func Export(ctx context.Context, o ExportOptions) (*ExportResult, error) {
+	start := time.Now()
+	var img *images.Image
+	var n int64
+	var err error
+	switch o.Format {
+	case FormatKCR, "":
+		if o.Stdout != nil {
+			img, n, err = images.Export(ctx, o.Image, o.Stdout)
+		} else {
+			img, n, err = images.ExportFile(ctx, o.Image, o.Output)
+		}
+	case FormatCRIO:
+		img, n, err = exportArchive(ctx, o.Image, o.Output)
+	case FormatOCI:
+		img, n, err = exportOCIImage(ctx, o.Image, o.Output)
+	default:
+		return nil, fmt.Errorf("export format %q: give %s, %s or %s", o.Format, FormatKCR, FormatCRIO, FormatOCI)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &ExportResult{ImageBytes: img.Size(), Bytes: n, Files: len(img.Manifest.Files),
+		Duration: time.Since(start), Warnings: img.Warnings}, nil
+}
+
+// exportArchive writes a verified kcr image of a container (kcr checkpoint
 // --container) as a checkpoint archive in CRI-O's layout, the one
 // checkpointctl reads: config.dump, spec.dump (the bundle's OCI spec,
 // marked as CRI-O's) and CRIU's files under checkpoint/. The archive is
-// written to a temporary name and renamed when complete.
-func ExportArchive(ctx context.Context, image, out string) error {
+// written to a temporary name and renamed when complete. It returns the
+// image, closed, and the archive's size.
+func exportArchive(ctx context.Context, image, out string) (*images.Image, int64, error) {
 	img, err := images.Open(ctx, image)
 	if err != nil {
-		return err
+		return nil, 0, err
 	}
-	// Everything below is read through the directory Open verified, and
-	// every file checked again as it is archived: the image may belong to
-	// someone who could swap a file for a link to one of root's.
 	defer img.Close()
+	if err := writeArchive(ctx, img, image, out); err != nil {
+		return nil, 0, err
+	}
+	fi, err := os.Stat(out)
+	if err != nil {
+		return nil, 0, fmt.Errorf("export: %w", err)
+	}
+	return img, fi.Size(), nil
+}
+
+// writeArchive is exportArchive once the image is open. Everything is read
+// through the directory Open verified, and every file checked again as it
+// is archived: the image may belong to someone who could swap a file for a
+// link to one of root's.
+func writeArchive(ctx context.Context, img *images.Image, image, out string) error {
 	var c struct{ ID, Bundle string }
 	cb, err := img.ReadRootFile(containerBundleFile)
 	if err != nil {
@@ -71,6 +143,9 @@ func ExportArchive(ctx context.Context, image, out string) error {
 
 	tmp := out + ".kcr-tmp"
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("export: %s: directory %s: %w: create it first", out, filepath.Dir(out), syscall.ENOENT)
+	}
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
 	}

@@ -2,58 +2,91 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/kcr-dev/kcr/images"
 )
 
 // CheckpointAnnotation is the annotation by which CRI-O recognises a
 // checkpoint image; its value is the checkpointed container's name.
 const CheckpointAnnotation = "io.kubernetes.cri-o.annotations.checkpoint.name"
 
-// ExportOCIImage writes a container image of kcr (kcr checkpoint
+// exportOCIImage writes a container image of kcr (kcr checkpoint
 // --container) as an OCI image layout in dir: one layer holding the CRI-O
 // checkpoint archive's files, the manifest carrying CheckpointAnnotation.
 // Push it with any OCI tool (skopeo copy oci:DIR docker://REGISTRY/NAME).
-func ExportOCIImage(ctx context.Context, image, dir string) error {
+// It returns the image, closed, and the size of the layout's files.
+func exportOCIImage(ctx context.Context, image, dir string) (*images.Image, int64, error) {
 	if _, err := os.Stat(dir); err == nil {
-		return fmt.Errorf("export: %s exists: give a new directory", dir)
+		return nil, 0, fmt.Errorf("export: %s exists: give a new directory", dir)
 	}
 	tmp, err := os.MkdirTemp(filepath.Dir(dir), ".kcr-oci-")
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, 0, fmt.Errorf("export: %s: directory %s: %w: create it first", dir, filepath.Dir(dir), syscall.ENOENT)
+	}
 	if err != nil {
-		return fmt.Errorf("export: %w", err)
+		return nil, 0, fmt.Errorf("export: %w", err)
 	}
 	defer os.RemoveAll(tmp)
 	archive := filepath.Join(tmp, "checkpoint.tar")
-	if err := ExportArchive(ctx, image, archive); err != nil {
-		return err
+	im, _, err := exportArchive(ctx, image, archive)
+	if err != nil {
+		return nil, 0, err
 	}
 	layer, err := tarball.LayerFromFile(archive)
 	if err != nil {
-		return fmt.Errorf("export: layer: %w", err)
+		return nil, 0, fmt.Errorf("export: layer: %w", err)
 	}
 	img, err := mutate.AppendLayers(empty.Image, layer)
 	if err != nil {
-		return fmt.Errorf("export: image: %w", err)
+		return nil, 0, fmt.Errorf("export: image: %w", err)
 	}
 	name, _, err := readContainerFile(image)
 	if err != nil {
-		return err
+		return nil, 0, err
 	}
 	img = mutate.Annotations(img, map[string]string{CheckpointAnnotation: name}).(v1.Image)
 	out := filepath.Join(tmp, "oci")
 	p, err := layout.Write(out, empty.Index)
 	if err != nil {
-		return fmt.Errorf("export: %w", err)
+		return nil, 0, fmt.Errorf("export: %w", err)
 	}
 	if err := p.AppendImage(img); err != nil {
-		return fmt.Errorf("export: write image: %w", err)
+		return nil, 0, fmt.Errorf("export: write image: %w", err)
 	}
-	return os.Rename(out, dir)
+	size, err := treeSize(out)
+	if err != nil {
+		return nil, 0, fmt.Errorf("export: %w", err)
+	}
+	if err := os.Rename(out, dir); err != nil {
+		return nil, 0, fmt.Errorf("export: %w", err)
+	}
+	return im, size, nil
+}
+
+// treeSize is the total size of the regular files under dir.
+func treeSize(dir string) (int64, error) {
+	var n int64
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		fi, err := d.Info()
+		if err == nil {
+			n += fi.Size()
+		}
+		return err
+	})
+	return n, err
 }

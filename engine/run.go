@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -53,6 +54,9 @@ func Run(ctx context.Context, o RunOptions) (*RunResult, error) {
 		return nil, errors.New("no program given: kcr run [flags] -- PROG ARGS")
 	}
 	prog, err := exec.LookPath(o.Args[0])
+	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("program %q: %w: give its path, or a name found in $PATH", o.Args[0], syscall.ENOENT)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("program %q: %w", o.Args[0], err)
 	}
@@ -68,6 +72,9 @@ func Run(ctx context.Context, o RunOptions) (*RunResult, error) {
 	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0o600)
 	if errors.Is(err, syscall.ELOOP) {
 		return nil, fmt.Errorf("open log %s: it is a symlink: give the real path (kcr does not follow links for its logs)", logPath)
+	}
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("open log %s: directory %s: %w: create it first, or give another --log", logPath, filepath.Dir(logPath), syscall.ENOENT)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open log: %w", err)

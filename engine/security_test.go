@@ -116,9 +116,6 @@ func TestSecurityContainerRestoreUntrusted(t *testing.T) {
 // image, and CRIU's files as the manifest lists them.
 func TestExportArchiveCarriesSignature(t *testing.T) {
 	dir := t.TempDir()
-	bundle := filepath.Join(dir, "bundle")
-	os.Mkdir(bundle, 0o700)
-	os.WriteFile(filepath.Join(bundle, "config.json"), []byte(`{"ociVersion":"1.0.2"}`), 0o600)
 	prefix := filepath.Join(dir, "k")
 	if _, err := images.GenerateKeyFiles(prefix, ""); err != nil {
 		t.Fatal(err)
@@ -127,20 +124,9 @@ func TestExportArchiveCarriesSignature(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	img := filepath.Join(dir, "img")
-	b, err := images.Create(img)
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(filepath.Join(b.CRIUDir(), "inventory.img"), []byte("inv"), 0o600)
-	os.WriteFile(filepath.Join(b.CRIUDir(), "pages-1.img"), bytes.Repeat([]byte{7}, 5000), 0o600)
-	os.WriteFile(filepath.Join(b.Dir(), containerBundleFile), []byte(`{"id":"c","bundle":"`+bundle+`"}`), 0o600)
-	b.SignWith(key)
-	if _, err := b.Commit(context.Background(), &images.Manifest{}); err != nil {
-		t.Fatal(err)
-	}
+	img := containerImage(t, key)
 	out := filepath.Join(dir, "c.tar")
-	if err := ExportArchive(context.Background(), img, out); err != nil {
+	if _, err := Export(context.Background(), ExportOptions{Image: img, Format: FormatCRIO, Output: out}); err != nil {
 		t.Fatal(err)
 	}
 	f, err := os.Open(out)

@@ -162,7 +162,7 @@ func TestExportImportFile(t *testing.T) {
 	if fi2, _ := os.Stat(file); fi2.Size() != fi.Size() || !fi2.ModTime().Equal(fi.ModTime()) {
 		t.Error("existing archive was modified")
 	}
-	if _, _, err := ExportFile(context.Background(), src, filepath.Join(dir, "nope", "x.tar.zst")); err == nil || !strings.Contains(err.Error(), "does not exist: create it first") {
+	if _, _, err := ExportFile(context.Background(), src, filepath.Join(dir, "nope", "x.tar.zst")); err == nil || !strings.Contains(err.Error(), "no such file or directory: create it first") {
 		t.Errorf("ExportFile into a missing directory: %v", err)
 	}
 

@@ -194,7 +194,7 @@ func ExportFile(ctx context.Context, dir, file string) (*Image, int64, error) {
 	tmp, err := os.CreateTemp(parent, "."+base+tmpMarker+"*") // mode 0600
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil, 0, fmt.Errorf("images: %s: directory %s does not exist: create it first", file, parent)
+			return nil, 0, fmt.Errorf("images: %s: directory %s: %w: create it first", file, filepath.Clean(parent), unix.ENOENT)
 		}
 		return nil, 0, fmt.Errorf("images: %s: create temporary file: %w%s", file, err, ioHint(err))
 	}

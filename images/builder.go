@@ -57,7 +57,7 @@ func Create(final string) (*Builder, error) {
 	}
 	if pfi, err := os.Stat(parent); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil, fmt.Errorf("images: %s: parent directory %s does not exist: create it first", final, parent)
+			return nil, fmt.Errorf("images: %s: parent directory %s: %w: create it first", final, parent, syscall.ENOENT)
 		}
 		return nil, fmt.Errorf("images: %s: %w%s", final, err, ioHint(err))
 	} else if !pfi.IsDir() {

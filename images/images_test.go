@@ -319,7 +319,7 @@ func TestCreateDestination(t *testing.T) {
 	_, err = Create(file)
 	checkErr(t, err, ErrExists, file)
 
-	if _, err := Create(filepath.Join(parent, "nope", "img")); err == nil || !strings.Contains(err.Error(), "does not exist: create it first") {
+	if _, err := Create(filepath.Join(parent, "nope", "img")); err == nil || !strings.Contains(err.Error(), "no such file or directory: create it first") {
 		t.Errorf("Create under missing parent: %v", err)
 	}
 	if _, err := Create(filepath.Join(parent, "x.kcr-tmp-1")); err == nil {

@@ -132,6 +132,9 @@ func writeNew(file string, data []byte, mode os.FileMode) error {
 // bytes long.
 func keyLines(file string, wantPrivate bool) ([][]string, error) {
 	f, err := os.Open(file)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("images: %s: %w: %w: check the path, or write a key pair with kcr keygen -o PREFIX", file, ErrKeyFile, syscall.ENOENT)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("images: %s: %w: %w", file, ErrKeyFile, err)
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"path/filepath"
 	"time"
 
@@ -111,11 +110,7 @@ func runCRIUHookWatch(ctx context.Context, opts *criuHookOpts, out *output) erro
 	}
 	if err := runtimehook.Watch(ctx, opts.args[0], opts.stdin, o); err != nil {
 		o.Logger.Warn("watch", "err", err)
-		if errors.Is(err, fs.ErrNotExist) {
-			// Not exit 5: the state file is no image.
-			return &exitError{exitUsage, err}
-		}
-		return err
+		return err // a missing state file: exit 2, as any missing input
 	}
 	return nil
 }

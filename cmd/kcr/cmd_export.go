@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -42,16 +41,14 @@ temporary file and renamed into place, so FILE is never a partial archive.
 	return cmd
 }
 
-// exportJSON is kcr export --json's one shape, whatever --format. The sizes,
-// file count and duration are those of --format kcr; the other formats
-// leave them 0.
+// exportJSON is kcr export --json's one shape, whatever --format.
 type exportJSON struct {
 	Image        string   `json:"image"`
 	Format       string   `json:"format"`
 	Archive      string   `json:"archive"`    // kcr, cri-o: the archive written ("-": stdout)
 	OCILayout    string   `json:"oci_layout"` // oci: the layout directory written
 	ImageBytes   int64    `json:"image_bytes"`
-	ArchiveBytes int64    `json:"archive_bytes"`
+	ArchiveBytes int64    `json:"archive_bytes"` // written: the archive, or the OCI layout's files
 	Files        int      `json:"files"`
 	DurationNS   int64    `json:"duration_ns"`
 	Warnings     []string `json:"warnings"`
@@ -59,35 +56,18 @@ type exportJSON struct {
 
 // runExport runs kcr export: results on out's stdout, the report on its stderr.
 func runExport(ctx context.Context, opts *exportOpts, out *output) error {
-	args := opts.args
 	output, format := opts.output, opts.format
-	dir := args[0]
+	dir := opts.args[0]
 	switch format {
-	case "kcr":
-	case "cri-o":
+	case engine.FormatKCR:
+	case engine.FormatCRIO:
 		if output == "" || output == stdio {
-			return &exitError{exitUsage, errors.New("--format cri-o needs -o FILE.tar")}
+			return &exitError{exitUsage, errors.New("--format cri-o needs -o FILE.tar (a tar on stdout would look complete even if the export failed)")}
 		}
-		if err := engine.ExportArchive(ctx, dir, output); err != nil {
-			return err
-		}
-		fmt.Fprintf(out.stderr, "exported %s to %s (CRI-O checkpoint archive; checkpointctl show reads it)\n", dir, output)
-		if out.json {
-			return out.JSON(exportJSON{Image: dir, Format: format, Archive: output, Warnings: []string{}})
-		}
-		return nil
-	case "oci":
+	case engine.FormatOCI:
 		if output == "" || output == stdio {
 			return &exitError{exitUsage, errors.New("--format oci needs -o DIR (a new OCI image layout)")}
 		}
-		if err := engine.ExportOCIImage(ctx, dir, output); err != nil {
-			return err
-		}
-		fmt.Fprintf(out.stderr, "exported %s to the OCI layout %s (CRI-O checkpoint image, annotation %s)\n", dir, output, engine.CheckpointAnnotation)
-		if out.json {
-			return out.JSON(exportJSON{Image: dir, Format: format, OCILayout: output, Warnings: []string{}})
-		}
-		return nil
 	default:
 		return &exitError{exitUsage, fmt.Errorf("--format %q: give kcr, cri-o or oci", format)}
 	}
@@ -104,33 +84,36 @@ func runExport(ctx context.Context, opts *exportOpts, out *output) error {
 	if output == stdio && isTerminalWriter(out.stdout) {
 		return &exitError{exitUsage, errors.New("refusing to write a binary archive to a terminal: redirect stdout or use -o FILE")}
 	}
-	start := time.Now()
-	var img *images.Image
-	var size int64
-	var err error
+	o := engine.ExportOptions{Image: dir, Format: format, Output: output}
+	name := output
 	if output == stdio {
-		img, size, err = images.Export(ctx, dir, out.stdout)
-	} else {
-		img, size, err = images.ExportFile(ctx, dir, output)
+		o.Output, o.Stdout, name = "", out.stdout, "stdout"
 	}
+	res, err := engine.Export(ctx, o)
 	if err != nil {
 		return err
 	}
-	took := time.Since(start)
-	name := output
-	if output == stdio {
-		name = "stdout"
+	written := "archive"
+	switch format {
+	case engine.FormatCRIO:
+		name += " (CRI-O checkpoint archive; checkpointctl show reads it)"
+	case engine.FormatOCI:
+		name = "the OCI layout " + name + " (CRI-O checkpoint image, annotation " + engine.CheckpointAnnotation + ")"
+		written = "layout"
 	}
-	imgSize := img.Size()
-	fmt.Fprintf(out.stderr, "exported %s to %s in %s\n", dir, name, fmtDur(took))
-	fmt.Fprintf(out.stderr, "  image                %s in %d files (verified)\n", fmtSize(imgSize), len(img.Manifest.Files))
-	fmt.Fprintf(out.stderr, "  archive              %s (%s of the image)\n", fmtSize(size), ratio(size, imgSize))
-	for _, w := range img.Warnings {
+	fmt.Fprintf(out.stderr, "exported %s to %s in %s\n", dir, name, fmtDur(res.Duration))
+	fmt.Fprintf(out.stderr, "  image                %s in %d files (verified)\n", fmtSize(res.ImageBytes), res.Files)
+	fmt.Fprintf(out.stderr, "  %-20s %s (%s of the image)\n", written, fmtSize(res.Bytes), ratio(res.Bytes, res.ImageBytes))
+	for _, w := range res.Warnings {
 		fmt.Fprintln(out.stderr, "kcr: warning: "+w)
 	}
 	if out.json {
-		return out.JSON(exportJSON{Image: dir, Format: format, Archive: output, ImageBytes: imgSize, ArchiveBytes: size,
-			Files: len(img.Manifest.Files), DurationNS: took.Nanoseconds(), Warnings: nonNil(img.Warnings)})
+		doc := exportJSON{Image: dir, Format: format, Archive: output, ImageBytes: res.ImageBytes, ArchiveBytes: res.Bytes,
+			Files: res.Files, DurationNS: res.Duration.Nanoseconds(), Warnings: nonNil(res.Warnings)}
+		if format == engine.FormatOCI {
+			doc.Archive, doc.OCILayout = "", output
+		}
+		return out.JSON(doc)
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/kcr-dev/kcr/criu"
 	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/images"
+	"github.com/kcr-dev/kcr/internal/testimg"
 	"github.com/kcr-dev/kcr/notify/client"
 	"github.com/kcr-dev/kcr/runtimehook"
 )
@@ -181,7 +183,8 @@ func TestExitCodes(t *testing.T) {
 		{fmt.Errorf("checkpoint PID 7: hooks: %w", context.Canceled), 130},
 		{fmt.Errorf("x: %w", images.ErrSignature), exitSignature},
 		{fmt.Errorf("x: %w", engine.ErrDuplicates), exitCarried},
-		{fmt.Errorf("x: %w", os.ErrNotExist), exitImage},
+		{fmt.Errorf("x: %w", os.ErrNotExist), exitUsage}, // a missing file that is not the image
+		{&images.Error{Kind: images.ErrNotExist, Err: os.ErrNotExist}, exitImage},
 		{fmt.Errorf("x: %w", criu.ErrNotFound), exitNoCRIU},
 		{fmt.Errorf("x: %w", client.ErrNoSocket), exitTarget},
 		{&runtimehook.HookError{}, exitHooks},
@@ -394,5 +397,129 @@ func TestRunRestoreInterrupted(t *testing.T) {
 	wantCode(t, runRestore(ctx, o, out), exitInterrupted, "context canceled")
 	if stdout.Len() != 0 {
 		t.Errorf("an interrupted restore printed %q", stdout)
+	}
+}
+
+// containerImage writes a small kcr image of a runc container (what kcr
+// checkpoint --container writes: container.json beside the manifest), its
+// manifest readable by others so that the verification warns.
+func containerImage(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	bundle := filepath.Join(dir, "bundle")
+	os.Mkdir(bundle, 0o700)
+	os.WriteFile(filepath.Join(bundle, "config.json"), []byte(`{"ociVersion":"1.0.2"}`), 0o600)
+	img := filepath.Join(dir, "img")
+	b, err := images.Create(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Abort()
+	os.WriteFile(filepath.Join(b.CRIUDir(), "pages-1.img"), bytes.Repeat([]byte{7}, 5000), 0o600)
+	os.WriteFile(filepath.Join(b.Dir(), "container.json"), []byte(`{"id":"c","bundle":"`+bundle+`"}`), 0o600)
+	if _, err := b.Commit(context.Background(), &images.Manifest{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(img, images.ManifestName), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return img
+}
+
+// export --format cri-o and oci report the sizes, file count, duration and
+// warnings that --format kcr does, in text and in --json; -o - is refused
+// for them (a directory, or a tar that would look complete if cut short).
+func TestRunExportFormatsReport(t *testing.T) {
+	img := containerImage(t)
+	m, err := images.ReadManifest(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, format := range []string{"kcr", "cri-o", "oci"} {
+		for _, json_ := range []bool{false, true} {
+			o := filepath.Join(t.TempDir(), "out")
+			out, stdout, stderr := bufOutput(json_)
+			if err := runExport(context.Background(), &exportOpts{cmdline: argv(img), output: o, format: format}, out); err != nil {
+				t.Fatalf("export --format %s: %v", format, err)
+			}
+			written := testimg.TreeSize(t, o)
+			report := stderr.String()
+			for _, want := range []string{fmtSize(m.TotalSize()) + " in " + strconv.Itoa(len(m.Files)) + " files", fmtSize(written) + " (", "kcr: warning: ", "go-rwx"} {
+				if !strings.Contains(report, want) {
+					t.Errorf("export --format %s: report lacks %q:\n%s", format, want, report)
+				}
+			}
+			if strings.Contains(report, " 0 B") || strings.Contains(report, " in 0µs") {
+				t.Errorf("export --format %s: a zero in the report:\n%s", format, report)
+			}
+			if !json_ {
+				continue
+			}
+			var res exportJSON
+			if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
+				t.Fatalf("export --format %s --json: %v %q", format, err, stdout)
+			}
+			if res.ImageBytes != m.TotalSize() || res.ArchiveBytes != written || res.Files != len(m.Files) || res.DurationNS <= 0 ||
+				len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], "go-rwx") {
+				t.Errorf("export --format %s --json: %+v; want image %d bytes, %d written, %d files, a duration and the warning",
+					format, res, m.TotalSize(), written, len(m.Files))
+			}
+			if (format == "oci") != (res.OCILayout == o) || (format == "oci") == (res.Archive == o) {
+				t.Errorf("export --format %s --json: archive %q, oci_layout %q", format, res.Archive, res.OCILayout)
+			}
+		}
+		if format == "kcr" {
+			continue // -o -: TestRunExportStdoutWarns
+		}
+		out, stdout, _ := bufOutput(false)
+		wantCode(t, runExport(context.Background(), &exportOpts{cmdline: argv(img), output: stdio, format: format}, out), exitUsage, "--format "+format+" needs -o")
+		if stdout.Len() != 0 {
+			t.Errorf("export --format %s -o -: %d bytes on stdout", format, stdout.Len())
+		}
+	}
+}
+
+// Exit 5 is the image (or archive) named on the command line; any other
+// missing file is an input error, exit 2, in one line naming it and the fix.
+func TestMissingFileExitCodes(t *testing.T) {
+	ctx := context.Background()
+	img := containerImage(t)
+	nope := filepath.Join(t.TempDir(), "nope")
+	noDir := filepath.Join(nope, "f")
+	out, _, _ := bufOutput(false)
+	for _, format := range []string{"kcr", "cri-o", "oci"} {
+		err := runExport(ctx, &exportOpts{cmdline: argv(nope), output: filepath.Join(t.TempDir(), "a"), format: format}, out)
+		wantCode(t, err, exitImage, nope+": does not exist")
+		if !errors.Is(err, images.ErrNotExist) {
+			t.Errorf("export --format %s of a missing image: %v is not images.ErrNotExist", format, err)
+		}
+		wantCode(t, runExport(ctx, &exportOpts{cmdline: argv(img), output: noDir, format: format}, out), exitUsage, nope+": no such file or directory: create it first")
+	}
+	wantCode(t, runInspect(ctx, &inspectOpts{cmdline: argv(nope)}, out), exitImage, nope)
+	wantCode(t, runRestore(ctx, &restoreOpts{cmdline: argv(nope), o: engine.RestoreOptions{Count: 1}}, out), exitImage, nope)
+	ro := &restoreOpts{cmdline: argv(nope)}
+	ro.ctr.ID, ro.ctr.MaxSize = "c1", 1<<20
+	wantCode(t, runRestore(ctx, ro, out), exitImage, nope)
+	wantCode(t, runImport(ctx, &importOpts{cmdline: argv(nope), output: filepath.Join(t.TempDir(), "i"), maxSize: 1 << 20}, out), exitImage, nope+": does not exist: check the archive path")
+	wantCode(t, runRecover(ctx, &recoverOpts{cmdline: argv(nope)}, out), exitImage, "no interrupted checkpoint")
+
+	// Key files.
+	wantCode(t, runInspect(ctx, &inspectOpts{cmdline: argv(img), keyFiles: []string{nope}}, out), exitUsage, nope+": bad key file: no such file or directory: check the path, or write a key pair with kcr keygen")
+	wantCode(t, runCheckpoint(ctx, &checkpointOpts{cmdline: argv("1"), signFile: nope}, out), exitUsage, "--sign: images: "+nope+": bad key file: no such file or directory")
+	// --bundle, --container-output.
+	ro = &restoreOpts{cmdline: argv(img)}
+	ro.ctr.ID, ro.ctr.MaxSize, ro.ctr.Bundle = "c1", 1<<20, nope
+	wantCode(t, runRestore(ctx, ro, out), exitUsage, "--bundle "+nope+": no config.json in it")
+	ro = &restoreOpts{cmdline: argv(img)}
+	ro.ctr.ID, ro.ctr.MaxSize, ro.ctr.Stdout, ro.ctr.Runtime = "c1", 1<<20, noDir, "/bin/false"
+	wantCode(t, runRestore(ctx, ro, out), exitUsage, "container output "+noDir+": directory "+nope+": no such file or directory: create it first, or give another --container-output")
+	// kcr run's program and log.
+	wantCode(t, runRun(ctx, &runOpts{cmdline: argv(nope)}, out), exitUsage, nope+`": no such file or directory: give its path, or a name found in $PATH`)
+	wantCode(t, runRun(ctx, &runOpts{cmdline: argv("kcr-no-such-program")}, out), exitUsage, `"kcr-no-such-program": no such file or directory`)
+	wantCode(t, runRun(ctx, &runOpts{cmdline: argv("/bin/true"), o: engine.RunOptions{Log: noDir}}, out), exitUsage, "directory "+nope+": no such file or directory: create it first, or give another --log")
+	// checkpoint -o in a directory that does not exist.
+	_, err := images.Create(noDir)
+	if got := exitCode(err); got != exitUsage || !strings.Contains(err.Error(), nope+": no such file or directory: create it first") {
+		t.Errorf("checkpoint -o %s: %v, exit %d; want exit 2 naming %s", noDir, err, got, nope)
 	}
 }

@@ -4,10 +4,12 @@
 //
 //	0  success
 //	1  other error
-//	2  usage error
+//	2  usage error, or a file named on the command line that is not the
+//	   image (a key, a bundle, a program, an output's directory) is missing
 //	3  the app's before-checkpoint hooks failed: nothing dumped, the app resumed
 //	4  CRIU failed (dump or restore); the app, if it was running, resumed
-//	5  the image is missing, incomplete or corrupt
+//	5  the image (or archive) named on the command line is missing,
+//	   incomplete or corrupt
 //	6  the target process does not exist or has no kcr control socket
 //	7  CRIU is missing or unusable on this kernel
 //	8  restored, but the after-restore hooks failed
@@ -65,10 +67,12 @@ const exitStatusHelp = `
 EXIT STATUS
   0    success
   1    other error
-  2    usage error
+  2    usage error, or a file named on the command line that is not the image
+       (a key, a bundle, a program, an output's directory) is missing
   3    the app's before-checkpoint hooks failed: nothing dumped, the app resumed
   4    CRIU failed (dump or restore); the app, if it was running, resumed
-  5    the image is missing, incomplete or corrupt
+  5    the image (or archive) named on the command line is missing, incomplete
+       or corrupt
   6    the target process does not exist or has no kcr control socket
   7    CRIU is missing or unusable on this kernel
   8    restored, but the after-restore hooks failed
@@ -170,11 +174,17 @@ func exitCode(err error) int {
 		return exitTarget
 	case isImageError(err):
 		return exitImage
+	case errors.Is(err, fs.ErrNotExist):
+		// Not the image (that is an *images.Error): a key, a bundle, a
+		// program, an output's directory, ... named on the command line.
+		return exitUsage
 	}
 	return exitErr
 }
 
+// isImageError reports whether err is about the image or archive named on
+// the command line: missing (images.ErrNotExist), incomplete or corrupt.
 func isImageError(err error) bool {
 	var ie *images.Error
-	return errors.As(err, &ie) || errors.Is(err, fs.ErrNotExist)
+	return errors.As(err, &ie)
 }

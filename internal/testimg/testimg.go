@@ -7,6 +7,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
@@ -121,4 +122,24 @@ func Archive(t testing.TB, entries []Entry) []byte {
 func ReadArchive(t testing.TB, data []byte) []Entry {
 	t.Helper()
 	return ReadTar(t, Unzstd(t, data))
+}
+
+// TreeSize is the size of the file p, or of the regular files under it.
+func TreeSize(t testing.TB, p string) int64 {
+	t.Helper()
+	var n int64
+	err := filepath.WalkDir(p, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		fi, err := d.Info()
+		if err == nil {
+			n += fi.Size()
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

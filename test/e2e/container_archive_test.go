@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kcr-dev/kcr/internal/testimg"
 )
 
 // TestContainerRestoreFromArchive: a CRI-O checkpoint archive of "kcr
@@ -29,9 +31,25 @@ func TestContainerRestoreFromArchive(t *testing.T) {
 	img := filepath.Join(t.TempDir(), "img")
 	mustKCR(t, "checkpoint", "--container", c.id, "--runc-root", c.root, "--sign", keys+".key", "-o", img)
 	archive := filepath.Join(t.TempDir(), "checkpoint.tar")
-	mustKCR(t, "export", "--format", "cri-o", "-o", archive, img)
 	oci := filepath.Join(t.TempDir(), "oci")
-	mustKCR(t, "export", "--format", "oci", "-o", oci, img)
+	// Every format reports what it read and wrote (cri-o and oci said 0).
+	for _, e := range []struct{ format, out string }{{"cri-o", archive}, {"oci", oci}} {
+		r := mustKCR(t, "export", "--json", "--format", e.format, "-o", e.out, img)
+		var res struct {
+			ImageBytes   int64 `json:"image_bytes"`
+			ArchiveBytes int64 `json:"archive_bytes"`
+			Files        int   `json:"files"`
+			DurationNS   int64 `json:"duration_ns"`
+		}
+		if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
+			t.Fatalf("kcr export --format %s --json: %v: %q", e.format, err, r.stdout)
+		}
+		if written := testimg.TreeSize(t, e.out); res.ArchiveBytes != written || res.ImageBytes <= 0 || res.Files <= 0 || res.DurationNS <= 0 {
+			t.Fatalf("export --format %s: %+v, %d bytes written", e.format, res, written)
+		}
+		t.Logf("export --format %s: image %d bytes in %d files, wrote %d bytes in %v",
+			e.format, res.ImageBytes, res.Files, res.ArchiveBytes, time.Duration(res.DurationNS))
+	}
 	if err := os.RemoveAll(img); err != nil { // the archive is all there is
 		t.Fatal(err)
 	}

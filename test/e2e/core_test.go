@@ -244,6 +244,12 @@ func TestBadInput(t *testing.T) {
 		{"empty dir", []string{"restore", empty}, 5, "empty"},
 		{"no manifest", []string{"restore", noManifest}, 5, "manifest.json missing"},
 		{"missing image", []string{"restore", filepath.Join(empty, "nope")}, 5, "does not exist"},
+		{"missing archive", []string{"import", filepath.Join(empty, "nope.tar.zst"), "-o", filepath.Join(empty, "i")}, 5, "does not exist: check the archive path"},
+		// Other missing files are input errors, not a missing image.
+		{"missing key", []string{"restore", "--verify-key", filepath.Join(empty, "k.pub"), good}, 2, "k.pub: bad key file: no such file or directory"},
+		{"missing bundle", []string{"restore", "--container", "c", "--bundle", filepath.Join(empty, "b"), good}, 2, "no config.json in it"},
+		{"missing program", []string{"run", "--", filepath.Join(empty, "prog")}, 2, "prog\": no such file or directory"},
+		{"missing output directory", []string{"export", good, "-o", filepath.Join(empty, "d", "a.tar.zst")}, 2, "no such file or directory: create it first"},
 	}
 	for _, c := range cases {
 		r := kcr(t, c.args...)

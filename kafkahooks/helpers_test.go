@@ -370,3 +370,26 @@ func (s *logSink) has(level slog.Level, substr string) bool {
 	}
 	return false
 }
+
+// attr returns attribute key of the first record of level whose message
+// holds substr.
+func (s *logSink) attr(level slog.Level, substr, key string) (slog.Value, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.recs {
+		if r.Level != level || !strings.Contains(r.Message, substr) {
+			continue
+		}
+		var v slog.Value
+		found := false
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == key {
+				v, found = a.Value, true
+				return false
+			}
+			return true
+		})
+		return v, found
+	}
+	return slog.Value{}, false
+}

@@ -503,6 +503,9 @@ func TestWriterBrokerDownAfterRestore(t *testing.T) {
 	if !sink.has(slog.LevelWarn, "within the after-restore budget") {
 		t.Error("no warning that the carried records were not delivered within the budget")
 	}
+	if v, ok := sink.attr(slog.LevelWarn, "within the after-restore budget", "cause"); !ok || v.Any() == nil {
+		t.Errorf("the budget warning's cause = %v, want why the wait ended", v)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	err := w.WriteMessages(ctx, kafka.Message{Value: []byte("deadline")})
 	cancel()

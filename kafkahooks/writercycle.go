@@ -143,12 +143,16 @@ func (w *Writer) AfterRestore(ctx context.Context, ev notify.Event) error {
 	w.mu.Unlock()
 
 	open := true
+	var cause error // why the wait for the carried records ended early
 	if done != nil {
 		dctx, cancel := drainContext(ctx)
 		select {
 		case <-done:
 		case <-dctx.Done():
 			open = false
+			// dctx ends before ctx (a reserve for the report), so ctx's
+			// own cause is still nil here.
+			cause = context.Cause(dctx)
 		}
 		cancel()
 	}
@@ -171,7 +175,7 @@ func (w *Writer) AfterRestore(ctx context.Context, ev notify.Event) error {
 		}
 		w.mu.Unlock()
 		w.cfg.log.Warn("kafka writer could not deliver carried records within the after-restore budget; resending in the background, writes stay blocked until then",
-			"records_carried", w.records(), "cause", context.Cause(ctx))
+			"records_carried", w.records(), "cause", cause)
 	}
 	w.reports.Store(WriterReport{
 		Phase:          "after-restore",

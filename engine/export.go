@@ -11,7 +11,6 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/kcr-dev/kcr/images"
@@ -84,7 +83,7 @@ func Export(ctx context.Context, o ExportOptions) (*ExportResult, error) {
 // --container) as a checkpoint archive in CRI-O's layout, the one
 // checkpointctl reads: config.dump, spec.dump (the bundle's OCI spec,
 // marked as CRI-O's) and CRIU's files under checkpoint/. The archive is
-// written to a temporary name and renamed when complete. It returns the
+// published by images.WriteNewFile: never partial, never over a file. It returns the
 // image, closed, and the archive's size.
 func exportArchive(ctx context.Context, image, out string) (*images.Image, int64, error) {
 	img, err := images.Open(ctx, image)
@@ -141,22 +140,14 @@ func writeArchive(ctx context.Context, img *images.Image, image, out string) err
 	configDump, _ := json.Marshal(map[string]any{"id": c.ID, "name": c.ID, "runtime": "runc",
 		"createdTime": img.Manifest.Created, "checkpointedTime": img.Manifest.Created})
 
-	tmp := out + ".kcr-tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-	if errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("export: %s: directory %s: %w: create it first", out, filepath.Dir(out), syscall.ENOENT)
-	}
-	if err != nil {
-		return fmt.Errorf("export: %w", err)
-	}
-	ok := false
-	defer func() {
-		f.Close()
-		if !ok {
-			os.Remove(tmp)
-		}
-	}()
-	tw := tar.NewWriter(f)
+	return images.WriteNewFile(ctx, out, func(f *os.File) error {
+		return writeTar(ctx, img, f, configDump, specDump)
+	})
+}
+
+// writeTar writes the CRI-O archive's entries to w.
+func writeTar(ctx context.Context, img *images.Image, w io.Writer, configDump, specDump []byte) error {
+	tw := tar.NewWriter(w)
 	add := func(name string, data []byte) error {
 		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o600, Size: int64(len(data)), ModTime: img.Manifest.Created}); err != nil {
 			return err
@@ -224,15 +215,5 @@ func writeArchive(ctx context.Context, img *images.Image, image, out string) err
 			return fmt.Errorf("export %s: %w", e.Path, err)
 		}
 	}
-	if err := tw.Close(); err != nil {
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, out); err != nil {
-		return err
-	}
-	ok = true
-	return nil
+	return tw.Close()
 }

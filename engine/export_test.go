@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/ed25519"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -94,5 +95,63 @@ func TestExportResult(t *testing.T) {
 		if len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], "go-rwx") {
 			t.Errorf("%s: warnings %q, want the loose mode of %s", c.format, res.Warnings, images.ManifestName)
 		}
+	}
+}
+
+// TestExportNeverReplaces: every format refuses an existing output with
+// images.ErrExists, naming it and the fix, and leaves it as it was; a
+// temporary left by a killed export of cri-o does not block the next one.
+func TestExportNeverReplaces(t *testing.T) {
+	img := containerImage(t, nil)
+	for _, format := range []string{FormatKCR, FormatCRIO, FormatOCI} {
+		dir := t.TempDir()
+		out := filepath.Join(dir, "out")
+		var err error
+		if format == FormatOCI {
+			err = os.Mkdir(out, 0o700) // even empty, it is the user's
+		} else {
+			err = os.WriteFile(out, []byte("mine"), 0o600)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = Export(context.Background(), ExportOptions{Image: img, Format: format, Output: out})
+		if !errors.Is(err, images.ErrExists) || !strings.Contains(err.Error(), out) || !strings.Contains(err.Error(), "choose another -o or remove it") {
+			t.Errorf("%s over an existing %s: %v, want ErrExists naming it and the fix", format, out, err)
+		}
+		if format == FormatOCI {
+			if ents, err := os.ReadDir(out); err != nil || len(ents) != 0 {
+				t.Errorf("%s: existing directory now holds %v (%v)", format, ents, err)
+			}
+		} else if b, _ := os.ReadFile(out); string(b) != "mine" {
+			t.Errorf("%s: existing file now holds %d bytes", format, len(b))
+		}
+		if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+			t.Errorf("%s: refused export left %v", format, ents)
+		}
+	}
+
+	dir := t.TempDir()
+	out := filepath.Join(dir, "c.tar")
+	stale := out + ".kcr-tmp" // the old fixed temporary name
+	if err := os.WriteFile(stale, []byte("killed"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Export(context.Background(), ExportOptions{Image: img, Format: FormatCRIO, Output: out}); err != nil {
+		t.Fatalf("cri-o export beside a stale temporary: %v", err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 2 {
+		t.Errorf("entries %v, want the export and the stale temporary", ents)
+	}
+
+	// A failed export leaves nothing behind.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	dir = t.TempDir()
+	if _, err := Export(ctx, ExportOptions{Image: img, Format: FormatCRIO, Output: filepath.Join(dir, "c.tar")}); err == nil {
+		t.Fatal("cancelled export succeeded")
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("cancelled export left %v", ents)
 	}
 }

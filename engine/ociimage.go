@@ -28,8 +28,8 @@ const CheckpointAnnotation = "io.kubernetes.cri-o.annotations.checkpoint.name"
 // Push it with any OCI tool (skopeo copy oci:DIR docker://REGISTRY/NAME).
 // It returns the image, closed, and the size of the layout's files.
 func exportOCIImage(ctx context.Context, image, dir string) (*images.Image, int64, error) {
-	if _, err := os.Stat(dir); err == nil {
-		return nil, 0, fmt.Errorf("export: %s exists: give a new directory", dir)
+	if _, err := os.Lstat(dir); err == nil {
+		return nil, 0, ociExists(dir)
 	}
 	tmp, err := os.MkdirTemp(filepath.Dir(dir), ".kcr-oci-")
 	if errors.Is(err, fs.ErrNotExist) {
@@ -69,10 +69,19 @@ func exportOCIImage(ctx context.Context, image, dir string) (*images.Image, int6
 	if err != nil {
 		return nil, 0, fmt.Errorf("export: %w", err)
 	}
-	if err := os.Rename(out, dir); err != nil {
-		return nil, 0, fmt.Errorf("export: %w", err)
+	// A directory that appeared during the export, even empty, is kept.
+	if err := images.RenameNoReplace(out, dir); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return nil, 0, ociExists(dir)
+		}
+		return nil, 0, fmt.Errorf("export: %s: %w", dir, err)
 	}
 	return im, size, nil
+}
+
+// ociExists is the error for an OCI layout directory that exists.
+func ociExists(dir string) error {
+	return fmt.Errorf("export: %s: %w; choose another -o or remove it", dir, images.ErrExists)
 }
 
 // treeSize is the total size of the regular files under dir.

@@ -425,3 +425,41 @@ func TestExportReturnsImage(t *testing.T) {
 		t.Errorf("image %s, %d files, warnings %q", im.Dir, len(im.Manifest.Files), im.Warnings)
 	}
 }
+
+// TestRenameNoReplace: neither a file nor a directory, even an empty one,
+// is ever replaced; a free name is taken.
+func TestRenameNoReplace(t *testing.T) {
+	dir := t.TempDir()
+	f, d := filepath.Join(dir, "f"), filepath.Join(dir, "d")
+	os.WriteFile(f, []byte("src"), 0o600)
+	os.Mkdir(d, 0o700)
+	os.WriteFile(filepath.Join(d, "x"), nil, 0o600)
+	for _, src := range []string{f, d} {
+		dstFile, dstDir := filepath.Join(dir, "userfile"), filepath.Join(dir, "userdir")
+		os.WriteFile(dstFile, []byte("mine"), 0o600)
+		os.Mkdir(dstDir, 0o700)
+		for _, dst := range []string{dstFile, dstDir} {
+			if err := RenameNoReplace(src, dst); !errors.Is(err, fs.ErrExist) {
+				t.Errorf("%s over %s: %v, want fs.ErrExist", src, dst, err)
+			}
+			if _, err := os.Lstat(src); err != nil {
+				t.Errorf("%s gone after a refused rename: %v", src, err)
+			}
+		}
+		if b, _ := os.ReadFile(dstFile); string(b) != "mine" {
+			t.Errorf("%s replaced", dstFile)
+		}
+		if ents, _ := os.ReadDir(dstDir); len(ents) != 0 {
+			t.Errorf("%s replaced: %v", dstDir, ents)
+		}
+		free := src + ".new"
+		if err := RenameNoReplace(src, free); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Lstat(free); err != nil {
+			t.Error(err)
+		}
+		os.Remove(dstFile)
+		os.Remove(dstDir)
+	}
+}

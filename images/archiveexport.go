@@ -171,32 +171,50 @@ func exportFile(ctx context.Context, root *os.Root, dir string, f FileEntry, tw 
 }
 
 // ExportFile exports the image in dir (see [Export]) to a new archive
-// file, mode 0600. The archive is written to a hidden temporary sibling,
-// synced and renamed into place, so file never holds a partial archive;
-// an existing file is never replaced. It returns the verified image and
-// the archive's size in bytes.
+// file, mode 0600, through [WriteNewFile]: file never holds a partial
+// archive and an existing file is never replaced. It returns the verified
+// image and the archive's size in bytes.
 func ExportFile(ctx context.Context, dir, file string) (*Image, int64, error) {
 	if file == "" {
 		return nil, 0, fmt.Errorf("images: %s: no archive file name given; pass -o FILE", dir)
 	}
+	if _, base := filepath.Split(file); base == "" {
+		return nil, 0, fmt.Errorf("images: %s: %s names a directory; give a file name such as img%s", dir, file, ArchiveExt)
+	}
+	var im *Image
+	var size int64
+	err := WriteNewFile(ctx, file, func(f *os.File) (err error) {
+		im, size, err = Export(ctx, dir, f)
+		return err
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	return im, size, nil
+}
+
+// WriteNewFile creates file, mode 0600, with what write writes to it. It
+// writes to a hidden sibling with a unique name, so that a temporary left
+// by a killed writer never blocks, and removes it on failure; only once
+// write succeeded and the data is synced is it renamed into place,
+// without replacing anything: an existing file is refused before and at
+// the rename, with an [Error] of kind [ErrExists].
+func WriteNewFile(ctx context.Context, file string, write func(*os.File) error) error {
 	parent, base := filepath.Split(file)
 	if parent == "" {
 		parent = "."
 	}
-	if base == "" {
-		return nil, 0, fmt.Errorf("images: %s: %s names a directory; give a file name such as img%s", dir, file, ArchiveExt)
-	}
 	if _, err := os.Lstat(file); err == nil {
-		return nil, 0, newError(file, "", ErrExists, nil, "already exists; choose another -o or remove it")
+		return newError(file, "", ErrExists, nil, "already exists; choose another -o or remove it")
 	} else if !errors.Is(err, fs.ErrNotExist) {
-		return nil, 0, fmt.Errorf("images: %s: %w%s", file, err, ioHint(err))
+		return fmt.Errorf("images: %s: %w%s", file, err, ioHint(err))
 	}
 	tmp, err := os.CreateTemp(parent, "."+base+tmpMarker+"*") // mode 0600
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil, 0, fmt.Errorf("images: %s: directory %s: %w: create it first", file, filepath.Clean(parent), unix.ENOENT)
+			return fmt.Errorf("images: %s: directory %s: %w: create it first", file, filepath.Clean(parent), unix.ENOENT)
 		}
-		return nil, 0, fmt.Errorf("images: %s: create temporary file: %w%s", file, err, ioHint(err))
+		return fmt.Errorf("images: %s: create temporary file: %w%s", file, err, ioHint(err))
 	}
 	done := false
 	defer func() {
@@ -205,46 +223,62 @@ func ExportFile(ctx context.Context, dir, file string) (*Image, int64, error) {
 			os.Remove(tmp.Name())
 		}
 	}()
-	im, size, err := Export(ctx, dir, tmp)
-	if err != nil {
-		return nil, 0, err
+	if err := write(tmp); err != nil {
+		return err
 	}
 	if err := tmp.Chmod(filePerm); err == nil {
 		err = tmp.Sync()
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("images: %s: write archive: %w%s", file, err, ioHint(err))
+		return fmt.Errorf("images: %s: write: %w%s", file, err, ioHint(err))
 	}
 	if err := tmp.Close(); err != nil {
-		return nil, 0, fmt.Errorf("images: %s: write archive: %w%s", file, err, ioHint(err))
+		return fmt.Errorf("images: %s: write: %w%s", file, err, ioHint(err))
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, 0, fmt.Errorf("images: %s: export: %w", file, err)
+		return fmt.Errorf("images: %s: %w", file, err)
 	}
-	if err := renameNoReplace(tmp.Name(), file); err != nil {
+	if err := RenameNoReplace(tmp.Name(), file); err != nil {
 		if errors.Is(err, fs.ErrExist) {
-			return nil, 0, newError(file, "", ErrExists, err, "already exists (created during the export); choose another -o or remove it")
+			return newError(file, "", ErrExists, err, "already exists (created during the export); choose another -o or remove it")
 		}
-		return nil, 0, fmt.Errorf("images: %s: rename %s into place: %w", file, tmp.Name(), err)
+		return fmt.Errorf("images: %s: rename %s into place: %w", file, tmp.Name(), err)
 	}
 	done = true
 	if err := syncDir(parent); err != nil {
-		return nil, 0, fmt.Errorf("images: %s: sync directory: %w", file, err)
+		return fmt.Errorf("images: %s: sync directory: %w", file, err)
 	}
-	return im, size, nil
+	return nil
 }
 
-// renameNoReplace renames oldpath to newpath unless newpath exists.
-func renameNoReplace(oldpath, newpath string) error {
+// RenameNoReplace renames oldpath, a file or a directory, to newpath
+// unless newpath exists (an error satisfying errors.Is(err, fs.ErrExist)).
+func RenameNoReplace(oldpath, newpath string) error {
 	err := unix.Renameat2(unix.AT_FDCWD, oldpath, unix.AT_FDCWD, newpath, unix.RENAME_NOREPLACE)
 	if !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOSYS) {
 		return err
 	}
-	// The file system lacks RENAME_NOREPLACE: link(2) refuses to replace too.
-	if err := os.Link(oldpath, newpath); err != nil {
+	// The file system lacks RENAME_NOREPLACE. link(2) refuses to replace
+	// too; a directory cannot be linked, and rename(2) refuses only a
+	// non-empty destination, so an empty one counts as existing.
+	fi, err := os.Lstat(oldpath)
+	if err != nil {
 		return err
 	}
-	return os.Remove(oldpath)
+	if !fi.IsDir() {
+		if err := os.Link(oldpath, newpath); err != nil {
+			return err
+		}
+		return os.Remove(oldpath)
+	}
+	if _, err := os.Lstat(newpath); err == nil {
+		return &os.LinkError{Op: "rename", Old: oldpath, New: newpath, Err: unix.EEXIST}
+	}
+	err = unix.Rename(oldpath, newpath)
+	if errors.Is(err, unix.ENOTEMPTY) {
+		err = unix.EEXIST
+	}
+	return err
 }
 
 type countWriter struct {

@@ -65,6 +65,7 @@ func TestClassifyLines(t *testing.T) {
 	}{
 		{"(00.267623)      1: Error (criu/sk-unix.c:1651): unix: Can't bind id 0xb ino 198309 addr /run/kcr/kcr-7.sock: Address already in use", CauseUnixBindInUse},
 		{"(00.267623)      1: Error (criu/util.c:1087): Unable to change [-100]//run/kcr/kcr-7.sock ownership to (0, 0): No such file or directory", CauseFileVanished},
+		{"(00.082114)      1: Error (criu/util.c:1094): Unable to stat [-100]//tmp/x/sock/kcr-24921.sock: No such file or directory", CauseFileVanished},
 		{"(00.100000) Error (criu/uffd.c:4): uffd: PID recv: short read", CauseRestoreGone},
 		{"(00.100000) Error (criu/uffd.c:9): uffd: Restorer unexpectedly closed the connection", CauseRestoreGone},
 		{"(00.267623)      1: Error (criu/util.c:1087): Unable to change [-100]//run/kcr/kcr-7.sock ownership to (0, 0): Operation not permitted", CausePermission},

@@ -67,7 +67,8 @@ var causePatterns = sync.OnceValue(func() []causePattern {
 		{CauseExternalUnix, regexp.MustCompile(`(?i)external socket is used|ext-unix-sk|half of stream unix connection|unix socket .* without peer|Runaway socket`)},
 		{CausePIDInUse, regexp.MustCompile(`Can't fork for \d+: File exists|PID \d+ is in use`)},
 		{CauseUnixBindInUse, regexp.MustCompile(`Can't bind .*Address already in use`)},
-		{CauseFileVanished, regexp.MustCompile(`Unable to change \[-?\d+\]/.* ownership .*: No such file or directory`)},
+		// cr_fchpermat chowns, then stats: the file can go before either.
+		{CauseFileVanished, regexp.MustCompile(`Unable to (?:change \[-?\d+\]/.* ownership .*|stat \[-?\d+\]/.*): No such file or directory`)},
 		{CauseShellJob, regexp.MustCompile(`(?i)not a session leader|shell-job|shell_job|controlling terminal`)},
 		{CauseNoProcess, regexp.MustCompile(`No such process`)},
 		{CausePermission, regexp.MustCompile(`(?i)operation not permitted|permission denied|CAP_SYS_ADMIN|CAP_CHECKPOINT_RESTORE|capability .* missing`)},

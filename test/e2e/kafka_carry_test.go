@@ -55,15 +55,21 @@ func TestKafkaRequireDrained(t *testing.T) {
 	for n := range all {
 		top = max(top, n)
 	}
-	var gap []int
-	for n := 1; n <= top-100; n++ { // the newest may still be in flight
-		if all[n] == 0 {
-			gap = append(gap, n)
+	// The newest 100 may still be in flight. One partition's acknowledgements
+	// can lag the others' by seconds while kafka-go retries on a connection
+	// from before the broker's restart (seen in CI), so "never acknowledged"
+	// means not within 30 s.
+	lag := eventually(t, 30*time.Second, "the records to be acknowledged after the refused checkpoint", func() (bool, string) {
+		all = acked(a.events())
+		var gap []int
+		for n := 1; n <= top-100; n++ {
+			if all[n] == 0 {
+				gap = append(gap, n)
+			}
 		}
-	}
-	if len(gap) > 0 {
-		t.Errorf("%d records below %d never acknowledged after the refused checkpoint: %s", len(gap), top-100, runsOf(gap, 10))
-	}
+		return len(gap) == 0, fmt.Sprintf("%d records below %d never acknowledged: %s", len(gap), top-100, runsOf(gap, 10))
+	})
+	t.Logf("every record below %d acknowledged, %v after the first look", top-100, lag.Round(time.Millisecond))
 	k.checkAcked(topic, all)
 
 	// 2. The same without the flag: the image carries them.

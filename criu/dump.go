@@ -107,9 +107,9 @@ func Dump(ctx context.Context, criuPath string, opts DumpOptions) (*DumpResult, 
 // version first (a VERSION request with keep_open, which CRIU serves before
 // the dump), so no separate "criu --version" runs.
 type Session struct {
-	s    *swrk // nil once the dump was begun
-	w    *swrk // the same CRIU, for Version
-	path string
+	s     *swrk
+	begun bool // the dump request was sent: the PendingDump owns s
+	path  string
 }
 
 // StartSession starts CRIU for one dump. shellJob must match the dump's
@@ -121,7 +121,7 @@ func StartSession(ctx context.Context, criuPath string, shellJob bool) (*Session
 		return nil, err
 	}
 	s.askVersion()
-	return &Session{s: s, w: s, path: criuPath}, nil
+	return &Session{s: s, path: criuPath}, nil
 }
 
 // Path is the CRIU binary the session runs.
@@ -131,14 +131,14 @@ func (ss *Session) Path() string { return ss.path }
 // the VERSION request sent at start. It waits for CRIU to have started.
 // It may be called before or after Begin, but not during Go.
 func (ss *Session) Version() (Version, error) {
-	return ss.w.readVersion()
+	return ss.s.readVersion()
 }
 
 // Close stops a session that was not used for a dump. It is safe after Dump.
 func (ss *Session) Close() {
-	if ss.s != nil {
+	if !ss.begun {
 		ss.s.close()
-		ss.s = nil
+		ss.begun = true
 	}
 }
 
@@ -180,7 +180,7 @@ type PendingDump struct {
 }
 
 func (ss *Session) begin(opts DumpOptions, gated bool) (*PendingDump, error) {
-	if ss.s == nil {
+	if ss.begun {
 		return nil, errors.New("criu dump: session already used")
 	}
 	if opts.PID <= 0 {
@@ -209,7 +209,7 @@ func (ss *Session) begin(opts DumpOptions, gated bool) (*PendingDump, error) {
 		return nil, fmt.Errorf("criu dump: images directory: %w", err)
 	}
 	p := &PendingDump{s: ss.s, dir: dir, opts: opts, logPath: filepath.Join(opts.ImagesDir, logFile), start: time.Now()}
-	ss.s = nil
+	ss.begun = true
 	req := &rpc.CriuReq{
 		Type: rpc.CriuReqType_DUMP.Enum(),
 		Opts: &rpc.CriuOpts{

@@ -2,20 +2,27 @@ package notify_test
 
 import (
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 )
 
-// exampleFiles hold the Examples whose code the README shows.
-var exampleFiles = []string{"example_test.go", "../kafkahooks/example_test.go"}
+// exampleFiles hold the Examples whose code the README and docs/ show.
+var exampleFiles = []string{"example_test.go", "../kafkahooks/example_test.go",
+	"../kafkahooks/kgohooks/example_test.go", "../kafkahooks/kgohooks/example_service_test.go"}
 
-// TestREADMESnippetsAreExamples keeps the README's Go snippets compiling:
-// each, without its imports, must be a run of lines of an Example's body.
+// TestREADMESnippetsAreExamples keeps the Go snippets of the README and of
+// docs/*.md compiling: each, without its imports, must be a run of lines of
+// an Example's body.
 func TestREADMESnippetsAreExamples(t *testing.T) {
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {
 		t.Fatal(err)
+	}
+	docs, err := filepath.Glob("../docs/*.md")
+	if err != nil || len(docs) == 0 {
+		t.Fatalf("no docs/*.md: %v", err)
 	}
 	var bodies [][]string
 	for _, f := range exampleFiles {
@@ -29,14 +36,19 @@ func TestREADMESnippetsAreExamples(t *testing.T) {
 		}
 		bodies = append(bodies, lines)
 	}
-	snippets := goSnippets(string(readme))
-	if len(snippets) < 2 {
-		t.Fatalf("README has %d Go snippets, want the notify and kafkahooks ones", len(snippets))
+	if n := len(goSnippets(string(readme))); n < 2 {
+		t.Fatalf("README has %d Go snippets, want the notify and kafkahooks ones", n)
 	}
-	for _, sn := range snippets {
-		if !slices.ContainsFunc(bodies, func(b []string) bool { return containsRun(b, sn) }) {
-			t.Errorf("README snippet is in no Example of %s (copy the Example's code):\n%s",
-				strings.Join(exampleFiles, ", "), strings.Join(sn, "\n"))
+	for _, f := range append([]string{"../README.md"}, docs...) {
+		md, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sn := range goSnippets(string(md)) {
+			if !slices.ContainsFunc(bodies, func(b []string) bool { return containsRun(b, sn) }) {
+				t.Errorf("%s: snippet is in no Example of %s (copy the Example's code):\n%s",
+					f, strings.Join(exampleFiles, ", "), strings.Join(sn, "\n"))
+			}
 		}
 	}
 }

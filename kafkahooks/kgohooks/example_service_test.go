@@ -1,0 +1,25 @@
+package kgohooks_test
+
+import (
+	"log"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kcr-dev/kcr/kafkahooks/kgohooks"
+)
+
+// In a service, NewClient replaces kgo.NewClient and takes the same
+// options; the README shows this code (notify/readme_test.go checks it).
+func Example_service() {
+	brokers := []string{"127.0.0.1:9092"}
+	cl, err := kgohooks.NewClient( // kgo.NewClient's options, unchanged
+		kgo.SeedBrokers(brokers...),
+		kgo.ConsumerGroup("pipeline"),
+		kgo.ConsumeTopics("orders"),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cl.Close()
+	// cl.PollFetches, cl.Produce, cl.CommitUncommittedOffsets … as before
+}

@@ -1,27 +1,7 @@
 // Command kcr checkpoints and restores Go services with CRIU.
 //
-// Exit codes:
-//
-//	0  success
-//	1  other error
-//	2  usage error, or a file named on the command line that is not the
-//	   image (a key, a bundle, a program, an output's directory) is missing
-//	3  the app's before-checkpoint hooks failed: nothing dumped, the app resumed
-//	4  CRIU failed (dump or restore); the app, if it was running, resumed
-//	5  the image (or archive) named on the command line is missing,
-//	   incomplete or corrupt
-//	6  the target process does not exist or has no kcr control socket
-//	7  CRIU is missing or unusable on this kernel
-//	8  restored, but the after-restore hooks failed
-//	9  --verify-key: the image's signature is missing, malformed, by another
-//	   key, or the manifest or a file changed since it was signed
-//	10 carried records: with --require-drained a resource would carry records
-//	   into the image, or a resource that never carries refused (nothing
-//	   dumped, the app resumed, as for 3); or a restore would send an image's
-//	   carried records twice (nothing restored; --allow-duplicates)
-//	130 interrupted (SIGINT or SIGTERM); the app, if it was running, resumed
-//
-// exitStatusHelp says the same in every command's help.
+// Its exit codes are in exitcodes.go, which generates both every command's
+// help (EXIT STATUS) and docs/cli.md.
 package main
 
 import (
@@ -42,47 +22,6 @@ import (
 	"github.com/kcr-dev/kcr/notify/client"
 	"github.com/kcr-dev/kcr/runtimehook"
 )
-
-// Exit codes; see the package comment.
-const (
-	exitOK = iota
-	exitErr
-	exitUsage
-	exitHooks
-	exitCRIU
-	exitImage
-	exitTarget
-	exitNoCRIU
-	exitAfterHooks
-	exitSignature
-	exitCarried
-
-	// exitInterrupted is the shell's code for death by SIGINT (128+2):
-	// kcr stopped on a signal, after undoing what it had started.
-	exitInterrupted = 130
-)
-
-// exitStatusHelp is the EXIT STATUS section of every command's help.
-const exitStatusHelp = `
-EXIT STATUS
-  0    success
-  1    other error
-  2    usage error, or a file named on the command line that is not the image
-       (a key, a bundle, a program, an output's directory) is missing
-  3    the app's before-checkpoint hooks failed: nothing dumped, the app resumed
-  4    CRIU failed (dump or restore); the app, if it was running, resumed
-  5    the image (or archive) named on the command line is missing, incomplete
-       or corrupt
-  6    the target process does not exist or has no kcr control socket
-  7    CRIU is missing or unusable on this kernel
-  8    restored, but the after-restore hooks failed
-  9    --verify-key: the image's signature is missing, malformed, by another key,
-       or the manifest or a file changed since it was signed
-  10   carried records: --require-drained refused a checkpoint that would carry
-       records (nothing dumped, the app resumed), or a restore would send an
-       image's carried records twice (nothing restored; --allow-duplicates)
-  130  interrupted (SIGINT or SIGTERM); the app, if it was running, resumed
-`
 
 type globals struct {
 	json    bool

@@ -70,232 +70,324 @@ type HookError = proto.HookFailure
 // Checkpoint runs the app's hooks, dumps it with CRIU and writes an image.
 // Whatever fails, the app is resumed and no partial image is left behind.
 func Checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, error) {
-	return realSeams.checkpoint(ctx, o)
+	return realDeps.checkpoint(ctx, o)
 }
 
-// checkpoint is Checkpoint with the process, the app and CRIU behind s.
-func (s seams) checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, error) {
-	log := logger(o.Logger)
-	start := time.Now()
+// checkpoint is Checkpoint with the process, the app and CRIU behind d:
+// prepare → quiesce → dump → publish.
+func (d deps) checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointResult, error) {
 	if o.HookBudget <= 0 {
 		o.HookBudget = proto.DefaultHookBudget
 	}
 	if o.ResumeAfter <= 0 {
-		o.ResumeAfter = o.HookBudget + 60*time.Second
+		o.ResumeAfter = proto.ResumeAfterFor(o.HookBudget)
 	}
-	proc, err := s.process(o.PID)
-	if err != nil {
+	r := &checkpointRun{deps: d, o: o, log: logger(o.Logger), start: time.Now(), res: &CheckpointResult{}}
+	defer r.close()
+	if err := r.prepare(ctx); err != nil {
 		return nil, err
 	}
+	if err := r.quiesce(ctx); err != nil {
+		return nil, err
+	}
+	if err := r.dump(ctx); err != nil {
+		return nil, err
+	}
+	return r.publish(ctx)
+}
 
-	shell := o.ShellJob
-	if !shell {
-		if need, err := s.shellJobNeeded(o.PID); err == nil && need {
-			shell = true
-		}
-	}
-	// CRIU starts now, so that its start-up and version check happen before
-	// the app is disturbed, not while it is suspended.
-	sess, err := s.openDumper(ctx, o.CRIU, shell)
-	if err != nil {
-		return nil, err
-	}
-	defer sess.Close()
+// checkpointRun is one checkpoint, step by step. Until the dump, every
+// failure resumes the app (if its hooks ran) and kills CRIU, which has not
+// touched it; close undoes what is left.
+type checkpointRun struct {
+	deps  deps
+	o     CheckpointOptions
+	log   *slog.Logger
+	start time.Time
+	res   *CheckpointResult
 
-	b, err := createImage(o.Output, o.SignKey)
-	if err != nil {
-		return nil, err
-	}
-	defer b.Abort() // removes the unfinished image; a no-op once committed
+	proc  images.Process
+	shell bool // CRIU's shell-job mode
+	sess  dumper
+	img   *images.Builder
+	pd    pendingDump      // the dump request CRIU prepares for
+	dr    *criu.DumpResult // set once CRIU dumped
+	criuV criu.Version
+	app   appControl // nil with NoHooks
+	sock  string     // the app's control socket
+	// hooksRan is set once the app's before-checkpoint hooks succeeded: from
+	// then on, a failure must resume it.
+	hooksRan bool
+	reports  []proto.HookReport
+	m        *images.Manifest
+}
 
-	// CRIU gets the dump request at once: it then probes the kernel (most
-	// of a plain "criu dump" where /run keeps no kerndat cache) while kcr
-	// runs the preflight and finds the socket. CRIU waits at its pre-dump
-	// stage, before it touches the app, until Go; every return before that
-	// kills it (deferred Cancel, before Abort).
-	pd, err := sess.Begin(criu.DumpOptions{
-		PID: o.PID, ImagesDir: b.CRIUDir(), LeaveRunning: o.LeaveRunning,
-		ShellJob: shell, FileLocks: true, TCPClose: o.TCPClose, LogLevel: o.CRIULogLevel,
-	})
-	if err != nil {
-		return nil, err
+// close undoes what the run started, in this order: wait for CRIU's exit,
+// kill a dump CRIU was never let go on, remove an unfinished image (a no-op
+// once committed), end the CRIU session.
+func (r *checkpointRun) close() {
+	if r.dr != nil {
+		r.dr.Wait()
 	}
-	defer pd.Cancel()
-	res := &CheckpointResult{Image: b.Final()}
-	res.Timings.add(PhasePrepare, time.Since(start))
+	if r.pd != nil {
+		r.pd.Cancel()
+	}
+	if r.img != nil {
+		r.img.Abort()
+	}
+	if r.sess != nil {
+		r.sess.Close()
+	}
+}
+
+// prepare starts CRIU on the dump request at once, so that its start and
+// its probing of the kernel (most of a plain "criu dump" where /run keeps no
+// kerndat cache) overlap kcr's own preparation: the preflight, the socket
+// search, CRIU's version. CRIU waits at its pre-dump stage, before it
+// touches the app, until the dump step lets it go.
+func (r *checkpointRun) prepare(ctx context.Context) error {
+	if err := r.startCRIU(ctx); err != nil {
+		return err
+	}
+	r.res.Timings.add(PhasePrepare, time.Since(r.start))
 
 	// Sockets CRIU can never dump (MPTCP) are found before any hook runs,
 	// so that the app is not disturbed for nothing; without hooks, all
 	// that CRIU would refuse is found here, once.
-	if probs, err := s.preflight(o.PID); err == nil {
-		if err := fatalProblems(probs, o.TCPClose, !o.NoHooks); err != nil {
-			return nil, err
+	if probs, err := r.deps.preflight(r.o.PID); err == nil {
+		if err := fatalProblems(probs, r.o.TCPClose, !r.o.NoHooks); err != nil {
+			return err
 		}
 	} else {
-		log.Debug("preflight", "err", err)
+		r.log.Debug("preflight", "err", err)
 	}
-
-	var sock appControl
-	var sockPath string
-	if o.NoHooks {
-		if _, p, err := s.findApp(o.PID); err == nil {
-			log.Warn("the process has a kcr control socket, but --no-hooks skips its hooks", "socket", p)
-		}
-	} else {
-		sock, sockPath, err = s.findApp(o.PID)
-		if err != nil {
-			return nil, err
-		}
-	}
-
-	// CRIU answered its version meanwhile (the request went with its
-	// start); a CRIU unfit for this kernel is refused before any hook.
-	criuVersion, err := sess.Version()
-	if err != nil {
-		return nil, err
-	}
-	// The app is disturbed only once CRIU is ready to seize it: CRIU's
-	// preparation (tens of ms where it keeps no kerndat cache) is not part
-	// of the time the app's resources stay quiesced.
-	t := time.Now()
-	if err := pd.Ready(ctx); err != nil {
-		return nil, err
-	}
-	res.Timings.add(PhaseCRIUReady, time.Since(t))
-
-	var reports []proto.HookReport
-	hooksRan := false
-	// resume tells the app to go on after a failure; with a fresh context,
-	// because ctx may be what failed.
-	resume := func(reason string) error {
-		if !hooksRan {
-			return nil
-		}
-		rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_, err := sock.Resume(rctx, reason, 20*time.Second)
-		if err != nil {
-			log.Warn("resume after failed checkpoint", "err", err)
-		}
+	if err := r.findApp(); err != nil {
 		return err
 	}
+	// CRIU answered its version meanwhile (the request went with its
+	// start); a CRIU unfit for this kernel is refused before any hook.
+	v, err := r.sess.Version()
+	if err != nil {
+		return err
+	}
+	r.criuV = v
+	return nil
+}
 
-	if sock != nil {
-		t := time.Now()
-		m, err := sock.Checkpoint(ctx, client.CheckpointRequest{
-			HookBudget: o.HookBudget, ResumeAfter: o.ResumeAfter, LeaveRunning: o.LeaveRunning, RequireDrained: o.RequireDrained})
-		res.Timings.add(PhaseHooks, time.Since(t))
-		if _, ok := errors.AsType[*HookError](err); ok {
-			return nil, err
-		}
-		if err != nil {
-			return nil, fmt.Errorf("before-checkpoint hooks: %w", err)
-		}
-		hooksRan = true
-		reports = m.Reports
-		// The peer check vouched for the listener; the app must agree on
-		// which process it is.
-		if m.PID != o.PID {
-			resume("checkpoint aborted: the app answered for another PID")
-			return nil, fmt.Errorf("%w: %s of PID %d answered ready for PID %d: refusing to dump", client.ErrUnsafeSocket, sockPath, o.PID, m.PID)
+// startCRIU reads the process, starts CRIU, creates the image directory and
+// hands CRIU the dump request.
+func (r *checkpointRun) startCRIU(ctx context.Context) error {
+	proc, err := r.deps.process(r.o.PID)
+	if err != nil {
+		return err
+	}
+	r.proc = proc
+	r.shell = r.o.ShellJob
+	if !r.shell {
+		if need, err := r.deps.shellJobNeeded(r.o.PID); err == nil && need {
+			r.shell = true
 		}
 	}
-	if o.AfterHooks != nil {
-		o.AfterHooks()
+	if r.sess, err = r.deps.openDumper(ctx, r.o.CRIU, r.shell); err != nil {
+		return err
+	}
+	if r.img, err = createImage(r.o.Output, r.o.SignKey); err != nil {
+		return err
+	}
+	r.res.Image = r.img.Final()
+	pd, err := r.sess.Begin(criu.DumpOptions{
+		PID: r.o.PID, ImagesDir: r.img.CRIUDir(), LeaveRunning: r.o.LeaveRunning,
+		ShellJob: r.shell, FileLocks: true, TCPClose: r.o.TCPClose, LogLevel: r.o.CRIULogLevel,
+	})
+	if err != nil {
+		return err
+	}
+	r.pd = pd
+	return nil
+}
+
+// findApp finds the app's control socket; with NoHooks it only warns that
+// one exists.
+func (r *checkpointRun) findApp() error {
+	if r.o.NoHooks {
+		if _, p, err := r.deps.findApp(r.o.PID); err == nil {
+			r.log.Warn("the process has a kcr control socket, but --no-hooks skips its hooks", "socket", p)
+		}
+		return nil
+	}
+	app, sock, err := r.deps.findApp(r.o.PID)
+	if err != nil {
+		return err
+	}
+	r.app, r.sock = app, sock
+	return nil
+}
+
+// quiesce runs the app's before-checkpoint hooks once CRIU is ready to
+// seize it, so that CRIU's preparation is not part of the time the app's
+// resources stay quiesced, then checks what the hooks left open.
+func (r *checkpointRun) quiesce(ctx context.Context) error {
+	t := time.Now()
+	if err := r.pd.Ready(ctx); err != nil {
+		return err
+	}
+	r.res.Timings.add(PhaseCRIUReady, time.Since(t))
+	if err := r.runHooks(ctx); err != nil {
+		return err
+	}
+	if r.o.AfterHooks != nil {
+		r.o.AfterHooks()
 	}
 	if err := ctx.Err(); err != nil {
-		resume("checkpoint cancelled")
-		return nil, err
+		r.abort("checkpoint cancelled")
+		return err
 	}
-
 	// What is left open after the hooks decides whether CRIU can succeed.
 	// Without hooks the first look already judged everything.
-	if !o.NoHooks {
-		if probs, err := s.preflight(o.PID); err == nil {
-			if err := fatalProblems(probs, o.TCPClose, false); err != nil {
-				resume("checkpoint aborted: " + err.Error())
-				return nil, err
+	if !r.o.NoHooks {
+		if probs, err := r.deps.preflight(r.o.PID); err == nil {
+			if err := fatalProblems(probs, r.o.TCPClose, false); err != nil {
+				r.abort("checkpoint aborted: " + err.Error())
+				return err
 			}
 		}
 	}
+	return nil
+}
 
-	// The draft manifest lets "kcr recover" finish the image if kcr dies
-	// after the dump and before the image is published.
-	m := &images.Manifest{
-		KCRVersion:    Version,
-		CRIUVersion:   criuVersion.String(),
-		Kernel:        kernel(),
-		Host:          hostname(),
-		Process:       proc,
-		ControlSocket: sockPath,
-		NoHooks:       o.NoHooks,
-		Options:       images.Options{LeaveRunning: o.LeaveRunning, TCPClose: o.TCPClose, ShellJob: shell, FileLocks: true},
+// runHooks asks the app to run its before-checkpoint hooks (none with
+// NoHooks).
+func (r *checkpointRun) runHooks(ctx context.Context) error {
+	if r.app == nil {
+		return nil
 	}
-	addResources(m, reports)
-	t = time.Now()
-	if err := b.WritePending(m); err != nil {
-		resume("checkpoint aborted: " + err.Error())
-		return nil, err
+	t := time.Now()
+	m, err := r.app.Checkpoint(ctx, client.CheckpointRequest{
+		HookBudget: r.o.HookBudget, ResumeAfter: r.o.ResumeAfter, LeaveRunning: r.o.LeaveRunning, RequireDrained: r.o.RequireDrained})
+	r.res.Timings.add(PhaseHooks, time.Since(t))
+	if _, ok := errors.AsType[*HookError](err); ok {
+		return err
 	}
-	res.Timings.add(PhaseDraft, time.Since(t))
-
-	t = time.Now()
-	dr, err := pd.Go(ctx)
-	res.Timings.add(PhaseFreezeDump, time.Since(t))
 	if err != nil {
-		resume("dump failed: " + err.Error())
-		return nil, err
+		return fmt.Errorf("before-checkpoint hooks: %w", err)
 	}
-	defer dr.Wait() // on every return; normally already done below
-	pause := time.Since(start)
-	if o.AfterDump != nil {
-		o.AfterDump()
+	r.hooksRan = true
+	r.reports = m.Reports
+	// The peer check vouched for the listener; the app must agree on
+	// which process it is.
+	if m.PID != r.o.PID {
+		r.abort("checkpoint aborted: the app answered for another PID")
+		return fmt.Errorf("%w: %s of PID %d answered ready for PID %d: refusing to dump", client.ErrUnsafeSocket, r.sock, r.o.PID, m.PID)
+	}
+	return nil
+}
+
+// dump writes the draft manifest that lets "kcr recover" finish the image
+// if kcr dies after the dump, lets CRIU dump, then resumes the app
+// (LeaveRunning) or waits for the dumped process to be gone.
+func (r *checkpointRun) dump(ctx context.Context) error {
+	r.m = r.draftManifest()
+	t := time.Now()
+	if err := r.img.WritePending(r.m); err != nil {
+		r.abort("checkpoint aborted: " + err.Error())
+		return err
+	}
+	r.res.Timings.add(PhaseDraft, time.Since(t))
+
+	t = time.Now()
+	dr, err := r.pd.Go(ctx)
+	r.res.Timings.add(PhaseFreezeDump, time.Since(t))
+	if err != nil {
+		r.abort("dump failed: " + err.Error())
+		return err
+	}
+	r.dr = dr
+	if r.o.AfterDump != nil {
+		r.o.AfterDump()
 	}
 
-	if o.LeaveRunning {
-		t := time.Now()
-		if hooksRan {
-			rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			_, res.ResumeErr = sock.Resume(rctx, "leave-running", 20*time.Second)
-			cancel()
+	t = time.Now()
+	switch {
+	case r.o.LeaveRunning:
+		if r.hooksRan {
+			r.res.ResumeErr = r.resume("leave-running")
 		}
-		res.Timings.add(PhaseResume, time.Since(t))
-	} else if !proc.PIDNamespace {
+		r.res.Timings.add(PhaseResume, time.Since(t))
+	case !r.proc.PIDNamespace:
 		// The process must really be gone before the image is declared done:
 		// a restore on this host needs its PID. (Init of its own PID
 		// namespace is restored into a new namespace and needs no PID.)
-		t := time.Now()
-		if _, err := s.waitGone(ctx, o.PID, 10*time.Second); err != nil {
-			res.Warnings = append(res.Warnings, fmt.Sprintf("dumped process %d did not exit: %v", o.PID, err))
+		if _, err := r.deps.waitGone(ctx, r.o.PID, 10*time.Second); err != nil {
+			r.res.Warnings = append(r.res.Warnings, fmt.Sprintf("dumped process %d did not exit: %v", r.o.PID, err))
 		}
-		res.Timings.add(PhaseExit, time.Since(t))
+		r.res.Timings.add(PhaseExit, time.Since(t))
 	}
-	_ = pause
+	return nil
+}
 
-	if s := dr.Stats; s != nil {
-		m.CRIUStats = images.CRIUStats{
+// draftManifest is the manifest of the image so far: everything but CRIU's
+// statistics and the phases after the dump.
+func (r *checkpointRun) draftManifest() *images.Manifest {
+	m := &images.Manifest{
+		KCRVersion:    Version,
+		CRIUVersion:   r.criuV.String(),
+		Kernel:        kernel(),
+		Host:          hostname(),
+		Process:       r.proc,
+		ControlSocket: r.sock,
+		NoHooks:       r.o.NoHooks,
+		Options:       images.Options{LeaveRunning: r.o.LeaveRunning, TCPClose: r.o.TCPClose, ShellJob: r.shell, FileLocks: true},
+	}
+	addResources(m, r.reports)
+	return m
+}
+
+// publish completes the manifest and commits the image: hashed, synced and
+// renamed into place, while CRIU exits.
+func (r *checkpointRun) publish(ctx context.Context) (*CheckpointResult, error) {
+	if s := r.dr.Stats; s != nil {
+		r.m.CRIUStats = images.CRIUStats{
 			FreezingTimeUS: s.FreezingTime.Microseconds(), FrozenTimeUS: s.FrozenTime.Microseconds(),
 			MemdumpTimeUS: s.MemdumpTime.Microseconds(), MemwriteTimeUS: s.MemwriteTime.Microseconds(),
 			PagesScanned: int64(s.PagesScanned), PagesSkippedParent: int64(s.PagesSkippedParent), PagesWritten: int64(s.PagesWritten),
 		}
 	}
-	t = time.Now()
+	t := time.Now()
 	// Phases are recorded before commit; image write and total are
 	// measured around it and added to the result afterwards.
-	m.Phases = append(m.Phases, res.Timings...)
-	img, err := b.Commit(context.WithoutCancel(ctx), m)
+	r.m.Phases = append(r.m.Phases, r.res.Timings...)
+	img, err := r.img.Commit(context.WithoutCancel(ctx), r.m)
 	if err != nil {
 		return nil, fmt.Errorf("write image: %w", err)
 	}
-	res.Timings.add(PhaseImageWrite, time.Since(t))
+	r.res.Timings.add(PhaseImageWrite, time.Since(t))
 	// CRIU exits while the image is hashed and synced; what is left of
 	// its exit is counted here.
 	t = time.Now()
-	dr.Wait()
-	res.Timings.add(PhaseCRIUExit, time.Since(t))
-	res.Timings.add(PhaseTotal, time.Since(start))
-	res.Manifest = img.Manifest
-	return res, nil
+	r.dr.Wait()
+	r.res.Timings.add(PhaseCRIUExit, time.Since(t))
+	r.res.Timings.add(PhaseTotal, time.Since(r.start))
+	r.res.Manifest = img.Manifest
+	return r.res, nil
+}
+
+// resume tells the app whose hooks ran to go on, with a fresh context:
+// ctx may be what failed.
+func (r *checkpointRun) resume(reason string) error {
+	rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := r.app.Resume(rctx, reason, 20*time.Second)
+	return err
+}
+
+// abort resumes the app after a failed checkpoint, if its hooks ran.
+func (r *checkpointRun) abort(reason string) {
+	if !r.hooksRan {
+		return
+	}
+	if err := r.resume(reason); err != nil {
+		r.log.Warn("resume after failed checkpoint", "err", err)
+	}
 }
 
 // addResources records the hooks' reports, with their carried records, in

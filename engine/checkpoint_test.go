@@ -112,9 +112,9 @@ func (d *fakeDumper) Version() (criu.Version, error) {
 	return criu.Version{Major: 4, Minor: 2}, d.versionErr
 }
 
-// fakeSeams checkpoint PID 4242 through app and d, nothing real touched.
-func fakeSeams(app *fakeApp, d *fakeDumper) seams {
-	return seams{
+// fakeDeps checkpoint PID 4242 through app and d, nothing real touched.
+func fakeDeps(app *fakeApp, d *fakeDumper) deps {
+	return deps{
 		process: func(pid int) (images.Process, error) {
 			return images.Process{PID: pid, Comm: "fake", PIDNamespace: true}, nil
 		},
@@ -172,7 +172,7 @@ func TestCheckpointSeams(t *testing.T) {
 			if c.cancel {
 				o.AfterHooks = cancel
 			}
-			res, err := fakeSeams(app, d).checkpoint(ctx, o)
+			res, err := fakeDeps(app, d).checkpoint(ctx, o)
 			if err == nil || !c.wantErr(err) || res != nil {
 				t.Fatalf("checkpoint: %v, %v", res, err)
 			}
@@ -187,13 +187,13 @@ func TestCheckpointSeams(t *testing.T) {
 	}
 }
 
-// A checkpoint through the seams writes a complete, verifiable image with
+// A checkpoint through the deps writes a complete, verifiable image with
 // the hooks' reports, and does not resume a dumped app.
 func TestCheckpointSeamsImage(t *testing.T) {
 	app := &fakeApp{pid: 4242}
 	d := &fakeDumper{}
 	out := filepath.Join(t.TempDir(), "img")
-	res, err := fakeSeams(app, d).checkpoint(context.Background(), CheckpointOptions{PID: 4242, Output: out})
+	res, err := fakeDeps(app, d).checkpoint(context.Background(), CheckpointOptions{PID: 4242, Output: out})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +214,7 @@ func TestCheckpointSeamsImage(t *testing.T) {
 func TestCheckpointSeamsNoSocket(t *testing.T) {
 	dir := t.TempDir()
 	d := &fakeDumper{}
-	_, err := fakeSeams(nil, d).checkpoint(context.Background(), CheckpointOptions{PID: 4242, Output: filepath.Join(dir, "img")})
+	_, err := fakeDeps(nil, d).checkpoint(context.Background(), CheckpointOptions{PID: 4242, Output: filepath.Join(dir, "img")})
 	if !errors.Is(err, client.ErrNoSocket) || d.dumps != 0 || d.begun == 1 && !d.cancelled {
 		t.Fatalf("err %v, dumps %d, begun %d, cancelled %v", err, d.dumps, d.begun, d.cancelled)
 	}
@@ -258,7 +258,7 @@ func TestFailedHooks(t *testing.T) {
 func TestCheckpointSeamsCRIUPreparesEarly(t *testing.T) {
 	app := &fakeApp{pid: 4242}
 	d := &fakeDumper{}
-	s := fakeSeams(app, d)
+	s := fakeDeps(app, d)
 	var order []string
 	s.preflight = func(int) ([]criu.Problem, error) {
 		order = append(order, fmt.Sprintf("preflight begun=%d", d.begun))
@@ -314,7 +314,7 @@ func TestCheckpointSeamsPreflightCancels(t *testing.T) {
 	dir := t.TempDir()
 	app := &fakeApp{pid: 4242}
 	d := &fakeDumper{}
-	s := fakeSeams(app, d)
+	s := fakeDeps(app, d)
 	s.preflight = func(int) ([]criu.Problem, error) {
 		return []criu.Problem{{PID: 4242, FD: 3, Cause: criu.CauseMPTCP, Desc: "MPTCP listener"}}, nil
 	}
@@ -332,7 +332,7 @@ func TestCheckpointSeamsVersionRefused(t *testing.T) {
 	dir := t.TempDir()
 	app := &fakeApp{pid: 4242}
 	d := &fakeDumper{versionErr: fmt.Errorf("%w: /usr/sbin/criu: CRIU 4.1 on kernel 6.18", ErrCRIUUnusable)}
-	_, err := fakeSeams(app, d).checkpoint(context.Background(), CheckpointOptions{PID: 4242, Output: filepath.Join(dir, "img")})
+	_, err := fakeDeps(app, d).checkpoint(context.Background(), CheckpointOptions{PID: 4242, Output: filepath.Join(dir, "img")})
 	if !errors.Is(err, ErrCRIUUnusable) || app.calls != 0 || d.dumps != 0 || !d.cancelled || !d.closed {
 		t.Fatalf("err %v, hook calls %d, dumps %d, cancelled %v, closed %v", err, app.calls, d.dumps, d.cancelled, d.closed)
 	}
@@ -345,7 +345,7 @@ func TestCheckpointSeamsCRIUNotReady(t *testing.T) {
 	dir := t.TempDir()
 	app := &fakeApp{pid: 4242}
 	d := &fakeDumper{readyErr: &criu.Error{Op: "dump", First: "Can't open images directory"}}
-	_, err := fakeSeams(app, d).checkpoint(context.Background(), CheckpointOptions{PID: 4242, Output: filepath.Join(dir, "img")})
+	_, err := fakeDeps(app, d).checkpoint(context.Background(), CheckpointOptions{PID: 4242, Output: filepath.Join(dir, "img")})
 	var ce *criu.Error
 	if !errors.As(err, &ce) || app.calls != 0 || d.dumps != 0 || len(app.resumes) != 0 {
 		t.Fatalf("err %v, hook calls %d, dumps %d, resumes %q", err, app.calls, d.dumps, app.resumes)

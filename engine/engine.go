@@ -36,8 +36,6 @@ const (
 	PhaseAfterHooks = "after-restore hooks"
 	PhaseTotal      = "total"
 	PhasePIDWait    = "pid wait"
-	PhaseCheckpoint = "checkpoint"
-	PhasePause      = "pause"
 	// PhasePrepare is kcr's work until CRIU has the dump request: reading
 	// the process, starting CRIU and checking its version, creating the
 	// image directory. The preflight and the socket search follow, while

@@ -137,10 +137,10 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 // On error, the clones restored so far keep running and are returned with
 // the error.
 func RestoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreResult, error) {
-	return realSeams.restoreClones(ctx, o)
+	return realDeps.restoreClones(ctx, o)
 }
 
-func (s seams) restoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreResult, error) {
+func (s deps) restoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreResult, error) {
 	start := time.Now()
 	if o.HookWait <= 0 {
 		o.HookWait = 30 * time.Second
@@ -241,7 +241,7 @@ func (s seams) restoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreR
 }
 
 // restoreOne restores one copy of a verified image.
-func (s seams) restoreOne(ctx context.Context, o RestoreOptions, img *images.Image, criuPath, name string) (res *RestoreResult, err error) {
+func (s deps) restoreOne(ctx context.Context, o RestoreOptions, img *images.Image, criuPath, name string) (res *RestoreResult, err error) {
 	m := img.Manifest
 	res = &RestoreResult{Name: name}
 	work := o.WorkDir
@@ -330,7 +330,7 @@ func bindRace(err error) bool {
 // so it is found through the new PID like any other. A clone with a new
 // host PID moves its socket to one named after that PID (the image's path
 // is shared by every clone), so kcr waits for that one.
-func (s seams) afterRestore(ctx context.Context, pid, origPID int, gen uint64, name string, wait time.Duration) (proto.Message, error) {
+func (s deps) afterRestore(ctx context.Context, pid, origPID int, gen uint64, name string, wait time.Duration) (proto.Message, error) {
 	own := proto.SocketName(pid)
 	deadline := time.Now().Add(s.socketWait)
 	for {

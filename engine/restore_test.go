@@ -58,19 +58,19 @@ func (r *fakeRestorer) restore(ctx context.Context, criuPath string, o criu.Rest
 	return &criu.RestoreResult{PID: 5000 + r.calls, LogPath: filepath.Join(o.WorkDir, "restore.log")}, nil
 }
 
-// restoreFixture is an image checkpointed through the fake seams from an app
-// with these reports, and the seams to restore it through app and r.
+// restoreFixture is an image checkpointed through the fake deps from an app
+// with these reports, and the deps to restore it through app and r.
 type restoreFixture struct {
 	image string
 	app   *fakeApp
 	r     *fakeRestorer
-	s     seams
+	s     deps
 }
 
 func newRestoreFixture(t *testing.T, pidNamespace bool, reports []proto.HookReport) *restoreFixture {
 	t.Helper()
 	f := &restoreFixture{image: filepath.Join(t.TempDir(), "img"), app: &fakeApp{pid: 4242, reports: reports}, r: &fakeRestorer{}}
-	f.s = fakeSeams(f.app, &fakeDumper{})
+	f.s = fakeDeps(f.app, &fakeDumper{})
 	f.s.process = func(pid int) (images.Process, error) {
 		return images.Process{PID: pid, Comm: "fake", PIDNamespace: pidNamespace}, nil
 	}
@@ -102,7 +102,7 @@ func imageKept(t *testing.T, dir string) {
 	img.Close()
 }
 
-// A restore through the seams restores the verified image, tells the new
+// A restore through the deps restores the verified image, tells the new
 // process its generation and name, and reports the phases.
 func TestRestoreSeams(t *testing.T) {
 	f := newRestoreFixture(t, true, nil)

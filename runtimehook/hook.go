@@ -102,7 +102,7 @@ func (o *Options) defaults() {
 		o.HookBudget = proto.DefaultHookBudget
 	}
 	if o.ResumeAfter <= 0 {
-		o.ResumeAfter = o.HookBudget + 60*time.Second
+		o.ResumeAfter = proto.ResumeAfterFor(o.HookBudget)
 	}
 	if o.AfterWait <= 0 {
 		o.AfterWait = 10 * time.Second

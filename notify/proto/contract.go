@@ -57,6 +57,14 @@ const (
 	DefaultMaxHookBudget = 2 * time.Minute
 )
 
+// ResumeAfterFor is kcr's default for how long an app whose hooks had
+// hookBudget waits for kcr's follow-up before it resumes on its own: the
+// budget and a minute for CRIU's dump. The CLI and the CRIU action script
+// both ask for it.
+func ResumeAfterFor(hookBudget time.Duration) time.Duration {
+	return hookBudget + time.Minute
+}
+
 // ErrBusy is returned when a checkpoint is requested while one is running.
 var ErrBusy = errors.New("checkpoint already in progress")
 

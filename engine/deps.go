@@ -52,10 +52,10 @@ func (s session) Version() (criu.Version, error) {
 	return checkedVersion(s.Path(), v, err)
 }
 
-// seams are what a checkpoint or a restore drives outside kcr: the target
-// process, its control socket and CRIU. realSeams are the real ones; unit tests put fakes
+// deps are the outside world a checkpoint or a restore drives: the target
+// process, its control socket and CRIU. realDeps are the real ones; unit tests put fakes
 // in their place to reach the failure paths.
-type seams struct {
+type deps struct {
 	process        func(pid int) (images.Process, error)
 	shellJobNeeded func(pid int) (bool, error)
 	preflight      func(pid int) ([]criu.Problem, error)
@@ -76,7 +76,7 @@ type seams struct {
 	socketWait time.Duration
 }
 
-var realSeams = seams{
+var realDeps = deps{
 	process:        processInfo,
 	shellJobNeeded: criu.ShellJobNeeded,
 	preflight:      criu.Preflight,

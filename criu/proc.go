@@ -194,16 +194,8 @@ func CheckImagePIDsFree(ctx context.Context, imagesDir string, zombieWait time.D
 
 // tgid returns the thread group (process) that task id belongs to, or id.
 func tgid(id int) int {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(id) + "/status")
-	if err != nil {
-		return id
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
-			if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && n > 0 {
-				return n
-			}
-		}
+	if st, err := procfs.ReadStatus(id); err == nil && st.Tgid > 0 {
+		return st.Tgid
 	}
 	return id
 }

@@ -146,20 +146,10 @@ func processInfo(pid int) (images.Process, error) {
 	if b, err := os.ReadFile(dir + "/comm"); err == nil {
 		p.Comm = strings.TrimSpace(string(b))
 	}
-	if b, err := os.ReadFile(dir + "/status"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			f := strings.Fields(line)
-			switch {
-			case len(f) >= 2 && f[0] == "Uid:":
-				p.UID, _ = strconv.Atoi(f[1])
-			case len(f) >= 3 && f[0] == "NSpid:":
-				// Host PID, then the PID in each nested namespace.
-				p.PIDNamespace = f[len(f)-1] == "1"
-			case len(f) >= 2 && f[0] == "VmRSS:":
-				kb, _ := strconv.ParseInt(f[1], 10, 64)
-				p.RSSBytes = kb * 1024
-			}
-		}
+	if st, err := procfs.ReadStatus(pid); err == nil {
+		p.UID = int(st.UIDs[0])
+		p.PIDNamespace = st.OwnPIDNamespace()
+		p.RSSBytes = st.RSSBytes
 	}
 	return p, nil
 }

@@ -1,7 +1,7 @@
 // Package procfs reads what kcr needs of processes from /proc: the fields
-// of /proc/<pid>/stat and a process's tree. It is the one parser of
-// /proc/<pid>/stat for criu, notify (which must not import criu), client and
-// engine. It has no dependency beyond the standard library, so that the
+// of /proc/<pid>/stat and /proc/<pid>/status, and a process's tree. It is
+// the one parser of those files for criu, notify (which must not import
+// criu), client and engine. It has no dependency beyond the standard library, so that the
 // small CRIU action script (cmd/kcr-hook) starts fast.
 package procfs
 

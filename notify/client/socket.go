@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -126,25 +125,11 @@ func (s *Socket) checkPeer(c *net.UnixConn) error {
 
 // procUIDs returns the real, effective and saved uids of pid.
 func procUIDs(pid int) ([]uint32, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	st, err := procfs.ReadStatus(pid)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("PID %d: %w", pid, err)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) >= 4 && f[0] == "Uid:" {
-			var out []uint32
-			for _, s := range f[1:4] {
-				u, err := strconv.ParseUint(s, 10, 32)
-				if err != nil {
-					return nil, fmt.Errorf("bad Uid line %q", line)
-				}
-				out = append(out, uint32(u))
-			}
-			return out, nil
-		}
-	}
-	return nil, fmt.Errorf("no Uid line in /proc/%d/status", pid)
+	return st.UIDs[:3], nil
 }
 
 // inTree reports whether pid is root or a descendant of it.

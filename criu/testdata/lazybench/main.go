@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/kcr-dev/kcr/criu"
+	"github.com/kcr-dev/kcr/internal/procfs"
 	"github.com/kcr-dev/kcr/internal/testheap"
 	"golang.org/x/sys/unix"
 )
@@ -327,17 +328,11 @@ func cleanup() {
 }
 
 func vmRSS(pid int) (int64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	st, err := procfs.ReadStatus(pid)
 	if err != nil {
 		return 0, err
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
-			kb, err := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10, err
-		}
-	}
-	return 0, errors.New("no VmRSS")
+	return st.RSSBytes, nil
 }
 
 // dirSize sums the images (logs and stats excluded).

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/kcr-dev/kcr/images"
-	"github.com/kcr-dev/kcr/notify"
 	"github.com/kcr-dev/kcr/notify/proto"
 	"github.com/kcr-dev/kcr/runtimehook"
 )
@@ -92,7 +91,7 @@ func CheckpointContainer(ctx context.Context, o ContainerOptions) (*CheckpointRe
 	res.Timings.add(PhaseRuncCheckpoint, time.Since(t))
 	if err != nil {
 		dumpLog := filepath.Join(b.CRIUDir(), "dump.log")
-		if tail := logTail(dumpLog, notify.CarryMarker); tail != "" {
+		if tail := logTail(dumpLog, proto.CarryMarker); tail != "" {
 			// The script keeps no reports when it refuses: its log line
 			// names the resource and the count.
 			return nil, &HookError{Reports: []proto.HookReport{{Name: "container " + o.ID, Error: tail, CarryVeto: true}}, Msg: tail}

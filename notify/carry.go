@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+
+	"github.com/kcr-dev/kcr/notify/proto"
 )
 
 // CarryError is a before-checkpoint hook's veto: the resource would carry
@@ -22,13 +24,9 @@ type CarryError struct {
 	Err error
 }
 
-// CarryMarker is in every CarryError's message, for those who see only
-// the message (kcr reading a CRIU log).
-const CarryMarker = "would carry"
-
-// Error names the count and the reason, with CarryMarker.
+// Error names the count and the reason, with proto.CarryMarker.
 func (e *CarryError) Error() string {
-	s := fmt.Sprintf(CarryMarker+" %d %s into the image", e.Records, plural(e.Records, "record"))
+	s := fmt.Sprintf(proto.CarryMarker+" %d %s into the image", e.Records, plural(e.Records, "record"))
 	if e.Err == nil {
 		return s + ", and the checkpoint asked for none (--require-drained)"
 	}

@@ -57,6 +57,11 @@ const (
 	DefaultMaxHookBudget = 2 * time.Minute
 )
 
+// CarryMarker is in the message of every veto of a resource that would
+// carry records into the image (notify.CarryError), for those who see only
+// the message: kcr reading the log of its CRIU action script.
+const CarryMarker = "would carry"
+
 // ResumeAfterFor is kcr's default for how long an app whose hooks had
 // hookBudget waits for kcr's follow-up before it resumes on its own: the
 // budget and a minute for CRIU's dump. The CLI and the CRIU action script

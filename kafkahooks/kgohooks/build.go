@@ -45,6 +45,7 @@ func newCore(kopts []kgo.Opt, session bool, opts []Opt) (*core, error) {
 	} else if b, _ := probe.OptValue(kgo.AutoCommitMarks).(bool); b {
 		c.commit = commitMarks
 	}
+	c.blockRebalance, _ = probe.OptValue(kgo.BlockRebalanceOnPoll).(bool)
 	probe.Close()
 	if session && c.group == "" {
 		return nil, errors.New("kgohooks: a GroupTransactSession needs kgo.ConsumerGroup")

@@ -53,7 +53,10 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 	}
 	c.gate = make(chan struct{})
 	s := c.state.Load()
-	gated := &state{cl: s.cl, sess: s.sess, dial: s.dial, gen: s.gen, gate: c.gate, txnPass: true, commitPass: true, stop: s.stop, cancel: s.cancel}
+	// A group member with BlockRebalanceOnPoll can leave only once the
+	// application allowed rebalances: until then it may go on producing.
+	waitAllow := c.blockRebalance && c.group != "" && !notify.LeaveRunning(ctx)
+	gated := &state{cl: s.cl, sess: s.sess, dial: s.dial, gen: s.gen, gate: c.gate, txnPass: true, commitPass: true, workPass: waitAllow, stop: s.stop, cancel: s.cancel}
 	c.state.Store(gated)
 	s.cancel() // ends waiting polls
 	resolving, stopResolv := c.resolving, c.stopResolv
@@ -99,6 +102,23 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 	pctx, cancel := share(ctx, 0.2)
 	quiesce.WaitZero(pctx, &c.polls)
 	cancel()
+
+	if waitAllow {
+		actx, cancel := share(ctx, 0.5)
+		for c.held.Load() && actx.Err() == nil {
+			select {
+			case <-actx.Done():
+			case <-time.After(time.Millisecond):
+			}
+		}
+		cancel()
+		c.mu.Lock()
+		c.state.Store(&state{cl: s.cl, sess: s.sess, dial: s.dial, gen: s.gen, gate: c.gate, txnPass: true, commitPass: true, stop: s.stop, cancel: s.cancel})
+		c.mu.Unlock()
+		if c.held.Load() {
+			return finish(fmt.Errorf("%w within half the hook budget; call AllowRebalance when done with each poll (kgo's documented loop), or give the checkpoint a longer --timeout", ErrRebalanceBlocked))
+		}
+	}
 
 	// An open transaction: let the application end it, then apply the policy.
 	if c.baseTxnID != "" {
@@ -193,6 +213,9 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 	if err := closeWithin(ctx, s); err != nil {
 		return finish(err)
 	}
+	c.mu.Lock()
+	c.shut = true
+	c.mu.Unlock()
 	cp.Closed = true
 	return finish(nil)
 }
@@ -303,14 +326,32 @@ func (c *core) AfterRestore(ctx context.Context, ev notify.Event) error {
 		s.dial.Resume()
 		s = newState(s.cl, s.sess, s.dial, s.gen)
 	case c.torn || c.cut:
-		if c.cut {
+		switch {
+		case c.cut:
 			// A restored copy must not write as the original: the old
 			// client's dials fail from now on, and it is closed (a group
 			// member's LeaveGroup cannot reach the broker, so it does not
-			// remove the original, which may run on).
+			// remove the original, which may run on). Its rebalances are
+			// allowed first (a poll of the image may block them) and its
+			// leave is not waited for: it cannot be sent.
 			s.dial.CloseAll(true)
+			s.cl.AllowRebalance()
+			if c.group != "" {
+				gone, cancel := context.WithCancel(ctx)
+				cancel()
+				s.cl.LeaveGroupContext(gone)
+			}
 			if cerr := closeWithin(ctx, s); cerr != nil {
 				c.cfg.log.Warn("closing the kgo client of the image", "err", cerr)
+			}
+		case !c.shut:
+			// The member began leaving but its client did not close
+			// within the budget (the checkpoint was refused): close it
+			// before building the next, so that it neither stays in the
+			// group nor lives beside the new one.
+			s.cl.AllowRebalance()
+			if cerr := closeWithin(ctx, s); cerr != nil {
+				c.cfg.log.Warn("closing the kgo client that left the group", "err", cerr)
 			}
 		}
 		var cl *kgo.Client
@@ -339,7 +380,7 @@ func (c *core) AfterRestore(ctx context.Context, ev notify.Event) error {
 		s = &state{cl: s.cl, closed: true, gate: make(chan struct{}), stop: s.stop, cancel: s.cancel}
 		err = fmt.Errorf("kgohooks: new kgo client: %w", err)
 	}
-	c.torn, c.cut = false, false
+	c.torn, c.cut, c.shut = false, false, false
 	c.state.Store(s)
 	close(c.gate)
 	c.gate = nil

@@ -92,8 +92,8 @@ type state struct {
 	// while it processes what it polled (kgo.BlockRebalanceOnPoll).
 	workPass bool
 	stop     context.Context // canceled when a checkpoint begins: ends polls
-	cancel     context.CancelFunc
-	closed     bool
+	cancel   context.CancelFunc
+	closed   bool
 }
 
 func newState(cl *kgo.Client, sess *kgo.GroupTransactSession, dial *conntrack.Tracker, gen uint64) *state {

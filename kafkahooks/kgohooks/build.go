@@ -46,6 +46,8 @@ func newCore(kopts []kgo.Opt, session bool, opts []Opt) (*core, error) {
 		c.commit = commitMarks
 	}
 	c.blockRebalance, _ = probe.OptValue(kgo.BlockRebalanceOnPoll).(bool)
+	iso, _ := probe.OptValue(kgo.FetchIsolationLevel).(int8) // kgo gives the level as an int8
+	readCommitted := iso == 1
 	probe.Close()
 	if session && c.group == "" {
 		return nil, errors.New("kgohooks: a GroupTransactSession needs kgo.ConsumerGroup")
@@ -59,6 +61,7 @@ func newCore(kopts []kgo.Opt, session bool, opts []Opt) (*core, error) {
 		if c.pos, err = newPositions(parts); err != nil {
 			return nil, err
 		}
+		c.pos.readCommitted = readCommitted
 	}
 	if c.group != "" {
 		c.marks = newMarks()

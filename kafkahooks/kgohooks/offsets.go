@@ -57,7 +57,12 @@ func classify(o kgo.Offset) (at int64, sym startOffset, err error) {
 // is only ever given exact offsets, so a client built after a checkpoint
 // continues exactly where the application stopped.
 type positions struct {
-	mu      sync.Mutex
+	// readCommitted (kgo.FetchIsolationLevel(kgo.ReadCommitted())): the end
+	// of a partition is its last stable offset, as kgo resolves AtEnd,
+	// not its high watermark, which may be past records of open
+	// transactions that will still be committed.
+	readCommitted bool
+	mu            sync.Mutex
 	next    map[tp]int64
 	pending map[tp]startOffset // not resolved yet
 }
@@ -162,7 +167,11 @@ func (p *positions) resolve(ctx context.Context, adm *kadm.Client) (map[string]m
 	if err != nil {
 		return nil, fmt.Errorf("list start offsets: %w", err)
 	}
-	ends, err := adm.ListEndOffsets(ctx, topics...)
+	listEnd := adm.ListEndOffsets
+	if p.readCommitted {
+		listEnd = adm.ListCommittedOffsets
+	}
+	ends, err := listEnd(ctx, topics...)
 	if err == nil {
 		err = ends.Error()
 	}

@@ -41,6 +41,12 @@ type core struct {
 	// the application calls AllowRebalance.
 	blockRebalance bool
 	held           atomic.Bool // a poll was returned and AllowRebalance not called since
+	readCommitted  bool        // kgo.FetchIsolationLevel(kgo.ReadCommitted())
+	userAdjust     adjustFn    // the user's kgo.AdjustFetchOffsetsFn, or nil
+	// recordedRestored counts, since the last restore, the partitions that
+	// continued from the offsets the checkpoint recorded (see groupStarts).
+	recordedRestored atomic.Int64
+	repMu            sync.Mutex // orders updates of the after-restore report
 
 	state   atomic.Pointer[state]
 	calls   atomic.Int64 // Produce, commit and transaction calls inside kgo
@@ -70,7 +76,9 @@ type core struct {
 	gen      uint64
 	clientID string
 	txnID    string
-	bgErr    error // the last error of the background offset resolution
+	bgErr    error        // the last error of the background offset resolution
+	starts   *groupStarts // the current group client's start offsets
+	recorded map[tp]int64 // the group's committed offsets at the last checkpoint, for the next client
 	reports  hookreport.Slot[Report]
 }
 

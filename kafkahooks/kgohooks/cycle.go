@@ -61,6 +61,8 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 	s.cancel() // ends waiting polls
 	resolving, stopResolv := c.resolving, c.stopResolv
 	clientID, txnID := c.clientID, c.txnID
+	starts := c.starts
+	c.recorded = nil
 	c.mu.Unlock()
 
 	cp := &Checkpoint{}
@@ -142,7 +144,15 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 			ectx, cancel := share(ctx, 0.6)
 			quiesce.WaitZero(ectx, &c.calls)
 			cancel()
-			cp.Transaction = c.endOpenTxn(ctx, s)
+			var err error
+			cp.Transaction, err = c.endOpenTxn(ctx, s)
+			if err != nil && c.cfg.txnID == SuffixTxnID {
+				// Restored under another transactional id, nothing would
+				// end it: read_committed readers of its partitions would
+				// wait for transaction.timeout.ms. (With KeepTxnID the
+				// restored client's InitProducerID aborts it.)
+				return finish(fmt.Errorf("kgohooks: the transaction open at the checkpoint could not be aborted (%w); the checkpoint is refused because a copy restored under a new transactional id (SuffixTxnID) could not end it, and read_committed readers would stall until transaction.timeout.ms", err))
+			}
 		}
 	}
 
@@ -174,6 +184,18 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 			return finish(fmt.Errorf("kgohooks: committing the offsets handed out before the checkpoint: %w", err))
 		}
 		cp.StaleCommits = c.marks.staleCommits()
+	}
+	if c.group != "" && starts != nil {
+		pctx, cancel := share(ctx, 0.7)
+		n, rec, err := c.pinStarts(pctx, s.cl, starts)
+		cancel()
+		if err != nil {
+			return finish(fmt.Errorf("kgohooks: pinning the start offsets of partitions the group has no commit for: %w", err))
+		}
+		cp.PartitionsPinned, cp.OffsetsRecorded = n, len(rec)
+		c.mu.Lock()
+		c.recorded = rec
+		c.mu.Unlock()
 	}
 	if c.pos != nil {
 		if next := c.pos.report(); len(next) > 0 {
@@ -266,8 +288,8 @@ func (c *core) commitHanded(ctx context.Context, cl *kgo.Client) (int, int, erro
 }
 
 // endOpenTxn ends the application's open transaction by the policy and
-// returns what it did, for the report.
-func (c *core) endOpenTxn(ctx context.Context, s *state) string {
+// returns what it did, for the report, and the error if it could not end it.
+func (c *core) endOpenTxn(ctx context.Context, s *state) (string, error) {
 	commit := c.cfg.openTxn == CommitOpenTxn
 	var err error
 	committed := false
@@ -285,20 +307,28 @@ func (c *core) endOpenTxn(ctx context.Context, s *state) string {
 		}
 	}
 	if err != nil && !committed && s.sess == nil {
-		// A failed commit is retried as an abort, as kgo's documentation says.
+		// A failed commit is retried as an abort, as kgo's documentation
+		// says. kgo may answer that retry with nil when it could not
+		// reach the coordinator: it fails the producer id so that this
+		// client's next InitProducerID aborts the transaction. A copy
+		// restored under another transactional id never sends that, so
+		// a failed first attempt stands.
+		first := err
 		s.cl.AbortBufferedRecords(ctx)
-		err = s.cl.EndTransaction(ctx, kgo.TryAbort)
+		if err = s.cl.EndTransaction(ctx, kgo.TryAbort); err == nil {
+			err = first
+		}
 	}
 	c.txnOpen.Store(false)
 	if committed {
-		return "committed"
+		return "committed", nil
 	}
 	c.txnAborted.Store(true)
 	if err != nil {
 		c.cfg.log.Warn("aborting the open transaction before the checkpoint", "err", err)
-		return "aborted (" + err.Error() + ")"
+		return "abort failed (" + err.Error() + ")", err
 	}
-	return "aborted"
+	return "aborted", nil
 }
 
 // AfterRestore implements notify.Resource; see the package documentation.
@@ -357,6 +387,7 @@ func (c *core) AfterRestore(ctx context.Context, ev notify.Event) error {
 		var cl *kgo.Client
 		var sess *kgo.GroupTransactSession
 		var dial *conntrack.Tracker
+		c.recordedRestored.Store(0)
 		cl, sess, dial, err = c.build()
 		if err == nil {
 			c.gen++
@@ -381,11 +412,15 @@ func (c *core) AfterRestore(ctx context.Context, ev notify.Event) error {
 		err = fmt.Errorf("kgohooks: new kgo client: %w", err)
 	}
 	c.torn, c.cut, c.shut = false, false, false
+	c.recorded = nil // used by the new client's build, if any
 	c.state.Store(s)
 	close(c.gate)
 	c.gate = nil
 	rep.CallersBlocked = c.blocked.Load()
 	rep.DurationMS = time.Since(start).Milliseconds()
+	c.repMu.Lock()
+	rs.RecordedOffsetsRestored = int(c.recordedRestored.Load())
 	c.reports.Store(rep)
+	c.repMu.Unlock()
 	return err
 }

@@ -46,6 +46,9 @@ func newCore(kopts []kgo.Opt, session bool, opts []Opt) (*core, error) {
 		c.commit = commitMarks
 	}
 	c.blockRebalance, _ = probe.OptValue(kgo.BlockRebalanceOnPoll).(bool)
+	topics, _ := probe.OptValue(kgo.ConsumeTopics).([]string)
+	regex, _ := probe.OptValue(kgo.ConsumeRegex).(bool)
+	startOff, _ := probe.OptValue(kgo.ConsumeStartOffset).(kgo.Offset)
 	iso, _ := probe.OptValue(kgo.FetchIsolationLevel).(int8) // kgo gives the level as an int8
 	c.readCommitted = iso == 1
 	c.userAdjust, _ = probe.OptValue(kgo.AdjustFetchOffsetsFn).(adjustFn)
@@ -66,6 +69,11 @@ func newCore(kopts []kgo.Opt, session bool, opts []Opt) (*core, error) {
 	}
 	if c.group != "" {
 		c.marks = newMarks()
+	} else if len(topics) > 0 {
+		c.tpos = newTopicPositions(startOff)
+		if !regex {
+			c.topics = topics
+		}
 	}
 	c.clientID, c.txnID = c.baseClientID, c.baseTxnID
 	if c.cfg.name == "" {

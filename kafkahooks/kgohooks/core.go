@@ -34,8 +34,10 @@ type core struct {
 	baseTxnID    string
 	group        string
 	commit       commitMode
-	pos          *positions // direct partitions, or nil
-	marks        *marks     // group consumers
+	pos          *positions      // direct partitions, or nil
+	tpos         *topicPositions // direct consumer of whole topics (ConsumeTopics, ConsumeRegex), or nil
+	topics       []string        // kgo.ConsumeTopics without ConsumeRegex
+	marks        *marks          // group consumers
 	// blockRebalance is kgo.BlockRebalanceOnPoll: a poll returned to the
 	// application blocks kgo's rebalances, and so its LeaveGroup, until
 	// the application calls AllowRebalance.
@@ -236,6 +238,12 @@ func (c *core) PollRecords(ctx context.Context, maxPollRecords int) kgo.Fetches 
 		interrupted := s.stop.Err() != nil && ctx.Err() == nil
 		if interrupted {
 			fs = dropCanceled(fs)
+		}
+		if c.tpos != nil && len(fs) > 0 {
+			if fs = c.tpos.filter(s.cl, fs); len(fs) == 0 && !interrupted && ctx.Err() == nil {
+				c.polls.Add(-1)
+				continue // only records handed out before
+			}
 		}
 		if n := fs.NumRecords(); n > 0 {
 			c.handed(s, fs)

@@ -3,6 +3,7 @@ package kgohooks
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -199,6 +200,17 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 	}
 	if c.pos != nil {
 		if next := c.pos.report(); len(next) > 0 {
+			cp.NextOffsets = next
+		}
+	}
+	if c.tpos != nil {
+		tctx, cancel := share(ctx, 0.7)
+		err := c.tpos.checkpoint(tctx, s.cl, slices.Clone(c.topics), c.readCommitted)
+		cancel()
+		if err != nil {
+			return finish(fmt.Errorf("kgohooks: the positions of the consumed topics' partitions: %w", err))
+		}
+		if next := c.tpos.report(); len(next) > 0 {
 			cp.NextOffsets = next
 		}
 	}
@@ -410,6 +422,9 @@ func (c *core) AfterRestore(ctx context.Context, ev notify.Event) error {
 		c.closed = true
 		s = &state{cl: s.cl, closed: true, gate: make(chan struct{}), stop: s.stop, cancel: s.cancel}
 		err = fmt.Errorf("kgohooks: new kgo client: %w", err)
+	}
+	if c.tpos != nil && err == nil {
+		c.tpos.restart(s.cl) // a new client, or one whose buffer the checkpoint drained
 	}
 	c.torn, c.cut, c.shut = false, false, false
 	c.recorded = nil // used by the new client's build, if any

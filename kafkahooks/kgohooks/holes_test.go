@@ -203,3 +203,73 @@ func TestFailedAbortRefusesCheckpoint(t *testing.T) {
 		t.Errorf("transactional id after the refused checkpoint %q, want tx", id)
 	}
 }
+
+// H3. A direct consumer of whole topics (ConsumeTopics, no group) continues
+// after a restore where the application stopped: with AtStart nothing is
+// delivered again, with AtEnd the records produced during the checkpoint
+// (also on a partition it never polled from) and after it are delivered.
+func TestTopicConsumerAcrossRestore(t *testing.T) {
+	for _, reset := range []string{"start", "end"} {
+		t.Run(reset, func(t *testing.T) {
+			addrs, reg := newRig(t, 2, "tc")
+			producePart(t, addrs, "tc", 0, vals("old", 10))
+			reg.Register("probe", notify.Func(func(context.Context) error {
+				producePart(t, addrs, "tc", 0, vals("during0", 3))
+				producePart(t, addrs, "tc", 1, vals("during1", 3))
+				return nil
+			}, nil))
+			off := kgo.NewOffset().AtStart()
+			if reset == "end" {
+				off = kgo.NewOffset().AtEnd()
+			}
+			c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumeTopics("tc"),
+				kgo.ConsumeResetOffset(off), kgo.FetchMaxWait(100 * time.Millisecond)})
+			ctx := testCtx(t, 20*time.Second)
+			var got []string
+			if reset == "start" {
+				got = pollValues(ctx, c, nil, 10)
+			} else {
+				for i := 0; len(got) == 0 && ctx.Err() == nil; i++ {
+					producePart(t, addrs, "tc", 0, []string{"first"})
+					pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+					got = pollValues(pctx, c, got, 1)
+					cancel()
+				}
+			}
+			got = pollMore(ctx, c, got)
+			res := simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
+			t.Logf("before report: %v", res.Before[0].Details)
+			producePart(t, addrs, "tc", 0, vals("after", 5))
+			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			after := pollMore(ctx, c, pollValues(pctx, c, nil, 11))
+			slices.Sort(after)
+			want := slices.Concat(vals("during0", 3), vals("during1", 3), vals("after", 5))
+			slices.Sort(want)
+			if !slices.Equal(after, want) {
+				t.Errorf("after the restore delivered %v, want %v", after, want)
+			}
+		})
+	}
+}
+
+// H3, resume. The checkpoint drains what kgo buffered for a topic consumer
+// (to learn its positions); a resume with the same kgo client hands those
+// records out, in order, none twice.
+func TestTopicConsumerResumeAfterDrain(t *testing.T) {
+	addrs, reg := newRig(t, 1, "tr")
+	producePart(t, addrs, "tr", 0, vals("a", 20))
+	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumeTopics("tr"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)})
+	ctx := testCtx(t, 20*time.Second)
+	got := pollUpTo(t, ctx, c, nil, 5)
+	time.Sleep(200 * time.Millisecond) // kgo buffers the rest
+	simulateOK(t, ctx, reg, notify.SimResume, 5*time.Second)
+	producePart(t, addrs, "tr", 0, vals("b", 5))
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	got = pollMore(ctx, c, pollValues(pctx, c, got, 25))
+	if want := slices.Concat(vals("a", 20), vals("b", 5)); !slices.Equal(got, want) {
+		t.Errorf("delivered %v, want %v", got, want)
+	}
+}

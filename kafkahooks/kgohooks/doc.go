@@ -52,7 +52,6 @@
 //     kept: its connections are closed and new dials wait, so no
 //     connection is open at the dump. A group member that left is closed,
 //     with all its connections.
-//
 //   - With kgo.BlockRebalanceOnPoll, kgo cannot leave the group while the
 //     application holds a poll it has not released with AllowRebalance
 //     (call the wrapper's). A poll the checkpoint ends is released by the

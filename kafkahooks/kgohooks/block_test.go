@@ -3,6 +3,7 @@ package kgohooks
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kcr-dev/kcr/notify"
 )
@@ -269,5 +271,55 @@ func TestBlockRebalanceOnPollLeaveRunningCopy(t *testing.T) {
 	waitFor(t, ctx, "the copy consuming", 15*time.Second, func() bool { return a.count("b-") == 5 })
 	if live, _ := a.live.counts(); live != 1 {
 		t.Errorf("%d kgo clients alive after the restore, want 1", live)
+	}
+}
+
+// H1, torn resume. The member's LeaveGroup gets no answer within the budget
+// (the coordinator hangs): the checkpoint is refused after the member began
+// leaving, and the resume closes that kgo client before it builds the next,
+// so that the old one neither stays in the group nor lives beside the new.
+func TestTornResumeClosesOldClient(t *testing.T) {
+	kf := newKfake(t, 1, "tl")
+	addrs := kf.ListenAddrs()
+	producePlain(t, addrs, "tl", vals("a", 3))
+	release := make(chan struct{})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	defer unblock()
+	kf.ControlKey(int16(kmsg.LeaveGroup), func(kmsg.Request) (kmsg.Response, error, bool) {
+		kf.SleepControl(func() { <-release })
+		return nil, nil, false
+	})
+	reg := notify.NewRegistry()
+	live := &liveClients{}
+	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("tl"), kgo.ConsumeTopics("tl"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond),
+		kgo.WithHooks(live)})
+	ctx := testCtx(t, 20*time.Second)
+	got := pollValues(ctx, c, nil, 3)
+	kcl0 := c.Underlying()
+	res, err := reg.Simulate(ctx, notify.SimRestore, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.BeforeErr == nil || res.Event.Kind != notify.Resume {
+		t.Fatalf("before error %v, event %v: want a refused checkpoint (the leave hangs)", res.BeforeErr, res.Event.Kind)
+	}
+	unblock()
+	if c.Underlying() == kcl0 {
+		t.Error("the resume kept a kgo client that began leaving its group")
+	}
+	select {
+	case <-kcl0.Context().Done():
+	default:
+		t.Error("the resume did not close the kgo client that began leaving the group")
+	}
+	if live, mx := live.counts(); live != 1 || mx != 1 {
+		t.Errorf("kgo clients: %d alive, at most %d at once; want 1 and 1", live, mx)
+	}
+	producePlain(t, addrs, "tl", vals("b", 3))
+	got = pollValues(ctx, c, got, 6)
+	if want := append(vals("a", 3), vals("b", 3)...); !slices.Equal(got, want) {
+		t.Errorf("delivered %v, want %v", got, want)
 	}
 }

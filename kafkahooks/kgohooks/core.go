@@ -71,6 +71,9 @@ type core struct {
 	closed bool
 	torn   bool // the before hook of this cycle left the group (the kgo client is replaced)
 	shut   bool // ... and closed the kgo client
+	// closing is closed when the kgo client the before hook began closing
+	// is closed (set when the hook did not wait for it).
+	closing <-chan struct{}
 	// cut is set when the before hook of this cycle closed the kgo
 	// client's connections and kept the client, for a resume.
 	cut      bool

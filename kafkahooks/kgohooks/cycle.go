@@ -244,7 +244,11 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 	if err != nil {
 		c.cfg.log.Warn("leaving the group before the checkpoint", "err", err)
 	}
-	if err := closeWithin(ctx, s); err != nil {
+	closing := startClose(s)
+	if err := waitClosed(ctx, closing); err != nil {
+		c.mu.Lock()
+		c.closing = closing // the resume waits for it
+		c.mu.Unlock()
 		return finish(err)
 	}
 	c.mu.Lock()
@@ -256,6 +260,13 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 
 // closeWithin closes s's kgo client (or session), waiting until ctx ends.
 func closeWithin(ctx context.Context, s *state) error {
+	return waitClosed(ctx, startClose(s))
+}
+
+// startClose closes s's kgo client (or session) in the background; the
+// channel is closed when it is. A kgo client is closed once: a second Close
+// would run kgo's OnClientClosed hooks again.
+func startClose(s *state) <-chan struct{} {
 	closed := make(chan struct{})
 	go func() {
 		if s.sess != nil {
@@ -265,6 +276,10 @@ func closeWithin(ctx context.Context, s *state) error {
 		}
 		close(closed)
 	}()
+	return closed
+}
+
+func waitClosed(ctx context.Context, closed <-chan struct{}) error {
 	select {
 	case <-closed:
 		return nil
@@ -392,7 +407,11 @@ func (c *core) AfterRestore(ctx context.Context, ev notify.Event) error {
 			// before building the next, so that it neither stays in the
 			// group nor lives beside the new one.
 			s.cl.AllowRebalance()
-			if cerr := closeWithin(ctx, s); cerr != nil {
+			closing := c.closing
+			if closing == nil {
+				closing = startClose(s)
+			}
+			if cerr := waitClosed(ctx, closing); cerr != nil {
 				c.cfg.log.Warn("closing the kgo client that left the group", "err", cerr)
 			}
 		}
@@ -426,7 +445,7 @@ func (c *core) AfterRestore(ctx context.Context, ev notify.Event) error {
 	if c.tpos != nil && err == nil {
 		c.tpos.restart(s.cl) // a new client, or one whose buffer the checkpoint drained
 	}
-	c.torn, c.cut, c.shut = false, false, false
+	c.torn, c.cut, c.shut, c.closing = false, false, false, nil
 	c.recorded = nil // used by the new client's build, if any
 	c.state.Store(s)
 	close(c.gate)

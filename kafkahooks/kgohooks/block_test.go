@@ -323,3 +323,45 @@ func TestTornResumeClosesOldClient(t *testing.T) {
 		t.Errorf("delivered %v, want %v", got, want)
 	}
 }
+
+// H1, consume-transform-produce. The application holds polled records when
+// the checkpoint begins and produces while processing them: its Produce
+// passes the gate while the hook waits for its AllowRebalance, the record
+// is flushed before the dump, and the checkpoint succeeds.
+func TestBlockRebalanceProduceWhileHeld(t *testing.T) {
+	addrs := newCluster(t, 1, "bp", "bp-out")
+	producePlain(t, addrs, "bp", vals("a", 3))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	reg := notify.NewRegistry()
+	a := newBlockMember(t, addrs, "bp", "bp", "a", reg)
+	defer a.c.Close()
+	release := make(chan struct{})
+	a.hold, a.holding = release, make(chan struct{})
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	a.run(ctx, &wg)
+	<-a.holding
+	type result struct {
+		res notify.SimResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := reg.Simulate(ctx, notify.SimRestore, 4*time.Second)
+		done <- result{res, err}
+	}()
+	waitFor(t, ctx, "the checkpoint's gate closed", 5*time.Second, func() bool { return a.c.state.Load().gate != nil })
+	if err := a.c.ProduceSync(ctx, &kgo.Record{Topic: "bp-out", Value: []byte("x")}).FirstErr(); err != nil {
+		t.Fatalf("produce while holding polled records during the checkpoint: %v", err)
+	}
+	close(release)
+	r := <-done
+	if r.err != nil || r.res.BeforeErr != nil || r.res.AfterErr != nil {
+		t.Fatalf("cycle: %v, before %v, after %v", r.err, r.res.BeforeErr, r.res.AfterErr)
+	}
+	if got := readAll(t, addrs, "bp-out", 1); !slices.Equal(got, []string{"x"}) {
+		t.Errorf("output %v, want [x]", got)
+	}
+}

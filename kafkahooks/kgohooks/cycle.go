@@ -60,10 +60,10 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 	gated := &state{cl: s.cl, sess: s.sess, dial: s.dial, gen: s.gen, gate: c.gate, txnPass: true, commitPass: true, workPass: waitAllow, stop: s.stop, cancel: s.cancel}
 	c.state.Store(gated)
 	s.cancel() // ends waiting polls
-	resolving, stopResolv := c.resolving, c.stopResolv
-	clientID, txnID := c.clientID, c.txnID
 	starts := c.starts
 	c.recorded = nil
+	resolving, stopResolv := c.resolving, c.stopResolv
+	clientID, txnID := c.clientID, c.txnID
 	c.mu.Unlock()
 
 	cp := &Checkpoint{}

@@ -45,6 +45,13 @@ func newCore(kopts []kgo.Opt, session bool, opts []Opt) (*core, error) {
 	} else if b, _ := probe.OptValue(kgo.AutoCommitMarks).(bool); b {
 		c.commit = commitMarks
 	}
+	c.blockRebalance, _ = probe.OptValue(kgo.BlockRebalanceOnPoll).(bool)
+	topics, _ := probe.OptValue(kgo.ConsumeTopics).([]string)
+	regex, _ := probe.OptValue(kgo.ConsumeRegex).(bool)
+	startOff, _ := probe.OptValue(kgo.ConsumeStartOffset).(kgo.Offset)
+	iso, _ := probe.OptValue(kgo.FetchIsolationLevel).(int8) // kgo gives the level as an int8
+	c.readCommitted = iso == 1
+	c.userAdjust, _ = probe.OptValue(kgo.AdjustFetchOffsetsFn).(adjustFn)
 	probe.Close()
 	if session && c.group == "" {
 		return nil, errors.New("kgohooks: a GroupTransactSession needs kgo.ConsumerGroup")
@@ -58,9 +65,15 @@ func newCore(kopts []kgo.Opt, session bool, opts []Opt) (*core, error) {
 		if c.pos, err = newPositions(parts); err != nil {
 			return nil, err
 		}
+		c.pos.readCommitted = c.readCommitted
 	}
 	if c.group != "" {
 		c.marks = newMarks()
+	} else if len(topics) > 0 {
+		c.tpos = newTopicPositions(startOff)
+		if !regex {
+			c.topics = topics
+		}
 	}
 	c.clientID, c.txnID = c.baseClientID, c.baseTxnID
 	if c.cfg.name == "" {
@@ -94,14 +107,28 @@ func (c *core) build() (*kgo.Client, *kgo.GroupTransactSession, *conntrack.Track
 			opts = append(opts, kgo.ConsumePartitions(exact))
 		}
 	}
+	var starts *groupStarts
+	if c.group != "" {
+		// Partitions without a commit start at exact offsets kgohooks
+		// resolves, so that a checkpoint can pin them (see groupStarts).
+		starts = newGroupStarts(c.recorded)
+		c.recorded = nil
+		opts = append(opts, kgo.AdjustFetchOffsetsFn(c.adjust(starts, c.userAdjust)))
+	}
 	if c.session {
 		s, err := kgo.NewGroupTransactSession(opts...)
 		if err != nil {
 			return nil, nil, nil, err
 		}
+		starts.cl.Store(s.Client())
+		c.starts = starts
 		return s.Client(), s, dial, nil
 	}
 	cl, err := kgo.NewClient(opts...)
+	if err == nil && starts != nil {
+		starts.cl.Store(cl)
+		c.starts = starts
+	}
 	return cl, nil, dial, err
 }
 

@@ -206,3 +206,10 @@ func chanClosed(ch chan struct{}) bool {
 func (c *Client) Close() {
 	c.close(func(s *state) { s.cl.Close() })
 }
+
+// CloseAllowingRebalance is kgo.Client.CloseAllowingRebalance: AllowRebalance,
+// then Close.
+func (c *Client) CloseAllowingRebalance() {
+	c.held.Store(false)
+	c.close(func(s *state) { s.cl.CloseAllowingRebalance() })
+}

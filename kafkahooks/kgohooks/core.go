@@ -34,8 +34,21 @@ type core struct {
 	baseTxnID    string
 	group        string
 	commit       commitMode
-	pos          *positions // direct partitions, or nil
-	marks        *marks     // group consumers
+	pos          *positions      // direct partitions, or nil
+	tpos         *topicPositions // direct consumer of whole topics (ConsumeTopics, ConsumeRegex), or nil
+	topics       []string        // kgo.ConsumeTopics without ConsumeRegex
+	marks        *marks          // group consumers
+	// blockRebalance is kgo.BlockRebalanceOnPoll: a poll returned to the
+	// application blocks kgo's rebalances, and so its LeaveGroup, until
+	// the application calls AllowRebalance.
+	blockRebalance bool
+	held           atomic.Bool // a poll was returned and AllowRebalance not called since
+	readCommitted  bool        // kgo.FetchIsolationLevel(kgo.ReadCommitted())
+	userAdjust     adjustFn    // the user's kgo.AdjustFetchOffsetsFn, or nil
+	// recordedRestored counts, since the last restore, the partitions that
+	// continued from the offsets the checkpoint recorded (see groupStarts).
+	recordedRestored atomic.Int64
+	repMu            sync.Mutex // orders updates of the after-restore report
 
 	state   atomic.Pointer[state]
 	calls   atomic.Int64 // Produce, commit and transaction calls inside kgo
@@ -56,7 +69,11 @@ type core struct {
 	mu     sync.Mutex
 	gate   chan struct{}
 	closed bool
-	torn   bool // the before hook of this cycle closed the kgo client
+	torn   bool // the before hook of this cycle left the group (the kgo client is replaced)
+	shut   bool // ... and closed the kgo client
+	// closing is closed when the kgo client the before hook began closing
+	// is closed (set when the hook did not wait for it).
+	closing <-chan struct{}
 	// cut is set when the before hook of this cycle closed the kgo
 	// client's connections and kept the client, for a resume.
 	cut      bool
@@ -64,7 +81,9 @@ type core struct {
 	gen      uint64
 	clientID string
 	txnID    string
-	bgErr    error // the last error of the background offset resolution
+	bgErr    error        // the last error of the background offset resolution
+	starts   *groupStarts // the current group client's start offsets
+	recorded map[tp]int64 // the group's committed offsets at the last checkpoint, for the next client
 	reports  hookreport.Slot[Report]
 }
 
@@ -81,9 +100,13 @@ type state struct {
 	// commitPass lets the application's commits through until the hook
 	// commits on its own.
 	commitPass bool
-	stop       context.Context // canceled when a checkpoint begins: ends polls
-	cancel     context.CancelFunc
-	closed     bool
+	// workPass lets new work other than polls through while the hook
+	// waits for the application to call AllowRebalance: it may produce
+	// while it processes what it polled (kgo.BlockRebalanceOnPoll).
+	workPass bool
+	stop     context.Context // canceled when a checkpoint begins: ends polls
+	cancel   context.CancelFunc
+	closed   bool
 }
 
 func newState(cl *kgo.Client, sess *kgo.GroupTransactSession, dial *conntrack.Tracker, gen uint64) *state {
@@ -93,9 +116,10 @@ func newState(cl *kgo.Client, sess *kgo.GroupTransactSession, dial *conntrack.Tr
 
 // Kinds of calls, for the gate.
 const (
-	newWork   = iota // waits at a closed gate
+	newWork   = iota // waits at a closed gate, unless workPass
 	txnWork          // passes while the hook waits for the open transaction
 	commitReq        // passes until the hook commits itself
+	pollWork         // always waits at a closed gate
 )
 
 // enter counts a call and returns the state to make it on, waiting at a
@@ -104,7 +128,8 @@ func (c *core) enter(ctx context.Context, counter *atomic.Int64, kind int) (*sta
 	for {
 		counter.Add(1)
 		s := c.state.Load()
-		if s.gate == nil || (kind == txnWork && s.txnPass && c.txnOpen.Load()) || (kind == commitReq && s.commitPass) {
+		if s.gate == nil || (kind == txnWork && s.txnPass && c.txnOpen.Load()) || (kind == commitReq && s.commitPass) ||
+			(kind != pollWork && kind != commitReq && s.workPass) {
 			return s, nil
 		}
 		counter.Add(-1)
@@ -204,7 +229,7 @@ func (c *core) PollFetches(ctx context.Context) kgo.Fetches { return c.PollRecor
 // PollRecords is kgo.Client.PollRecords, gated like PollFetches.
 func (c *core) PollRecords(ctx context.Context, maxPollRecords int) kgo.Fetches {
 	for {
-		s, err := c.enter(ctx, &c.polls, newWork)
+		s, err := c.enter(ctx, &c.polls, pollWork)
 		if err != nil {
 			return kgo.NewErrFetch(err)
 		}
@@ -217,15 +242,42 @@ func (c *core) PollRecords(ctx context.Context, maxPollRecords int) kgo.Fetches 
 		if interrupted {
 			fs = dropCanceled(fs)
 		}
+		if c.tpos != nil && len(fs) > 0 {
+			if fs = c.tpos.filter(s.cl, fs); len(fs) == 0 && !interrupted && ctx.Err() == nil {
+				c.polls.Add(-1)
+				continue // only records handed out before
+			}
+		}
 		if n := fs.NumRecords(); n > 0 {
 			c.handed(s, fs)
 		}
-		c.polls.Add(-1)
 		if interrupted && fs.NumRecords() == 0 && len(fs.Errors()) == 0 {
-			continue // the checkpoint ended this poll: wait at the gate
+			// The checkpoint ended this poll: wait at the gate. With
+			// BlockRebalanceOnPoll kgo counted it as a poll that blocks
+			// rebalances; the application never sees it, so it would
+			// never allow them, and the group could not be left.
+			if c.blockRebalance && !c.held.Load() {
+				s.cl.AllowRebalance()
+			}
+			c.polls.Add(-1)
+			continue
 		}
+		if c.blockRebalance && len(fs) > 0 {
+			c.held.Store(true)
+		}
+		c.polls.Add(-1)
 		return fs
 	}
+}
+
+// AllowRebalance is kgo.Client.AllowRebalance, for kgo.BlockRebalanceOnPoll:
+// call it when done with what the polls returned, as kgo documents. A
+// checkpoint that leaves the group waits up to half its budget for it (calls
+// other than polls pass the gate meanwhile), and is refused with
+// ErrRebalanceBlocked if it does not come.
+func (c *core) AllowRebalance() {
+	c.state.Load().cl.AllowRebalance()
+	c.held.Store(false)
 }
 
 // handed notes the records a poll hands to the application.

@@ -3,6 +3,7 @@ package kgohooks
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -53,9 +54,14 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 	}
 	c.gate = make(chan struct{})
 	s := c.state.Load()
-	gated := &state{cl: s.cl, sess: s.sess, dial: s.dial, gen: s.gen, gate: c.gate, txnPass: true, commitPass: true, stop: s.stop, cancel: s.cancel}
+	// A group member with BlockRebalanceOnPoll can leave only once the
+	// application allowed rebalances: until then it may go on producing.
+	waitAllow := c.blockRebalance && c.group != "" && !notify.LeaveRunning(ctx)
+	gated := &state{cl: s.cl, sess: s.sess, dial: s.dial, gen: s.gen, gate: c.gate, txnPass: true, commitPass: true, workPass: waitAllow, stop: s.stop, cancel: s.cancel}
 	c.state.Store(gated)
 	s.cancel() // ends waiting polls
+	starts := c.starts
+	c.recorded = nil
 	resolving, stopResolv := c.resolving, c.stopResolv
 	clientID, txnID := c.clientID, c.txnID
 	c.mu.Unlock()
@@ -100,6 +106,23 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 	quiesce.WaitZero(pctx, &c.polls)
 	cancel()
 
+	if waitAllow {
+		actx, cancel := share(ctx, 0.5)
+		for c.held.Load() && actx.Err() == nil {
+			select {
+			case <-actx.Done():
+			case <-time.After(time.Millisecond):
+			}
+		}
+		cancel()
+		c.mu.Lock()
+		c.state.Store(&state{cl: s.cl, sess: s.sess, dial: s.dial, gen: s.gen, gate: c.gate, txnPass: true, commitPass: true, stop: s.stop, cancel: s.cancel})
+		c.mu.Unlock()
+		if c.held.Load() {
+			return finish(fmt.Errorf("%w within half the hook budget; call AllowRebalance when done with each poll (kgo's documented loop), or give the checkpoint a longer --timeout", ErrRebalanceBlocked))
+		}
+	}
+
 	// An open transaction: let the application end it, then apply the policy.
 	if c.baseTxnID != "" {
 		tctx, cancel := share(ctx, 0.5)
@@ -122,7 +145,15 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 			ectx, cancel := share(ctx, 0.6)
 			quiesce.WaitZero(ectx, &c.calls)
 			cancel()
-			cp.Transaction = c.endOpenTxn(ctx, s)
+			var err error
+			cp.Transaction, err = c.endOpenTxn(ctx, s)
+			if err != nil && c.cfg.txnID == SuffixTxnID {
+				// Restored under another transactional id, nothing would
+				// end it: read_committed readers of its partitions would
+				// wait for transaction.timeout.ms. (With KeepTxnID the
+				// restored client's InitProducerID aborts it.)
+				return finish(fmt.Errorf("kgohooks: the transaction open at the checkpoint could not be aborted (%w); the checkpoint is refused because a copy restored under a new transactional id (SuffixTxnID) could not end it, and read_committed readers would stall until transaction.timeout.ms", err))
+			}
 		}
 	}
 
@@ -155,8 +186,31 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 		}
 		cp.StaleCommits = c.marks.staleCommits()
 	}
+	if c.group != "" && starts != nil {
+		pctx, cancel := share(ctx, 0.7)
+		n, rec, err := c.pinStarts(pctx, s.cl, starts)
+		cancel()
+		if err != nil {
+			return finish(fmt.Errorf("kgohooks: pinning the start offsets of partitions the group has no commit for: %w", err))
+		}
+		cp.PartitionsPinned, cp.OffsetsRecorded = n, len(rec)
+		c.mu.Lock()
+		c.recorded = rec
+		c.mu.Unlock()
+	}
 	if c.pos != nil {
 		if next := c.pos.report(); len(next) > 0 {
+			cp.NextOffsets = next
+		}
+	}
+	if c.tpos != nil {
+		tctx, cancel := share(ctx, 0.7)
+		err := c.tpos.checkpoint(tctx, s.cl, slices.Clone(c.topics), c.readCommitted)
+		cancel()
+		if err != nil {
+			return finish(fmt.Errorf("kgohooks: the positions of the consumed topics' partitions: %w", err))
+		}
+		if next := c.tpos.report(); len(next) > 0 {
 			cp.NextOffsets = next
 		}
 	}
@@ -190,15 +244,29 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 	if err != nil {
 		c.cfg.log.Warn("leaving the group before the checkpoint", "err", err)
 	}
-	if err := closeWithin(ctx, s); err != nil {
+	closing := startClose(s)
+	if err := waitClosed(ctx, closing); err != nil {
+		c.mu.Lock()
+		c.closing = closing // the resume waits for it
+		c.mu.Unlock()
 		return finish(err)
 	}
+	c.mu.Lock()
+	c.shut = true
+	c.mu.Unlock()
 	cp.Closed = true
 	return finish(nil)
 }
 
 // closeWithin closes s's kgo client (or session), waiting until ctx ends.
 func closeWithin(ctx context.Context, s *state) error {
+	return waitClosed(ctx, startClose(s))
+}
+
+// startClose closes s's kgo client (or session) in the background; the
+// channel is closed when it is. A kgo client is closed once: a second Close
+// would run kgo's OnClientClosed hooks again.
+func startClose(s *state) <-chan struct{} {
 	closed := make(chan struct{})
 	go func() {
 		if s.sess != nil {
@@ -208,6 +276,10 @@ func closeWithin(ctx context.Context, s *state) error {
 		}
 		close(closed)
 	}()
+	return closed
+}
+
+func waitClosed(ctx context.Context, closed <-chan struct{}) error {
 	select {
 	case <-closed:
 		return nil
@@ -243,8 +315,8 @@ func (c *core) commitHanded(ctx context.Context, cl *kgo.Client) (int, int, erro
 }
 
 // endOpenTxn ends the application's open transaction by the policy and
-// returns what it did, for the report.
-func (c *core) endOpenTxn(ctx context.Context, s *state) string {
+// returns what it did, for the report, and the error if it could not end it.
+func (c *core) endOpenTxn(ctx context.Context, s *state) (string, error) {
 	commit := c.cfg.openTxn == CommitOpenTxn
 	var err error
 	committed := false
@@ -262,20 +334,28 @@ func (c *core) endOpenTxn(ctx context.Context, s *state) string {
 		}
 	}
 	if err != nil && !committed && s.sess == nil {
-		// A failed commit is retried as an abort, as kgo's documentation says.
+		// A failed commit is retried as an abort, as kgo's documentation
+		// says. kgo may answer that retry with nil when it could not
+		// reach the coordinator: it fails the producer id so that this
+		// client's next InitProducerID aborts the transaction. A copy
+		// restored under another transactional id never sends that, so
+		// a failed first attempt stands.
+		first := err
 		s.cl.AbortBufferedRecords(ctx)
-		err = s.cl.EndTransaction(ctx, kgo.TryAbort)
+		if err = s.cl.EndTransaction(ctx, kgo.TryAbort); err == nil {
+			err = first
+		}
 	}
 	c.txnOpen.Store(false)
 	if committed {
-		return "committed"
+		return "committed", nil
 	}
 	c.txnAborted.Store(true)
 	if err != nil {
 		c.cfg.log.Warn("aborting the open transaction before the checkpoint", "err", err)
-		return "aborted (" + err.Error() + ")"
+		return "abort failed (" + err.Error() + ")", err
 	}
-	return "aborted"
+	return "aborted", nil
 }
 
 // AfterRestore implements notify.Resource; see the package documentation.
@@ -303,19 +383,42 @@ func (c *core) AfterRestore(ctx context.Context, ev notify.Event) error {
 		s.dial.Resume()
 		s = newState(s.cl, s.sess, s.dial, s.gen)
 	case c.torn || c.cut:
-		if c.cut {
+		switch {
+		case c.cut:
 			// A restored copy must not write as the original: the old
 			// client's dials fail from now on, and it is closed (a group
 			// member's LeaveGroup cannot reach the broker, so it does not
-			// remove the original, which may run on).
+			// remove the original, which may run on). Its rebalances are
+			// allowed first (a poll of the image may block them) and its
+			// leave is not waited for: it cannot be sent.
 			s.dial.CloseAll(true)
+			s.cl.AllowRebalance()
+			if c.group != "" {
+				gone, cancel := context.WithCancel(ctx)
+				cancel()
+				s.cl.LeaveGroupContext(gone)
+			}
 			if cerr := closeWithin(ctx, s); cerr != nil {
 				c.cfg.log.Warn("closing the kgo client of the image", "err", cerr)
+			}
+		case !c.shut:
+			// The member began leaving but its client did not close
+			// within the budget (the checkpoint was refused): close it
+			// before building the next, so that it neither stays in the
+			// group nor lives beside the new one.
+			s.cl.AllowRebalance()
+			closing := c.closing
+			if closing == nil {
+				closing = startClose(s)
+			}
+			if cerr := waitClosed(ctx, closing); cerr != nil {
+				c.cfg.log.Warn("closing the kgo client that left the group", "err", cerr)
 			}
 		}
 		var cl *kgo.Client
 		var sess *kgo.GroupTransactSession
 		var dial *conntrack.Tracker
+		c.recordedRestored.Store(0)
 		cl, sess, dial, err = c.build()
 		if err == nil {
 			c.gen++
@@ -339,12 +442,19 @@ func (c *core) AfterRestore(ctx context.Context, ev notify.Event) error {
 		s = &state{cl: s.cl, closed: true, gate: make(chan struct{}), stop: s.stop, cancel: s.cancel}
 		err = fmt.Errorf("kgohooks: new kgo client: %w", err)
 	}
-	c.torn, c.cut = false, false
+	if c.tpos != nil && err == nil {
+		c.tpos.restart(s.cl) // a new client, or one whose buffer the checkpoint drained
+	}
+	c.torn, c.cut, c.shut, c.closing = false, false, false, nil
+	c.recorded = nil // used by the new client's build, if any
 	c.state.Store(s)
 	close(c.gate)
 	c.gate = nil
 	rep.CallersBlocked = c.blocked.Load()
 	rep.DurationMS = time.Since(start).Milliseconds()
+	c.repMu.Lock()
+	rs.RecordedOffsetsRestored = int(c.recordedRestored.Load())
 	c.reports.Store(rep)
+	c.repMu.Unlock()
 	return err
 }

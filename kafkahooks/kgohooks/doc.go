@@ -52,6 +52,30 @@
 //     kept: its connections are closed and new dials wait, so no
 //     connection is open at the dump. A group member that left is closed,
 //     with all its connections.
+//   - With kgo.BlockRebalanceOnPoll, kgo cannot leave the group while the
+//     application holds a poll it has not released with AllowRebalance
+//     (call the wrapper's). A poll the checkpoint ends is released by the
+//     wrapper (the application never sees it); for records the
+//     application holds, the hook waits up to half its budget for its
+//     AllowRebalance, letting its other calls (Produce, …) through, and
+//     then refuses the checkpoint with ErrRebalanceBlocked before anything
+//     is torn down: the member goes on unchanged.
+//   - A group member commits (pins) the start offset of every partition it
+//     was assigned without a commit and that still has none (nothing
+//     polled, or polled and not committed): kgohooks resolves those start
+//     offsets itself in kgo's AdjustFetchOffsetsFn (the user's runs first),
+//     so the next member does not resolve AtEnd again past the records
+//     produced meanwhile. It then records the group's committed offsets:
+//     a restored member that finds a partition without a commit (expired by
+//     offsets.retention.minutes while the group was empty, or deleted)
+//     continues from the recorded offset, logs it, and counts it in its
+//     after-restore report.
+//   - A direct consumer of whole topics (kgo.ConsumeTopics or ConsumeRegex
+//     without a group) drains what kgo buffered and records its positions;
+//     the next client (or the same one, resumed) is moved to them with
+//     SetOffsets, and no record is handed out twice.
+//   - A transaction whose abort fails (the coordinator does not answer
+//     within the budget) refuses the checkpoint, unless KeepTxnID.
 //
 // The Report of the hook run (CheckpointReport gives it as a map, in the
 // image manifest) says how many records were flushed, how many partitions

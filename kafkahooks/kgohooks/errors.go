@@ -15,6 +15,12 @@ var (
 	// ErrRecordsNotFlushed is the error of a checkpoint refused because buffered
 	// records were not all acknowledged within the hook's budget.
 	ErrRecordsNotFlushed = errors.New("kgohooks: records not acknowledged within the checkpoint budget")
+	// ErrRebalanceBlocked is the error of a checkpoint refused because the
+	// application, with kgo.BlockRebalanceOnPoll, kept records it polled
+	// without calling AllowRebalance for half the hook's budget: kgo cannot
+	// leave the group before it does. Nothing was torn down; the client
+	// goes on as the same group member.
+	ErrRebalanceBlocked = errors.New("kgohooks: the application holds polled records and has not called AllowRebalance (kgo.BlockRebalanceOnPoll)")
 )
 
 // IsFenced reports whether err is one the broker gives a transactional

@@ -57,9 +57,14 @@ func classify(o kgo.Offset) (at int64, sym startOffset, err error) {
 // is only ever given exact offsets, so a client built after a checkpoint
 // continues exactly where the application stopped.
 type positions struct {
-	mu      sync.Mutex
-	next    map[tp]int64
-	pending map[tp]startOffset // not resolved yet
+	// readCommitted (kgo.FetchIsolationLevel(kgo.ReadCommitted())): the end
+	// of a partition is its last stable offset, as kgo resolves AtEnd,
+	// not its high watermark, which may be past records of open
+	// transactions that will still be committed.
+	readCommitted bool
+	mu            sync.Mutex
+	next          map[tp]int64
+	pending       map[tp]startOffset // not resolved yet
 }
 
 func newPositions(parts map[string]map[int32]kgo.Offset) (*positions, error) {
@@ -147,6 +152,31 @@ func (p *positions) resolve(ctx context.Context, adm *kadm.Client) (map[string]m
 	if len(pending) == 0 {
 		return nil, nil
 	}
+	resolved, err := resolveStarts(ctx, adm, p.readCommitted, pending)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]map[int32]kgo.Offset{}
+	p.mu.Lock()
+	for k, at := range resolved {
+		if _, still := p.pending[k]; still {
+			delete(p.pending, k)
+			p.next[k] = at
+			if out[k.topic] == nil {
+				out[k.topic] = map[int32]kgo.Offset{}
+			}
+			out[k.topic][k.partition] = kgo.NewOffset().At(at)
+		}
+	}
+	p.mu.Unlock()
+	return out, nil
+}
+
+// resolveStarts asks the broker for the exact offsets that the symbolic start
+// offsets of the partitions in pending name now, as kgo would resolve them:
+// AtEnd is the high watermark, or the last stable offset with
+// readCommitted; every offset is bounded by the partition's start and end.
+func resolveStarts(ctx context.Context, adm *kadm.Client, readCommitted bool, pending map[tp]startOffset) (map[tp]int64, error) {
 	var topics []string
 	seen := map[string]bool{}
 	for k := range pending {
@@ -162,7 +192,11 @@ func (p *positions) resolve(ctx context.Context, adm *kadm.Client) (map[string]m
 	if err != nil {
 		return nil, fmt.Errorf("list start offsets: %w", err)
 	}
-	ends, err := adm.ListEndOffsets(ctx, topics...)
+	listEnd := adm.ListEndOffsets
+	if readCommitted {
+		listEnd = adm.ListCommittedOffsets
+	}
+	ends, err := listEnd(ctx, topics...)
 	if err == nil {
 		err = ends.Error()
 	}
@@ -170,7 +204,6 @@ func (p *positions) resolve(ctx context.Context, adm *kadm.Client) (map[string]m
 		return nil, fmt.Errorf("list end offsets: %w", err)
 	}
 	milli := map[int64]kadm.ListedOffsets{}
-	out := map[string]map[int32]kgo.Offset{}
 	resolved := map[tp]int64{}
 	for k, sym := range pending {
 		s, ok1 := starts.Lookup(k.topic, k.partition)
@@ -201,24 +234,9 @@ func (p *positions) resolve(ctx context.Context, adm *kadm.Client) (map[string]m
 				at = l.Offset
 			}
 		}
-		at = min(max(at, s.Offset), e.Offset)
-		resolved[k] = at
-		if out[k.topic] == nil {
-			out[k.topic] = map[int32]kgo.Offset{}
-		}
-		out[k.topic][k.partition] = kgo.NewOffset().At(at)
+		resolved[k] = min(max(at, s.Offset), e.Offset)
 	}
-	p.mu.Lock()
-	for k, at := range resolved {
-		if _, still := p.pending[k]; still {
-			delete(p.pending, k)
-			p.next[k] = at
-		} else {
-			delete(out[k.topic], k.partition) // removed meanwhile
-		}
-	}
-	p.mu.Unlock()
-	return out, nil
+	return resolved, nil
 }
 
 func (p *positions) report() map[string]int64 {

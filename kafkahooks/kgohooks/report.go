@@ -21,7 +21,8 @@ type Checkpoint struct {
 	Error string `json:"error,omitempty"` // why the checkpoint was refused
 	// Transaction is what happened to the application's transaction:
 	// "none" (none was open), "open" (FailOnOpenTxn refused), "committed",
-	// "aborted" or "aborted (<error>)"; "" if the client is not
+	// "aborted" or "abort failed (<error>)" (the checkpoint is refused
+	// unless KeepTxnID); "" if the client is not
 	// transactional.
 	Transaction    string `json:"transaction,omitempty"`
 	RecordsFlushed int64  `json:"records_flushed"` // buffered records acknowledged by the flush
@@ -44,6 +45,16 @@ type GroupCheckpoint struct {
 	// the hook committed (Client only), in CommitAttempts attempts.
 	PartitionsCommitted int `json:"partitions_committed,omitempty"`
 	CommitAttempts      int `json:"commit_attempts,omitempty"`
+	// PartitionsPinned counts the partitions the group had no commit for
+	// whose start offset (where this member started consuming them) the
+	// hook committed, so that the next member does not resolve
+	// ConsumeResetOffset again (AtEnd would skip the records produced
+	// meanwhile).
+	PartitionsPinned int `json:"partitions_pinned,omitempty"`
+	// OffsetsRecorded counts the group's committed offsets the hook read
+	// after its commits: a restored member continues from them where the
+	// group has lost its commit by then (offsets.retention.minutes).
+	OffsetsRecorded int `json:"offsets_recorded,omitempty"`
 	// StaleCommits is a running total of dropped commits of records
 	// handed out before a checkpoint (Client only).
 	StaleCommits int64 `json:"stale_commits,omitempty"`
@@ -61,4 +72,10 @@ type KeptClient struct {
 type Restore struct {
 	Event     string `json:"event"`      // "restore" or "resume"
 	NewClient bool   `json:"new_client"` // the hook built a new kgo client
+	// RecordedOffsetsRestored counts the partitions the restored group
+	// member found without a committed offset in the group (expired by
+	// offsets.retention.minutes, or deleted) and continued from the offset
+	// the image recorded. It is updated when the member joins, after the
+	// hook returned.
+	RecordedOffsetsRestored int `json:"recorded_offsets_restored,omitempty"`
 }

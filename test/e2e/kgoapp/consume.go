@@ -3,7 +3,10 @@ package main
 import (
 	"context"
 	"errors"
+	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -17,12 +20,28 @@ import (
 
 // runConsume is the group consumer mode (-consume): poll, log what was
 // processed ("proc", as kafkaapp), then commit it (at-least-once).
+//
+// KGOAPP_CONSUME_OPTS (comma-separated, from the environment, so that the
+// shared group test runs unchanged) varies the kgo options:
+// "block-rebalance" (kgo.BlockRebalanceOnPoll; the loop calls
+// AllowRebalance after each commit), "reset-end" (ConsumeResetOffset
+// AtEnd instead of AtStart).
 func runConsume(brokers []string, topic, group, clientID string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	cl, err := kgohooks.NewClient(kgo.SeedBrokers(brokers...), kgo.ClientID(clientID), kgo.ConsumerGroup(group),
-		kgo.ConsumeTopics(topic), kgo.DisableAutoCommit(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchMaxWait(500*time.Millisecond), kgo.SessionTimeout(6*time.Second), kgo.HeartbeatInterval(time.Second))
+	extra := strings.Split(os.Getenv("KGOAPP_CONSUME_OPTS"), ",")
+	block := slices.Contains(extra, "block-rebalance")
+	reset := kgo.NewOffset().AtStart()
+	if slices.Contains(extra, "reset-end") {
+		reset = kgo.NewOffset().AtEnd()
+	}
+	opts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(clientID), kgo.ConsumerGroup(group),
+		kgo.ConsumeTopics(topic), kgo.DisableAutoCommit(), kgo.ConsumeResetOffset(reset),
+		kgo.FetchMaxWait(500 * time.Millisecond), kgo.SessionTimeout(6 * time.Second), kgo.HeartbeatInterval(time.Second)}
+	if block {
+		opts = append(opts, kgo.BlockRebalanceOnPoll())
+	}
+	cl, err := kgohooks.NewClient(opts...)
 	if err != nil {
 		return err
 	}
@@ -51,6 +70,7 @@ func runConsume(brokers []string, topic, group, clientID string) error {
 			recs = append(recs, r)
 		})
 		if len(recs) == 0 {
+			cl.AllowRebalance()
 			continue
 		}
 		// Logged before the commit: whatever was committed was logged.
@@ -65,8 +85,9 @@ func runConsume(brokers []string, topic, group, clientID string) error {
 			emit("commit-error", "err", err.Error(), "records", len(recs))
 		}
 		cancel()
+		cl.AllowRebalance() // kgo's documented loop with BlockRebalanceOnPoll (a no-op without)
 	}
-	cl.Close()
+	cl.CloseAllowingRebalance()
 	emit("exit", "processed", procd.Load())
 	return nil
 }

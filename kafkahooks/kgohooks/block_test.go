@@ -1,0 +1,367 @@
+package kgohooks
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kcr-dev/kcr/notify"
+)
+
+// liveClients is a kgo hook (kgo.WithHooks) that counts the kgo clients
+// alive at once, as a metrics hook like kprom's sees them: kprom registers
+// its metrics in OnNewClient and panics if a second client registers before
+// the first is closed.
+type liveClients struct {
+	mu        sync.Mutex
+	live, max int
+}
+
+func (l *liveClients) OnNewClient(*kgo.Client) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.live++
+	l.max = max(l.max, l.live)
+}
+
+func (l *liveClients) OnClientClosed(*kgo.Client) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.live--
+}
+
+func (l *liveClients) counts() (live, max int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.live, l.max
+}
+
+// blockMember is a group member with kgo.BlockRebalanceOnPoll running kgo's
+// documented loop: PollFetches, process, AllowRebalance.
+type blockMember struct {
+	c    *Client
+	live *liveClients
+	mu   sync.Mutex
+	seen map[string]int
+	// hold, when set, makes the loop keep the records of its next non-empty
+	// poll without calling AllowRebalance until release is closed.
+	hold    chan struct{}
+	holding chan struct{} // closed when the loop holds records
+}
+
+func newBlockMember(t *testing.T, addrs []string, group, topic, name string, reg *notify.Registry) *blockMember {
+	t.Helper()
+	m := &blockMember{live: &liveClients{}, seen: map[string]int{}}
+	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
+		kgo.BlockRebalanceOnPoll(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(100 * time.Millisecond), kgo.SessionTimeout(2 * time.Second),
+		kgo.HeartbeatInterval(100 * time.Millisecond), kgo.ClientID(name), kgo.WithHooks(m.live)},
+		WithRegistry(reg), WithName(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.c = c
+	return m
+}
+
+func (m *blockMember) run(ctx context.Context, wg *sync.WaitGroup) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for ctx.Err() == nil {
+			fs := m.c.PollFetches(ctx)
+			m.mu.Lock()
+			fs.EachRecord(func(r *kgo.Record) { m.seen[string(r.Value)]++ })
+			hold := m.hold
+			m.mu.Unlock()
+			if hold != nil && fs.NumRecords() > 0 {
+				m.mu.Lock()
+				m.hold = nil
+				m.mu.Unlock()
+				close(m.holding)
+				select {
+				case <-hold:
+				case <-ctx.Done():
+				}
+			}
+			m.c.AllowRebalance()
+		}
+	}()
+}
+
+func (m *blockMember) count(prefix string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for v := range m.seen {
+		if strings.HasPrefix(v, prefix) {
+			n++
+		}
+	}
+	return n
+}
+
+func countBoth(a, b *blockMember, prefix string) int { return a.count(prefix) + b.count(prefix) }
+
+func waitFor(t *testing.T, ctx context.Context, what string, d time.Duration, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// H1. A group member with kgo.BlockRebalanceOnPoll, in kgo's documented
+// loop, is checkpointed: the checkpoint succeeds and the member leaves the
+// group, the other member takes its partitions during the checkpoint, the
+// restored member consumes again, and never are two kgo clients of one
+// kgohooks.Client alive at once (kgo.WithHooks sees them).
+func TestBlockRebalanceOnPollCheckpoint(t *testing.T) {
+	addrs := newCluster(t, 2, "blk")
+	producePlain(t, addrs, "blk", vals("a", 20), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	regA, regB := notify.NewRegistry(), notify.NewRegistry()
+	var a, b *blockMember
+	// Registered first on A: runs after A's before hook.
+	duringOK := make(chan bool, 1)
+	regA.Register("probe", notify.Func(func(context.Context) error {
+		producePlain(t, addrs, "blk", vals("d", 10), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
+		deadline := time.Now().Add(3 * time.Second)
+		for b.count("d-") < 10 && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		duringOK <- b.count("d-") == 10
+		return nil
+	}, nil))
+	a = newBlockMember(t, addrs, "blk", "blk", "a", regA)
+	defer a.c.Close()
+	b = newBlockMember(t, addrs, "blk", "blk", "b", regB)
+	defer b.c.Close()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	a.run(ctx, &wg)
+	b.run(ctx, &wg)
+	waitFor(t, ctx, "the first records consumed", 10*time.Second, func() bool { return countBoth(a, b, "a-") == 20 })
+
+	res, err := regA.Simulate(ctx, notify.SimRestore, 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.BeforeErr != nil || res.AfterErr != nil {
+		t.Fatalf("cycle: before %v, after %v", res.BeforeErr, res.AfterErr)
+	}
+	if rep, _ := a.c.Report(); rep.Checkpoint != nil {
+		t.Fatalf("last report is the checkpoint's: %+v", rep)
+	}
+	for _, r := range res.Before {
+		if r.Name == "a" && r.Details["left_group"] != true {
+			t.Errorf("before report %v: want left_group true", r.Details)
+		}
+	}
+	if !<-duringOK {
+		t.Errorf("the other member consumed %d of the 10 records produced during the checkpoint", b.count("d-"))
+	}
+	producePlain(t, addrs, "blk", vals("z", 40), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
+	waitFor(t, ctx, "the records produced after the restore consumed", 10*time.Second, func() bool { return countBoth(a, b, "z-") == 40 })
+	// The restored member rejoins and gets partitions again.
+	waitFor(t, ctx, "the restored member consuming", 10*time.Second, func() bool {
+		if a.count("y-") > 0 {
+			return true
+		}
+		producePlain(t, addrs, "blk", vals("y", 2), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
+		time.Sleep(100 * time.Millisecond)
+		return false
+	})
+	if live, mx := a.live.counts(); live != 1 || mx != 1 {
+		t.Errorf("kgo clients of the checkpointed member: %d alive, at most %d at once; want 1 and 1", live, mx)
+	}
+}
+
+// H1, refused. The application holds records it polled with
+// BlockRebalanceOnPoll and does not call AllowRebalance within the budget:
+// the checkpoint is refused with ErrRebalanceBlocked before anything is torn
+// down, the member goes on with the same kgo client (no zombie member, no
+// second client), and consumes again once it allows the rebalance.
+func TestBlockRebalanceOnPollHeldRefuses(t *testing.T) {
+	addrs := newCluster(t, 1, "blh")
+	producePlain(t, addrs, "blh", vals("a", 5))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	reg := notify.NewRegistry()
+	a := newBlockMember(t, addrs, "blh", "blh", "a", reg)
+	defer a.c.Close()
+	release := make(chan struct{})
+	a.hold, a.holding = release, make(chan struct{})
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	a.run(ctx, &wg)
+	<-a.holding
+	kcl0 := a.c.Underlying()
+	member0, _ := kcl0.GroupMetadata()
+
+	res, err := reg.Simulate(ctx, notify.SimRestore, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(res.BeforeErr, ErrRebalanceBlocked) {
+		t.Fatalf("before error %v, want ErrRebalanceBlocked", res.BeforeErr)
+	}
+	if res.Event.Kind != notify.Resume || res.AfterErr != nil {
+		t.Fatalf("event %v, after error %v: want a clean resume", res.Event.Kind, res.AfterErr)
+	}
+	if a.c.Underlying() != kcl0 {
+		t.Errorf("the refused checkpoint replaced the kgo client: the old member may still be in the group")
+	}
+	close(release)
+	producePlain(t, addrs, "blh", vals("b", 5))
+	waitFor(t, ctx, "the member consuming after the refused checkpoint", 10*time.Second, func() bool { return a.count("b-") == 5 })
+	d, err := kadm.NewClient(mustClient(t, addrs)).DescribeGroups(ctx, "blh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ms := d["blh"].Members; len(ms) != 1 || ms[0].MemberID != member0 {
+		t.Errorf("group members %v after the refused checkpoint: want only %s", ms, member0)
+	}
+	if live, mx := a.live.counts(); live != 1 || mx != 1 {
+		t.Errorf("kgo clients: %d alive, at most %d at once; want 1 and 1", live, mx)
+	}
+}
+
+// H1, --leave-running copy. A copy restored from a --leave-running image of
+// a BlockRebalanceOnPoll member closes the image's kgo client without
+// waiting for an AllowRebalance that the image's poll never got, and
+// consumes.
+func TestBlockRebalanceOnPollLeaveRunningCopy(t *testing.T) {
+	addrs := newCluster(t, 1, "blc")
+	producePlain(t, addrs, "blc", vals("a", 5))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	reg := notify.NewRegistry()
+	a := newBlockMember(t, addrs, "blc", "blc", "a", reg)
+	defer a.c.Close()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	a.run(ctx, &wg)
+	waitFor(t, ctx, "the first records consumed", 10*time.Second, func() bool { return a.count("a-") == 5 })
+	const budget = 4 * time.Second
+	res, err := reg.Simulate(ctx, notify.SimLeaveRunningCopy, budget)
+	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
+		t.Fatalf("cycle: %v, before %v, after %v", err, res.BeforeErr, res.AfterErr)
+	}
+	rep, _ := a.c.Report()
+	if rep.Restore == nil || !rep.NewClient || time.Duration(rep.DurationMS)*time.Millisecond > budget/2 {
+		t.Errorf("after-restore report %+v: want a new client, well within the %v budget", rep, budget)
+	}
+	producePlain(t, addrs, "blc", vals("b", 5))
+	waitFor(t, ctx, "the copy consuming", 15*time.Second, func() bool { return a.count("b-") == 5 })
+	if live, _ := a.live.counts(); live != 1 {
+		t.Errorf("%d kgo clients alive after the restore, want 1", live)
+	}
+}
+
+// H1, torn resume. The member's LeaveGroup gets no answer within the budget
+// (the coordinator hangs): the checkpoint is refused after the member began
+// leaving, and the resume closes that kgo client before it builds the next,
+// so that the old one neither stays in the group nor lives beside the new.
+func TestTornResumeClosesOldClient(t *testing.T) {
+	kf := newKfake(t, 1, "tl")
+	addrs := kf.ListenAddrs()
+	producePlain(t, addrs, "tl", vals("a", 3))
+	release := make(chan struct{})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	defer unblock()
+	kf.ControlKey(int16(kmsg.LeaveGroup), func(kmsg.Request) (kmsg.Response, error, bool) {
+		kf.SleepControl(func() { <-release })
+		return nil, nil, false
+	})
+	reg := notify.NewRegistry()
+	live := &liveClients{}
+	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("tl"), kgo.ConsumeTopics("tl"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond),
+		kgo.WithHooks(live)})
+	ctx := testCtx(t, 20*time.Second)
+	got := pollValues(ctx, c, nil, 3)
+	kcl0 := c.Underlying()
+	res, err := reg.Simulate(ctx, notify.SimRestore, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.BeforeErr == nil || res.Event.Kind != notify.Resume {
+		t.Fatalf("before error %v, event %v: want a refused checkpoint (the leave hangs)", res.BeforeErr, res.Event.Kind)
+	}
+	unblock()
+	if c.Underlying() == kcl0 {
+		t.Error("the resume kept a kgo client that began leaving its group")
+	}
+	select {
+	case <-kcl0.Context().Done():
+	default:
+		t.Error("the resume did not close the kgo client that began leaving the group")
+	}
+	if live, mx := live.counts(); live != 1 || mx != 1 {
+		t.Errorf("kgo clients: %d alive, at most %d at once; want 1 and 1", live, mx)
+	}
+	producePlain(t, addrs, "tl", vals("b", 3))
+	got = pollValues(ctx, c, got, 6)
+	if want := append(vals("a", 3), vals("b", 3)...); !slices.Equal(got, want) {
+		t.Errorf("delivered %v, want %v", got, want)
+	}
+}
+
+// H1, consume-transform-produce. The application holds polled records when
+// the checkpoint begins and produces while processing them: its Produce
+// passes the gate while the hook waits for its AllowRebalance, the record
+// is flushed before the dump, and the checkpoint succeeds.
+func TestBlockRebalanceProduceWhileHeld(t *testing.T) {
+	addrs := newCluster(t, 1, "bp", "bp-out")
+	producePlain(t, addrs, "bp", vals("a", 3))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	reg := notify.NewRegistry()
+	a := newBlockMember(t, addrs, "bp", "bp", "a", reg)
+	defer a.c.Close()
+	release := make(chan struct{})
+	a.hold, a.holding = release, make(chan struct{})
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	a.run(ctx, &wg)
+	<-a.holding
+	type result struct {
+		res notify.SimResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := reg.Simulate(ctx, notify.SimRestore, 4*time.Second)
+		done <- result{res, err}
+	}()
+	waitFor(t, ctx, "the checkpoint's gate closed", 5*time.Second, func() bool { return a.c.state.Load().gate != nil })
+	if err := a.c.ProduceSync(ctx, &kgo.Record{Topic: "bp-out", Value: []byte("x")}).FirstErr(); err != nil {
+		t.Fatalf("produce while holding polled records during the checkpoint: %v", err)
+	}
+	close(release)
+	r := <-done
+	if r.err != nil || r.res.BeforeErr != nil || r.res.AfterErr != nil {
+		t.Fatalf("cycle: %v, before %v, after %v", r.err, r.res.BeforeErr, r.res.AfterErr)
+	}
+	if got := readAll(t, addrs, "bp-out", 1); !slices.Equal(got, []string{"x"}) {
+		t.Errorf("output %v, want [x]", got)
+	}
+}

@@ -1,0 +1,275 @@
+package kgohooks
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kcr-dev/kcr/notify"
+)
+
+// producePart writes values to one partition of topic with an independent
+// kgo client.
+func producePart(t *testing.T, addrs []string, topic string, part int32, values []string) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic(topic), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for _, v := range values {
+		if err := cl.ProduceSync(context.Background(), &kgo.Record{Value: []byte(v), Partition: part}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// H4. Direct partitions with read_committed and AtEnd start at the last
+// stable offset, as kgo resolves it, not at the high watermark: the records
+// of a transaction open at the checkpoint and committed after the restore
+// are delivered.
+func TestDirectReadCommittedAtEndIsLSO(t *testing.T) {
+	addrs, reg := newRig(t, 1, "rc")
+	ctx := testCtx(t, 15*time.Second)
+	txn, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("rc"), kgo.TransactionalID("rc-open"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer txn.Close()
+	if err := txn.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range vals("t", 5) {
+		if err := txn.ProduceSync(ctx, &kgo.Record{Value: []byte(v)}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.FetchMaxWait(100 * time.Millisecond),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{"rc": {0: kgo.NewOffset().AtEnd()}})})
+	select {
+	case <-c.resolving:
+	case <-ctx.Done():
+		t.Fatal("start offset not resolved")
+	}
+	res := simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
+	if next, _ := res.Before[0].Details["next_offsets"].(map[string]int64); next["rc/0"] != 0 {
+		t.Errorf("next offsets in the report %v, want rc/0: 0 (the last stable offset)", res.Before[0].Details["next_offsets"])
+	}
+	if err := txn.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Fatal(err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if got := pollValues(pctx, c, nil, 5); !slices.Equal(got, vals("t", 5)) {
+		t.Errorf("delivered %v, want the committed transaction %v", got, vals("t", 5))
+	}
+}
+
+// H5. A group member at AtEnd with a partition it never polled from is
+// checkpointed; records produced to that partition during the checkpoint
+// are delivered after the restore (the partition's start was pinned), and
+// nothing is delivered twice.
+func TestGroupAtEndUnpolledPartitionKeepsDowntime(t *testing.T) {
+	addrs, reg := newRig(t, 2, "ae")
+	producePlain(t, addrs, "ae", vals("old", 10), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
+	reg.Register("probe", notify.Func(func(context.Context) error {
+		producePart(t, addrs, "ae", 1, vals("during1", 6))
+		producePart(t, addrs, "ae", 0, vals("during0", 3))
+		return nil
+	}, nil))
+	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("ae"), kgo.ConsumeTopics("ae"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtEnd()), kgo.FetchMaxWait(100 * time.Millisecond)})
+	ctx := testCtx(t, 20*time.Second)
+	// Until the member has joined and resolved its start offsets: only
+	// partition 0 gets records.
+	var got []string
+	for i := 0; len(got) == 0 && ctx.Err() == nil; i++ {
+		producePart(t, addrs, "ae", 0, []string{"p0-" + string(rune('a'+i%26))})
+		pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		got = pollValues(pctx, c, got, 1)
+		cancel()
+	}
+	got = pollMore(ctx, c, got)
+	res := simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
+	t.Logf("before report: %v", res.Before[0].Details)
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var after []string
+	after = pollValues(pctx, c, after, 9)
+	after = pollMore(ctx, c, after)
+	slices.Sort(after)
+	want := slices.Concat(vals("during0", 3), vals("during1", 6))
+	slices.Sort(want)
+	if !slices.Equal(after, want) {
+		t.Errorf("after the restore delivered %v, want the 9 records produced during the checkpoint %v", after, want)
+	}
+}
+
+// H8. The group's committed offsets are gone when the member is restored
+// (offsets.retention.minutes expired them while the group was empty; here
+// the group is deleted during the checkpoint, which is what expiry does):
+// the restored member continues from the offsets the image recorded, not
+// from ConsumeResetOffset, and its report says so.
+func TestGroupOffsetsGoneAtRestore(t *testing.T) {
+	for _, reset := range []string{"start", "end"} {
+		t.Run(reset, func(t *testing.T) {
+			addrs, reg := newRig(t, 1, "ex")
+			group := "ex-" + reset
+			producePlain(t, addrs, "ex", vals("old", 10))
+			adm := kadm.NewClient(mustClient(t, addrs))
+			reg.Register("probe", notify.Func(func(ctx context.Context) error {
+				if _, err := adm.DeleteGroup(ctx, group); err != nil {
+					t.Errorf("delete group: %v", err)
+				}
+				producePlain(t, addrs, "ex", vals("during", 5))
+				return nil
+			}, nil))
+			off := kgo.NewOffset().AtStart()
+			if reset == "end" {
+				off = kgo.NewOffset().AtEnd()
+			}
+			c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup(group), kgo.ConsumeTopics("ex"),
+				kgo.ConsumeResetOffset(off), kgo.FetchMaxWait(100 * time.Millisecond)})
+			ctx := testCtx(t, 20*time.Second)
+			var got []string
+			if reset == "start" {
+				got = pollValues(ctx, c, nil, 10)
+			} else {
+				for len(got) == 0 && ctx.Err() == nil {
+					producePlain(t, addrs, "ex", []string{"first"})
+					pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+					got = pollValues(pctx, c, got, 1)
+					cancel()
+				}
+			}
+			got = pollMore(ctx, c, got)
+			simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
+			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			after := pollMore(ctx, c, pollValues(pctx, c, nil, 5))
+			if !slices.Equal(after, vals("during", 5)) {
+				t.Errorf("after the restore delivered %v, want %v (from the recorded offset)", after, vals("during", 5))
+			}
+			rep, _ := c.Report()
+			if rep.Restore == nil || rep.RecordedOffsetsRestored != 1 {
+				t.Errorf("after-restore report %+v: want recorded_offsets_restored 1", rep.Restore)
+			}
+		})
+	}
+}
+
+// A transaction open at the checkpoint whose abort fails refuses the
+// checkpoint: restored under a new transactional id (SuffixTxnID), nothing
+// would end it before transaction.timeout.ms, and read_committed readers
+// of its partitions would stall until then.
+func TestFailedAbortRefusesCheckpoint(t *testing.T) {
+	kf := newKfake(t, 1, "t")
+	addrs := kf.ListenAddrs()
+	reg := notify.NewRegistry()
+	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("t"), kgo.TransactionalID("tx")})
+	ctx := testCtx(t, 15*time.Second)
+	runTxn(t, ctx, c, "open", 3, false)
+	// The transaction coordinator does not answer within the budget (kgo
+	// retries a failed abort by re-initializing the producer id: that
+	// hangs too).
+	release := make(chan struct{})
+	defer close(release)
+	for _, key := range []kmsg.Key{kmsg.EndTxn, kmsg.InitProducerID} {
+		kf.ControlKey(int16(key), func(kmsg.Request) (kmsg.Response, error, bool) {
+			kf.KeepControl()
+			kf.SleepControl(func() { <-release })
+			return nil, nil, false
+		})
+	}
+	res, err := reg.Simulate(ctx, notify.SimRestore, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("before report: %v", res.Before[0].Details)
+	if res.BeforeErr == nil || !strings.Contains(res.BeforeErr.Error(), "abort") {
+		t.Fatalf("before error %v, want the failed abort", res.BeforeErr)
+	}
+	if res.Event.Kind != notify.Resume {
+		t.Fatalf("event %v, want a resume", res.Event.Kind)
+	}
+	if id := c.TransactionalID(); id != "tx" {
+		t.Errorf("transactional id after the refused checkpoint %q, want tx", id)
+	}
+}
+
+// H3. A direct consumer of whole topics (ConsumeTopics, no group) continues
+// after a restore where the application stopped: with AtStart nothing is
+// delivered again, with AtEnd the records produced during the checkpoint
+// (also on a partition it never polled from) and after it are delivered.
+func TestTopicConsumerAcrossRestore(t *testing.T) {
+	for _, reset := range []string{"start", "end"} {
+		t.Run(reset, func(t *testing.T) {
+			addrs, reg := newRig(t, 2, "tc")
+			producePart(t, addrs, "tc", 0, vals("old", 10))
+			reg.Register("probe", notify.Func(func(context.Context) error {
+				producePart(t, addrs, "tc", 0, vals("during0", 3))
+				producePart(t, addrs, "tc", 1, vals("during1", 3))
+				return nil
+			}, nil))
+			off := kgo.NewOffset().AtStart()
+			if reset == "end" {
+				off = kgo.NewOffset().AtEnd()
+			}
+			c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumeTopics("tc"),
+				kgo.ConsumeResetOffset(off), kgo.FetchMaxWait(100 * time.Millisecond)})
+			ctx := testCtx(t, 20*time.Second)
+			var got []string
+			if reset == "start" {
+				got = pollValues(ctx, c, nil, 10)
+			} else {
+				for i := 0; len(got) == 0 && ctx.Err() == nil; i++ {
+					producePart(t, addrs, "tc", 0, []string{"first"})
+					pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+					got = pollValues(pctx, c, got, 1)
+					cancel()
+				}
+			}
+			got = pollMore(ctx, c, got)
+			res := simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
+			t.Logf("before report: %v", res.Before[0].Details)
+			producePart(t, addrs, "tc", 0, vals("after", 5))
+			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			after := pollMore(ctx, c, pollValues(pctx, c, nil, 11))
+			slices.Sort(after)
+			want := slices.Concat(vals("during0", 3), vals("during1", 3), vals("after", 5))
+			slices.Sort(want)
+			if !slices.Equal(after, want) {
+				t.Errorf("after the restore delivered %v, want %v", after, want)
+			}
+		})
+	}
+}
+
+// H3, resume. The checkpoint drains what kgo buffered for a topic consumer
+// (to learn its positions); a resume with the same kgo client hands those
+// records out, in order, none twice.
+func TestTopicConsumerResumeAfterDrain(t *testing.T) {
+	addrs, reg := newRig(t, 1, "tr")
+	producePart(t, addrs, "tr", 0, vals("a", 20))
+	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumeTopics("tr"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)})
+	ctx := testCtx(t, 20*time.Second)
+	got := pollUpTo(t, ctx, c, nil, 5)
+	time.Sleep(200 * time.Millisecond) // kgo buffers the rest
+	simulateOK(t, ctx, reg, notify.SimResume, 5*time.Second)
+	producePart(t, addrs, "tr", 0, vals("b", 5))
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	got = pollMore(ctx, c, pollValues(pctx, c, got, 25))
+	if want := slices.Concat(vals("a", 20), vals("b", 5)); !slices.Equal(got, want) {
+		t.Errorf("delivered %v, want %v", got, want)
+	}
+}

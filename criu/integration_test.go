@@ -595,3 +595,63 @@ func TestE2ERestoreCancelled(t *testing.T) {
 		t.Fatalf("the half-restored task stayed: %v", err)
 	}
 }
+
+// A CRIU started ahead of its restore (StartRestore) restores as one
+// started by Restore itself; one started for a shell job is closed and
+// replaced; an unused one is gone after Close. The notifications come in
+// CRIU's order, and the restore returns at CRIU's answer with its stats.
+func TestE2ERestoreEarlySession(t *testing.T) {
+	criu := needCRIU(t)
+	ctx := context.Background()
+	for _, shellJob := range []bool{false, true} {
+		tg := startTarget(t, false)
+		img := mkdir(t, fmt.Sprintf("img-%v", shellJob))
+		if _, err := Dump(ctx, criu, DumpOptions{PID: tg.pid, ImagesDir: img}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := WaitGone(ctx, tg.pid, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		before := tg.lastTick(t)
+		rs, err := StartRestore(ctx, criu, shellJob)
+		if err != nil {
+			t.Fatal(err)
+		}
+		early := rs.s.cmd.Process.Pid
+		rr, err := Restore(ctx, criu, RestoreOptions{ImagesDir: img, WorkDir: mkdir(t, fmt.Sprintf("work-%v", shellJob)), Session: rs})
+		if err != nil {
+			t.Fatalf("shell job %v: %v", shellJob, err)
+		}
+		if rr.PID != tg.pid || rr.Stats == nil || rr.Stats.PagesRestored == 0 {
+			t.Errorf("shell job %v: PID %d (want %d), stats %+v, %v", shellJob, rr.PID, tg.pid, rr.Stats, rr.StatsErr)
+		}
+		var scripts []string
+		for _, st := range rr.Stages {
+			scripts = append(scripts, st.Script)
+		}
+		if got := strings.Join(scripts, " "); !strings.HasPrefix(got, "pre-restore ") || !strings.Contains(got, " post-restore ") {
+			t.Errorf("notifications %q", got)
+		}
+		rr.Wait()
+		if rs.s != nil {
+			t.Errorf("shell job %v: the session was neither taken nor closed", shellJob)
+		}
+		// The early CRIU is gone either way: it restored, or it was
+		// closed for the other kind of restore.
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", early)); err == nil {
+			t.Errorf("shell job %v: early CRIU %d still there", shellJob, early)
+		}
+		tg.waitTicks(t, before)
+	}
+
+	rs, err := StartRestore(ctx, criu, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := rs.s.cmd.Process.Pid
+	rs.Close()
+	rs.Close()
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+		t.Errorf("unused CRIU %d still there after Close", pid)
+	}
+}

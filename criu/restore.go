@@ -44,12 +44,64 @@ type RestoreOptions struct {
 
 	// Notify, if set, is called at each CRIU stage (see NotifyFunc).
 	Notify NotifyFunc
+
+	// Session, if set, is a CRIU started ahead (StartRestore) for this
+	// restore; Restore uses it if its ShellJob matches, closes it
+	// otherwise, and in every case owns it.
+	Session *RestoreSession
+}
+
+// RestoreSession is a "criu swrk" started before its restore request is
+// known, so that CRIU's start (its wrapper, loader and libraries) overlaps
+// the caller's own preparation, such as verifying the image.
+type RestoreSession struct {
+	s        *swrk
+	shellJob bool
+}
+
+// StartRestore starts CRIU for one later Restore (RestoreOptions.Session)
+// of a shell job or not (see RestoreOptions.ShellJob). A session that is
+// never used must be closed. If the caller dies first, CRIU reads
+// end-of-file instead of a request and exits having done nothing.
+func StartRestore(ctx context.Context, criuPath string, shellJob bool) (*RestoreSession, error) {
+	s, err := startSwrk(ctx, criuPath, !shellJob, false)
+	if err != nil {
+		return nil, err
+	}
+	return &RestoreSession{s: s, shellJob: shellJob}, nil
+}
+
+// Close stops a session that was not used. It is safe on nil, after
+// Restore took the session, and more than once.
+func (rs *RestoreSession) Close() {
+	if rs == nil || rs.s == nil {
+		return
+	}
+	// Nothing was asked: CRIU has touched nothing and can be killed.
+	_ = rs.s.cmd.Process.Kill()
+	rs.s.close()
+	rs.s = nil
+}
+
+// take returns the session's CRIU for a restore of a shell job or not, or
+// nil (having closed the session) if it was started for the other kind.
+func (rs *RestoreSession) take(shellJob bool) *swrk {
+	if rs == nil || rs.s == nil {
+		return nil
+	}
+	if rs.shellJob != shellJob {
+		rs.Close()
+		return nil
+	}
+	s := rs.s
+	rs.s = nil
+	return s
 }
 
 // RestoreResult describes a successful restore.
 type RestoreResult struct {
 	PID      int           // PID of the restored root process
-	Duration time.Duration // wall time, starting criu included
+	Duration time.Duration // wall time to CRIU's answer, starting criu included
 	LogPath  string
 	// Stats is CRIU's stats-restore; nil (with StatsErr set) if unreadable.
 	Stats    *RestoreStats
@@ -58,6 +110,27 @@ type RestoreResult struct {
 	// unless RestoreOptions.LazyPages). Its log is Lazy.LogPath. Do not
 	// kill it, nor touch the images, before Lazy.Done().
 	Lazy *LazyPages
+	// Stages are CRIU's notifications in the order they came, each with
+	// the time since Restore started.
+	Stages []Stage
+
+	exited chan struct{} // closed once CRIU's process is gone
+}
+
+// Wait returns once CRIU's process has exited. Restore returns as soon as
+// CRIU answered, when the tree already runs; CRIU's exit (its cleanup,
+// freeing its memory) overlaps the caller's next steps.
+func (r *RestoreResult) Wait() {
+	if r != nil && r.exited != nil {
+		<-r.exited
+	}
+}
+
+// Stage is one of CRIU's notifications during a restore and when it came,
+// counted from the start of Restore.
+type Stage struct {
+	Script string
+	At     time.Duration
 }
 
 // Restore restores the tree dumped in opts.ImagesDir with "criu swrk" and
@@ -81,6 +154,7 @@ type RestoreResult struct {
 // notification leaves a completely restored tree: CRIU does not abort past
 // that point.
 func Restore(ctx context.Context, criuPath string, opts RestoreOptions) (*RestoreResult, error) {
+	defer opts.Session.Close() // a no-op once taken below
 	if opts.ImagesDir == "" {
 		return nil, errors.New("criu restore: no images directory")
 	}
@@ -111,8 +185,11 @@ func Restore(ctx context.Context, criuPath string, opts RestoreOptions) (*Restor
 	defer wDir.Close()
 	logPath := filepath.Join(workDir, logFile)
 
+	start := time.Now()
 	var notifiedPID int
+	var stages []Stage
 	notify := func(script string, pid int) error {
+		stages = append(stages, Stage{Script: script, At: time.Since(start)})
 		if script == "post-restore" && pid > 0 {
 			notifiedPID = pid
 		}
@@ -122,17 +199,22 @@ func Restore(ctx context.Context, criuPath string, opts RestoreOptions) (*Restor
 		return nil
 	}
 
-	start := time.Now()
+	s := opts.Session.take(opts.ShellJob)
 	var lazy *LazyPages
 	if opts.LazyPages {
 		lazy, err = StartLazyPages(ctx, criuPath, LazyPagesOptions{ImagesDir: opts.ImagesDir, ImagesDirFile: opts.ImagesDirFile, WorkDir: workDir})
 		if err != nil {
+			if s != nil {
+				(&RestoreSession{s: s}).Close()
+			}
 			return nil, err
 		}
 	}
-	s, err := startSwrk(ctx, criuPath, !opts.ShellJob, false)
-	if err != nil {
-		return nil, lazy.abort(err)
+	if s == nil {
+		s, err = startSwrk(ctx, criuPath, !opts.ShellJob, false)
+		if err != nil {
+			return nil, lazy.abort(err)
+		}
 	}
 	req := &rpc.CriuReq{
 		Type: rpc.CriuReqType_RESTORE.Enum(),
@@ -155,18 +237,29 @@ func Restore(ctx context.Context, criuPath string, opts RestoreOptions) (*Restor
 	}
 	resp, callErr := s.call(req, notify)
 	elapsed := time.Since(start)
-	output, waitErr := s.close()
-	if err := respError(ctx, "restore", resp, callErr, output, waitErr, logPath); err != nil {
-		return nil, lazy.abort(err)
+	exited := make(chan struct{})
+	if resp.GetSuccess() && callErr == nil {
+		// The tree runs: CRIU's exit need not delay the caller.
+		go func() {
+			s.close()
+			close(exited)
+		}()
+	} else {
+		output, waitErr := s.close()
+		close(exited)
+		if err := respError(ctx, "restore", resp, callErr, output, waitErr, logPath); err != nil {
+			return nil, lazy.abort(err)
+		}
 	}
 	pid := int(resp.GetRestore().GetPid())
 	if pid <= 0 {
 		pid = notifiedPID
 	}
 	if pid <= 0 {
+		<-exited
 		return nil, lazy.abort(&Error{Op: "restore", Log: logPath, Err: errors.New("CRIU reported success but no PID")})
 	}
-	res := &RestoreResult{PID: pid, Duration: elapsed, LogPath: logPath, Lazy: lazy}
+	res := &RestoreResult{PID: pid, Duration: elapsed, LogPath: logPath, Lazy: lazy, Stages: stages, exited: exited}
 	res.Stats, res.StatsErr = ReadRestoreStats(workDir)
 	return res, nil
 }

@@ -69,6 +69,9 @@ type deps struct {
 	// pidsFree checks that the PIDs a verified image needs are free,
 	// waiting up to wait for zombies (checkPIDsFree).
 	pidsFree func(ctx context.Context, img *images.Image, wait time.Duration) error
+	// startRestore starts CRIU ahead of a restore (criu.StartRestore); a
+	// nil session is fine, restore then starts its own.
+	startRestore func(ctx context.Context, criuPath string) (*criu.RestoreSession, error)
 	// restore is CRIU's restore (criu.Restore).
 	restore func(ctx context.Context, criuPath string, o criu.RestoreOptions) (*criu.RestoreResult, error)
 	// socketWait is how long a restored process may take to show its
@@ -99,7 +102,11 @@ var realDeps = deps{
 		p, _, err := CRIU(ctx, explicit)
 		return p, err
 	},
-	pidsFree:   checkPIDsFree,
+	pidsFree: checkPIDsFree,
+	// Most images are not shell jobs; one that is gets a CRIU of its own.
+	startRestore: func(ctx context.Context, p string) (*criu.RestoreSession, error) {
+		return criu.StartRestore(ctx, p, false)
+	},
 	restore:    criu.Restore,
 	socketWait: 3 * time.Second,
 }

@@ -49,6 +49,18 @@ const (
 	// (preflight, socket search, CRIU's version) was done, for CRIU's: its
 	// start and its probing of the kernel. The hooks run after it.
 	PhaseCRIUReady = "criu ready wait"
+	// PhaseCRIUVersion is what a restore still waited for CRIU's version
+	// check once the image was verified (they run side by side).
+	PhaseCRIUVersion = "criu version wait"
+	// PhaseGeneration counts the restore in the image's durable counter.
+	PhaseGeneration = "generation"
+	// The parts of PhaseRestore, split at CRIU's notifications: from the
+	// request to the first notification (kernel probing, reading the
+	// images), the restore of the tasks until the last, then CRIU's
+	// answer. CRIU's exit is not waited for.
+	PhaseCRIUStart  = "criu: start"
+	PhaseCRIUTasks  = "criu: tasks"
+	PhaseCRIUAnswer = "criu: answer"
 )
 
 // Timings records phase durations in order.

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kcr-dev/kcr/criu"
@@ -151,21 +152,34 @@ func (s deps) restoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreRe
 	if o.Count <= 0 {
 		o.Count = 1
 	}
-	// CRIU's version check runs while the image is verified.
+	// CRIU's version check, and then CRIU's own start for the first
+	// restore, run while the image is verified.
 	type found struct {
-		path string
-		err  error
+		path  string
+		early *criu.RestoreSession
+		err   error
 	}
 	criuCh := make(chan found, 1)
 	go func() {
 		p, err := s.findCRIU(ctx, o.CRIU)
-		criuCh <- found{p, err}
+		var early *criu.RestoreSession
+		if err == nil && s.startRestore != nil {
+			early, _ = s.startRestore(ctx, p) // on failure, restoreOne starts CRIU as usual
+		}
+		criuCh <- found{p, early, err}
 	}()
+	// drop waits for the CRIU search and closes what it started, on the
+	// paths that end before any restore.
+	drop := func() {
+		if fc := <-criuCh; fc.early != nil {
+			fc.early.Close()
+		}
+	}
 	var pre Timings
 	t := time.Now()
 	img, err := images.OpenWith(ctx, o.Image, openOptions(o.Rehash, o.AllowUntrusted, o.VerifyKeys))
 	if err != nil {
-		<-criuCh
+		drop()
 		return nil, err
 	}
 	defer img.Close()
@@ -175,18 +189,22 @@ func (s deps) restoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreRe
 	}
 	m := img.Manifest
 	if err := checkDuplicates(o.Image, m, o.Count, o.AllowDuplicates); err != nil {
-		<-criuCh
+		drop()
 		return nil, err
 	}
 	if o.Count > 1 && !m.Process.PIDNamespace {
-		<-criuCh
+		drop()
 		return nil, fmt.Errorf("%s: %w: PID %d was not init of its own PID namespace; start the service with \"kcr run\" to clone it", o.Image, ErrNotClonable, m.Process.PID)
 	}
+	t = time.Now()
 	fc := <-criuCh
 	if fc.err != nil {
 		return nil, fc.err
 	}
+	pre.add(PhaseCRIUVersion, time.Since(t))
 	criuPath := fc.path
+	early := fc.early
+	defer early.Close() // a no-op once a restore took it
 	if !m.Process.PIDNamespace {
 		t = time.Now()
 		if err := s.pidsFree(ctx, img, o.PIDWait); err != nil {
@@ -214,7 +232,11 @@ func (s deps) restoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreRe
 				}
 				name = fmt.Sprintf("%s-%d", name, i+1)
 			}
-			results[i], errs[i] = s.restoreOne(ctx, o, img, criuPath, name)
+			var sess *criu.RestoreSession
+			if i == 0 {
+				sess = early
+			}
+			results[i], errs[i] = s.restoreOne(ctx, o, img, criuPath, name, sess)
 		}()
 	}
 	for range o.Count {
@@ -241,7 +263,9 @@ func (s deps) restoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreRe
 }
 
 // restoreOne restores one copy of a verified image.
-func (s deps) restoreOne(ctx context.Context, o RestoreOptions, img *images.Image, criuPath, name string) (res *RestoreResult, err error) {
+// A CRIU started ahead (sess, may be nil) is used or closed.
+func (s deps) restoreOne(ctx context.Context, o RestoreOptions, img *images.Image, criuPath, name string, sess *criu.RestoreSession) (res *RestoreResult, err error) {
+	defer sess.Close() // a no-op once the restore took it
 	m := img.Manifest
 	res = &RestoreResult{Name: name}
 	work := o.WorkDir
@@ -262,24 +286,43 @@ func (s deps) restoreOne(ctx context.Context, o RestoreOptions, img *images.Imag
 			}
 		}()
 	}
-	gen, err := nextGeneration(img.Dir)
-	if err != nil {
-		return nil, err
-	}
-	res.Generation = gen
-
 	imgDir, err := img.CRIUDirFile()
 	if err != nil {
 		return nil, err
 	}
 	defer imgDir.Close()
+	// The restore is counted, durably, while CRIU restores: the count is
+	// needed only to tell the app, and a failed restore uses one up anyway.
+	type counted struct {
+		gen uint64
+		d   time.Duration
+		err error
+	}
+	genCh := make(chan counted, 1)
+	go func() {
+		t := time.Now()
+		gen, err := nextGeneration(img.Dir)
+		genCh <- counted{gen, time.Since(t), err}
+	}()
+	generation := sync.OnceValue(func() counted { return <-genCh })
+	// Without its count a tree must not run (it could not be told it is a
+	// new instance): failing CRIU's post-restore notification makes CRIU
+	// kill it before it resumes.
+	needGen := func(script string, _ int) error {
+		if script == "post-restore" {
+			return generation().err
+		}
+		return nil
+	}
 	t := time.Now()
 	var rr *criu.RestoreResult
 	for attempt := 1; ; attempt++ {
 		rr, err = s.restore(ctx, criuPath, criu.RestoreOptions{
 			ImagesDir: img.CRIUDir(), ImagesDirFile: imgDir, WorkDir: work, LazyPages: o.Lazy, LogLevel: o.CRIULogLevel,
 			TCPClose: m.Options.TCPClose, ShellJob: m.Options.ShellJob, FileLocks: m.Options.FileLocks,
+			Session: sess, Notify: needGen,
 		})
+		sess = nil // used (or closed) by the first attempt
 		// Clones restore the same bound Unix socket paths; CRIU unlinks and
 		// binds, and a sibling can bind in between. The clone then moves
 		// its control socket, so another try settles it.
@@ -293,8 +336,23 @@ func (s deps) restoreOne(ctx context.Context, o RestoreOptions, img *images.Imag
 		}
 	}
 	res.Timings.add(PhaseRestore, time.Since(t))
+	c := generation()
 	if err != nil {
+		if c.err != nil {
+			return nil, fmt.Errorf("restore of %s aborted before it resumed: %w", o.Image, c.err)
+		}
 		return nil, err
+	}
+	// CRIU's exit overlaps the rest; the work directory goes after it.
+	defer rr.Wait()
+	res.Timings = append(res.Timings, criuStages(rr)...)
+	if c.err != nil { // a CRIU that sent no post-restore (not the real one)
+		return nil, c.err
+	}
+	res.Generation = c.gen
+	res.Timings.add(PhaseGeneration, c.d)
+	for _, st := range rr.Stages {
+		logger(o.Logger).Debug("CRIU notification", "script", st.Script, "at", st.At)
 	}
 	res.PID = rr.PID
 	res.LogPath = rr.LogPath
@@ -305,7 +363,7 @@ func (s deps) restoreOne(ctx context.Context, o RestoreOptions, img *images.Imag
 
 	if !m.NoHooks {
 		t = time.Now()
-		done, err := s.afterRestore(ctx, rr.PID, m.Process.PID, gen, name, o.HookWait)
+		done, err := s.afterRestore(ctx, rr.PID, m.Process.PID, c.gen, name, o.HookWait)
 		res.Timings.add(PhaseAfterHooks, time.Since(t))
 		res.Reports = done.Reports
 		res.InstanceID = done.InstanceID
@@ -317,6 +375,21 @@ func (s deps) restoreOne(ctx context.Context, o RestoreOptions, img *images.Imag
 		}
 	}
 	return res, nil
+}
+
+// criuStages splits CRIU's part of a restore at its notifications: its
+// start (kernel probing, reading the images) until the first, the restore
+// of the tasks until the last, then its answer.
+func criuStages(rr *criu.RestoreResult) Timings {
+	if len(rr.Stages) == 0 {
+		return nil
+	}
+	first, last := rr.Stages[0].At, rr.Stages[len(rr.Stages)-1].At
+	var t Timings
+	t.add(PhaseCRIUStart, first)
+	t.add(PhaseCRIUTasks, last-first)
+	t.add(PhaseCRIUAnswer, rr.Duration-last)
+	return t
 }
 
 // bindRace reports a CRIU failure that a sibling clone restoring the same

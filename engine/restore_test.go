@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -54,6 +55,12 @@ func (r *fakeRestorer) restore(ctx context.Context, criuPath string, o criu.Rest
 	r.dirs = append(r.dirs, o.ImagesDir)
 	if err := r.fail[r.calls]; err != nil {
 		return nil, err
+	}
+	// As CRIU: a failed post-restore notification aborts the restore.
+	if o.Notify != nil {
+		if err := o.Notify("post-restore", 5000+r.calls); err != nil {
+			return nil, &criu.Error{Op: "restore", Err: err}
+		}
 	}
 	return &criu.RestoreResult{PID: 5000 + r.calls, LogPath: filepath.Join(o.WorkDir, "restore.log")}, nil
 }
@@ -114,7 +121,7 @@ func TestRestoreSeams(t *testing.T) {
 	if r.PID != 5001 || r.Name != "svc" || r.Generation != 1 || r.InstanceID != "inst-1" || r.HookErr != nil || r.HooksPending || len(r.Reports) != 1 {
 		t.Errorf("result %+v", r)
 	}
-	for _, ph := range []string{PhaseVerify, PhaseRestore, PhaseAfterHooks, PhaseTotal} {
+	for _, ph := range []string{PhaseVerify, PhaseCRIUVersion, PhaseGeneration, PhaseRestore, PhaseAfterHooks, PhaseTotal} {
 		if r.Timings.Get(ph) <= 0 {
 			t.Errorf("no %s phase in %v", ph, r.Timings)
 		}
@@ -285,4 +292,26 @@ func TestRestoreSeamsPIDWait(t *testing.T) {
 	if res[0].Timings.Get(PhasePIDWait) < 60*time.Millisecond {
 		t.Errorf("no pid wait phase in %v", res[0].Timings)
 	}
+}
+
+// A restore whose count cannot be written is aborted by failing CRIU's
+// post-restore notification (the count is written while CRIU restores):
+// no process is left running untold, the error names the counter, and the
+// image is kept.
+func TestRestoreSeamsGenerationFails(t *testing.T) {
+	f := newRestoreFixture(t, true, nil)
+	if err := os.Mkdir(filepath.Join(f.image, images.GenerationName), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	res, err := f.s.restoreClones(context.Background(), RestoreOptions{Image: f.image})
+	if err == nil || res != nil || !strings.Contains(err.Error(), "restore counter") || !strings.Contains(err.Error(), "aborted before it resumed") {
+		t.Fatalf("restore: %v, %v", res, err)
+	}
+	if f.r.calls != 1 || len(f.app.restored) != 0 {
+		t.Errorf("%d restores, after-restore sent to %q", f.r.calls, f.app.restored)
+	}
+	if err := os.Remove(filepath.Join(f.image, images.GenerationName)); err != nil {
+		t.Fatal(err)
+	}
+	imageKept(t, f.image)
 }

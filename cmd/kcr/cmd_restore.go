@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -127,6 +128,7 @@ func runRestore(ctx context.Context, opts *restoreOpts, out *output) error {
 		return &exitError{exitUsage, fmt.Errorf("--count %d is negative or zero: give the number of clones, 1 or more", o.Count)}
 	}
 	o.AfterVerify = testStall("KCR_TEST_STALL_AFTER_VERIFY")
+	o.Logger = slog.Default() // set up by the root command (-v: debug)
 	if g.verbose {
 		o.CRIULogLevel = 4
 	}

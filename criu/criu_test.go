@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kcr-dev/kcr/internal/testwait"
 )
 
 func TestParseLog(t *testing.T) {
@@ -320,14 +322,10 @@ func TestShellJobNeeded(t *testing.T) {
 	}
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
 	// Setsid happens in the child before exec; wait until it shows.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testwait.Until(5*time.Second, func() bool {
 		need, err = ShellJobNeeded(cmd.Process.Pid)
-		if err == nil && !need || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return err == nil && !need
+	})
 	if err != nil || need {
 		t.Errorf("ShellJobNeeded(setsid child) = %v, %v; want false", need, err)
 	}
@@ -423,13 +421,10 @@ func TestWaitGoneAndCheckPIDFree(t *testing.T) {
 
 func waitZombie(t *testing.T, pid int) {
 	t.Helper()
-	for i := 0; i < 1000; i++ {
-		if st, err := readProcStat(pid); err == nil && st.State == 'Z' {
-			return
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Fatalf("process %d did not become a zombie", pid)
+	testwait.For(t, 5*time.Second, fmt.Sprintf("process %d to become a zombie", pid), func() bool {
+		st, err := readProcStat(pid)
+		return err == nil && st.State == 'Z'
+	})
 }
 
 func TestImages(t *testing.T) {

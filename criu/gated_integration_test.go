@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kcr-dev/kcr/internal/testwait"
 )
 
 // atPreDump waits until CRIU's log says it is about to run the pre-dump
@@ -15,16 +17,12 @@ import (
 // that did not stop there would have seized the tree by then.
 func atPreDump(t *testing.T, log string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		b, _ := os.ReadFile(log)
-		if strings.Contains(string(b), "Dumping processes") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("CRIU never reached its pre-dump stage; log:\n%s", b)
-		}
-		time.Sleep(5 * time.Millisecond)
+	var b []byte
+	if !testwait.Until(10*time.Second, func() bool {
+		b, _ = os.ReadFile(log)
+		return strings.Contains(string(b), "Dumping processes")
+	}) {
+		t.Fatalf("CRIU never reached its pre-dump stage; log:\n%s", b)
 	}
 	time.Sleep(200 * time.Millisecond)
 }

@@ -20,6 +20,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kcr-dev/kcr/internal/testwait"
 )
 
 var (
@@ -164,13 +166,9 @@ func (tg *target) lastTick(t *testing.T) int {
 // waitTicks waits until the counter passes from+5 (the target is running).
 func (tg *target) waitTicks(t *testing.T, from int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for tg.lastTick(t) < from+5 {
-		if time.Now().After(deadline) {
-			out, _ := os.ReadFile(tg.out)
-			t.Fatalf("process %d stopped ticking at %d (want > %d); output:\n%s", tg.pid, tg.lastTick(t), from+5, out)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !testwait.Until(10*time.Second, func() bool { return tg.lastTick(t) >= from+5 }) {
+		out, _ := os.ReadFile(tg.out)
+		t.Fatalf("process %d stopped ticking at %d (want > %d); output:\n%s", tg.pid, tg.lastTick(t), from+5, out)
 	}
 }
 
@@ -255,12 +253,10 @@ func TestE2EDumpRestore(t *testing.T) {
 	// until the target closes its end.
 	var p []Problem
 	var err error
-	for i := 0; i < 100; i++ {
-		if p, err = Preflight(tg.pid); err != nil || len(p) == 0 {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testwait.Until(2*time.Second, func() bool {
+		p, err = Preflight(tg.pid)
+		return err != nil || len(p) == 0
+	})
 	if err != nil || len(p) != 0 {
 		t.Fatalf("Preflight = %v, %v", p, err)
 	}

@@ -2,6 +2,7 @@ package criu
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -97,33 +98,9 @@ type LazyPages struct {
 // The daemon accepts one restore. If none comes, it waits forever: Kill it.
 // ctx only bounds the start.
 func StartLazyPages(ctx context.Context, criuPath string, opts LazyPagesOptions) (*LazyPages, error) {
-	if opts.ImagesDir == "" {
-		return nil, errors.New("criu lazy-pages: no images directory")
-	}
-	workDir := opts.WorkDir
-	if workDir == "" {
-		workDir = opts.ImagesDir
-	}
-	logFile := opts.LogFile
-	if logFile == "" {
-		logFile = DefaultLazyPagesLog
-	}
-	if filepath.Base(logFile) != logFile {
-		return nil, fmt.Errorf("criu lazy-pages: log file %q must be a plain name (it goes into the work directory)", logFile)
-	}
-	imagesDir, err := filepath.Abs(opts.ImagesDir)
+	imagesDir, workDir, logFile, err := lazyPagesPaths(opts)
 	if err != nil {
-		return nil, fmt.Errorf("criu lazy-pages: %w", err)
-	}
-	if workDir, err = filepath.Abs(workDir); err != nil {
-		return nil, fmt.Errorf("criu lazy-pages: %w", err)
-	}
-	for _, d := range []string{imagesDir, workDir} {
-		if fi, err := os.Stat(d); err != nil {
-			return nil, fmt.Errorf("criu lazy-pages: %w", err)
-		} else if !fi.IsDir() {
-			return nil, fmt.Errorf("criu lazy-pages: %s is not a directory", d)
-		}
+		return nil, err
 	}
 	timeout := opts.ReadyTimeout
 	if timeout <= 0 {
@@ -134,62 +111,105 @@ func StartLazyPages(ctx context.Context, criuPath string, opts LazyPagesOptions)
 		SocketPath: filepath.Join(workDir, LazyPagesSocket),
 		done:       make(chan struct{}),
 	}
-
 	// Both ends close-on-exec; the child gets the write end as fd 3 only.
 	statusR, statusW, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("criu lazy-pages: pipe: %w", err)
 	}
 	defer statusR.Close()
-	if d.out, err = memfd("criu-lazy-pages-output"); err != nil {
-		statusW.Close()
-		return nil, err
-	}
 	extra := []*os.File{statusW}
 	if opts.ImagesDirFile != nil {
 		// The child's fd 4; CRIU opens the magic link once, at start.
 		extra = append(extra, opts.ImagesDirFile)
 		imagesDir = "/proc/self/fd/4"
 	}
-	d.cmd = exec.Command(criuPath, "lazy-pages",
+	err = d.start(criuPath, exec.Command(criuPath, "lazy-pages",
 		"--images-dir", imagesDir,
 		"--work-dir", workDir,
 		"--log-file", logFile,
 		"-v"+strconv.Itoa(logLevel),
-		"--status-fd", "3")
-	d.cmd.Dir = workDir
-	d.cmd.ExtraFiles = extra
-	// stdin is /dev/null (nil). Not a pipe for the output: it would
-	// SIGPIPE the daemon once we are gone.
-	d.cmd.Stdout, d.cmd.Stderr = d.out, d.out
-	// Own session: no terminal signals, and nothing that hits our process
-	// group reaches it.
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	err = d.cmd.Start()
+		"--status-fd", "3"), workDir, extra)
 	statusW.Close()
 	if err != nil {
-		d.out.Close()
-		return nil, fmt.Errorf("criu: start %s lazy-pages: %w", criuPath, err)
+		return nil, err
 	}
-	d.PID = d.cmd.Process.Pid
+	if err := d.awaitReady(ctx, statusR, timeout); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// lazyPagesPaths checks opts' directories and log file name and makes the
+// directories absolute (the daemon runs in the work directory).
+func lazyPagesPaths(opts LazyPagesOptions) (imagesDir, workDir, logFile string, err error) {
+	if opts.ImagesDir == "" {
+		return "", "", "", errors.New("criu lazy-pages: no images directory")
+	}
+	workDir = cmp.Or(opts.WorkDir, opts.ImagesDir)
+	logFile = cmp.Or(opts.LogFile, DefaultLazyPagesLog)
+	if filepath.Base(logFile) != logFile {
+		return "", "", "", fmt.Errorf("criu lazy-pages: log file %q must be a plain name (it goes into the work directory)", logFile)
+	}
+	if imagesDir, err = filepath.Abs(opts.ImagesDir); err != nil {
+		return "", "", "", fmt.Errorf("criu lazy-pages: %w", err)
+	}
+	if workDir, err = filepath.Abs(workDir); err != nil {
+		return "", "", "", fmt.Errorf("criu lazy-pages: %w", err)
+	}
+	for _, d := range []string{imagesDir, workDir} {
+		if fi, err := os.Stat(d); err != nil {
+			return "", "", "", fmt.Errorf("criu lazy-pages: %w", err)
+		} else if !fi.IsDir() {
+			return "", "", "", fmt.Errorf("criu lazy-pages: %s is not a directory", d)
+		}
+	}
+	return imagesDir, workDir, logFile, nil
+}
+
+// start starts the daemon cmd detached in workDir, with extra as its fds 3
+// on, its output in a memory file, and reaps it when it exits.
+func (d *LazyPages) start(criuPath string, cmd *exec.Cmd, workDir string, extra []*os.File) error {
+	out, err := memfd("criu-lazy-pages-output")
+	if err != nil {
+		return err
+	}
+	d.cmd, d.out = cmd, out
+	cmd.Dir = workDir
+	cmd.ExtraFiles = extra
+	// stdin is /dev/null (nil). Not a pipe for the output: it would
+	// SIGPIPE the daemon once we are gone.
+	cmd.Stdout, cmd.Stderr = out, out
+	// Own session: no terminal signals, and nothing that hits our process
+	// group reaches it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		out.Close()
+		return fmt.Errorf("criu: start %s lazy-pages: %w", criuPath, err)
+	}
+	d.PID = cmd.Process.Pid
 	go func() {
-		werr := d.cmd.Wait()
-		if _, err := d.out.Seek(0, io.SeekStart); err == nil {
-			b, _ := io.ReadAll(io.LimitReader(d.out, 64<<10))
+		werr := cmd.Wait()
+		if _, err := out.Seek(0, io.SeekStart); err == nil {
+			b, _ := io.ReadAll(io.LimitReader(out, 64<<10))
 			d.output = strings.TrimSpace(string(b))
 		}
-		d.out.Close()
+		out.Close()
 		if werr != nil {
 			d.err = d.failure("exited", werr)
 		}
 		close(d.done)
 	}()
+	return nil
+}
 
-	// CRIU writes one NUL byte once the socket listens, and closes the fd.
+// awaitReady waits for the daemon's readiness on status: CRIU writes one
+// NUL byte once the socket listens, and closes the fd. A daemon that is not
+// ready in time is killed.
+func (d *LazyPages) awaitReady(ctx context.Context, status *os.File, timeout time.Duration) error {
 	ready := make(chan error, 1)
 	go func() {
 		var b [1]byte
-		n, err := statusR.Read(b[:])
+		n, err := status.Read(b[:])
 		if n == 1 && b[0] == 0 {
 			ready <- nil
 			return
@@ -201,6 +221,7 @@ func StartLazyPages(ctx context.Context, criuPath string, opts LazyPagesOptions)
 	}()
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
+	var err error
 	var pipeErr bool
 	select {
 	case err = <-ready:
@@ -215,24 +236,24 @@ func StartLazyPages(ctx context.Context, criuPath string, opts LazyPagesOptions)
 			err = fmt.Errorf("it reported ready but %s is not a socket", d.SocketPath)
 		}
 	}
-	if err != nil {
-		// The status pipe closes when the daemon exits: its exit status
-		// and log explain more than the pipe.
-		if pipeErr {
-			select {
-			case <-d.done:
-				if d.err != nil {
-					return nil, d.err
-				}
-				return nil, d.failure("exited", err)
-			case <-time.After(time.Second):
-			}
-		}
-		d.Kill()
-		<-d.done
-		return nil, d.failure("failed", err)
+	if err == nil {
+		return nil
 	}
-	return d, nil
+	// The status pipe closes when the daemon exits: its exit status and
+	// log explain more than the pipe.
+	if pipeErr {
+		select {
+		case <-d.done:
+			if d.err != nil {
+				return d.err
+			}
+			return d.failure("exited", err)
+		case <-time.After(time.Second):
+		}
+	}
+	d.Kill()
+	<-d.done
+	return d.failure("failed", err)
 }
 
 // failure builds the daemon's *Error from its log and output (once it has

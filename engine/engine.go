@@ -136,19 +136,15 @@ func logger(l *slog.Logger) *slog.Logger {
 // ErrCRIUUnusable is wrapped when the CRIU found cannot work on this kernel.
 var ErrCRIUUnusable = errors.New("criu unusable")
 
-// ErrNoProcess is returned for a PID that does not exist: the contract's
-// error, which client.Find returns too.
-var ErrNoProcess = proto.ErrNoProcess
-
 // processInfo describes a live process from /proc.
 func processInfo(pid int) (images.Process, error) {
 	p := images.Process{PID: pid}
 	dir := "/proc/" + strconv.Itoa(pid)
 	if _, err := os.Stat(dir); err != nil {
-		return p, fmt.Errorf("PID %d: %w: check the PID (ps -p %d)", pid, ErrNoProcess, pid)
+		return p, fmt.Errorf("PID %d: %w: check the PID (ps -p %d)", pid, proto.ErrNoProcess, pid)
 	}
 	if st, err := procfs.ReadStat(pid); err == nil && st.Zombie() {
-		return p, fmt.Errorf("PID %d is a zombie: %w", pid, ErrNoProcess)
+		return p, fmt.Errorf("PID %d is a zombie: %w", pid, proto.ErrNoProcess)
 	}
 	p.Exe, _ = os.Readlink(dir + "/exe")
 	p.Cwd, _ = os.Readlink(dir + "/cwd")

@@ -39,101 +39,128 @@ func (s *Server) checkpoint(c *net.UnixConn, m proto.Message, kcr peer) {
 		c.Close()
 		return
 	}
-	log := s.cfg.log
-	budget := m.HookBudget
+	budget, resumeAfter := s.limits(m)
+	st0, _ := s.cfg.startTime(s.pid)
+	s.setState("checkpointing")
+	reports, berr := s.runBefore(cyc, c, m, budget)
+	switch {
+	case berr != nil:
+		s.refuse(c, cyc, reports, berr, asked.Add(requestBudget(m)+4*time.Second))
+	case s.quitting():
+		s.abortClosed(c, cyc)
+	default:
+		ev, f := s.ready(c, st0, resumeAfter, kcr, reports)
+		s.finish(cyc, ev, f)
+	}
+}
+
+// limits are the hook budget and the wait for kcr's follow-up that m asks
+// for, or the defaults, within the app's caps.
+func (s *Server) limits(m proto.Message) (budget, resumeAfter time.Duration) {
+	budget = m.HookBudget
 	if budget <= 0 {
 		budget = DefaultHookBudget
 	}
 	if budget > s.cfg.maxBudget {
-		log.Warn("kcr: hook budget asked for is above the app's cap; clamped", "asked", budget, "cap", s.cfg.maxBudget)
+		s.cfg.log.Warn("kcr: hook budget asked for is above the app's cap; clamped", "asked", budget, "cap", s.cfg.maxBudget)
 		budget = s.cfg.maxBudget
 	}
-	resumeAfter := m.ResumeAfter
+	resumeAfter = m.ResumeAfter
 	if resumeAfter <= 0 {
 		resumeAfter = DefaultResumeAfter
 	}
-	if resumeAfter > s.cfg.maxSuspend {
-		resumeAfter = s.cfg.maxSuspend
-	}
-	st0, _ := s.cfg.startTime(s.pid)
-	s.setState("checkpointing")
+	return budget, min(resumeAfter, s.cfg.maxSuspend)
+}
 
+// runBefore runs the before-checkpoint hooks within budget; kcr hanging up
+// on c cancels them.
+func (s *Server) runBefore(cyc *cycle, c *net.UnixConn, m proto.Message, budget time.Duration) ([]Report, error) {
 	ctx, cancel := context.WithTimeout(withLeaveRunning(context.Background(), m.Leave), budget)
+	defer cancel()
 	ctx, cancelCause := context.WithCancelCause(ctx)
+	defer cancelCause(nil)
 	if m.RequireDrained {
 		ctx = WithRequireDrained(ctx)
 	}
 	hup, stopWatch := hangup(c)
+	defer stopWatch()
 	hooksDone := make(chan struct{})
+	defer close(hooksDone)
 	go func() {
 		select {
 		case <-hup:
-			log.Warn("kcr went away while the before-checkpoint hooks ran; cancelling them")
+			s.cfg.log.Warn("kcr went away while the before-checkpoint hooks ran; cancelling them")
 			cancelCause(errKCRGone)
 		case <-hooksDone:
 		}
 	}()
-	reports, berr := cyc.before(ctx)
-	close(hooksDone)
-	stopWatch()
-	cancelCause(nil)
-	cancel()
+	return cyc.before(ctx)
+}
 
-	if berr != nil {
-		log.Warn("kcr: before-checkpoint hooks failed; resuming", "err", berr)
-		s.setState("resuming")
-		resumed := make(chan []Report, 1)
-		go func() {
-			actx, cancel := context.WithTimeout(context.Background(), s.cfg.afterBudget)
-			_, after, aerr := cyc.after(actx, Event{Kind: Resume, Reason: "checkpoint failed: " + berr.Error()})
-			cancel()
-			if aerr != nil {
-				log.Warn("kcr: after-restore hooks failed on resume", "err", aerr)
-			}
-			cyc.end()
-			s.setState("idle")
-			resumed <- after
-		}()
-		// kcr gives up on its answer budget+5s after asking. A resume
-		// that takes longer (a Writer resending to a slow broker, the
-		// usual cause of a failed checkpoint) must not cost kcr the
-		// answer: it goes on after it.
-		msg := proto.Message{Type: proto.TypeFailed, Reports: reports, Error: berr.Error()}
-		answerBy := time.NewTimer(time.Until(asked.Add(requestBudget(m) + 4*time.Second)))
-		defer answerBy.Stop()
-		var after []Report
-		got := false
-		select {
-		case after = <-resumed:
-			got = true
-			msg.Reports = append(msg.Reports, after...)
-		case <-answerBy.C:
-			log.Warn("kcr: the resume after a failed checkpoint is still running; answering kcr now")
-		}
-		s.reply(c, msg)
-		c.Close()
-		if !got {
-			<-resumed
-		}
-		return
-	}
-	select {
-	case <-s.quit:
-		// Closed while the hooks ran: await would resume at once, so the
-		// CLI must not be told to dump.
-		s.setState("resuming")
+// refuse resumes every resource after failed before-checkpoint hooks and
+// tells kcr, by answerBy at the latest: kcr gives up on its answer
+// budget+5s after asking, and a resume that takes longer (a Writer
+// resending to a slow broker, the usual cause of a failed checkpoint) must
+// not cost kcr the answer: it goes on after it.
+func (s *Server) refuse(c *net.UnixConn, cyc *cycle, reports []Report, berr error, answerBy time.Time) {
+	log := s.cfg.log
+	log.Warn("kcr: before-checkpoint hooks failed; resuming", "err", berr)
+	s.setState("resuming")
+	resumed := make(chan []Report, 1)
+	go func() {
 		actx, cancel := context.WithTimeout(context.Background(), s.cfg.afterBudget)
-		cyc.after(actx, Event{Kind: Resume, Reason: "control socket closed during checkpoint"})
+		_, after, aerr := cyc.after(actx, Event{Kind: Resume, Reason: "checkpoint failed: " + berr.Error()})
 		cancel()
+		if aerr != nil {
+			log.Warn("kcr: after-restore hooks failed on resume", "err", aerr)
+		}
 		cyc.end()
 		s.setState("idle")
-		s.reply(c, proto.Message{Type: proto.TypeError, Error: "the control socket was closed during the before-checkpoint hooks; the app resumed"})
+		resumed <- after
+	}()
+	msg := proto.Message{Type: proto.TypeFailed, Reports: reports, Error: berr.Error()}
+	timer := time.NewTimer(time.Until(answerBy))
+	defer timer.Stop()
+	select {
+	case after := <-resumed:
+		msg.Reports = append(msg.Reports, after...)
+		s.reply(c, msg)
 		c.Close()
-		return
-	default:
+	case <-timer.C:
+		log.Warn("kcr: the resume after a failed checkpoint is still running; answering kcr now")
+		s.reply(c, msg)
+		c.Close()
+		<-resumed
 	}
+}
 
-	// Ready: open the follow-up channel first, then answer and close the
+// quitting reports whether the server was closed (Close, Shutdown).
+func (s *Server) quitting() bool {
+	select {
+	case <-s.quit:
+		return true
+	default:
+		return false
+	}
+}
+
+// abortClosed resumes the app when the server was closed while the hooks
+// ran: await would resume at once, so the CLI must not be told to dump.
+func (s *Server) abortClosed(c *net.UnixConn, cyc *cycle) {
+	s.setState("resuming")
+	actx, cancel := context.WithTimeout(context.Background(), s.cfg.afterBudget)
+	cyc.after(actx, Event{Kind: Resume, Reason: "control socket closed during checkpoint"})
+	cancel()
+	cyc.end()
+	s.setState("idle")
+	s.reply(c, proto.Message{Type: proto.TypeError, Error: "the control socket was closed during the before-checkpoint hooks; the app resumed"})
+	c.Close()
+}
+
+// ready tells kcr the app is quiesced, then waits for what comes next
+// (await) and says what it was, with kcr's follow-up if one came.
+func (s *Server) ready(c *net.UnixConn, st0 uint64, resumeAfter time.Duration, kcr peer, reports []Report) (Event, *followup) {
+	// Open the follow-up channel first, then answer and close the
 	// connection, so CRIU sees no half of a Unix connection to the CLI.
 	ch := make(chan followup, 1)
 	s.mu.Lock()
@@ -148,7 +175,7 @@ func (s *Server) checkpoint(c *net.UnixConn, m proto.Message, kcr peer) {
 	if werr != nil {
 		// The CLI is gone (it gave up waiting for the hooks, or died): nobody
 		// will dump this process, so do not stay suspended for resumeAfter.
-		log.Warn("kcr: could not send ready; resuming", "err", werr)
+		s.cfg.log.Warn("kcr: could not send ready; resuming", "err", werr)
 		ev = Event{Kind: Resume, Reason: "kcr went away before the checkpoint: " + werr.Error()}
 	} else {
 		ev, f = s.await(ch, st0, resumeAfter, kcr)
@@ -167,6 +194,12 @@ func (s *Server) checkpoint(c *net.UnixConn, m proto.Message, kcr peer) {
 	}
 	s.state = "restoring"
 	s.mu.Unlock()
+	return ev, f
+}
+
+// finish runs the after-restore hooks of ev, ends the cycle and answers
+// kcr's follow-up f, if any.
+func (s *Server) finish(cyc *cycle, ev Event, f *followup) {
 	abudget := s.cfg.afterBudget
 	if f != nil && f.msg.Wait > 0 {
 		abudget = max(abudget, f.msg.Wait)
@@ -185,7 +218,7 @@ func (s *Server) checkpoint(c *net.UnixConn, m proto.Message, kcr peer) {
 	s.setState("idle")
 	s.logAfter(ev, aerr)
 	if len(late) > 0 {
-		log.Warn("kcr: resources registered during the checkpoint join from the next one", "resources", late)
+		s.cfg.log.Warn("kcr: resources registered during the checkpoint join from the next one", "resources", late)
 	}
 	if f != nil {
 		f.reply <- s.done(ev, after, aerr)

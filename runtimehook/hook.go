@@ -170,7 +170,7 @@ func targets(env Env, o Options, res *Result) ([]Target, error) {
 	for _, pid := range pids {
 		sock, err := client.Find(pid)
 		switch {
-		case errors.Is(err, client.ErrNoSocket), errors.Is(err, client.ErrNoProcess):
+		case errors.Is(err, client.ErrNoSocket), errors.Is(err, proto.ErrNoProcess):
 			continue
 		case err != nil:
 			return nil, err

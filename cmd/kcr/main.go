@@ -20,6 +20,7 @@ import (
 	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/notify/client"
+	"github.com/kcr-dev/kcr/notify/proto"
 	"github.com/kcr-dev/kcr/runtimehook"
 )
 
@@ -108,7 +109,7 @@ func exitCode(err error) int {
 		return exitCRIU
 	case errors.Is(err, engine.ErrNotClonable), errors.Is(err, images.ErrNotRecoverable):
 		return exitImage
-	case errors.Is(err, engine.ErrNoProcess), errors.Is(err, client.ErrNoSocket),
+	case errors.Is(err, proto.ErrNoProcess), errors.Is(err, client.ErrNoSocket),
 		errors.Is(err, client.ErrUnsafeSocket):
 		return exitTarget
 	case isImageError(err):

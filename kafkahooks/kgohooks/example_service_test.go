@@ -23,3 +23,18 @@ func Example_service() {
 	defer cl.Close()
 	// cl.PollFetches, cl.Produce, cl.CommitUncommittedOffsets … as before
 }
+
+// A group consumer on KIP-848's protocol (docs/franz-go-kip848.md shows
+// this code): kgo's option, unchanged.
+func Example_kip848() {
+	brokers := []string{"127.0.0.1:9092"}
+	cl, err := kgohooks.NewClient(
+		kgo.SeedBrokers(brokers...),
+		kgo.ConsumerGroup("etl"), kgo.ConsumeTopics("orders"),
+		kgo.ServerSideBalancer(), // KIP-848: Kafka 4.0+, franz-go recommends 4.3+
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cl.Close()
+}

@@ -21,12 +21,9 @@ import (
 	"github.com/kcr-dev/kcr/notify/proto"
 )
 
-// Errors of Find.
-var (
-	// ErrNoProcess is proto.ErrNoProcess, which engine returns too.
-	ErrNoProcess = proto.ErrNoProcess
-	ErrNoSocket  = errors.New("no kcr control socket")
-)
+// ErrNoSocket is returned by Find for a process without a kcr control
+// socket; a PID that does not exist gives proto.ErrNoProcess.
+var ErrNoSocket = errors.New("no kcr control socket")
 
 // ErrPending is returned by Resume and Restored when the app did not finish
 // its after-restore hooks within the wait; the hooks go on in the app.
@@ -40,13 +37,13 @@ var ErrPending = errors.New("after-restore hooks still pending")
 // process (or a child) of the right user answers.
 func Find(pid int) (*Socket, error) {
 	if pid <= 0 {
-		return nil, fmt.Errorf("PID %d: %w", pid, ErrNoProcess)
+		return nil, fmt.Errorf("PID %d: %w", pid, proto.ErrNoProcess)
 	}
 	proc := "/proc/" + strconv.Itoa(pid)
 	ents, err := os.ReadDir(proc + "/fd")
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("PID %d: %w: check the PID (ps -p %d)", pid, ErrNoProcess, pid)
+			return nil, fmt.Errorf("PID %d: %w: check the PID (ps -p %d)", pid, proto.ErrNoProcess, pid)
 		}
 		return nil, fmt.Errorf("read fds of PID %d: %w (run kcr as root or as the process owner)", pid, err)
 	}

@@ -141,7 +141,7 @@ func TestFindNoProcess(t *testing.T) {
 	}
 	pidMax, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 	for _, pid := range []int{0, -1, pidMax + 1} {
-		if _, err := Find(pid); !errors.Is(err, ErrNoProcess) {
+		if _, err := Find(pid); !errors.Is(err, proto.ErrNoProcess) {
 			t.Errorf("Find(%d) = %v, want ErrNoProcess", pid, err)
 		}
 	}

@@ -137,11 +137,7 @@ func importArchive(ctx context.Context, r io.Reader, final, label string, opts [
 	for _, d := range removeStaleImports(filepath.Dir(b.tmp)) {
 		slog.Info("images: removed the temporary directory of a killed import", "dir", d)
 	}
-	root, err := os.OpenRoot(b.tmp)
-	if err != nil {
-		return nil, fmt.Errorf("images: %s: %w", final, err)
-	}
-	defer root.Close()
+	root := b.root // released by publish or Abort
 
 	var zr io.Reader
 	if cfg.crio {

@@ -1,0 +1,137 @@
+package engine
+
+// Root-kcr against a second uid, round 2 (issue 23). Each test keeps the
+// shape of the attack that the review reproduced.
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kcr-dev/kcr/images"
+	"github.com/kcr-dev/kcr/internal/testimg"
+)
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("needs root to act as another uid")
+		}
+		t.Skip("needs root to act as another uid")
+	}
+}
+
+// asOther starts sh -c script as uid testimg.OtherUID; it is killed at the
+// end of the test.
+func asOther(t *testing.T, script string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("sh", "-c", script)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: testimg.OtherUID, Gid: testimg.OtherUID}}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return cmd
+}
+
+// fakeRunc writes a runtime that reports a running container (pid, bundle)
+// and whose checkpoint takes a while, as a slow runtime's does, then writes
+// CRIU's files into --image-path.
+func fakeRunc(t *testing.T, pid int, bundle string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "runc")
+	script := `#!/bin/sh
+for a; do case "$a" in
+state) echo '{"id":"c","pid":` + strconv.Itoa(pid) + `,"status":"running","bundle":"` + bundle + `"}'; exit 0;;
+checkpoint) cp=1;;
+esac; done
+if [ -n "$cp" ]; then
+  while [ "$1" != --image-path ]; do shift; done
+  sleep 1.5
+  echo dumped > "$2/inventory.img"; echo done > "$2/stats-dump"; exit 0
+fi
+exit 1
+`
+	if err := os.WriteFile(p, []byte(script), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestSecurityCheckpointSignSwappedTmp (issue 23, 1): uid 61001 owns the
+// directory the image goes to and swaps kcr's temporary directory for its
+// own while the slow runtime dumps. Root must not seal, sign and publish
+// that user's directory: the output is refused before anything runs.
+func TestSecurityCheckpointSignSwappedTmp(t *testing.T) {
+	needRoot(t)
+	sleep := exec.Command("sleep", "60")
+	if err := sleep.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sleep.Process.Kill(); sleep.Wait() })
+	bundle := t.TempDir()
+	os.WriteFile(filepath.Join(bundle, "config.json"), []byte(`{"root":{"path":"rootfs"}}`), 0o600)
+	precious := filepath.Join(t.TempDir(), "precious")
+	os.WriteFile(precious, []byte("root's\n"), 0o600)
+
+	for _, c := range []struct{ shape, link string }{
+		{"owned by 61001", ""}, {"root's, mode 0777", ""},
+		{"owned by 61001", ` && ln -s ` + precious + ` "$d/container-spec.json"`},
+	} {
+		shape := c.shape
+		t.Run(shape+map[bool]string{true: ", spec link"}[c.link != ""], func(t *testing.T) {
+			base := t.TempDir()
+			os.Chmod(base, 0o755)
+			os.Chmod(filepath.Dir(base), 0o755) // t.TempDir's own parent is 0700
+			shared := filepath.Join(base, "shared")
+			os.Mkdir(shared, 0o755)
+			if shape == "owned by 61001" {
+				os.Chown(shared, testimg.OtherUID, testimg.OtherUID)
+			} else {
+				os.Chmod(shared, 0o777)
+			}
+			// The attacker's swap: its own directory, with its own "dump"
+			// and a link where kcr writes the container's spec.
+			asOther(t, `cd `+shared+` || exit 1
+while :; do for d in .svc.img.kcr-tmp-*; do
+  if [ -d "$d" ]; then mv "$d" stolen && mkdir -p "$d/criu" && echo evil > "$d/criu/pages-1.img"`+c.link+`; exit 0; fi
+done; sleep 0.01; done`)
+			time.Sleep(100 * time.Millisecond)
+			key := testKey(t)
+			out := filepath.Join(shared, "svc.img")
+			_, err := CheckpointContainer(context.Background(), ContainerOptions{ID: "c", Runtime: fakeRunc(t, sleep.Process.Pid, bundle), Output: out, SignKey: key})
+			if !errors.Is(err, images.ErrUntrusted) || !strings.Contains(err.Error(), shared) {
+				t.Errorf("checkpoint --sign into a directory %s: %v; want ErrUntrusted naming %s", shape, err, shared)
+			}
+			if _, err := os.Stat(filepath.Join(out, images.ManifestName)); err == nil {
+				b, _ := os.ReadFile(filepath.Join(out, "criu", "pages-1.img"))
+				t.Errorf("an image was published (and signed) there; its pages-1.img: %q", b)
+			}
+			if b, _ := os.ReadFile(precious); string(b) != "root's\n" {
+				t.Errorf("root wrote the container's spec through the attacker's link: %q", b)
+			}
+		})
+	}
+}
+
+// testKey makes a signing key.
+func testKey(t *testing.T) []byte {
+	t.Helper()
+	prefix := filepath.Join(t.TempDir(), "k")
+	if _, err := images.GenerateKeyFiles(prefix, ""); err != nil {
+		t.Fatal(err)
+	}
+	key, err := images.LoadPrivateKey(prefix + ".key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key
+}

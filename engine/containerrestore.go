@@ -41,6 +41,11 @@ func RestoreContainer(ctx context.Context, o ContainerOptions) (*ContainerRestor
 			return nil, fmt.Errorf("--bundle %s: no config.json in it (%w): give the bundle directory to restore into, or leave --bundle out", o.Bundle, syscall.ENOENT)
 		}
 	}
+	if real, err := filepath.EvalSymlinks(o.Image); err == nil && o.trusted() {
+		// Links resolved once, and the resolved path checked and used: a
+		// link could be pointed elsewhere after the check.
+		o.Image = real
+	}
 	fi, err := os.Stat(o.Image)
 	archive := err == nil && fi.Mode().IsRegular()
 	_, err = os.Stat(filepath.Join(o.Image, "oci-layout"))

@@ -135,3 +135,63 @@ func testKey(t *testing.T) []byte {
 	}
 	return key
 }
+
+// exportedContainer writes a signed-less container image whose spec runs
+// a createRuntime hook, and exports it as a CRI-O archive and an OCI
+// layout into dir; it returns the image, the archive and the layout.
+func exportedContainer(t *testing.T, dir string) (string, string, string) {
+	t.Helper()
+	img := filepath.Join(t.TempDir(), "img")
+	b, err := images.Create(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Abort()
+	os.WriteFile(filepath.Join(b.CRIUDir(), "inventory.img"), []byte("inv"), 0o600)
+	os.WriteFile(filepath.Join(b.Dir(), containerBundleFile), []byte(`{"id":"c","bundle":"/"}`), 0o600)
+	os.WriteFile(filepath.Join(b.Dir(), containerSpecFile), []byte(`{"root":{"path":"/"},"hooks":{"createRuntime":[{"path":"/bin/sh","args":["sh","-c","id > /tmp/pwned"]}]}}`), 0o600)
+	if _, err := b.Commit(context.Background(), &images.Manifest{}); err != nil {
+		t.Fatal(err)
+	}
+	archive, layout := filepath.Join(dir, "c.tar"), filepath.Join(dir, "layout")
+	for f, out := range map[string]string{FormatCRIO: archive, FormatOCI: layout} {
+		if _, err := Export(context.Background(), ExportOptions{Image: img, Format: f, Output: out}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return img, archive, layout
+}
+
+// TestSecurityRestoreThroughLink (issue 23, 2): a link of root's, in a
+// directory of root's, to uid 61001's archive or OCI layout, or to an image
+// of root's inside 61001's directory, is resolved and the resolved path
+// checked: runc is never handed what that user wrote, or can swap.
+func TestSecurityRestoreThroughLink(t *testing.T) {
+	needRoot(t)
+	theirs := filepath.Join(t.TempDir(), "theirs")
+	os.Mkdir(theirs, 0o755)
+	img, archive, layout := exportedContainer(t, theirs)
+	testimg.ChownAll(t, theirs, testimg.OtherUID)
+	inTheirs := filepath.Join(theirs, "img") // root's image, their directory
+	if err := os.Rename(img, inTheirs); err != nil {
+		t.Fatal(err)
+	}
+	links := t.TempDir()
+	ran := filepath.Join(t.TempDir(), "ran")
+	runtime := filepath.Join(t.TempDir(), "runc")
+	os.WriteFile(runtime, []byte("#!/bin/sh\necho \"$@\" >> "+ran+"\nexit 1\n"), 0o700)
+	for name, target := range map[string]string{"archive": archive, "layout": layout, "image": inTheirs} {
+		link := filepath.Join(links, name)
+		if err := os.Symlink(target, link); err != nil {
+			t.Fatal(err)
+		}
+		_, err := RestoreContainer(context.Background(), ContainerOptions{ID: "c", Image: link, Runtime: runtime})
+		if !errors.Is(err, images.ErrUntrusted) || !strings.Contains(err.Error(), "61001") {
+			t.Errorf("restore --container of a link to uid 61001's %s: %v; want ErrUntrusted naming uid 61001", name, err)
+		}
+		if b, err := os.ReadFile(ran); err == nil {
+			t.Errorf("%s: runc was run: %s", name, b)
+			os.Remove(ran)
+		}
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
@@ -83,19 +84,66 @@ func WithVerifyKeys(keys []ed25519.PublicKey) ImportOption {
 
 // ImportFile imports the archive file (see [Import]). Errors name file.
 func ImportFile(ctx context.Context, file, final string, opts ...ImportOption) (*Image, error) {
-	f, err := os.Open(file)
+	f, err := OpenArchive(file, false)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return importArchive(ctx, f, final, file, opts)
+}
+
+// ImportCRIOFrom imports the CRI-O checkpoint archive open as f (see
+// [ImportCRIOFile] and [OpenArchive]). Errors name f.Name().
+func ImportCRIOFrom(ctx context.Context, f *os.File, final string, opts ...ImportOption) (*Image, error) {
+	return importArchive(ctx, f, final, f.Name(), append(opts, crioLayout))
+}
+
+// OpenArchive opens an archive file to import, once, without waiting on a
+// FIFO, and checks the fd: a regular file; with trusted, one that passes
+// the owner rule (the caller's or root's, closed to writes by others) in a
+// directory that passes OpenTrustedDir, and not a link.
+func OpenArchive(file string, trusted bool) (*os.File, error) {
+	flags := os.O_RDONLY | syscall.O_NONBLOCK
+	if trusted {
+		flags |= syscall.O_NOFOLLOW
+		if err := checkAncestors(file); err != nil {
+			return nil, err
+		}
+	}
+	f, err := os.OpenFile(file, flags, 0)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, newError(file, "", ErrNotExist, err, "does not exist: check the archive path")
+	}
+	if errors.Is(err, syscall.ELOOP) {
+		return nil, newError(file, "", ErrUntrusted, err, "is a symlink: give the archive's real path")
 	}
 	if err != nil {
 		return nil, fmt.Errorf("images: %s: %w%s", file, err, ioHint(err))
 	}
-	defer f.Close()
-	if fi, err := f.Stat(); err == nil && fi.IsDir() {
+	fi, err := f.Stat()
+	switch {
+	case err != nil:
+		f.Close()
+		return nil, fmt.Errorf("images: %s: %w", file, err)
+	case fi.IsDir():
+		f.Close()
 		return nil, newError(file, "", ErrBadArchive, nil,
 			`is a directory, not an archive: give a file written by "kcr export" (an image directory needs no import)`)
+	case !fi.Mode().IsRegular():
+		f.Close()
+		return nil, newError(file, "", ErrBadArchive, nil, fmt.Sprintf("is a %s, not an archive: give a file written by \"kcr export\"", kindOf(fi.Mode())))
 	}
-	return importArchive(ctx, f, final, file, opts)
+	if trusted {
+		if why := trustInfo(fi); why != "" {
+			f.Close()
+			return nil, newError(file, "", ErrUntrusted, nil, fmt.Sprintf("the archive %s; %s", why, untrustedFix))
+		}
+	}
+	if err := setBlocking(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // importer unpacks one archive. label names the archive in errors.

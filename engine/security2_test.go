@@ -195,3 +195,66 @@ func TestSecurityRestoreThroughLink(t *testing.T) {
 		}
 	}
 }
+
+// TestSecurityExportUserImage (issue 23, 3): uid 61001's image names, in
+// its container.json, a root-only directory as its bundle, whose
+// config.json is a credential. Root's export must not copy that file into
+// the archive (as spec.dump) nor turn the user's image into a root-owned
+// archive: it refuses the image.
+func TestSecurityExportUserImage(t *testing.T) {
+	needRoot(t)
+	secret := filepath.Join(t.TempDir(), "docker")
+	os.Mkdir(secret, 0o700)
+	os.WriteFile(filepath.Join(secret, "config.json"), []byte(`{"auths":{"registry":{"auth":"c2VjcmV0"}}}`), 0o600)
+	theirs := filepath.Join(t.TempDir(), "theirs")
+	os.Mkdir(theirs, 0o755)
+	img := filepath.Join(theirs, "img")
+	b, err := images.Create(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Abort()
+	os.WriteFile(filepath.Join(b.CRIUDir(), "inventory.img"), []byte("inv"), 0o600)
+	os.WriteFile(filepath.Join(b.Dir(), containerBundleFile), []byte(`{"id":"c","bundle":"`+secret+`"}`), 0o600)
+	if _, err := b.Commit(context.Background(), &images.Manifest{}); err != nil {
+		t.Fatal(err)
+	}
+	testimg.ChownAll(t, theirs, testimg.OtherUID)
+	for _, format := range []string{FormatCRIO, FormatOCI, FormatKCR} {
+		out := filepath.Join(t.TempDir(), "out")
+		_, err := Export(context.Background(), ExportOptions{Image: img, Format: format, Output: out})
+		if !errors.Is(err, images.ErrUntrusted) || !strings.Contains(err.Error(), "61001") {
+			t.Errorf("export --format %s of uid 61001's image: %v; want ErrUntrusted naming uid 61001", format, err)
+		}
+		found := false
+		filepath.Walk(out, func(p string, fi os.FileInfo, err error) error {
+			if err == nil && fi.Mode().IsRegular() {
+				data, _ := os.ReadFile(p)
+				found = found || strings.Contains(string(data), "c2VjcmV0") || strings.Contains(string(data), "registry")
+			}
+			return nil
+		})
+		if found {
+			t.Errorf("export --format %s: root's credential is in the output", format)
+		}
+	}
+}
+
+// TestExportOCIPrivate: every directory of the OCI layout is 0700 and
+// every file 0600, like the memory blob.
+func TestExportOCIPrivate(t *testing.T) {
+	img := containerImage(t, nil)
+	out := filepath.Join(t.TempDir(), "oci")
+	if _, err := Export(context.Background(), ExportOptions{Image: img, Format: FormatOCI, Output: out}); err != nil {
+		t.Fatal(err)
+	}
+	filepath.Walk(out, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := map[bool]os.FileMode{true: 0o700, false: 0o600}[fi.IsDir()]; fi.Mode().Perm() != want {
+			t.Errorf("%s: mode %04o, want %04o", p, fi.Mode().Perm(), want)
+		}
+		return nil
+	})
+}

@@ -197,45 +197,60 @@ func setBlocking(f *os.File) error {
 	return err
 }
 
-// ReadTrustedFile reads the regular file path, at most limit bytes: as
-// root, from a directory that passes OpenTrustedDir, and a file that
-// passes the same owner rule; never through a final symlink, and never
-// waiting on a FIFO.
+// ReadTrustedFile reads the regular file path, at most limit bytes: its
+// links are resolved once; then, as root, it must be in a directory that
+// passes OpenTrustedDir and pass the same owner rule itself. It is opened
+// relative to that directory's fd, not through a link, and never waits on
+// a FIFO.
 func ReadTrustedFile(path string, limit int64, fix string) ([]byte, error) {
+	data, _, err := readTrusted(path, limit, fix)
+	return data, err
+}
+
+// readTrusted is ReadTrustedFile that also returns the file's stat.
+func readTrusted(path string, limit int64, fix string) ([]byte, fs.FileInfo, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	parent, base := filepath.Split(abs)
-	d, _, err := openDir(parent, os.Geteuid() == 0, fix)
+	real, err := filepath.EvalSymlinks(abs)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	parent, base := filepath.Split(real)
+	d, _, err := openDir(parent, os.Geteuid() == 0, fix)
+	if e, ok := errors.AsType[*Error](err); ok {
+		e.Dir = path
+		return nil, nil, e
+	}
+	if err != nil {
+		return nil, nil, err
 	}
 	defer d.Close()
 	fd, err := unix.Openat(int(d.Fd()), base, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, &fs.PathError{Op: "open", Path: abs, Err: err}
+		return nil, nil, &fs.PathError{Op: "open", Path: abs, Err: err}
 	}
 	f := os.NewFile(uintptr(fd), abs)
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if !fi.Mode().IsRegular() {
-		return nil, &fs.PathError{Op: "open", Path: abs, Err: fmt.Errorf("a %s, not a regular file", kindOf(fi.Mode()))}
+		return nil, fi, &fs.PathError{Op: "open", Path: abs, Err: fmt.Errorf("a %s, not a regular file", kindOf(fi.Mode()))}
 	}
 	if os.Geteuid() == 0 {
 		if why := trustInfo(fi); why != "" {
-			return nil, newError(path, base, ErrUntrusted, nil, fmt.Sprintf("%s %s; %s", abs, why, fix))
+			return nil, fi, newError(path, base, ErrUntrusted, nil, fmt.Sprintf("%s %s; %s", real, why, fix))
 		}
 	}
 	data, err := io.ReadAll(io.LimitReader(f, limit+1))
 	if err != nil {
-		return nil, err
+		return nil, fi, err
 	}
 	if int64(len(data)) > limit {
-		return nil, &fs.PathError{Op: "read", Path: abs, Err: errTooBig}
+		return nil, fi, &fs.PathError{Op: "read", Path: abs, Err: errTooBig}
 	}
-	return data, nil
+	return data, fi, nil
 }

@@ -6,8 +6,10 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/kcr-dev/kcr/internal/testimg"
@@ -79,5 +81,62 @@ func TestBuilderPublishChecksInode(t *testing.T) {
 	}
 	if _, err := os.Stat(final); err == nil {
 		t.Error("published after the swap")
+	}
+}
+
+// asOther runs sh -c script as uid and gid testimg.OtherUID and waits.
+func asOther(t *testing.T, script string) {
+	t.Helper()
+	cmd := exec.Command("sh", "-c", script)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: testimg.OtherUID, Gid: testimg.OtherUID}}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("as uid %d: %s: %v %s", testimg.OtherUID, script, err, out)
+	}
+}
+
+// TestSecurityVerifyKeyringWritable (issue 23, 4): root's ops.pub, mode
+// 0664 with uid 61001's group, has that user's key appended; an archive
+// signed with that key must not then pass import --verify-key ops.pub.
+func TestSecurityVerifyKeyringWritable(t *testing.T) {
+	needRoot(t)
+	dir := t.TempDir()
+	os.Chmod(dir, 0o755)
+	os.Chmod(filepath.Dir(dir), 0o755)
+	if _, err := GenerateKeyFiles(filepath.Join(dir, "ops"), "ops"); err != nil {
+		t.Fatal(err)
+	}
+	ring := filepath.Join(dir, "ops.pub")
+	os.Chown(ring, 0, testimg.OtherUID)
+	os.Chmod(ring, 0o664)
+	attacker := filepath.Join(t.TempDir(), "evil")
+	if _, err := GenerateKeyFiles(attacker, "evil"); err != nil {
+		t.Fatal(err)
+	}
+	evilPub, _ := os.ReadFile(attacker + ".pub")
+	asOther(t, "printf '%s' '"+string(evilPub)+"' >> "+ring)
+	priv, err := LoadPrivateKey(attacker + ".key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	archive := filepath.Join(t.TempDir(), "a"+ArchiveExt)
+	if _, _, err := ExportFile(context.Background(), buildSigned(t, priv), archive); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := LoadPublicKeys(ring)
+	if err == nil {
+		_, err = ImportFile(context.Background(), archive, filepath.Join(t.TempDir(), "img"), WithVerifyKeys(keys))
+		t.Errorf("a keyring uid 61001 could write was used (%d keys); the import of its signed archive: %v", len(keys), err)
+	} else if !errors.Is(err, ErrUntrusted) || !strings.Contains(err.Error(), "0664") {
+		t.Errorf("keyring of mode 0664: %v; want ErrUntrusted naming the mode", err)
+	}
+	// Its directory counts too.
+	os.Chmod(ring, 0o644)
+	os.Chown(dir, testimg.OtherUID, testimg.OtherUID)
+	if _, err := LoadPublicKeys(ring); !errors.Is(err, ErrUntrusted) {
+		t.Errorf("keyring in a directory of uid 61001: %v; want ErrUntrusted", err)
+	}
+	os.Chown(dir, 0, 0)
+	if keys, err := LoadPublicKeys(ring); err != nil || len(keys) != 2 {
+		t.Errorf("root's keyring, 0644: %d keys, %v", len(keys), err)
 	}
 }

@@ -50,7 +50,9 @@ type ContainerOptions struct {
 	// Stdout receives the restored container's stdout and stderr (runc
 	// hands its own to the container); default /dev/null. kcr's own
 	// stdio is never given to the container, so kcr can exit. The file is
-	// truncated: the restored container writes it from its start.
+	// appended to (created 0600 if missing), never truncated, and opened
+	// as images.OpenOutput does: not through a link, and as root only in
+	// a directory no other user can write.
 	Stdout       string
 	LeaveRunning bool // CheckpointContainer: runc checkpoint --leave-running
 	TCPClose     bool // refused by CheckpointContainer: runc takes tcp-close only from its CRIU configuration

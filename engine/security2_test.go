@@ -258,3 +258,61 @@ func TestExportOCIPrivate(t *testing.T) {
 		return nil
 	})
 }
+
+// linkedDir makes uid 61001's directory U holding "logs", its link to a
+// root-only directory that holds secret.txt; it returns U and the secret.
+func linkedDir(t *testing.T) (string, string) {
+	t.Helper()
+	rootOnly := t.TempDir()
+	secret := filepath.Join(rootOnly, "secret.txt")
+	os.WriteFile(secret, []byte("root's\n"), 0o600)
+	u := filepath.Join(t.TempDir(), "U")
+	os.Mkdir(u, 0o755)
+	os.Chmod(filepath.Dir(u), 0o755)
+	os.Chmod(filepath.Dir(filepath.Dir(u)), 0o755)
+	os.Chown(u, testimg.OtherUID, testimg.OtherUID)
+	asOther(t, "ln -s "+rootOnly+" "+filepath.Join(u, "logs")).Wait()
+	return u, secret
+}
+
+// TestSecurityRunLogParentLink (issue 23, 5): kcr run --log U/logs/secret.txt,
+// U being uid 61001's directory and logs its link to a root-only
+// directory, must not append the service's output to root's file.
+func TestSecurityRunLogParentLink(t *testing.T) {
+	needRoot(t)
+	u, secret := linkedDir(t)
+	_, err := Run(context.Background(), RunOptions{Args: []string{"echo", "appended"}, Log: filepath.Join(u, "logs", "secret.txt")})
+	if !errors.Is(err, images.ErrUntrusted) || !strings.Contains(err.Error(), "61001") {
+		t.Errorf("kcr run --log through uid 61001's link: %v; want ErrUntrusted naming uid 61001", err)
+	}
+	time.Sleep(200 * time.Millisecond) // the service, if started, writes
+	if b, _ := os.ReadFile(secret); string(b) != "root's\n" {
+		t.Errorf("root's file was written through the link: %q", b)
+	}
+}
+
+// TestSecurityContainerOutputParentLink (issue 23, 5): restore --container
+// --container-output U/logs/secret.txt neither truncates nor writes root's
+// file through uid 61001's link; and an output that is a link is refused.
+func TestSecurityContainerOutputParentLink(t *testing.T) {
+	needRoot(t)
+	u, secret := linkedDir(t)
+	img := containerImage(t, nil)
+	ran := filepath.Join(t.TempDir(), "ran")
+	runtime := filepath.Join(t.TempDir(), "runc")
+	os.WriteFile(runtime, []byte("#!/bin/sh\necho \"$@\" >> "+ran+"\necho output; exit 1\n"), 0o700)
+	_, err := RestoreContainer(context.Background(), ContainerOptions{ID: "c", Image: img, Runtime: runtime, Stdout: filepath.Join(u, "logs", "secret.txt")})
+	if !errors.Is(err, images.ErrUntrusted) || !strings.Contains(err.Error(), "61001") {
+		t.Errorf("restore --container-output through uid 61001's link: %v; want ErrUntrusted naming uid 61001", err)
+	}
+	if b, _ := os.ReadFile(secret); string(b) != "root's\n" {
+		t.Errorf("root's file was truncated or written through the link: %q", b)
+	}
+	// An existing output of root's is appended to, not truncated.
+	own := filepath.Join(t.TempDir(), "out.log")
+	os.WriteFile(own, []byte("before\n"), 0o600)
+	RestoreContainer(context.Background(), ContainerOptions{ID: "c", Image: img, Runtime: runtime, Stdout: own})
+	if b, _ := os.ReadFile(own); !strings.HasPrefix(string(b), "before\n") {
+		t.Errorf("the existing output was truncated: %q", b)
+	}
+}

@@ -46,70 +46,131 @@ func trustInfo(fi fs.FileInfo) string {
 	return trustStat(st.Uid, st.Mode, false)
 }
 
-// OpenTrustedDir opens the directory dir for root-kcr to read or write in:
-// it resolves dir's symlinks once, then walks the resolved path from "/"
-// without following any link, and refuses (ErrUntrusted, with fix) a
-// directory on the way, dir included, that belongs to a uid other than the
-// caller's or root, or that group or others can write (unless it is a
-// sticky directory of root's, like /tmp). It returns the directory's fd
-// (O_RDONLY|O_DIRECTORY) and the resolved path.
+// OpenTrustedDir opens the directory dir for root-kcr to read or write in.
+// It walks dir from "/" one component at a time, without following links
+// by path: a link is followed only if it belongs to root or the caller
+// (its directory having passed already), since only its directory's
+// writers can change where it points. It refuses (ErrUntrusted, with fix)
+// a directory on the way, dir included, or a link, that belongs to a uid
+// other than the caller's or root, or a directory that group or others
+// can write (unless it is a sticky directory of root's, like /tmp). It
+// returns the directory's fd (O_RDONLY|O_DIRECTORY) and the path walked,
+// links resolved.
 func OpenTrustedDir(dir, fix string) (*os.File, string, error) {
 	return openDir(dir, true, fix)
 }
 
-// openDir is OpenTrustedDir; with check false it only refuses links on the
-// way (after the resolution), for a caller that is not root.
+// maxLinks bounds the links followed in one walk, as the kernel's 40.
+const maxLinks = 40
+
+// openDir is OpenTrustedDir; with check false it applies no owner rule
+// and follows every link, for a caller that is not root.
 func openDir(dir string, check bool, fix string) (*os.File, string, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return nil, "", fmt.Errorf("images: %s: %w", dir, err)
 	}
-	real, err := filepath.EvalSymlinks(abs)
-	if err != nil {
-		return nil, "", err
+	untrusted := func(p, why string) error {
+		return newError(dir, p, ErrUntrusted, nil, fmt.Sprintf("%s %s; %s", p, why, fix))
 	}
-	fd, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, "", err
-	}
-	comps := strings.Split(strings.TrimPrefix(real, "/"), "/")
-	if real == "/" {
-		comps = nil
-	}
-	walked := "/"
-	for i := 0; ; i++ {
-		var st unix.Stat_t
-		if err := unix.Fstat(fd, &st); err != nil {
+	fd := -1
+	defer func() {
+		if fd >= 0 {
 			unix.Close(fd)
-			return nil, "", err
 		}
-		if check {
-			if why := trustStat(st.Uid, st.Mode, true); why != "" {
+	}()
+	var walked string
+	rest := strings.Split(abs, "/") // abs starts with "/": rest[0] is ""
+	for links := 0; ; {
+		if len(rest) > 0 && rest[0] == "" { // start again from "/"
+			if fd >= 0 {
 				unix.Close(fd)
-				return nil, "", newError(dir, walked, ErrUntrusted, nil, fmt.Sprintf("%s %s; %s", walked, why, fix))
 			}
+			if fd, err = unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+				return nil, "", err
+			}
+			walked, rest = "/", rest[1:]
+			var st unix.Stat_t
+			if err := unix.Fstat(fd, &st); err != nil {
+				return nil, "", err
+			}
+			if why := trustStat(st.Uid, st.Mode, true); check && why != "" {
+				return nil, "", untrusted(walked, why)
+			}
+			continue
 		}
-		if i == len(comps) {
+		if len(rest) == 0 {
 			break
 		}
-		nfd, err := unix.Openat(fd, comps[i], unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		unix.Close(fd)
-		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
-			return nil, "", newError(dir, walked, ErrUntrusted, err,
-				fmt.Sprintf("%s changed while it was opened (it is now a link or not a directory); %s", filepath.Join(walked, comps[i]), fix))
+		c := rest[0]
+		rest = rest[1:]
+		switch c {
+		case "", ".":
+			continue
+		case "..":
+			// Lexically, as filepath.Clean would: the walk never goes up
+			// through a directory it did not come down.
+			rest = append(strings.Split(filepath.Dir(walked), "/"), rest...)
+			continue
 		}
+		next := filepath.Join(walked, c)
+		nfd, err := unix.Openat(fd, c, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return nil, "", &fs.PathError{Op: "open", Path: filepath.Join(walked, comps[i]), Err: err}
+			return nil, "", &fs.PathError{Op: "open", Path: next, Err: err}
 		}
-		fd = nfd
-		walked = filepath.Join(walked, comps[i])
+		var st unix.Stat_t
+		if err := unix.Fstat(nfd, &st); err != nil {
+			unix.Close(nfd)
+			return nil, "", err
+		}
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFLNK:
+			if links++; links > maxLinks {
+				unix.Close(nfd)
+				return nil, "", &fs.PathError{Op: "open", Path: next, Err: unix.ELOOP}
+			}
+			if why := trustStat(st.Uid, 0, false); check && why != "" {
+				unix.Close(nfd)
+				return nil, "", untrusted(next+" (a link)", why)
+			}
+			target, err := readlinkat(fd, c)
+			unix.Close(nfd)
+			if err != nil {
+				return nil, "", &fs.PathError{Op: "readlink", Path: next, Err: err}
+			}
+			rest = append(strings.Split(target, "/"), rest...)
+			continue
+		case unix.S_IFDIR:
+		default:
+			unix.Close(nfd)
+			return nil, "", &fs.PathError{Op: "open", Path: next, Err: unix.ENOTDIR}
+		}
+		if why := trustStat(st.Uid, st.Mode, true); check && why != "" {
+			unix.Close(nfd)
+			return nil, "", untrusted(next, why)
+		}
+		unix.Close(fd)
+		fd, walked = nfd, next
 	}
 	rfd, err := unix.Openat(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	unix.Close(fd)
 	if err != nil {
-		return nil, "", &fs.PathError{Op: "open", Path: real, Err: err}
+		return nil, "", &fs.PathError{Op: "open", Path: walked, Err: err}
 	}
-	return os.NewFile(uintptr(rfd), real), real, nil
+	return os.NewFile(uintptr(rfd), walked), walked, nil
+}
+
+// readlinkat reads the link name in the directory fd.
+func readlinkat(fd int, name string) (string, error) {
+	for n := 256; ; n *= 2 {
+		buf := make([]byte, n)
+		m, err := unix.Readlinkat(fd, name, buf)
+		if err != nil {
+			return "", err
+		}
+		if m < n {
+			return string(buf[:m]), nil
+		}
+	}
 }
 
 // rootOf opens an os.Root on the directory d (an fd, not a path that could

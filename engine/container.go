@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/kcr-dev/kcr/criu"
+	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/notify/client"
 	"github.com/kcr-dev/kcr/runtimehook"
 )
@@ -152,7 +153,9 @@ func criuConfigHasHook(st *ContainerState) (string, bool) {
 	if c := st.Annotations["org.criu.config"]; c != "" {
 		conf = c
 	}
-	b, err := os.ReadFile(conf)
+	// As root, read once, bounded, and only a file no other user could
+	// have written: the annotation names any path.
+	b, err := images.ReadTrustedFile(conf, 1<<20, "a CRIU configuration another user can write decides which script CRIU runs as root: chown root: it and chmod go-w it")
 	if err != nil {
 		return conf, false
 	}

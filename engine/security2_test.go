@@ -316,3 +316,36 @@ func TestSecurityContainerOutputParentLink(t *testing.T) {
 		t.Errorf("the existing output was truncated: %q", b)
 	}
 }
+
+// TestSecurityCRIUConfigAnnotation (issue 23, also): the CRIU configuration
+// a container's org.criu.config annotation names is read as root only if
+// no other user could have written it, bounded, and never from a FIFO.
+func TestSecurityCRIUConfigAnnotation(t *testing.T) {
+	needRoot(t)
+	dir := t.TempDir()
+	theirs := filepath.Join(dir, "theirs.conf")
+	os.WriteFile(theirs, []byte("action-script /tmp/evil\n"), 0o644)
+	os.Chown(theirs, testimg.OtherUID, testimg.OtherUID)
+	fifo := filepath.Join(dir, "fifo.conf")
+	syscall.Mkfifo(fifo, 0o600)
+	own := filepath.Join(dir, "own.conf")
+	os.WriteFile(own, []byte("action-script /usr/local/bin/kcr-criu-hook\n"), 0o644)
+	for conf, want := range map[string]bool{theirs: false, fifo: false, own: true} {
+		done := make(chan bool, 1)
+		go func() {
+			_, ok := criuConfigHasHook(&ContainerState{Annotations: map[string]string{"org.criu.config": conf}})
+			done <- ok
+		}()
+		select {
+		case ok := <-done:
+			if ok != want {
+				t.Errorf("%s: has hook %v, want %v", filepath.Base(conf), ok, want)
+			}
+		case <-time.After(3 * time.Second):
+			t.Errorf("%s: reading it hung", filepath.Base(conf))
+			if f, err := os.OpenFile(fifo, os.O_RDWR, 0); err == nil {
+				f.Close()
+			}
+		}
+	}
+}

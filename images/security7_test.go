@@ -171,4 +171,3 @@ func TestSecurityReadManifestExchange(t *testing.T) {
 		})
 	}
 }
-

@@ -189,17 +189,6 @@ func rootOf(d *os.File) (*os.Root, error) {
 	return root, nil
 }
 
-// OpenTrustedRoot is OpenTrustedDir as an os.Root.
-func OpenTrustedRoot(dir, fix string) (*os.Root, string, error) {
-	d, real, err := OpenTrustedDir(dir, fix)
-	if err != nil {
-		return nil, "", err
-	}
-	defer d.Close()
-	root, err := rootOf(d)
-	return root, real, err
-}
-
 // OpenOutput opens the file path for root-kcr to write to: in a directory
 // that passes OpenTrustedDir when kcr runs as root (else any directory,
 // links resolved), never through a symlink, FIFO or device. With appendTo

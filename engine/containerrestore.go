@@ -144,7 +144,7 @@ func restoreContainer(ctx context.Context, o ContainerOptions, workParent string
 // /dev/null) for appending: never truncated, never through a link or into
 // a directory another user can write (images.OpenOutput).
 func openContainerOutput(dst string) (*os.File, error) {
-	if dst == "" {
+	if dst == "" || dst == os.DevNull {
 		return os.OpenFile(os.DevNull, os.O_WRONLY, 0)
 	}
 	out, err := images.OpenOutput(dst, true, "another user could point it at a file of root's: give a directory only root can write")

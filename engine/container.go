@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/kcr-dev/kcr/criu"
+	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/notify/client"
 	"github.com/kcr-dev/kcr/runtimehook"
 )
@@ -50,7 +51,9 @@ type ContainerOptions struct {
 	// Stdout receives the restored container's stdout and stderr (runc
 	// hands its own to the container); default /dev/null. kcr's own
 	// stdio is never given to the container, so kcr can exit. The file is
-	// truncated: the restored container writes it from its start.
+	// appended to (created 0600 if missing), never truncated, and opened
+	// as images.OpenOutput does: not through a link, and as root only in
+	// a directory no other user can write.
 	Stdout       string
 	LeaveRunning bool // CheckpointContainer: runc checkpoint --leave-running
 	TCPClose     bool // refused by CheckpointContainer: runc takes tcp-close only from its CRIU configuration
@@ -150,7 +153,9 @@ func criuConfigHasHook(st *ContainerState) (string, bool) {
 	if c := st.Annotations["org.criu.config"]; c != "" {
 		conf = c
 	}
-	b, err := os.ReadFile(conf)
+	// As root, read once, bounded, and only a file no other user could
+	// have written: the annotation names any path.
+	b, err := images.ReadTrustedFile(conf, 1<<20, "a CRIU configuration another user can write decides which script CRIU runs as root: chown root: it and chmod go-w it")
 	if err != nil {
 		return conf, false
 	}

@@ -29,8 +29,14 @@ import (
 // Restores of one archive are counted in kcr's state directory, keyed by
 // the archive file, so each gets its own generation.
 func restoreArchive(ctx context.Context, o ContainerOptions) (*ContainerRestoreResult, error) {
+	// Opened once: the fd checked is the one imported from.
+	f, err := images.OpenArchive(o.Image, o.trusted())
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
 	return restoreUnpacked(ctx, o, func(final string, opts ...images.ImportOption) (*images.Image, error) {
-		return images.ImportCRIOFile(ctx, o.Image, final, opts...)
+		return images.ImportCRIOFrom(ctx, f, final, opts...)
 	})
 }
 

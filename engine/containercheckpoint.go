@@ -39,6 +39,9 @@ func createImage(out string, key ed25519.PrivateKey) (*images.Builder, error) {
 	return b, nil
 }
 
+// bundleFix is the advice when a bundle's spec is refused.
+const bundleFix = "kcr would sign (or export) a spec that user wrote: keep the bundle in a directory only root can write"
+
 // CheckpointContainer checkpoints a runc container with "runc checkpoint"
 // into a kcr image: runc's images in its criu/ directory, the manifest
 // beside them. The app's hooks run in kcr's CRIU action script
@@ -103,11 +106,13 @@ func CheckpointContainer(ctx context.Context, o ContainerOptions) (*CheckpointRe
 		return nil, fmt.Errorf("container %s: %w (CRIU: %s)", o.ID, err, logTail(filepath.Join(b.CRIUDir(), "dump.log"), "Error"))
 	}
 
-	spec, err := os.ReadFile(filepath.Join(st.Bundle, "config.json"))
+	// The spec is signed with the image: as root, only from a bundle no
+	// other user can write.
+	spec, err := images.ReadTrustedFile(filepath.Join(st.Bundle, "config.json"), images.MaxManifestSize, bundleFix)
 	if err != nil {
 		return nil, fmt.Errorf("container %s: bundle: %w", o.ID, err)
 	}
-	if err := os.WriteFile(filepath.Join(b.Dir(), containerSpecFile), spec, 0o600); err != nil {
+	if err := b.WriteFile(containerSpecFile, spec); err != nil {
 		return nil, err
 	}
 	reports, _ := os.ReadFile(filepath.Join(b.CRIUDir(), HookReportsFile))
@@ -153,7 +158,7 @@ func commitContainer(ctx context.Context, b *images.Builder, res *CheckpointResu
 		res.Warnings = append(res.Warnings, "the hook's reports ("+HookReportsFile+") are missing: see CRIU's dump.log")
 	}
 	cb, _ := json.Marshal(rec)
-	if err := os.WriteFile(filepath.Join(b.Dir(), containerBundleFile), cb, 0o600); err != nil {
+	if err := b.WriteFile(containerBundleFile, cb); err != nil {
 		return err
 	}
 	t := time.Now()

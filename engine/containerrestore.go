@@ -41,6 +41,11 @@ func RestoreContainer(ctx context.Context, o ContainerOptions) (*ContainerRestor
 			return nil, fmt.Errorf("--bundle %s: no config.json in it (%w): give the bundle directory to restore into, or leave --bundle out", o.Bundle, syscall.ENOENT)
 		}
 	}
+	if real, err := filepath.EvalSymlinks(o.Image); err == nil && o.trusted() {
+		// Links resolved once, and the resolved path checked and used: a
+		// link could be pointed elsewhere after the check.
+		o.Image = real
+	}
 	fi, err := os.Stat(o.Image)
 	archive := err == nil && fi.Mode().IsRegular()
 	_, err = os.Stat(filepath.Join(o.Image, "oci-layout"))
@@ -94,16 +99,9 @@ func restoreContainer(ctx context.Context, o ContainerOptions, workParent string
 		}
 	}
 	res.ID, res.Bundle = o.ID, o.Bundle
-	dst := o.Stdout
-	if dst == "" {
-		dst = os.DevNull
-	}
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("container output %s: directory %s: %w: create it first, or give another --container-output", dst, filepath.Dir(dst), syscall.ENOENT)
-	}
+	out, err := openContainerOutput(o.Stdout)
 	if err != nil {
-		return nil, fmt.Errorf("container output: %w", err)
+		return nil, err
 	}
 	defer out.Close()
 	gen := o.generation
@@ -140,4 +138,23 @@ func restoreContainer(ctx context.Context, o ContainerOptions, workParent string
 	res.PID = st.PID
 	res.Timings.add(PhaseTotal, time.Since(start))
 	return res, nil
+}
+
+// openContainerOutput opens the restored container's output file (default
+// /dev/null) for appending: never truncated, never through a link or into
+// a directory another user can write (images.OpenOutput).
+func openContainerOutput(dst string) (*os.File, error) {
+	if dst == "" || dst == os.DevNull {
+		return os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	}
+	out, err := images.OpenOutput(dst, true, "another user could point it at a file of root's: give a directory only root can write")
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, fmt.Errorf("container output %s: directory %s: %w: create it first, or give another --container-output", dst, filepath.Dir(dst), syscall.ENOENT)
+	case errors.Is(err, syscall.ELOOP):
+		return nil, fmt.Errorf("container output %s: it is a symlink: give the real path", dst)
+	case err != nil:
+		return nil, fmt.Errorf("container output: %w", err)
+	}
+	return out, nil
 }

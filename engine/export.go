@@ -86,7 +86,7 @@ func Export(ctx context.Context, o ExportOptions) (*ExportResult, error) {
 // published by images.WriteNewFile: never partial, never over a file. It returns the
 // image, closed, and the archive's size.
 func exportArchive(ctx context.Context, image, out string) (*images.Image, int64, error) {
-	img, err := images.Open(ctx, image)
+	img, err := images.OpenForExport(ctx, image)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -120,8 +120,10 @@ func writeArchive(ctx context.Context, img *images.Image, image, out string) err
 	specFile := filepath.Join(img.Dir, containerSpecFile)
 	sb, err := img.ReadRootFile(containerSpecFile)
 	if errors.Is(err, fs.ErrNotExist) {
+		// The image is trusted (OpenForExport); the bundle must be too,
+		// or root would export whatever file that spec path names.
 		specFile = filepath.Join(c.Bundle, "config.json")
-		sb, err = os.ReadFile(specFile)
+		sb, err = images.ReadTrustedFile(specFile, images.MaxManifestSize, bundleFix)
 	}
 	if err != nil || json.Unmarshal(sb, &spec) != nil {
 		return fmt.Errorf("container %s: no readable spec %s: %v", c.ID, specFile, err)

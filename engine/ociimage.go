@@ -31,6 +31,9 @@ func exportOCIImage(ctx context.Context, image, dir string) (*images.Image, int6
 	if _, err := os.Lstat(dir); err == nil {
 		return nil, 0, ociExists(dir)
 	}
+	if err := images.CheckOutputDir(dir); err != nil {
+		return nil, 0, err
+	}
 	tmp, err := os.MkdirTemp(filepath.Dir(dir), ".kcr-oci-")
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, 0, fmt.Errorf("export: %s: directory %s: %w: create it first", dir, filepath.Dir(dir), syscall.ENOENT)
@@ -65,6 +68,11 @@ func exportOCIImage(ctx context.Context, image, dir string) (*images.Image, int6
 	if err := p.AppendImage(img); err != nil {
 		return nil, 0, fmt.Errorf("export: write image: %w", err)
 	}
+	// go-containerregistry writes 0755 and 0644; the layer holds process
+	// memory, and its blobs and directories are made as private as it.
+	if err := privateTree(out); err != nil {
+		return nil, 0, fmt.Errorf("export: %w", err)
+	}
 	size, err := treeSize(out)
 	if err != nil {
 		return nil, 0, fmt.Errorf("export: %w", err)
@@ -98,4 +106,19 @@ func treeSize(dir string) (int64, error) {
 		return err
 	})
 	return n, err
+}
+
+// privateTree makes the directories under dir 0700 and its files 0600.
+func privateTree(dir string) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case d.IsDir():
+			return os.Chmod(p, 0o700)
+		case d.Type().IsRegular():
+			return os.Chmod(p, 0o600)
+		}
+		return fmt.Errorf("%s: a %s in the layout", p, d.Type())
+	})
 }

@@ -12,8 +12,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/notify/client"
 )
+
+// logFix is the advice when a log's directory is refused.
+const logFix = "another user could point the log at a file of root's: give a directory only root can write"
 
 // RunOptions configures Run.
 type RunOptions struct {
@@ -67,25 +71,22 @@ func Run(ctx context.Context, o RunOptions) (*RunResult, error) {
 	if logPath, err = filepath.Abs(logPath); err != nil {
 		return nil, err
 	}
-	// Not through a symlink: kcr runs as root, the log's directory may not
-	// be root's. A FIFO or device is refused too.
-	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0o600)
+	// Not through a symlink, in the log's name or in any directory above
+	// it, and as root only in directories no other user can write: kcr
+	// runs as root, the log's directory may not be root's. A FIFO or
+	// device is refused too.
+	logf, err := images.OpenOutput(logPath, true, logFix)
 	if errors.Is(err, syscall.ELOOP) {
 		return nil, fmt.Errorf("open log %s: it is a symlink: give the real path (kcr does not follow links for its logs)", logPath)
 	}
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("open log %s: directory %s: %w: create it first, or give another --log", logPath, filepath.Dir(logPath), syscall.ENOENT)
 	}
+	if errors.Is(err, images.ErrUntrusted) {
+		return nil, fmt.Errorf("open log: %w", err)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("open log: %w", err)
-	}
-	if fi, err := logf.Stat(); err != nil || !fi.Mode().IsRegular() {
-		logf.Close()
-		return nil, fmt.Errorf("open log %s: not a regular file: give a file path", logPath)
-	}
-	if err := clearNonblock(logf); err != nil {
-		logf.Close()
-		return nil, fmt.Errorf("open log: %w", err)
+		return nil, fmt.Errorf("open log %s: %w: give a regular file's path", logPath, err)
 	}
 	defer logf.Close()
 	null, err := os.Open(os.DevNull)

@@ -36,9 +36,24 @@ func Export(ctx context.Context, dir string, w io.Writer) (*Image, int64, error)
 	return im, cw.n, nil
 }
 
+// exportFix is the advice when root refuses to export an image.
+const exportFix = "as root, kcr export would vouch for what that user wrote (the archive comes out root's, and passes the checks): run kcr export as that user, or chown -R root: the image and chmod -R go-w it if you trust that user"
+
+// OpenForExport opens and verifies the image in dir to export it: as
+// root, it refuses (ErrUntrusted) an image another user owns or could have
+// written, as OpenOptions.Trusted does.
+func OpenForExport(ctx context.Context, dir string) (*Image, error) {
+	if _, err := os.Lstat(dir); err == nil && os.Geteuid() == 0 {
+		if _, err := checkTree(dir, exportFix); err != nil {
+			return nil, err
+		}
+	}
+	return OpenWith(ctx, dir, OpenOptions{Trusted: os.Geteuid() == 0})
+}
+
 // export is Export without the count; the image it returns is closed.
 func export(ctx context.Context, dir string, w io.Writer) (*Image, error) {
-	im, err := Open(ctx, dir)
+	im, err := OpenForExport(ctx, dir)
 	if err != nil {
 		return nil, err
 	}
@@ -209,6 +224,9 @@ func WriteNewFile(ctx context.Context, file string, write func(*os.File) error) 
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("images: %s: %w%s", file, err, ioHint(err))
 	}
+	if err := CheckOutputDir(file); err != nil {
+		return err
+	}
 	tmp, err := os.CreateTemp(parent, "."+base+tmpMarker+"*") // mode 0600
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
@@ -290,4 +308,29 @@ func (c *countWriter) Write(p []byte) (int, error) {
 	n, err := c.w.Write(p)
 	c.n += int64(n)
 	return n, err
+}
+
+// CheckOutputDir refuses, as root, to write the new file or directory out
+// into a directory that another user owns or can write, or below one
+// (see OpenTrustedDir): that user could swap what kcr writes.
+func CheckOutputDir(out string) error {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	abs, err := filepath.Abs(out)
+	if err != nil {
+		return err
+	}
+	d, _, err := OpenTrustedDir(filepath.Dir(abs), outputFix)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil // the caller says which directory to create
+	}
+	if e, ok := errors.AsType[*Error](err); ok {
+		e.Dir = out
+		return e
+	}
+	if err != nil {
+		return fmt.Errorf("images: %s: %w", out, err)
+	}
+	return d.Close()
 }

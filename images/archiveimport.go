@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
@@ -83,19 +84,66 @@ func WithVerifyKeys(keys []ed25519.PublicKey) ImportOption {
 
 // ImportFile imports the archive file (see [Import]). Errors name file.
 func ImportFile(ctx context.Context, file, final string, opts ...ImportOption) (*Image, error) {
-	f, err := os.Open(file)
+	f, err := OpenArchive(file, false)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return importArchive(ctx, f, final, file, opts)
+}
+
+// ImportCRIOFrom imports the CRI-O checkpoint archive open as f (see
+// [ImportCRIOFile] and [OpenArchive]). Errors name f.Name().
+func ImportCRIOFrom(ctx context.Context, f *os.File, final string, opts ...ImportOption) (*Image, error) {
+	return importArchive(ctx, f, final, f.Name(), append(opts, crioLayout))
+}
+
+// OpenArchive opens an archive file to import, once, without waiting on a
+// FIFO, and checks the fd: a regular file; with trusted, one that passes
+// the owner rule (the caller's or root's, closed to writes by others) in a
+// directory that passes OpenTrustedDir, and not a link.
+func OpenArchive(file string, trusted bool) (*os.File, error) {
+	flags := os.O_RDONLY | syscall.O_NONBLOCK
+	if trusted {
+		flags |= syscall.O_NOFOLLOW
+		if err := checkAncestors(file); err != nil {
+			return nil, err
+		}
+	}
+	f, err := os.OpenFile(file, flags, 0)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, newError(file, "", ErrNotExist, err, "does not exist: check the archive path")
+	}
+	if errors.Is(err, syscall.ELOOP) {
+		return nil, newError(file, "", ErrUntrusted, err, "is a symlink: give the archive's real path")
 	}
 	if err != nil {
 		return nil, fmt.Errorf("images: %s: %w%s", file, err, ioHint(err))
 	}
-	defer f.Close()
-	if fi, err := f.Stat(); err == nil && fi.IsDir() {
+	fi, err := f.Stat()
+	switch {
+	case err != nil:
+		f.Close()
+		return nil, fmt.Errorf("images: %s: %w", file, err)
+	case fi.IsDir():
+		f.Close()
 		return nil, newError(file, "", ErrBadArchive, nil,
 			`is a directory, not an archive: give a file written by "kcr export" (an image directory needs no import)`)
+	case !fi.Mode().IsRegular():
+		f.Close()
+		return nil, newError(file, "", ErrBadArchive, nil, fmt.Sprintf("is a %s, not an archive: give a file written by \"kcr export\"", kindOf(fi.Mode())))
 	}
-	return importArchive(ctx, f, final, file, opts)
+	if trusted {
+		if why := trustInfo(fi); why != "" {
+			f.Close()
+			return nil, newError(file, "", ErrUntrusted, nil, fmt.Sprintf("the archive %s; %s", why, untrustedFix))
+		}
+	}
+	if err := setBlocking(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // importer unpacks one archive. label names the archive in errors.
@@ -109,6 +157,8 @@ type importer struct {
 	sig   []byte // its signature as archived, or nil
 	// signer is the key that signed raw, once checked (cfg.keys set).
 	signer ed25519.PublicKey
+
+	stream *limitedStream // the decompressed archive
 
 	listed map[string]FileEntry
 	dirs   map[string]bool // ancestors of listed files: allowed directory entries
@@ -137,11 +187,7 @@ func importArchive(ctx context.Context, r io.Reader, final, label string, opts [
 	for _, d := range removeStaleImports(filepath.Dir(b.tmp)) {
 		slog.Info("images: removed the temporary directory of a killed import", "dir", d)
 	}
-	root, err := os.OpenRoot(b.tmp)
-	if err != nil {
-		return nil, fmt.Errorf("images: %s: %w", final, err)
-	}
-	defer root.Close()
+	root := b.root // released by publish or Abort
 
 	var zr io.Reader
 	if cfg.crio {
@@ -164,12 +210,15 @@ func importArchive(ctx context.Context, r io.Reader, final, label string, opts [
 		defer zd.Close()
 		zr = zd
 	}
+	// Until the manifest says how much is to come, the stream may hold
+	// only the entries that precede it.
+	lim := &limitedStream{r: zr, limit: 2*maxSkippedEntry + MaxManifestSize + maxSigFile + tarSlack}
 	im := &importer{
-		ctx: ctx, label: label, b: b, root: root,
+		ctx: ctx, label: label, b: b, root: root, stream: lim,
 		seen: map[string]bool{}, made: map[string]bool{".": true, CRIUSubdir: true},
 		buf: make([]byte, 1<<20), cfg: cfg,
 	}
-	tr := tar.NewReader(zr)
+	tr := tar.NewReader(lim)
 	for i := 0; ; {
 		hdr, err := tr.Next()
 		if errors.Is(err, tar.ErrInsecurePath) && hdr != nil {
@@ -193,6 +242,9 @@ func importArchive(ctx context.Context, r io.Reader, final, label string, opts [
 		}
 		if cfg.crio {
 			if name = crioName(name); name == "" {
+				if err := im.skip(hdr); err != nil {
+					return nil, err
+				}
 				continue
 			}
 			if i == 0 && name != ManifestName {
@@ -219,9 +271,10 @@ func importArchive(ctx context.Context, r io.Reader, final, label string, opts [
 			return nil, err
 		}
 	}
-	// Read the zstd stream to its end so that its checksum is verified.
-	if _, err := io.CopyBuffer(io.Discard, zr, im.buf); err != nil {
-		return nil, im.readError(err, "")
+	// Read the stream to its end, so that the zstd checksum is verified:
+	// past the tar's end it may hold only its zero padding.
+	if err := im.checkEnd(lim); err != nil {
+		return nil, err
 	}
 	if err := im.checkSigned(); err != nil {
 		return nil, err
@@ -315,7 +368,15 @@ func (im *importer) readManifest(hdr *tar.Header, name string, tr *tar.Reader) e
 		}
 	}
 	im.seen[ManifestName] = true
-	return im.checkSpace()
+	total, err := im.checkSpace()
+	if err != nil {
+		return err
+	}
+	// What may follow: the files, a header and padding per entry, the
+	// signature and the tar's end; nothing else is decompressed.
+	entries := int64(len(im.m.Files) + len(im.dirs) + 2)
+	im.stream.limit = im.stream.n + total + entries*tarEntryOverhead + maxSigFile + tarSlack
+	return nil
 }
 
 // readSignature reads the manifest's signature, the second entry.
@@ -349,24 +410,98 @@ func (im *importer) checkSigned() error {
 
 // checkSpace refuses, before anything is unpacked, an image larger than the
 // limit or than the space left for it.
-func (im *importer) checkSpace() error {
+func (im *importer) checkSpace() (int64, error) {
 	var total int64
 	for _, f := range im.m.Files {
 		if f.Size < 0 || total+f.Size < total {
-			return im.errorf(f.Path, ErrCorruptManifest, nil, "%s is corrupt: %s has an impossible size %d; %s", ManifestName, f.Path, f.Size, archiveDamaged)
+			return 0, im.errorf(f.Path, ErrCorruptManifest, nil, "%s is corrupt: %s has an impossible size %d; %s", ManifestName, f.Path, f.Size, archiveDamaged)
 		}
 		total += f.Size
 	}
 	if total > im.cfg.maxSize {
-		return im.errorf("", ErrTooLarge, nil, "the image would take %d bytes, above the import limit of %d: pass --max-size with a larger limit if you trust this archive", total, im.cfg.maxSize)
+		return 0, im.errorf("", ErrTooLarge, nil, "the image would take %d bytes, above the import limit of %d: pass --max-size with a larger limit if you trust this archive", total, im.cfg.maxSize)
 	}
 	var st unix.Statfs_t
-	if err := unix.Statfs(im.b.tmp, &st); err == nil {
+	if err := unix.Fstatfs(int(im.b.dir.Fd()), &st); err == nil {
 		if free := int64(st.Bavail) * st.Bsize; free >= 0 && total > free {
-			return im.errorf("", ErrTooLarge, nil, "the image would take %d bytes, but only %d are free at %s: free some space or import elsewhere", total, free, filepath.Dir(im.b.final))
+			return 0, im.errorf("", ErrTooLarge, nil, "the image would take %d bytes, but only %d are free at %s: free some space or import elsewhere", total, free, filepath.Dir(im.b.final))
 		}
 	}
+	return total, nil
+}
+
+// Bounds of the decompressed archive beyond the manifest's files.
+const (
+	// maxSkippedEntry bounds an entry a CRI-O archive holds for CRI-O
+	// (config.dump, spec.dump), which the import skips unread.
+	maxSkippedEntry = MaxManifestSize
+	// tarEntryOverhead is what a tar entry may take besides its data: its
+	// header, a PAX header for a long name, and padding.
+	tarEntryOverhead = 4 << 10
+	// tarSlack is the tar's end (two zero blocks) and the zero padding of
+	// its last record (GNU tar's is 10 KiB), with room to spare.
+	tarSlack = 64 << 10
+)
+
+// errStreamLimit: the decompressed archive is longer than its manifest
+// allows.
+var errStreamLimit = errors.New("decompressed archive longer than its manifest allows")
+
+// limitedStream fails a read past limit bytes with errStreamLimit: a
+// small compressed archive must not make the import decompress without
+// end, whatever the tar says.
+type limitedStream struct {
+	r     io.Reader
+	n     int64 // bytes read
+	limit int64
+}
+
+func (l *limitedStream) Read(p []byte) (int, error) {
+	if l.n >= l.limit {
+		return 0, errStreamLimit
+	}
+	if int64(len(p)) > l.limit-l.n {
+		p = p[:l.limit-l.n]
+	}
+	n, err := l.r.Read(p)
+	l.n += int64(n)
+	return n, err
+}
+
+// skip checks an entry a CRI-O archive holds for CRI-O only, which the tar
+// reader then skips: at most maxSkippedEntry bytes, each name once.
+func (im *importer) skip(hdr *tar.Header) error {
+	if hdr.Size > maxSkippedEntry {
+		return im.errorf(hdr.Name, ErrBadArchive, nil, "archive entry %s is %d bytes, larger than the %d kcr allows for it: %s", hdr.Name, hdr.Size, int64(maxSkippedEntry), archiveDamaged)
+	}
+	if im.seen["skipped:"+hdr.Name] {
+		return im.errorf(hdr.Name, ErrBadArchive, nil, "archive entry %s appears twice: %s", hdr.Name, archiveDamaged)
+	}
+	im.seen["skipped:"+hdr.Name] = true
 	return nil
+}
+
+// checkEnd reads what follows the tar's end to the end of the stream: at
+// most its zero padding, else the archive is refused.
+func (im *importer) checkEnd(lim *limitedStream) error {
+	lim.limit = min(lim.limit, lim.n+tarSlack)
+	for {
+		n, err := lim.Read(im.buf)
+		for _, c := range im.buf[:n] {
+			if c != 0 {
+				return im.badArchive(nil, "holds data after the end of its tar stream: refusing it; "+archiveDamaged)
+			}
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if errors.Is(err, errStreamLimit) {
+			return im.badArchive(err, fmt.Sprintf("holds more than %d bytes after the end of its tar stream: refusing it; %s", tarSlack, archiveDamaged))
+		}
+		if err != nil {
+			return im.readError(err, "")
+		}
+	}
 }
 
 // unpack writes one entry after the manifest into the temporary image.
@@ -494,6 +629,8 @@ func (im *importer) readError(err error, p string) error {
 		where = " in " + p
 	}
 	switch {
+	case errors.Is(err, errStreamLimit):
+		return im.badArchive(err, fmt.Sprintf("decompresses to more than its manifest lists, with the tar's headers and padding%s: refusing it; %s", where, archiveDamaged))
 	case errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF):
 		if p != "" {
 			where = " (it ends in " + p + ")"

@@ -6,13 +6,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Builder writes a new image. It works in a temporary sibling of the final
@@ -31,6 +36,13 @@ type Builder struct {
 	tmp   string // absolute temporary root
 	done  bool   // committed or aborted
 
+	// Every write, the seal and the publication go through these fds, not
+	// through the paths above: a path can be swapped, an fd cannot.
+	parent             *os.File // final's parent directory
+	dir                *os.File // the temporary directory
+	root               *os.Root // the temporary directory
+	tmpBase, finalBase string
+
 	signer ed25519.PrivateKey // signs the manifest if set
 }
 
@@ -41,7 +53,10 @@ func (b *Builder) SignWith(priv ed25519.PrivateKey) { b.signer = priv }
 // Create validates final as the destination of a new image and creates the
 // temporary directory to build it in. The parent of final must exist;
 // final itself must not exist or must be an empty directory, which Commit
-// then replaces.
+// then replaces. As root, the parent and every directory above it must
+// belong to root (or the caller) and be closed to writes by others (see
+// [OpenTrustedDir]), else ErrUntrusted: another user could swap the image
+// kcr writes, and signs, for one of theirs.
 func Create(final string) (*Builder, error) {
 	abs, err := filepath.Abs(final)
 	if err != nil {
@@ -55,29 +70,39 @@ func Create(final string) (*Builder, error) {
 	if isTempName(base) {
 		return nil, fmt.Errorf("images: %s: name contains %q, which marks incomplete images; choose another -o", final, tmpMarker)
 	}
-	if pfi, err := os.Stat(parent); err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil, fmt.Errorf("images: %s: parent directory %s: %w: create it first", final, parent, syscall.ENOENT)
-		}
-		return nil, fmt.Errorf("images: %s: %w%s", final, err, ioHint(err))
-	} else if !pfi.IsDir() {
-		return nil, fmt.Errorf("images: %s: parent %s is not a directory; choose another -o", final, parent)
-	}
-	if err := checkFree(final, abs); err != nil {
+	pd, err := openParent(final, parent)
+	if err != nil {
 		return nil, err
 	}
-
-	tmp, err := os.MkdirTemp(parent, "."+base+tmpMarker+"*")
+	b := &Builder{final: abs, parent: pd, finalBase: base}
+	if err := b.checkFree(); err != nil {
+		b.release()
+		return nil, err
+	}
+	for range 100 {
+		b.tmpBase = "." + base + tmpMarker + strconv.FormatUint(rand.Uint64()%1e10, 10)
+		err = unix.Mkdirat(int(pd.Fd()), b.tmpBase, dirPerm)
+		if !errors.Is(err, unix.EEXIST) {
+			break
+		}
+	}
 	if err != nil {
+		b.release()
 		return nil, fmt.Errorf("images: %s: create temporary directory: %w%s", final, err, ioHint(err))
 	}
-	b := &Builder{final: abs, tmp: tmp}
-	// Chmod explicitly: the umask may have narrowed MkdirTemp's 0700.
-	if err := os.Chmod(tmp, dirPerm); err == nil {
-		err = os.Mkdir(b.CRIUDir(), dirPerm)
+	b.tmp = filepath.Join(parent, b.tmpBase)
+	if err := b.openTmp(); err != nil {
+		unix.Unlinkat(int(pd.Fd()), b.tmpBase, unix.AT_REMOVEDIR)
+		b.release()
+		return nil, fmt.Errorf("images: %s: prepare temporary directory: %w", final, err)
+	}
+	// Chmod explicitly: the umask may have narrowed Mkdir's 0700.
+	err = b.dir.Chmod(dirPerm)
+	if err == nil {
+		err = b.root.Mkdir(CRIUSubdir, dirPerm)
 	}
 	if err == nil {
-		err = os.Chmod(b.CRIUDir(), dirPerm)
+		err = b.root.Chmod(CRIUSubdir, dirPerm)
 	}
 	if err != nil {
 		b.Abort()
@@ -86,31 +111,97 @@ func Create(final string) (*Builder, error) {
 	return b, nil
 }
 
-// checkFree reports whether abs may become a new image: it must not exist
-// or be an empty directory.
-func checkFree(final, abs string) error {
-	fi, err := os.Lstat(abs)
+// openParent opens the parent directory of a new image (or archive): as
+// root through OpenTrustedDir.
+func openParent(final, parent string) (*os.File, error) {
+	pd, _, err := openDir(parent, os.Geteuid() == 0, outputFix)
 	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("images: %s: parent directory %s: %w: create it first", final, parent, syscall.ENOENT)
+	}
+	if errors.Is(err, syscall.ENOTDIR) {
+		return nil, fmt.Errorf("images: %s: parent %s is not a directory; choose another -o", final, parent)
+	}
+	if e, ok := errors.AsType[*Error](err); ok {
+		e.Dir = final
+		return nil, e
+	}
+	if err != nil {
+		return nil, fmt.Errorf("images: %s: %w%s", final, err, ioHint(err))
+	}
+	return pd, nil
+}
+
+// openTmp opens the temporary directory tmpBase in the parent, not through
+// a link, and checks that it is the caller's.
+func (b *Builder) openTmp() error {
+	fd, err := unix.Openat(int(b.parent.Fd()), b.tmpBase, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	d := os.NewFile(uintptr(fd), b.tmp)
+	fi, err := d.Stat()
+	if err != nil {
+		d.Close()
+		return err
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); !ok || int(st.Uid) != os.Geteuid() {
+		d.Close()
+		return fmt.Errorf("%s is not a directory of uid %d", b.tmp, os.Geteuid())
+	}
+	root, err := rootOf(d)
+	if err != nil {
+		d.Close()
+		return err
+	}
+	b.dir, b.root = d, root
+	return nil
+}
+
+// release closes the Builder's fds.
+func (b *Builder) release() {
+	if b.root != nil {
+		b.root.Close()
+		b.root = nil
+	}
+	if b.dir != nil {
+		b.dir.Close()
+		b.dir = nil
+	}
+	if b.parent != nil {
+		b.parent.Close()
+		b.parent = nil
+	}
+}
+
+// checkFree reports whether the final name in the parent may become a new
+// image: it must not exist or be an empty directory.
+func (b *Builder) checkFree() error {
+	var st unix.Stat_t
+	err := unix.Fstatat(int(b.parent.Fd()), b.finalBase, &st, unix.AT_SYMLINK_NOFOLLOW)
+	if errors.Is(err, unix.ENOENT) {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("images: %s: %w%s", final, err, ioHint(err))
+		return fmt.Errorf("images: %s: %w%s", b.final, err, ioHint(err))
 	}
-	if fi.IsDir() {
-		d, err := os.Open(abs)
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		fd, err := unix.Openat(int(b.parent.Fd()), b.finalBase, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return fmt.Errorf("images: %s: %w%s", final, err, ioHint(err))
+			return fmt.Errorf("images: %s: %w%s", b.final, err, ioHint(err))
 		}
+		d := os.NewFile(uintptr(fd), b.final)
 		names, _ := d.Readdirnames(1)
 		d.Close()
 		if len(names) == 0 {
 			return nil
 		}
 	}
-	return newError(final, "", ErrExists, nil, "already exists; choose another -o or remove it")
+	return newError(b.final, "", ErrExists, nil, "already exists; choose another -o or remove it")
 }
 
-// Dir returns the temporary root of the image being built.
+// Dir returns the temporary root of the image being built. Runtimes that
+// take a path (CRIU, runc, podman) write there; kcr's own writes go through
+// [Builder.WriteFile].
 func (b *Builder) Dir() string { return b.tmp }
 
 // CRIUDir returns the directory CRIU should dump into.
@@ -118,6 +209,36 @@ func (b *Builder) CRIUDir() string { return filepath.Join(b.tmp, CRIUSubdir) }
 
 // Final returns the absolute path the image will have once committed.
 func (b *Builder) Final() string { return b.final }
+
+// WriteFile writes data as the new file name (slash-separated, relative to
+// the image root) through the temporary directory's fd: never through a
+// link, never over a file that is already there.
+func (b *Builder) WriteFile(name string, data []byte) error {
+	if err := b.writeNew(name, data); err != nil {
+		return fmt.Errorf("images: %s: write %s: %w%s", b.final, name, err, ioHint(err))
+	}
+	return nil
+}
+
+// writeNew creates name in the temporary root with O_EXCL|O_NOFOLLOW and
+// writes data to it, mode 0600.
+func (b *Builder) writeNew(name string, data []byte) error {
+	if b.root == nil {
+		return fmt.Errorf("builder already committed or aborted")
+	}
+	f, err := b.root.OpenFile(filepath.FromSlash(name), os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, filePerm)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Chmod(filePerm) // the umask may have narrowed it
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
 
 // Commit completes the image: it restricts permissions to 0700/0600,
 // records the size and SHA-256 of every file in m.Files, writes
@@ -137,7 +258,7 @@ func (b *Builder) Commit(ctx context.Context, m *Manifest) (*Image, error) {
 	// each other; they overlap. publish syncs again, which then only has
 	// the manifest and the new modes to write.
 	synced := make(chan error, 1)
-	go func() { synced <- syncFS(b.tmp) }()
+	go func() { synced <- unix.Syncfs(int(b.dir.Fd())) }()
 	files, _, err := b.seal(ctx)
 	if serr := <-synced; err == nil && serr != nil {
 		err = fmt.Errorf("images: %s: sync: %w", b.final, serr)
@@ -153,77 +274,89 @@ func (b *Builder) Commit(ctx context.Context, m *Manifest) (*Image, error) {
 	if err := b.writeManifest(m); err != nil {
 		return nil, err
 	}
-	if err := os.Remove(filepath.Join(b.tmp, PendingName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := b.root.Remove(PendingName); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("images: %s: remove draft manifest: %w", b.final, err)
 	}
+	root := b.root
+	b.root = nil // publish releases the fds; the cache goes through this one
 	if err := b.publish(ctx, "checkpoint"); err != nil {
+		b.root = root
 		return nil, err
 	}
+	defer root.Close()
 	// The files were just hashed in a private directory: the first restore
 	// need not read them again.
 	ids := make(map[string]fileID, len(files))
 	for _, f := range files {
-		if id, ok := statID(b.final, f.Path, f.SHA256); ok {
+		if id, ok := statIDRoot(root, f.Path, f.SHA256); ok {
 			ids[f.Path] = id
 		}
 	}
-	if root, err := os.OpenRoot(b.final); err == nil && len(ids) == len(files) {
+	if len(ids) == len(files) {
 		writeVerified(root, ids)
-		root.Close()
 	}
 	return &Image{Dir: b.final, Manifest: m}, nil
 }
 
-// publish makes the temporary directory durable and renames it into place;
-// op names what built it, for errors.
+// publish makes the temporary directory durable and renames it into place
+// within the parent's fd, once sure that the name still holds the
+// directory kcr wrote; op names what built it, for errors.
 func (b *Builder) publish(ctx context.Context, op string) error {
 	// One syncfs makes every file, the manifest and the directories durable
 	// before the rename publishes them; per-file fsyncs cost a flush each.
-	if err := syncFS(b.tmp); err != nil {
+	if err := unix.Syncfs(int(b.dir.Fd())); err != nil {
 		return fmt.Errorf("images: %s: sync: %w", b.final, err)
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("images: %s: %s: %w", b.final, op, err)
 	}
+	var named, held unix.Stat_t
+	if err := unix.Fstatat(int(b.parent.Fd()), b.tmpBase, &named, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("images: %s: %s: temporary directory %s: %w", b.final, op, b.tmp, err)
+	}
+	if err := unix.Fstat(int(b.dir.Fd()), &held); err != nil {
+		return fmt.Errorf("images: %s: %s: %w", b.final, op, err)
+	}
+	if named.Dev != held.Dev || named.Ino != held.Ino {
+		return newError(b.final, "", ErrUntrusted, nil, fmt.Sprintf(
+			"the temporary directory %s was replaced during the %s: refusing to publish (or sign) it; %s", b.tmp, op, outputFix))
+	}
 	// rename(2), unlike os.Rename, atomically replaces an empty directory
 	// and refuses a non-empty one, so a destination that filled up since
 	// Create is never clobbered.
-	if err := syscall.Rename(b.tmp, b.final); err != nil {
+	if err := unix.Renameat(int(b.parent.Fd()), b.tmpBase, int(b.parent.Fd()), b.finalBase); err != nil {
 		if errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) || errors.Is(err, syscall.ENOTDIR) {
 			return newError(b.final, "", ErrExists, err, "already exists (created during the "+op+"); choose another -o or remove it")
 		}
 		return fmt.Errorf("images: %s: rename %s into place: %w", b.final, b.tmp, err)
 	}
 	b.done = true
-	if err := syncDir(filepath.Dir(b.final)); err != nil {
+	err := b.parent.Sync()
+	b.release()
+	if err != nil {
 		return fmt.Errorf("images: %s: sync parent directory: %w", b.final, err)
 	}
 	return nil
 }
 
-// seal walks the temporary directory, fixes permissions and hashes and
-// fsyncs every file. It returns the file entries sorted by path and the
-// directories to fsync.
+// seal walks the temporary directory through its fd, fixes permissions
+// and hashes every file. It returns the file entries sorted by path and
+// the directories.
 func (b *Builder) seal(ctx context.Context) ([]FileEntry, []string, error) {
 	hs := newHasher()
 	files := []FileEntry{} // "files": [] rather than null when empty
 	var dirs []string
-	err := filepath.WalkDir(b.tmp, func(p string, d fs.DirEntry, err error) error {
+	err := fs.WalkDir(b.root.FS(), ".", func(rel string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		rel, err := filepath.Rel(b.tmp, p)
-		if err != nil {
-			return err
-		}
-		rel = filepath.ToSlash(rel)
 		switch {
 		case d.IsDir():
-			dirs = append(dirs, p)
-			return os.Chmod(p, dirPerm)
+			dirs = append(dirs, rel)
+			return b.root.Chmod(filepath.FromSlash(rel), dirPerm)
 		case rel == ManifestName || rel == manifestTmp:
 			return nil // replaced by writeManifest
 		case rel == PendingName:
@@ -234,9 +367,12 @@ func (b *Builder) seal(ctx context.Context) ([]FileEntry, []string, error) {
 			return newError(b.final, rel, ErrUnsafePath, nil,
 				fmt.Sprintf("%s is a %s: images may hold only regular files and directories; remove it", rel, kindOf(d.Type())))
 		}
-		e, err := sealFile(ctx, hs, p)
+		e, err := sealFile(ctx, hs, b.root, rel)
 		if err != nil {
-			return err
+			if _, ok := errors.AsType[*Error](err); ok {
+				return err
+			}
+			return fmt.Errorf("%s: %w", rel, err)
 		}
 		e.Path = rel
 		files = append(files, e)
@@ -252,19 +388,27 @@ func (b *Builder) seal(ctx context.Context) ([]FileEntry, []string, error) {
 	return files, dirs, nil
 }
 
-// sealFile makes p private and hashes it. Commit syncs the file system.
-func sealFile(ctx context.Context, hs *hasher, p string) (FileEntry, error) {
-	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+// sealFile makes rel private and hashes it, through root, refusing
+// anything but a regular file. Commit syncs the file system.
+func sealFile(ctx context.Context, hs *hasher, root *os.Root, rel string) (FileEntry, error) {
+	f, err := root.OpenFile(filepath.FromSlash(rel), os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return FileEntry{}, err
 	}
 	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return FileEntry{}, err
+	}
+	if !fi.Mode().IsRegular() {
+		return FileEntry{}, fmt.Errorf("a %s, not a regular file", kindOf(fi.Mode()))
+	}
 	if err := f.Chmod(filePerm); err != nil {
 		return FileEntry{}, err
 	}
 	n, sum, err := hs.sum(ctx, f)
 	if err != nil {
-		return FileEntry{}, fmt.Errorf("hash %s: %w", p, err)
+		return FileEntry{}, fmt.Errorf("hash: %w", err)
 	}
 	return FileEntry{Size: n, SHA256: sum}, nil
 }
@@ -291,7 +435,7 @@ func (b *Builder) writeManifestBytes(data, sig []byte) error {
 		if err := b.writeRootFile(signatureTmp, SignatureName, sig); err != nil {
 			return fmt.Errorf("images: %s: write signature: %w%s", b.final, err, ioHint(err))
 		}
-	} else if err := os.Remove(filepath.Join(b.tmp, SignatureName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	} else if err := b.root.Remove(SignatureName); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		// A signature of a manifest never written (kcr died in between).
 		return fmt.Errorf("images: %s: remove stale signature: %w", b.final, err)
 	}
@@ -301,35 +445,38 @@ func (b *Builder) writeManifestBytes(data, sig []byte) error {
 	return nil
 }
 
-// writeRootFile writes data to tmpName in the image root, then renames it
-// to name.
+// writeRootFile writes data to tmpName in the image root, a new file, then
+// renames it to name; all through the directory's fd.
 func (b *Builder) writeRootFile(tmpName, name string, data []byte) error {
-	tmp := filepath.Join(b.tmp, tmpName)
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, filePerm)
-	if err != nil {
+	if err := b.root.Remove(tmpName); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err // a leftover (or a planted link) is removed, not followed
+	}
+	if err := b.writeNew(tmpName, data); err != nil {
 		return err
 	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Chmod(filePerm)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, filepath.Join(b.tmp, name))
-	}
-	return err
+	return b.root.Rename(tmpName, name)
 }
 
-// Abort removes the temporary directory and everything in it. It is
-// idempotent, and a no-op after a successful Commit.
+// Abort removes the temporary directory and everything in it, through the
+// directory's fds. It is idempotent, and a no-op after a successful Commit.
 func (b *Builder) Abort() error {
 	if b.done {
 		return nil
 	}
-	if err := os.RemoveAll(b.tmp); err != nil {
-		return fmt.Errorf("images: %s: remove incomplete image %s: %w; delete it by hand", b.final, b.tmp, err)
+	defer b.release()
+	if b.root != nil {
+		names, _ := b.dir.Readdirnames(-1)
+		b.dir.Seek(0, io.SeekStart)
+		for _, n := range names {
+			if err := b.root.RemoveAll(n); err != nil {
+				return fmt.Errorf("images: %s: remove incomplete image %s: %w; delete it by hand", b.final, b.tmp, err)
+			}
+		}
+	}
+	if b.parent != nil && b.tmpBase != "" {
+		if err := unix.Unlinkat(int(b.parent.Fd()), b.tmpBase, unix.AT_REMOVEDIR); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("images: %s: remove incomplete image %s: %w; delete it by hand", b.final, b.tmp, err)
+		}
 	}
 	b.done = true
 	return nil

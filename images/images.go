@@ -222,7 +222,7 @@ func readRootFile(root *os.Root, name string, limit int64) ([]byte, error) {
 	if !lfi.Mode().IsRegular() {
 		return nil, &fs.PathError{Op: "open", Path: name, Err: fmt.Errorf("a %s, not a regular file", kindOf(lfi.Mode()))}
 	}
-	f, err := root.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	f, err := root.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}

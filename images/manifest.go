@@ -5,11 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
+	"syscall"
 	"time"
 )
 
@@ -180,8 +180,21 @@ func (m *Manifest) PagesSize() int64 {
 
 // ReadManifest reads and validates the manifest of the image in dir
 // without checking the image's files; use [Open] for that. It refuses
-// anything that is not a complete kcr image of a supported version.
+// anything that is not a complete kcr image of a supported version. The
+// manifest is read once, through the directory's fd: not through a link,
+// not from a FIFO, and no more than MaxManifestSize bytes.
 func ReadManifest(dir string) (*Manifest, error) {
+	root, err := openImageRoot(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	return readManifestRoot(dir, root)
+}
+
+// openImageRoot opens the image directory dir as an os.Root, with the
+// errors of ReadManifest.
+func openImageRoot(dir string) (*os.Root, error) {
 	fi, err := os.Stat(dir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -193,11 +206,21 @@ func ReadManifest(dir string) (*Manifest, error) {
 	case isTempName(filepath.Base(dir)):
 		return nil, newError(dir, "", ErrIncomplete, nil, "incomplete image from an interrupted checkpoint; delete it")
 	}
+	root, err := os.OpenRoot(dir)
+	if errors.Is(err, syscall.ENOTDIR) {
+		return nil, newError(dir, "", ErrNotDir, nil, `is not a directory: a kcr image is a directory written by "kcr checkpoint"`)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("images: %s: %w%s", dir, err, ioHint(err))
+	}
+	return root, nil
+}
 
-	mpath := filepath.Join(dir, ManifestName)
-	mfi, err := os.Lstat(mpath)
+// readManifestRoot reads and validates the manifest through root.
+func readManifestRoot(dir string, root *os.Root) (*Manifest, error) {
+	mfi, err := root.Lstat(ManifestName)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, noManifest(dir)
+		return nil, noManifest(dir, root)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("images: %s: %w%s", dir, err, ioHint(err))
@@ -209,27 +232,24 @@ func ReadManifest(dir string) (*Manifest, error) {
 	if mfi.Size() > MaxManifestSize {
 		return nil, manifestTooBig(dir)
 	}
-	f, err := os.Open(mpath)
-	if err != nil {
-		return nil, fmt.Errorf("images: %s: %w%s", dir, err, ioHint(err))
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, MaxManifestSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("images: %s: read %s: %w", dir, ManifestName, err)
-	}
-	if len(data) > MaxManifestSize {
+	data, err := readRootFile(root, ManifestName, MaxManifestSize)
+	if errors.Is(err, errTooBig) {
 		return nil, manifestTooBig(dir)
+	}
+	if err != nil {
+		// Replaced since the Lstat: by a FIFO, a link, another file.
+		return nil, newError(dir, ManifestName, ErrUnsafePath, err,
+			fmt.Sprintf("%s changed while it was read (%v): refusing it; %s", ManifestName, err, damaged))
 	}
 	return decodeManifest(dir, data)
 }
 
 // noManifest explains why a directory without manifest.json is refused.
-func noManifest(dir string) error {
-	if _, err := os.Lstat(filepath.Join(dir, manifestTmp)); err == nil {
+func noManifest(dir string, root *os.Root) error {
+	if _, err := root.Lstat(manifestTmp); err == nil {
 		return newError(dir, "", ErrIncomplete, nil, "incomplete image from an interrupted checkpoint; delete it")
 	}
-	if d, err := os.Open(dir); err == nil {
+	if d, err := root.Open("."); err == nil {
 		names, _ := d.Readdirnames(1)
 		d.Close()
 		if len(names) == 0 {

@@ -85,11 +85,31 @@ type OpenOptions struct {
 // path cannot be swapped for another between verification and restore.
 // Close releases it.
 func OpenWith(ctx context.Context, dir string, o OpenOptions) (*Image, error) {
-	m, err := ReadManifest(dir)
+	// The owner check comes first; then everything is read once, through
+	// the directory's fd.
+	root, err := openImageRoot(dir)
 	if err != nil {
 		return nil, err
 	}
-	im := &Image{Dir: dir, Manifest: m}
+	im := &Image{Dir: dir, root: root}
+	if o.Trusted {
+		if err := checkAncestors(dir); err != nil {
+			im.Close()
+			return nil, err
+		}
+		fi, err := root.Lstat(".")
+		if err == nil {
+			err = checkOwner(dir, ".", fi, false)
+		}
+		if err != nil {
+			im.Close()
+			return nil, err
+		}
+	}
+	if im.Manifest, err = readManifestRoot(dir, root); err != nil {
+		im.Close()
+		return nil, err
+	}
 	if err := im.verify(ctx, !o.Rehash, o.Trusted, o.VerifyKeys); err != nil {
 		im.Close()
 		return nil, err

@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // PendingName is the draft manifest a checkpoint writes into its temporary
@@ -26,13 +28,17 @@ const CRIUDoneName = "stats-dump"
 // not finish.
 var ErrNotRecoverable = errors.New("not a recoverable image")
 
-// WritePending writes m as the builder's draft manifest.
+// WritePending writes m as the builder's draft manifest, through the
+// temporary directory's fd.
 func (b *Builder) WritePending(m *Manifest) error {
 	data, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return fmt.Errorf("images: %s: encode draft manifest: %w", b.final, err)
 	}
-	if err := os.WriteFile(filepath.Join(b.tmp, PendingName), data, filePerm); err != nil {
+	if err := b.root.Remove(PendingName); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("images: %s: write draft manifest: %w%s", b.final, err, ioHint(err))
+	}
+	if err := b.writeNew(PendingName, data); err != nil {
 		return fmt.Errorf("images: %s: write draft manifest: %w%s", b.final, err, ioHint(err))
 	}
 	return nil
@@ -41,44 +47,74 @@ func (b *Builder) WritePending(m *Manifest) error {
 // Reopen returns a Builder for the temporary directory tmp of a checkpoint
 // whose kcr died before it published the image, and the draft manifest it
 // left. The image will be published at the path the checkpoint was given.
-// It fails with ErrNotRecoverable unless CRIU's dump in tmp finished.
+// It fails with ErrNotRecoverable unless CRIU's dump in tmp finished. The
+// draft is read through the directory's fd, never through a link nor from
+// a FIFO.
 func Reopen(tmp string) (*Builder, *Manifest, error) {
-	b, abs, err := reopen(tmp)
+	b, err := reopen(tmp)
 	if err != nil {
 		return nil, nil, err
 	}
-	data, err := os.ReadFile(filepath.Join(abs, PendingName))
+	m, err := b.readPending(tmp)
 	if err != nil {
-		return nil, nil, fmt.Errorf("images: %s: %w: no draft manifest (%v); remove the directory", tmp, ErrNotRecoverable, err)
+		b.release()
+		return nil, nil, err
+	}
+	return b, m, nil
+}
+
+// readPending reads the draft manifest and checks that the dump finished.
+func (b *Builder) readPending(tmp string) (*Manifest, error) {
+	data, err := readRootFile(b.root, PendingName, MaxManifestSize)
+	if err != nil {
+		return nil, fmt.Errorf("images: %s: %w: no draft manifest (%v); remove the directory", tmp, ErrNotRecoverable, err)
 	}
 	var m Manifest
 	if err := json.Unmarshal(data, &m); err != nil {
-		return nil, nil, fmt.Errorf("images: %s: %w: draft manifest: %v; remove the directory", tmp, ErrNotRecoverable, err)
+		return nil, fmt.Errorf("images: %s: %w: draft manifest: %v; remove the directory", tmp, ErrNotRecoverable, err)
 	}
-	if _, err := os.Stat(filepath.Join(b.CRIUDir(), CRIUDoneName)); errors.Is(err, fs.ErrNotExist) {
-		return nil, nil, fmt.Errorf("images: %s: %w: CRIU's dump did not finish (no %s), so the process was resumed, not dumped; remove the directory", tmp, ErrNotRecoverable, CRIUDoneName)
+	if _, err := b.root.Lstat(filepath.Join(CRIUSubdir, CRIUDoneName)); errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("images: %s: %w: CRIU's dump did not finish (no %s), so the process was resumed, not dumped; remove the directory", tmp, ErrNotRecoverable, CRIUDoneName)
 	} else if err != nil {
-		return nil, nil, fmt.Errorf("images: %s: %w", tmp, err)
+		return nil, fmt.Errorf("images: %s: %w", tmp, err)
 	}
-	return b, &m, nil
+	return &m, nil
 }
 
-// reopen maps a checkpoint's temporary directory to a Builder of its image.
-func reopen(tmp string) (*Builder, string, error) {
+// reopen maps a checkpoint's temporary directory to a Builder of its image,
+// holding fds on its parent and on it.
+func reopen(tmp string) (*Builder, error) {
 	abs, err := filepath.Abs(tmp)
 	if err != nil {
-		return nil, "", fmt.Errorf("images: %s: %w", tmp, err)
+		return nil, fmt.Errorf("images: %s: %w", tmp, err)
 	}
 	parent, base := filepath.Split(abs)
+	parent = filepath.Clean(parent)
 	i := strings.Index(base, tmpMarker)
 	if !strings.HasPrefix(base, ".") || i < 2 {
-		return nil, "", fmt.Errorf("images: %s: %w: not the temporary directory of a checkpoint (.NAME%s…)", tmp, ErrNotRecoverable, tmpMarker)
+		return nil, fmt.Errorf("images: %s: %w: not the temporary directory of a checkpoint (.NAME%s…)", tmp, ErrNotRecoverable, tmpMarker)
 	}
-	b := &Builder{final: filepath.Join(parent, base[1:i]), tmp: abs}
-	if err := checkFree(b.final, b.final); err != nil {
-		return nil, "", err
+	final := filepath.Join(parent, base[1:i])
+	pd, _, err := openDir(parent, false, recoverFix)
+	if err != nil {
+		return nil, fmt.Errorf("images: %s: %w", tmp, err)
 	}
-	return b, abs, nil
+	b := &Builder{final: final, tmp: abs, parent: pd, tmpBase: base, finalBase: base[1:i]}
+	if err := b.checkFree(); err != nil {
+		b.release()
+		return nil, err
+	}
+	fd, err := unix.Openat(int(pd.Fd()), base, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		b.release()
+		return nil, fmt.Errorf("images: %s: %w: %w", tmp, ErrNotRecoverable, &fs.PathError{Op: "open", Path: abs, Err: err})
+	}
+	b.dir = os.NewFile(uintptr(fd), abs)
+	if b.root, err = rootOf(b.dir); err != nil {
+		b.release()
+		return nil, fmt.Errorf("images: %s: %w", tmp, err)
+	}
+	return b, nil
 }
 
 // Recover completes and publishes the image in tmp: see Reopen. With a
@@ -87,19 +123,29 @@ func reopen(tmp string) (*Builder, string, error) {
 // Recover refuses (ErrUntrusted) a directory that another user owns or
 // could have written, as Open does with Trusted: what it publishes was
 // written by whoever could write there, and a signature would vouch for it.
+// That check comes first; everything is then read through fds.
 func Recover(ctx context.Context, tmp string, signer ed25519.PrivateKey) (*Image, error) {
-	if _, _, err := reopen(tmp); err != nil {
+	if b, err := reopen(tmp); err != nil {
+		return nil, err
+	} else {
+		b.release()
+	}
+	real, err := checkTree(tmp, recoverFix)
+	if err != nil {
 		return nil, err
 	}
-	if err := checkTree(tmp, recoverFix); err != nil {
+	b, err := reopen(real)
+	if err != nil {
 		return nil, err
+	}
+	// The directory checked is the one held: its parent is trusted now.
+	if fi, err := b.dir.Stat(); err != nil || trustInfo(fi) != "" {
+		b.release()
+		return nil, newError(tmp, ".", ErrUntrusted, err, "the directory changed during the check; "+recoverFix)
 	}
 	// kcr died after the manifest was written: only the rename is left.
-	if data, err := os.ReadFile(filepath.Join(tmp, ManifestName)); err == nil {
-		b, _, err := reopen(tmp)
-		if err != nil {
-			return nil, err
-		}
+	if data, err := readRootFile(b.root, ManifestName, MaxManifestSize); err == nil {
+		defer b.release()
 		var m Manifest
 		if err := json.Unmarshal(data, &m); err != nil {
 			return nil, fmt.Errorf("images: %s: %w: manifest: %v; remove the directory", tmp, ErrNotRecoverable, err)
@@ -114,12 +160,17 @@ func Recover(ctx context.Context, tmp string, signer ed25519.PrivateKey) (*Image
 		}
 		return Open(ctx, b.final)
 	}
-	b, m, err := Reopen(tmp)
+	m, err := b.readPending(tmp)
 	if err != nil {
+		b.release()
 		return nil, err
 	}
 	b.SignWith(signer)
-	return b.Commit(ctx, m)
+	img, err := b.Commit(ctx, m)
+	if err != nil {
+		b.release()
+	}
+	return img, err
 }
 
 // FindPending lists the temporary directories of checkpoints in dir whose
@@ -132,7 +183,8 @@ func FindPending(dir string) []string {
 			continue
 		}
 		p := filepath.Join(dir, e.Name())
-		if _, _, err := Reopen(p); err == nil {
+		if b, _, err := Reopen(p); err == nil {
+			b.release()
 			out = append(out, p)
 		}
 	}

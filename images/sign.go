@@ -10,7 +10,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"strings"
@@ -128,33 +127,28 @@ func writeNew(file string, data []byte, mode os.FileMode) error {
 	return nil
 }
 
+// keyFix is the advice when a key file is refused by the owner rule.
+const keyFix = "whoever can write a key file (or a directory above it) decides which images are trusted, or signs with their key: chown root: it and chmod go-w it and its directories"
+
 // keyLines returns the non-comment lines of a key file, at most maxKeyFile
-// bytes long.
+// bytes long. The file is read as ReadTrustedFile reads: as root, a key
+// (a trust anchor) that another user could have written is refused.
 func keyLines(file string, wantPrivate bool) ([][]string, error) {
-	f, err := os.Open(file)
-	if errors.Is(err, fs.ErrNotExist) {
+	data, fi, err := readTrusted(file, maxKeyFile, keyFix)
+	switch {
+	case errors.Is(err, ErrUntrusted):
+		return nil, fmt.Errorf("%w (%w)", err, ErrKeyFile)
+	case errors.Is(err, fs.ErrNotExist):
 		return nil, fmt.Errorf("images: %s: %w: %w: check the path, or write a key pair with kcr keygen -o PREFIX", file, ErrKeyFile, syscall.ENOENT)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("images: %s: %w: %w", file, ErrKeyFile, err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("images: %s: %w: %w", file, ErrKeyFile, err)
-	}
-	if !fi.Mode().IsRegular() {
+	case errors.Is(err, errTooBig):
+		return nil, fmt.Errorf("images: %s: %w: larger than %d bytes, not a key file", file, ErrKeyFile, maxKeyFile)
+	case fi != nil && !fi.Mode().IsRegular():
 		return nil, fmt.Errorf("images: %s: %w: a %s, not a key file", file, ErrKeyFile, kindOf(fi.Mode()))
+	case err != nil:
+		return nil, fmt.Errorf("images: %s: %w: %w", file, ErrKeyFile, err)
 	}
 	if wantPrivate && fi.Mode().Perm()&0o077 != 0 {
 		return nil, fmt.Errorf("images: %s: %w: private key has mode %04o, readable by others: chmod 600 it (and consider it leaked)", file, ErrKeyFile, fi.Mode().Perm())
-	}
-	data, err := io.ReadAll(io.LimitReader(f, maxKeyFile+1))
-	if err != nil {
-		return nil, fmt.Errorf("images: %s: %w: %w", file, ErrKeyFile, err)
-	}
-	if len(data) > maxKeyFile {
-		return nil, fmt.Errorf("images: %s: %w: larger than %d bytes, not a key file", file, ErrKeyFile, maxKeyFile)
 	}
 	var out [][]string
 	sc := bufio.NewScanner(bytes.NewReader(data))

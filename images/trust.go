@@ -46,8 +46,9 @@ func checkOwnerFix(dir, p string, fi fs.FileInfo, ancestor bool, fix string) err
 	return nil
 }
 
-// checkAncestors applies checkOwner to every directory above dir: whoever
-// may rename one of them may put another image in its place.
+// checkAncestors applies the owner rule to every directory above dir,
+// after resolving its links (see OpenTrustedDir): whoever may rename one
+// of them may put another image in its place.
 func checkAncestors(dir string) error { return checkAncestorsFix(dir, untrustedFix) }
 
 // checkAncestorsFix is checkAncestors with the fix its errors suggest.
@@ -56,30 +57,44 @@ func checkAncestorsFix(dir, fix string) error {
 	if err != nil {
 		return fmt.Errorf("images: %s: %w", dir, err)
 	}
-	for p := filepath.Dir(abs); ; p = filepath.Dir(p) {
-		fi, err := os.Lstat(p)
-		if err != nil {
-			return fmt.Errorf("images: %s: %w", dir, err)
-		}
-		if err := checkOwnerFix(dir, p, fi, true, fix); err != nil {
-			return err
-		}
-		if p == "/" {
-			return nil
-		}
+	real, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return fmt.Errorf("images: %s: %w", dir, err)
 	}
+	d, _, err := openDir(filepath.Dir(real), true, fix)
+	if e, ok := errors.AsType[*Error](err); ok {
+		e.Dir = dir
+		return e
+	}
+	if err != nil {
+		return fmt.Errorf("images: %s: %w", dir, err)
+	}
+	return d.Close()
 }
 
 // recoverFix is the advice when Recover refuses a directory.
 const recoverFix = "kcr recover publishes (and with --sign signs) whatever is in it: run kcr recover as that user, or chown -R and chmod -R go-w it first if you trust that user"
 
 // checkTree refuses a directory that a user other than the caller or root
-// could have written: it, an entry in it or an ancestor (as checkOwner).
-func checkTree(dir, fix string) error {
-	if err := checkAncestorsFix(dir, fix); err != nil {
-		return err
+// could have written: it, an entry in it or an ancestor (as checkOwner),
+// once its links are resolved. It returns the resolved path, which the
+// caller uses from then on: a link above it could be changed.
+func checkTree(dir, fix string) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", fmt.Errorf("images: %s: %w", dir, err)
 	}
-	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+	real, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return "", fmt.Errorf("images: %s: %w", dir, err)
+	}
+	if err := checkAncestorsFix(real, fix); err != nil {
+		if e, ok := errors.AsType[*Error](err); ok {
+			e.Dir = dir
+		}
+		return "", err
+	}
+	err = filepath.WalkDir(real, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return fmt.Errorf("images: %s: %w", dir, err)
 		}
@@ -87,13 +102,22 @@ func checkTree(dir, fix string) error {
 		if err != nil {
 			return fmt.Errorf("images: %s: %w", dir, err)
 		}
-		rel, _ := filepath.Rel(dir, p)
+		rel, _ := filepath.Rel(real, p)
 		return checkOwnerFix(dir, filepath.ToSlash(rel), fi, false, fix)
 	})
+	return real, err
 }
 
 // CheckTrusted applies the check of [OpenOptions.Trusted] to a file or
 // directory tree that is not an image yet, such as a checkpoint archive or
 // an OCI layout to restore from: it, every entry and every ancestor must be
-// the caller's or root's, and not writable by group or others.
-func CheckTrusted(p string) error { return checkTree(p, untrustedFix) }
+// the caller's or root's, and not writable by group or others. Links in p
+// are resolved first, and the resolved path checked.
+func CheckTrusted(p string) error {
+	_, err := checkTree(p, untrustedFix)
+	return err
+}
+
+// ResolveTrusted is CheckTrusted that returns the resolved path checked:
+// the caller must use that path, not p, whose links could change.
+func ResolveTrusted(p string) (string, error) { return checkTree(p, untrustedFix) }

@@ -164,3 +164,12 @@ func OpenCounter(dir, name string) (*os.File, error) {
 
 // ErrNotOwned is returned by OpenCounter for an image of another user.
 var ErrNotOwned = errors.New("image directory not owned by uid " + strconv.Itoa(os.Geteuid()))
+
+// statIDRoot is statID through root.
+func statIDRoot(root *os.Root, path, sha string) (fileID, bool) {
+	fi, err := root.Lstat(filepath.FromSlash(path))
+	if err != nil || !fi.Mode().IsRegular() {
+		return fileID{}, false
+	}
+	return idOf(fi, sha)
+}

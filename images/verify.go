@@ -5,12 +5,14 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -19,17 +21,9 @@ import (
 func (im *Image) verify(ctx context.Context, useCache, trusted bool, keys []ed25519.PublicKey) error {
 	dir := im.Dir
 	// os.Root keeps every access inside the image even if a path or a
-	// symlink in it points elsewhere.
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		return fmt.Errorf("images: %s: %w%s", dir, err, ioHint(err))
-	}
-	im.root = root
-	if trusted {
-		if err := checkAncestors(dir); err != nil {
-			return err
-		}
-	}
+	// symlink in it points elsewhere. OpenWith opened it, and checked the
+	// ancestors when trusted.
+	root := im.root
 
 	if len(keys) > 0 {
 		if err := im.verifySigned(root, keys); err != nil {
@@ -39,7 +33,7 @@ func (im *Image) verify(ctx context.Context, useCache, trusted bool, keys []ed25
 
 	onDisk := make(map[string]fs.FileInfo)
 	var loose []string // group- or other-accessible entries
-	err = fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
+	err := fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -90,7 +84,7 @@ func (im *Image) verify(ctx context.Context, useCache, trusted bool, keys []ed25
 			ids[f.Path] = before
 			continue
 		}
-		if err := checkContent(ctx, hs, root, dir, f); err != nil {
+		if err := checkContent(ctx, hs, root, dir, f, onDisk[f.Path]); err != nil {
 			return err
 		}
 		hashed++
@@ -190,9 +184,11 @@ func checkEntry(dir string, f FileEntry, onDisk map[string]fs.FileInfo) error {
 	return nil
 }
 
-// checkContent hashes f and compares it with the manifest.
-func checkContent(ctx context.Context, hs *hasher, root *os.Root, dir string, f FileEntry) error {
-	file, err := root.Open(filepath.FromSlash(f.Path))
+// checkContent hashes f and compares it with the manifest. The file is
+// opened without waiting on a FIFO, must be the one listed (lfi), and is
+// read no further than one byte past its listed size.
+func checkContent(ctx context.Context, hs *hasher, root *os.Root, dir string, f FileEntry, lfi fs.FileInfo) error {
+	file, err := root.OpenFile(filepath.FromSlash(f.Path), os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if errors.Is(err, fs.ErrNotExist) {
 		return newError(dir, f.Path, ErrMissing, err,
 			fmt.Sprintf("%s is missing (listed in %s); %s", f.Path, ManifestName, damaged))
@@ -201,7 +197,10 @@ func checkContent(ctx context.Context, hs *hasher, root *os.Root, dir string, f 
 		return fmt.Errorf("images: %s: %w%s", dir, err, ioHint(err))
 	}
 	defer file.Close()
-	n, sum, err := hs.sum(ctx, file)
+	if fi, err := file.Stat(); err != nil || !fi.Mode().IsRegular() || (lfi != nil && !os.SameFile(fi, lfi)) {
+		return newError(dir, f.Path, ErrCorrupt, err, fmt.Sprintf("%s was replaced while being opened; %s", f.Path, damaged))
+	}
+	n, sum, err := hs.sum(ctx, io.LimitReader(file, f.Size+1))
 	if err != nil {
 		return fmt.Errorf("images: %s: read %s: %w%s", dir, f.Path, err, ioHint(err))
 	}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/kcr-dev/kcr/notify/client"
@@ -122,7 +123,19 @@ func writeReports(env Env, res *Result, o Options) {
 	}
 	b, err := json.Marshal(res)
 	if err == nil {
-		err = os.WriteFile(filepath.Join(env.ImageDir, ReportsFile), b, 0o600)
+		// Not through a link: the images directory is CRIU's caller's.
+		var f *os.File
+		f, err = os.OpenFile(filepath.Join(env.ImageDir, ReportsFile), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0o600)
+		if err == nil {
+			if fi, serr := f.Stat(); serr != nil || !fi.Mode().IsRegular() {
+				err = errors.Join(serr, errors.New(ReportsFile+": not a regular file"))
+			} else {
+				_, err = f.Write(b)
+			}
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+		}
 	}
 	if err != nil {
 		o.Logger.Debug("pre-dump: reports not kept", "err", err)

@@ -27,7 +27,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strconv"
 	"time"
 
@@ -85,8 +84,10 @@ type Options struct {
 	// AfterWait is how long post-resume waits for the after-restore hooks
 	// before it leaves them running (default 10 s).
 	AfterWait time.Duration
-	// StateDir holds the watcher's state (default /run/kcr/criu-hook, or
-	// $TMPDIR/kcr-criu-hook when not root).
+	// StateDir holds the watcher's state (default /run/kcr/criu-hook; when
+	// not root, $XDG_RUNTIME_DIR/kcr-criu-hook, else
+	// $TMPDIR/kcr-criu-hook-UID). It must be a directory of the effective
+	// uid closed to others, else the hook refuses to use it.
 	StateDir string
 	// SpawnWatcher starts the watcher for a state file, detached, while
 	// the hooks run (so that its start costs CRIU no time). The watcher
@@ -108,10 +109,7 @@ func (o *Options) defaults() {
 		o.AfterWait = 10 * time.Second
 	}
 	if o.StateDir == "" {
-		o.StateDir = filepath.Join(os.TempDir(), "kcr-criu-hook")
-		if os.Geteuid() == 0 {
-			o.StateDir = "/run/kcr/criu-hook"
-		}
+		o.StateDir = defaultStateDir()
 	}
 	if o.SpawnWatcher == nil {
 		o.SpawnWatcher = spawnWatcher

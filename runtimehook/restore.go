@@ -60,10 +60,13 @@ func postRestore(env Env, o Options) error {
 		o.Logger.Debug("post-restore: no restore counter", "err", err)
 		return nil
 	}
-	if err := os.MkdirAll(o.StateDir, 0o700); err != nil {
+	root, err := openStateDir(o.StateDir, true)
+	if err != nil {
+		o.Logger.Warn("post-restore: the restore count is not kept", "err", err)
 		return nil
 	}
-	os.WriteFile(generationFile(o, env.CRIUPID), []byte(strconv.FormatUint(gen, 10)), 0o600)
+	defer root.Close()
+	writeStateFile(root, filepath.Base(generationFile(o, env.CRIUPID)), []byte(strconv.FormatUint(gen, 10)))
 	return nil
 }
 
@@ -82,9 +85,13 @@ func takeGeneration(env Env, o Options) uint64 {
 	if g, err := strconv.ParseUint(os.Getenv(GenerationEnv), 10, 64); err == nil {
 		return g
 	}
-	p := generationFile(o, env.CRIUPID)
-	if b, err := os.ReadFile(p); err == nil {
-		os.Remove(p)
+	if root, err := openStateDir(o.StateDir, false); err == nil {
+		name := filepath.Base(generationFile(o, env.CRIUPID))
+		b, err := readStateFile(root, name)
+		if err == nil {
+			root.Remove(name)
+		}
+		root.Close()
 		if g, err := strconv.ParseUint(string(b), 10, 64); err == nil {
 			return g
 		}

@@ -36,28 +36,32 @@ func stateFile(o Options, criuPID int) string {
 }
 
 func writeState(o Options, st state) (string, error) {
-	if err := os.MkdirAll(o.StateDir, 0o700); err != nil {
-		return "", fmt.Errorf("criu-hook state directory: %w", err)
+	root, err := openStateDir(o.StateDir, true)
+	if err != nil {
+		return "", err
 	}
+	defer root.Close()
 	b, err := json.Marshal(st)
 	if err != nil {
 		return "", err
 	}
 	p := stateFile(o, st.CRIUPID)
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return "", fmt.Errorf("criu-hook state: %w", err)
-	}
-	if err := os.Rename(tmp, p); err != nil {
-		os.Remove(tmp)
+	if err := writeStateFile(root, filepath.Base(p), b); err != nil {
 		return "", fmt.Errorf("criu-hook state: %w", err)
 	}
 	return p, nil
 }
 
+// readState reads the state file p, in a state directory that passes
+// openStateDir.
 func readState(p string) (state, error) {
 	var st state
-	b, err := os.ReadFile(p)
+	root, err := openStateDir(filepath.Dir(p), false)
+	if err != nil {
+		return st, err
+	}
+	defer root.Close()
+	b, err := readStateFile(root, filepath.Base(p))
 	if err != nil {
 		return st, err
 	}
@@ -65,6 +69,14 @@ func readState(p string) (state, error) {
 		return st, fmt.Errorf("criu-hook state %s: %w", p, err)
 	}
 	return st, nil
+}
+
+// removeState removes the state file p through its directory.
+func removeState(p string) {
+	if root, err := openStateDir(filepath.Dir(p), false); err == nil {
+		root.Remove(filepath.Base(p))
+		root.Close()
+	}
 }
 
 // Watch waits until the CRIU named in the state file has exited, then sends
@@ -89,7 +101,7 @@ func Watch(ctx context.Context, file string, gate io.Reader, o Options) error {
 	if err != nil {
 		return err
 	}
-	defer os.Remove(file)
+	defer removeState(file)
 	ctx, cancel := context.WithDeadline(ctx, st.Deadline)
 	defer cancel()
 	if err := waitExit(ctx, st.CRIUPID, st.CRIUStart); err != nil {

@@ -60,7 +60,7 @@ host PID, name and restore time.`,
 	f.StringVar(&opts.ctr.Bundle, "bundle", "", "with --container: the bundle to restore into (default: the one checkpointed)")
 	opts.ctr.MaxSize = images.DefaultMaxImportSize
 	f.Int64Var(&opts.ctr.MaxSize, "max-size", opts.ctr.MaxSize, "with --container and an archive: largest image, in bytes, to unpack (the free space is checked too)")
-	f.StringVar(&opts.ctr.Stdout, "container-output", "", "with --container: file (truncated) for the restored container's stdout and stderr (default /dev/null)")
+	f.StringVar(&opts.ctr.Stdout, "container-output", "", "with --container: file (appended to, created 0600) for the restored container's stdout and stderr (default /dev/null)")
 	return cmd
 }
 

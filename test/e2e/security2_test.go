@@ -1,0 +1,45 @@
+package e2e
+
+// Root-kcr against a second uid, round 2 (issue 23), through the CLI; the
+// package tests of images, engine and runtimehook hold the rest.
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestSecuritySignIntoSharedDir (issue 23, 1): as root, kcr checkpoint
+// --sign (and plain checkpoint, and export) into a directory that uid
+// 61001 owns is refused before the app is disturbed: that uid could swap
+// in what root then signs. The app is left running, untouched.
+func TestSecuritySignIntoSharedDir(t *testing.T) {
+	need(t)
+	keys := filepath.Join(t.TempDir(), "ops")
+	mustKCR(t, "keygen", "-o", keys)
+	a := startApp(t)
+	drop := sharedDir(t)
+	pid := strconv.Itoa(a.pid)
+	for _, args := range [][]string{
+		{"checkpoint", "--sign", keys + ".key", "-o", filepath.Join(drop, "svc.img"), pid},
+		{"checkpoint", "-o", filepath.Join(drop, "plain.img"), pid},
+	} {
+		r := kcr(t, args...)
+		if r.code != 5 || !strings.Contains(r.stderr, "belongs to uid 61001") {
+			t.Errorf("kcr %s: exit %d %q; want exit 5 naming uid 61001", strings.Join(args, " "), r.code, r.stderr)
+		}
+	}
+	if ents, _ := os.ReadDir(drop); len(ents) != 0 {
+		t.Errorf("the refused checkpoints left %d entries in %s", len(ents), drop)
+	}
+	if !alive(a.pid) || len(names(a.events(), "before")) != 0 {
+		t.Fatal("a refused checkpoint disturbed the app")
+	}
+	img := checkpointGone(t, a.pid, "--sign", keys+".key")
+	r := kcr(t, "export", img, "-o", filepath.Join(drop, "svc.tar.zst"))
+	if r.code != 5 || !strings.Contains(r.stderr, "belongs to uid 61001") {
+		t.Errorf("export into uid 61001's directory: exit %d %q; want exit 5 naming uid 61001", r.code, r.stderr)
+	}
+}

@@ -57,11 +57,11 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 	c.state.Store(gated)
 	s.cancel() // ends waiting polls
 	resolving, stopResolv := c.resolving, c.stopResolv
-	clientID, txnID := c.clientID, c.txnID
+	clientID, txnID, instanceID := c.clientID, c.txnID, c.instanceID
 	c.mu.Unlock()
 
 	cp := &Checkpoint{}
-	rep := Report{Phase: "before-checkpoint", ClientID: clientID, TransactionalID: txnID, Checkpoint: cp}
+	rep := Report{Phase: "before-checkpoint", ClientID: clientID, TransactionalID: txnID, InstanceID: instanceID, Checkpoint: cp}
 	if c.group != "" {
 		cp.GroupCheckpoint = &GroupCheckpoint{Group: c.group}
 	}
@@ -184,7 +184,12 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 	c.torn = true
 	c.mu.Unlock()
 	lctx, cancel := share(ctx, 0.8)
+	memberID, _ := s.cl.GroupMetadata()
 	err = s.cl.LeaveGroupContext(lctx)
+	if err == nil && instanceID != "" {
+		// kgo leaves a static member in the group (static.go).
+		err = c.leaveStatic(lctx, s.cl, memberID, instanceID)
+	}
 	cancel()
 	cp.LeftGroup = err == nil
 	if err != nil {
@@ -292,9 +297,10 @@ func (c *core) AfterRestore(ctx context.Context, ev notify.Event) error {
 		if c.baseTxnID != "" && c.cfg.txnID == SuffixTxnID {
 			c.txnID = c.baseTxnID + "-" + short
 		}
+		c.instanceID = c.restoredInstanceID(short)
 	}
 	rs := &Restore{Event: ev.Kind.String()}
-	rep := Report{Phase: "after-restore", ClientID: c.clientID, TransactionalID: c.txnID, Restore: rs}
+	rep := Report{Phase: "after-restore", ClientID: c.clientID, TransactionalID: c.txnID, InstanceID: c.instanceID, Restore: rs}
 	s := c.state.Load()
 	var err error
 	switch {

@@ -8,6 +8,7 @@ type Report struct {
 	Phase           string `json:"phase"`                      // "before-checkpoint" or "after-restore"
 	ClientID        string `json:"client_id"`                  // the client id sent to brokers then
 	TransactionalID string `json:"transactional_id,omitempty"` // the transactional id then, "" if not transactional
+	InstanceID      string `json:"instance_id,omitempty"`      // the group instance id (kgo.InstanceID) then; a restore suffixes it
 	CallersBlocked  int64  `json:"callers_blocked"`            // calls waiting at the gate
 	DurationMS      int64  `json:"duration_ms"`                // the hook's run time
 	*Checkpoint

@@ -1,0 +1,152 @@
+package kgohooks
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kcr-dev/kcr/notify"
+)
+
+// new848 starts a kfake cluster whose KIP-848 groups heartbeat every 50 ms.
+func new848(t *testing.T, partitions int32, topics ...string) []string {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...),
+		kfake.GroupMinSessionTimeout(50*time.Millisecond),
+		kfake.BrokerConfigs(map[string]string{"group.consumer.heartbeat.interval.ms": "50"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c.ListenAddrs()
+}
+
+// members848 returns the KIP-848 members of group as the broker describes
+// them (ConsumerGroupDescribe).
+func members848(t *testing.T, ctx context.Context, addrs []string, group string) []kadm.ConsumerGroupMember {
+	t.Helper()
+	gs, err := kadm.NewClient(mustClient(t, addrs)).DescribeConsumerGroups(ctx, group)
+	if err != nil {
+		t.Fatalf("describe consumer group %s: %v", group, err)
+	}
+	g := gs[group]
+	if g.Err != nil {
+		t.Fatalf("describe consumer group %s: %v", group, g.Err)
+	}
+	return g.Members
+}
+
+// waitMembers848 waits until ok accepts the group's members.
+func waitMembers848(t *testing.T, ctx context.Context, addrs []string, group, what string, ok func([]kadm.ConsumerGroupMember) bool) []kadm.ConsumerGroupMember {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ms := members848(t, ctx, addrs, group)
+		if ok(ms) {
+			return ms
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: members %s", what, fmtMembers(ms))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func fmtMembers(ms []kadm.ConsumerGroupMember) string {
+	var out []string
+	for _, m := range ms {
+		inst := ""
+		if m.InstanceID != nil {
+			inst = " instance " + *m.InstanceID
+		}
+		out = append(out, fmt.Sprintf("{%s client %s%s epoch %d owns %v}", m.MemberID, m.ClientID, inst, m.MemberEpoch, m.Assignment))
+	}
+	return "[" + strings.Join(out, " ") + "]"
+}
+
+// owned counts the partitions assigned to m (kfake describes them by topic
+// id, which kadm leaves unnamed).
+func owned(m kadm.ConsumerGroupMember) int {
+	n := 0
+	for _, ps := range m.Assignment {
+		n += len(ps)
+	}
+	return n
+}
+
+// A KIP-848 group consumer (kgo.ServerSideBalancer) is checkpointed and
+// restored: the checkpoint commits what was handed out and leaves the group
+// (ConsumerGroupHeartbeat, epoch -1), the restored client joins under a new
+// member id (KIP-1082: kgo draws it) and a new client id, owns both
+// partitions, and every record is delivered exactly once.
+func TestKIP848RestoreNewMember(t *testing.T) {
+	addrs := new848(t, 2, "n")
+	reg := notify.NewRegistry()
+	ctx := testCtx(t, 20*time.Second)
+	// Registered first: its before hook runs last, at the dump instant.
+	var during []kadm.ConsumerGroupMember
+	reg.Register("probe", notify.Func(func(context.Context) error {
+		during = members848(t, ctx, addrs, "ng")
+		return nil
+	}, nil))
+	producePlain(t, addrs, "n", vals("a", 30), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
+	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("ng"), kgo.ConsumeTopics("n"),
+		kgo.ServerSideBalancer(), kgo.ClientID("nc"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)})
+
+	seen := map[string]int{}
+	poll := func(max int) int {
+		fs := c.PollRecords(ctx, max)
+		for _, e := range fs.Errors() {
+			t.Fatalf("poll: %v", e.Err)
+		}
+		n := 0
+		fs.EachRecord(func(r *kgo.Record) { seen[string(r.Value)]++; n++ })
+		return n
+	}
+	for got := 0; got < 12; {
+		got += poll(12 - got)
+	}
+	before := waitMembers848(t, ctx, addrs, "ng", "one member", func(ms []kadm.ConsumerGroupMember) bool { return len(ms) == 1 })
+	t.Logf("before: %s", fmtMembers(before))
+
+	res := simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
+	rep := res.Before[0]
+	t.Logf("before report: %+v", rep)
+	if rep.Details["left_group"] != true {
+		t.Errorf("report %v: want left_group true", rep.Details)
+	}
+	if len(during) != 0 {
+		t.Errorf("at the dump the group still has members %s: want none (the checkpoint leaves)", fmtMembers(during))
+	}
+	after := waitMembers848(t, ctx, addrs, "ng", "the restored member owning both partitions", func(ms []kadm.ConsumerGroupMember) bool {
+		return len(ms) == 1 && owned(ms[0]) == 2
+	})
+	t.Logf("after: %s", fmtMembers(after))
+	if after[0].MemberID == before[0].MemberID {
+		t.Errorf("the restored member has the image's member id %s", after[0].MemberID)
+	}
+	if after[0].ClientID != c.ClientID() || after[0].ClientID == before[0].ClientID || !strings.HasPrefix(after[0].ClientID, "nc-") {
+		t.Errorf("the restored member's client id %s (the client says %s, before %s): want nc-<instance>", after[0].ClientID, c.ClientID(), before[0].ClientID)
+	}
+
+	producePlain(t, addrs, "n", vals("b", 20), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
+	for total := 12; total < 50 && ctx.Err() == nil; {
+		total += poll(-1)
+	}
+	var bad []string
+	for _, v := range append(vals("a", 30), vals("b", 20)...) {
+		if seen[v] != 1 {
+			bad = append(bad, fmt.Sprintf("%s×%d", v, seen[v]))
+		}
+	}
+	if len(bad) > 0 || len(seen) != 50 {
+		t.Errorf("%d distinct records; delivered other than once: %v", len(seen), bad)
+	}
+}

@@ -107,3 +107,12 @@ func leaveClassic(ctx context.Context, cl *kgo.Client, group, memberID, instance
 	}
 	return nil
 }
+
+// InstanceID returns the group instance id (kgo.InstanceID) of the current
+// kgo client: the configured one, suffixed after a restore; "" for a
+// dynamic member.
+func (c *core) InstanceID() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.instanceID
+}

@@ -16,18 +16,31 @@ import (
 )
 
 // runConsume is the group consumer mode (-consume): poll, log what was
-// processed ("proc", as kafkaapp), then commit it (at-least-once).
-func runConsume(brokers []string, topic, group, clientID string) error {
+// processed ("proc", as kafkaapp), then commit it (at-least-once). With
+// balancer "server" the group is a KIP-848 one (kgo.ServerSideBalancer);
+// with an instance id the member is static (kgo.InstanceID).
+func runConsume(brokers []string, topic, group, clientID, balancer, instanceID string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	cl, err := kgohooks.NewClient(kgo.SeedBrokers(brokers...), kgo.ClientID(clientID), kgo.ConsumerGroup(group),
+	opts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(clientID), kgo.ConsumerGroup(group),
 		kgo.ConsumeTopics(topic), kgo.DisableAutoCommit(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchMaxWait(500*time.Millisecond), kgo.SessionTimeout(6*time.Second), kgo.HeartbeatInterval(time.Second))
+		kgo.FetchMaxWait(500 * time.Millisecond), kgo.SessionTimeout(6 * time.Second), kgo.HeartbeatInterval(time.Second)}
+	switch balancer {
+	case "":
+	case "server":
+		opts = append(opts, kgo.ServerSideBalancer())
+	default:
+		return errors.New("-balancer must be empty (classic) or server (KIP-848)")
+	}
+	if instanceID != "" {
+		opts = append(opts, kgo.InstanceID(instanceID))
+	}
+	cl, err := kgohooks.NewClient(opts...)
 	if err != nil {
 		return err
 	}
 	notify.Register("kgoapp", notify.Func(nil, func(_ context.Context, ev notify.Event) error {
-		appkit.EmitAfter(ev, "reader_client", cl.ClientID())
+		appkit.EmitAfter(ev, "reader_client", cl.ClientID(), "instance_id", cl.InstanceID())
 		return nil
 	}))
 	srv, err := notify.Start()

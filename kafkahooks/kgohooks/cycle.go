@@ -186,8 +186,9 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 	lctx, cancel := share(ctx, 0.8)
 	memberID, _ := s.cl.GroupMetadata()
 	err = s.cl.LeaveGroupContext(lctx)
-	if err == nil && instanceID != "" {
-		// kgo leaves a static member in the group (static.go).
+	if instanceID != "" {
+		// kgo leaves a static member in the group, or fails to leave it
+		// (static.go).
 		err = c.leaveStatic(lctx, s.cl, memberID, instanceID)
 	}
 	cancel()

@@ -22,9 +22,12 @@ import (
 // kgo never removes a static member from its group: it sends no LeaveGroup
 // for a classic one, and a KIP-848 one leaves with member epoch -2, which
 // keeps its partitions reserved until the session timeout or until a member
-// with the same instance id joins. No copy comes back under that instance
-// id, so the checkpoint removes the member itself (leaveStatic), and the
-// other members take its partitions at once, as they do for a dynamic one.
+// with the same instance id joins. (kgo v1.22.3 even sends that -2 without
+// the instance id, which Kafka 4.3 refuses: INVALID_REQUEST "InstanceId
+// can't be null".) No copy comes back under that instance id, so the
+// checkpoint removes the member itself (leaveStatic), whatever kgo's leave
+// returned, and the other members take its partitions at once, as they do
+// for a dynamic one.
 
 // restoredInstanceID returns the instance id of a copy restored with short
 // (notify.Event.ShortID), or "" for a dynamic member.

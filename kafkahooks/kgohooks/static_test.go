@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kcr-dev/kcr/notify"
 )
@@ -49,6 +51,20 @@ func (pc protocolCase) cluster(t *testing.T, partitions int32, topics ...string)
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
+	// As Kafka 4.3 does (kfake does not check it): a static leave
+	// (member epoch -2) must name the instance.
+	c.ControlKey(int16(kmsg.ConsumerGroupHeartbeat), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		req := kr.(*kmsg.ConsumerGroupHeartbeatRequest)
+		if req.MemberEpoch != -2 || req.InstanceID != nil {
+			return nil, nil, false
+		}
+		resp := req.ResponseKind().(*kmsg.ConsumerGroupHeartbeatResponse)
+		resp.Version = req.Version
+		resp.ErrorCode = kerr.InvalidRequest.Code
+		resp.ErrorMessage = kmsg.StringPtr("InstanceId can't be null.")
+		return resp, nil, true
+	})
 	return c.ListenAddrs()
 }
 

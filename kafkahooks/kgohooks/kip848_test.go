@@ -253,3 +253,47 @@ func TestKIP848CheckpointCommitSurvivesMemberErrors(t *testing.T) {
 		t.Errorf("%d distinct records; delivered other than once: %v", len(seen), bad)
 	}
 }
+
+// A KIP-848 member checkpointed with --leave-running stays in its group: no
+// leave is sent, and after the resume the same member (member id) owns
+// both partitions and consumes what was produced meanwhile.
+func TestKIP848LeaveRunningKeepsMember(t *testing.T) {
+	addrs := new848(t, 2, "l")
+	reg := notify.NewRegistry()
+	ctx := testCtx(t, 20*time.Second)
+	rr := kgo.RecordPartitioner(kgo.RoundRobinPartitioner())
+	producePlain(t, addrs, "l", vals("a", 10), rr)
+	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("lg"), kgo.ConsumeTopics("l"),
+		kgo.ServerSideBalancer(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)})
+	got := pollValues(ctx, c, nil, 10)
+	before := waitMembers848(t, ctx, addrs, "lg", "one member owning both partitions", func(ms []kadm.ConsumerGroupMember) bool {
+		return len(ms) == 1 && owned(ms[0]) == 2
+	})
+	res := simulateOK(t, ctx, reg, notify.SimLeaveRunning, 5*time.Second)
+	if rep := res.Before[0].Details; rep["left_group"] != false || rep["kept_for_resume"] != true {
+		t.Errorf("report %v: want left_group false, kept_for_resume true", rep)
+	}
+	producePlain(t, addrs, "l", vals("b", 10), rr)
+	got = pollValues(ctx, c, got, 20)
+	if want := append(vals("a", 10), vals("b", 10)...); len(got) != 20 || !sameSet(got, want) {
+		t.Errorf("consumed %v, want %v once each", got, want)
+	}
+	after := members848(t, ctx, addrs, "lg")
+	if len(after) != 1 || after[0].MemberID != before[0].MemberID {
+		t.Errorf("members before %s, after the resume %s: want the same one", fmtMembers(before), fmtMembers(after))
+	}
+}
+
+func sameSet(a, b []string) bool {
+	m := map[string]int{}
+	for _, v := range a {
+		m[v]++
+	}
+	for _, v := range b {
+		if m[v] != 1 {
+			return false
+		}
+		delete(m, v)
+	}
+	return len(m) == 0
+}

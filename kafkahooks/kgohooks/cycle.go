@@ -185,6 +185,7 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 	c.mu.Unlock()
 	lctx, cancel := share(ctx, 0.8)
 	memberID, _ := s.cl.GroupMetadata()
+	cp.InitialDelay = c.leavesGroupEmpty(lctx, s, memberID)
 	err = s.cl.LeaveGroupContext(lctx)
 	if instanceID != "" {
 		// kgo leaves a static member in the group, or fails to leave it

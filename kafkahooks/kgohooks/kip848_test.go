@@ -297,3 +297,55 @@ func sameSet(a, b []string) bool {
 	}
 	return len(m) == 0
 }
+
+// The report says when a checkpoint leaves a classic group empty, so that
+// its restore pays the broker's initial rebalance delay: a sole classic
+// member, not one of two, and never a KIP-848 member.
+func TestInitialDelayReported(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		kip848  bool
+		members int
+		want    any
+	}{{"classic-alone", false, 1, true}, {"classic-two", false, 2, nil}, {"kip848-alone", true, 1, nil}} {
+		t.Run(tc.name, func(t *testing.T) {
+			addrs := new848(t, 2, "d")
+			producePlain(t, addrs, "d", vals("a", 10), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
+			ctx := testCtx(t, 20*time.Second)
+			opts := []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("dg"), kgo.ConsumeTopics("d"),
+				kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)}
+			if tc.kip848 {
+				opts = append(opts, kgo.ServerSideBalancer())
+			}
+			reg := notify.NewRegistry()
+			c := newHooked(t, reg, opts)
+			if tc.members == 2 {
+				other := newHooked(t, notify.NewRegistry(), opts)
+				cctx, cancel := context.WithCancel(ctx)
+				defer cancel()
+				go func() {
+					for cctx.Err() == nil {
+						other.PollFetches(cctx)
+					}
+				}()
+				adm := kadm.NewClient(mustClient(t, addrs))
+				for {
+					gs, err := adm.DescribeGroups(ctx, "dg")
+					if err == nil && len(gs["dg"].Members) == 2 && gs["dg"].State == "Stable" {
+						break
+					}
+					if ctx.Err() != nil {
+						t.Fatalf("two members never formed: %v %v", gs, err)
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+			}
+			pollValues(ctx, c, nil, 1)
+			res := simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
+			rep := res.Before[0].Details
+			if rep["initial_rebalance_delay"] != tc.want {
+				t.Errorf("report %v: want initial_rebalance_delay %v", rep, tc.want)
+			}
+		})
+	}
+}

@@ -48,6 +48,11 @@ type GroupCheckpoint struct {
 	// StaleCommits is a running total of dropped commits of records
 	// handed out before a checkpoint (Client only).
 	StaleCommits int64 `json:"stale_commits,omitempty"`
+	// InitialDelay is set when the member left its classic group empty: a
+	// copy restored from the image waits the broker's
+	// group.initial.rebalance.delay.ms (3 s by default) before its first
+	// record. A KIP-848 group (kgo.ServerSideBalancer) has no such delay.
+	InitialDelay bool `json:"initial_rebalance_delay,omitempty"`
 }
 
 // KeptClient holds the part of a Checkpoint that kept the kgo client for a

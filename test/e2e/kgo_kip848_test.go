@@ -328,6 +328,11 @@ func restoreToFirstRecord(t *testing.T, k *kafkaEnv, balancer string) time.Durat
 	img := t.TempDir() + "/img"
 	mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
 	<-a.done
+	// The report says whether the restore will wait for the initial
+	// rebalance delay: a sole classic member, not a KIP-848 one.
+	if rep := kgoReport(t, manifestResource(t, img, "kgo/kfirst")); rep.GroupCheckpoint == nil || rep.InitialDelay != (balancer == "") {
+		t.Errorf("report %+v: want initial_rebalance_delay %v", rep.GroupCheckpoint, balancer == "")
+	}
 	time.Sleep(2 * time.Second) // down for a while, under load (not an assertion)
 	na := len(a.events())
 	start := time.Now()

@@ -13,12 +13,17 @@ import (
 )
 
 // staticProtocols are the group protocols the static-member cases run on:
-// kgoapp's -balancer value and whether the group is a KIP-848 one.
+// kgoapp's -balancer value, whether the group is a KIP-848 one, and how
+// soon another member must own the partitions of a member that left: well
+// within the session timeout (kgoapp's 6 s classic, the broker's 45 s for
+// KIP-848), where a KIP-848 member learns of them at its next heartbeat
+// (group.consumer.heartbeat.interval.ms, 5 s by default).
 var staticProtocols = []struct {
 	name     string
 	balancer string
 	kip848   bool
-}{{"classic", "", false}, {"kip848", "server", true}}
+	takeover time.Duration
+}{{"classic", "", false, 4 * time.Second}, {"kip848", "server", true, 15 * time.Second}}
 
 // consumeArgs are kgoapp's arguments for a member of group on topic.
 func consumeArgs(topic, group, client, balancer, instance string) []string {
@@ -43,8 +48,8 @@ func checkNoGroupErrors(t *testing.T, a *kapp, hpid int, who string) {
 
 // A static member beside a dynamic one is checkpointed and restored. The
 // checkpoint removes it from the group: the broker no longer lists its
-// instance well before the session timeout (6 s classic, 45 s KIP-848), the
-// other member owns every partition, and the report says left_group. The
+// instance, the other member owns every partition well before the session
+// timeout (see staticProtocols), and the report says left_group. The
 // restored copy joins as sa-<short> and processes records.
 func TestKgoStaticMemberRestore(t *testing.T) {
 	for _, pc := range staticProtocols {
@@ -69,7 +74,7 @@ func TestKgoStaticMemberRestore(t *testing.T) {
 			if rep.GroupCheckpoint == nil || !rep.LeftGroup || rep.InstanceID != "sa" {
 				t.Errorf("report %+v %+v: want left_group true, instance_id sa", rep.Checkpoint, rep.GroupCheckpoint)
 			}
-			k.waitMembers(group, topic, pc.kip848, 4*time.Second, "the dynamic member alone with the 3 partitions, sa gone", func(ms []gmember) bool {
+			k.waitMembers(group, topic, pc.kip848, pc.takeover, "the dynamic member alone with the 3 partitions, sa gone", func(ms []gmember) bool {
 				return len(ms) == 1 && ms[0].instance == "" && ms[0].parts == 3
 			})
 			t.Logf("the other member owned every partition %v after the checkpoint", time.Since(tck).Round(time.Millisecond))

@@ -79,6 +79,9 @@ type config struct {
 	statsEvery time.Duration
 	batch      int
 	client     string
+	// kip848 makes the franz-go consumer a KIP-848 group member
+	// (kgo.ServerSideBalancer; docs/franz-go-kip848.md).
+	kip848 bool
 }
 
 func main() {
@@ -94,11 +97,12 @@ func main() {
 	flag.DurationVar(&c.statsEvery, "stats-every", time.Second, "how often to log a stats event (0: never)")
 	flag.IntVar(&c.batch, "batch", 64, "most orders per produce and commit")
 	flag.StringVar(&c.client, "client", "kafka-go", "Kafka client library: kafka-go or franz (franz-go)")
+	flag.BoolVar(&c.kip848, "kip848", false, "with -client franz: join the group with KIP-848 (kgo.ServerSideBalancer, Kafka 4.0+), which has no initial rebalance delay")
 	flag.Parse()
 	c.brokers = strings.Split(*brokers, ",")
 	if c.cacheMB < 0 || c.warmup < 0 || c.batch < 1 || c.group == "" || c.in == "" || c.out == "" ||
-		(c.client != "kafka-go" && c.client != "franz") {
-		fmt.Fprintln(os.Stderr, "pipeline: need -group, -in, -out, -batch ≥ 1, -client kafka-go or franz, and no negative -warmup or -cache-mb")
+		(c.client != "kafka-go" && c.client != "franz") || (c.kip848 && c.client != "franz") {
+		fmt.Fprintln(os.Stderr, "pipeline: need -group, -in, -out, -batch ≥ 1, -client kafka-go or franz, -kip848 only with -client franz, and no negative -warmup or -cache-mb")
 		os.Exit(2)
 	}
 	slog.SetDefault(slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("src", "pipeline"))

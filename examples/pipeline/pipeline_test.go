@@ -39,10 +39,15 @@ func TestDrainGivesOneResultPerOrder(t *testing.T) {
 }
 
 // TestDrainGivesOneResultPerOrderFranz is TestDrainGivesOneResultPerOrder
-// with the franz-go clients of -client franz.
+// with the franz-go clients of -client franz, and of -client franz -kip848.
 func TestDrainGivesOneResultPerOrderFranz(t *testing.T) {
+	t.Run("classic", func(t *testing.T) { testDrainFranz(t, false) })
+	t.Run("kip848", func(t *testing.T) { testDrainFranz(t, true) })
+}
+
+func testDrainFranz(t *testing.T, kip848 bool) {
 	testDrain(t, func(brokers []string, reg *notify.Registry) (Fetcher, Producer) {
-		inOpts, outOpts := kgoOpts(config{brokers: brokers, clientID: "pipeline", group: "pipeline", in: "orders", out: "results"})
+		inOpts, outOpts := kgoOpts(config{brokers: brokers, clientID: "pipeline", group: "pipeline", in: "orders", out: "results", kip848: kip848})
 		icl, err := kgohooks.New(append(inOpts, kgo.FetchMaxWait(100*time.Millisecond), kgo.SessionTimeout(time.Second),
 			kgo.HeartbeatInterval(100*time.Millisecond)), kgohooks.WithRegistry(reg), kgohooks.WithName("in"))
 		if err != nil {

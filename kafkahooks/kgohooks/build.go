@@ -39,6 +39,8 @@ func newCore(kopts []kgo.Opt, session bool, opts []Opt) (*core, error) {
 	c.baseClientID, _ = probe.OptValue(kgo.ClientID).(string)
 	c.baseTxnID, _ = probe.OptValue(kgo.TransactionalID).(string)
 	c.group, _ = probe.OptValue(kgo.ConsumerGroup).(string)
+	c.baseInstanceID, _ = probe.OptValue(kgo.InstanceID).(string)
+	c.serverSide, _ = probe.OptValue(kgo.ServerSideBalancer).(bool)
 	parts, _ := probe.OptValue(kgo.ConsumePartitions).(map[string]map[int32]kgo.Offset)
 	if b, _ := probe.OptValue(kgo.DisableAutoCommit).(bool); b {
 		c.commit = commitManual
@@ -75,7 +77,7 @@ func newCore(kopts []kgo.Opt, session bool, opts []Opt) (*core, error) {
 			c.topics = topics
 		}
 	}
-	c.clientID, c.txnID = c.baseClientID, c.baseTxnID
+	c.clientID, c.txnID, c.instanceID = c.baseClientID, c.baseTxnID, c.baseInstanceID
 	if c.cfg.name == "" {
 		c.cfg.name = "kgo/" + c.baseClientID
 	}
@@ -101,6 +103,9 @@ func (c *core) build() (*kgo.Client, *kgo.GroupTransactSession, *conntrack.Track
 	opts := append(slices.Clip(c.kopts), kgo.ClientID(c.clientID), kgo.DialTLSConfig(nil), kgo.Dialer(dial.DialContext))
 	if c.txnID != "" {
 		opts = append(opts, kgo.TransactionalID(c.txnID))
+	}
+	if c.instanceID != "" {
+		opts = append(opts, kgo.InstanceID(c.instanceID))
 	}
 	if c.pos != nil {
 		if exact := c.pos.exact(); len(exact) > 0 {

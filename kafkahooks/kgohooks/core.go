@@ -50,6 +50,14 @@ type core struct {
 	recordedRestored atomic.Int64
 	repMu            sync.Mutex // orders updates of the after-restore report
 
+	// baseInstanceID is kgo.InstanceID ("" for a dynamic member); the
+	// current one, instanceID (under mu), is suffixed on every restore
+	// (static.go).
+	baseInstanceID string
+	instanceID     string
+	// serverSide is kgo.ServerSideBalancer: KIP-848 if the broker has it.
+	serverSide bool
+
 	state   atomic.Pointer[state]
 	calls   atomic.Int64 // Produce, commit and transaction calls inside kgo
 	polls   atomic.Int64 // polls inside kgo

@@ -63,11 +63,11 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 	starts := c.starts
 	c.recorded = nil
 	resolving, stopResolv := c.resolving, c.stopResolv
-	clientID, txnID := c.clientID, c.txnID
+	clientID, txnID, instanceID := c.clientID, c.txnID, c.instanceID
 	c.mu.Unlock()
 
 	cp := &Checkpoint{}
-	rep := Report{Phase: "before-checkpoint", ClientID: clientID, TransactionalID: txnID, Checkpoint: cp}
+	rep := Report{Phase: "before-checkpoint", ClientID: clientID, TransactionalID: txnID, InstanceID: instanceID, Checkpoint: cp}
 	if c.group != "" {
 		cp.GroupCheckpoint = &GroupCheckpoint{Group: c.group}
 	}
@@ -238,7 +238,14 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 	c.torn = true
 	c.mu.Unlock()
 	lctx, cancel := share(ctx, 0.8)
+	memberID, _ := s.cl.GroupMetadata()
+	cp.InitialDelay = c.leavesGroupEmpty(lctx, s, memberID)
 	err = s.cl.LeaveGroupContext(lctx)
+	if instanceID != "" {
+		// kgo leaves a static member in the group, or fails to leave it
+		// (static.go).
+		err = c.leaveStatic(lctx, s.cl, memberID, instanceID)
+	}
 	cancel()
 	cp.LeftGroup = err == nil
 	if err != nil {
@@ -372,9 +379,10 @@ func (c *core) AfterRestore(ctx context.Context, ev notify.Event) error {
 		if c.baseTxnID != "" && c.cfg.txnID == SuffixTxnID {
 			c.txnID = c.baseTxnID + "-" + short
 		}
+		c.instanceID = c.restoredInstanceID(short)
 	}
 	rs := &Restore{Event: ev.Kind.String()}
-	rep := Report{Phase: "after-restore", ClientID: c.clientID, TransactionalID: c.txnID, Restore: rs}
+	rep := Report{Phase: "after-restore", ClientID: c.clientID, TransactionalID: c.txnID, InstanceID: c.instanceID, Restore: rs}
 	s := c.state.Load()
 	var err error
 	switch {

@@ -125,6 +125,24 @@
 // be delivered again (Kafka's at-least-once rule). A GroupTransactSession
 // is exactly-once: see its documentation.
 //
+// # Group protocols and static members
+//
+// Both group protocols are supported: classic, and KIP-848
+// (kgo.ServerSideBalancer, Kafka 4.0+, franz-go recommends 4.3+). Every
+// restored copy has a new kgo client, so a KIP-848 member joins under a new
+// member id, which kgo draws itself (KIP-1082): clones are distinct members.
+// kgohooks does not turn KIP-848 on by itself: it is the recommended option
+// for group consumers that are restored (see docs/franz-go-kip848.md), since
+// a classic group that the checkpoint emptied holds the restored member's
+// join for the broker's group.initial.rebalance.delay.ms (3 s by default).
+//
+// A static member (kgo.InstanceID) is removed from its group by the
+// checkpoint (kgo would leave it there until its session times out), and
+// every restored copy joins under instance id base + "-" + the first 8 hex
+// digits of notify.Event.InstanceID, like its client id: clones, and a copy
+// beside an original that went on after --leave-running, never fence each
+// other. A resume keeps the instance id. InstanceID returns the current one.
+//
 // Tests run whole cycles in-process with (*notify.Registry).Simulate:
 //
 //	reg := notify.NewRegistry()

@@ -8,6 +8,7 @@ type Report struct {
 	Phase           string `json:"phase"`                      // "before-checkpoint" or "after-restore"
 	ClientID        string `json:"client_id"`                  // the client id sent to brokers then
 	TransactionalID string `json:"transactional_id,omitempty"` // the transactional id then, "" if not transactional
+	InstanceID      string `json:"instance_id,omitempty"`      // the group instance id (kgo.InstanceID) then; a restore suffixes it
 	CallersBlocked  int64  `json:"callers_blocked"`            // calls waiting at the gate
 	DurationMS      int64  `json:"duration_ms"`                // the hook's run time
 	*Checkpoint
@@ -58,6 +59,11 @@ type GroupCheckpoint struct {
 	// StaleCommits is a running total of dropped commits of records
 	// handed out before a checkpoint (Client only).
 	StaleCommits int64 `json:"stale_commits,omitempty"`
+	// InitialDelay is set when the member left its classic group empty: a
+	// copy restored from the image waits the broker's
+	// group.initial.rebalance.delay.ms (3 s by default) before its first
+	// record. A KIP-848 group (kgo.ServerSideBalancer) has no such delay.
+	InitialDelay bool `json:"initial_rebalance_delay,omitempty"`
 }
 
 // KeptClient holds the part of a Checkpoint that kept the kgo client for a

@@ -19,14 +19,16 @@ import (
 )
 
 // runConsume is the group consumer mode (-consume): poll, log what was
-// processed ("proc", as kafkaapp), then commit it (at-least-once).
+// processed ("proc", as kafkaapp), then commit it (at-least-once). With
+// balancer "server" the group is a KIP-848 one (kgo.ServerSideBalancer);
+// with an instance id the member is static (kgo.InstanceID).
 //
 // KGOAPP_CONSUME_OPTS (comma-separated, from the environment, so that the
 // shared group test runs unchanged) varies the kgo options:
 // "block-rebalance" (kgo.BlockRebalanceOnPoll; the loop calls
 // AllowRebalance after each commit), "reset-end" (ConsumeResetOffset
 // AtEnd instead of AtStart).
-func runConsume(brokers []string, topic, group, clientID string) error {
+func runConsume(brokers []string, topic, group, clientID, balancer, instanceID string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	extra := strings.Split(os.Getenv("KGOAPP_CONSUME_OPTS"), ",")
@@ -41,12 +43,22 @@ func runConsume(brokers []string, topic, group, clientID string) error {
 	if block {
 		opts = append(opts, kgo.BlockRebalanceOnPoll())
 	}
+	switch balancer {
+	case "":
+	case "server":
+		opts = append(opts, kgo.ServerSideBalancer())
+	default:
+		return errors.New("-balancer must be empty (classic) or server (KIP-848)")
+	}
+	if instanceID != "" {
+		opts = append(opts, kgo.InstanceID(instanceID))
+	}
 	cl, err := kgohooks.NewClient(opts...)
 	if err != nil {
 		return err
 	}
 	notify.Register("kgoapp", notify.Func(nil, func(_ context.Context, ev notify.Event) error {
-		appkit.EmitAfter(ev, "reader_client", cl.ClientID())
+		appkit.EmitAfter(ev, "reader_client", cl.ClientID(), "instance_id", cl.InstanceID())
 		return nil
 	}))
 	srv, err := notify.Start()

@@ -56,6 +56,8 @@ func main() {
 	holdTxn := flag.Bool("hold-txn", false, "with -transform-from: leave a transaction with records open across the first checkpoint")
 	keepTxnID := flag.Bool("keep-txn-id", false, "with -transform-from: kgohooks.KeepTxnID (a restored copy keeps the transactional id)")
 	consume := flag.Bool("consume", false, "consume -topic as a member of -group, committing after processing, instead of producing")
+	balancer := flag.String("balancer", "", `with -consume: "server" for a KIP-848 group (kgo.ServerSideBalancer), "" for classic`)
+	instanceID := flag.String("instance-id", "", "with -consume: the static member's kgo.InstanceID")
 	flag.Parse()
 	if *topic == "" || *rate < 1 || (*from != "" && (*group == "" || *txnID == "")) || (*consume && *group == "") {
 		appkit.Fatal(2, "need -topic, a positive -produce-rate, -group and -txn-id with -transform-from, -group with -consume")
@@ -64,7 +66,7 @@ func main() {
 		appkit.Fatal(2, err.Error())
 	}
 	if *consume {
-		if err := runConsume(strings.Split(*brokers, ","), *topic, *group, *clientID); err != nil {
+		if err := runConsume(strings.Split(*brokers, ","), *topic, *group, *clientID, *balancer, *instanceID); err != nil {
 			appkit.Fatal(1, err.Error())
 		}
 		return

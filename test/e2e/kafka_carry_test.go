@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -9,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kcr-dev/kcr/notify/client"
 )
 
 // Issue 9, hole 6, on real CRIU and Kafka: an async Writer (kafkaapp under
@@ -71,6 +74,23 @@ func TestKafkaRequireDrained(t *testing.T) {
 	})
 	t.Logf("every record below %d acknowledged, %v after the first look", top-100, lag.Round(time.Millisecond))
 	k.checkAcked(topic, all)
+
+	// kcr had its answer before the resume after the refusal was over if
+	// that took long (the Writer resending to the broker); until it is
+	// over, a new checkpoint is refused as busy.
+	eventually(t, 30*time.Second, "the app to be idle after its resume", func() (bool, string) {
+		sock, err := client.Find(pid)
+		if err != nil {
+			return false, err.Error()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		info, err := sock.Hello(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		return info.State == "idle", "state " + info.State
+	})
 
 	// 2. The same without the flag: the image carries them.
 	img2 := filepath.Join(t.TempDir(), "img2")

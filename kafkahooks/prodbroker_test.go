@@ -56,6 +56,22 @@ func prodTopic(t *testing.T, addrs []string, parts int32, n int) (string, *kadm.
 		defer cancel()
 		adm.DeleteTopics(ctx, topic)
 	})
+	// Every partition has a leader, in the metadata of every client,
+	// before anything reads or writes (a group reader joining earlier
+	// would get no partitions).
+	waitFor(t, 30*time.Second, "the partitions of "+topic+" to have leaders", func() bool {
+		offs, err := adm.ListEndOffsets(ctx, topic)
+		ok := 0
+		if err == nil {
+			offs.Each(func(o kadm.ListedOffset) {
+				if o.Err == nil {
+					ok++
+				}
+			})
+		}
+		m, err := adm.Metadata(ctx, topic)
+		return ok == int(parts) && err == nil && len(m.Topics[topic].Partitions) == int(parts) && m.Topics[topic].Err == nil
+	})
 	log, _ := newLog(t)
 	writeBatch(t, addrs, topic, log, n)
 	return topic, adm

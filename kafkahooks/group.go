@@ -181,7 +181,9 @@ func (r *Reader) initialDelay(ctx context.Context, cl *kafka.Client) (time.Durat
 // left the group empty on a broker that delays an empty group's first join.
 func (r *Reader) diagnoseEmptyGroup(ctx context.Context, gc *GroupCheckpoint) {
 	start := time.Now()
-	defer func() { r.cfg.log.Debug("kafka reader asked the broker about the group", "duration", time.Since(start)) }()
+	defer func() {
+		r.cfg.log.Debug("kafka reader asked the broker about the group", "duration", time.Since(start))
+	}()
 	ctx, cancel := context.WithTimeout(ctx, diagnoseTimeout)
 	defer cancel()
 	cl, done := r.adminClient()

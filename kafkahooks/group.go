@@ -112,8 +112,8 @@ func (r *Reader) adminClient() (cl *kafka.Client, done func()) {
 	}
 }
 
-// describeGroup returns the state and member ids of the Reader's group.
-func (r *Reader) describeGroup(ctx context.Context, cl *kafka.Client) (string, []string, error) {
+// describeGroup returns the state and members of the Reader's group.
+func (r *Reader) describeGroup(ctx context.Context, cl *kafka.Client) (string, []kafka.DescribeGroupsResponseMember, error) {
 	res, err := cl.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{r.rcfg.GroupID}})
 	if err != nil {
 		return "", nil, fmt.Errorf("describing group %s: %w", r.rcfg.GroupID, err)
@@ -125,11 +125,7 @@ func (r *Reader) describeGroup(ctx context.Context, cl *kafka.Client) (string, [
 	if g.Error != nil {
 		return "", nil, fmt.Errorf("describing group %s: %w", r.rcfg.GroupID, g.Error)
 	}
-	ids := make([]string, 0, len(g.Members))
-	for _, m := range g.Members {
-		ids = append(ids, m.MemberID)
-	}
-	return g.GroupState, ids, nil
+	return g.GroupState, g.Members, nil
 }
 
 // initialDelay returns the group coordinator's group.initial.rebalance.delay.ms,
@@ -177,31 +173,53 @@ func (r *Reader) initialDelay(ctx context.Context, cl *kafka.Client) (time.Durat
 	return 0, fmt.Errorf("broker %d did not return %s", c.NodeID, initialDelayConfig)
 }
 
-// diagnoseEmptyGroup fills in gc's initial-delay fields when the checkpoint
-// left the group empty on a broker that delays an empty group's first join.
-func (r *Reader) diagnoseEmptyGroup(ctx context.Context, gc *GroupCheckpoint) {
-	start := time.Now()
-	defer func() {
-		r.cfg.log.Debug("kafka reader asked the broker about the group", "duration", time.Since(start))
-	}()
-	ctx, cancel := context.WithTimeout(ctx, diagnoseTimeout)
-	defer cancel()
-	cl, done := r.adminClient()
-	defer done()
-	state, members, err := r.describeGroup(ctx, cl)
-	if err == nil && (state == "Empty" || state == "Dead") && len(members) == 0 {
-		var delay time.Duration
-		if delay, err = r.initialDelay(ctx, cl); err == nil && delay > 0 {
-			gc.GroupEmpty = true
-			gc.InitialRebalanceDelayMS = delay.Milliseconds()
-			gc.Warning = fmt.Sprintf("group %s is empty after this checkpoint: the broker holds a restored member's first join for %s=%d ms before it gets partitions (kafkahooks.WithGroupHandover keeps the membership across a checkpoint and avoids the wait)",
-				r.rcfg.GroupID, initialDelayConfig, delay.Milliseconds())
-			return
+// groupDiag is what the broker said about the group as a checkpoint began.
+type groupDiag struct {
+	alone bool          // no member, or one with this Reader's client id: leaving empties the group
+	delay time.Duration // the coordinator's group.initial.rebalance.delay.ms, if alone
+	err   error
+}
+
+// diagnoseGroup asks the broker whether this Reader is the group's only
+// member, and if so for the coordinator's initial rebalance delay. It runs
+// while the checkpoint closes the kafka.Reader (so that it adds nothing to
+// the pause); the caller must receive the answer, which comes within
+// diagnoseTimeout, with the client's connections closed.
+func (r *Reader) diagnoseGroup(ctx context.Context) <-chan groupDiag {
+	ch := make(chan groupDiag, 1)
+	clientID := r.currentClientID()
+	go func() {
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(ctx, diagnoseTimeout)
+		defer cancel()
+		cl, done := r.adminClient()
+		var d groupDiag
+		_, members, err := r.describeGroup(ctx, cl)
+		if err == nil {
+			d.alone = len(members) == 0 || (len(members) == 1 && members[0].ClientID == clientID)
+			if d.alone {
+				d.delay, err = r.initialDelay(ctx, cl)
+			}
 		}
-	}
-	if err != nil {
-		gc.DiagnoseError = err.Error()
-		r.cfg.log.Debug("kafka reader could not tell whether the group pays the initial rebalance delay", "err", err)
+		d.err = err
+		done()
+		r.cfg.log.Debug("kafka reader asked the broker about the group", "alone", d.alone, "delay", d.delay, "err", err, "duration", time.Since(start))
+		ch <- d
+	}()
+	return ch
+}
+
+// warnEmptyGroup fills in gc's initial-delay fields when the checkpoint
+// left the group empty on a broker that delays an empty group's first join.
+func (r *Reader) warnEmptyGroup(gc *GroupCheckpoint, d groupDiag) {
+	switch {
+	case d.err != nil:
+		gc.DiagnoseError = d.err.Error()
+	case d.alone && d.delay > 0:
+		gc.GroupEmpty = true
+		gc.InitialRebalanceDelayMS = d.delay.Milliseconds()
+		gc.Warning = fmt.Sprintf("group %s is empty after this checkpoint: the broker holds a restored member's first join for %s=%d ms before it gets partitions (kafkahooks.WithGroupHandover keeps the membership across a checkpoint and avoids the wait)",
+			r.rcfg.GroupID, initialDelayConfig, d.delay.Milliseconds())
 	}
 }
 
@@ -247,8 +265,8 @@ func (r *Reader) handover(ctx context.Context, old []string) (left []string, res
 			var present []string
 			others := 0
 			for _, m := range members {
-				if slices.Contains(old, m) {
-					present = append(present, m)
+				if slices.Contains(old, m.MemberID) {
+					present = append(present, m.MemberID)
 				} else {
 					others++
 				}

@@ -81,15 +81,23 @@ func prodTopic(t *testing.T, addrs []string, parts int32, n int) (string, *kadm.
 // partitions of topic assigned to it, as the broker describes them.
 func groupMembers(t *testing.T, adm *kadm.Client, group, topic string) (string, map[string][]int32) {
 	t.Helper()
+	state, members, err := tryGroupMembers(adm, group, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return state, members
+}
+
+func tryGroupMembers(adm *kadm.Client, group, topic string) (string, map[string][]int32, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	gs, err := adm.DescribeGroups(ctx, group)
 	if err != nil {
-		t.Fatal(err)
+		return "", nil, err
 	}
 	g := gs[group]
 	if g.Err != nil {
-		t.Fatal(g.Err)
+		return "", nil, g.Err
 	}
 	out := map[string][]int32{}
 	for _, m := range g.Members {
@@ -105,7 +113,7 @@ func groupMembers(t *testing.T, adm *kadm.Client, group, topic string) (string, 
 		slices.Sort(ps)
 		out[m.MemberID] = ps
 	}
-	return g.State, out
+	return g.State, out, nil
 }
 
 // TestReaderProdCheckpointRestore checkpoints and restores (in-process) a
@@ -234,5 +242,47 @@ func TestReaderProdCheckpointRestore(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestReaderProdNoWarningWithOtherMember: a checkpoint that leaves another
+// member in the group does not warn about the initial rebalance delay (the
+// group is not empty, and the restored member joins without it).
+func TestReaderProdNoWarningWithOtherMember(t *testing.T) {
+	addrs := prodBrokers(t)
+	const parts, n = 4, 40
+	topic, adm := prodTopic(t, addrs, parts, n)
+	group := topic + "-g"
+	log, _ := newLog(t)
+	cfg := kafka.ReaderConfig{Brokers: addrs, GroupID: group, Topic: topic, StartOffset: kafka.FirstOffset,
+		MaxWait: 100 * time.Millisecond, SessionTimeout: 6 * time.Second, HeartbeatInterval: time.Second,
+		RebalanceTimeout: 6 * time.Second, JoinGroupBackoff: 100 * time.Millisecond}
+	regA := notify.NewRegistry()
+	a := NewReader(cfg, WithRegistry(regA), WithLogger(log), WithClientID("member-a"))
+	defer a.Close()
+	b := NewReader(cfg, WithRegistry(notify.NewRegistry()), WithLogger(log), WithClientID("member-b"))
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// Both fetch (so both joined); wait until the broker lists two members.
+	for _, r := range []*Reader{a, b} {
+		go func() {
+			for {
+				m, err := r.FetchMessage(ctx)
+				if err != nil {
+					return
+				}
+				r.CommitMessages(ctx, m)
+			}
+		}()
+	}
+	waitFor(t, 30*time.Second, "two members in the group", func() bool {
+		state, members, err := tryGroupMembers(adm, group, topic)
+		return err == nil && state == "Stable" && len(members) == 2
+	})
+	res := simulateOK(t, regA, notify.SimRestore, 10*time.Second)
+	rep := decodeReport[ReaderReport](t, res.Before[0].Details)
+	if rep.GroupCheckpoint == nil || !rep.LeftGroup || rep.GroupEmpty || rep.Warning != "" || rep.DiagnoseError != "" {
+		t.Errorf("report %+v: want the group left, not empty, no warning", rep.GroupCheckpoint)
 	}
 }

@@ -40,6 +40,11 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 
 	dctx, cancel := drainContext(ctx)
 	defer cancel()
+	var diag <-chan groupDiag
+	if r.group && member.memberID() == "" {
+		// The reader will leave: will the group be empty?
+		diag = r.diagnoseGroup(dctx)
+	}
 	// Commits go out before the kafka.Reader closes: its own final commit
 	// gets a single attempt.
 	type quiesced struct {
@@ -112,8 +117,9 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 			r.mu.Lock()
 			r.kept = append(r.kept, q.kept)
 			r.mu.Unlock()
-		} else if gc.LeftGroup {
-			r.diagnoseEmptyGroup(dctx, gc)
+		} else if gc.LeftGroup && diag != nil {
+			r.warnEmptyGroup(gc, <-diag)
+			diag = nil
 			if gc.Warning != "" {
 				r.cfg.log.Warn("kafka reader: " + gc.Warning)
 			}
@@ -145,6 +151,9 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 		next = r.next
 		r.mu.Unlock()
 		rep.NextOffset = &next
+	}
+	if diag != nil {
+		<-diag // its connections are closed
 	}
 	elapsed := time.Since(start)
 	rep.DurationMS = elapsed.Milliseconds()

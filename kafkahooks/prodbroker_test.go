@@ -22,7 +22,7 @@ import (
 // scripts/test.sh sets (scripts/kafka-up.sh with KCR_KAFKA_PROD=1). With
 // KCR_E2E=1 they fail when it is not set; elsewhere they skip.
 
-func prodBrokers(t *testing.T) []string {
+func prodBrokers(t testing.TB) []string {
 	t.Helper()
 	env := os.Getenv("KCR_KAFKA_PROD_BROKERS")
 	if env == "" {
@@ -37,7 +37,7 @@ func prodBrokers(t *testing.T) []string {
 
 // prodTopic creates a topic of parts partitions on the broker, with values
 // 0..n-1, and returns its name and an admin client.
-func prodTopic(t *testing.T, addrs []string, parts int32, n int) (string, *kadm.Client) {
+func prodTopic(t testing.TB, addrs []string, parts int32, n int) (string, *kadm.Client) {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...))
 	if err != nil {

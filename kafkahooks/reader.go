@@ -37,7 +37,10 @@ var ErrConnsClosed = conntrack.ErrClosed
 // is not handed to the application. For a consumer group, kafka-go's Close
 // flushes pending commits (also the batches of a CommitInterval) and leaves
 // the group, so that the other members take over its partitions at once
-// (kafka-go sends LeaveGroup from ConsumerGroup.Close). If the Close does not
+// (kafka-go sends LeaveGroup from ConsumerGroup.Close). A group left empty
+// makes the restored member wait for the broker's
+// group.initial.rebalance.delay.ms (3 s by default): the report then says so
+// (warning), and WithGroupHandover keeps the membership instead. If the Close does not
 // end within the hook's budget (less a reserve for later hooks, as for
 // Writer), the Reader closes every connection anyway.
 // Records that were prefetched but never handed to the application are

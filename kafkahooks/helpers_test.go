@@ -316,7 +316,7 @@ func seqWriter(t *testing.T, addrs []string, topic string, log *slog.Logger) fun
 
 // writeBatch writes the values 0..n-1 to topic in one batch, through a
 // Writer of its own that no checkpoint touches.
-func writeBatch(t *testing.T, addrs []string, topic string, log *slog.Logger, n int) {
+func writeBatch(t testing.TB, addrs []string, topic string, log *slog.Logger, n int) {
 	t.Helper()
 	w := NewWriter(&kafka.Writer{Addr: kafka.TCP(addrs...), Topic: topic, BatchSize: 100, BatchTimeout: time.Millisecond},
 		WithRegistry(notify.NewRegistry()), WithLogger(log))

@@ -47,6 +47,8 @@ type config struct {
 	backoffMax time.Duration
 	// unflushedOK: WithUnflushedCommits.
 	unflushedOK bool
+	// handover: WithGroupHandover.
+	handover bool
 }
 
 // newConfig returns the configuration named defaultName unless an option

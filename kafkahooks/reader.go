@@ -37,7 +37,10 @@ var ErrConnsClosed = conntrack.ErrClosed
 // is not handed to the application. For a consumer group, kafka-go's Close
 // flushes pending commits (also the batches of a CommitInterval) and leaves
 // the group, so that the other members take over its partitions at once
-// (kafka-go sends LeaveGroup from ConsumerGroup.Close). If the Close does not
+// (kafka-go sends LeaveGroup from ConsumerGroup.Close). A group left empty
+// makes the restored member wait for the broker's
+// group.initial.rebalance.delay.ms (3 s by default): the report then says so
+// (warning), and WithGroupHandover keeps the membership instead. If the Close does not
 // end within the hook's budget (less a reserve for later hooks, as for
 // Writer), the Reader closes every connection anyway.
 // Records that were prefetched but never handed to the application are
@@ -105,6 +108,14 @@ type Reader struct {
 	cycle   uint64             // counts BeforeCheckpoint calls
 	inCycle bool
 	acc     kafka.ReaderStats
+
+	// WithGroupHandover (group.go)
+	member    *memberLog    // the current kafka.Reader's; nil without the option
+	kept      []string      // member ids kept in the group across a checkpoint
+	hoStop    func()        // ends the hand-over in progress
+	hoDone    chan struct{} // closed when it has ended
+	handovers atomic.Pointer[HandoverResult]
+	delayMS   atomic.Int64 // the coordinator's group.initial.rebalance.delay.ms; -1 until read
 }
 
 type readerState struct {
@@ -176,6 +187,7 @@ func NewReader(c kafka.ReaderConfig, opts ...ReaderOpt) *Reader {
 	}
 	r.setBaseClientID(cfg.clientID, r.baseDialer.ClientID)
 	r.minDropped.Store(math.MaxInt64)
+	r.delayMS.Store(-1)
 	r.state.Store(&readerState{r: r.newInner(), handed: newHandedTable(nil), retired: newRetired()})
 	r.unregister = cfg.registry.Register(cfg.name, r)
 	if r.stash != nil {
@@ -198,6 +210,10 @@ func (r *Reader) newInner() *kafka.Reader {
 	d.ClientID = r.currentClientID()
 	c := r.rcfg
 	c.Dialer = &d
+	if r.group && r.cfg.handover {
+		r.member = &memberLog{next: c.Logger}
+		c.Logger = r.member
+	}
 	inner := kafka.NewReader(c)
 	if !r.group && r.next != kafka.FirstOffset && r.next != kafka.LastOffset {
 		inner.SetOffset(r.next)
@@ -469,6 +485,7 @@ func (r *Reader) Close() error {
 	r.mu.Unlock()
 	r.unregister()
 	close(r.quit)
+	r.stopHandover()
 
 	var err error
 	if s.gate == nil {
@@ -486,7 +503,27 @@ func (r *Reader) Close() error {
 	}
 	r.bg.Wait()
 	conns.CloseAll(true)
+	r.leaveKept()
 	return err
+}
+
+// leaveKept removes the members kept across a checkpoint that are still in
+// the group, as kafka-go's Close does for its own (best effort).
+func (r *Reader) leaveKept() {
+	r.mu.Lock()
+	kept := r.kept
+	r.kept = nil
+	r.mu.Unlock()
+	if len(kept) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), diagnoseTimeout)
+	defer cancel()
+	cl, done := r.adminClient()
+	defer done()
+	if err := r.leave(ctx, cl, kept); err != nil {
+		r.cfg.log.Warn("kafka reader could not remove the members it kept across a checkpoint; they leave when their session expires", "err", err)
+	}
 }
 
 // closeFlushTimeout bounds how long Close retries commits batched by a

@@ -15,6 +15,9 @@ import (
 // BeforeCheckpoint implements notify.Resource; see the type's documentation.
 func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 	start := time.Now()
+	// A hand-over still waiting for the restored member: its old members
+	// stay kept, and its connections close before the dump.
+	r.stopHandover()
 	r.mu.Lock()
 	if r.closed || r.closing != nil {
 		r.mu.Unlock()
@@ -28,7 +31,7 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 	r.dropped.Store(0)
 	r.minDropped.Store(math.MaxInt64)
 	r.state.Store(&readerState{r: s.r, gate: r.closing, handed: s.handed, retired: s.retired})
-	inner, conns := s.r, r.conns
+	inner, conns, member := s.r, r.conns, r.member
 	r.mu.Unlock()
 	if r.stash != nil {
 		// Says whether the hook has commits of its own to flush.
@@ -37,11 +40,18 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 
 	dctx, cancel := drainContext(ctx)
 	defer cancel()
+	var diag <-chan groupDiag
+	if r.group && member.memberID() == "" {
+		// The reader will leave: will the group be empty?
+		diag = r.diagnoseGroup(dctx)
+	}
 	// Commits go out before the kafka.Reader closes: its own final commit
 	// gets a single attempt.
 	type quiesced struct {
 		pinned int
 		err    error
+		kept   string // WithGroupHandover: the member id left in the group
+		conns  int    // connections closed to keep it
 	}
 	done := make(chan quiesced, 1)
 	r.bg.Add(1)
@@ -55,6 +65,12 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 			}
 			if q.err == nil && r.rcfg.StartOffset == kafka.LastOffset {
 				q.pinned, q.err = r.pinTail(dctx, s)
+			}
+			if id := member.memberID(); id != "" && q.err == nil {
+				// Cut first: kafka-go's Close cannot send its
+				// LeaveGroup, and the member stays in the group.
+				q.conns = conns.CloseAll(true)
+				q.kept = id
 			}
 		}
 		inner.Close()
@@ -77,7 +93,7 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 	// Fetches that were inside kafka-go note their drops before the
 	// offsets are read.
 	quiesce.WaitZero(dctx, &r.fetching)
-	n := conns.CloseAll(true)
+	n := conns.CloseAll(true) + q.conns
 	st := r.absorb(inner)
 
 	rc := &ReaderCheckpoint{
@@ -89,10 +105,24 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 	rep := ReaderReport{Phase: "before-checkpoint", ClientID: r.ClientID(), CallersBlocked: r.blocked.Load(), ReaderCheckpoint: rc}
 	var err error
 	if r.group {
-		rc.GroupCheckpoint = &GroupCheckpoint{
-			LeftGroup:             closed,
+		gc := &GroupCheckpoint{
+			LeftGroup:             closed && q.kept == "",
 			StaleCommits:          r.staleCommits.Load(),
 			StartOffsetsCommitted: q.pinned,
+			MemberKept:            q.kept,
+		}
+		rc.GroupCheckpoint = gc
+		if q.kept != "" {
+			gc.SessionTimeoutMS = r.sessionTimeout().Milliseconds()
+			r.mu.Lock()
+			r.kept = append(r.kept, q.kept)
+			r.mu.Unlock()
+		} else if gc.LeftGroup && diag != nil {
+			r.warnEmptyGroup(gc, <-diag)
+			diag = nil
+			if gc.Warning != "" {
+				r.cfg.log.Warn("kafka reader: " + gc.Warning)
+			}
 		}
 		if q.err != nil {
 			rc.CommitError = q.err.Error()
@@ -121,6 +151,9 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 		next = r.next
 		r.mu.Unlock()
 		rep.NextOffset = &next
+	}
+	if diag != nil {
+		<-diag // its connections are closed
 	}
 	elapsed := time.Since(start)
 	rep.DurationMS = elapsed.Milliseconds()
@@ -152,6 +185,11 @@ func (r *Reader) AfterRestore(ctx context.Context, ev notify.Event) error {
 		tail: !r.group && r.next == kafka.LastOffset})
 	close(r.closing)
 	r.closing = nil
+	if len(r.kept) > 0 {
+		old := r.kept
+		r.kept = nil
+		r.startHandover(old)
+	}
 	rep := ReaderReport{
 		Phase:          "after-restore",
 		Event:          ev.Kind.String(),

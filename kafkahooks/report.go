@@ -77,4 +77,17 @@ type GroupCheckpoint struct {
 	StaleCommits          int64  `json:"stale_commits"`
 	StartOffsetsCommitted int    `json:"start_offsets_committed"` // partitions whose resolved start offset was committed
 	CommitError           string `json:"commit_error,omitempty"`  // why commits were left unflushed
+	// MemberKept is, with WithGroupHandover, the member id left in the
+	// group across the checkpoint; a restore or resume within
+	// SessionTimeoutMS removes it once its new member has joined.
+	MemberKept       string `json:"member_kept,omitempty"`
+	SessionTimeoutMS int64  `json:"session_timeout_ms,omitempty"` // with MemberKept: how long it stays
+	// GroupEmpty: the checkpoint left the group without members on a
+	// broker whose group.initial.rebalance.delay.ms
+	// (InitialRebalanceDelayMS) holds the first join of a restored member;
+	// Warning says so in words.
+	GroupEmpty              bool   `json:"group_empty,omitempty"`
+	InitialRebalanceDelayMS int64  `json:"initial_rebalance_delay_ms,omitempty"`
+	Warning                 string `json:"warning,omitempty"`
+	DiagnoseError           string `json:"diagnose_error,omitempty"` // why the group or the broker could not be asked
 }

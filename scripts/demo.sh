@@ -18,7 +18,17 @@
 # give at-least-once, and some orders get a second result), KCR_DEMO_RESULT
 # (append one line of figures to this file, for scripts/bench-kafka.sh), KCR_DEMO_KEEP=1
 # keeps the work directory, KCR_DEMO_CLIENT=franz runs the pipeline on
-# franz-go (kafkahooks/kgohooks) instead of kafka-go.
+# franz-go (kafkahooks/kgohooks) instead of kafka-go, KCR_DEMO_KGO_BALANCER=server
+# runs franz-go's group with kgo.ServerSideBalancer (KIP-848), KCR_DEMO_HANDOVER=1
+# keeps kafka-go's group membership across the checkpoint
+# (kafkahooks.WithGroupHandover).
+#
+# KCR_DEMO_BROKER=kafka runs it on a real Apache Kafka broker with Kafka's
+# default group settings (group.initial.rebalance.delay.ms=3000, as in
+# production) instead of kfake: $KCR_KAFKA_PROD_BROKERS if set, else the one
+# `KCR_KAFKA_PROD=1 scripts/kafka-up.sh` starts (or finds running; it is left
+# running: stop it with KCR_KAFKA_PROD=1 scripts/kafka-down.sh). Each run
+# uses topics and a group of its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -29,6 +39,10 @@ cache_mb="${KCR_DEMO_CACHE_MB:-64}"
 down="${KCR_DEMO_DOWN:-2}"
 drain="${KCR_DEMO_DRAIN:-true}"
 client="${KCR_DEMO_CLIENT:-kafka-go}"
+broker_kind="${KCR_DEMO_BROKER:-kfake}"
+case "$broker_kind" in kfake | kafka) ;; *) die "KCR_DEMO_BROKER must be kfake or kafka (got '$broker_kind')" ;; esac
+pipeline_flags=(-kgo-balancer "${KCR_DEMO_KGO_BALANCER:-client}")
+[ "${KCR_DEMO_HANDOVER:-0}" = 1 ] && pipeline_flags+=(-group-handover)
 
 need_root
 need_go
@@ -103,17 +117,30 @@ t=$(now_ns)
 GOFLAGS="${GOFLAGS:-} -buildvcs=false" go build -o "$bin/" ./cmd/kcr ./examples/broker ./examples/loadgen ./examples/pipeline ./examples/verify
 say "built in $(ms "$(now_ns)" "$t") ms"
 
-port=19092
-while port_open "$port"; do port=$((port + 1)); done
-brokers="127.0.0.1:$port"
 export GODEBUG=multipathtcp=0
+orders=orders results=results group=pipeline create=()
+if [ "$broker_kind" = kafka ]; then
+	if [ -n "${KCR_KAFKA_PROD_BROKERS:-}" ]; then
+		brokers=$KCR_KAFKA_PROD_BROKERS
+	else
+		KCR_KAFKA_PROD=1 scripts/kafka-up.sh 2>&1 | detail
+		brokers="127.0.0.1:${KCR_KAFKA_PORT:-9094}"
+	fi
+	run_id=$(date +%s%N)
+	orders=kcr-demo-orders-$run_id results=kcr-demo-results-$run_id group=kcr-demo-$run_id
+	create=(-create-topics "$orders:3,$results:3")
+	say "Apache Kafka broker with production group settings on $brokers: topics $orders (3 partitions), $results (3)"
+else
+	port=19092
+	while port_open "$port"; do port=$((port + 1)); done
+	brokers="127.0.0.1:$port"
+	"$bin/broker" -addr "$brokers" -topics orders:3,results:3 >"$work/broker.log" 2>&1 &
+	pids+=("$!")
+	wait_event "$work/broker.log" 10 '.ev == "ready"' >/dev/null || fail "the broker did not start"
+	say "embedded Kafka broker (kfake) on $brokers: topics orders (3 partitions), results (3)"
+fi
 
-"$bin/broker" -addr "$brokers" -topics orders:3,results:3 >"$work/broker.log" 2>&1 &
-pids+=("$!")
-wait_event "$work/broker.log" 10 '.ev == "ready"' >/dev/null || fail "the broker did not start"
-say "embedded Kafka broker (kfake) on $brokers: topics orders (3 partitions), results (3)"
-
-"$bin/loadgen" -brokers "$brokers" -rate "$rate/s" -log-every 0 >"$work/loadgen.out" 2>>"$work/loadgen.log" &
+"$bin/loadgen" -brokers "$brokers" -topic "$orders" "${create[@]}" -rate "$rate/s" -log-every 0 >"$work/loadgen.out" 2>>"$work/loadgen.log" &
 loadgen=$!
 pids+=("$loadgen")
 say "loadgen: $rate orders/s into 'orders'"
@@ -122,7 +149,7 @@ say "loadgen: $rate orders/s into 'orders'"
 # O_APPEND (>>), as CRIU needs.
 log="$work/pipeline.log"
 t_start=$(now_ns)
-setsid "$bin/pipeline" -brokers "$brokers" -group pipeline -in orders -out results \
+setsid "$bin/pipeline" -brokers "$brokers" -group "$group" -in "$orders" -out "$results" "${pipeline_flags[@]}" \
 	-warmup "$warmup" -cache-mb "$cache_mb" -client-id pipeline -drain="$drain" -client "$client" </dev/null >>"$log" 2>&1 &
 pid=$!
 watch=$pid
@@ -155,7 +182,14 @@ hook() { jq -r --arg n "$1" --arg k "$2" '.manifest.resources[] | select(.name |
 if [ "$client" = franz ]; then
 	echo "  kgohooks: consumer left its group: $(hook kgo-in left_group); producer records flushed: $(hook kgo-out records_flushed)" | detail
 else
-	echo "  kafkahooks: reader left its group: $(hook kafka-reader left_group); writer records in flight: $(hook kafka-writer records_pending)" | detail
+	kept=$(hook kafka-reader member_kept)
+	if [ -n "$kept" ]; then
+		echo "  kafkahooks: reader kept its group membership (for up to $(hook kafka-reader session_timeout_ms) ms); writer records in flight: $(hook kafka-writer records_pending)" | detail
+	else
+		echo "  kafkahooks: reader left its group: $(hook kafka-reader left_group); writer records in flight: $(hook kafka-writer records_pending)" | detail
+	fi
+	warning=$(hook kafka-reader warning)
+	[ -z "$warning" ] || echo "  warning: $warning" | detail
 fi
 alive "$pid" && fail "the pipeline still runs after the checkpoint"
 say "pipeline is gone (scaled to zero); orders keep coming for ${down}s"
@@ -184,7 +218,7 @@ wait "$loadgen" || fail "loadgen failed"
 last=$(cat "$work/loadgen.out")
 say "loadgen stopped after order $last; waiting for the pipeline to catch up"
 
-"$bin/verify" -brokers "$brokers" -wait 20s -json-file "$work/verify.json" >"$work/verify.txt" 2>>"$work/verify.log" && verdict=PASS || verdict=FAIL
+"$bin/verify" -brokers "$brokers" -orders "$orders" -results "$results" -wait 20s -json-file "$work/verify.json" >"$work/verify.txt" 2>>"$work/verify.log" && verdict=PASS || verdict=FAIL
 alive "$newpid" || verdict=FAIL
 say "verify (independent franz-go reader of both topics):"
 detail <"$work/verify.txt"

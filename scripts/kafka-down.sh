@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Stop the Kafka broker started by scripts/kafka-up.sh (same KCR_KAFKA_HOME).
+# Stop the Kafka broker started by scripts/kafka-up.sh (same KCR_KAFKA_HOME;
+# KCR_KAFKA_PROD=1 for the production-defaults broker's default home).
 # SIGTERM, wait up to KCR_KAFKA_STOP_TIMEOUT seconds (default 20), then SIGKILL.
 # Idempotent: succeeds (and removes the pid file) when nothing is running.
 # Keeps the jar cache and the last broker.log / data dir for post-mortems.
@@ -10,7 +11,11 @@ script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=scripts/kafka/common.sh
 . "$script_dir/kafka/common.sh"
 
-KHOME=${KCR_KAFKA_HOME:-/var/tmp/kcr-kafka}
+if [[ ${KCR_KAFKA_PROD:-0} == 1 ]]; then
+	KHOME=${KCR_KAFKA_HOME:-/var/tmp/kcr-kafka-prod}
+else
+	KHOME=${KCR_KAFKA_HOME:-/var/tmp/kcr-kafka}
+fi
 if [[ ! -d $KHOME ]]; then
 	echo "kafka: no broker running ($KHOME does not exist)"
 	exit 0

@@ -13,12 +13,22 @@
 # waits until it answers real Admin requests (metadata + group coordinator).
 # Prints one line on stdout: the broker address and the time taken.
 #
+# Two flavours:
+#   default          the fast test broker: group.initial.rebalance.delay.ms=0, so
+#                    that a group's first join is answered at once (short tests).
+#   KCR_KAFKA_PROD=1 Kafka's own group settings (group.initial.rebalance.delay.ms
+#                    stays at its default, 3000 ms: an empty group's first join
+#                    waits 3 s), for the benchmarks, the demo's real-broker mode
+#                    and the e2e tests that depend on that delay. Other defaults:
+#                    port 9094, controller 9095, home /var/tmp/kcr-kafka-prod.
+#                    scripts/test.sh starts both (KCR_KAFKA_PROD_BROKERS).
+#
 # Environment overrides:
 #   KCR_KAFKA_HOME             cache + data dir          (default /var/tmp/kcr-kafka)
 #   KCR_KAFKA_PORT             PLAINTEXT listener port   (default 9092)
 #   KCR_KAFKA_CONTROLLER_PORT  KRaft controller port     (default 9093)
 #   KCR_KAFKA_TIMEOUT          seconds to wait for ready (default 90)
-#   KCR_KAFKA_VERSION          Kafka version from Maven Central (default 4.1.2)
+#   KCR_KAFKA_VERSION          Kafka version from Maven Central (default 4.3.2)
 #   KCR_KAFKA_JAVA             java binary (default /usr/bin/java, else java on PATH)
 #   KCR_KAFKA_HEAP_OPTS        JVM heap flags            (default "-Xms256m -Xmx512m")
 #   KCR_KAFKA_SERVER_PROPS     extra server.properties lines appended verbatim
@@ -37,10 +47,23 @@ script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=scripts/kafka/common.sh
 . "$script_dir/kafka/common.sh"
 
-KAFKA_VERSION=${KCR_KAFKA_VERSION:-4.1.2}
-KHOME=${KCR_KAFKA_HOME:-/var/tmp/kcr-kafka}
-PORT=${KCR_KAFKA_PORT:-9092}
-CPORT=${KCR_KAFKA_CONTROLLER_PORT:-9093}
+KAFKA_VERSION=${KCR_KAFKA_VERSION:-4.3.2}
+PROD=${KCR_KAFKA_PROD:-0}
+[[ $PROD == 0 || $PROD == 1 ]] || { echo "kafka-up: ERROR: KCR_KAFKA_PROD must be 0 or 1 (got '$PROD')" >&2; exit 1; }
+if ((PROD)); then
+	KHOME=${KCR_KAFKA_HOME:-/var/tmp/kcr-kafka-prod}
+	PORT=${KCR_KAFKA_PORT:-9094}
+	CPORT=${KCR_KAFKA_CONTROLLER_PORT:-9095}
+	# Kafka's default: an empty group's first join waits for more members.
+	GROUP_PROPS="# group.initial.rebalance.delay.ms: Kafka's default (3000), as in production"
+	FLAVOUR="production group settings"
+else
+	KHOME=${KCR_KAFKA_HOME:-/var/tmp/kcr-kafka}
+	PORT=${KCR_KAFKA_PORT:-9092}
+	CPORT=${KCR_KAFKA_CONTROLLER_PORT:-9093}
+	GROUP_PROPS="group.initial.rebalance.delay.ms=0"
+	FLAVOUR="group.initial.rebalance.delay.ms=0"
+fi
 TIMEOUT=${KCR_KAFKA_TIMEOUT:-90}
 HEAP_OPTS=${KCR_KAFKA_HEAP_OPTS:--Xms256m -Xmx512m}
 BOOTSTRAP=127.0.0.1:$PORT
@@ -171,7 +194,7 @@ if ((${#running[@]})); then
 	((t > 15)) && t=15
 	if info=$(probe "$t" "${running[0]}" 2>/dev/null); then
 		echo "${running[0]}" >"$PIDFILE"
-		echo "kafka: broker $BOOTSTRAP already running (pid ${running[0]}, Kafka ${KAFKA_VERSION}, $info), answered in $(elapsed)"
+		echo "kafka: broker $BOOTSTRAP already running (pid ${running[0]}, Kafka ${KAFKA_VERSION}, $FLAVOUR, $info), answered in $(elapsed)"
 		exit 0
 	fi
 	log "broker pid(s) ${running[*]} do not answer on $BOOTSTRAP; restarting"
@@ -209,7 +232,7 @@ inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
 log.dirs=$DATA
 
-# test friendly: one node, no waiting
+# test friendly: one node (and, unless KCR_KAFKA_PROD=1, no waiting)
 num.partitions=3
 default.replication.factor=1
 min.insync.replicas=1
@@ -221,7 +244,7 @@ transaction.state.log.replication.factor=1
 transaction.state.log.min.isr=1
 share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
-group.initial.rebalance.delay.ms=0
+$GROUP_PROPS
 
 # small machine
 num.network.threads=2
@@ -281,4 +304,4 @@ if ((probe_rc != 0)); then
 	rm -f "$PIDFILE"
 	die "Kafka broker failed to start (full log: $LOGFILE)"
 fi
-echo "kafka: broker $BOOTSTRAP ready (pid $pid, Kafka ${KAFKA_VERSION}, $info) in $(elapsed); log $LOGFILE"
+echo "kafka: broker $BOOTSTRAP ready (pid $pid, Kafka ${KAFKA_VERSION}, $FLAVOUR, $info) in $(elapsed); log $LOGFILE"

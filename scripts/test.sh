@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Runs kcr's whole test suite, end-to-end tests included, as root on a fresh
-# Linux machine: installs CRIU, starts a real Apache Kafka broker on loopback,
-# runs every Go test, and stops the broker again.
+# Linux machine: installs CRIU, starts two real Apache Kafka brokers on
+# loopback, runs every Go test, and stops the brokers again. The fast broker
+# (KCR_KAFKA_BROKERS, port 9092) answers a group's first join at once; the
+# production-defaults one (KCR_KAFKA_PROD_BROKERS, port KCR_KAFKA_PROD_PORT,
+# default 9094) keeps Kafka's group.initial.rebalance.delay.ms of 3000 ms, for
+# the tests that depend on it.
 #
 #   sudo scripts/test.sh            # everything
 #   sudo scripts/test.sh -run Foo   # extra go test flags
@@ -14,9 +18,20 @@ export KCR_E2E=1 GOFLAGS="${GOFLAGS:-} -buildvcs=false"
 
 scripts/install-criu.sh
 scripts/install-runc.sh
-scripts/kafka-up.sh
-trap 'scripts/kafka-down.sh >/dev/null 2>&1 || true' EXIT
+prod_port=${KCR_KAFKA_PROD_PORT:-9094}
+prod_env=(KCR_KAFKA_PROD=1 KCR_KAFKA_PORT="$prod_port"
+	KCR_KAFKA_CONTROLLER_PORT="${KCR_KAFKA_PROD_CONTROLLER_PORT:-9095}"
+	KCR_KAFKA_HOME="${KCR_KAFKA_PROD_HOME:-/var/tmp/kcr-kafka-prod}")
+trap 'scripts/kafka-down.sh >/dev/null 2>&1 || true; env "${prod_env[@]}" scripts/kafka-down.sh >/dev/null 2>&1 || true' EXIT
+# Both brokers start at once (each JVM takes 256-512 MiB of heap).
+scripts/kafka-up.sh &
+fast=$!
+env "${prod_env[@]}" scripts/kafka-up.sh &
+prod=$!
+wait "$fast"
+wait "$prod"
 export KCR_KAFKA_BROKERS="${KCR_KAFKA_BROKERS:-127.0.0.1:${KCR_KAFKA_PORT:-9092}}"
+export KCR_KAFKA_PROD_BROKERS="${KCR_KAFKA_PROD_BROKERS:-127.0.0.1:$prod_port}"
 
 # One package at a time: the end-to-end tests restore processes at their
 # original PIDs, and parallel packages would compete for CPU and PIDs.

@@ -42,6 +42,7 @@ func main() {
 	count := flag.Int64("count", 0, "stop after this many orders (0: until SIGTERM)")
 	start := flag.Int64("start", 1, "number of the first order")
 	every := flag.Duration("log-every", 5*time.Second, "how often to log progress on stderr (0: never)")
+	create := flag.String("create-topics", "", "first create these topics if missing, as name:partitions[,name:partitions...] (for a real broker)")
 	flag.Parse()
 
 	rate, err := parseRate(*rateS)
@@ -51,6 +52,12 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	if *create != "" {
+		if err := createTopics(ctx, strings.Split(*brokers, ","), *create); err != nil {
+			fmt.Fprintln(os.Stderr, "loadgen:", err)
+			os.Exit(1)
+		}
+	}
 
 	w := &kafka.Writer{
 		Addr:         kafka.TCP(strings.Split(*brokers, ",")...),
@@ -179,4 +186,29 @@ func logf(ev string, kv ...any) {
 		m[kv[i].(string)] = kv[i+1]
 	}
 	enc.Encode(m)
+}
+
+// createTopics creates the topics of spec (name:partitions,...) with one
+// replica; a topic that exists already is left as it is.
+func createTopics(ctx context.Context, brokers []string, spec string) error {
+	var req kafka.CreateTopicsRequest
+	for _, t := range strings.Split(spec, ",") {
+		name, ps, ok := strings.Cut(t, ":")
+		n, err := strconv.Atoi(ps)
+		if !ok || name == "" || err != nil || n < 1 {
+			return fmt.Errorf("-create-topics: %q is not name:partitions", t)
+		}
+		req.Topics = append(req.Topics, kafka.TopicConfig{Topic: name, NumPartitions: n, ReplicationFactor: 1})
+	}
+	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 30 * time.Second}
+	res, err := cl.CreateTopics(ctx, &req)
+	if err != nil {
+		return fmt.Errorf("creating topics %s: %w", spec, err)
+	}
+	for name, err := range res.Errors {
+		if err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
+			return fmt.Errorf("creating topic %s: %w", name, err)
+		}
+	}
+	return nil
 }

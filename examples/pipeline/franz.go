@@ -96,7 +96,7 @@ func toKafka(r *kgo.Record) kafka.Message {
 func kgoOpts(c config) (in, out []kgo.Opt) {
 	in = []kgo.Opt{kgo.SeedBrokers(c.brokers...), kgo.ClientID(c.clientID), kgo.ConsumerGroup(c.group),
 		kgo.ConsumeTopics(c.in), kgo.DisableAutoCommit(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}
-	if c.kip848 {
+	if c.balancer == "server" {
 		in = append(in, kgo.ServerSideBalancer())
 	}
 	out = []kgo.Opt{kgo.SeedBrokers(c.brokers...), kgo.ClientID(c.clientID), kgo.DefaultProduceTopic(c.out),

@@ -79,9 +79,8 @@ type config struct {
 	statsEvery time.Duration
 	batch      int
 	client     string
-	// kip848 makes the franz-go consumer a KIP-848 group member
-	// (kgo.ServerSideBalancer; docs/franz-go-kip848.md).
-	kip848 bool
+	balancer   string // franz-go: "client" or "server" (KIP-848)
+	handover   bool   // kafka-go: kafkahooks.WithGroupHandover
 }
 
 func main() {
@@ -97,12 +96,13 @@ func main() {
 	flag.DurationVar(&c.statsEvery, "stats-every", time.Second, "how often to log a stats event (0: never)")
 	flag.IntVar(&c.batch, "batch", 64, "most orders per produce and commit")
 	flag.StringVar(&c.client, "client", "kafka-go", "Kafka client library: kafka-go or franz (franz-go)")
-	flag.BoolVar(&c.kip848, "kip848", false, "with -client franz: join the group with KIP-848 (kgo.ServerSideBalancer, Kafka 4.0+), which has no initial rebalance delay")
+	flag.StringVar(&c.balancer, "kgo-balancer", "client", "franz-go group protocol: client (classic, cooperative-sticky) or server (KIP-848, kgo.ServerSideBalancer; Kafka 4.0+)")
+	flag.BoolVar(&c.handover, "group-handover", false, "kafka-go: keep the group membership across a checkpoint (kafkahooks.WithGroupHandover)")
 	flag.Parse()
 	c.brokers = strings.Split(*brokers, ",")
 	if c.cacheMB < 0 || c.warmup < 0 || c.batch < 1 || c.group == "" || c.in == "" || c.out == "" ||
-		(c.client != "kafka-go" && c.client != "franz") || (c.kip848 && c.client != "franz") {
-		fmt.Fprintln(os.Stderr, "pipeline: need -group, -in, -out, -batch ≥ 1, -client kafka-go or franz, -kip848 only with -client franz, and no negative -warmup or -cache-mb")
+		(c.client != "kafka-go" && c.client != "franz") || (c.balancer != "client" && c.balancer != "server") {
+		fmt.Fprintln(os.Stderr, "pipeline: need -group, -in, -out, -batch ≥ 1, -client kafka-go or franz, -kgo-balancer client or server, and no negative -warmup or -cache-mb")
 		os.Exit(2)
 	}
 	slog.SetDefault(slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("src", "pipeline"))
@@ -206,6 +206,14 @@ func run(c config) error {
 	return cerr
 }
 
+func readerOpts(c config) []kafkahooks.ReaderOpt {
+	opts := []kafkahooks.ReaderOpt{kafkahooks.WithClientID(c.clientID)}
+	if c.handover {
+		opts = append(opts, kafkahooks.WithGroupHandover())
+	}
+	return opts
+}
+
 // kafkaGoClients are the pipeline's kafka-go consumer and producer.
 func kafkaGoClients(c config) (*kafkahooks.Reader, *kafkahooks.Writer) {
 	r := kafkahooks.NewReader(kafka.ReaderConfig{
@@ -220,7 +228,7 @@ func kafkaGoClients(c config) (*kafkahooks.Reader, *kafkahooks.Writer) {
 		JoinGroupBackoff:  250 * time.Millisecond,
 		ReadBackoffMin:    20 * time.Millisecond,
 		ReadBackoffMax:    250 * time.Millisecond,
-	}, kafkahooks.WithClientID(c.clientID))
+	}, readerOpts(c)...)
 	w := kafkahooks.NewWriter(&kafka.Writer{
 		Addr:         kafka.TCP(c.brokers...),
 		Topic:        c.out,

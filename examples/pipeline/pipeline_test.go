@@ -39,15 +39,19 @@ func TestDrainGivesOneResultPerOrder(t *testing.T) {
 }
 
 // TestDrainGivesOneResultPerOrderFranz is TestDrainGivesOneResultPerOrder
-// with the franz-go clients of -client franz, and of -client franz -kip848.
+// with the franz-go clients of -client franz, and of -client franz -kgo-balancer server (KIP-848).
 func TestDrainGivesOneResultPerOrderFranz(t *testing.T) {
 	t.Run("classic", func(t *testing.T) { testDrainFranz(t, false) })
 	t.Run("kip848", func(t *testing.T) { testDrainFranz(t, true) })
 }
 
 func testDrainFranz(t *testing.T, kip848 bool) {
+	balancer := "client"
+	if kip848 {
+		balancer = "server"
+	}
 	testDrain(t, func(brokers []string, reg *notify.Registry) (Fetcher, Producer) {
-		inOpts, outOpts := kgoOpts(config{brokers: brokers, clientID: "pipeline", group: "pipeline", in: "orders", out: "results", kip848: kip848})
+		inOpts, outOpts := kgoOpts(config{brokers: brokers, clientID: "pipeline", group: "pipeline", in: "orders", out: "results", balancer: balancer})
 		icl, err := kgohooks.New(append(inOpts, kgo.FetchMaxWait(100*time.Millisecond), kgo.SessionTimeout(time.Second),
 			kgo.HeartbeatInterval(100*time.Millisecond)), kgohooks.WithRegistry(reg), kgohooks.WithName("in"))
 		if err != nil {

@@ -47,10 +47,22 @@ type kafkaEnv struct {
 // fails or skips the test (see skipOrFail).
 func needKafka(t *testing.T) *kafkaEnv {
 	t.Helper()
+	return needKafkaAt(t, "KCR_KAFKA_BROKERS", "scripts/kafka-up.sh starts a broker; scripts/test.sh sets it")
+}
+
+// needKafkaProd is needKafka for the broker with Kafka's default group
+// settings (group.initial.rebalance.delay.ms=3000): $KCR_KAFKA_PROD_BROKERS.
+func needKafkaProd(t *testing.T) *kafkaEnv {
+	t.Helper()
+	return needKafkaAt(t, "KCR_KAFKA_PROD_BROKERS", "KCR_KAFKA_PROD=1 scripts/kafka-up.sh starts such a broker; scripts/test.sh sets it")
+}
+
+func needKafkaAt(t *testing.T, env, how string) *kafkaEnv {
+	t.Helper()
 	need(t)
-	brokers := os.Getenv("KCR_KAFKA_BROKERS")
+	brokers := os.Getenv(env)
 	if brokers == "" {
-		skipOrFail(t, "KCR_KAFKA_BROKERS is not set (scripts/kafka-up.sh starts a broker; scripts/test.sh sets it)")
+		skipOrFail(t, "%s is not set (%s)", env, how)
 	}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(brokers, ",")...), kgo.ClientID("kcr-e2e-admin"))
 	if err != nil {

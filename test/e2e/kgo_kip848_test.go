@@ -20,20 +20,6 @@ import (
 	"time"
 )
 
-// needProdKafka is needKafka for the broker with production group settings,
-// $KCR_KAFKA_PROD_BROKERS (scripts/kafka-up.sh starts it in CI); with
-// KCR_E2E=1 an unset variable fails the test.
-func needProdKafka(t *testing.T) *kafkaEnv {
-	t.Helper()
-	need(t)
-	prod := os.Getenv("KCR_KAFKA_PROD_BROKERS")
-	if prod == "" {
-		skipOrFail(t, "KCR_KAFKA_PROD_BROKERS is not set: these tests need a broker with Kafka's production group settings (group.initial.rebalance.delay.ms=3000; scripts/kafka-up.sh)")
-	}
-	t.Setenv("KCR_KAFKA_BROKERS", prod)
-	return needKafka(t)
-}
-
 // gmember is a group member as the broker describes it.
 type gmember struct {
 	id, instance, client string
@@ -148,7 +134,7 @@ func groupErrors(evs []event, hpid int) []string {
 // and owns all partitions again, no record committed before the checkpoint
 // is processed again, and every record is processed.
 func TestKgoKIP848Restore(t *testing.T) {
-	k := needProdKafka(t)
+	k := needKafkaProd(t)
 	topic := k.newTopic("k848", 3)
 	group := uniqueName("k848")
 	prod := k.produce(topic, 100)
@@ -216,7 +202,7 @@ func TestKgoKIP848Restore(t *testing.T) {
 // each with its own client id and partitions, and every clone processes
 // records.
 func TestKgoKIP848Clones(t *testing.T) {
-	k := needProdKafka(t)
+	k := needKafkaProd(t)
 	topic := k.newTopic("k848c", 6)
 	group := uniqueName("k848c")
 	prod := k.produce(topic, 100)
@@ -291,7 +277,7 @@ func mapKeys(m map[string]bool) func(func(string) bool) {
 // by the checkpoint, so the broker holds the restored member's join for
 // group.initial.rebalance.delay.ms; a KIP-848 group has no such delay.
 func TestKgoRestoreFirstRecord(t *testing.T) {
-	k := needProdKafka(t)
+	k := needKafkaProd(t)
 	runs := 1
 	if s := os.Getenv("KCR_KGO_BENCH_RUNS"); s != "" {
 		n, err := strconv.Atoi(s)

@@ -62,6 +62,7 @@ type config struct {
 	batch          int
 	consume        bool
 	sessionTimeout time.Duration
+	handover       bool
 	heartbeat      time.Duration
 	slowHook       time.Duration
 	reproduce      int
@@ -93,6 +94,7 @@ func main() {
 	flag.IntVar(&c.reproduce, "reproduce", 0, "with -async: the Completion of every acknowledged record N with N%K==0 writes record N+1000000 to the same Writer (retry/dead-letter pattern)")
 	flag.DurationVar(&c.sessionTimeout, "session-timeout", 6*time.Second, "consumer group session timeout")
 	flag.DurationVar(&c.heartbeat, "heartbeat", time.Second, "consumer group heartbeat interval")
+	flag.BoolVar(&c.handover, "group-handover", false, "with -consume and -group: keep the membership across a checkpoint (kafkahooks.WithGroupHandover)")
 	listen := flag.String("listen", "127.0.0.1:0", "address of the state listener")
 	flag.DurationVar(&c.slowHook, "slow-hook", 0, "a before-checkpoint hook that runs last and takes this long (or until its deadline)")
 	failCheckpoint := flag.Bool("fail-checkpoint", false, "register a resource whose before-checkpoint hook fails")
@@ -177,6 +179,10 @@ func run(c config, listen string) error {
 		if c.group == "" {
 			partition = c.partition
 		}
+		readerOpts := []kafkahooks.ReaderOpt{kafkahooks.WithClientID(c.clientID)}
+		if c.handover {
+			readerOpts = append(readerOpts, kafkahooks.WithGroupHandover())
+		}
 		a.r = kafkahooks.NewReader(kafka.ReaderConfig{
 			Brokers:           c.brokers,
 			GroupID:           c.group,
@@ -191,7 +197,7 @@ func run(c config, listen string) error {
 			ReadBackoffMax:    500 * time.Millisecond,
 			StartOffset:       start,
 			CommitInterval:    c.commitInterval,
-		}, kafkahooks.WithClientID(c.clientID))
+		}, readerOpts...)
 		if c.group == "" && c.startLast {
 			if err := a.r.SetOffset(kafka.LastOffset); err != nil {
 				return err

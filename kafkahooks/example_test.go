@@ -108,3 +108,14 @@ func Example() {
 	defer w.Close()
 	defer r.Close()
 }
+
+// A group Reader that keeps its membership across a short checkpoint, so
+// that its restore does not wait for the broker's initial rebalance delay
+// (docs/kafka-go-restore-time.md; needs a broker, so it does not run).
+func ExampleWithGroupHandover() {
+	brokers := []string{"127.0.0.1:9092"}
+	r := kafkahooks.NewReader(kafka.ReaderConfig{Brokers: brokers, GroupID: "g", Topic: "orders",
+		SessionTimeout: 30 * time.Second /* the window, see below */},
+		kafkahooks.WithGroupHandover())
+	defer r.Close()
+}

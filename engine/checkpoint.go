@@ -28,8 +28,13 @@ type CheckpointOptions struct {
 	// before it resumes by itself (default HookBudget + 60 s).
 	ResumeAfter time.Duration
 	// TCPClose lets CRIU dump TCP connections that no hook closed; they are
-	// closed in the restored process.
+	// closed in the restored process. kcr never suggests it for a Kafka
+	// client's connections (see KafkaPorts), and records those it drops
+	// in the manifest, so that restoring more than one copy is refused.
 	TCPClose bool
+	// KafkaPorts are the broker ports whose connections kcr takes for a
+	// Kafka client's (default DefaultKafkaPorts).
+	KafkaPorts []int
 	// NoHooks dumps a process that has no kcr control socket.
 	NoHooks bool
 	// RequireDrained fails the checkpoint (a *HookError whose CarryVeto is
@@ -127,8 +132,15 @@ func (s seams) checkpoint(ctx context.Context, o CheckpointOptions) (*Checkpoint
 	// Sockets CRIU can never dump (MPTCP) are found before any hook runs,
 	// so that the app is not disturbed for nothing; without hooks, all
 	// that CRIU would refuse is found here, once.
+	var kafkaClients []string
+	if s.kafkaClients != nil {
+		kafkaClients = s.kafkaClients(o.PID)
+	}
+	kj := newKafkaJudge(o.KafkaPorts, kafkaClients)
+	var preProbs []criu.Problem
 	if probs, err := s.preflight(o.PID); err == nil {
-		if err := fatalProblems(probs, o.TCPClose, !o.NoHooks); err != nil {
+		preProbs = probs
+		if err := fatalProblems(probs, o.TCPClose, !o.NoHooks, kj); err != nil {
 			return nil, err
 		}
 	} else {
@@ -210,13 +222,22 @@ func (s seams) checkpoint(ctx context.Context, o CheckpointOptions) (*Checkpoint
 
 	// What is left open after the hooks decides whether CRIU can succeed.
 	// Without hooks the first look already judged everything.
+	var closedKafka []string
 	if !o.NoHooks {
 		if probs, err := s.preflight(o.PID); err == nil {
-			if err := fatalProblems(probs, o.TCPClose, false); err != nil {
+			if err := fatalProblems(probs, o.TCPClose, false, kj); err != nil {
 				resume("checkpoint aborted: " + err.Error())
 				return nil, err
 			}
+			if o.TCPClose {
+				closedKafka = kj.closedByCRIU(probs)
+			}
 		}
+	} else if o.TCPClose && preProbs != nil {
+		closedKafka = kj.closedByCRIU(preProbs)
+	}
+	if len(closedKafka) > 0 {
+		res.Warnings = append(res.Warnings, fmt.Sprintf("--tcp-close drops Kafka connections that no hook closed (%s): the image keeps the client's producer id, sequence numbers and group membership; restore one copy only (kcr refuses --count > 1 without --allow-duplicates), and wrap the client with kafkahooks or kgohooks", strings.Join(closedKafka, "; ")))
 	}
 
 	// The draft manifest lets "kcr recover" finish the image if kcr dies
@@ -229,7 +250,7 @@ func (s seams) checkpoint(ctx context.Context, o CheckpointOptions) (*Checkpoint
 		Process:       proc,
 		ControlSocket: sockPath,
 		NoHooks:       o.NoHooks,
-		Options:       images.Options{LeaveRunning: o.LeaveRunning, TCPClose: o.TCPClose, ShellJob: shell, FileLocks: true},
+		Options:       images.Options{LeaveRunning: o.LeaveRunning, TCPClose: o.TCPClose, ShellJob: shell, FileLocks: true, TCPClosedKafka: closedKafka},
 	}
 	addResources(m, reports)
 	t = time.Now()
@@ -309,8 +330,10 @@ func addResources(m *images.Manifest, reports []proto.HookReport) {
 }
 
 // fatalProblems turns preflight findings into an error. Before the hooks
-// only what no hook can fix (MPTCP) counts.
-func fatalProblems(probs []criu.Problem, tcpClose, beforeHooks bool) error {
+// only what no hook can fix (MPTCP) counts. A TCP connection left open is
+// fatal without tcpClose; the hint never suggests --tcp-close for one that
+// kj takes for a Kafka client's.
+func fatalProblems(probs []criu.Problem, tcpClose, beforeHooks bool, kj kafkaJudge) error {
 	var msgs []string
 	hint := ""
 	for _, p := range probs {
@@ -320,9 +343,13 @@ func fatalProblems(probs []criu.Problem, tcpClose, beforeHooks bool) error {
 			hint = criu.CauseMPTCP.Hint()
 		case beforeHooks:
 		case p.Cause == criu.CauseTCPEstablished && !tcpClose:
-			msgs = append(msgs, p.String())
-			if hint == "" {
-				hint = "no hook closed it: close it in a BeforeCheckpoint hook, or pass --tcp-close to let CRIU drop it"
+			msgs = append(msgs, kj.describe(p))
+			switch {
+			case hint == criu.CauseMPTCP.Hint():
+			case kj.kafka(p):
+				hint = kafkaTCPHint
+			case hint == "":
+				hint = kj.tcpHint()
 			}
 		case p.Cause == criu.CauseExternalUnix:
 			msgs = append(msgs, p.String())

@@ -178,6 +178,13 @@ func (s seams) restoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreR
 		<-criuCh
 		return nil, err
 	}
+	if err := checkKafkaTCPClose(o.Image, m, o.Count, o.AllowDuplicates); err != nil {
+		<-criuCh
+		return nil, err
+	}
+	if m.Options.TCPClose && o.Count > 1 && len(m.Options.TCPClosedKafka) == 0 {
+		logger(o.Logger).Warn("the image was dumped with --tcp-close: every clone starts with the state of the connections CRIU dropped (client ids, sessions, sequence numbers of any protocol)", "image", o.Image, "count", o.Count)
+	}
 	if o.Count > 1 && !m.Process.PIDNamespace {
 		<-criuCh
 		return nil, fmt.Errorf("%s: %w: PID %d was not init of its own PID namespace; start the service with \"kcr run\" to clone it", o.Image, ErrNotClonable, m.Process.PID)

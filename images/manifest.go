@@ -68,6 +68,11 @@ type Options struct {
 	TCPClose     bool `json:"tcp_close"`     // CRIU's --tcp-close
 	ShellJob     bool `json:"shell_job"`     // CRIU's --shell-job
 	FileLocks    bool `json:"file_locks"`    // CRIU's --file-locks
+	// TCPClosedKafka lists the connections that CRIU dropped for
+	// --tcp-close and that are, or may be, a Kafka client's (to a Kafka
+	// port, or any of a binary that links a Kafka client): restoring more
+	// than one copy is refused without --allow-duplicates.
+	TCPClosedKafka []string `json:"tcp_closed_kafka,omitempty"`
 }
 
 // ResourceReport is what one application resource (a connection pool, a

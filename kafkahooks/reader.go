@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -103,8 +102,11 @@ type Reader struct {
 	next    int64              // partition readers: where the next kafka.Reader starts
 	nextSet bool               // next was set by SetOffset during this checkpoint
 	cycle   uint64             // counts BeforeCheckpoint calls
-	inCycle bool
-	acc     kafka.ReaderStats
+	// recorded holds, for a group reader, the group's committed offsets
+	// at the last checkpoint (see restoreCommitted).
+	recorded map[tpKey]int64
+	inCycle  bool
+	acc      kafka.ReaderStats
 }
 
 type readerState struct {
@@ -189,11 +191,7 @@ func NewReader(c kafka.ReaderConfig, opts ...ReaderOpt) *Reader {
 // (or before r is shared).
 func (r *Reader) newInner() *kafka.Reader {
 	d := r.baseDialer
-	dial := d.DialFunc
-	if dial == nil {
-		dial = (&net.Dialer{LocalAddr: d.LocalAddr, FallbackDelay: d.FallbackDelay, KeepAlive: d.KeepAlive}).DialContext
-	}
-	r.conns = conntrack.New(dial, nil)
+	r.conns = conntrack.New(r.dialFunc(), nil)
 	d.DialFunc = r.conns.DialContext
 	d.ClientID = r.currentClientID()
 	c := r.rcfg

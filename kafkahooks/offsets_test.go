@@ -64,7 +64,7 @@ func TestGroupOffsetsExpiredRestored(t *testing.T) {
 			}
 			c := groupConfig(k.addrs, group, topic, "exp")
 			c.StartOffset = start.offset
-			r := NewReader(c, WithRegistry(reg), WithLogger(log))
+			r := NewReader(c, WithRegistry(reg), WithLogger(log), WithOffsetsCheckAfter(0))
 			defer r.Close()
 			if start.offset == kafka.LastOffset {
 				m, err := r.FetchMessage(ctx)
@@ -88,6 +88,7 @@ func TestGroupOffsetsExpiredRestored(t *testing.T) {
 					m.Offset, err, res.Before[len(res.Before)-1].Details, res.After[len(res.After)-1].Details)
 			}
 			after := decodeReport[ReaderReport](t, res.After[len(res.After)-1].Details)
+			t.Logf("after-restore hook took %d ms", after.DurationMS)
 			if after.GroupRestore == nil || len(after.GroupRestore.OffsetsRestored) != 1 || after.GroupRestore.OffsetsRestored[0].Offset != 21 {
 				t.Fatalf("after-restore report %+v: want the restored offset 21 of %s/0", after.GroupRestore, topic)
 			}
@@ -95,6 +96,41 @@ func TestGroupOffsetsExpiredRestored(t *testing.T) {
 				t.Error("no warning logged for the restored offsets")
 			}
 		})
+	}
+}
+
+// TestGroupOffsetsCheckAfter: by default the check runs only for a restore
+// that comes a minute or more after the checkpoint (offsets cannot expire
+// sooner): a quick restore leaves the broker's offsets as they are, here
+// deleted by hand, and costs no round trip.
+func TestGroupOffsetsCheckAfter(t *testing.T) {
+	const topic, group = "expq", "expqg"
+	k := newFake(t, 1, topic)
+	adm := admin(t, k.addrs)
+	reg := notify.NewRegistry()
+	log, _ := newLog(t)
+	writeBatch(t, k.addrs, topic, log, 30)
+	hook(reg, func(ctx context.Context) error {
+		_, err := adm.DeleteOffsets(ctx, group, kadm.TopicsSet{topic: {0: {}}})
+		return err
+	}, nil)
+	r := NewReader(groupConfig(k.addrs, group, topic, "expq"), WithRegistry(reg), WithLogger(log))
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	fetchCommitInOrder(t, ctx, r, 21)
+	res := simulateOK(t, reg, notify.SimRestore, 5*time.Second)
+	before := decodeReport[ReaderReport](t, res.Before[0].Details)
+	if before.GroupCheckpoint == nil || before.OffsetsRecorded != 1 {
+		t.Fatalf("before report %+v: want 1 offset recorded", before.GroupCheckpoint)
+	}
+	after := decodeReport[ReaderReport](t, res.After[len(res.After)-1].Details)
+	if after.GroupRestore != nil {
+		t.Fatalf("after-restore report %+v: a restore within a minute checked the offsets", after.GroupRestore)
+	}
+	m, err := r.FetchMessage(ctx)
+	if err != nil || m.Offset != 0 {
+		t.Fatalf("first fetch after the restore: %d, %v; want 0 (StartOffset: the deleted offsets are left alone)", m.Offset, err)
 	}
 }
 

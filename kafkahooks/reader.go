@@ -104,9 +104,10 @@ type Reader struct {
 	cycle   uint64             // counts BeforeCheckpoint calls
 	// recorded holds, for a group reader, the group's committed offsets
 	// at the last checkpoint (see restoreCommitted).
-	recorded map[tpKey]int64
-	inCycle  bool
-	acc      kafka.ReaderStats
+	recorded   map[tpKey]int64
+	recordedAt time.Time // wall clock: a restore's monotonic clock does not count the downtime
+	inCycle    bool
+	acc        kafka.ReaderStats
 }
 
 type readerState struct {

@@ -126,7 +126,7 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 		}
 		r.mu.Lock()
 		if r.inCycle && r.cycle == cycle {
-			r.recorded = q.recorded
+			r.recorded, r.recordedAt = q.recorded, time.Now().Round(0)
 		}
 		r.mu.Unlock()
 	} else {
@@ -181,7 +181,7 @@ func (r *Reader) AfterRestore(ctx context.Context, ev notify.Event) error {
 	}
 	r.renewClientID(ev)
 	var recorded map[tpKey]int64
-	if r.group && ev.Kind == notify.Restore {
+	if r.group && ev.Kind == notify.Restore && time.Now().Round(0).Sub(r.recordedAt) >= r.cfg.offsetsCheckAfter {
 		recorded = r.recorded
 	}
 	clientID := r.currentClientID()

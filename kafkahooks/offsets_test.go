@@ -235,3 +235,46 @@ func TestUnflushedCommitsNotMovedBack(t *testing.T) {
 		t.Fatalf("first fetch after the restore: %d, %v; want 30", m.Offset, err)
 	}
 }
+
+// TestReaderRecordsInApp: a group Reader's before-checkpoint report counts
+// the records handed to the application and not committed (every restored
+// copy finishes them; kcr restore counts them like carried records).
+func TestReaderRecordsInApp(t *testing.T) {
+	const topic, group = "inapp", "inappg"
+	k := newFake(t, 1, topic)
+	reg := notify.NewRegistry()
+	log, _ := newLog(t)
+	writeBatch(t, k.addrs, topic, log, 10)
+	r := NewReader(groupConfig(k.addrs, group, topic, "inapp"), WithRegistry(reg), WithLogger(log))
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	fetchCommitInOrder(t, ctx, r, 2)
+	for range 3 {
+		if _, err := r.FetchMessage(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res := simulateOK(t, reg, notify.SimRestore, 5*time.Second)
+	rep := decodeReport[ReaderReport](t, res.Before[0].Details)
+	if rep.ReaderCheckpoint == nil || rep.RecordsInApp != 3 {
+		t.Fatalf("before report %v: want records_in_app 3 (offsets 2..4 handed, not committed)", res.Before[0].Details)
+	}
+}
+
+// A commit waiting at the gate says its records were processed: they are
+// not counted in the application's hands.
+func TestHandedInAppWaiting(t *testing.T) {
+	h := newHandedTable(nil)
+	for o := int64(10); o < 20; o++ {
+		h.note("t", 0, o)
+	}
+	h.note("t", 1, 5)
+	h.committed([]kafka.Message{{Topic: "t", Partition: 0, Offset: 11}}) // commits 12
+	if n := h.inApp(nil); n != 8+1 {
+		t.Fatalf("inApp = %d, want 9 (12..19 of partition 0, 5 of partition 1)", n)
+	}
+	if n := h.inApp(map[tpKey]int64{{"t", 0}: 15, {"t", 1}: 5}); n != 4 {
+		t.Fatalf("inApp with commits of 15 and 5 waiting = %d, want 4 (16..19)", n)
+	}
+}

@@ -120,6 +120,9 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 			}
 		}
 		rc.OffsetsRecorded = len(q.recorded)
+		r.mu.Lock()
+		rc.RecordsInApp = s.handed.inApp(r.waiting)
+		r.mu.Unlock()
 		if q.recErr != nil {
 			rc.OffsetsRecordError = q.recErr.Error()
 			r.cfg.log.Warn("kafka reader could not record the group's committed offsets in the image; if they expire before the restore, it starts from StartOffset", "err", q.recErr)

@@ -81,7 +81,14 @@ type GroupCheckpoint struct {
 	// OffsetsRecorded counts the group's committed offsets (of the
 	// Reader's topics) recorded in the image, to be restored if the broker
 	// has lost them by the restore (offsets.retention.minutes).
-	OffsetsRecorded    int    `json:"offsets_recorded"`
+	OffsetsRecorded int `json:"offsets_recorded"`
+	// RecordsInApp counts, at most, the records handed to the application
+	// and not committed, nor waiting to be committed at the gate: the
+	// application may be processing them when the process is dumped, and
+	// every restored copy finishes them. kcr restore counts them like
+	// carried records (--count > 1 or a --leave-running image needs
+	// --allow-duplicates).
+	RecordsInApp       int64  `json:"records_in_app"`
 	OffsetsRecordError string `json:"offsets_record_error,omitempty"` // why none were recorded
 }
 

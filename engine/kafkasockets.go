@@ -102,7 +102,12 @@ func (k kafkaJudge) closedByCRIU(probs []criu.Problem) []string {
 // of pid links, from its Go build information; nil for a binary that is not
 // Go, links none, or cannot be read.
 func linkedKafkaClients(pid int) []string {
-	bi, err := buildinfo.ReadFile("/proc/" + strconv.Itoa(pid) + "/exe")
+	return kafkaClientsOf("/proc/" + strconv.Itoa(pid) + "/exe")
+}
+
+// kafkaClientsOf is linkedKafkaClients for the executable at path.
+func kafkaClientsOf(path string) []string {
+	bi, err := buildinfo.ReadFile(path)
 	if err != nil {
 		return nil
 	}

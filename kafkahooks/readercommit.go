@@ -198,9 +198,9 @@ func (r *Reader) pinTail(ctx context.Context, s *readerState) (int, error) {
 	if len(topics) == 0 {
 		return 0, nil
 	}
-	tr := &kafka.Transport{Dial: r.conns.DialContext, ClientID: r.currentClientID()}
-	defer tr.CloseIdleConnections()
-	cl := &kafka.Client{Addr: kafka.TCP(r.rcfg.Brokers...), Transport: tr}
+	// With the Dialer's TLS and SASL, like the kafka.Reader's own.
+	cl, release := r.client(r.conns.DialContext, r.currentClientID())
+	defer release()
 	res, err := cl.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: r.rcfg.GroupID, Topics: topics})
 	if err == nil {
 		err = res.Error

@@ -39,7 +39,7 @@ const (
 func (c Cause) Error() string { return string(c) }
 
 var hints = map[Cause]string{
-	CauseTCPEstablished: "a TCP connection is still open: close it in a hook, or pass --tcp-close",
+	CauseTCPEstablished: "a TCP connection is still open: close it in a hook (a Kafka client's: wrap the client with kafkahooks or kgohooks, never --tcp-close, which keeps its producer id and group membership in the image), or pass --tcp-close for a connection that is not a Kafka client's",
 	CauseExternalUnix:   "a connected Unix socket leads outside the process: close it in a hook",
 	CausePIDInUse:       "a PID the image needs is in use by another process: restore needs the original PIDs; stop that process, or run the service under \"kcr run\" so it gets its own PID namespace",
 	CauseMPTCP:          "MPTCP socket: Go >= 1.24 listens with MPTCP by default; set GODEBUG=multipathtcp=0, add `godebug multipathtcp=0` to go.mod, or ListenConfig.SetMultipathTCP(false)",

@@ -29,6 +29,9 @@ type Problem struct {
 	// Desc describes the socket, e.g.
 	// "TCP 127.0.0.1:41234 -> 127.0.0.1:9092 established".
 	Desc string
+	// Peer is a TCP or MPTCP socket's remote address (invalid otherwise),
+	// so that callers can tell what it is connected to.
+	Peer netip.AddrPort
 }
 
 // String formats p as "pid 123 fd 7: <Desc>".
@@ -117,9 +120,10 @@ func Preflight(pid int) ([]Problem, error) {
 			return nil, fmt.Errorf("criu preflight: pidfd_getfd(pid %d, fd %d): %w", s.pid, s.fd, err)
 		}
 		cause, desc := inspectSocket(fd, s.ino, treeInodes, inTree)
+		peer := peerAddr(fd)
 		unix.Close(fd)
 		if cause != CauseUnknown {
-			problems = append(problems, Problem{PID: s.pid, FD: s.fd, Inode: s.ino, Cause: cause, Desc: desc})
+			problems = append(problems, Problem{PID: s.pid, FD: s.fd, Inode: s.ino, Cause: cause, Desc: desc, Peer: peer})
 		}
 	}
 	sort.SliceStable(problems, func(i, j int) bool {
@@ -226,6 +230,21 @@ func peerDesc(fd int) string {
 		return ""
 	}
 	return " (" + strings.Join(parts, ", ") + ")"
+}
+
+// peerAddr returns an IP socket's remote address (invalid if none).
+func peerAddr(fd int) netip.AddrPort {
+	sa, err := unix.Getpeername(fd)
+	if err != nil {
+		return netip.AddrPort{}
+	}
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port))
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr).Unmap(), uint16(a.Port))
+	}
+	return netip.AddrPort{}
 }
 
 func sockAddr(sa unix.Sockaddr, err error) string {

@@ -89,3 +89,31 @@ func TestCheckDuplicatesOlderImage(t *testing.T) {
 		t.Errorf("older image carrying 4: %v", err)
 	}
 }
+
+// Records a consumer had handed to the application and not committed are
+// processed by every copy: restoring more than one is refused like for
+// carried records, and the error says so.
+func TestCheckDuplicatesInApp(t *testing.T) {
+	m := &images.Manifest{Resources: []images.ResourceReport{
+		{Name: "kafka-reader/g", Details: map[string]any{"phase": "before-checkpoint", "records_in_app": float64(3)}},
+	}}
+	if err := checkDuplicates("img", m, 1, false); err != nil {
+		t.Errorf("one copy: %v", err)
+	}
+	if err := checkDuplicates("img", m, 2, true); err != nil {
+		t.Errorf("--allow-duplicates: %v", err)
+	}
+	err := checkDuplicates("img", m, 2, false)
+	if !errors.Is(err, ErrDuplicates) {
+		t.Fatalf("--count 2 with 3 records in the application's hands: %v, want ErrDuplicates", err)
+	}
+	for _, want := range []string{"kafka-reader/g 3", "handed to the application", "process each one 2 times", "--allow-duplicates"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q: want %q", err, want)
+		}
+	}
+	m.Options.LeaveRunning = true
+	if err := checkDuplicates("img", m, 1, false); !errors.Is(err, ErrDuplicates) {
+		t.Errorf("--leave-running image with records in the application's hands: %v, want ErrDuplicates", err)
+	}
+}

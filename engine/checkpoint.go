@@ -28,8 +28,13 @@ type CheckpointOptions struct {
 	// before it resumes by itself (default HookBudget + 60 s).
 	ResumeAfter time.Duration
 	// TCPClose lets CRIU dump TCP connections that no hook closed; they are
-	// closed in the restored process.
+	// closed in the restored process. kcr never suggests it for a Kafka
+	// client's connections (see KafkaPorts), and records those it drops
+	// in the manifest, so that restoring more than one copy is refused.
 	TCPClose bool
+	// KafkaPorts are the broker ports whose connections kcr takes for a
+	// Kafka client's (default DefaultKafkaPorts).
+	KafkaPorts []int
 	// NoHooks dumps a process that has no kcr control socket.
 	NoHooks bool
 	// RequireDrained fails the checkpoint (a *HookError whose CarryVeto is
@@ -120,6 +125,11 @@ type checkpointRun struct {
 	hooksRan bool
 	reports  []proto.HookReport
 	m        *images.Manifest
+	// kj tells a Kafka client's connections; preProbs are what the first
+	// preflight found, closedKafka the Kafka connections --tcp-close drops.
+	kj          kafkaJudge
+	preProbs    []criu.Problem
+	closedKafka []string
 }
 
 // close undoes what the run started, in this order: wait for CRIU's exit,
@@ -154,8 +164,14 @@ func (r *checkpointRun) prepare(ctx context.Context) error {
 	// Sockets CRIU can never dump (MPTCP) are found before any hook runs,
 	// so that the app is not disturbed for nothing; without hooks, all
 	// that CRIU would refuse is found here, once.
+	var kafkaClients []string
+	if r.deps.kafkaClients != nil {
+		kafkaClients = r.deps.kafkaClients(r.o.PID)
+	}
+	r.kj = newKafkaJudge(r.o.KafkaPorts, kafkaClients)
 	if probs, err := r.deps.preflight(r.o.PID); err == nil {
-		if err := fatalProblems(probs, r.o.TCPClose, !r.o.NoHooks); err != nil {
+		r.preProbs = probs
+		if err := fatalProblems(probs, r.o.TCPClose, !r.o.NoHooks, r.kj); err != nil {
 			return err
 		}
 	} else {
@@ -242,15 +258,28 @@ func (r *checkpointRun) quiesce(ctx context.Context) error {
 		r.abort("checkpoint cancelled")
 		return err
 	}
-	// What is left open after the hooks decides whether CRIU can succeed.
-	// Without hooks the first look already judged everything.
+	return r.checkLeftOpen()
+}
+
+// checkLeftOpen judges what is left open after the hooks, which decides
+// whether CRIU can succeed (without hooks the first look already judged
+// everything), and notes the Kafka connections --tcp-close will drop.
+func (r *checkpointRun) checkLeftOpen() error {
 	if !r.o.NoHooks {
 		if probs, err := r.deps.preflight(r.o.PID); err == nil {
-			if err := fatalProblems(probs, r.o.TCPClose, false); err != nil {
+			if err := fatalProblems(probs, r.o.TCPClose, false, r.kj); err != nil {
 				r.abort("checkpoint aborted: " + err.Error())
 				return err
 			}
+			if r.o.TCPClose {
+				r.closedKafka = r.kj.closedByCRIU(probs)
+			}
 		}
+	} else if r.o.TCPClose && r.preProbs != nil {
+		r.closedKafka = r.kj.closedByCRIU(r.preProbs)
+	}
+	if len(r.closedKafka) > 0 {
+		r.res.Warnings = append(r.res.Warnings, fmt.Sprintf("--tcp-close drops Kafka connections that no hook closed (%s): the image keeps the client's producer id, sequence numbers and group membership; restore one copy only (kcr refuses --count > 1 without --allow-duplicates), and wrap the client with kafkahooks or kgohooks", strings.Join(r.closedKafka, "; ")))
 	}
 	return nil
 }
@@ -336,7 +365,7 @@ func (r *checkpointRun) draftManifest() *images.Manifest {
 		Process:       r.proc,
 		ControlSocket: r.sock,
 		NoHooks:       r.o.NoHooks,
-		Options:       images.Options{LeaveRunning: r.o.LeaveRunning, TCPClose: r.o.TCPClose, ShellJob: r.shell, FileLocks: true},
+		Options:       images.Options{LeaveRunning: r.o.LeaveRunning, TCPClose: r.o.TCPClose, ShellJob: r.shell, FileLocks: true, TCPClosedKafka: r.closedKafka},
 	}
 	addResources(m, r.reports)
 	return m
@@ -401,8 +430,10 @@ func addResources(m *images.Manifest, reports []proto.HookReport) {
 }
 
 // fatalProblems turns preflight findings into an error. Before the hooks
-// only what no hook can fix (MPTCP) counts.
-func fatalProblems(probs []criu.Problem, tcpClose, beforeHooks bool) error {
+// only what no hook can fix (MPTCP) counts. A TCP connection left open is
+// fatal without tcpClose; the hint never suggests --tcp-close for one that
+// kj takes for a Kafka client's.
+func fatalProblems(probs []criu.Problem, tcpClose, beforeHooks bool, kj kafkaJudge) error {
 	var msgs []string
 	hint := ""
 	for _, p := range probs {
@@ -412,9 +443,13 @@ func fatalProblems(probs []criu.Problem, tcpClose, beforeHooks bool) error {
 			hint = criu.CauseMPTCP.Hint()
 		case beforeHooks:
 		case p.Cause == criu.CauseTCPEstablished && !tcpClose:
-			msgs = append(msgs, p.String())
-			if hint == "" {
-				hint = "no hook closed it: close it in a BeforeCheckpoint hook, or pass --tcp-close to let CRIU drop it"
+			msgs = append(msgs, kj.describe(p))
+			switch {
+			case hint == criu.CauseMPTCP.Hint():
+			case kj.kafka(p):
+				hint = kafkaTCPHint
+			case hint == "":
+				hint = kj.tcpHint()
 			}
 		case p.Cause == criu.CauseExternalUnix:
 			msgs = append(msgs, p.String())

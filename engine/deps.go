@@ -59,6 +59,9 @@ type deps struct {
 	process        func(pid int) (images.Process, error)
 	shellJobNeeded func(pid int) (bool, error)
 	preflight      func(pid int) ([]criu.Problem, error)
+	// kafkaClients returns the Kafka client modules the target links
+	// (nil: none known).
+	kafkaClients func(pid int) []string
 	// findApp returns the app's control socket and its path.
 	findApp    func(pid int) (appControl, string, error)
 	openDumper func(ctx context.Context, criuPath string, shellJob bool) (dumper, error)
@@ -83,6 +86,7 @@ var realDeps = deps{
 	process:        processInfo,
 	shellJobNeeded: criu.ShellJobNeeded,
 	preflight:      criu.Preflight,
+	kafkaClients:   linkedKafkaClients,
 	findApp: func(pid int) (appControl, string, error) {
 		s, err := client.Find(pid)
 		if err != nil {

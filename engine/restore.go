@@ -97,24 +97,37 @@ type RestoreResult struct {
 var ErrNotClonable = errors.New("image cannot be restored more than once at a time")
 
 // ErrDuplicates is returned for a restore that would send an image's carried
-// records more than once; RestoreOptions.AllowDuplicates allows it.
+// records more than once, or process more than once the records it had in
+// the application's hands; RestoreOptions.AllowDuplicates allows it.
 var ErrDuplicates = errors.New("restore would send carried records again")
 
 // checkDuplicates refuses a restore of count copies of m that would send its
-// carried records twice or more, unless allowed.
+// carried records twice or more, or have the records that were in the
+// application's hands (handed out by a consumer, not committed) processed
+// twice or more, unless allowed.
 func checkDuplicates(image string, m *images.Manifest, count int, allow bool) error {
-	carried := m.CarriedRecords()
-	if allow || carried <= 0 || (count <= 1 && !m.Options.LeaveRunning) {
+	carried, inApp := m.CarriedRecords(), m.InAppRecords()
+	if allow || (carried <= 0 && inApp <= 0) || (count <= 1 && !m.Options.LeaveRunning) {
 		return nil
 	}
-	what := fmt.Sprintf("%s carries %d records (%s)", image, carried, strings.Join(m.Carriers(), ", "))
+	var whats []string
+	if carried > 0 {
+		whats = append(whats, fmt.Sprintf("carries %d records (%s)", carried, strings.Join(m.Carriers(), ", ")))
+	}
+	if inApp > 0 {
+		whats = append(whats, fmt.Sprintf("had up to %d records handed to the application and not committed (%s), which every copy processes", inApp, strings.Join(m.Holders(), ", ")))
+	}
+	what := image + " " + strings.Join(whats, " and ")
 	copies := count
 	if m.Options.LeaveRunning {
 		copies++
 	}
 	why := fmt.Sprintf("--count %d would send each one %d times", count, copies)
+	if carried <= 0 {
+		why = fmt.Sprintf("--count %d would process each one %d times", count, copies)
+	}
 	if m.Options.LeaveRunning {
-		why = fmt.Sprintf("it was taken with --leave-running, so the running original sends them too: %d copies of each", copies)
+		why = fmt.Sprintf("it was taken with --leave-running, so the running original has them too: %d copies of each", copies)
 		if count > 1 {
 			why = fmt.Sprintf("it was taken with --leave-running and --count %d adds clones: %d copies of each", count, copies)
 		}
@@ -191,6 +204,13 @@ func (s deps) restoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreRe
 	if err := checkDuplicates(o.Image, m, o.Count, o.AllowDuplicates); err != nil {
 		drop()
 		return nil, err
+	}
+	if err := checkKafkaTCPClose(o.Image, m, o.Count, o.AllowDuplicates); err != nil {
+		<-criuCh
+		return nil, err
+	}
+	if m.Options.TCPClose && o.Count > 1 && len(m.Options.TCPClosedKafka) == 0 {
+		logger(o.Logger).Warn("the image was dumped with --tcp-close: every clone starts with the state of the connections CRIU dropped (client ids, sessions, sequence numbers of any protocol)", "image", o.Image, "count", o.Count)
 	}
 	if o.Count > 1 && !m.Process.PIDNamespace {
 		drop()

@@ -68,6 +68,11 @@ type Options struct {
 	TCPClose     bool `json:"tcp_close"`     // CRIU's --tcp-close
 	ShellJob     bool `json:"shell_job"`     // CRIU's --shell-job
 	FileLocks    bool `json:"file_locks"`    // CRIU's --file-locks
+	// TCPClosedKafka lists the connections that CRIU dropped for
+	// --tcp-close and that are, or may be, a Kafka client's (to a Kafka
+	// port, or any of a binary that links a Kafka client): restoring more
+	// than one copy is refused without --allow-duplicates.
+	TCPClosedKafka []string `json:"tcp_closed_kafka,omitempty"`
 }
 
 // ResourceReport is what one application resource (a connection pool, a
@@ -144,6 +149,45 @@ func (m *Manifest) CarriedRecords() int64 {
 		n += r.Carried()
 	}
 	return n
+}
+
+// InApp returns how many records the resource had handed to the
+// application and not seen committed when it was checkpointed: the
+// "records_in_app" of its before-checkpoint report (kafkahooks' group
+// Reader gives it). Every running copy of the image processes them, so
+// they count like carried records when copies are restored.
+func (r ResourceReport) InApp() int64 {
+	if r.Details["phase"] != "before-checkpoint" {
+		return 0
+	}
+	switch n := r.Details["records_in_app"].(type) {
+	case float64:
+		return max(int64(n), 0)
+	case int64:
+		return max(n, 0)
+	}
+	return 0
+}
+
+// InAppRecords returns the sum of the resources' InApp counts.
+func (m *Manifest) InAppRecords() int64 {
+	var n int64
+	for _, r := range m.Resources {
+		n += r.InApp()
+	}
+	return n
+}
+
+// Holders returns the resources that had records in the application's
+// hands, as "name N" strings.
+func (m *Manifest) Holders() []string {
+	var out []string
+	for _, r := range m.Resources {
+		if n := r.InApp(); n > 0 {
+			out = append(out, fmt.Sprintf("%s %d", r.Name, n))
+		}
+	}
+	return out
 }
 
 // Carriers returns the resources that carry records, as "name N" strings.

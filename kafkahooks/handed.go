@@ -133,3 +133,22 @@ func (h *handedTable) committed(msgs []kafka.Message) {
 		}
 	}
 }
+
+// inApp returns how many records this generation handed out that are not
+// committed, nor in waiting (the highest offset per partition that a
+// CommitMessages call waiting at the gate commits): records the application
+// may still be processing. It is an upper bound: a record handed out but
+// processed and not committed yet counts too.
+func (h *handedTable) inApp(waiting map[tpKey]int64) int64 {
+	var n int64
+	for k, mk := range *h.m.Load() {
+		from := max(mk.first, mk.committed.Load())
+		if w, ok := waiting[k]; ok {
+			from = max(from, w+1)
+		}
+		if last := mk.last.Load(); last >= from {
+			n += last - from + 1
+		}
+	}
+	return n
+}

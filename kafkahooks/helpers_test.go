@@ -35,6 +35,12 @@ type fake struct {
 
 func newFake(t testing.TB, partitions int32, topics ...string) *fake {
 	t.Helper()
+	return newFakeWith(t, nil, partitions, topics...)
+}
+
+// newFakeWith is newFake with extra kfake options.
+func newFakeWith(t testing.TB, extra []kfake.Opt, partitions int32, topics ...string) *fake {
+	t.Helper()
 	s := &sniffer{}
 	opts := []kfake.Opt{
 		kfake.NumBrokers(1),
@@ -50,6 +56,7 @@ func newFake(t testing.TB, partitions int32, topics ...string) *fake {
 	if len(topics) > 0 {
 		opts = append(opts, kfake.SeedTopics(partitions, topics...))
 	}
+	opts = append(opts, extra...)
 	c, err := kfake.NewCluster(opts...)
 	if err != nil {
 		t.Fatal(err)

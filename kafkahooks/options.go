@@ -49,6 +49,8 @@ type config struct {
 	unflushedOK bool
 	// handover: WithGroupHandover.
 	handover bool
+	// offsetsCheckAfter: WithOffsetsCheckAfter.
+	offsetsCheckAfter time.Duration
 }
 
 // newConfig returns the configuration named defaultName unless an option
@@ -59,6 +61,8 @@ func newConfig(defaultName string, set func(*config)) config {
 		name:       defaultName,
 		backoffMin: 100 * time.Millisecond,
 		backoffMax: 5 * time.Second,
+
+		offsetsCheckAfter: time.Minute,
 	}
 	set(&c)
 	if c.registry == nil {
@@ -114,4 +118,15 @@ func WithClientID(id string) Opt { return opt(func(c *config) { c.clientID = id 
 // closed; they are never given up on. Default 100ms to 5s.
 func WithRetryBackoff(lo, hi time.Duration) WriterOpt {
 	return writerOpt(func(c *config) { c.backoffMin, c.backoffMax = lo, hi })
+}
+
+// WithOffsetsCheckAfter sets how long after the checkpoint a restore must
+// come for a group Reader to check the group's committed offsets before it
+// rejoins (default 1 minute, the smallest offsets.retention.minutes: a
+// group left empty by the checkpoint cannot lose its offsets to expiry
+// sooner). The check costs one OffsetFetch round trip in the after-restore
+// hook; the offsets the broker lost are committed again from the image and
+// reported (GroupRestore). 0 checks on every restore.
+func WithOffsetsCheckAfter(d time.Duration) ReaderOpt {
+	return readerOpt(func(c *config) { c.offsetsCheckAfter = d })
 }

@@ -15,6 +15,7 @@ func TestOptionsNamespaced(t *testing.T) {
 	}{
 		{"WithRetryBackoff", WithRetryBackoff(time.Millisecond, time.Second), true, false},
 		{"WithUnflushedCommits", WithUnflushedCommits(), false, true},
+		{"WithOffsetsCheckAfter", WithOffsetsCheckAfter(0), false, true},
 		{"WithClientID", WithClientID("x"), true, true},
 		{"WithName", WithName("x"), true, true},
 		{"WithRegistry", WithRegistry(nil), true, true},

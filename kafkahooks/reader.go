@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -106,6 +105,16 @@ type Reader struct {
 	next    int64              // partition readers: where the next kafka.Reader starts
 	nextSet bool               // next was set by SetOffset during this checkpoint
 	cycle   uint64             // counts BeforeCheckpoint calls
+	// recorded holds, for a group reader, the group's committed offsets
+	// at the last checkpoint (see restoreCommitted).
+	// waiting holds, per partition, the highest offset of the
+	// CommitMessages calls that met the gate closed: records the
+	// application has processed (see handedTable.inApp).
+	waiting    map[tpKey]int64
+	waitingRef map[tpKey]int
+	recorded   map[tpKey]int64
+	recordedAt time.Time // wall clock: a restore's monotonic clock does not count the downtime
+
 	inCycle bool
 	acc     kafka.ReaderStats
 
@@ -201,11 +210,7 @@ func NewReader(c kafka.ReaderConfig, opts ...ReaderOpt) *Reader {
 // (or before r is shared).
 func (r *Reader) newInner() *kafka.Reader {
 	d := r.baseDialer
-	dial := d.DialFunc
-	if dial == nil {
-		dial = (&net.Dialer{LocalAddr: d.LocalAddr, FallbackDelay: d.FallbackDelay, KeepAlive: d.KeepAlive}).DialContext
-	}
-	r.conns = conntrack.New(dial, nil)
+	r.conns = conntrack.New(r.dialFunc(), nil)
 	d.DialFunc = r.conns.DialContext
 	d.ClientID = r.currentClientID()
 	c := r.rcfg
@@ -330,6 +335,11 @@ func (r *Reader) CommitMessages(ctx context.Context, msgs ...kafka.Message) erro
 	if !r.group {
 		return r.state.Load().r.CommitMessages(ctx, msgs...) // kafka-go's error
 	}
+	if s := r.state.Load(); s.gate != nil && len(msgs) > 0 {
+		// Only calls that meet a checkpoint pay for this.
+		r.noteWaiting(msgs, 1)
+		defer r.noteWaiting(msgs, -1)
+	}
 	_, err := gatedCall(ctx, &r.gate, io.ErrClosedPipe, func(s *readerState) (struct{}, bool, error) {
 		keep := s.handed.current(msgs)
 		if n := len(msgs) - len(keep); n > 0 {
@@ -365,6 +375,29 @@ func (r *Reader) CommitMessages(ctx context.Context, msgs ...kafka.Message) erro
 		return struct{}{}, false, err
 	})
 	return err
+}
+
+// noteWaiting adds (d 1) or removes (d -1) msgs as commits waiting at the
+// gate.
+func (r *Reader) noteWaiting(msgs []kafka.Message, d int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.waiting == nil {
+		r.waiting, r.waitingRef = map[tpKey]int64{}, map[tpKey]int{}
+	}
+	for i := range msgs {
+		k := tpKey{msgs[i].Topic, msgs[i].Partition}
+		r.waitingRef[k] += d
+		switch {
+		case r.waitingRef[k] <= 0:
+			delete(r.waitingRef, k)
+			delete(r.waiting, k)
+		case d > 0:
+			if w, ok := r.waiting[k]; !ok || msgs[i].Offset > w {
+				r.waiting[k] = msgs[i].Offset
+			}
+		}
+	}
 }
 
 // Config returns the configuration of the current kafka.Reader: the one

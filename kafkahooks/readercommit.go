@@ -17,9 +17,14 @@ var ErrCommitsNotFlushed = errors.New("kafkahooks: pending commits could not be 
 
 // WithUnflushedCommits lets a group Reader's checkpoint go on when its
 // pending commits cannot be flushed within the budget. They stay in memory
-// (in the image) and are sent after the restore; until then the records are
-// delivered again from the last commit that reached the broker. By default
-// such a checkpoint fails with ErrCommitsNotFlushed.
+// (in the image) and are sent after the restore, by a copy whose new
+// kafka.Reader was handed their partition from at most their offset and has
+// not committed beyond it (the rule of Reader for commits of records fetched
+// before a checkpoint); other copies drop them (stale_commits), so that none
+// moves back an offset another member advanced meanwhile. Until then, or
+// when dropped, the records are delivered again from the last commit that
+// reached the broker. By default such a checkpoint fails with
+// ErrCommitsNotFlushed.
 func WithUnflushedCommits() ReaderOpt { return readerOpt(func(c *config) { c.unflushedOK = true }) }
 
 // commitStash batches commits for a Reader with a CommitInterval. kafka-go's
@@ -74,17 +79,52 @@ func (c *commitStash) take() ([]kafka.Message, func(ok bool)) {
 	}
 }
 
+// remove removes the stashed offsets of all that are not in keep, unless a
+// later offset was stashed meanwhile, and returns how many it removed.
+func (c *commitStash) remove(all, keep []kafka.Message) int {
+	kept := map[tpKey]bool{}
+	for i := range keep {
+		kept[tpKey{keep[i].Topic, keep[i].Partition}] = true
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for i := range all {
+		k := tpKey{all[i].Topic, all[i].Partition}
+		if !kept[k] && c.offsets[k] == all[i].Offset {
+			delete(c.offsets, k)
+			n++
+		}
+	}
+	return n
+}
+
 func (c *commitStash) size() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.offsets)
 }
 
-// flush sends the stashed commits through inner.
+// flush sends the stashed commits through inner. Each passes the
+// handed-records check again (see Reader): commits stashed before a
+// checkpoint and left unflushed (WithUnflushedCommits) are sent only by the
+// copy whose kafka.Reader was handed their partition from at most that
+// offset, so that no copy moves back an offset that another member advanced
+// meanwhile. The others drop them (stale_commits).
 func (r *Reader) flush(ctx context.Context, s *readerState) error {
 	msgs, done := r.stash.take()
 	if len(msgs) == 0 {
 		return nil
+	}
+	if keep := s.handed.current(msgs); len(keep) < len(msgs) {
+		stale := r.stash.remove(msgs, keep)
+		r.staleCommits.Add(int64(stale))
+		r.cfg.log.Debug("dropped stashed commits of records fetched before a checkpoint", "partitions", stale)
+		msgs = keep
+		if len(msgs) == 0 {
+			done(true)
+			return nil
+		}
 	}
 	err := s.r.CommitMessages(ctx, msgs...)
 	done(err == nil)
@@ -158,9 +198,9 @@ func (r *Reader) pinTail(ctx context.Context, s *readerState) (int, error) {
 	if len(topics) == 0 {
 		return 0, nil
 	}
-	tr := &kafka.Transport{Dial: r.conns.DialContext, ClientID: r.currentClientID()}
-	defer tr.CloseIdleConnections()
-	cl := &kafka.Client{Addr: kafka.TCP(r.rcfg.Brokers...), Transport: tr}
+	// With the Dialer's TLS and SASL, like the kafka.Reader's own.
+	cl, release := r.client(r.conns.DialContext, r.currentClientID())
+	defer release()
 	res, err := cl.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: r.rcfg.GroupID, Topics: topics})
 	if err == nil {
 		err = res.Error

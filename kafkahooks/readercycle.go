@@ -8,6 +8,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kcr-dev/kcr/internal/conntrack"
 	"github.com/kcr-dev/kcr/internal/quiesce"
 	"github.com/kcr-dev/kcr/notify"
 )
@@ -48,11 +49,17 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 	// Commits go out before the kafka.Reader closes: its own final commit
 	// gets a single attempt.
 	type quiesced struct {
-		pinned int
-		err    error
-		kept   string // WithGroupHandover: the member id left in the group
-		conns  int    // connections closed to keep it
+		pinned   int
+		err      error
+		kept     string          // WithGroupHandover: the member id left in the group
+		conns    int             // connections closed to keep it
+		recorded map[tpKey]int64 // the group's committed offsets, for the image
+		recErr   error
 	}
+	clientID := r.ClientID()
+	// The offsets are recorded through connections of their own, closed
+	// below whatever happens, and not counted as the Reader's.
+	recConns := conntrack.New(r.dialFunc(), nil)
 	done := make(chan quiesced, 1)
 	r.bg.Add(1)
 	go func() {
@@ -72,8 +79,18 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 				q.conns = conns.CloseAll(true)
 				q.kept = id
 			}
+			// Recorded while the kafka.Reader closes: it commits nothing
+			// more (its commits are synchronous).
+			rec := make(chan struct{})
+			go func() {
+				defer close(rec)
+				q.recorded, q.recErr = r.recordCommitted(dctx, recConns.DialContext, clientID)
+			}()
+			inner.Close()
+			<-rec
+		} else {
+			inner.Close()
 		}
-		inner.Close()
 		done <- q
 	}()
 	closed := true
@@ -82,6 +99,7 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 	case q = <-done:
 	case <-dctx.Done():
 		closed = false
+		q.recErr = context.Cause(dctx)
 		if r.group {
 			q.err = fmt.Errorf("%w: the budget ran out", ErrCommitsNotFlushed)
 			if r.stash == nil && r.rcfg.StartOffset != kafka.LastOffset {
@@ -94,6 +112,7 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 	// offsets are read.
 	quiesce.WaitZero(dctx, &r.fetching)
 	n := conns.CloseAll(true) + q.conns
+	recConns.CloseAll(true)
 	st := r.absorb(inner)
 
 	rc := &ReaderCheckpoint{
@@ -130,6 +149,19 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 				err = q.err
 			}
 		}
+		rc.OffsetsRecorded = len(q.recorded)
+		r.mu.Lock()
+		rc.RecordsInApp = s.handed.inApp(r.waiting)
+		r.mu.Unlock()
+		if q.recErr != nil {
+			rc.OffsetsRecordError = q.recErr.Error()
+			r.cfg.log.Warn("kafka reader could not record the group's committed offsets in the image; if they expire before the restore, it starts from StartOffset", "err", q.recErr)
+		}
+		r.mu.Lock()
+		if r.inCycle && r.cycle == cycle {
+			r.recorded, r.recordedAt = q.recorded, time.Now().Round(0)
+		}
+		r.mu.Unlock()
 	} else {
 		next := inner.Offset()
 		if s.tail {
@@ -170,6 +202,11 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 	return err
 }
 
+// offsetCheckTimeout bounds the after-restore check of the committed
+// offsets, so that a broker that cannot be reached does not hold the gate
+// for the whole budget.
+const offsetCheckTimeout = 5 * time.Second
+
 // AfterRestore implements notify.Resource; see the type's documentation.
 func (r *Reader) AfterRestore(ctx context.Context, ev notify.Event) error {
 	start := time.Now()
@@ -179,6 +216,32 @@ func (r *Reader) AfterRestore(ctx context.Context, ev notify.Event) error {
 		return nil
 	}
 	r.renewClientID(ev)
+	var recorded map[tpKey]int64
+	if r.group && ev.Kind == notify.Restore && time.Now().Round(0).Sub(r.recordedAt) >= r.cfg.offsetsCheckAfter {
+		recorded = r.recorded
+	}
+	clientID := r.currentClientID()
+	r.mu.Unlock()
+	var gr *GroupRestore
+	if len(recorded) > 0 {
+		// Before the rejoin: a simple commit needs an empty group.
+		dctx, cancel := drainContext(ctx)
+		dctx, cancel2 := context.WithTimeout(dctx, offsetCheckTimeout)
+		gr = r.restoreCommitted(dctx, recorded, clientID)
+		cancel2()
+		cancel()
+		if len(gr.OffsetsRestored) > 0 {
+			r.cfg.log.Warn("kafka reader found the group's committed offsets gone after the restore (offsets.retention.minutes, or deleted); committed again the positions recorded in the image",
+				"group", r.rcfg.GroupID, "offsets", gr.OffsetsRestored, "err", gr.OffsetsCheckError)
+		} else if gr.OffsetsCheckError != "" {
+			r.cfg.log.Warn("kafka reader could not check the group's committed offsets after the restore; if they expired it starts from StartOffset", "group", r.rcfg.GroupID, "err", gr.OffsetsCheckError)
+		}
+	}
+	r.mu.Lock()
+	if r.closed || r.closing == nil {
+		r.mu.Unlock()
+		return nil
+	}
 	inner := r.newInner()
 	r.inCycle = false
 	r.state.Store(&readerState{r: inner, handed: r.state.Load().handed.next(), retired: newRetired(),
@@ -200,6 +263,7 @@ func (r *Reader) AfterRestore(ctx context.Context, ev notify.Event) error {
 		next := r.next
 		rep.NextOffset = &next
 	}
+	rep.GroupRestore = gr
 	r.nextSet = false
 	r.mu.Unlock()
 	rep.DurationMS = time.Since(start).Milliseconds()

@@ -58,6 +58,7 @@ type ReaderReport struct {
 	NextOffset *int64 `json:"next_offset,omitempty"`
 	DurationMS int64  `json:"duration_ms"` // the hook's run time
 	*ReaderCheckpoint
+	*GroupRestore
 }
 
 // ReaderCheckpoint holds the before-checkpoint part of a ReaderReport.
@@ -77,6 +78,18 @@ type GroupCheckpoint struct {
 	StaleCommits          int64  `json:"stale_commits"`
 	StartOffsetsCommitted int    `json:"start_offsets_committed"` // partitions whose resolved start offset was committed
 	CommitError           string `json:"commit_error,omitempty"`  // why commits were left unflushed
+	// OffsetsRecorded counts the group's committed offsets (of the
+	// Reader's topics) recorded in the image, to be restored if the broker
+	// has lost them by the restore (offsets.retention.minutes).
+	OffsetsRecorded int `json:"offsets_recorded"`
+	// RecordsInApp counts, at most, the records handed to the application
+	// and not committed, nor waiting to be committed at the gate: the
+	// application may be processing them when the process is dumped, and
+	// every restored copy finishes them. kcr restore counts them like
+	// carried records (--count > 1 or a --leave-running image needs
+	// --allow-duplicates).
+	RecordsInApp       int64  `json:"records_in_app"`
+	OffsetsRecordError string `json:"offsets_record_error,omitempty"` // why none were recorded
 	// MemberKept is, with WithGroupHandover, the member id left in the
 	// group across the checkpoint; a restore or resume within
 	// SessionTimeoutMS removes it once its new member has joined.
@@ -90,4 +103,23 @@ type GroupCheckpoint struct {
 	InitialRebalanceDelayMS int64  `json:"initial_rebalance_delay_ms,omitempty"`
 	Warning                 string `json:"warning,omitempty"`
 	DiagnoseError           string `json:"diagnose_error,omitempty"` // why the group or the broker could not be asked
+}
+
+// GroupRestore holds the consumer-group part of an after-restore
+// ReaderReport: the committed offsets recorded in the image, checked
+// against the broker's before the Reader rejoined.
+type GroupRestore struct {
+	OffsetsChecked int `json:"offsets_checked"` // recorded offsets compared with the broker's
+	// OffsetsRestored lists the offsets the broker no longer had (expired
+	// or deleted while the service was checkpointed), committed again
+	// from the image.
+	OffsetsRestored   []PartitionOffset `json:"offsets_restored,omitempty"`
+	OffsetsCheckError string            `json:"offsets_check_error,omitempty"` // why the check or the commit failed
+}
+
+// PartitionOffset is a committed offset: the next record to consume.
+type PartitionOffset struct {
+	Topic     string `json:"topic"`
+	Partition int    `json:"partition"`
+	Offset    int64  `json:"offset"`
 }

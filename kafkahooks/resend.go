@@ -32,7 +32,13 @@ func (e *interruptedError) Temporary() bool { return true }
 
 // CarriedFailedError fails records carried across a checkpoint when resending
 // them meets an error that waiting will not cure: authentication, an ACL, a
-// deleted topic. Their callers and Completions get it (wrapped in
+// deleted topic, or a partition that no longer exists (the topic was
+// recreated with fewer partitions: the records are not moved to another
+// partition, which would break the order per key). A topic is taken as gone
+// once three resends in a row fail and the broker's metadata confirms it;
+// with the Writer's AllowAutoTopicCreation the metadata request asks the
+// broker to create it, as kafka-go does for new records, and the records go
+// to the new topic if their partition exists there. Their callers and Completions get it (wrapped in
 // kafka.WriteErrors for sync callers), as for any batch kafka-go gives up.
 type CarriedFailedError struct {
 	Err error // what the resend met
@@ -74,26 +80,52 @@ func missingTopic(err error) bool {
 	return errors.Is(err, protocol.ErrNoTopic) || errors.Is(err, protocol.ErrNoPartition) || errors.Is(err, kafka.UnknownTopicOrPartition)
 }
 
-// topicsGone asks the broker, through t, whether any topic of h is gone: the
-// broker answers and lists it as unknown or not at all.
-func topicsGone(ctx context.Context, t *kafka.Transport, addr net.Addr, h *heldProduce) bool {
+// topicsGone asks the broker, through t, whether a topic or partition of h
+// is gone: the broker answers and lists the topic as unknown or not at all,
+// or lists it without the partition (the topic was recreated with fewer
+// partitions). With autoCreate (the Writer's AllowAutoTopicCreation) the
+// request asks the broker to create missing topics, as kafka-go's Writer
+// does for new records, so a topic that the broker creates is not gone.
+func topicsGone(ctx context.Context, t *kafka.Transport, addr net.Addr, h *heldProduce, autoCreate bool) bool {
 	names := make([]string, len(h.topics))
 	for i, tp := range h.topics {
 		names[i] = tp.topic
 	}
-	res, err := t.RoundTrip(ctx, addr, &metadataAPI.Request{TopicNames: names})
+	// Without autoCreate kafka-go answers from its metadata cache, which
+	// the resend loop drops after each failed attempt; with it, kafka-go
+	// asks the broker for topics missing from the cache and waits for them.
+	res, err := t.RoundTrip(ctx, addr, &metadataAPI.Request{TopicNames: names, AllowAutoTopicCreation: autoCreate})
 	if err != nil {
 		return false // not answered: the broker may just be unreachable
 	}
-	found := map[string]bool{}
+	known := map[string]map[int32]bool{}
 	for _, tp := range res.(*metadataAPI.Response).Topics {
-		if tp.ErrorCode == 0 {
-			found[tp.Name] = true
+		switch kafka.Error(tp.ErrorCode) {
+		case 0:
+			parts := map[int32]bool{}
+			for _, p := range tp.Partitions {
+				parts[p.PartitionIndex] = true
+			}
+			known[tp.Name] = parts
+		case kafka.UnknownTopicOrPartition:
+		default:
+			// The topic exists but is not usable yet (a leader being
+			// elected, a topic just created): not gone.
+			known[tp.Name] = nil
 		}
 	}
-	for _, n := range names {
-		if !found[n] {
+	for _, tp := range h.topics {
+		parts, ok := known[tp.topic]
+		if !ok {
 			return true
+		}
+		if parts == nil {
+			continue
+		}
+		for _, p := range tp.parts {
+			if !parts[p.partition] {
+				return true
+			}
 		}
 	}
 	return false

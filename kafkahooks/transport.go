@@ -70,6 +70,7 @@ type gatedTransport struct {
 	tmpl          transportTemplate
 	log           *slog.Logger
 	resendTimeout time.Duration
+	autoCreate    bool // the Writer's AllowAutoTopicCreation
 	backoffMin    time.Duration
 	backoffMax    time.Duration
 	dials         atomic.Int64
@@ -98,9 +99,10 @@ type gatedTransport struct {
 	carrying atomic.Bool
 }
 
-func newGatedTransport(tmpl transportTemplate, clientID string, resendTimeout, bmin, bmax time.Duration, log *slog.Logger) *gatedTransport {
+func newGatedTransport(tmpl transportTemplate, clientID string, resendTimeout, bmin, bmax time.Duration, autoCreate bool, log *slog.Logger) *gatedTransport {
 	p := &gatedTransport{
 		tmpl:          tmpl,
+		autoCreate:    autoCreate,
 		log:           log,
 		resendTimeout: resendTimeout,
 		backoffMin:    bmin,
@@ -227,7 +229,7 @@ func (p *gatedTransport) roundTripHeld(ctx context.Context, addr net.Addr, req k
 			missing++
 			if missingTopic(err) {
 				mctx, cancel := context.WithTimeout(p.life, p.resendTimeout)
-				if !topicsGone(mctx, g.t, addr, h) {
+				if !topicsGone(mctx, g.t, addr, h, p.autoCreate) {
 					missing = 0
 				}
 				cancel()
@@ -236,7 +238,7 @@ func (p *gatedTransport) roundTripHeld(ctx context.Context, addr net.Addr, req k
 			}
 			if missing >= missingTopicAttempts {
 				p.failed.Add(int64(h.records))
-				p.log.Warn("records carried across a checkpoint failed: their topic is gone", "records", h.records, "err", err)
+				p.log.Warn("records carried across a checkpoint failed: their topic or partition is gone", "records", h.records, "err", err)
 				return nil, &CarriedFailedError{err}
 			}
 			p.log.Debug("resending records held across a checkpoint", "attempt", attempt, "records", h.records, "err", err, "backoff", backoff)

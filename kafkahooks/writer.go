@@ -168,7 +168,7 @@ func NewWriter(template *kafka.Writer, opts ...WriterOpt) *Writer {
 	if resend <= 0 {
 		resend = 10 * time.Second
 	}
-	w.transport = newGatedTransport(templateOf(kt), w.currentClientID(), resend, cfg.backoffMin, cfg.backoffMax, cfg.log)
+	w.transport = newGatedTransport(templateOf(kt), w.currentClientID(), resend, cfg.backoffMin, cfg.backoffMax, template.AllowAutoTopicCreation, cfg.log)
 	inner := w.newInner()
 	w.statsSrc = inner
 	w.state.Store(&writerState{w: inner})

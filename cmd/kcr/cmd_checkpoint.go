@@ -49,7 +49,8 @@ with runc (podman --runtime runc run ...) for the hooks to run.`,
 	f.StringVarP(&opts.o.Output, "output", "o", "", "image directory to create (default ./kcr-PID-TIME)")
 	f.BoolVar(&opts.o.LeaveRunning, "leave-running", false, "keep the process running after the dump")
 	f.DurationVar(&opts.o.HookBudget, "timeout", proto.DefaultHookBudget, "deadline for the app's before-checkpoint hooks")
-	f.BoolVar(&opts.o.TCPClose, "tcp-close", false, "let CRIU close TCP connections that no hook closed")
+	f.BoolVar(&opts.o.TCPClose, "tcp-close", false, "let CRIU close TCP connections that no hook closed (never for Kafka clients: an image with Kafka connections closed this way restores as one copy only)")
+	f.IntSliceVar(&opts.o.KafkaPorts, "kafka-port", engine.DefaultKafkaPorts, "broker ports whose open connections kcr takes for a Kafka client's (repeat or comma-separate)")
 	f.BoolVar(&opts.o.NoHooks, "no-hooks", false, "dump a process that has no kcr control socket")
 	f.BoolVar(&opts.o.RequireDrained, "require-drained", false, "fail (exit 10, app resumed) if a resource would carry records into the image")
 	f.BoolVar(&opts.o.ShellJob, "shell-job", false, "dump a process attached to a terminal (detected by default)")
@@ -150,7 +151,7 @@ func runCheckpoint(ctx context.Context, opts *checkpointOpts, out *output) error
 	}
 	o.AfterHooks, o.AfterDump = testStall("KCR_TEST_STALL_AFTER_HOOKS"), testStall("KCR_TEST_STALL_AFTER_DUMP")
 	if o.NoHooks {
-		fmt.Fprintln(out.stderr, "kcr: warning: --no-hooks: the process is dumped without running its hooks; open connections must be handled by CRIU (--tcp-close)")
+		fmt.Fprintln(out.stderr, "kcr: warning: --no-hooks: the process is dumped without running its hooks; open connections must be handled by CRIU (--tcp-close; unsafe for a Kafka client's connections)")
 	}
 	res, err := engine.Checkpoint(ctx, *o)
 	if err != nil {

@@ -53,7 +53,7 @@ host PID, name and restore time.`,
 	f.StringVar(&opts.o.Name, "name", "", "name of the restored instance (clones are NAME-1 … NAME-N)")
 	f.BoolVar(&opts.o.Lazy, "lazy", false, "restore memory on demand through CRIU's lazy-pages daemon")
 	f.BoolVar(&opts.o.Rehash, "rehash", false, "hash every file, also those unchanged on disk since they were last verified")
-	f.BoolVar(&opts.o.AllowDuplicates, "allow-duplicates", false, "restore an image that carries records although they are sent again (--count > 1, or a --leave-running image)")
+	f.BoolVar(&opts.o.AllowDuplicates, "allow-duplicates", false, "restore an image that carries records, or had records in the application's hands, although they are sent or processed again (--count > 1, or a --leave-running image)")
 	f.BoolVar(&opts.o.AllowUntrusted, "allow-untrusted", false, "as root, restore an image that another user owns or could have written (it runs with root's powers; a signature does not replace this)")
 	verifyKeyFlag(f, &opts.keyFiles)
 	containerFlags(f, &opts.ctr)

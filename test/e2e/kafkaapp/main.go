@@ -72,6 +72,7 @@ type config struct {
 	commitInterval time.Duration
 	maxAttempts    int
 	noRetry        bool
+	offsetsCheck   time.Duration
 }
 
 func main() {
@@ -88,6 +89,7 @@ func main() {
 	flag.IntVar(&c.partition, "partition", -1, "with -consume and no -group: read this partition with a partition Reader (no commits)")
 	flag.DurationVar(&c.commitInterval, "commit-interval", 0, "with -consume: the Reader's CommitInterval (0: synchronous commits)")
 	flag.IntVar(&c.maxAttempts, "max-attempts", 0, "the Writer's MaxAttempts (0: kafka-go's default)")
+	flag.DurationVar(&c.offsetsCheck, "offsets-check-after", time.Minute, "with -group: the Reader's WithOffsetsCheckAfter (0: check the committed offsets on every restore)")
 	flag.BoolVar(&c.noRetry, "no-retry", false, "records whose write failed are not written again (write-error tells which)")
 	flag.BoolVar(&c.noCommit, "no-commit", false, "with -consume: never commit (only the Reader's own checkpoint commits)")
 	flag.BoolVar(&c.startLast, "start-last", false, "with -consume: start at the end (group: StartOffset LastOffset; partition Reader: SetOffset(LastOffset))")
@@ -179,7 +181,7 @@ func run(c config, listen string) error {
 		if c.group == "" {
 			partition = c.partition
 		}
-		readerOpts := []kafkahooks.ReaderOpt{kafkahooks.WithClientID(c.clientID)}
+		readerOpts := []kafkahooks.ReaderOpt{kafkahooks.WithClientID(c.clientID), kafkahooks.WithOffsetsCheckAfter(c.offsetsCheck)}
 		if c.handover {
 			readerOpts = append(readerOpts, kafkahooks.WithGroupHandover())
 		}

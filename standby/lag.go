@@ -1,0 +1,186 @@
+package standby
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// lagWatcher polls the lag of the service's consumer group while the
+// service is checkpointed: committed offsets against end offsets, through
+// kadm. A partition the group never committed counts from its end offset
+// when the watch began, so that the records already there before the
+// service went to sleep (which it chose not to read) do not wake it.
+type lagWatcher struct {
+	o    *Options
+	log  *slog.Logger
+	cl   *kgo.Client
+	adm  *kadm.Client
+	reqs atomic.Int64 // requests written to brokers, for Observer.BrokerRequests
+}
+
+// newLagWatcher connects to the brokers and checks that they answer.
+func newLagWatcher(ctx context.Context, o *Options, log *slog.Logger) (*lagWatcher, error) {
+	w := &lagWatcher{o: o, log: log}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(o.Brokers...), kgo.ClientID("kcr-standby"),
+		kgo.WithHooks(requestCounter{&w.reqs}),
+		// A broker that is down must not make a poll wait long: the next
+		// poll asks again.
+		kgo.RequestRetries(0), kgo.RetryTimeout(max(o.Poll, time.Second)),
+		kgo.DialTimeout(max(2*o.Poll, time.Second)))
+	if err != nil {
+		return nil, fmt.Errorf("%w: --brokers %v: %v", ErrBadOption, o.Brokers, err)
+	}
+	w.cl, w.adm = cl, kadm.NewClient(cl)
+	pctx, cancel := context.WithTimeout(ctx, o.BrokerTimeout)
+	defer cancel()
+	if _, err := w.adm.ListBrokers(pctx); err != nil {
+		cl.Close()
+		return nil, fmt.Errorf("--brokers %v: no broker answered within %v (%v): start the broker or fix --brokers", o.Brokers, o.BrokerTimeout, err)
+	}
+	return w, nil
+}
+
+func (w *lagWatcher) close() { w.cl.Close() }
+
+// watch polls until it finds lag, then sends "kafka" on wake and returns;
+// it returns when ctx ends. Broker errors are logged (once per outage) and
+// never wake the service.
+func (w *lagWatcher) watch(ctx context.Context, wake chan<- string) {
+	tick := time.NewTicker(w.o.Poll)
+	defer tick.Stop()
+	var base map[string]map[int32]int64 // end offsets of uncommitted partitions at the start
+	failing := false
+	last := w.reqs.Load()
+	lastAt := time.Now()
+	defer func() { w.o.Observer.BrokerRequests(int(w.reqs.Load() - last)) }()
+	for {
+		if n := w.reqs.Load(); time.Since(lastAt) >= time.Second {
+			w.o.Observer.BrokerRequests(int(n - last))
+			last, lastAt = n, time.Now()
+		}
+		lag, topics, err := w.lag(ctx, &base)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			if !failing {
+				w.log.Warn("standby: lag poll failed; polling on, no wake on errors", "group", w.o.Group, "err", err)
+			}
+			failing = true
+		default:
+			if failing {
+				w.log.Info("standby: lag poll works again", "group", w.o.Group)
+			}
+			failing = false
+			if lag > 0 {
+				w.log.Info("standby: consumer lag", "group", w.o.Group, "lag", lag, "topics", topics)
+				select {
+				case wake <- "kafka":
+				default:
+				}
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// errNoTopics: the group committed nothing and no --topics were given.
+var errNoTopics = errors.New("the group has no committed offsets, so there is no topic to watch: pass --topics")
+
+// lag returns the group's total lag on its topics. *base is filled at the
+// first successful poll.
+func (w *lagWatcher) lag(ctx context.Context, base *map[string]map[int32]int64) (int64, []string, error) {
+	pctx, cancel := context.WithTimeout(ctx, max(5*w.o.Poll, 2*time.Second))
+	defer cancel()
+	committed, err := w.adm.FetchOffsets(pctx, w.o.Group)
+	if err == nil {
+		err = committed.Error()
+	}
+	if err != nil {
+		return 0, nil, fmt.Errorf("fetch the committed offsets of group %q: %w", w.o.Group, err)
+	}
+	topics := w.o.Topics
+	if len(topics) == 0 {
+		topics = committed.Partitions().Topics()
+	}
+	if len(topics) == 0 {
+		return 0, nil, errNoTopics
+	}
+	ends, err := w.adm.ListEndOffsets(pctx, topics...)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return 0, topics, fmt.Errorf("list the end offsets of %v: %w", topics, err)
+	}
+	first := *base == nil
+	if first {
+		*base = map[string]map[int32]int64{}
+	}
+	var lag int64
+	ends.Each(func(e kadm.ListedOffset) {
+		if e.Partition < 0 || e.Offset < 0 {
+			return
+		}
+		from := int64(-1)
+		if c, ok := committed.Lookup(e.Topic, e.Partition); ok && c.At >= 0 {
+			from = c.At
+		} else {
+			if (*base)[e.Topic] == nil {
+				(*base)[e.Topic] = map[int32]int64{}
+			}
+			b, seen := (*base)[e.Topic][e.Partition]
+			if !seen {
+				// A partition first seen now (created meanwhile, or the
+				// first poll): what it holds already is not new work,
+				// unless it appeared after the first poll.
+				b = e.Offset
+				if !first {
+					b = 0
+				}
+				(*base)[e.Topic][e.Partition] = b
+			}
+			from = b
+		}
+		if e.Offset > from {
+			lag += e.Offset - from
+		}
+	})
+	return lag, topics, nil
+}
+
+// requestCounter counts the requests kcr standby writes to brokers.
+type requestCounter struct{ n *atomic.Int64 }
+
+func (r requestCounter) OnBrokerWrite(_ kgo.BrokerMetadata, _ int16, _ int, _ time.Duration, _ time.Duration, err error) {
+	if err == nil {
+		r.n.Add(1)
+	}
+}
+
+var _ kgo.HookBrokerWrite = requestCounter{}
+
+// listen opens --listen, which must be free.
+func listen(addr string) (*net.TCPListener, error) {
+	// Not MPTCP (Go's default for listeners): CRIU cannot dump it.
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false)
+	ln, err := lc.Listen(context.Background(), "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --listen %s: %v: choose a free address", ErrBadOption, addr, err)
+	}
+	return ln.(*net.TCPListener), nil
+}

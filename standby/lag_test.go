@@ -1,0 +1,109 @@
+package standby
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+func produce(t *testing.T, addrs []string, topic string, n int) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for range n {
+		if err := cl.ProduceSync(t.Context(), &kgo.Record{Topic: topic, Value: []byte("x")}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// The lag watcher wakes on records past the group's committed offsets
+// (topics taken from its commits), not on those already committed, and
+// never on broker errors.
+func TestLagWatcher(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	addrs := c.ListenAddrs()
+	produce(t, addrs, "orders", 4)
+	cl, _ := kgo.NewClient(kgo.SeedBrokers(addrs...))
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	ends, err := adm.ListEndOffsets(t.Context(), "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	offs := kadm.Offsets{}
+	ends.Each(func(e kadm.ListedOffset) { offs.Add(kadm.Offset{Topic: e.Topic, Partition: e.Partition, At: e.Offset}) })
+	if _, err := adm.CommitOffsets(t.Context(), "svc", offs); err != nil {
+		t.Fatal(err)
+	}
+
+	log := &syncBuf{}
+	rec := &countingObserver{}
+	o := Options{Brokers: addrs, Group: "svc", Poll: 20 * time.Millisecond, BrokerTimeout: 2 * time.Second,
+		Observer: rec, Logger: slog.New(slog.NewJSONHandler(log, nil))}
+	w, err := newLagWatcher(t.Context(), &o, o.Logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.close()
+	wake := make(chan string, 1)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { w.watch(ctx, wake); close(done) }()
+	select {
+	case src := <-wake:
+		t.Fatalf("woke (%s) with everything committed", src)
+	case <-time.After(300 * time.Millisecond):
+	}
+	produce(t, addrs, "orders", 1)
+	select {
+	case src := <-wake:
+		if src != "kafka" {
+			t.Fatalf("source %q", src)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("no wake after a record past the commits; log:\n%s", log.String())
+	}
+	<-done
+	cancel()
+	if rec.requests() == 0 {
+		t.Error("no broker requests counted")
+	}
+
+	// The broker goes away: polls fail, nothing wakes.
+	ctx, cancel = context.WithCancel(t.Context())
+	defer cancel()
+	c.Close()
+	go w.watch(ctx, wake)
+	select {
+	case src := <-wake:
+		t.Fatalf("woke (%s) while the broker was down", src)
+	case <-time.After(time.Second):
+	}
+	if !strings.Contains(log.String(), "lag poll failed; polling on, no wake on errors") {
+		t.Errorf("broker errors not logged:\n%s", log.String())
+	}
+}
+
+type countingObserver struct {
+	nopObserver
+	n atomic.Int64
+}
+
+func (o *countingObserver) BrokerRequests(n int) { o.n.Add(int64(n)) }
+
+func (o *countingObserver) requests() int64 { return o.n.Load() }

@@ -53,10 +53,9 @@ func (w *lagWatcher) close() { w.cl.Close() }
 // watch polls until it finds lag, then sends "kafka" on wake and returns;
 // it returns when ctx ends. Broker errors are logged (once per outage) and
 // never wake the service.
-func (w *lagWatcher) watch(ctx context.Context, wake chan<- string) {
+func (w *lagWatcher) watch(ctx context.Context, base map[string]map[int32]int64, wake chan<- string) {
 	tick := time.NewTicker(w.o.Poll)
 	defer tick.Stop()
-	var base map[string]map[int32]int64 // end offsets of uncommitted partitions at the start
 	failing := false
 	last := w.reqs.Load()
 	lastAt := time.Now()
@@ -95,6 +94,20 @@ func (w *lagWatcher) watch(ctx context.Context, wake chan<- string) {
 		case <-tick.C:
 		}
 	}
+}
+
+// arm is called before the checkpoint: it returns the end offsets of the
+// partitions the group never committed, so that records that arrive from
+// then on wake the service. errNoTopics means there is nothing to watch:
+// the service must not sleep then. Another error leaves base nil; the
+// first poll fills it.
+func (w *lagWatcher) arm(ctx context.Context) (map[string]map[int32]int64, error) {
+	var base map[string]map[int32]int64
+	_, _, err := w.lag(ctx, &base)
+	if errors.Is(err, errNoTopics) {
+		return nil, err
+	}
+	return base, nil
 }
 
 // errNoTopics: the group committed nothing and no --topics were given.

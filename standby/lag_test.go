@@ -63,7 +63,7 @@ func TestLagWatcher(t *testing.T) {
 	wake := make(chan string, 1)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
-	go func() { w.watch(ctx, wake); close(done) }()
+	go func() { w.watch(ctx, nil, wake); close(done) }()
 	select {
 	case src := <-wake:
 		t.Fatalf("woke (%s) with everything committed", src)
@@ -88,7 +88,7 @@ func TestLagWatcher(t *testing.T) {
 	ctx, cancel = context.WithCancel(t.Context())
 	defer cancel()
 	c.Close()
-	go w.watch(ctx, wake)
+	go w.watch(ctx, nil, wake)
 	select {
 	case src := <-wake:
 		t.Fatalf("woke (%s) while the broker was down", src)

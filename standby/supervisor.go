@@ -30,6 +30,8 @@ type Supervisor struct {
 	state State
 	cur   proc
 	image string // the newest image's base name
+
+	lagBase map[string]map[int32]int64 // lagWatcher.arm's, for the next watch
 }
 
 // New checks the options and everything the supervisor needs before it
@@ -366,6 +368,16 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc) State {
 		s.log.Error("standby: cannot name the next image; the service runs on", "err", err)
 		return StateRunning
 	}
+	if s.lag != nil {
+		// Before the dump: records that arrive during it must wake the
+		// service.
+		base, err := s.lag.arm(ctx)
+		if err != nil {
+			s.log.Warn("standby: not checkpointing: nothing could wake the service from Kafka", "group", s.o.Group, "err", err)
+			return StateRunning
+		}
+		s.lagBase = base
+	}
 	s.setState(StateCheckpointing, "pid", p.PID, "image", name)
 	t := time.Now()
 	err = s.b.checkpoint(ctx, p, s.dir.path, name)
@@ -412,7 +424,9 @@ func (s *Supervisor) waitWake(ctx context.Context) (source string, at time.Time,
 		wg.Wait()
 	}()
 	if s.lag != nil {
-		wg.Go(func() { s.lag.watch(wctx, s.wakeCh) })
+		base := s.lagBase
+		s.lagBase = nil
+		wg.Go(func() { s.lag.watch(wctx, base, s.wakeCh) })
 	}
 	if s.ln != nil {
 		wg.Go(func() { watchListener(wctx, s.ln, s.wakeCh, s.log) })

@@ -130,10 +130,14 @@ func (d *imageDir) nextImage() (string, error) {
 	}
 	next := 1
 	for _, e := range ents {
+		// img-N, bad-img-N-UNIXTIME, .img-N.kcr-tmp-RANDOM
 		name := strings.TrimPrefix(e.Name(), badPrefix)
 		name = strings.TrimPrefix(name, ".")
 		if i := strings.Index(name, tempMarker); i >= 0 {
 			name = name[:i]
+		}
+		if i := strings.IndexByte(strings.TrimPrefix(name, imagePrefix), '-'); i >= 0 {
+			name = name[:len(imagePrefix)+i]
 		}
 		if n, ok := imageNumber(name); ok && n >= next {
 			next = n + 1

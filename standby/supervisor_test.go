@@ -321,6 +321,11 @@ func TestRestoreFailsColdStart(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	// The next image is numbered past the bad one, which stays.
+	r.waitState(StateStandby)
+	if st := r.s.Status(); st.Image != imageName(2) {
+		t.Fatalf("image after the cold start %q, want %s", st.Image, imageName(2))
+	}
 	r.end()
 	got := imagesIn(t, r.dir)
 	bad := false

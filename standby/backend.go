@@ -43,13 +43,17 @@ type engineBackend struct {
 	log    *slog.Logger
 	socket *client.Socket // cached control socket of the current process
 	extra  []*os.File     // handed to the service (LISTEN_FDS)
+	// fdsSocket hands extra back to the service after a checkpoint
+	// (notify.ListenFDsSocketEnv).
+	fdsSocket string
 }
 
 func (b *engineBackend) start(ctx context.Context) (proc, error) {
 	env := append([]string{}, b.o.Env...)
 	if len(b.extra) > 0 {
 		// The service is init of its PID namespace: PID 1 is its getpid().
-		env = append(env, fmt.Sprintf("LISTEN_FDS=%d", len(b.extra)), "LISTEN_PID=1", "LISTEN_FDNAMES=kcr-standby")
+		env = append(env, fmt.Sprintf("LISTEN_FDS=%d", len(b.extra)), "LISTEN_PID=1", "LISTEN_FDNAMES=kcr-standby",
+			notify.ListenFDsSocketEnv+"="+b.fdsSocket)
 	}
 	res, err := engine.Run(ctx, engine.RunOptions{Args: b.o.Args, Log: b.o.Log, Env: env,
 		ReadyTimeout: b.o.ReadyTimeout, ExtraFiles: b.extra})

@@ -91,6 +91,11 @@ func (c *controlServer) handle(conn *net.UnixConn) {
 	}
 	r := Reply{OK: true}
 	switch cmd := strings.TrimSpace(line); cmd {
+	case "fds":
+		// The service, restored or resumed, takes its listening sockets
+		// back (notify.Listeners).
+		c.sendFDs(conn)
+		return
 	case "wake":
 		if !c.s.Wake("manual") {
 			r = Reply{Error: "the service is not checkpointed (state " + string(c.s.State()) + ")"}
@@ -105,6 +110,24 @@ func (c *controlServer) handle(conn *net.UnixConn) {
 	}
 	r.Status = c.s.Status()
 	enc.Encode(r)
+}
+
+// sendFDs answers "fds": one JSON line with the --listen sockets attached
+// (SCM_RIGHTS).
+func (c *controlServer) sendFDs(conn *net.UnixConn) {
+	files := c.s.listenFiles()
+	if len(files) == 0 {
+		json.NewEncoder(conn).Encode(Reply{Error: "kcr standby has no --listen socket"})
+		return
+	}
+	fds := make([]int, len(files))
+	for i, f := range files {
+		fds[i] = int(f.Fd())
+	}
+	b, _ := json.Marshal(Reply{OK: true, Status: c.s.Status()})
+	if _, _, err := conn.WriteMsgUnix(append(b, '\n'), unix.UnixRights(fds...), nil); err != nil {
+		c.s.log.Warn("standby: handing the --listen socket back to the service", "err", err)
+	}
 }
 
 func peerAllowed(c *net.UnixConn) bool {

@@ -81,6 +81,7 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 			return nil, fmt.Errorf("--listen %s: %w", o.Listen, err)
 		}
 		eb.extra = []*os.File{f}
+		eb.fdsSocket = s.dir.path + "/" + controlSocketName
 	}
 	s.b = eb
 	if b != nil {
@@ -111,6 +112,14 @@ func (s *Supervisor) close() {
 	if s.dir != nil {
 		s.dir.close()
 	}
+}
+
+// listenFiles are the --listen sockets handed to the service.
+func (s *Supervisor) listenFiles() []*os.File {
+	if eb, ok := s.b.(*engineBackend); ok {
+		return eb.extra
+	}
+	return nil
 }
 
 // ControlSocket is the path of the supervisor's control socket (kcr

@@ -29,6 +29,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -48,7 +49,12 @@ func main() {
 	stop := flag.String("stop", "", "with -cold: shell command that stops the service after each cycle")
 	prefix := flag.String("prefix", fmt.Sprintf("probe-%d", time.Now().UnixNano()), "order id prefix")
 	timeout := flag.Duration("timeout", 60*time.Second, "longest wait for a state or a result")
+	create := flag.Int("create", 0, "create -orders and -results with this many partitions, then exit")
 	flag.Parse()
+	if *create > 0 {
+		createTopics(strings.Split(*brokers, ","), int32(*create), *orders, *results)
+		return
+	}
 	if (*status == "") == (*cold == "") {
 		fail("give -status or -cold")
 	}
@@ -150,6 +156,42 @@ func main() {
 	slices.Sort(lat)
 	line(map[string]any{"cycles": len(lat), "p50_ms": ms(pct(lat, 50)), "p95_ms": ms(pct(lat, 95)), "max_ms": ms(lat[len(lat)-1]),
 		"missing": missing, "duplicated": dup})
+}
+
+// createTopics creates the topics and waits until their partitions have
+// leaders.
+func createTopics(brokers []string, partitions int32, topics ...string) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		fail(err.Error())
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := adm.CreateTopics(ctx, partitions, 1, nil, topics...)
+	if err == nil {
+		err = res.Error()
+	}
+	if err != nil {
+		fail("create topics: " + err.Error())
+	}
+	for ctx.Err() == nil {
+		ends, err := adm.ListEndOffsets(ctx, topics...)
+		n := 0
+		if err == nil {
+			ends.Each(func(o kadm.ListedOffset) {
+				if o.Err == nil {
+					n++
+				}
+			})
+		}
+		if n == len(topics)*int(partitions) {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	fail("topics have no leaders after 30s")
 }
 
 // waitAsleep runs the status command until it reports "standby".

@@ -9,12 +9,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -36,6 +36,12 @@ type sbRun struct {
 // startStandby starts kcr standby on dir (reused across runs of one test)
 // with flags, supervising svc.
 func (k *kafkaEnv) startStandby(dir string, flags []string, svc ...string) *sbRun {
+	k.t.Helper()
+	return k.startStandbyNoKafka(dir, append([]string{"--brokers", k.brokers}, flags...), svc...)
+}
+
+// startStandbyNoKafka is startStandby without --brokers.
+func (k *kafkaEnv) startStandbyNoKafka(dir string, flags []string, svc ...string) *sbRun {
 	t := k.t
 	t.Helper()
 	s := &sbRun{t: t, k: k, dir: dir, svcLog: dir + ".service.log", errLog: fmt.Sprintf("%s.standby-%d.log", dir, time.Now().UnixNano())}
@@ -44,7 +50,7 @@ func (k *kafkaEnv) startStandby(dir string, flags []string, svc ...string) *sbRu
 		t.Fatal(err)
 	}
 	defer f.Close()
-	args := append([]string{"standby", "--image-dir", dir, "--log", s.svcLog, "--brokers", k.brokers}, flags...)
+	args := append([]string{"standby", "--image-dir", dir, "--log", s.svcLog}, flags...)
 	args = append(append(args, "--"), svc...)
 	s.cmd = exec.Command(kcrBin, args...)
 	s.cmd.Stdout, s.cmd.Stderr = f, f
@@ -374,4 +380,63 @@ func TestStandbyFailures(t *testing.T) {
 	s.waitState("standby", 60*time.Second)
 }
 
-var _ sync.Mutex
+// Socket activation: kcr standby owns --listen and hands it to testapp
+// (LISTEN_FDS); connections made while the service is checkpointed queue in
+// kcr's socket, wake it, and are all answered by the restored instance
+// (warm: its counter and restore generation go on), two cycles in a row.
+func TestStandbySocketActivation(t *testing.T) {
+	need(t)
+	probe, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := probe.Addr().String()
+	probe.Close()
+	dir := filepath.Join(t.TempDir(), "img")
+	k := &kafkaEnv{t: t}
+	s := k.startStandbyNoKafka(dir, []string{"--idle", "1s", "--listen", addr}, appBin, "-listen-fds")
+	ids := map[string]bool{}
+	for cycle := 1; cycle <= 2; cycle++ {
+		s.waitState("standby", 60*time.Second)
+		const n = 5
+		answers := make(chan string, n)
+		for range n {
+			go func() {
+				c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+				if err != nil {
+					answers <- "dial: " + err.Error()
+					return
+				}
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(30 * time.Second))
+				line, err := bufio.NewReader(c).ReadString('\n')
+				if err != nil {
+					answers <- "read: " + err.Error()
+					return
+				}
+				answers <- line
+			}()
+		}
+		for range n {
+			a := <-answers
+			f := strings.Fields(a)
+			if len(f) != 3 {
+				t.Fatalf("cycle %d: answer %q, want \"counter generation id\"", cycle, a)
+			}
+			if counter, _ := strconv.Atoi(f[0]); counter == 0 || f[1] == "0" {
+				t.Errorf("cycle %d: answer %q from a cold instance, want the restored one", cycle, a)
+			}
+			ids[f[2]] = true
+		}
+	}
+	s.waitState("standby", 60*time.Second)
+	if len(ids) != 2 {
+		t.Errorf("instance ids %v, want one per restore", ids)
+	}
+	if n := s.countLogs("standby: running", "source", "connection"); n != 2 {
+		t.Errorf("%d wakes by connection, want 2", n)
+	}
+	if n := s.countLogs("standby: restore failed; starting the service cold"); n != 0 {
+		t.Errorf("%d failed restores", n)
+	}
+}

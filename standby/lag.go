@@ -13,17 +13,26 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// lagWatcher polls the lag of the service's consumer group while the
-// service is checkpointed: committed offsets against end offsets, through
-// kadm. A partition the group never committed counts from its end offset
-// when the watch began, so that the records already there before the
-// service went to sleep (which it chose not to read) do not wake it.
+// lagWatcher reads the lag of the service's consumer group: committed
+// offsets against end offsets, through kadm. The service does not go to
+// sleep while its group has lag, and is woken when lag appears while it
+// sleeps.
+//
+// A partition the group never committed counts from its end offset when
+// the supervisor first saw it (base): the records there before (which a
+// consumer that starts at the end would never read) neither wake the
+// service nor keep it awake, and every record after does, until the group
+// commits the partition.
 type lagWatcher struct {
 	o    *Options
 	log  *slog.Logger
 	cl   *kgo.Client
 	adm  *kadm.Client
 	reqs atomic.Int64 // requests written to brokers, for Observer.BrokerRequests
+
+	// base is used by one goroutine at a time: the supervisor's before a
+	// checkpoint, watch's while the service sleeps.
+	base map[string]map[int32]int64
 }
 
 // newLagWatcher connects to the brokers and checks that they answer.
@@ -53,7 +62,7 @@ func (w *lagWatcher) close() { w.cl.Close() }
 // watch polls until it finds lag, then sends "kafka" on wake and returns;
 // it returns when ctx ends. Broker errors are logged (once per outage) and
 // never wake the service.
-func (w *lagWatcher) watch(ctx context.Context, base map[string]map[int32]int64, wake chan<- string) {
+func (w *lagWatcher) watch(ctx context.Context, wake chan<- string) {
 	tick := time.NewTicker(w.o.Poll)
 	defer tick.Stop()
 	failing := false
@@ -65,7 +74,7 @@ func (w *lagWatcher) watch(ctx context.Context, base map[string]map[int32]int64,
 			w.o.Observer.BrokerRequests(int(n - last))
 			last, lastAt = n, time.Now()
 		}
-		lag, topics, err := w.lag(ctx, &base)
+		lag, topics, err := w.lag(ctx)
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -96,26 +105,11 @@ func (w *lagWatcher) watch(ctx context.Context, base map[string]map[int32]int64,
 	}
 }
 
-// arm is called before the checkpoint: it returns the end offsets of the
-// partitions the group never committed, so that records that arrive from
-// then on wake the service. errNoTopics means there is nothing to watch:
-// the service must not sleep then. Another error leaves base nil; the
-// first poll fills it.
-func (w *lagWatcher) arm(ctx context.Context) (map[string]map[int32]int64, error) {
-	var base map[string]map[int32]int64
-	_, _, err := w.lag(ctx, &base)
-	if errors.Is(err, errNoTopics) {
-		return nil, err
-	}
-	return base, nil
-}
-
 // errNoTopics: the group committed nothing and no --topics were given.
 var errNoTopics = errors.New("the group has no committed offsets, so there is no topic to watch: pass --topics")
 
-// lag returns the group's total lag on its topics. *base is filled at the
-// first successful poll.
-func (w *lagWatcher) lag(ctx context.Context, base *map[string]map[int32]int64) (int64, []string, error) {
+// lag returns the group's total lag on its topics (see lagWatcher).
+func (w *lagWatcher) lag(ctx context.Context) (int64, []string, error) {
 	pctx, cancel := context.WithTimeout(ctx, max(5*w.o.Poll, 2*time.Second))
 	defer cancel()
 	committed, err := w.adm.FetchOffsets(pctx, w.o.Group)
@@ -139,32 +133,25 @@ func (w *lagWatcher) lag(ctx context.Context, base *map[string]map[int32]int64) 
 	if err != nil {
 		return 0, topics, fmt.Errorf("list the end offsets of %v: %w", topics, err)
 	}
-	first := *base == nil
-	if first {
-		*base = map[string]map[int32]int64{}
+	if w.base == nil {
+		w.base = map[string]map[int32]int64{}
 	}
 	var lag int64
 	ends.Each(func(e kadm.ListedOffset) {
 		if e.Partition < 0 || e.Offset < 0 {
 			return
 		}
-		from := int64(-1)
+		var from int64
 		if c, ok := committed.Lookup(e.Topic, e.Partition); ok && c.At >= 0 {
 			from = c.At
 		} else {
-			if (*base)[e.Topic] == nil {
-				(*base)[e.Topic] = map[int32]int64{}
+			if w.base[e.Topic] == nil {
+				w.base[e.Topic] = map[int32]int64{}
 			}
-			b, seen := (*base)[e.Topic][e.Partition]
+			b, seen := w.base[e.Topic][e.Partition]
 			if !seen {
-				// A partition first seen now (created meanwhile, or the
-				// first poll): what it holds already is not new work,
-				// unless it appeared after the first poll.
 				b = e.Offset
-				if !first {
-					b = 0
-				}
-				(*base)[e.Topic][e.Partition] = b
+				w.base[e.Topic][e.Partition] = b
 			}
 			from = b
 		}

@@ -63,7 +63,7 @@ func TestLagWatcher(t *testing.T) {
 	wake := make(chan string, 1)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
-	go func() { w.watch(ctx, nil, wake); close(done) }()
+	go func() { w.watch(ctx, wake); close(done) }()
 	select {
 	case src := <-wake:
 		t.Fatalf("woke (%s) with everything committed", src)
@@ -88,7 +88,7 @@ func TestLagWatcher(t *testing.T) {
 	ctx, cancel = context.WithCancel(t.Context())
 	defer cancel()
 	c.Close()
-	go w.watch(ctx, nil, wake)
+	go w.watch(ctx, wake)
 	select {
 	case src := <-wake:
 		t.Fatalf("woke (%s) while the broker was down", src)
@@ -107,3 +107,64 @@ type countingObserver struct {
 func (o *countingObserver) BrokerRequests(n int) { o.n.Add(int64(n)) }
 
 func (o *countingObserver) requests() int64 { return o.n.Load() }
+
+// A partition the group never committed counts from its end offset when
+// first seen: older records are no lag, a newer one is lag until the group
+// commits it (the service must not sleep on it, nor miss its wake).
+func TestLagUncommittedPartition(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "t"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	addrs := c.ListenAddrs()
+	cl, _ := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	defer cl.Close()
+	to := func(p int32) {
+		t.Helper()
+		if err := cl.ProduceSync(t.Context(), &kgo.Record{Topic: "t", Partition: p, Value: []byte("x")}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	adm := kadm.NewClient(cl)
+	commit := func(p int32, at int64) {
+		t.Helper()
+		offs := kadm.Offsets{}
+		offs.Add(kadm.Offset{Topic: "t", Partition: p, At: at})
+		if _, err := adm.CommitOffsets(t.Context(), "g", offs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	to(0)
+	to(1)
+	to(1) // old records of partition 1, never committed
+	commit(0, 1)
+	o := Options{Brokers: addrs, Group: "g", Poll: 20 * time.Millisecond, BrokerTimeout: 2 * time.Second, Observer: nopObserver{}}
+	w, err := newLagWatcher(t.Context(), &o, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.close()
+	lag := func() int64 {
+		t.Helper()
+		n, _, err := w.lag(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := lag(); n != 0 {
+		t.Fatalf("lag %d with partition 0 committed and partition 1 never committed, want 0", n)
+	}
+	to(1)
+	if n := lag(); n != 1 {
+		t.Fatalf("lag %d after a new record on the uncommitted partition, want 1", n)
+	}
+	if n := lag(); n != 1 {
+		t.Fatalf("lag %d on the next poll, want still 1 (not taken as old)", n)
+	}
+	commit(1, 3)
+	if n := lag(); n != 0 {
+		t.Fatalf("lag %d once the group committed it, want 0", n)
+	}
+}

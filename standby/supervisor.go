@@ -2,6 +2,7 @@ package standby
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -30,8 +31,6 @@ type Supervisor struct {
 	state State
 	cur   proc
 	image string // the newest image's base name
-
-	lagBase map[string]map[int32]int64 // lagWatcher.arm's, for the next watch
 }
 
 // New checks the options and everything the supervisor needs before it
@@ -378,14 +377,20 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc) State {
 		return StateRunning
 	}
 	if s.lag != nil {
-		// Before the dump: records that arrive during it must wake the
-		// service.
-		base, err := s.lag.arm(ctx)
-		if err != nil {
+		// Idle is not enough: records the service has not committed yet
+		// (it is still joining its group, say) are work, and records that
+		// arrive from now on must wake it.
+		lag, _, err := s.lag.lag(ctx)
+		switch {
+		case errors.Is(err, errNoTopics):
 			s.log.Warn("standby: not checkpointing: nothing could wake the service from Kafka", "group", s.o.Group, "err", err)
 			return StateRunning
+		case err != nil:
+			s.log.Warn("standby: lag unknown before the checkpoint; going on (the watch wakes the service on any lag)", "group", s.o.Group, "err", err)
+		case lag > 0:
+			s.log.Info("standby: not checkpointing: the group has lag", "group", s.o.Group, "lag", lag, "pid", p.PID)
+			return StateRunning
 		}
-		s.lagBase = base
 	}
 	s.setState(StateCheckpointing, "pid", p.PID, "image", name)
 	t := time.Now()
@@ -433,9 +438,7 @@ func (s *Supervisor) waitWake(ctx context.Context) (source string, at time.Time,
 		wg.Wait()
 	}()
 	if s.lag != nil {
-		base := s.lagBase
-		s.lagBase = nil
-		wg.Go(func() { s.lag.watch(wctx, base, s.wakeCh) })
+		wg.Go(func() { s.lag.watch(wctx, s.wakeCh) })
 	}
 	if s.ln != nil {
 		wg.Go(func() { watchListener(wctx, s.ln, s.wakeCh, s.log) })

@@ -109,19 +109,31 @@ for c in $clients; do
 
 	"$probe" -brokers "$brokers" -orders "$orders" -results "$res" -cycles "$cycles" -status "$status" \
 		-prefix "$tag-warm" >"$run/warm.jsonl" || { tail -n 20 "$run/standby.log" >&2; die "standby cycles failed ($c)"; }
+	# Put the service to sleep before kcr standby goes: it would be left
+	# running otherwise, and answer the cold runs' orders.
+	for ((i = 0; i < 600; i++)); do
+		"$bin/kcr" standby sleep --image-dir "$run/img" >/dev/null 2>&1 || true
+		[ "$($status 2>/dev/null | jq -r .state)" = standby ] && break
+		sleep 0.2
+	done
+	[ "$i" -lt 600 ] || die "kcr standby ($c) did not put the pipeline to sleep for the cold runs"
 	kill -TERM "$sb_pid"
 	wait "$sb_pid" 2>/dev/null || true
 	sb_pid=""
+	[ "$(jq -r .state "$run/img/standby.json")" = standby ] || die "the pipeline is not asleep for the cold runs"
 	# What kcr standby itself measured (from the wake signal to the
 	# restored service's hooks done).
 	mapfile -t wl < <(jq -r 'select(.wake_latency_ms) | .wake_latency_ms' "$run/standby.log")
 	kwake=$(median "${wl[@]}")
 	# The image it left is not needed for the cold runs: the service
 	# starts from nothing, in a group of its own.
-	cold_cmd="$bin/kcr run --log $run/cold.log -- $bin/pipeline -brokers $brokers -group $group-cold -in $orders -out $res"
+	# Topics of their own: the cold service must not start with the
+	# standby runs' orders.
+	"$probe" -brokers "$brokers" -create 2 -orders "$orders-cold" -results "$res-cold"
+	cold_cmd="$bin/kcr run --log $run/cold.log -- $bin/pipeline -brokers $brokers -group $group-cold -in $orders-cold -out $res-cold"
 	cold_cmd+=" -client $c -warmup $warmup -cache-mb $cache_mb -stats-every 0 > $work/cold.pid"
 	stop_cmd="p=\$(cat $work/cold.pid); kill -TERM \$p; while [ -e /proc/\$p ]; do sleep 0.05; done"
-	"$probe" -brokers "$brokers" -orders "$orders" -results "$res" -cycles "$cold_cycles" -cold "$cold_cmd" -stop "$stop_cmd" \
+	"$probe" -brokers "$brokers" -orders "$orders-cold" -results "$res-cold" -cycles "$cold_cycles" -cold "$cold_cmd" -stop "$stop_cmd" \
 		-prefix "$tag-cold" >"$run/cold.jsonl" || die "cold cycles failed ($c)"
 	rm -f "$work/cold.pid"
 

@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // lagWatcher reads the lag of the service's consumer group: committed
@@ -30,9 +32,11 @@ type lagWatcher struct {
 	adm  *kadm.Client
 	reqs atomic.Int64 // requests written to brokers, for Observer.BrokerRequests
 
-	// base is used by one goroutine at a time: the supervisor's before a
-	// checkpoint, watch's while the service sleeps.
-	base map[string]map[int32]int64
+	// base, committed and parts are used by one goroutine at a time: the
+	// supervisor's before a checkpoint, watch's while the service sleeps.
+	base      map[string]map[int32]int64
+	committed map[string]map[int32]int64 // of the last full poll
+	parts     map[string][]int32         // of the last full poll
 }
 
 // newLagWatcher connects to the brokers and checks that they answer.
@@ -66,6 +70,7 @@ func (w *lagWatcher) watch(ctx context.Context, wake chan<- string) {
 	tick := time.NewTicker(w.o.Poll)
 	defer tick.Stop()
 	failing := false
+	polls := 0
 	last := w.reqs.Load()
 	lastAt := time.Now()
 	defer func() { w.o.Observer.BrokerRequests(int(w.reqs.Load() - last)) }()
@@ -74,7 +79,20 @@ func (w *lagWatcher) watch(ctx context.Context, wake chan<- string) {
 			w.o.Observer.BrokerRequests(int(n - last))
 			last, lastAt = n, time.Now()
 		}
-		lag, topics, err := w.lag(ctx)
+		// Committed offsets do not move while the service sleeps (its
+		// group has no member), so most polls ask only for the end
+		// offsets, one ListOffsets request; a full poll (commits, topics,
+		// partitions) runs first, every fullEvery polls, and to confirm
+		// lag before waking.
+		var lag int64
+		var topics []string
+		var err error
+		if polls%fullEvery == 0 || w.parts == nil {
+			lag, topics, err = w.lag(ctx)
+		} else if lag, err = w.quickLag(ctx); err == nil && lag > 0 {
+			lag, topics, err = w.lag(ctx)
+		}
+		polls++
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -133,33 +151,102 @@ func (w *lagWatcher) lag(ctx context.Context) (int64, []string, error) {
 	if err != nil {
 		return 0, topics, fmt.Errorf("list the end offsets of %v: %w", topics, err)
 	}
-	if w.base == nil {
-		w.base = map[string]map[int32]int64{}
-	}
-	var lag int64
+	w.committed = map[string]map[int32]int64{}
+	committed.Each(func(c kadm.OffsetResponse) {
+		if c.At >= 0 {
+			if w.committed[c.Topic] == nil {
+				w.committed[c.Topic] = map[int32]int64{}
+			}
+			w.committed[c.Topic][c.Partition] = c.At
+		}
+	})
+	w.parts = map[string][]int32{}
+	endOffs := map[string]map[int32]int64{}
 	ends.Each(func(e kadm.ListedOffset) {
 		if e.Partition < 0 || e.Offset < 0 {
 			return
 		}
-		var from int64
-		if c, ok := committed.Lookup(e.Topic, e.Partition); ok && c.At >= 0 {
-			from = c.At
-		} else {
-			if w.base[e.Topic] == nil {
-				w.base[e.Topic] = map[int32]int64{}
-			}
-			b, seen := w.base[e.Topic][e.Partition]
-			if !seen {
-				b = e.Offset
-				w.base[e.Topic][e.Partition] = b
-			}
-			from = b
+		w.parts[e.Topic] = append(w.parts[e.Topic], e.Partition)
+		if endOffs[e.Topic] == nil {
+			endOffs[e.Topic] = map[int32]int64{}
 		}
-		if e.Offset > from {
-			lag += e.Offset - from
-		}
+		endOffs[e.Topic][e.Partition] = e.Offset
 	})
-	return lag, topics, nil
+	return w.lagOf(endOffs), topics, nil
+}
+
+// lagOf is the lag of the end offsets ends against the last committed
+// offsets and base.
+func (w *lagWatcher) lagOf(ends map[string]map[int32]int64) int64 {
+	if w.base == nil {
+		w.base = map[string]map[int32]int64{}
+	}
+	var lag int64
+	for topic, ps := range ends {
+		for p, end := range ps {
+			lag += w.partitionLag(topic, p, end)
+		}
+	}
+	return lag
+}
+
+// partitionLag is the lag of one partition whose end offset is end: from
+// the group's commit, or from base for a partition it never committed.
+func (w *lagWatcher) partitionLag(topic string, p int32, end int64) int64 {
+	from, ok := w.committed[topic][p]
+	if !ok {
+		if w.base[topic] == nil {
+			w.base[topic] = map[int32]int64{}
+		}
+		if from, ok = w.base[topic][p]; !ok {
+			from = end
+			w.base[topic][p] = end
+		}
+	}
+	return max(0, end-from)
+}
+
+// fullEvery is how many polls in a row may use the committed offsets and
+// partitions of the last full poll.
+const fullEvery = 50
+
+// quickLag is lag with the committed offsets and partitions of the last
+// full poll: one ListOffsets request, sharded by kgo to the partitions'
+// leaders from its cached metadata.
+func (w *lagWatcher) quickLag(ctx context.Context) (int64, error) {
+	pctx, cancel := context.WithTimeout(ctx, max(5*w.o.Poll, 2*time.Second))
+	defer cancel()
+	req := kmsg.NewPtrListOffsetsRequest()
+	req.ReplicaID = -1
+	for topic, ps := range w.parts {
+		rt := kmsg.NewListOffsetsRequestTopic()
+		rt.Topic = topic
+		for _, p := range ps {
+			rp := kmsg.NewListOffsetsRequestTopicPartition()
+			rp.Partition = p
+			rp.Timestamp = -1 // the end
+			rt.Partitions = append(rt.Partitions, rp)
+		}
+		req.Topics = append(req.Topics, rt)
+	}
+	ends := map[string]map[int32]int64{}
+	for _, sh := range w.cl.RequestSharded(pctx, req) {
+		if sh.Err != nil {
+			return 0, fmt.Errorf("list the end offsets: %w", sh.Err)
+		}
+		for _, t := range sh.Resp.(*kmsg.ListOffsetsResponse).Topics {
+			for _, p := range t.Partitions {
+				if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
+					return 0, fmt.Errorf("list the end offset of %s/%d: %w", t.Topic, p.Partition, err)
+				}
+				if ends[t.Topic] == nil {
+					ends[t.Topic] = map[int32]int64{}
+				}
+				ends[t.Topic][p.Partition] = p.Offset
+			}
+		}
+	}
+	return w.lagOf(ends), nil
 }
 
 // requestCounter counts the requests kcr standby writes to brokers.

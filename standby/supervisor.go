@@ -281,7 +281,7 @@ func (s *Supervisor) resumePoint() (State, proc) {
 		s.log.Warn("standby: listing images", "err", err)
 	}
 	if len(imgs) > 0 {
-		s.image = imgs[0]
+		s.setImage(imgs[0])
 	}
 	switch p := (proc{PID: st.PID, Start: st.Start}); {
 	case st.State == StateRunning && p.PID > 0 && alive(p):
@@ -295,6 +295,12 @@ func (s *Supervisor) resumePoint() (State, proc) {
 		return StateStandby, proc{}
 	}
 	return StateStarting, proc{}
+}
+
+func (s *Supervisor) setImage(name string) {
+	s.mu.Lock()
+	s.image = name
+	s.mu.Unlock()
 }
 
 // running records that p runs now.
@@ -465,12 +471,11 @@ func (s *Supervisor) restore(ctx context.Context, source string, wokeAt time.Tim
 		}
 		aside, aerr := s.dir.setAside(s.image)
 		s.log.Error("standby: restore failed; starting the service cold", "image", s.image, "kept_as", aside, "err", err, "aside_err", aerr)
-		s.mu.Lock()
-		s.image = ""
-		s.mu.Unlock()
+		next := ""
 		if imgs, _ := s.dir.imagesNewestFirst(); len(imgs) > 0 {
-			s.image = imgs[0]
+			next = imgs[0]
 		}
+		s.setImage(next)
 		return proc{}, err
 	}
 	latency := time.Since(wokeAt)

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/kcr-dev/kcr/engine"
 )
 
 // Supervisor runs one service through the standby cycle. Create it with
@@ -70,6 +72,13 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 	}
 	if o.Group != "" {
 		if s.lag, err = newLagWatcher(ctx, &s.o, s.log); err != nil {
+			return nil, err
+		}
+	}
+	if b == nil {
+		// A CRIU that cannot work would be found at the first checkpoint,
+		// and then again at every idle period: find it now.
+		if _, _, err := engine.CRIU(ctx, o.CRIU); err != nil {
 			return nil, err
 		}
 	}

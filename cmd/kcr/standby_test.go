@@ -43,3 +43,13 @@ func TestRunStandbyBadInput(t *testing.T) {
 		t.Errorf("refused commands printed %q on stdout", stdout)
 	}
 }
+
+// A CRIU that cannot run is found before the service starts.
+func TestRunStandbyNoCRIU(t *testing.T) {
+	out, _, _ := bufOutput(false)
+	o := &standbyOpts{cmdline: argv("true")}
+	o.o.ImageDir = filepath.Join(t.TempDir(), "img")
+	o.o.Idle = time.Minute
+	o.criu = filepath.Join(t.TempDir(), "no-criu")
+	wantCode(t, runStandby(context.Background(), o, out), exitNoCRIU, "no-criu")
+}

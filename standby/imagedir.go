@@ -34,6 +34,11 @@ type persisted struct {
 	PID   int    `json:"pid,omitempty"`   // running: the service's host PID
 	Start uint64 `json:"start,omitempty"` // running: its start time
 	Image string `json:"image,omitempty"` // standby: the image's base name
+	// LagBase is the lag watcher's base (standby): the end offsets of the
+	// partitions the group never committed when they were first seen, so
+	// that a record that lands there while no kcr standby runs still wakes
+	// the service.
+	LagBase map[string]map[int32]int64 `json:"lag_base,omitempty"`
 }
 
 // openImageDir creates (0700) or opens dir, checks that nobody but the

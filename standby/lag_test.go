@@ -3,6 +3,7 @@ package standby
 import (
 	"context"
 	"log/slog"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -166,5 +167,49 @@ func TestLagUncommittedPartition(t *testing.T) {
 	commit(1, 3)
 	if n := lag(); n != 0 {
 		t.Fatalf("lag %d once the group committed it, want 0", n)
+	}
+}
+
+// The lag base of never-committed partitions is kept in the state file: a
+// record that lands in one while no kcr standby runs wakes the service when
+// a new one starts on the same image directory.
+func TestLagBaseSurvivesRestart(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "t"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	addrs := c.ListenAddrs()
+	cl, _ := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	defer cl.Close()
+	to := func(p int32) {
+		t.Helper()
+		if err := cl.ProduceSync(t.Context(), &kgo.Record{Topic: "t", Partition: p, Value: []byte("x")}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	to(0)
+	to(1)
+	offs := kadm.Offsets{}
+	offs.Add(kadm.Offset{Topic: "t", Partition: 0, At: 1})
+	if _, err := kadm.NewClient(cl).CommitOffsets(t.Context(), "g", offs); err != nil {
+		t.Fatal(err)
+	}
+	withLag := func(o *Options) {
+		o.Brokers, o.Group, o.Poll, o.BrokerTimeout = addrs, "g", 20*time.Millisecond, 2*time.Second
+	}
+	dir := filepath.Join(t.TempDir(), "img")
+	r := startRig(t, newFake(), dir, withLag)
+	r.waitState(StateStandby) // partition 1 (1 record, never committed) seen
+	r.end()
+	to(1) // while no kcr standby runs
+	f := newFake()
+	r2 := startRig(t, f, dir, withLag)
+	r2.waitState(StateRunning)
+	if starts, restores, _ := f.snapshot(); starts != 0 || len(restores) != 1 {
+		t.Fatalf("%d cold starts, restores %v: want the kept image restored", starts, restores)
+	}
+	if !strings.Contains(r2.log.String(), `"source":"kafka"`) {
+		t.Fatalf("not woken by Kafka lag:\n%s", r2.log.String())
 	}
 }

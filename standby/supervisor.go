@@ -254,7 +254,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			}
 		case StateStandby:
 			s.setState(StateStandby, "image", s.image)
-			if err := s.dir.writeState(persisted{State: StateStandby, Image: s.image}); err != nil {
+			if err := s.dir.writeState(persisted{State: StateStandby, Image: s.image, LagBase: s.lagBase()}); err != nil {
 				s.log.Warn("standby: state file", "err", err)
 			}
 			src, at, ok := s.waitWake(ctx)
@@ -292,6 +292,9 @@ func (s *Supervisor) resumePoint() (State, proc) {
 	if len(imgs) > 0 {
 		s.setImage(imgs[0])
 	}
+	if s.lag != nil && st.State == StateStandby && st.LagBase != nil {
+		s.lag.base = st.LagBase
+	}
 	switch p := (proc{PID: st.PID, Start: st.Start}); {
 	case st.State == StateRunning && p.PID > 0 && alive(p):
 		s.running(p, "adopted", true)
@@ -304,6 +307,14 @@ func (s *Supervisor) resumePoint() (State, proc) {
 		return StateStandby, proc{}
 	}
 	return StateStarting, proc{}
+}
+
+// lagBase is the lag watcher's base, for the state file (nil without one).
+func (s *Supervisor) lagBase() map[string]map[int32]int64 {
+	if s.lag == nil {
+		return nil
+	}
+	return s.lag.base
 }
 
 func (s *Supervisor) setImage(name string) {
@@ -430,7 +441,7 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc) State {
 	s.image = name
 	s.cur = proc{}
 	s.mu.Unlock()
-	if err := s.dir.writeState(persisted{State: StateStandby, Image: name}); err != nil {
+	if err := s.dir.writeState(persisted{State: StateStandby, Image: name, LagBase: s.lagBase()}); err != nil {
 		s.log.Warn("standby: state file", "err", err)
 	}
 	if err := s.dir.removeOlder(name); err != nil {

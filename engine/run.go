@@ -35,6 +35,9 @@ type RunOptions struct {
 	// ReadyTimeout is how long to wait for the program's kcr control
 	// socket (0: do not wait).
 	ReadyTimeout time.Duration
+	// ExtraFiles are passed to the program as fds 3, 4, … (a listening
+	// socket for LISTEN_FDS).
+	ExtraFiles []*os.File
 }
 
 // RunResult describes a started service.
@@ -107,6 +110,7 @@ func Run(ctx context.Context, o RunOptions) (*RunResult, error) {
 	cmd.Args[0] = o.Args[0]
 	cmd.Env = env
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = null, logf, logf
+	cmd.ExtraFiles = o.ExtraFiles
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if !o.NoPIDNamespace {
 		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWPID

@@ -80,7 +80,9 @@ type ConnsReport struct {
 type Conns struct {
 	t          *conntrack.Tracker
 	log        *slog.Logger
+	registry   *notify.Registry
 	unregister func()
+	ungauge    func()
 
 	mu     sync.Mutex
 	report *ConnsReport // nil before the first checkpoint
@@ -90,15 +92,21 @@ type Conns struct {
 // used to open connections; nil means a net.Dialer with a 10 s timeout.
 func TrackConns(name string, dial func(ctx context.Context, network, address string) (net.Conn, error), opts ...Opt) *Conns {
 	cfg := newConfig(opts)
-	c := &Conns{t: conntrack.New(dial, nil), log: cfg.log.With("resource", name)}
+	c := &Conns{t: conntrack.New(dial, nil), log: cfg.log.With("resource", name), registry: cfg.registry}
 	c.unregister = cfg.registry.Register(name, c)
+	// Open connections keep the process from being idle (notify.Activity).
+	c.ungauge = cfg.registry.AddOpenGauge(c.t.Open)
 	return c
 }
 
 // DialContext opens a tracked connection. During a checkpoint it waits until
 // the process is resumed or restored, or until ctx ends.
 func (c *Conns) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
-	return c.t.DialContext(ctx, network, address)
+	conn, err := c.t.DialContext(ctx, network, address)
+	if err == nil {
+		c.registry.Touch(1)
+	}
+	return conn, err
 }
 
 // Open returns how many tracked connections are open.
@@ -134,6 +142,7 @@ func (c *Conns) CheckpointReport() map[string]any {
 // fail with ErrConnsClosed.
 func (c *Conns) Close() error {
 	c.unregister()
+	c.ungauge()
 	c.t.CloseAll(true)
 	return nil
 }

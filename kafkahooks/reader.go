@@ -295,6 +295,9 @@ func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 			}
 			return kafka.Message{}, true, nil
 		}
+		if err == nil {
+			r.cfg.registry.Touch(1) // notify.Activity
+		}
 		return m, false, err
 	})
 }
@@ -342,6 +345,7 @@ func (r *Reader) CommitMessages(ctx context.Context, msgs ...kafka.Message) erro
 	}
 	_, err := gatedCall(ctx, &r.gate, io.ErrClosedPipe, func(s *readerState) (struct{}, bool, error) {
 		keep := s.handed.current(msgs)
+		r.cfg.registry.Touch(len(keep)) // notify.Activity
 		if n := len(msgs) - len(keep); n > 0 {
 			r.staleCommits.Add(int64(n))
 			r.cfg.log.Debug("dropped commits of records fetched before a checkpoint", "records", n)

@@ -237,6 +237,7 @@ func (w *Writer) WriteMessages(ctx context.Context, msgs ...kafka.Message) error
 	n := int64(len(msgs))
 	_, err := gatedCall(ctx, &w.gate, io.ErrClosedPipe, func(s *writerState) (struct{}, bool, error) {
 		w.inflight.Add(callUnit + n)
+		w.cfg.registry.Touch(len(msgs)) // notify.Activity
 		err := s.w.WriteMessages(ctx, msgs...)
 		if err != nil || !w.async {
 			w.inflight.Add(-callUnit - n)

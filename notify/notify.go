@@ -159,6 +159,8 @@ type Registry struct {
 
 	generation uint64
 	instanceID string
+
+	act activity // see activity.go
 }
 
 // NewRegistry returns an empty registry with a fresh instance id.

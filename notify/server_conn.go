@@ -105,6 +105,11 @@ func (s *Server) handle(c *net.UnixConn) {
 	switch m.Type {
 	case proto.TypeHello:
 		s.reply(c, s.info())
+	case proto.TypeActivity:
+		a := s.g.Activity()
+		m := s.info()
+		m.Activity, m.OpenConns, m.HooksInFlight = a.Count, a.OpenConns, a.HooksInFlight
+		s.reply(c, m)
 	case proto.TypeCheckpoint:
 		s.mu.Lock()
 		draining := s.draining

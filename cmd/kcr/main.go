@@ -73,7 +73,7 @@ func newRoot(g *globals) *cobra.Command {
 	root.PersistentFlags().BoolVar(&g.json, "json", false, "print the result as JSON on stdout")
 	root.PersistentFlags().BoolVarP(&g.verbose, "verbose", "v", false, "log debug details on stderr")
 	root.PersistentFlags().StringVar(&g.criu, "criu", "", "path of the criu binary (default: $KCR_CRIU, then PATH)")
-	root.AddCommand(checkpointCmd(g), restoreCmd(g), runCmd(g), inspectCmd(g), recoverCmd(g), doctorCmd(g), versionCmd(g), exportCmd(g), importCmd(g), keygenCmd(g))
+	root.AddCommand(checkpointCmd(g), restoreCmd(g), runCmd(g), inspectCmd(g), recoverCmd(g), doctorCmd(g), versionCmd(g), exportCmd(g), importCmd(g), keygenCmd(g), standbyCmd(g))
 	root.AddCommand(criuHookCmd(g), installHookCmd(g))
 	root.SetUsageTemplate(root.UsageTemplate() + exitStatusHelp)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &exitError{exitUsage, err} })

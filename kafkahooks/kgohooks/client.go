@@ -52,6 +52,7 @@ func (c *Client) CommitRecords(ctx context.Context, rs ...*kgo.Record) error {
 			return nil
 		}
 	}
+	c.cfg.registry.Touch(len(rs)) // notify.Activity
 	return s.cl.CommitRecords(ctx, rs...)
 }
 

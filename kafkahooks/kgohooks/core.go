@@ -175,6 +175,7 @@ func (c *core) produce(ctx context.Context, r *kgo.Record, promise func(*kgo.Rec
 		fail(r, promise, err)
 		return
 	}
+	c.cfg.registry.Touch(1) // notify.Activity
 	send(s.cl, ctx, r, promise)
 	c.calls.Add(-1)
 }
@@ -212,6 +213,7 @@ func (c *core) ProduceSync(ctx context.Context, rs ...*kgo.Record) kgo.ProduceRe
 	}
 	// Counted until acknowledged: the checkpoint's flush waits for it.
 	defer c.calls.Add(-1)
+	c.cfg.registry.Touch(len(rs)) // notify.Activity
 	return s.cl.ProduceSync(ctx, rs...)
 }
 
@@ -290,6 +292,7 @@ func (c *core) AllowRebalance() {
 
 // handed notes the records a poll hands to the application.
 func (c *core) handed(s *state, fs kgo.Fetches) {
+	c.cfg.registry.Touch(fs.NumRecords()) // notify.Activity
 	if c.pos != nil {
 		c.pos.handed(fs)
 	}

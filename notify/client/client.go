@@ -343,3 +343,24 @@ func followup(ctx context.Context, dial dialer, path string, req proto.Message, 
 	}
 	return m, nil
 }
+
+// Activity asks the app for its activity counters (notify.Activity): the
+// answer is a TypeInfo message with Activity, OpenConns and HooksInFlight.
+// An app whose notify library predates the request refuses it.
+func Activity(ctx context.Context, path string) (proto.Message, error) {
+	return activity(ctx, atPath(path), path)
+}
+
+func activity(ctx context.Context, dial dialer, path string) (proto.Message, error) {
+	m, c, err := call(ctx, dial, path, proto.Message{Type: proto.TypeActivity}, 5*time.Second)
+	if c != nil {
+		c.Close()
+	}
+	if err != nil {
+		return m, err
+	}
+	if m.Type != proto.TypeInfo {
+		return m, fmt.Errorf("unexpected answer %q to activity", m.Type)
+	}
+	return m, nil
+}

@@ -36,6 +36,11 @@ func (s *Socket) Hello(ctx context.Context) (proto.Message, error) {
 	return hello(ctx, s.dial, s.Path)
 }
 
+// Activity is [Activity] on s.
+func (s *Socket) Activity(ctx context.Context) (proto.Message, error) {
+	return activity(ctx, s.dial, s.Path)
+}
+
 // Checkpoint is [Checkpoint] on s.
 func (s *Socket) Checkpoint(ctx context.Context, req CheckpointRequest) (proto.Message, error) {
 	return checkpoint(ctx, s.dial, s.Path, req)

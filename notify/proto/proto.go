@@ -34,6 +34,7 @@ const (
 	TypeCheckpoint = "checkpoint" // run before-checkpoint hooks; answered with TypeReady, TypeFailed or TypeBusy
 	TypeResume     = "resume"     // the checkpoint is over and this process goes on; answered with TypeDone
 	TypeRestored   = "restored"   // this process was restored from an image; answered with TypeDone
+	TypeActivity   = "activity"   // how busy are you; answered with TypeInfo and its activity fields
 
 	// App to CLI.
 	TypeInfo   = "info"
@@ -112,6 +113,12 @@ type Message struct {
 	InstanceID    string `json:"instance_id,omitempty"`    // info, done: the app's current instance id
 	Error         string `json:"error,omitempty"`          // failed, done, error: what went wrong
 	AppGeneration uint64 `json:"app_generation,omitempty"` // info, done: the generation the app runs as
+
+	// info, in answer to activity (see notify.Activity). An app whose
+	// notify library predates TypeActivity answers it with TypeError.
+	Activity      uint64 `json:"activity,omitempty"`        // work counter: records fetched, produced, committed; touches; dials
+	OpenConns     int    `json:"open_conns,omitempty"`      // tracked connections open now
+	HooksInFlight bool   `json:"hooks_in_flight,omitempty"` // a checkpoint cycle's hooks are running
 }
 
 // Encode returns the frame for m, filling in the protocol version.
@@ -185,6 +192,9 @@ func Decode(body []byte) (Message, error) {
 	if m.HookBudget < 0 || m.ResumeAfter < 0 || m.Wait < 0 {
 		return Message{}, fmt.Errorf("%w: negative duration", ErrBadMessage)
 	}
+	if m.OpenConns < 0 {
+		return Message{}, fmt.Errorf("%w: negative open_conns", ErrBadMessage)
+	}
 	if len(m.Reports) > MaxEntries || len(m.Resources) > MaxEntries {
 		return Message{}, fmt.Errorf("%w: too many entries", ErrBadMessage)
 	}
@@ -193,7 +203,7 @@ func Decode(body []byte) (Message, error) {
 
 func knownType(t string) bool {
 	switch t {
-	case TypeHello, TypeCheckpoint, TypeResume, TypeRestored,
+	case TypeHello, TypeCheckpoint, TypeResume, TypeRestored, TypeActivity,
 		TypeInfo, TypeReady, TypeFailed, TypeBusy, TypeDone, TypeError:
 		return true
 	}

@@ -45,6 +45,7 @@ func main() {
 	mptcp := flag.Bool("mptcp", false, "listen with MPTCP")
 	dial := flag.String("dial", "", "connect to this control socket, send hello, print the answer and exit")
 	heapMB := flag.Int("heap-mb", 0, "keep this many MiB of filled memory (warm state for benchmarks)")
+	listenFDs := flag.Bool("listen-fds", false, "serve the state on the socket of LISTEN_FDS (kcr standby --listen) instead of -listen; every connection counts as activity (notify.Touch)")
 	flag.Parse()
 	if *dial != "" {
 		os.Exit(dialMode(*dial))
@@ -127,7 +128,20 @@ func main() {
 
 	var lc net.ListenConfig
 	lc.SetMultipathTCP(*mptcp)
-	ln, err := lc.Listen(context.Background(), "tcp", *listen)
+	var ln net.Listener
+	var err error
+	if *listenFDs {
+		var lns []net.Listener
+		lns, err = notify.Listeners()
+		if err == nil && len(lns) != 1 {
+			err = fmt.Errorf("%d sockets in LISTEN_FDS, want 1", len(lns))
+		}
+		if err == nil {
+			ln = lns[0]
+		}
+	} else {
+		ln, err = lc.Listen(context.Background(), "tcp", *listen)
+	}
 	if err != nil {
 		emit("fatal", "err", err.Error())
 		os.Exit(1)
@@ -148,6 +162,9 @@ func main() {
 			gen, id := notify.Identity()
 			fmt.Fprintf(c, "%d %d %s\n", counter.Load(), gen, id)
 			c.Close()
+			if *listenFDs {
+				notify.Touch()
+			}
 		}
 	}()
 

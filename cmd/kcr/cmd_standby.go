@@ -1,0 +1,161 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+
+	"github.com/kcr-dev/kcr/standby"
+)
+
+// standbyOpts are standby's arguments and flags.
+type standbyOpts struct {
+	cmdline
+	o       standby.Options
+	metrics string
+}
+
+func standbyCmd(g *globals) *cobra.Command {
+	var opts standbyOpts
+	cmd := &cobra.Command{
+		Use:   "standby [flags] -- CMD [ARGS...]",
+		Short: "Run a service, checkpoint it when idle and restore it warm when work arrives (scale to zero)",
+		Long: `Run a service under "kcr run" semantics, checkpoint it (with its hooks,
+nothing carried) once it has been idle for --idle, and restore its image as a
+new instance when work arrives: lag of --group on the broker, a connection on
+--listen, "kcr standby wake", or SIGUSR1. SIGUSR2 or "kcr standby sleep"
+checkpoints it now. Every transition is logged as JSON on stderr.
+
+Idle means: no record fetched, produced or committed through kafkahooks or
+kgohooks, no connection of hooks.TrackConns open or dialed, no notify.Touch,
+and no hook running, for all of --idle (the service's control socket reports
+its activity).
+
+SIGTERM or SIGINT stop kcr standby and leave the service as it is: running,
+or checkpointed with its image in --image-dir; a new kcr standby with the same
+--image-dir goes on from there. See docs/standby.md.`,
+		Args: cobra.ArbitraryArgs,
+		RunE: runE(g, &opts, runStandby),
+	}
+	f := cmd.Flags()
+	o := &opts.o
+	f.StringVar(&o.ImageDir, "image-dir", "", "directory for the image, state, lock and control socket (required; created 0700)")
+	f.DurationVar(&o.Idle, "idle", 60*time.Second, "checkpoint the service after it has been idle this long")
+	f.StringSliceVar(&o.Brokers, "brokers", nil, "Kafka bootstrap brokers for the lag wake")
+	f.StringVar(&o.Group, "group", "", "the service's consumer group: its lag wakes the service")
+	f.StringSliceVar(&o.Topics, "topics", nil, "topics whose lag counts (default: those the group committed)")
+	f.DurationVar(&o.Poll, "poll", standby.DefaultPoll, "how often to poll the group's lag while the service sleeps")
+	f.StringVar(&o.Listen, "listen", "", "TCP address kcr listens on and hands to the service (LISTEN_FDS); a connection wakes it")
+	f.StringVar(&opts.metrics, "metrics", "", "serve Prometheus metrics on this address (/metrics)")
+	f.StringVar(&o.Log, "log", "", "file for the service's output, appended (default IMAGE_DIR/service.log)")
+	f.StringArrayVarP(&o.Env, "env", "e", nil, "add KEY=VALUE to the service's environment")
+	f.DurationVar(&o.HookBudget, "hook-budget", standby.DefaultHookBudget, "deadline of the before-checkpoint hooks")
+	f.DurationVar(&o.ReadyTimeout, "ready-timeout", standby.DefaultReadyTimeout, "how long a cold start may take to open its control socket")
+	f.DurationVar(&o.BackoffMax, "max-backoff", standby.DefaultBackoffMax, "longest wait before restarting a service that keeps crashing")
+	cmd.AddCommand(standbyCtlCmd(g, "wake", "Restore the service of --image-dir now"),
+		standbyCtlCmd(g, "sleep", "Checkpoint the service of --image-dir now"),
+		standbyCtlCmd(g, "status", "Show the state of the kcr standby of --image-dir"))
+	return cmd
+}
+
+// runStandby runs kcr standby until SIGTERM or SIGINT.
+func runStandby(ctx context.Context, opts *standbyOpts, out *output) error {
+	o := opts.o
+	o.Args = opts.args
+	o.CRIU = opts.criu
+	lvl := slog.LevelInfo
+	if opts.verbose {
+		lvl = slog.LevelDebug
+	}
+	o.Logger = slog.New(slog.NewJSONHandler(out.stderr, &slog.HandlerOptions{Level: lvl}))
+	var metricsLn net.Listener
+	if opts.metrics != "" {
+		ln, err := net.Listen("tcp", opts.metrics)
+		if err != nil {
+			return &exitError{exitUsage, fmt.Errorf("--metrics %s: %v: choose a free address", opts.metrics, err)}
+		}
+		metricsLn = ln
+		defer ln.Close()
+		reg := prometheus.NewRegistry()
+		o.Observer = standby.NewMetrics(reg)
+	}
+	sup, err := standby.New(ctx, o)
+	if errors.Is(err, standby.ErrBadOption) {
+		return &exitError{exitUsage, err}
+	}
+	if err != nil {
+		return err
+	}
+	if metricsLn != nil {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(o.Observer.(*standby.Metrics).Gatherer(), promhttp.HandlerOpts{}))
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go srv.Serve(metricsLn)
+		defer srv.Close()
+	}
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGUSR2)
+	defer signal.Stop(sigs)
+	go func() {
+		for sig := range sigs {
+			if sig == syscall.SIGUSR1 {
+				sup.Wake("signal")
+			} else {
+				sup.Sleep()
+			}
+		}
+	}()
+	return sup.Run(ctx)
+}
+
+// standbyCtlOpts are the arguments and flags of standby wake|sleep|status.
+type standbyCtlOpts struct {
+	cmdline
+	verb     string
+	imageDir string
+}
+
+func standbyCtlCmd(g *globals, verb, short string) *cobra.Command {
+	opts := standbyCtlOpts{verb: verb}
+	cmd := &cobra.Command{
+		Use:   verb + " --image-dir DIR",
+		Short: short,
+		Args:  cobra.NoArgs,
+		RunE:  runE(g, &opts, runStandbyCtl),
+	}
+	cmd.Flags().StringVar(&opts.imageDir, "image-dir", "", "the --image-dir of the kcr standby to talk to (required)")
+	return cmd
+}
+
+func runStandbyCtl(ctx context.Context, opts *standbyCtlOpts, out *output) error {
+	if opts.imageDir == "" {
+		return &exitError{exitUsage, errors.New("--image-dir is required: the --image-dir of the kcr standby to talk to")}
+	}
+	r, err := standby.Control(ctx, opts.imageDir, opts.verb)
+	if err != nil {
+		return err
+	}
+	if out.json {
+		return out.JSON(r.Status)
+	}
+	fmt.Fprintf(out.stdout, "%s", r.Status.State)
+	if r.Status.PID > 0 {
+		fmt.Fprintf(out.stdout, " pid %d", r.Status.PID)
+	}
+	if r.Status.Image != "" {
+		fmt.Fprintf(out.stdout, " image %s", r.Status.Image)
+	}
+	fmt.Fprintln(out.stdout)
+	return nil
+}

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"context"
+	"net"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// kcr standby refuses bad input with one line and a non-zero exit before
+// it starts anything.
+func TestRunStandbyBadInput(t *testing.T) {
+	ctx := context.Background()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	opts := func(args ...string) *standbyOpts {
+		o := &standbyOpts{cmdline: argv(args...)}
+		o.o.ImageDir = filepath.Join(t.TempDir(), "img")
+		o.o.Idle = time.Minute
+		return o
+	}
+	out, stdout, _ := bufOutput(false)
+	wantCode(t, runStandby(ctx, opts(), out), exitUsage, "no command given")
+	o := opts("true")
+	o.o.Idle = 0
+	wantCode(t, runStandby(ctx, o, out), exitUsage, "--idle 0s")
+	o = opts("true")
+	o.o.Listen = ln.Addr().String()
+	wantCode(t, runStandby(ctx, o, out), exitUsage, "--listen")
+	o = opts("true")
+	o.metrics = ln.Addr().String()
+	wantCode(t, runStandby(ctx, o, out), exitUsage, "--metrics")
+	o = opts("true")
+	o.o.Brokers, o.o.Group, o.o.BrokerTimeout = []string{"127.0.0.1:1"}, "g", 300*time.Millisecond
+	wantCode(t, runStandby(ctx, o, out), exitErr, "no broker answered")
+	wantCode(t, runStandbyCtl(ctx, &standbyCtlOpts{verb: "wake"}, out), exitUsage, "--image-dir is required")
+	wantCode(t, runStandbyCtl(ctx, &standbyCtlOpts{verb: "wake", imageDir: t.TempDir()}, out), exitErr, "no kcr standby answers")
+	if stdout.Len() != 0 {
+		t.Errorf("refused commands printed %q on stdout", stdout)
+	}
+}
+
+// A CRIU that cannot run is found before the service starts.
+func TestRunStandbyNoCRIU(t *testing.T) {
+	out, _, _ := bufOutput(false)
+	o := &standbyOpts{cmdline: argv("true")}
+	o.o.ImageDir = filepath.Join(t.TempDir(), "img")
+	o.o.Idle = time.Minute
+	o.criu = filepath.Join(t.TempDir(), "no-criu")
+	wantCode(t, runStandby(context.Background(), o, out), exitNoCRIU, "no-criu")
+}

@@ -1,0 +1,231 @@
+// Command wakeprobe measures how long a scaled-to-zero pipeline takes to
+// answer one order, for scripts/bench-standby.sh:
+//
+//	wakeprobe -brokers B -orders T -results R -cycles N -status 'kcr standby status --image-dir D --json'
+//	wakeprobe -brokers B -orders T -results R -cycles N -cold 'CMD that starts the service' -stop 'CMD that stops it'
+//
+// Each cycle waits until the service is asleep (the -status command prints
+// {"state":"standby"}), or, with -cold, until the -stop command has run;
+// then it produces one order (examples/loadgen's format) and, with -cold,
+// runs the -cold command at once; and it waits until the order's result is
+// on the results topic. The latency is from just before the order is
+// produced to the moment its result is read (acknowledged by the broker).
+//
+// It prints one JSON line per cycle and a summary line:
+// {"cycles","p50_ms","p95_ms","max_ms","missing","duplicated"}, where
+// missing counts orders without a result and duplicated the results beyond
+// the first of an order, over everything on the results topic.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+type order struct {
+	ID string `json:"id"`
+	N  int64  `json:"n"`
+	TS int64  `json:"ts"`
+}
+
+func main() {
+	brokers := flag.String("brokers", "127.0.0.1:9092", "comma-separated bootstrap brokers")
+	orders := flag.String("orders", "orders", "topic of the orders")
+	results := flag.String("results", "results", "topic of the results")
+	cycles := flag.Int("cycles", 30, "orders to send, one per cycle")
+	status := flag.String("status", "", "shell command printing kcr standby status --json")
+	cold := flag.String("cold", "", "shell command that starts the service cold (instead of -status)")
+	stop := flag.String("stop", "", "with -cold: shell command that stops the service after each cycle")
+	prefix := flag.String("prefix", fmt.Sprintf("probe-%d", time.Now().UnixNano()), "order id prefix")
+	timeout := flag.Duration("timeout", 60*time.Second, "longest wait for a state or a result")
+	create := flag.Int("create", 0, "create -orders and -results with this many partitions, then exit")
+	flag.Parse()
+	if *create > 0 {
+		createTopics(strings.Split(*brokers, ","), int32(*create), *orders, *results)
+		return
+	}
+	if (*status == "") == (*cold == "") {
+		fail("give -status or -cold")
+	}
+	ctx := context.Background()
+	bs := strings.Split(*brokers, ",")
+	prod, err := kgo.NewClient(kgo.SeedBrokers(bs...), kgo.ClientID("wakeprobe-producer"), kgo.RequiredAcks(kgo.AllISRAcks()))
+	if err != nil {
+		fail(err.Error())
+	}
+	defer prod.Close()
+	cons, err := kgo.NewClient(kgo.SeedBrokers(bs...), kgo.ClientID("wakeprobe-results"), kgo.ConsumeTopics(*results),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50*time.Millisecond))
+	if err != nil {
+		fail(err.Error())
+	}
+	defer cons.Close()
+
+	var mu sync.Mutex
+	seen := map[string]time.Time{}
+	count := map[string]int{}
+	arrived := make(chan struct{}, 1)
+	go func() {
+		for {
+			fs := cons.PollFetches(ctx)
+			now := time.Now()
+			mu.Lock()
+			fs.EachRecord(func(r *kgo.Record) {
+				k := string(r.Key)
+				if count[k] == 0 {
+					seen[k] = now
+				}
+				count[k]++
+			})
+			mu.Unlock()
+			select {
+			case arrived <- struct{}{}:
+			default:
+			}
+		}
+	}()
+
+	var lat []time.Duration
+	var ids []string
+	for i := range *cycles {
+		if *status != "" {
+			if err := waitAsleep(*status, *timeout); err != nil {
+				fail(fmt.Sprintf("cycle %d: %v", i+1, err))
+			}
+		}
+		id := fmt.Sprintf("%s-%d", *prefix, i)
+		ids = append(ids, id)
+		t0 := time.Now()
+		v, _ := json.Marshal(order{ID: id, N: int64(i), TS: t0.UnixNano()})
+		if err := prod.ProduceSync(ctx, &kgo.Record{Topic: *orders, Key: []byte(id), Value: v}).FirstErr(); err != nil {
+			fail(fmt.Sprintf("cycle %d: produce: %v", i+1, err))
+		}
+		if *cold != "" {
+			if out, err := exec.Command("sh", "-c", *cold).CombinedOutput(); err != nil {
+				fail(fmt.Sprintf("cycle %d: -cold: %v: %s", i+1, err, out))
+			}
+		}
+		deadline := time.After(*timeout)
+		var at time.Time
+		for at.IsZero() {
+			mu.Lock()
+			at = seen[id]
+			mu.Unlock()
+			if !at.IsZero() {
+				break
+			}
+			select {
+			case <-arrived:
+			case <-time.After(5 * time.Millisecond):
+			case <-deadline:
+				fail(fmt.Sprintf("cycle %d: no result for %s within %v", i+1, id, *timeout))
+			}
+		}
+		d := at.Sub(t0)
+		lat = append(lat, d)
+		line(map[string]any{"cycle": i + 1, "order": id, "latency_ms": ms(d)})
+		if *stop != "" {
+			if out, err := exec.Command("sh", "-c", *stop).CombinedOutput(); err != nil {
+				fail(fmt.Sprintf("cycle %d: -stop: %v: %s", i+1, err, out))
+			}
+		}
+	}
+	time.Sleep(time.Second) // late duplicates
+	mu.Lock()
+	missing, dup := 0, 0
+	for _, id := range ids {
+		switch n := count[id]; {
+		case n == 0:
+			missing++
+		case n > 1:
+			dup += n - 1
+		}
+	}
+	mu.Unlock()
+	slices.Sort(lat)
+	line(map[string]any{"cycles": len(lat), "p50_ms": ms(pct(lat, 50)), "p95_ms": ms(pct(lat, 95)), "max_ms": ms(lat[len(lat)-1]),
+		"missing": missing, "duplicated": dup})
+}
+
+// createTopics creates the topics and waits until their partitions have
+// leaders.
+func createTopics(brokers []string, partitions int32, topics ...string) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		fail(err.Error())
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := adm.CreateTopics(ctx, partitions, 1, nil, topics...)
+	if err == nil {
+		err = res.Error()
+	}
+	if err != nil {
+		fail("create topics: " + err.Error())
+	}
+	for ctx.Err() == nil {
+		ends, err := adm.ListEndOffsets(ctx, topics...)
+		n := 0
+		if err == nil {
+			ends.Each(func(o kadm.ListedOffset) {
+				if o.Err == nil {
+					n++
+				}
+			})
+		}
+		if n == len(topics)*int(partitions) {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	fail("topics have no leaders after 30s")
+}
+
+// waitAsleep runs the status command until it reports "standby".
+func waitAsleep(cmd string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var last string
+	for time.Now().Before(deadline) {
+		out, err := exec.Command("sh", "-c", cmd).Output()
+		var st struct {
+			State string `json:"state"`
+		}
+		if err == nil && json.Unmarshal(out, &st) == nil && st.State == "standby" {
+			return nil
+		}
+		last = strings.TrimSpace(string(out))
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("the service did not go to sleep within %v (last status %q)", timeout, last)
+}
+
+// pct is the p-th percentile of sorted d (nearest rank).
+func pct(d []time.Duration, p int) time.Duration {
+	i := (p*len(d)+99)/100 - 1
+	return d[max(0, min(i, len(d)-1))]
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func line(m map[string]any) {
+	b, _ := json.Marshal(m)
+	fmt.Println(string(b))
+}
+
+func fail(msg string) {
+	fmt.Fprintln(os.Stderr, "wakeprobe: "+msg)
+	os.Exit(1)
+}

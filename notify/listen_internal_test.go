@@ -1,0 +1,135 @@
+package notify
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// A handed-over listener gives its socket up for a checkpoint (connections
+// queue in the supervisor's socket meanwhile, none is accepted), fetches it
+// back after the restore and accepts every queued connection; Accept never
+// fails in between.
+func TestListenersHandBack(t *testing.T) {
+	kcrLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kcrLn.Close()
+	kcrFile, err := kcrLn.(*net.TCPListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kcrFile.Close()
+	// The supervisor's socket: answers "fds" with kcrFile.
+	sock := filepath.Join(t.TempDir(), "sup.sock")
+	sup, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sup.Close()
+	fetches := make(chan struct{}, 8)
+	go func() {
+		for {
+			c, err := sup.AcceptUnix()
+			if err != nil {
+				return
+			}
+			line, _ := bufio.NewReader(c).ReadString('\n')
+			if line == "fds\n" {
+				c.WriteMsgUnix([]byte("{}\n"), unix.UnixRights(int(kcrFile.Fd())), nil)
+				fetches <- struct{}{}
+			}
+			c.Close()
+		}
+	}()
+
+	g := NewRegistry()
+	addr := kcrLn.Addr().String()
+	var queued []net.Conn
+	var accepted chan net.Conn
+	var lns []net.Listener
+	// Registered first: its before hook runs after the listeners gave the
+	// socket up, its after hook before they fetch it back.
+	g.Register("probe", Func(func(context.Context) error {
+		for range 3 {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				return err
+			}
+			queued = append(queued, c)
+		}
+		time.Sleep(100 * time.Millisecond)
+		if n := len(accepted); n > 0 {
+			return errors.New("a connection was accepted while the socket was given up")
+		}
+		return nil
+	}, nil))
+	dup, err := kcrLn.(*net.TCPListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lns, err = handOver(g, []*os.File{dup}, sock)
+	if err != nil || len(lns) != 1 {
+		t.Fatalf("handOver: %v, %d listeners", err, len(lns))
+	}
+	ln := lns[0]
+	defer ln.Close()
+	accepted = make(chan net.Conn, 8)
+	acceptErr := make(chan error, 1)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				acceptErr <- err
+				return
+			}
+			accepted <- c
+		}
+	}()
+	c0, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c0.Close()
+	select {
+	case c := <-accepted:
+		c.Close()
+	case <-time.After(5 * time.Second):
+		t.Fatal("no Accept before the checkpoint")
+	}
+
+	res, err := g.Simulate(context.Background(), SimRestore, 5*time.Second)
+	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
+		t.Fatalf("simulate: %v, before %v, after %v", err, res.BeforeErr, res.AfterErr)
+	}
+	select {
+	case <-fetches:
+	default:
+		t.Fatal("the listeners did not fetch the socket back")
+	}
+	for i := range queued {
+		select {
+		case c := <-accepted:
+			c.Close()
+		case err := <-acceptErr:
+			t.Fatalf("Accept failed across the checkpoint: %v", err)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d of %d queued connections accepted after the restore", i, len(queued))
+		}
+	}
+	for _, c := range queued {
+		c.Close()
+	}
+	ln.Close()
+	if err := <-acceptErr; !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Accept after Close: %v, want net.ErrClosed", err)
+	}
+}

@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# Scale to zero with kcr standby, measured on a real broker: the demo
+# pipeline (examples/pipeline) runs under kcr standby, which checkpoints it
+# once idle; each cycle produces one order while it sleeps, which wakes it
+# (consumer lag), and waits for the order's result. Then the same service is
+# started cold for each order instead (what a 0 → 1 scaler without a warm
+# image does: the order arrives, the service starts), for comparison.
+#
+#   sudo scripts/bench-standby.sh [cycles]     (default 30)
+#
+# It prints, per client library: wake latency (order produced → its result
+# read back from the broker) p50/p95/max under kcr standby and for a cold
+# start, kcr standby's RSS and CPU while the service sleeps, the broker
+# requests/s of its lag polling, and the orders missing and duplicated over
+# all cycles (both must be 0).
+#
+# Environment: KCR_KAFKA_BROKERS (the broker; default 127.0.0.1:9092,
+# scripts/kafka-up.sh's; KCR_KAFKA_PROD_BROKERS, if set, is used instead: a
+# broker with production group settings), KCR_BENCH_CLIENTS (default
+# "franz kafka-go"), KCR_BENCH_IDLE (--idle, default 1s), KCR_BENCH_POLL
+# (--poll, default 100ms), KCR_BENCH_COLD (cold-start cycles, default 5),
+# KCR_BENCH_WARMUP (the pipeline's warm-up, default 3s), KCR_BENCH_CACHE_MB
+# (default 64), KCR_BENCH_IDLE_SAMPLE (seconds to sample the idle standby,
+# default 10), KCR_BENCH_KEEP=1 keeps the work directory.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+need_root
+need_go
+need_jq
+cycles="${1:-30}"
+brokers="${KCR_KAFKA_PROD_BROKERS:-${KCR_KAFKA_BROKERS:-127.0.0.1:9092}}"
+clients="${KCR_BENCH_CLIENTS:-franz kafka-go}"
+idle="${KCR_BENCH_IDLE:-1s}"
+poll="${KCR_BENCH_POLL:-100ms}"
+cold_cycles="${KCR_BENCH_COLD:-5}"
+warmup="${KCR_BENCH_WARMUP:-3s}"
+cache_mb="${KCR_BENCH_CACHE_MB:-64}"
+sample="${KCR_BENCH_IDLE_SAMPLE:-10}"
+
+work=$(mktemp -d /var/tmp/kcr-bench-standby.XXXXXX)
+bin="$work/bin"
+sb_pid=""
+cleanup() {
+	local rc=$?
+	trap - EXIT INT TERM
+	[ -n "$sb_pid" ] && kill -TERM "$sb_pid" 2>/dev/null || true
+	for f in "$work"/*/standby.json; do
+		[ -e "$f" ] || continue
+		p=$(jq -r '.pid // empty' "$f")
+		[ -n "$p" ] && kill -TERM "$p" 2>/dev/null || true
+	done
+	[ -e "$work/cold.pid" ] && kill -TERM "$(cat "$work/cold.pid")" 2>/dev/null || true
+	if [ -z "${KCR_BENCH_KEEP:-}" ] && [ "$rc" = 0 ]; then rm -rf "$work"; else echo "work directory kept: $work" >&2; fi
+	exit "$rc"
+}
+trap cleanup EXIT INT TERM
+
+mkdir -p "$bin"
+for p in cmd/kcr examples/pipeline examples/wakeprobe; do
+	GOFLAGS=-buildvcs=false go build -o "$bin/$(basename "$p")" "./$p"
+done
+probe="$bin/wakeprobe"
+"$probe" -brokers "$brokers" -create 1 -orders "kcr-bench-ping-$$" -results "kcr-bench-pong-$$" >/dev/null ||
+	die "broker $brokers does not answer: start one (scripts/kafka-up.sh) or set KCR_KAFKA_BROKERS"
+
+# pct_cpu PID SECONDS: the CPU PID uses over SECONDS, in % of one core.
+pct_cpu() {
+	local t0 t1 hz
+	hz=$(getconf CLK_TCK)
+	t0=$(awk '{print $14+$15}' "/proc/$1/stat")
+	sleep "$2"
+	t1=$(awk '{print $14+$15}' "/proc/$1/stat")
+	awk -v a="$t0" -v b="$t1" -v hz="$hz" -v s="$2" 'BEGIN{printf "%.2f", 100*(b-a)/hz/s}'
+}
+# metric NAME: a counter of kcr standby's /metrics.
+metric() { curl -fsS "http://$metrics/metrics" | awk -v m="$1" '$1==m{print $2}'; }
+need_pkg curl curl
+
+results=()
+for c in $clients; do
+	run="$work/$c"
+	mkdir -p "$run"
+	tag="kcr-bench-$c-$$-$(date +%s)"
+	orders="$tag-orders" res="$tag-results" group="$tag"
+	"$probe" -brokers "$brokers" -create 2 -orders "$orders" -results "$res"
+	svc=("$bin/pipeline" -brokers "$brokers" -group "$group" -in "$orders" -out "$res" -client "$c"
+		-warmup "$warmup" -cache-mb "$cache_mb" -stats-every 0)
+	port=$((20000 + RANDOM % 20000))
+	metrics="127.0.0.1:$port"
+	setsid "$bin/kcr" standby --image-dir "$run/img" --idle "$idle" --poll "$poll" --brokers "$brokers" \
+		--group "$group" --topics "$orders" --metrics "$metrics" -- "${svc[@]}" \
+		</dev/null >"$run/standby.log" 2>&1 &
+	sb_pid=$!
+	status="$bin/kcr standby status --image-dir $run/img --json"
+	for ((i = 0; i < 600; i++)); do
+		[ "$($status 2>/dev/null | jq -r .state)" = standby ] && break
+		sleep 0.2
+	done
+	[ "$i" -lt 600 ] || { tail -n 20 "$run/standby.log" >&2; die "kcr standby ($c) did not put the pipeline to sleep within 120 s"; }
+
+	# Idle: the service is gone, kcr standby polls the broker.
+	[ "$(jq -r '.state' "$run/img/standby.json")" = standby ] || die "the state file does not say standby"
+	req0=$(metric kcr_standby_broker_requests_total)
+	cpu=$(pct_cpu "$sb_pid" "$sample")
+	req1=$(metric kcr_standby_broker_requests_total)
+	rss=$(awk '/^VmRSS/{printf "%.1f", $2/1024}' "/proc/$sb_pid/status")
+	rps=$(awk -v a="${req0:-0}" -v b="${req1:-0}" -v s="$sample" 'BEGIN{printf "%.1f", (b-a)/s}')
+
+	"$probe" -brokers "$brokers" -orders "$orders" -results "$res" -cycles "$cycles" -status "$status" \
+		-prefix "$tag-warm" >"$run/warm.jsonl" || { tail -n 20 "$run/standby.log" >&2; die "standby cycles failed ($c)"; }
+	# Put the service to sleep before kcr standby goes: it would be left
+	# running otherwise, and answer the cold runs' orders.
+	for ((i = 0; i < 600; i++)); do
+		"$bin/kcr" standby sleep --image-dir "$run/img" >/dev/null 2>&1 || true
+		[ "$($status 2>/dev/null | jq -r .state)" = standby ] && break
+		sleep 0.2
+	done
+	[ "$i" -lt 600 ] || die "kcr standby ($c) did not put the pipeline to sleep for the cold runs"
+	kill -TERM "$sb_pid"
+	wait "$sb_pid" 2>/dev/null || true
+	sb_pid=""
+	[ "$(jq -r .state "$run/img/standby.json")" = standby ] || die "the pipeline is not asleep for the cold runs"
+	# What kcr standby itself measured (from the wake signal to the
+	# restored service's hooks done).
+	mapfile -t wl < <(jq -r 'select(.wake_latency_ms) | .wake_latency_ms' "$run/standby.log")
+	kwake=$(median "${wl[@]}")
+	# The image it left is not needed for the cold runs: the service
+	# starts from nothing, in a group of its own.
+	# Topics of their own: the cold service must not start with the
+	# standby runs' orders.
+	"$probe" -brokers "$brokers" -create 2 -orders "$orders-cold" -results "$res-cold"
+	cold_cmd="$bin/kcr run --log $run/cold.log -- $bin/pipeline -brokers $brokers -group $group-cold -in $orders-cold -out $res-cold"
+	cold_cmd+=" -client $c -warmup $warmup -cache-mb $cache_mb -stats-every 0 > $work/cold.pid"
+	stop_cmd="p=\$(cat $work/cold.pid); kill -TERM \$p; while [ -e /proc/\$p ]; do sleep 0.05; done"
+	"$probe" -brokers "$brokers" -orders "$orders-cold" -results "$res-cold" -cycles "$cold_cycles" -cold "$cold_cmd" -stop "$stop_cmd" \
+		-prefix "$tag-cold" >"$run/cold.jsonl" || die "cold cycles failed ($c)"
+	rm -f "$work/cold.pid"
+
+	w=$(tail -n1 "$run/warm.jsonl")
+	k=$(tail -n1 "$run/cold.jsonl")
+	results+=("$c|$w|$k|$rss|$cpu|$rps|$kwake")
+done
+
+echo "kcr standby on $brokers, $(date -u +%F), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'): $cycles idle → wake cycles (--idle $idle, --poll $poll), $cold_cycles cold starts"
+for r in "${results[@]}"; do
+	IFS='|' read -r c w k rss cpu rps kwake <<<"$r"
+	echo "$c:"
+	printf '  %-44s p50 %7.0f  p95 %7.0f  max %7.0f ms\n' "order → result, woken from standby" \
+		"$(jq .p50_ms <<<"$w")" "$(jq .p95_ms <<<"$w")" "$(jq .max_ms <<<"$w")"
+	printf '  %-44s p50 %7.0f  p95 %7.0f  max %7.0f ms\n' "order → result, cold start" \
+		"$(jq .p50_ms <<<"$k")" "$(jq .p95_ms <<<"$k")" "$(jq .max_ms <<<"$k")"
+	printf '  %-44s %7.1f x\n' "ratio cold / standby (p50)" "$(jq -n --argjson a "$(jq .p50_ms <<<"$k")" --argjson b "$(jq .p50_ms <<<"$w")" '$a/$b')"
+	printf '  %-44s %7.0f ms\n' "kcr's wake signal → restored (median)" "$kwake"
+	printf '  %-44s %7s MiB RSS, %s %% of a core (service: 0, gone)\n' "kcr standby while the service sleeps" "$rss" "$cpu"
+	printf '  %-44s %7s requests/s\n' "broker load of the lag polling" "$rps"
+	echo "  orders missing: $(jq .missing <<<"$w") (standby) $(jq .missing <<<"$k") (cold), duplicated: $(jq .duplicated <<<"$w") (standby) $(jq .duplicated <<<"$k") (cold)"
+done

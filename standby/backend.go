@@ -1,0 +1,136 @@
+package standby
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/kcr-dev/kcr/engine"
+	"github.com/kcr-dev/kcr/internal/procfs"
+	"github.com/kcr-dev/kcr/notify"
+	"github.com/kcr-dev/kcr/notify/client"
+)
+
+// proc names a running service: its host PID and start time (a PID alone
+// may be reused).
+type proc struct {
+	PID   int
+	Start uint64
+}
+
+// backend is what the supervisor does to the service; engineBackend is the
+// real one, tests use fakes.
+type backend interface {
+	// start starts the service cold and waits for its control socket.
+	start(ctx context.Context) (proc, error)
+	// checkpoint runs the hooks (require-drained) and dumps p into the
+	// image dir/name; on error the service runs on.
+	checkpoint(ctx context.Context, p proc, dir, name string) error
+	// restore restores the image dir/name as a new instance.
+	restore(ctx context.Context, dir, name string) (proc, error)
+	// activity reads the service's activity counter.
+	activity(ctx context.Context, p proc) (notify.Activity, error)
+	// alive reports whether p still runs.
+	alive(p proc) bool
+}
+
+// engineBackend drives the service through package engine.
+type engineBackend struct {
+	o      *Options
+	log    *slog.Logger
+	socket *client.Socket // cached control socket of the current process
+	extra  []*os.File     // handed to the service (LISTEN_FDS)
+	// fdsSocket hands extra back to the service after a checkpoint
+	// (notify.ListenFDsSocketEnv).
+	fdsSocket string
+}
+
+func (b *engineBackend) start(ctx context.Context) (proc, error) {
+	env := append([]string{}, b.o.Env...)
+	if len(b.extra) > 0 {
+		// The service is init of its PID namespace: PID 1 is its getpid().
+		env = append(env, fmt.Sprintf("LISTEN_FDS=%d", len(b.extra)), "LISTEN_PID=1", "LISTEN_FDNAMES=kcr-standby",
+			notify.ListenFDsSocketEnv+"="+b.fdsSocket)
+	}
+	res, err := engine.Run(ctx, engine.RunOptions{Args: b.o.Args, Log: b.o.Log, Env: env,
+		ReadyTimeout: b.o.ReadyTimeout, ExtraFiles: b.extra})
+	if err != nil {
+		if res != nil && res.PID > 0 {
+			// It runs but opened no control socket in time: it could
+			// never be checkpointed, so it must not be left behind.
+			killTree(res.PID)
+		}
+		return proc{}, err
+	}
+	st, err := procfs.StartTime(res.PID)
+	if err != nil {
+		return proc{}, fmt.Errorf("started %s as PID %d, which exited already: see %s", b.o.Args[0], res.PID, res.Log)
+	}
+	b.socket = nil
+	return proc{PID: res.PID, Start: st}, nil
+}
+
+func (b *engineBackend) checkpoint(ctx context.Context, p proc, dir, name string) error {
+	_, err := engine.Checkpoint(ctx, engine.CheckpointOptions{
+		PID: p.PID, Output: dir + "/" + name, HookBudget: b.o.HookBudget, RequireDrained: true,
+		CRIU: b.o.CRIU, Logger: b.log,
+	})
+	return err
+}
+
+func (b *engineBackend) restore(ctx context.Context, dir, name string) (proc, error) {
+	res, err := engine.Restore(ctx, engine.RestoreOptions{Image: dir + "/" + name, CRIU: b.o.CRIU, Logger: b.log})
+	if err != nil {
+		return proc{}, err
+	}
+	b.socket = nil
+	if res.HookErr != nil {
+		b.log.Warn("restored, but the after-restore hooks failed; the service runs", "pid", res.PID, "err", res.HookErr)
+	}
+	st, err := procfs.StartTime(res.PID)
+	if err != nil {
+		return proc{}, fmt.Errorf("restored PID %d, which exited already: %w", res.PID, err)
+	}
+	return proc{PID: res.PID, Start: st}, nil
+}
+
+func (b *engineBackend) activity(ctx context.Context, p proc) (notify.Activity, error) {
+	if b.socket == nil || b.socket.PID != p.PID {
+		s, err := client.Find(p.PID)
+		if err != nil {
+			return notify.Activity{}, err
+		}
+		b.socket = s
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	m, err := b.socket.Activity(ctx)
+	if err != nil {
+		b.socket = nil // found again next time: a restore moves it
+		return notify.Activity{}, err
+	}
+	return notify.Activity{Count: m.Activity, OpenConns: m.OpenConns, HooksInFlight: m.HooksInFlight}, nil
+}
+
+func (b *engineBackend) alive(p proc) bool { return alive(p) }
+
+func alive(p proc) bool {
+	st, err := procfs.ReadStat(p.PID)
+	return err == nil && !st.Zombie() && st.StartTime == p.Start
+}
+
+// killTree kills a service that must not be left running (it never opened
+// its control socket): it is init of its PID namespace, so SIGKILL to it
+// ends the namespace.
+func killTree(pid int) {
+	if p, err := os.FindProcess(pid); err == nil {
+		p.Kill()
+	}
+}
+
+// errNoActivity is returned for an app whose notify library predates the
+// activity request.
+var errNoActivity = errors.New("the service's kcr notify library does not report activity: rebuild it with this kcr's notify package")

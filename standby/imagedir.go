@@ -1,0 +1,263 @@
+package standby
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kcr-dev/kcr/images"
+)
+
+// imageDir is the supervisor's directory: images img-NNNNNN (the newest
+// complete one is the one to restore), bad-* images set aside, the state
+// file, the lock and the control socket.
+type imageDir struct {
+	path string
+	lock *os.File
+}
+
+// persisted is the state file: what a new supervisor with the same
+// directory needs to go on (adopt a running service, or restore).
+type persisted struct {
+	State State  `json:"state"`           // StateRunning or StateStandby
+	PID   int    `json:"pid,omitempty"`   // running: the service's host PID
+	Start uint64 `json:"start,omitempty"` // running: its start time
+	Image string `json:"image,omitempty"` // standby: the image's base name
+	// LagBase is the lag watcher's base (standby): the end offsets of the
+	// partitions the group never committed when they were first seen, so
+	// that a record that lands there while no kcr standby runs still wakes
+	// the service.
+	LagBase map[string]map[int32]int64 `json:"lag_base,omitempty"`
+}
+
+// openImageDir creates (0700) or opens dir, checks that nobody but the
+// caller (or root) controls it or a directory above it, and takes its
+// lock: one supervisor per directory.
+func openImageDir(dir string) (*imageDir, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("--image-dir %s: %w", dir, err)
+	}
+	if err := os.Mkdir(abs, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, fmt.Errorf("--image-dir %s: %w: create its parent first", abs, err)
+	}
+	fi, err := os.Lstat(abs)
+	if err != nil {
+		return nil, fmt.Errorf("--image-dir %s: %w", abs, err)
+	}
+	if !fi.IsDir() {
+		return nil, fmt.Errorf("--image-dir %s: not a directory (a symlink or a file): give a real directory", abs)
+	}
+	// The directory and everything above it; its entries are checked
+	// when they are used (images.OpenWith checks an image before CRIU
+	// reads it).
+	if err := images.CheckTrusted(abs); err != nil {
+		return nil, fmt.Errorf("--image-dir %s: %w", abs, err)
+	}
+	lf, err := os.OpenFile(filepath.Join(abs, lockFileName), os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("--image-dir %s: lock: %w", abs, err)
+	}
+	if err := unix.Flock(int(lf.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		lf.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("--image-dir %s is in use by another kcr standby: give each service a directory of its own", abs)
+		}
+		return nil, fmt.Errorf("--image-dir %s: lock: %w", abs, err)
+	}
+	return &imageDir{path: abs, lock: lf}, nil
+}
+
+func (d *imageDir) close() { d.lock.Close() }
+
+// imageName is the base name of image number n.
+func imageName(n int) string { return fmt.Sprintf("%s%06d", imagePrefix, n) }
+
+// imageNumber parses an image's base name; ok is false for anything else
+// (a temporary, a bad image, a file).
+func imageNumber(base string) (int, bool) {
+	s, ok := strings.CutPrefix(base, imagePrefix)
+	if !ok || len(s) < 6 {
+		return 0, false
+	}
+	n, err := strconv.Atoi(s)
+	return n, err == nil && n >= 0
+}
+
+// imagesNewestFirst lists the complete images (a manifest is present),
+// newest first. Temporaries of an unfinished checkpoint are hidden
+// (".img-….kcr-tmp-…") and not listed.
+func (d *imageDir) imagesNewestFirst() ([]string, error) {
+	ents, err := os.ReadDir(d.path)
+	if err != nil {
+		return nil, fmt.Errorf("read --image-dir %s: %w", d.path, err)
+	}
+	type img struct {
+		n    int
+		name string
+	}
+	var out []img
+	for _, e := range ents {
+		n, ok := imageNumber(e.Name())
+		if !ok || !e.IsDir() {
+			continue
+		}
+		if _, err := os.Lstat(filepath.Join(d.path, e.Name(), images.ManifestName)); err != nil {
+			continue
+		}
+		out = append(out, img{n, e.Name()})
+	}
+	slices.SortFunc(out, func(a, b img) int { return b.n - a.n })
+	names := make([]string, len(out))
+	for i, x := range out {
+		names[i] = x.name
+	}
+	return names, nil
+}
+
+// nextImage is the name of the next image: one above every image,
+// complete or not, and every bad one.
+func (d *imageDir) nextImage() (string, error) {
+	ents, err := os.ReadDir(d.path)
+	if err != nil {
+		return "", fmt.Errorf("read --image-dir %s: %w", d.path, err)
+	}
+	next := 1
+	for _, e := range ents {
+		// img-N, bad-img-N-UNIXTIME, .img-N.kcr-tmp-RANDOM
+		name := strings.TrimPrefix(e.Name(), badPrefix)
+		name = strings.TrimPrefix(name, ".")
+		if i := strings.Index(name, tempMarker); i >= 0 {
+			name = name[:i]
+		}
+		if i := strings.IndexByte(strings.TrimPrefix(name, imagePrefix), '-'); i >= 0 {
+			name = name[:len(imagePrefix)+i]
+		}
+		if n, ok := imageNumber(name); ok && n >= next {
+			next = n + 1
+		}
+	}
+	return imageName(next), nil
+}
+
+// recoverPending finishes the images of a checkpoint whose supervisor died
+// after CRIU's dump and before the image was published: the service is
+// gone then, and its image is all that is left of it.
+func (d *imageDir) recoverPending(ctx context.Context) ([]string, error) {
+	var done []string
+	for _, tmp := range images.FindPending(d.path) {
+		img, err := images.Recover(ctx, tmp, nil)
+		if err != nil {
+			return done, fmt.Errorf("finish the interrupted checkpoint %s: %w", tmp, err)
+		}
+		done = append(done, filepath.Base(img.Dir))
+	}
+	return done, nil
+}
+
+// removeOlder removes every complete image older than keep, and the hidden
+// temporaries of checkpoints that never dumped (images.FindPending took
+// those that did).
+func (d *imageDir) removeOlder(keep string) error {
+	kn, _ := imageNumber(keep)
+	ents, err := os.ReadDir(d.path)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range ents {
+		name := e.Name()
+		if n, ok := imageNumber(name); ok && n < kn {
+			errs = append(errs, os.RemoveAll(filepath.Join(d.path, name)))
+			continue
+		}
+		if strings.HasPrefix(name, "."+imagePrefix) && strings.Contains(name, tempMarker) {
+			errs = append(errs, os.RemoveAll(filepath.Join(d.path, name)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// setAside renames a bad image to bad-NAME-UNIXTIME, kept for inspection.
+func (d *imageDir) setAside(name string) (string, error) {
+	to := fmt.Sprintf("%s%s-%d", badPrefix, name, time.Now().Unix())
+	if err := os.Rename(filepath.Join(d.path, name), filepath.Join(d.path, to)); err != nil {
+		return "", fmt.Errorf("set the bad image %s aside: %w", name, err)
+	}
+	return to, nil
+}
+
+// readState reads the state file; a missing one is the zero value.
+func (d *imageDir) readState() (persisted, error) {
+	var p persisted
+	f, err := os.OpenFile(filepath.Join(d.path, stateFileName), os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return p, nil
+	}
+	if err != nil {
+		return p, fmt.Errorf("read the state file: %w", err)
+	}
+	defer f.Close()
+	if err := json.NewDecoder(f).Decode(&p); err != nil {
+		return persisted{}, fmt.Errorf("read the state file %s: %w", f.Name(), err)
+	}
+	return p, nil
+}
+
+// writeState replaces the state file atomically (a new file renamed over
+// it), so that a crash leaves the old or the new one.
+func (d *imageDir) writeState(p persisted) error {
+	b, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(d.path, "."+stateFileName+"-*")
+	if err != nil {
+		return fmt.Errorf("write the state file: %w", err)
+	}
+	tmp := f.Name()
+	_, err = f.Write(append(b, '\n'))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(d.path, stateFileName))
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("write the state file: %w", err)
+	}
+	return nil
+}
+
+// size returns the bytes of the files under the image.
+func (d *imageDir) size(name string) int64 {
+	var n int64
+	filepath.WalkDir(filepath.Join(d.path, name), func(_ string, e fs.DirEntry, err error) error {
+		if err == nil && e.Type().IsRegular() {
+			if fi, err := e.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}
+
+// tempMarker is in the name of the hidden temporary of an unpublished
+// image (images.Create).
+const tempMarker = ".kcr-tmp-"

@@ -1,0 +1,101 @@
+package standby
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics is an Observer that keeps Prometheus metrics, namespaced
+// kcr_standby_: register it with a prometheus.Registerer.
+type Metrics struct {
+	reg         *prometheus.Registry
+	state       *prometheus.GaugeVec
+	wakes       *prometheus.CounterVec
+	wakeLatency prometheus.Histogram
+	checkpoint  prometheus.Histogram
+	restore     prometheus.Histogram
+	failures    *prometheus.CounterVec
+	imageBytes  prometheus.Gauge
+	coldStarts  *prometheus.CounterVec
+	requests    prometheus.Counter
+}
+
+var allStates = []State{StateStarting, StateRunning, StateCheckpointing, StateStandby, StateRestoring, StateBackoff, StateStopped}
+
+// NewMetrics returns the metrics, registered with reg.
+func NewMetrics(reg *prometheus.Registry) *Metrics {
+	latency := []float64{.025, .05, .1, .15, .2, .3, .5, .75, 1, 2, 5, 10}
+	m := &Metrics{
+		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kcr_standby_state",
+			Help: "1 for the supervisor's current state, 0 for the others."}, []string{"state"}),
+		wakes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kcr_standby_wakes_total",
+			Help: "Restores of the service, by what woke it (kafka, connection, manual, signal)."}, []string{"source"}),
+		wakeLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kcr_standby_wake_latency_seconds",
+			Help: "From the wake signal to the restored service's after-restore hooks done.", Buckets: latency}),
+		checkpoint: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kcr_standby_checkpoint_duration_seconds",
+			Help: "Successful checkpoints: hooks, dump and image write.", Buckets: latency}),
+		restore: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kcr_standby_restore_duration_seconds",
+			Help: "Successful restores: verify, CRIU restore and after-restore hooks.", Buckets: latency}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kcr_standby_failures_total",
+			Help: "Failed checkpoints (the service ran on) and restores (it started cold)."}, []string{"op"}),
+		imageBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kcr_standby_image_bytes",
+			Help: "Size of the newest image."}),
+		coldStarts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kcr_standby_cold_starts_total",
+			Help: "Cold starts of the service, by reason."}, []string{"reason"}),
+		requests: prometheus.NewCounter(prometheus.CounterOpts{Name: "kcr_standby_broker_requests_total",
+			Help: "Requests kcr standby sent to Kafka brokers to watch the group's lag."}),
+	}
+	m.reg = reg
+	reg.MustRegister(m.state, m.wakes, m.wakeLatency, m.checkpoint, m.restore, m.failures, m.imageBytes, m.coldStarts, m.requests)
+	return m
+}
+
+// State implements Observer.
+func (m *Metrics) State(s State) {
+	for _, x := range allStates {
+		v := 0.0
+		if x == s {
+			v = 1
+		}
+		m.state.WithLabelValues(string(x)).Set(v)
+	}
+}
+
+// Wake implements Observer.
+func (m *Metrics) Wake(source string, latency time.Duration) {
+	m.wakes.WithLabelValues(source).Inc()
+	m.wakeLatency.Observe(latency.Seconds())
+}
+
+// Checkpoint implements Observer.
+func (m *Metrics) Checkpoint(d time.Duration, imageBytes int64, err error) {
+	if err != nil {
+		m.failures.WithLabelValues("checkpoint").Inc()
+		return
+	}
+	m.checkpoint.Observe(d.Seconds())
+	m.imageBytes.Set(float64(imageBytes))
+}
+
+// Restore implements Observer.
+func (m *Metrics) Restore(d time.Duration, err error) {
+	if err != nil {
+		m.failures.WithLabelValues("restore").Inc()
+		return
+	}
+	m.restore.Observe(d.Seconds())
+}
+
+// ColdStart implements Observer.
+func (m *Metrics) ColdStart(reason string) { m.coldStarts.WithLabelValues(reason).Inc() }
+
+// BrokerRequests implements Observer.
+func (m *Metrics) BrokerRequests(n int) {
+	if n > 0 {
+		m.requests.Add(float64(n))
+	}
+}
+
+// Gatherer is the registry the metrics are in.
+func (m *Metrics) Gatherer() prometheus.Gatherer { return m.reg }

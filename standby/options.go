@@ -1,0 +1,184 @@
+// Package standby supervises one service through a scale-to-zero cycle:
+// it starts the service cold under "kcr run" semantics, checkpoints it with
+// its hooks when it has been idle for a while (nothing carried: the
+// require-drained rule), keeps the image and frees the process, and
+// restores the newest image as a new instance when work arrives: consumer
+// lag of the service's group on the broker, a manual wake, or a connection
+// on a listening socket that the supervisor owns.
+//
+// Idleness is read from the service itself, through the activity counter
+// of its control socket (notify.Activity): the service is idle for D when,
+// over all of D, no record was fetched, produced or committed through the
+// Kafka hooks, no tracked connection was open or dialed, notify.Touch was
+// not called, and no hook ran.
+//
+// The package never prints; every transition is logged through the
+// Options' slog.Logger and counted in the Observer.
+package standby
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Defaults of Options.
+const (
+	DefaultPoll           = 100 * time.Millisecond
+	DefaultHookBudget     = 10 * time.Second
+	DefaultReadyTimeout   = 30 * time.Second
+	DefaultBackoffMin     = 500 * time.Millisecond
+	DefaultBackoffMax     = 30 * time.Second
+	DefaultBrokerTimeout  = 5 * time.Second
+	minActivityPoll       = 20 * time.Millisecond
+	maxActivityPoll       = time.Second
+	stateFileName         = "standby.json"
+	lockFileName          = "standby.lock"
+	controlSocketName     = "standby.sock"
+	imagePrefix           = "img-"
+	badPrefix             = "bad-"
+	defaultServiceLogName = "service.log"
+)
+
+// Options configures a Supervisor. Zero values take the documented
+// defaults.
+type Options struct {
+	// Args is the service's program and arguments (required).
+	Args []string
+	// Env is added to the service's environment.
+	Env []string
+	// Log receives the service's stdout and stderr, appended (default
+	// IMAGE_DIR/service.log).
+	Log string
+	// ImageDir holds the images, the state file, the lock and the control
+	// socket (required). It is created 0700 if missing; it must belong to
+	// the caller (or root) and not be writable by group or others, nor may
+	// any directory above it.
+	ImageDir string
+	// Idle is how long the service must be idle before it is checkpointed
+	// (required, > 0).
+	Idle time.Duration
+	// ActivityPoll is how often the service's activity is read (default
+	// Idle/10, between 20 ms and 1 s).
+	ActivityPoll time.Duration
+	// HookBudget bounds the before-checkpoint hooks (default 10 s).
+	HookBudget time.Duration
+	// ReadyTimeout is how long a cold start may take to open its control
+	// socket (default 30 s).
+	ReadyTimeout time.Duration
+	// BackoffMin and BackoffMax bound the wait before a cold restart after
+	// the service crashed: it doubles from BackoffMin at every crash in a
+	// row, up to BackoffMax (defaults 500 ms and 30 s).
+	BackoffMin, BackoffMax time.Duration
+
+	// Brokers, Group and Topics configure the Kafka wake: while the
+	// service is checkpointed, the lag of Group (committed offsets against
+	// end offsets) on Topics (default: the topics the group committed) is
+	// polled every Poll (default 100 ms). Without Group there is no Kafka
+	// wake.
+	Brokers []string
+	Group   string
+	Topics  []string
+	Poll    time.Duration
+	// BrokerTimeout bounds the broker check at start (default 5 s).
+	BrokerTimeout time.Duration
+
+	// Listen, if set, is a TCP address the supervisor listens on and hands
+	// to the service as LISTEN_FDS=1 (fd 3); a connection that arrives
+	// while the service is checkpointed wakes it.
+	Listen string
+
+	// CRIU is an explicit CRIU path ("": $KCR_CRIU, then PATH).
+	CRIU string
+	// Logger receives the JSON transitions (default slog.Default()).
+	Logger *slog.Logger
+	// Observer, if set, is told every transition (metrics).
+	Observer Observer
+}
+
+// ErrBadOption is wrapped by every error of Options.check.
+var ErrBadOption = errors.New("bad standby option")
+
+func (o *Options) check() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrBadOption}, a...)...)
+	}
+	switch {
+	case len(o.Args) == 0 || o.Args[0] == "":
+		return bad("no command given: kcr standby [flags] -- CMD [ARGS...]")
+	case o.ImageDir == "":
+		return bad("--image-dir is required: the directory that keeps the service's image while it sleeps")
+	case o.Idle <= 0:
+		return bad("--idle %v: give a positive duration such as 60s", o.Idle)
+	case o.Poll < 0, o.ActivityPoll < 0, o.HookBudget < 0, o.ReadyTimeout < 0, o.BackoffMin < 0, o.BackoffMax < 0, o.BrokerTimeout < 0:
+		return bad("a negative duration: give positive durations such as 100ms")
+	case o.Group != "" && len(o.Brokers) == 0:
+		return bad("--group %q needs --brokers", o.Group)
+	case len(o.Topics) > 0 && o.Group == "":
+		return bad("--topics needs --group: the lag watched is that of the service's consumer group")
+	}
+	if o.Poll == 0 {
+		o.Poll = DefaultPoll
+	}
+	if o.ActivityPoll == 0 {
+		o.ActivityPoll = min(max(o.Idle/10, minActivityPoll), maxActivityPoll)
+	}
+	if o.HookBudget == 0 {
+		o.HookBudget = DefaultHookBudget
+	}
+	if o.ReadyTimeout == 0 {
+		o.ReadyTimeout = DefaultReadyTimeout
+	}
+	if o.BackoffMin == 0 {
+		o.BackoffMin = DefaultBackoffMin
+	}
+	if o.BackoffMax == 0 {
+		o.BackoffMax = DefaultBackoffMax
+	}
+	o.BackoffMax = max(o.BackoffMax, o.BackoffMin)
+	if o.BrokerTimeout == 0 {
+		o.BrokerTimeout = DefaultBrokerTimeout
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Observer == nil {
+		o.Observer = nopObserver{}
+	}
+	return nil
+}
+
+// State is the supervisor's state.
+type State string
+
+// States, in the order of a cycle.
+const (
+	StateStarting      State = "starting"      // cold start
+	StateRunning       State = "running"       // the service runs
+	StateCheckpointing State = "checkpointing" // hooks and dump
+	StateStandby       State = "standby"       // checkpointed: only the image is left
+	StateRestoring     State = "restoring"     // restoring the newest image
+	StateBackoff       State = "backoff"       // waiting to restart a crashed service
+	StateStopped       State = "stopped"       // the supervisor returned
+)
+
+// Observer is told what the supervisor does, for metrics. Its methods
+// must not block.
+type Observer interface {
+	State(s State)
+	Wake(source string, latency time.Duration)
+	Checkpoint(d time.Duration, imageBytes int64, err error)
+	Restore(d time.Duration, err error)
+	ColdStart(reason string)
+	BrokerRequests(n int)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) State(State)                            {}
+func (nopObserver) Wake(string, time.Duration)             {}
+func (nopObserver) Checkpoint(time.Duration, int64, error) {}
+func (nopObserver) Restore(time.Duration, error)           {}
+func (nopObserver) ColdStart(string)                       {}
+func (nopObserver) BrokerRequests(int)                     {}

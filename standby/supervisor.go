@@ -1,0 +1,517 @@
+package standby
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kcr-dev/kcr/engine"
+)
+
+// Supervisor runs one service through the standby cycle. Create it with
+// New (which checks everything and starts nothing), then call Run.
+type Supervisor struct {
+	o   Options
+	log *slog.Logger
+	dir *imageDir
+	b   backend
+	lag *lagWatcher      // nil without Options.Group
+	ln  *net.TCPListener // nil without Options.Listen
+	ctl *controlServer
+
+	wakeCh  chan string   // wake sources; buffered, sends never block
+	sleepCh chan struct{} // manual sleep
+
+	mu    sync.Mutex
+	state State
+	cur   proc
+	image string // the newest image's base name
+}
+
+// New checks the options and everything the supervisor needs before it
+// starts anything: the command exists, the image directory is the caller's
+// (and not in use), --listen is free, the broker answers. Every error is
+// one line that names the problem and the fix.
+func New(ctx context.Context, o Options) (*Supervisor, error) {
+	return newSupervisor(ctx, o, nil)
+}
+
+// newSupervisor is New with the backend b (nil: the engine's).
+func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, error) {
+	if err := o.check(); err != nil {
+		return nil, err
+	}
+	if _, err := exec.LookPath(o.Args[0]); err != nil {
+		return nil, fmt.Errorf("%w: command %q: %v: give its path, or a name found in $PATH", ErrBadOption, o.Args[0], err)
+	}
+	s := &Supervisor{o: o, log: o.Logger, wakeCh: make(chan string, 1), sleepCh: make(chan struct{}, 1)}
+	ok := false
+	defer func() {
+		if !ok {
+			s.close()
+		}
+	}()
+	var err error
+	if s.dir, err = openImageDir(o.ImageDir); err != nil {
+		return nil, err
+	}
+	if s.o.Log == "" {
+		s.o.Log = s.dir.path + "/" + defaultServiceLogName
+	}
+	if o.Listen != "" {
+		if s.ln, err = listen(o.Listen); err != nil {
+			return nil, err
+		}
+	}
+	if o.Group != "" {
+		if s.lag, err = newLagWatcher(ctx, &s.o, s.log); err != nil {
+			return nil, err
+		}
+	}
+	if b == nil {
+		// A CRIU that cannot work would be found at the first checkpoint,
+		// and then again at every idle period: find it now.
+		if _, _, err := engine.CRIU(ctx, o.CRIU); err != nil {
+			return nil, err
+		}
+	}
+	eb := &engineBackend{o: &s.o, log: s.log}
+	if s.ln != nil {
+		f, err := s.ln.File() // a dup, handed to every cold start
+		if err != nil {
+			return nil, fmt.Errorf("--listen %s: %w", o.Listen, err)
+		}
+		eb.extra = []*os.File{f}
+		eb.fdsSocket = s.dir.path + "/" + controlSocketName
+	}
+	s.b = eb
+	if b != nil {
+		s.b = b
+	}
+	if s.ctl, err = startControl(s.dir.path, s); err != nil {
+		return nil, err
+	}
+	ok = true
+	return s, nil
+}
+
+func (s *Supervisor) close() {
+	if s.ctl != nil {
+		s.ctl.close()
+	}
+	if s.lag != nil {
+		s.lag.close()
+	}
+	if eb, ok := s.b.(*engineBackend); ok {
+		for _, f := range eb.extra {
+			f.Close()
+		}
+	}
+	if s.ln != nil {
+		s.ln.Close()
+	}
+	if s.dir != nil {
+		s.dir.close()
+	}
+}
+
+// listenFiles are the --listen sockets handed to the service.
+func (s *Supervisor) listenFiles() []*os.File {
+	if eb, ok := s.b.(*engineBackend); ok {
+		return eb.extra
+	}
+	return nil
+}
+
+// ControlSocket is the path of the supervisor's control socket (kcr
+// standby wake|sleep|status).
+func (s *Supervisor) ControlSocket() string { return s.dir.path + "/" + controlSocketName }
+
+// Wake asks the supervisor to restore the service now; it reports whether
+// the service is checkpointed (a wake of a running service does nothing).
+func (s *Supervisor) Wake(source string) bool {
+	if s.State() != StateStandby {
+		return false
+	}
+	select {
+	case s.wakeCh <- source:
+	default:
+	}
+	return true
+}
+
+// Sleep asks the supervisor to checkpoint the service now, as if it had
+// been idle; it reports whether the service runs.
+func (s *Supervisor) Sleep() bool {
+	if s.State() != StateRunning {
+		return false
+	}
+	select {
+	case s.sleepCh <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// State returns the current state.
+func (s *Supervisor) State() State {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state
+}
+
+// Status is what "kcr standby status" shows.
+type Status struct {
+	State State  `json:"state"`
+	PID   int    `json:"pid,omitempty"`
+	Image string `json:"image,omitempty"`
+}
+
+// Status returns the state, the service's PID and the newest image.
+func (s *Supervisor) Status() Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := Status{State: s.state, Image: s.image}
+	if s.state == StateRunning || s.state == StateCheckpointing {
+		st.PID = s.cur.PID
+	}
+	return st
+}
+
+func (s *Supervisor) setState(st State, attrs ...any) {
+	s.mu.Lock()
+	from := s.state
+	s.state = st
+	s.mu.Unlock()
+	s.o.Observer.State(st)
+	s.log.Info("standby: "+string(st), append([]any{"from", string(from), "to", string(st)}, attrs...)...)
+}
+
+// Run supervises the service until ctx ends. It then returns nil and
+// leaves the service as it is: running, or checkpointed with its image
+// kept; a new Supervisor on the same image directory goes on from there.
+func (s *Supervisor) Run(ctx context.Context) error {
+	defer s.close()
+	defer s.setState(StateStopped)
+	if done, err := s.dir.recoverPending(ctx); err != nil {
+		s.log.Warn("standby: an interrupted checkpoint could not be finished", "err", err)
+	} else if len(done) > 0 {
+		s.log.Info("standby: finished the image of an interrupted checkpoint", "images", done)
+	}
+	next, p := s.resumePoint()
+	crashes := 0
+	reason := "first start"
+	for ctx.Err() == nil {
+		switch next {
+		case StateStarting:
+			s.setState(StateStarting, "reason", reason)
+			s.o.Observer.ColdStart(reason)
+			t := time.Now()
+			np, err := s.b.start(ctx)
+			if err != nil {
+				if ctx.Err() != nil {
+					break
+				}
+				crashes++
+				s.log.Error("standby: cold start failed", "err", err, "failures_in_a_row", crashes)
+				reason, next = "cold start failed", StateBackoff
+				continue
+			}
+			p = np
+			s.running(p, "cold_start_ms", ms(time.Since(t)))
+			next = StateRunning
+		case StateBackoff:
+			d := backoff(s.o.BackoffMin, s.o.BackoffMax, crashes)
+			s.setState(StateBackoff, "wait_ms", ms(d), "failures_in_a_row", crashes)
+			select {
+			case <-ctx.Done():
+			case <-time.After(d):
+			}
+			next = StateStarting
+		case StateRunning:
+			switch s.watch(ctx, p) {
+			case outCrashed:
+				crashes++
+				s.log.Error("standby: the service exited by itself; restarting it cold", "pid", p.PID, "failures_in_a_row", crashes)
+				reason, next = "the service exited", StateBackoff
+			case outIdle, outSleep:
+				next = StateCheckpointing
+			}
+		case StateCheckpointing:
+			next = s.checkpoint(ctx, p)
+			if next == StateStandby {
+				crashes = 0
+			} else if next == StateBackoff {
+				crashes++
+				reason = "the service died during its checkpoint"
+			}
+		case StateStandby:
+			s.setState(StateStandby, "image", s.image)
+			if err := s.dir.writeState(persisted{State: StateStandby, Image: s.image, LagBase: s.lagBase()}); err != nil {
+				s.log.Warn("standby: state file", "err", err)
+			}
+			src, at, ok := s.waitWake(ctx)
+			if !ok {
+				break
+			}
+			var err error
+			if p, err = s.restore(ctx, src, at); err != nil {
+				if ctx.Err() != nil {
+					break
+				}
+				reason, next = "restore failed", StateStarting
+				continue
+			}
+			next = StateRunning
+		}
+	}
+	st := s.State()
+	s.log.Info("standby: stopping; the service is left as it is", "state", string(st), "pid", s.cur.PID, "image", s.image)
+	return nil
+}
+
+// resumePoint decides where Run begins: a running service left by an
+// earlier supervisor is adopted, a checkpointed one waits for its wake,
+// anything else starts cold.
+func (s *Supervisor) resumePoint() (State, proc) {
+	st, err := s.dir.readState()
+	if err != nil {
+		s.log.Warn("standby: ignoring the state file", "err", err)
+	}
+	imgs, err := s.dir.imagesNewestFirst()
+	if err != nil {
+		s.log.Warn("standby: listing images", "err", err)
+	}
+	if len(imgs) > 0 {
+		s.setImage(imgs[0])
+	}
+	if s.lag != nil && st.State == StateStandby && st.LagBase != nil {
+		s.lag.base = st.LagBase
+	}
+	switch p := (proc{PID: st.PID, Start: st.Start}); {
+	case st.State == StateRunning && p.PID > 0 && alive(p):
+		s.running(p, "adopted", true)
+		return StateRunning, p
+	case st.State == StateRunning:
+		s.log.Info("standby: the service an earlier kcr standby ran is gone; starting it cold", "pid", st.PID)
+		return StateStarting, proc{}
+	case len(imgs) > 0:
+		s.log.Info("standby: resuming from the image an earlier kcr standby kept", "image", s.image)
+		return StateStandby, proc{}
+	}
+	return StateStarting, proc{}
+}
+
+// lagBase is the lag watcher's base, for the state file (nil without one).
+func (s *Supervisor) lagBase() map[string]map[int32]int64 {
+	if s.lag == nil {
+		return nil
+	}
+	return s.lag.base
+}
+
+func (s *Supervisor) setImage(name string) {
+	s.mu.Lock()
+	s.image = name
+	s.mu.Unlock()
+}
+
+// running records that p runs now.
+func (s *Supervisor) running(p proc, attrs ...any) {
+	s.mu.Lock()
+	s.cur = p
+	s.mu.Unlock()
+	if err := s.dir.writeState(persisted{State: StateRunning, PID: p.PID, Start: p.Start}); err != nil {
+		s.log.Warn("standby: state file", "err", err)
+	}
+	s.setState(StateRunning, append([]any{"pid", p.PID}, attrs...)...)
+}
+
+type outcome int
+
+const (
+	outStopped outcome = iota
+	outIdle
+	outSleep
+	outCrashed
+)
+
+// watch polls the service's activity until it has been idle for
+// Options.Idle, a sleep is asked for, it exits, or ctx ends.
+func (s *Supervisor) watch(ctx context.Context, p proc) outcome {
+	tick := time.NewTicker(s.o.ActivityPoll)
+	defer tick.Stop()
+	lastActive := time.Now()
+	var count uint64
+	seen, warned := false, false
+	for {
+		select {
+		case <-ctx.Done():
+			return outStopped
+		case <-s.sleepCh:
+			s.log.Info("standby: sleep asked for", "pid", p.PID)
+			return outSleep
+		case <-s.wakeCh: // already awake
+		case <-tick.C:
+			if !s.b.alive(p) {
+				return outCrashed
+			}
+			a, err := s.b.activity(ctx, p)
+			if err != nil {
+				if !s.b.alive(p) {
+					return outCrashed
+				}
+				// Unseen is not idle.
+				lastActive = time.Now()
+				if !warned {
+					if strings.Contains(err.Error(), "unexpected message type") {
+						err = errNoActivity
+					}
+					s.log.Warn("standby: cannot read the service's activity; it is kept running", "pid", p.PID, "err", err)
+					warned = true
+				}
+				continue
+			}
+			warned = false
+			if !seen || a.Count != count || a.OpenConns > 0 || a.HooksInFlight {
+				lastActive = time.Now()
+			}
+			seen, count = true, a.Count
+			if idle := time.Since(lastActive); idle >= s.o.Idle {
+				s.log.Info("standby: the service is idle", "pid", p.PID, "idle_ms", ms(idle), "activity", a.Count)
+				return outIdle
+			}
+		}
+	}
+}
+
+// checkpoint checkpoints p into a new image, which then replaces the old
+// one. It returns the next state: StateStandby, StateRunning (the hooks
+// refused, or the dump failed: the service resumed) or StateBackoff (the
+// service is gone without an image).
+func (s *Supervisor) checkpoint(ctx context.Context, p proc) State {
+	name, err := s.dir.nextImage()
+	if err != nil {
+		s.log.Error("standby: cannot name the next image; the service runs on", "err", err)
+		return StateRunning
+	}
+	if s.lag != nil {
+		// Idle is not enough: records the service has not committed yet
+		// (it is still joining its group, say) are work, and records that
+		// arrive from now on must wake it.
+		lag, _, err := s.lag.lag(ctx)
+		switch {
+		case errors.Is(err, errNoTopics):
+			s.log.Warn("standby: not checkpointing: nothing could wake the service from Kafka", "group", s.o.Group, "err", err)
+			return StateRunning
+		case err != nil:
+			s.log.Warn("standby: lag unknown before the checkpoint; going on (the watch wakes the service on any lag)", "group", s.o.Group, "err", err)
+		case lag > 0:
+			s.log.Info("standby: not checkpointing: the group has lag", "group", s.o.Group, "lag", lag, "pid", p.PID)
+			return StateRunning
+		}
+	}
+	s.setState(StateCheckpointing, "pid", p.PID, "image", name)
+	t := time.Now()
+	err = s.b.checkpoint(ctx, p, s.dir.path, name)
+	d := time.Since(t)
+	if err != nil {
+		s.o.Observer.Checkpoint(d, 0, err)
+		if !s.b.alive(p) {
+			s.log.Error("standby: checkpoint failed and the service is gone", "pid", p.PID, "err", err)
+			return StateBackoff
+		}
+		s.log.Warn("standby: checkpoint refused or failed; the service resumed and runs on", "pid", p.PID, "err", err, "duration_ms", ms(d))
+		s.running(p, "after", "failed checkpoint")
+		return StateRunning
+	}
+	size := s.dir.size(name)
+	s.o.Observer.Checkpoint(d, size, nil)
+	// The new image is complete: it is the one to restore from now on,
+	// and the older ones go.
+	s.mu.Lock()
+	old := s.image
+	s.image = name
+	s.cur = proc{}
+	s.mu.Unlock()
+	if err := s.dir.writeState(persisted{State: StateStandby, Image: name, LagBase: s.lagBase()}); err != nil {
+		s.log.Warn("standby: state file", "err", err)
+	}
+	if err := s.dir.removeOlder(name); err != nil {
+		s.log.Warn("standby: removing older images", "err", err)
+	}
+	s.log.Info("standby: checkpointed", "pid", p.PID, "image", name, "replaced", old, "duration_ms", ms(d), "image_bytes", size)
+	return StateStandby
+}
+
+// waitWake waits, the service checkpointed, for a wake: a manual one, lag
+// on the broker, a connection on the listening socket. ok is false if ctx
+// ended first.
+func (s *Supervisor) waitWake(ctx context.Context) (source string, at time.Time, ok bool) {
+	// Wakes are sent only in StateStandby (and watch drains the rest),
+	// so one waiting here is for this sleep.
+	wctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	if s.lag != nil {
+		wg.Go(func() { s.lag.watch(wctx, s.wakeCh) })
+	}
+	if s.ln != nil {
+		wg.Go(func() { watchListener(wctx, s.ln, s.wakeCh, s.log) })
+	}
+	select {
+	case <-ctx.Done():
+		return "", time.Time{}, false
+	case src := <-s.wakeCh:
+		return src, time.Now(), true
+	}
+}
+
+// restore restores the newest image. A failed restore sets the image
+// aside and returns the error: the caller starts the service cold.
+func (s *Supervisor) restore(ctx context.Context, source string, wokeAt time.Time) (proc, error) {
+	s.setState(StateRestoring, "source", source, "image", s.image)
+	t := time.Now()
+	p, err := s.b.restore(ctx, s.dir.path, s.image)
+	d := time.Since(t)
+	s.o.Observer.Restore(d, err)
+	if err != nil {
+		if ctx.Err() != nil {
+			return proc{}, err
+		}
+		aside, aerr := s.dir.setAside(s.image)
+		s.log.Error("standby: restore failed; starting the service cold", "image", s.image, "kept_as", aside, "err", err, "aside_err", aerr)
+		next := ""
+		if imgs, _ := s.dir.imagesNewestFirst(); len(imgs) > 0 {
+			next = imgs[0]
+		}
+		s.setImage(next)
+		return proc{}, err
+	}
+	latency := time.Since(wokeAt)
+	s.o.Observer.Wake(source, latency)
+	s.running(p, "source", source, "image", s.image, "wake_latency_ms", ms(latency), "restore_ms", ms(d))
+	return p, nil
+}
+
+// backoff is the wait before the n-th restart in a row: min doubled n-1
+// times, at most max.
+func backoff(lo, hi time.Duration, n int) time.Duration {
+	d := lo
+	for i := 1; i < n && d < hi; i++ {
+		d *= 2
+	}
+	return min(d, hi)
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -80,7 +80,7 @@ type deps struct {
 }
 
 var realDeps = deps{
-	process:        processInfo,
+	process:        ProcessInfo,
 	shellJobNeeded: criu.ShellJobNeeded,
 	preflight:      criu.Preflight,
 	findApp: func(pid int) (appControl, string, error) {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kcr-dev/kcr/criu"
 	"github.com/kcr-dev/kcr/engine"
+	"github.com/kcr-dev/kcr/engine/container"
 	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/notify/client"
 	"github.com/kcr-dev/kcr/notify/proto"
@@ -103,9 +104,9 @@ func exitCode(err error) int {
 		return exitUsage
 	case errors.Is(err, criu.ErrNotFound), errors.Is(err, engine.ErrCRIUUnusable):
 		return exitNoCRIU
-	case errors.Is(err, engine.ErrNoRuntimeHook), errors.Is(err, engine.ErrContainerState):
+	case errors.Is(err, container.ErrNoRuntimeHook), errors.Is(err, container.ErrContainerState):
 		return exitTarget
-	case errors.As(err, &ce), errors.As(err, &pe), errors.Is(err, engine.ErrRuntimeFailed):
+	case errors.As(err, &ce), errors.As(err, &pe), errors.Is(err, container.ErrRuntimeFailed):
 		return exitCRIU
 	case errors.Is(err, engine.ErrNotClonable), errors.Is(err, images.ErrNotRecoverable):
 		return exitImage

@@ -1,4 +1,4 @@
-package engine
+package container
 
 import (
 	"context"
@@ -28,7 +28,7 @@ import (
 // with the container; after a failure the directory keeps CRIU's log.
 // Restores of one archive are counted in kcr's state directory, keyed by
 // the archive file, so each gets its own generation.
-func restoreArchive(ctx context.Context, o ContainerOptions) (*ContainerRestoreResult, error) {
+func restoreArchive(ctx context.Context, o RestoreOptions) (*ContainerRestoreResult, error) {
 	// Opened once: the fd checked is the one imported from.
 	f, err := images.OpenArchive(o.Image, o.trusted())
 	if err != nil {
@@ -43,7 +43,7 @@ func restoreArchive(ctx context.Context, o ContainerOptions) (*ContainerRestoreR
 // restoreUnpacked restores the CRI-O archive that unpack writes as a kcr
 // image (see restoreArchive); o.Image names the source, for errors and the
 // restore counter.
-func restoreUnpacked(ctx context.Context, o ContainerOptions, unpack func(final string, opts ...images.ImportOption) (*images.Image, error)) (res *ContainerRestoreResult, err error) {
+func restoreUnpacked(ctx context.Context, o RestoreOptions, unpack func(final string, opts ...images.ImportOption) (*images.Image, error)) (res *ContainerRestoreResult, err error) {
 	archive := o.Image
 	gen, err := images.NextFileGeneration(archive)
 	if err != nil {
@@ -131,7 +131,7 @@ func buildBundle(image, oldBundle, dst string) (string, error) {
 // restoreOCILayout restores a container from an OCI image layout of "kcr
 // export --format oci": its one image carries CheckpointAnnotation, and
 // its one layer is the CRI-O archive, streamed into restoreUnpacked.
-func restoreOCILayout(ctx context.Context, o ContainerOptions) (*ContainerRestoreResult, error) {
+func restoreOCILayout(ctx context.Context, o RestoreOptions) (*ContainerRestoreResult, error) {
 	idx, err := layout.ImageIndexFromPath(o.Image)
 	if err != nil {
 		return nil, fmt.Errorf("OCI layout %s: %w", o.Image, err)

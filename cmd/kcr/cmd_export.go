@@ -98,7 +98,7 @@ func runExport(ctx context.Context, opts *exportOpts, out *output) error {
 	case container.FormatCRIO:
 		name += " (CRI-O checkpoint archive; checkpointctl show reads it)"
 	case container.FormatOCI:
-		name = "the OCI layout " + name + " (CRI-O checkpoint image, annotation " + container.CheckpointAnnotation + ")"
+		name = "the OCI layout " + name + " (CRI-O checkpoint image, annotation " + images.CheckpointAnnotation + ")"
 		written = "layout"
 	}
 	fmt.Fprintf(out.stderr, "exported %s to %s in %s\n", dir, name, fmtDur(res.Duration))

@@ -8,8 +8,6 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/google/go-containerregistry/pkg/v1/layout"
-
 	"github.com/kcr-dev/kcr/images"
 )
 
@@ -129,37 +127,18 @@ func buildBundle(image, oldBundle, dst string) (string, error) {
 }
 
 // restoreOCILayout restores a container from an OCI image layout of "kcr
-// export --format oci": its one image carries CheckpointAnnotation, and
-// its one layer is the CRI-O archive, streamed into restoreUnpacked.
+// export --format oci": its one image carries images.CheckpointAnnotation,
+// and its one layer is the CRI-O archive, streamed into restoreUnpacked.
 func restoreOCILayout(ctx context.Context, o RestoreOptions) (*ContainerRestoreResult, error) {
-	idx, err := layout.ImageIndexFromPath(o.Image)
+	layer, err := images.OpenOCILayout(o.Image)
 	if err != nil {
-		return nil, fmt.Errorf("OCI layout %s: %w", o.Image, err)
-	}
-	im, err := idx.IndexManifest()
-	if err != nil {
-		return nil, fmt.Errorf("OCI layout %s: %w", o.Image, err)
-	}
-	if len(im.Manifests) != 1 {
-		return nil, fmt.Errorf("OCI layout %s holds %d images: give a layout of kcr export --format oci (one checkpoint image)", o.Image, len(im.Manifests))
-	}
-	img, err := idx.Image(im.Manifests[0].Digest)
-	if err != nil {
-		return nil, fmt.Errorf("OCI layout %s: %w", o.Image, err)
-	}
-	m, err := img.Manifest()
-	if err != nil {
-		return nil, fmt.Errorf("OCI layout %s: %w", o.Image, err)
-	}
-	layers, err := img.Layers()
-	if err != nil || len(layers) != 1 || m.Annotations[CheckpointAnnotation] == "" {
-		return nil, fmt.Errorf("OCI layout %s is not a checkpoint image of kcr export --format oci (want one layer and the %s annotation)", o.Image, CheckpointAnnotation)
+		return nil, err
 	}
 	return restoreUnpacked(ctx, o, func(final string, opts ...images.ImportOption) (*images.Image, error) {
 		// Every file is checked against the kcr manifest in the layer.
-		rc, err := layers[0].Uncompressed()
+		rc, err := layer()
 		if err != nil {
-			return nil, fmt.Errorf("OCI layout %s: layer: %w", o.Image, err)
+			return nil, err
 		}
 		defer rc.Close()
 		return images.ImportCRIO(ctx, rc, final, opts...)

@@ -119,7 +119,7 @@ func TestExportArchiveCarriesSignature(t *testing.T) {
 		got[hdr.Name], _ = io.ReadAll(tr)
 	}
 	for name, file := range map[string]string{
-		"kcr-manifest.json": images.ManifestName, SignatureEntry: images.SignatureName,
+		"kcr-manifest.json": images.ManifestName, images.CRIOSignatureName: images.SignatureName,
 		"checkpoint/pages-1.img": "criu/pages-1.img", "checkpoint/inventory.img": "criu/inventory.img",
 	} {
 		want, _ := os.ReadFile(filepath.Join(img, file))

@@ -17,12 +17,12 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kcr-dev/kcr/criu"
+	"github.com/kcr-dev/kcr/criuaction"
 	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/engine/container"
 	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/notify/client"
 	"github.com/kcr-dev/kcr/notify/proto"
-	"github.com/kcr-dev/kcr/runtimehook"
 )
 
 type globals struct {
@@ -88,7 +88,7 @@ func exitCode(err error) int {
 	var he *engine.HookError
 	var ce *criu.Error
 	var pe *criu.PIDInUseError
-	var rhe *runtimehook.HookError
+	var rhe *criuaction.HookError
 	switch {
 	case errors.As(err, &ee):
 		return ee.code
@@ -100,7 +100,7 @@ func exitCode(err error) int {
 		return exitCarried
 	case errors.As(err, &he), errors.As(err, &rhe):
 		return exitHooks
-	case errors.Is(err, runtimehook.ErrNoEnv), errors.Is(err, runtimehook.ErrNotAbsolute):
+	case errors.Is(err, criuaction.ErrNoEnv), errors.Is(err, criuaction.ErrNotAbsolute):
 		return exitUsage
 	case errors.Is(err, criu.ErrNotFound), errors.Is(err, engine.ErrCRIUUnusable):
 		return exitNoCRIU

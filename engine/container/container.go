@@ -16,9 +16,9 @@ import (
 	"strings"
 
 	"github.com/kcr-dev/kcr/criu"
+	"github.com/kcr-dev/kcr/criuaction"
 	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/notify/client"
-	"github.com/kcr-dev/kcr/runtimehook"
 )
 
 // Phase names of container checkpoints and restores.
@@ -87,12 +87,12 @@ type RestoreOptions struct {
 }
 
 // GenerationEnv tells kcr's CRIU action script the restore's generation.
-const GenerationEnv = runtimehook.GenerationEnv
+const GenerationEnv = criuaction.GenerationEnv
 
 // RequireDrainedEnv, set to 1 in runc's environment, makes kcr's CRIU action
 // script ask the apps for a checkpoint without carried records
-// (runtimehook.RequireDrainedEnv).
-const RequireDrainedEnv = runtimehook.EnvRequireDrained
+// (criuaction.RequireDrainedEnv).
+const RequireDrainedEnv = criuaction.EnvRequireDrained
 
 // ContainerState is what "runc state" says of a container.
 type ContainerState struct {

@@ -11,10 +11,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kcr-dev/kcr/criuaction"
 	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/notify/proto"
-	"github.com/kcr-dev/kcr/runtimehook"
 )
 
 // startImage reads what the manifest records of the container's init pid
@@ -88,7 +88,7 @@ func CheckpointContainer(ctx context.Context, o CheckpointOptions) (*engine.Chec
 			// names the resource and the count.
 			return nil, &proto.HookFailure{Reports: []proto.HookReport{{Name: "container " + o.ID, Error: tail, CarryVeto: true}}, Msg: tail}
 		}
-		if he := failedHooks(filepath.Join(b.CRIUDir(), runtimehook.ReportsFile)); he != nil {
+		if he := failedHooks(filepath.Join(b.CRIUDir(), criuaction.ReportsFile)); he != nil {
 			return nil, he
 		}
 		// The unfinished image, with CRIU's log, is removed: keep its last error.
@@ -104,7 +104,7 @@ func CheckpointContainer(ctx context.Context, o CheckpointOptions) (*engine.Chec
 	if err := b.WriteFile(containerSpecFile, spec); err != nil {
 		return nil, err
 	}
-	reports, _ := os.ReadFile(filepath.Join(b.CRIUDir(), runtimehook.ReportsFile))
+	reports, _ := os.ReadFile(filepath.Join(b.CRIUDir(), criuaction.ReportsFile))
 	if err := commitContainer(ctx, b, res, proc, hasSock, reports, o, containerRecord{ID: o.ID, Bundle: st.Bundle}); err != nil {
 		return nil, err
 	}
@@ -144,7 +144,7 @@ func commitContainer(ctx context.Context, b *images.Builder, res *engine.Checkpo
 			res.Timings = append(engine.Timings{{Name: engine.PhaseHooks, DurationNS: int64(slowest)}}, res.Timings...)
 		}
 	} else if hasSock {
-		res.Warnings = append(res.Warnings, "the hook's reports ("+runtimehook.ReportsFile+") are missing: see CRIU's dump.log")
+		res.Warnings = append(res.Warnings, "the hook's reports ("+criuaction.ReportsFile+") are missing: see CRIU's dump.log")
 	}
 	cb, _ := json.Marshal(rec)
 	if err := b.WriteFile(containerBundleFile, cb); err != nil {
@@ -169,7 +169,7 @@ func failedHooks(reportsFile string) *proto.HookFailure {
 	if err != nil {
 		return nil
 	}
-	var res runtimehook.Result
+	var res criuaction.Result
 	if json.Unmarshal(b, &res) != nil {
 		return nil
 	}

@@ -15,10 +15,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kcr-dev/kcr/criuaction"
 	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/notify/proto"
-	"github.com/kcr-dev/kcr/runtimehook"
 )
 
 // PodmanArchive, in a kcr image of a Podman container, is Podman's own
@@ -137,20 +137,20 @@ func checkpointPodman(ctx context.Context, o CheckpointOptions) (*engine.Checkpo
 	if err != nil {
 		// Podman keeps CRIU's log after a failure and names it.
 		if log := podmanLog(err.Error()); log != "" {
-			if he := failedHooks(filepath.Join(filepath.Dir(log), runtimehook.ReportsFile)); he != nil {
+			if he := failedHooks(filepath.Join(filepath.Dir(log), criuaction.ReportsFile)); he != nil {
 				return nil, he
 			}
-			if tail := logTail(log, runtimehook.FailedMarker); tail != "" {
+			if tail := logTail(log, criuaction.FailedMarker); tail != "" {
 				return nil, &proto.HookFailure{Msg: tail}
 			}
 			return nil, fmt.Errorf("container %s: %w (CRIU: %s)", o.ID, err, logTail(log, "Error"))
 		}
-		if strings.Contains(err.Error(), runtimehook.FailedMarker) {
+		if strings.Contains(err.Error(), criuaction.FailedMarker) {
 			return nil, &proto.HookFailure{Msg: err.Error()}
 		}
 		return nil, fmt.Errorf("container %s: %w", o.ID, err)
 	}
-	reports, err := archiveMember(archive, "checkpoint/"+runtimehook.ReportsFile)
+	reports, err := archiveMember(archive, "checkpoint/"+criuaction.ReportsFile)
 	if err != nil {
 		return nil, fmt.Errorf("container %s: %s: %w", o.ID, PodmanArchive, err)
 	}

@@ -11,10 +11,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kcr-dev/kcr/criuaction"
 	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/notify/proto"
-	"github.com/kcr-dev/kcr/runtimehook"
 )
 
 // fakePodman writes a podman that logs its arguments to dir/args, answers
@@ -50,10 +50,10 @@ esac
 	}
 	tw := tar.NewWriter(f)
 	for name, data := range map[string]string{
-		"config.dump":                           "{}",
-		"checkpoint/inventory.img":              "inv",
-		"checkpoint/" + runtimehook.ReportsFile: `{"targets":[{"socket":"/run/kcr/kcr-1.sock","reports":[{"name":"kafka-writer/t","duration_ns":2000000}]}]}`,
-		"rootfs-diff.tar":                       "",
+		"config.dump":                          "{}",
+		"checkpoint/inventory.img":             "inv",
+		"checkpoint/" + criuaction.ReportsFile: `{"targets":[{"socket":"/run/kcr/kcr-1.sock","reports":[{"name":"kafka-writer/t","duration_ns":2000000}]}]}`,
+		"rootfs-diff.tar":                      "",
 	} {
 		tw.WriteHeader(&tar.Header{Name: name, Mode: 0o600, Size: int64(len(data))})
 		tw.Write([]byte(data))

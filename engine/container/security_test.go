@@ -12,18 +12,18 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kcr-dev/kcr/criuaction"
 	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/notify/proto"
-	"github.com/kcr-dev/kcr/runtimehook"
 )
 
 // The action script's reports say which hooks failed: a HookError with
 // their reports (a carry veto among them stays one), nil if none failed.
 func TestFailedHooks(t *testing.T) {
 	dir := t.TempDir()
-	write := func(res runtimehook.Result) string {
+	write := func(res criuaction.Result) string {
 		b, _ := json.Marshal(res)
-		p := filepath.Join(dir, runtimehook.ReportsFile)
+		p := filepath.Join(dir, criuaction.ReportsFile)
 		if err := os.WriteFile(p, b, 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -32,17 +32,17 @@ func TestFailedHooks(t *testing.T) {
 	if he := failedHooks(filepath.Join(dir, "none")); he != nil {
 		t.Errorf("no reports file: %v", he)
 	}
-	ok := runtimehook.Target{PID: 1, Reports: []proto.HookReport{{Name: "db"}}}
-	if he := failedHooks(write(runtimehook.Result{Targets: []runtimehook.Target{ok}})); he != nil {
+	ok := criuaction.Target{PID: 1, Reports: []proto.HookReport{{Name: "db"}}}
+	if he := failedHooks(write(criuaction.Result{Targets: []criuaction.Target{ok}})); he != nil {
 		t.Errorf("no failed target: %v", he)
 	}
-	bad := runtimehook.Target{PID: 7, Error: "hook failing: no", Reports: []proto.HookReport{{Name: "failing", Error: "failing: no"}}}
-	he := failedHooks(write(runtimehook.Result{Targets: []runtimehook.Target{ok, bad}}))
+	bad := criuaction.Target{PID: 7, Error: "hook failing: no", Reports: []proto.HookReport{{Name: "failing", Error: "failing: no"}}}
+	he := failedHooks(write(criuaction.Result{Targets: []criuaction.Target{ok, bad}}))
 	if he == nil || he.CarryVeto() || !strings.Contains(he.Error(), "failing: no") || !strings.Contains(he.Msg, "PID 7") {
 		t.Errorf("failed target: %#v", he)
 	}
-	veto := runtimehook.Target{PID: 8, Error: "would carry 3 records", Reports: []proto.HookReport{{Name: "w", Error: "would carry 3 records", CarryVeto: true}}}
-	if he := failedHooks(write(runtimehook.Result{Targets: []runtimehook.Target{veto}})); he == nil || !he.CarryVeto() {
+	veto := criuaction.Target{PID: 8, Error: "would carry 3 records", Reports: []proto.HookReport{{Name: "w", Error: "would carry 3 records", CarryVeto: true}}}
+	if he := failedHooks(write(criuaction.Result{Targets: []criuaction.Target{veto}})); he == nil || !he.CarryVeto() {
 		t.Errorf("carry veto: %#v", he)
 	}
 }

@@ -66,13 +66,13 @@ func TestHookErrorCarryVeto(t *testing.T) {
 	veto := proto.HookReport{Name: "w", Error: `resource "w" before-checkpoint: would carry 3 records into the image`, CarryVeto: true, Carried: 3}
 	other := proto.HookReport{Name: "db", Error: `resource "db" before-checkpoint: boom`}
 	resumed := proto.HookReport{Name: "db", Phase: proto.PhaseAfterRestore, Error: `resource "db" after-restore: late`}
-	if e := (&HookError{Reports: []proto.HookReport{veto, {Name: "ok"}, resumed}}); !e.CarryVeto() || !strings.Contains(e.Error(), "would carry 3 records") {
+	if e := (&proto.HookFailure{Reports: []proto.HookReport{veto, {Name: "ok"}, resumed}}); !e.CarryVeto() || !strings.Contains(e.Error(), "would carry 3 records") {
 		t.Errorf("veto alone: CarryVeto %v, %q", e.CarryVeto(), e.Error())
 	}
-	if e := (&HookError{Reports: []proto.HookReport{veto, other}}); e.CarryVeto() {
+	if e := (&proto.HookFailure{Reports: []proto.HookReport{veto, other}}); e.CarryVeto() {
 		t.Error("a veto beside another failure counts as a veto only")
 	}
-	if e := (&HookError{Msg: "x"}); e.CarryVeto() {
+	if e := (&proto.HookFailure{Msg: "x"}); e.CarryVeto() {
 		t.Error("no reports counts as a veto")
 	}
 }

@@ -32,7 +32,7 @@ type CheckpointOptions struct {
 	TCPClose bool
 	// NoHooks dumps a process that has no kcr control socket.
 	NoHooks bool
-	// RequireDrained fails the checkpoint (a *HookError whose CarryVeto is
+	// RequireDrained fails the checkpoint (a *proto.HookFailure whose CarryVeto is
 	// true) when a resource would carry records into the image.
 	RequireDrained bool
 	// ShellJob forces CRIU's shell-job mode; it is detected otherwise.
@@ -61,11 +61,6 @@ type CheckpointResult struct {
 	ResumeErr error
 	Warnings  []string
 }
-
-// HookError is returned when the app's before-checkpoint hooks failed; no
-// image was written and the app resumed. It is the contract's type, so that
-// client, engine and CLI share one.
-type HookError = proto.HookFailure
 
 // Checkpoint runs the app's hooks, dumps it with CRIU and writes an image.
 // Whatever fails, the app is resumed and no partial image is left behind.
@@ -265,7 +260,7 @@ func (r *checkpointRun) runHooks(ctx context.Context) error {
 	m, err := r.app.Checkpoint(ctx, client.CheckpointRequest{
 		HookBudget: r.o.HookBudget, ResumeAfter: r.o.ResumeAfter, LeaveRunning: r.o.LeaveRunning, RequireDrained: r.o.RequireDrained})
 	r.res.Timings.Add(PhaseHooks, time.Since(t))
-	if _, ok := errors.AsType[*HookError](err); ok {
+	if _, ok := errors.AsType[*proto.HookFailure](err); ok {
 		return err
 	}
 	if err != nil {

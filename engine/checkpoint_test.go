@@ -156,7 +156,7 @@ func TestCheckpointSeams(t *testing.T) {
 		{name: "dump fails, app resumed", dumpErr: &criu.Error{Op: "dump", First: "Can't dump"},
 			wantErr: func(err error) bool { var ce *criu.Error; return errors.As(err, &ce) }, wantDumps: 1, wantResume: "dump failed: "},
 		{name: "hook fails, nothing dumped", hookErr: hookFail,
-			wantErr: func(err error) bool { var he *HookError; return errors.As(err, &he) && !he.CarryVeto() }},
+			wantErr: func(err error) bool { var he *proto.HookFailure; return errors.As(err, &he) && !he.CarryVeto() }},
 		{name: "cancelled between hooks and dump", cancel: true,
 			wantErr: func(err error) bool { return errors.Is(err, context.Canceled) }, wantResume: "checkpoint cancelled"},
 	} {

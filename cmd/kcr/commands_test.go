@@ -187,7 +187,7 @@ func TestExitCodes(t *testing.T) {
 		{&images.Error{Kind: images.ErrNotExist, Err: os.ErrNotExist}, exitImage},
 		{fmt.Errorf("x: %w", criu.ErrNotFound), exitNoCRIU},
 		{fmt.Errorf("x: %w", client.ErrNoSocket), exitTarget},
-		{&criuaction.HookError{}, exitHooks},
+		{criuaction.Failure([]criuaction.Target{{PID: 7, Error: "hook failed"}}), exitHooks},
 		{afterHooksErr(fmt.Errorf("restored as PID 9, but %w", errors.New("rejoin failed"))), exitAfterHooks},
 		{afterHooksErr(fmt.Errorf("restored as PID 9, but %w", context.Canceled)), exitInterrupted},
 		{fmt.Errorf("x: %w", criuaction.ErrNoEnv), exitUsage},

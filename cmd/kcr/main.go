@@ -85,10 +85,9 @@ func newRoot(g *globals) *cobra.Command {
 // does, so that a code and its help text cannot drift apart.
 func exitCode(err error) int {
 	var ee *exitError
-	var he *engine.HookError
+	var he *proto.HookFailure
 	var ce *criu.Error
 	var pe *criu.PIDInUseError
-	var rhe *criuaction.HookError
 	switch {
 	case errors.As(err, &ee):
 		return ee.code
@@ -98,7 +97,7 @@ func exitCode(err error) int {
 		return exitSignature
 	case errors.As(err, &he) && he.CarryVeto(), errors.Is(err, engine.ErrDuplicates):
 		return exitCarried
-	case errors.As(err, &he), errors.As(err, &rhe):
+	case errors.As(err, &he):
 		return exitHooks
 	case errors.Is(err, criuaction.ErrNoEnv), errors.Is(err, criuaction.ErrNotAbsolute):
 		return exitUsage

@@ -83,10 +83,8 @@ func CheckpointContainer(ctx context.Context, o CheckpointOptions) (*engine.Chec
 	res.Timings.Add(PhaseRuncCheckpoint, time.Since(t))
 	if err != nil {
 		dumpLog := filepath.Join(b.CRIUDir(), "dump.log")
-		if tail := logTail(dumpLog, proto.CarryMarker); tail != "" {
-			// The script keeps no reports when it refuses: its log line
-			// names the resource and the count.
-			return nil, &proto.HookFailure{Reports: []proto.HookReport{{Name: "container " + o.ID, Error: tail, CarryVeto: true}}, Msg: tail}
+		if he := proto.CarryMarker.Failure(readLog(dumpLog), "container "+o.ID); he != nil {
+			return nil, he
 		}
 		if he := failedHooks(filepath.Join(b.CRIUDir(), criuaction.ReportsFile)); he != nil {
 			return nil, he
@@ -161,9 +159,9 @@ func commitContainer(ctx context.Context, b *images.Builder, res *engine.Checkpo
 	return nil
 }
 
-// failedHooks returns the HookError that kcr's action script recorded in
-// its reports file when before-checkpoint hooks failed, or nil if none did
-// (or there are no reports).
+// failedHooks returns the HookFailure that kcr's action script recorded
+// in its reports file when before-checkpoint hooks failed, or nil if none
+// did (or there are no reports).
 func failedHooks(reportsFile string) *proto.HookFailure {
 	b, err := os.ReadFile(reportsFile)
 	if err != nil {
@@ -173,20 +171,13 @@ func failedHooks(reportsFile string) *proto.HookFailure {
 	if json.Unmarshal(b, &res) != nil {
 		return nil
 	}
-	he := &proto.HookFailure{}
-	var msgs []string
-	for _, t := range res.Targets {
-		if t.Error == "" {
-			continue
-		}
-		msgs = append(msgs, fmt.Sprintf("PID %d: %s", t.PID, t.Error))
-		he.Reports = append(he.Reports, t.Reports...)
-	}
-	if len(msgs) == 0 {
-		return nil
-	}
-	he.Msg = strings.Join(msgs, "; ")
-	return he
+	return criuaction.Failure(res.Targets)
+}
+
+// readLog returns the text of CRIU's log at path, or "" if it is unreadable.
+func readLog(path string) string {
+	b, _ := os.ReadFile(path)
+	return string(b)
 }
 
 // logTail returns the last line of a log that contains marker.

@@ -140,12 +140,12 @@ func checkpointPodman(ctx context.Context, o CheckpointOptions) (*engine.Checkpo
 			if he := failedHooks(filepath.Join(filepath.Dir(log), criuaction.ReportsFile)); he != nil {
 				return nil, he
 			}
-			if tail := logTail(log, criuaction.FailedMarker); tail != "" {
-				return nil, &proto.HookFailure{Msg: tail}
+			if he := proto.FailedMarker.Failure(readLog(log), ""); he != nil {
+				return nil, he
 			}
 			return nil, fmt.Errorf("container %s: %w (CRIU: %s)", o.ID, err, logTail(log, "Error"))
 		}
-		if strings.Contains(err.Error(), criuaction.FailedMarker) {
+		if proto.FailedMarker.In(err.Error()) {
 			return nil, &proto.HookFailure{Msg: err.Error()}
 		}
 		return nil, fmt.Errorf("container %s: %w", o.ID, err)

@@ -16,7 +16,6 @@ import (
 	"strings"
 
 	"github.com/kcr-dev/kcr/criu"
-	"github.com/kcr-dev/kcr/criuaction"
 	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/notify/client"
 )
@@ -56,8 +55,9 @@ type CheckpointOptions struct {
 	TCPClose     bool   // refused: runc takes tcp-close only from its CRIU configuration
 	// SignKey signs the image's manifest.
 	SignKey ed25519.PrivateKey
-	// RequireDrained: as CheckpointOptions.RequireDrained, passed to
-	// kcr's CRIU action script in runc's environment (RequireDrainedEnv).
+	// RequireDrained: as engine.CheckpointOptions.RequireDrained, passed to
+	// kcr's CRIU action script in runc's environment
+	// (criuaction.EnvRequireDrained).
 	RequireDrained bool
 }
 
@@ -73,11 +73,11 @@ type RestoreOptions struct {
 	// as images.OpenOutput does: not through a link, and as root only in
 	// a directory no other user can write.
 	Stdout string
-	// VerifyKeys and AllowUntrusted are as in RestoreOptions;
+	// VerifyKeys and AllowUntrusted are as in engine.RestoreOptions;
 	// AllowUntrusted covers archives and OCI layouts too.
 	VerifyKeys     []ed25519.PublicKey
 	AllowUntrusted bool
-	// AllowDuplicates: as RestoreOptions.AllowDuplicates.
+	// AllowDuplicates: as engine.RestoreOptions.AllowDuplicates.
 	AllowDuplicates bool
 	// MaxSize bounds the image a checkpoint archive may unpack to
 	// (default images.DefaultMaxImportSize).
@@ -85,14 +85,6 @@ type RestoreOptions struct {
 
 	generation uint64 // the restore's generation, if counted elsewhere (restoreArchive)
 }
-
-// GenerationEnv tells kcr's CRIU action script the restore's generation.
-const GenerationEnv = criuaction.GenerationEnv
-
-// RequireDrainedEnv, set to 1 in runc's environment, makes kcr's CRIU action
-// script ask the apps for a checkpoint without carried records
-// (criuaction.RequireDrainedEnv).
-const RequireDrainedEnv = criuaction.EnvRequireDrained
 
 // ContainerState is what "runc state" says of a container.
 type ContainerState struct {

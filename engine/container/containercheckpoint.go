@@ -76,7 +76,7 @@ func CheckpointContainer(ctx context.Context, o CheckpointOptions) (*engine.Chec
 		args = append(args, "--leave-running")
 	}
 	if o.RequireDrained {
-		o.env = append(o.env, RequireDrainedEnv+"=1")
+		o.env = append(o.env, criuaction.EnvRequireDrained+"=1")
 	}
 	t := time.Now()
 	_, err = o.runc(ctx, nil, append(args, o.ID)...)

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kcr-dev/kcr/criuaction"
 	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/images"
 )
@@ -126,7 +127,7 @@ func restoreContainer(ctx context.Context, o RestoreOptions, workParent string) 
 	log := filepath.Join(work, "restore.log")
 	crDir := filepath.Join(img.Dir, images.CRIUSubdir)
 	args := []string{"restore", "-d", "--image-path", crDir, "--work-path", work, "--bundle", o.Bundle}
-	o.env = []string{GenerationEnv + "=" + strconv.FormatUint(gen, 10)}
+	o.env = []string{criuaction.GenerationEnv + "=" + strconv.FormatUint(gen, 10)}
 	t = time.Now()
 	if _, err := o.runc(ctx, out, append(args, o.ID)...); err != nil {
 		return nil, fmt.Errorf("container %s: %w (CRIU's log, kept: %s)", o.ID, err, log)

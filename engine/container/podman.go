@@ -207,7 +207,7 @@ func restorePodman(ctx context.Context, o RestoreOptions, img *images.Image, rec
 		return nil, err
 	}
 	res.Generation = gen
-	o.env = []string{GenerationEnv + "=" + strconv.FormatUint(gen, 10)}
+	o.env = []string{criuaction.GenerationEnv + "=" + strconv.FormatUint(gen, 10)}
 	args := []string{"container", "restore", "--import", filepath.Join(img.Dir, PodmanArchive)}
 	if o.ID != "" && o.ID != rec.ID {
 		args = append(args, "--name", o.ID)

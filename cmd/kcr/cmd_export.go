@@ -10,6 +10,7 @@ import (
 
 	"github.com/kcr-dev/kcr/engine/container"
 	"github.com/kcr-dev/kcr/images"
+	"github.com/kcr-dev/kcr/images/oci"
 )
 
 // exportOpts are export's arguments and flags.
@@ -98,7 +99,7 @@ func runExport(ctx context.Context, opts *exportOpts, out *output) error {
 	case container.FormatCRIO:
 		name += " (CRI-O checkpoint archive; checkpointctl show reads it)"
 	case container.FormatOCI:
-		name = "the OCI layout " + name + " (CRI-O checkpoint image, annotation " + images.CheckpointAnnotation + ")"
+		name = "the OCI layout " + name + " (CRI-O checkpoint image, annotation " + oci.CheckpointAnnotation + ")"
 		written = "layout"
 	}
 	fmt.Fprintf(out.stderr, "exported %s to %s in %s\n", dir, name, fmtDur(res.Duration))

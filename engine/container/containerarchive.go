@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/kcr-dev/kcr/images"
+	"github.com/kcr-dev/kcr/images/oci"
 )
 
 // restoreArchive restores a container from a checkpoint archive of "kcr
@@ -127,10 +128,10 @@ func buildBundle(image, oldBundle, dst string) (string, error) {
 }
 
 // restoreOCILayout restores a container from an OCI image layout of "kcr
-// export --format oci": its one image carries images.CheckpointAnnotation,
+// export --format oci": its one image carries oci.CheckpointAnnotation,
 // and its one layer is the CRI-O archive, streamed into restoreUnpacked.
 func restoreOCILayout(ctx context.Context, o RestoreOptions) (*ContainerRestoreResult, error) {
-	layer, err := images.OpenOCILayout(o.Image)
+	layer, err := oci.OpenLayout(o.Image)
 	if err != nil {
 		return nil, err
 	}

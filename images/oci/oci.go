@@ -1,4 +1,9 @@
-package images
+// Package oci writes and reads kcr's OCI checkpoint image: an OCI image
+// layout whose one layer is the CRI-O checkpoint archive (images'
+// WriteCRIOFile and ImportCRIO), annotated as CRI-O expects. It is apart
+// from images so that kcr's CRIU action script, which needs images, does
+// not link go-containerregistry.
+package oci
 
 import (
 	"errors"
@@ -14,24 +19,26 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/kcr-dev/kcr/images"
 )
 
 // CheckpointAnnotation is the annotation by which CRI-O recognises a
 // checkpoint image; its value is the checkpointed container's name.
 const CheckpointAnnotation = "io.kubernetes.cri-o.annotations.checkpoint.name"
 
-// WriteOCILayout writes the new directory dir as an OCI image layout: one
+// WriteLayout writes the new directory dir as an OCI image layout: one
 // image, whose one layer holds the files of the CRI-O checkpoint archive
-// that writeArchive writes to the path it is given ([WriteCRIOFile]), and
+// that writeArchive writes to the path it is given ([images.WriteCRIOFile]), and
 // whose manifest carries CheckpointAnnotation with the name writeArchive
 // returns. Push it with any OCI tool (skopeo copy oci:DIR
 // docker://REGISTRY/NAME). Nothing is left at dir unless the layout is
 // complete. It returns the size of the layout's files.
-func WriteOCILayout(dir string, writeArchive func(archive string) (name string, err error)) (int64, error) {
+func WriteLayout(dir string, writeArchive func(archive string) (name string, err error)) (int64, error) {
 	if _, err := os.Lstat(dir); err == nil {
 		return 0, ociExists(dir)
 	}
-	if err := CheckOutputDir(dir); err != nil {
+	if err := images.CheckOutputDir(dir); err != nil {
 		return 0, err
 	}
 	tmp, err := os.MkdirTemp(filepath.Dir(dir), ".kcr-oci-")
@@ -74,7 +81,7 @@ func WriteOCILayout(dir string, writeArchive func(archive string) (name string, 
 		return 0, fmt.Errorf("export: %w", err)
 	}
 	// A directory that appeared during the export, even empty, is kept.
-	if err := RenameNoReplace(out, dir); err != nil {
+	if err := images.RenameNoReplace(out, dir); err != nil {
 		if errors.Is(err, fs.ErrExist) {
 			return 0, ociExists(dir)
 		}
@@ -83,11 +90,11 @@ func WriteOCILayout(dir string, writeArchive func(archive string) (name string, 
 	return size, nil
 }
 
-// OpenOCILayout reads the OCI image layout dir that [WriteOCILayout]
+// OpenLayout reads the OCI image layout dir that [WriteLayout]
 // wrote: its one image carries CheckpointAnnotation, and its one layer is
 // the CRI-O archive, which the returned function opens as a stream for
-// [ImportCRIO].
-func OpenOCILayout(dir string) (func() (io.ReadCloser, error), error) {
+// [images.ImportCRIO].
+func OpenLayout(dir string) (func() (io.ReadCloser, error), error) {
 	idx, err := layout.ImageIndexFromPath(dir)
 	if err != nil {
 		return nil, fmt.Errorf("OCI layout %s: %w", dir, err)
@@ -122,7 +129,7 @@ func OpenOCILayout(dir string) (func() (io.ReadCloser, error), error) {
 
 // ociExists is the error for an OCI layout directory that exists.
 func ociExists(dir string) error {
-	return fmt.Errorf("export: %s: %w; choose another -o or remove it", dir, ErrExists)
+	return fmt.Errorf("export: %s: %w; choose another -o or remove it", dir, images.ErrExists)
 }
 
 // treeSize is the total size of the regular files under dir.

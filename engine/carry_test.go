@@ -11,7 +11,7 @@ import (
 
 func carrying(n int64, leave bool) *images.Manifest {
 	m := &images.Manifest{Options: images.Options{LeaveRunning: leave}}
-	addResources(m, []proto.HookReport{{Name: "db"}, {Name: "kafka-writer/t", Carried: n}})
+	AddResources(m, []proto.HookReport{{Name: "db"}, {Name: "kafka-writer/t", Carried: n}})
 	return m
 }
 
@@ -32,7 +32,7 @@ func TestCheckDuplicates(t *testing.T) {
 		{carrying(5, true), 1, true, ""},
 		{carrying(0, true), 3, false, ""},
 	} {
-		err := checkDuplicates("img", c.m, c.count, c.allow)
+		err := CheckDuplicates("img", c.m, c.count, c.allow)
 		if c.refuse == "" {
 			if err != nil {
 				t.Errorf("carried %d leave=%v count %d allow=%v: %v, want no refusal", c.m.RecordsCarried, c.m.Options.LeaveRunning, c.count, c.allow, err)
@@ -54,7 +54,7 @@ func TestCheckDuplicates(t *testing.T) {
 // The manifest keeps the carried count of each resource and the total.
 func TestAddResourcesCarried(t *testing.T) {
 	m := &images.Manifest{}
-	addResources(m, []proto.HookReport{{Name: "a", Carried: 2}, {Name: "b"}, {Name: "c", Carried: 3}})
+	AddResources(m, []proto.HookReport{{Name: "a", Carried: 2}, {Name: "b"}, {Name: "c", Carried: 3}})
 	if m.RecordsCarried != 5 || m.Resources[0].RecordsCarried != 2 || m.Resources[2].RecordsCarried != 3 {
 		t.Errorf("manifest carried %d, resources %+v", m.RecordsCarried, m.Resources)
 	}
@@ -66,13 +66,13 @@ func TestHookErrorCarryVeto(t *testing.T) {
 	veto := proto.HookReport{Name: "w", Error: `resource "w" before-checkpoint: would carry 3 records into the image`, CarryVeto: true, Carried: 3}
 	other := proto.HookReport{Name: "db", Error: `resource "db" before-checkpoint: boom`}
 	resumed := proto.HookReport{Name: "db", Phase: proto.PhaseAfterRestore, Error: `resource "db" after-restore: late`}
-	if e := (&HookError{Reports: []proto.HookReport{veto, {Name: "ok"}, resumed}}); !e.CarryVeto() || !strings.Contains(e.Error(), "would carry 3 records") {
+	if e := (&proto.HookFailure{Reports: []proto.HookReport{veto, {Name: "ok"}, resumed}}); !e.CarryVeto() || !strings.Contains(e.Error(), "would carry 3 records") {
 		t.Errorf("veto alone: CarryVeto %v, %q", e.CarryVeto(), e.Error())
 	}
-	if e := (&HookError{Reports: []proto.HookReport{veto, other}}); e.CarryVeto() {
+	if e := (&proto.HookFailure{Reports: []proto.HookReport{veto, other}}); e.CarryVeto() {
 		t.Error("a veto beside another failure counts as a veto only")
 	}
-	if e := (&HookError{Msg: "x"}); e.CarryVeto() {
+	if e := (&proto.HookFailure{Msg: "x"}); e.CarryVeto() {
 		t.Error("no reports counts as a veto")
 	}
 }
@@ -84,7 +84,7 @@ func TestCheckDuplicatesOlderImage(t *testing.T) {
 		{Name: "kafka-writer/t", Details: map[string]any{"phase": "before-checkpoint", "records_carried": float64(4)}},
 		{Name: "other", Details: map[string]any{"phase": "after-restore", "records_carried": float64(9)}},
 	}}
-	err := checkDuplicates("img", m, 2, false)
+	err := CheckDuplicates("img", m, 2, false)
 	if !errors.Is(err, ErrDuplicates) || !strings.Contains(err.Error(), "carries 4 records (kafka-writer/t 4)") {
 		t.Errorf("older image carrying 4: %v", err)
 	}
@@ -97,13 +97,13 @@ func TestCheckDuplicatesInApp(t *testing.T) {
 	m := &images.Manifest{Resources: []images.ResourceReport{
 		{Name: "kafka-reader/g", Details: map[string]any{"phase": "before-checkpoint", "records_in_app": float64(3)}},
 	}}
-	if err := checkDuplicates("img", m, 1, false); err != nil {
+	if err := CheckDuplicates("img", m, 1, false); err != nil {
 		t.Errorf("one copy: %v", err)
 	}
-	if err := checkDuplicates("img", m, 2, true); err != nil {
+	if err := CheckDuplicates("img", m, 2, true); err != nil {
 		t.Errorf("--allow-duplicates: %v", err)
 	}
-	err := checkDuplicates("img", m, 2, false)
+	err := CheckDuplicates("img", m, 2, false)
 	if !errors.Is(err, ErrDuplicates) {
 		t.Fatalf("--count 2 with 3 records in the application's hands: %v, want ErrDuplicates", err)
 	}
@@ -113,7 +113,7 @@ func TestCheckDuplicatesInApp(t *testing.T) {
 		}
 	}
 	m.Options.LeaveRunning = true
-	if err := checkDuplicates("img", m, 1, false); !errors.Is(err, ErrDuplicates) {
+	if err := CheckDuplicates("img", m, 1, false); !errors.Is(err, ErrDuplicates) {
 		t.Errorf("--leave-running image with records in the application's hands: %v, want ErrDuplicates", err)
 	}
 }

@@ -37,7 +37,7 @@ type CheckpointOptions struct {
 	KafkaPorts []int
 	// NoHooks dumps a process that has no kcr control socket.
 	NoHooks bool
-	// RequireDrained fails the checkpoint (a *HookError whose CarryVeto is
+	// RequireDrained fails the checkpoint (a *proto.HookFailure whose CarryVeto is
 	// true) when a resource would carry records into the image.
 	RequireDrained bool
 	// ShellJob forces CRIU's shell-job mode; it is detected otherwise.
@@ -66,11 +66,6 @@ type CheckpointResult struct {
 	ResumeErr error
 	Warnings  []string
 }
-
-// HookError is returned when the app's before-checkpoint hooks failed; no
-// image was written and the app resumed. It is the contract's type, so that
-// client, engine and CLI share one.
-type HookError = proto.HookFailure
 
 // Checkpoint runs the app's hooks, dumps it with CRIU and writes an image.
 // Whatever fails, the app is resumed and no partial image is left behind.
@@ -159,7 +154,7 @@ func (r *checkpointRun) prepare(ctx context.Context) error {
 	if err := r.startCRIU(ctx); err != nil {
 		return err
 	}
-	r.res.Timings.add(PhasePrepare, time.Since(r.start))
+	r.res.Timings.Add(PhasePrepare, time.Since(r.start))
 
 	// Sockets CRIU can never dump (MPTCP) are found before any hook runs,
 	// so that the app is not disturbed for nothing; without hooks, all
@@ -207,7 +202,7 @@ func (r *checkpointRun) startCRIU(ctx context.Context) error {
 	if r.sess, err = r.deps.openDumper(ctx, r.o.CRIU, r.shell); err != nil {
 		return err
 	}
-	if r.img, err = createImage(r.o.Output, r.o.SignKey); err != nil {
+	if r.img, err = CreateImage(r.o.Output, r.o.SignKey); err != nil {
 		return err
 	}
 	r.res.Image = r.img.Final()
@@ -247,7 +242,7 @@ func (r *checkpointRun) quiesce(ctx context.Context) error {
 	if err := r.pd.Ready(ctx); err != nil {
 		return err
 	}
-	r.res.Timings.add(PhaseCRIUReady, time.Since(t))
+	r.res.Timings.Add(PhaseCRIUReady, time.Since(t))
 	if err := r.runHooks(ctx); err != nil {
 		return err
 	}
@@ -293,8 +288,8 @@ func (r *checkpointRun) runHooks(ctx context.Context) error {
 	t := time.Now()
 	m, err := r.app.Checkpoint(ctx, client.CheckpointRequest{
 		HookBudget: r.o.HookBudget, ResumeAfter: r.o.ResumeAfter, LeaveRunning: r.o.LeaveRunning, RequireDrained: r.o.RequireDrained})
-	r.res.Timings.add(PhaseHooks, time.Since(t))
-	if _, ok := errors.AsType[*HookError](err); ok {
+	r.res.Timings.Add(PhaseHooks, time.Since(t))
+	if _, ok := errors.AsType[*proto.HookFailure](err); ok {
 		return err
 	}
 	if err != nil {
@@ -321,11 +316,11 @@ func (r *checkpointRun) dump(ctx context.Context) error {
 		r.abort("checkpoint aborted: " + err.Error())
 		return err
 	}
-	r.res.Timings.add(PhaseDraft, time.Since(t))
+	r.res.Timings.Add(PhaseDraft, time.Since(t))
 
 	t = time.Now()
 	dr, err := r.pd.Go(ctx)
-	r.res.Timings.add(PhaseFreezeDump, time.Since(t))
+	r.res.Timings.Add(PhaseFreezeDump, time.Since(t))
 	if err != nil {
 		r.abort("dump failed: " + err.Error())
 		return err
@@ -341,7 +336,7 @@ func (r *checkpointRun) dump(ctx context.Context) error {
 		if r.hooksRan {
 			r.res.ResumeErr = r.resume("leave-running")
 		}
-		r.res.Timings.add(PhaseResume, time.Since(t))
+		r.res.Timings.Add(PhaseResume, time.Since(t))
 	case !r.proc.PIDNamespace:
 		// The process must really be gone before the image is declared done:
 		// a restore on this host needs its PID. (Init of its own PID
@@ -349,7 +344,7 @@ func (r *checkpointRun) dump(ctx context.Context) error {
 		if _, err := r.deps.waitGone(ctx, r.o.PID, 10*time.Second); err != nil {
 			r.res.Warnings = append(r.res.Warnings, fmt.Sprintf("dumped process %d did not exit: %v", r.o.PID, err))
 		}
-		r.res.Timings.add(PhaseExit, time.Since(t))
+		r.res.Timings.Add(PhaseExit, time.Since(t))
 	}
 	return nil
 }
@@ -360,14 +355,14 @@ func (r *checkpointRun) draftManifest() *images.Manifest {
 	m := &images.Manifest{
 		KCRVersion:    Version,
 		CRIUVersion:   r.criuV.String(),
-		Kernel:        kernel(),
-		Host:          hostname(),
+		Kernel:        Kernel(),
+		Host:          Hostname(),
 		Process:       r.proc,
 		ControlSocket: r.sock,
 		NoHooks:       r.o.NoHooks,
 		Options:       images.Options{LeaveRunning: r.o.LeaveRunning, TCPClose: r.o.TCPClose, ShellJob: r.shell, FileLocks: true, TCPClosedKafka: r.closedKafka},
 	}
-	addResources(m, r.reports)
+	AddResources(m, r.reports)
 	return m
 }
 
@@ -389,13 +384,13 @@ func (r *checkpointRun) publish(ctx context.Context) (*CheckpointResult, error) 
 	if err != nil {
 		return nil, fmt.Errorf("write image: %w", err)
 	}
-	r.res.Timings.add(PhaseImageWrite, time.Since(t))
+	r.res.Timings.Add(PhaseImageWrite, time.Since(t))
 	// CRIU exits while the image is hashed and synced; what is left of
 	// its exit is counted here.
 	t = time.Now()
 	r.dr.Wait()
-	r.res.Timings.add(PhaseCRIUExit, time.Since(t))
-	r.res.Timings.add(PhaseTotal, time.Since(r.start))
+	r.res.Timings.Add(PhaseCRIUExit, time.Since(t))
+	r.res.Timings.Add(PhaseTotal, time.Since(r.start))
 	r.res.Manifest = img.Manifest
 	return r.res, nil
 }
@@ -421,7 +416,7 @@ func (r *checkpointRun) abort(reason string) {
 
 // addResources records the hooks' reports, with their carried records, in
 // the manifest.
-func addResources(m *images.Manifest, reports []proto.HookReport) {
+func AddResources(m *images.Manifest, reports []proto.HookReport) {
 	for _, r := range reports {
 		m.Resources = append(m.Resources, images.ResourceReport{Name: r.Name, DurationNS: int64(r.Duration), Details: r.Details,
 			Error: r.Error, RecordsCarried: r.Carried})

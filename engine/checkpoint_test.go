@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -16,7 +15,6 @@ import (
 	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/notify/client"
 	"github.com/kcr-dev/kcr/notify/proto"
-	"github.com/kcr-dev/kcr/runtimehook"
 )
 
 // fakeApp is an app's control socket that records what kcr asks.
@@ -158,7 +156,7 @@ func TestCheckpointSeams(t *testing.T) {
 		{name: "dump fails, app resumed", dumpErr: &criu.Error{Op: "dump", First: "Can't dump"},
 			wantErr: func(err error) bool { var ce *criu.Error; return errors.As(err, &ce) }, wantDumps: 1, wantResume: "dump failed: "},
 		{name: "hook fails, nothing dumped", hookErr: hookFail,
-			wantErr: func(err error) bool { var he *HookError; return errors.As(err, &he) && !he.CarryVeto() }},
+			wantErr: func(err error) bool { var he *proto.HookFailure; return errors.As(err, &he) && !he.CarryVeto() }},
 		{name: "cancelled between hooks and dump", cancel: true,
 			wantErr: func(err error) bool { return errors.Is(err, context.Canceled) }, wantResume: "checkpoint cancelled"},
 	} {
@@ -219,36 +217,6 @@ func TestCheckpointSeamsNoSocket(t *testing.T) {
 		t.Fatalf("err %v, dumps %d, begun %d, cancelled %v", err, d.dumps, d.begun, d.cancelled)
 	}
 	noImage(t, dir)
-}
-
-// The action script's reports say which hooks failed: a HookError with
-// their reports (a carry veto among them stays one), nil if none failed.
-func TestFailedHooks(t *testing.T) {
-	dir := t.TempDir()
-	write := func(res runtimehook.Result) string {
-		b, _ := json.Marshal(res)
-		p := filepath.Join(dir, HookReportsFile)
-		if err := os.WriteFile(p, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	if he := failedHooks(filepath.Join(dir, "none")); he != nil {
-		t.Errorf("no reports file: %v", he)
-	}
-	ok := runtimehook.Target{PID: 1, Reports: []proto.HookReport{{Name: "db"}}}
-	if he := failedHooks(write(runtimehook.Result{Targets: []runtimehook.Target{ok}})); he != nil {
-		t.Errorf("no failed target: %v", he)
-	}
-	bad := runtimehook.Target{PID: 7, Error: "hook failing: no", Reports: []proto.HookReport{{Name: "failing", Error: "failing: no"}}}
-	he := failedHooks(write(runtimehook.Result{Targets: []runtimehook.Target{ok, bad}}))
-	if he == nil || he.CarryVeto() || !strings.Contains(he.Error(), "failing: no") || !strings.Contains(he.Msg, "PID 7") {
-		t.Errorf("failed target: %#v", he)
-	}
-	veto := runtimehook.Target{PID: 8, Error: "would carry 3 records", Reports: []proto.HookReport{{Name: "w", Error: "would carry 3 records", CarryVeto: true}}}
-	if he := failedHooks(write(runtimehook.Result{Targets: []runtimehook.Target{veto}})); he == nil || !he.CarryVeto() {
-		t.Errorf("carry veto: %#v", he)
-	}
 }
 
 // CRIU has the dump request before the preflight and the socket search run

@@ -83,7 +83,7 @@ type deps struct {
 }
 
 var realDeps = deps{
-	process:        processInfo,
+	process:        ProcessInfo,
 	shellJobNeeded: criu.ShellJobNeeded,
 	preflight:      criu.Preflight,
 	kafkaClients:   linkedKafkaClients,

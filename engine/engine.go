@@ -8,17 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"strconv"
-	"strings"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/kcr-dev/kcr/criu"
 	"github.com/kcr-dev/kcr/images"
-	"github.com/kcr-dev/kcr/internal/procfs"
-	"github.com/kcr-dev/kcr/notify/proto"
 )
 
 // Version is kcr's version, recorded in every image.
@@ -66,7 +59,7 @@ const (
 // Timings records phase durations in order.
 type Timings []images.Phase
 
-func (t *Timings) add(name string, d time.Duration) {
+func (t *Timings) Add(name string, d time.Duration) {
 	*t = append(*t, images.Phase{Name: name, DurationNS: int64(d)})
 }
 
@@ -135,42 +128,3 @@ func logger(l *slog.Logger) *slog.Logger {
 
 // ErrCRIUUnusable is wrapped when the CRIU found cannot work on this kernel.
 var ErrCRIUUnusable = errors.New("criu unusable")
-
-// processInfo describes a live process from /proc.
-func processInfo(pid int) (images.Process, error) {
-	p := images.Process{PID: pid}
-	dir := "/proc/" + strconv.Itoa(pid)
-	if _, err := os.Stat(dir); err != nil {
-		return p, fmt.Errorf("PID %d: %w: check the PID (ps -p %d)", pid, proto.ErrNoProcess, pid)
-	}
-	if st, err := procfs.ReadStat(pid); err == nil && st.Zombie() {
-		return p, fmt.Errorf("PID %d is a zombie: %w", pid, proto.ErrNoProcess)
-	}
-	p.Exe, _ = os.Readlink(dir + "/exe")
-	p.Cwd, _ = os.Readlink(dir + "/cwd")
-	if b, err := os.ReadFile(dir + "/cmdline"); err == nil {
-		p.Cmdline = strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-	}
-	if b, err := os.ReadFile(dir + "/comm"); err == nil {
-		p.Comm = strings.TrimSpace(string(b))
-	}
-	if st, err := procfs.ReadStatus(pid); err == nil {
-		p.UID = int(st.UIDs[0])
-		p.PIDNamespace = st.OwnPIDNamespace()
-		p.RSSBytes = st.RSSBytes
-	}
-	return p, nil
-}
-
-func hostname() string {
-	h, _ := os.Hostname()
-	return h
-}
-
-func kernel() string {
-	var u unix.Utsname
-	if unix.Uname(&u) != nil {
-		return ""
-	}
-	return unix.ByteSliceToString(u.Release[:])
-}

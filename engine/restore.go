@@ -101,11 +101,11 @@ var ErrNotClonable = errors.New("image cannot be restored more than once at a ti
 // the application's hands; RestoreOptions.AllowDuplicates allows it.
 var ErrDuplicates = errors.New("restore would send carried records again")
 
-// checkDuplicates refuses a restore of count copies of m that would send its
+// CheckDuplicates refuses a restore of count copies of m that would send its
 // carried records twice or more, or have the records that were in the
 // application's hands (handed out by a consumer, not committed) processed
 // twice or more, unless allowed.
-func checkDuplicates(image string, m *images.Manifest, count int, allow bool) error {
+func CheckDuplicates(image string, m *images.Manifest, count int, allow bool) error {
 	carried, inApp := m.CarriedRecords(), m.InAppRecords()
 	if allow || (carried <= 0 && inApp <= 0) || (count <= 1 && !m.Options.LeaveRunning) {
 		return nil
@@ -190,18 +190,18 @@ func (s deps) restoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreRe
 	}
 	var pre Timings
 	t := time.Now()
-	img, err := images.OpenWith(ctx, o.Image, openOptions(o.Rehash, o.AllowUntrusted, o.VerifyKeys))
+	img, err := images.OpenWith(ctx, o.Image, OpenOptions(o.Rehash, o.AllowUntrusted, o.VerifyKeys))
 	if err != nil {
 		drop()
 		return nil, err
 	}
 	defer img.Close()
-	pre.add(PhaseVerify, time.Since(t))
+	pre.Add(PhaseVerify, time.Since(t))
 	if o.AfterVerify != nil {
 		o.AfterVerify()
 	}
 	m := img.Manifest
-	if err := checkDuplicates(o.Image, m, o.Count, o.AllowDuplicates); err != nil {
+	if err := CheckDuplicates(o.Image, m, o.Count, o.AllowDuplicates); err != nil {
 		drop()
 		return nil, err
 	}
@@ -221,7 +221,7 @@ func (s deps) restoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreRe
 	if fc.err != nil {
 		return nil, fc.err
 	}
-	pre.add(PhaseCRIUVersion, time.Since(t))
+	pre.Add(PhaseCRIUVersion, time.Since(t))
 	criuPath := fc.path
 	early := fc.early
 	defer early.Close() // a no-op once a restore took it
@@ -231,7 +231,7 @@ func (s deps) restoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreRe
 			return nil, err
 		}
 		if w := time.Since(t); w > 50*time.Millisecond {
-			pre.add(PhasePIDWait, w)
+			pre.Add(PhasePIDWait, w)
 		}
 	}
 	// An interrupt while the image was verified starts no CRIU.
@@ -270,7 +270,7 @@ func (s deps) restoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreRe
 			continue
 		}
 		r.Timings = append(append(Timings{}, pre...), r.Timings...)
-		r.Timings.add(PhaseTotal, time.Since(start))
+		r.Timings.Add(PhaseTotal, time.Since(start))
 		ok = append(ok, r)
 	}
 	if len(failed) > 0 {
@@ -355,7 +355,7 @@ func (s deps) restoreOne(ctx context.Context, o RestoreOptions, img *images.Imag
 		case <-time.After(time.Duration(5+rand.IntN(40)) * time.Millisecond):
 		}
 	}
-	res.Timings.add(PhaseRestore, time.Since(t))
+	res.Timings.Add(PhaseRestore, time.Since(t))
 	c := generation()
 	if err != nil {
 		if c.err != nil {
@@ -370,7 +370,7 @@ func (s deps) restoreOne(ctx context.Context, o RestoreOptions, img *images.Imag
 		return nil, c.err
 	}
 	res.Generation = c.gen
-	res.Timings.add(PhaseGeneration, c.d)
+	res.Timings.Add(PhaseGeneration, c.d)
 	for _, st := range rr.Stages {
 		logger(o.Logger).Debug("CRIU notification", "script", st.Script, "at", st.At)
 	}
@@ -384,7 +384,7 @@ func (s deps) restoreOne(ctx context.Context, o RestoreOptions, img *images.Imag
 	if !m.NoHooks {
 		t = time.Now()
 		done, err := s.afterRestore(ctx, rr.PID, m.Process.PID, c.gen, name, o.HookWait)
-		res.Timings.add(PhaseAfterHooks, time.Since(t))
+		res.Timings.Add(PhaseAfterHooks, time.Since(t))
 		res.Reports = done.Reports
 		res.InstanceID = done.InstanceID
 		switch {
@@ -406,9 +406,9 @@ func criuStages(rr *criu.RestoreResult) Timings {
 	}
 	first, last := rr.Stages[0].At, rr.Stages[len(rr.Stages)-1].At
 	var t Timings
-	t.add(PhaseCRIUStart, first)
-	t.add(PhaseCRIUTasks, last-first)
-	t.add(PhaseCRIUAnswer, rr.Duration-last)
+	t.Add(PhaseCRIUStart, first)
+	t.Add(PhaseCRIUTasks, last-first)
+	t.Add(PhaseCRIUAnswer, rr.Duration-last)
 	return t
 }
 
@@ -450,7 +450,7 @@ func (s deps) afterRestore(ctx context.Context, pid, origPID int, gen uint64, na
 // openOptions are the checks a restore makes of an image: as root, that no
 // other user could have written it (unless allowUntrusted), and the
 // signature if keys are given.
-func openOptions(rehash, allowUntrusted bool, keys []ed25519.PublicKey) images.OpenOptions {
+func OpenOptions(rehash, allowUntrusted bool, keys []ed25519.PublicKey) images.OpenOptions {
 	return images.OpenOptions{Rehash: rehash, Trusted: os.Geteuid() == 0 && !allowUntrusted, VerifyKeys: keys}
 }
 

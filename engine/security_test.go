@@ -1,11 +1,7 @@
 package engine
 
 import (
-	"archive/tar"
-	"bytes"
 	"context"
-	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -72,87 +68,5 @@ func TestSecurityRunLogNoLinks(t *testing.T) {
 	syscall.Mkfifo(fifo, 0o600)
 	if _, err := Run(context.Background(), RunOptions{Args: []string{"true"}, Log: fifo}); err == nil {
 		t.Errorf("kcr run with a FIFO log: %v", err)
-	}
-}
-
-// TestSecurityContainerRestoreUntrusted: as root, kcr restore --container
-// refuses an image another uid owns before runc is run, as kcr restore
-// does (it used to open it without the check).
-func TestSecurityContainerRestoreUntrusted(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("needs root to make a directory of another uid")
-		}
-		t.Skip("needs root to make a directory of another uid")
-	}
-	img := filepath.Join(t.TempDir(), "img")
-	b, err := images.Create(img)
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(filepath.Join(b.CRIUDir(), "inventory.img"), []byte("x"), 0o600)
-	os.WriteFile(filepath.Join(b.Dir(), containerBundleFile), []byte(`{"id":"c","bundle":"/nonexistent"}`), 0o600)
-	if _, err := b.Commit(context.Background(), &images.Manifest{}); err != nil {
-		t.Fatal(err)
-	}
-	filepath.Walk(img, func(p string, _ os.FileInfo, _ error) error { return os.Lchown(p, 61001, 61001) })
-	ran := filepath.Join(t.TempDir(), "ran")
-	runtime := filepath.Join(t.TempDir(), "runc")
-	os.WriteFile(runtime, []byte("#!/bin/sh\ntouch "+ran+"\nexit 1\n"), 0o700)
-	_, err = RestoreContainer(context.Background(), ContainerOptions{ID: "c", Image: img, Runtime: runtime})
-	if !errors.Is(err, images.ErrUntrusted) {
-		t.Fatalf("restore --container of uid 61001's image: %v, want ErrUntrusted", err)
-	}
-	if _, err := os.Stat(ran); err == nil {
-		t.Error("runc was run for an untrusted image")
-	}
-	if _, err := RestoreContainer(context.Background(), ContainerOptions{ID: "c", Image: img, Runtime: runtime, AllowUntrusted: true}); errors.Is(err, images.ErrUntrusted) {
-		t.Errorf("AllowUntrusted: still refused: %v", err)
-	}
-}
-
-// TestExportArchiveCarriesSignature: the CRI-O archive of a signed
-// container image holds the manifest and its signature as they are in the
-// image, and CRIU's files as the manifest lists them.
-func TestExportArchiveCarriesSignature(t *testing.T) {
-	dir := t.TempDir()
-	prefix := filepath.Join(dir, "k")
-	if _, err := images.GenerateKeyFiles(prefix, ""); err != nil {
-		t.Fatal(err)
-	}
-	key, err := images.LoadPrivateKey(prefix + ".key")
-	if err != nil {
-		t.Fatal(err)
-	}
-	img := containerImage(t, key)
-	out := filepath.Join(dir, "c.tar")
-	if _, err := Export(context.Background(), ExportOptions{Image: img, Format: FormatCRIO, Output: out}); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	got := map[string][]byte{}
-	tr := tar.NewReader(f)
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		got[hdr.Name], _ = io.ReadAll(tr)
-	}
-	for name, file := range map[string]string{
-		"kcr-manifest.json": images.ManifestName, SignatureEntry: images.SignatureName,
-		"checkpoint/pages-1.img": "criu/pages-1.img", "checkpoint/inventory.img": "criu/inventory.img",
-	} {
-		want, _ := os.ReadFile(filepath.Join(img, file))
-		if !bytes.Equal(got[name], want) || len(want) == 0 {
-			t.Errorf("archive entry %s: %d bytes, want the image's %s (%d bytes)", name, len(got[name]), file, len(want))
-		}
 	}
 }

@@ -19,7 +19,7 @@ import (
 // is not started in a directory that another uid owns or can write, nor
 // below one, nor through a link into one.
 func TestSecurityCreateRefusesUntrustedParent(t *testing.T) {
-	needRoot(t)
+	testimg.NeedRoot(t)
 	base := t.TempDir()
 	theirs := filepath.Join(base, "theirs")
 	os.Mkdir(theirs, 0o755)
@@ -98,7 +98,7 @@ func asOther(t *testing.T, script string) {
 // 0664 with uid 61001's group, has that user's key appended; an archive
 // signed with that key must not then pass import --verify-key ops.pub.
 func TestSecurityVerifyKeyringWritable(t *testing.T) {
-	needRoot(t)
+	testimg.NeedRoot(t)
 	dir := t.TempDir()
 	os.Chmod(dir, 0o755)
 	os.Chmod(filepath.Dir(dir), 0o755)

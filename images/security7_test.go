@@ -100,7 +100,7 @@ func release(names ...string) func() {
 // manifest.pending.json in its checkpoint directory does not hang root's
 // kcr recover.
 func TestSecurityRecoverPendingFIFO(t *testing.T) {
-	needRoot(t)
+	testimg.NeedRoot(t)
 	dir := filepath.Join(t.TempDir(), "shared")
 	os.Mkdir(dir, 0o755)
 	tmp := filepath.Join(dir, ".svc.img.kcr-tmp-1")
@@ -123,7 +123,7 @@ func TestSecurityRecoverPendingFIFO(t *testing.T) {
 // while root reads the manifest (inspect --no-verify) and opens the image:
 // root never hangs, and never shows a byte of that file.
 func TestSecurityReadManifestExchange(t *testing.T) {
-	needRoot(t)
+	testimg.NeedRoot(t)
 	secret := filepath.Join(t.TempDir(), "secret")
 	os.WriteFile(secret, []byte("Zroot's secret"), 0o600)
 	for _, kind := range []string{"fifo", "link"} {

@@ -32,7 +32,7 @@ func rleFrame(n int) []byte {
 // --max-size just above the image; so is a CRI-O archive whose skipped
 // entry (config.dump) is huge.
 func TestSecurityImportDecompressionBomb(t *testing.T) {
-	needRoot(t)
+	testimg.NeedRoot(t)
 	img := build(t)
 	m, err := ReadManifest(img)
 	if err != nil {

@@ -11,21 +11,11 @@ import (
 	"github.com/kcr-dev/kcr/internal/testimg"
 )
 
-func needRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("needs root to make files of another uid")
-		}
-		t.Skip("needs root to make files of another uid")
-	}
-}
-
 // TestSecurityCacheNotWrittenThroughLinks: root verifying an image of
 // another uid, which planted verified.tmp as a link to a file of root's,
 // must not write through it; nor in its own image.
 func TestSecurityCacheNotWrittenThroughLinks(t *testing.T) {
-	needRoot(t)
+	testimg.NeedRoot(t)
 	noQuiet(t)
 	for _, owner := range []int{testimg.OtherUID, 0} {
 		img := build(t)
@@ -57,7 +47,7 @@ func TestSecurityCacheNotWrittenThroughLinks(t *testing.T) {
 // TestSecurityUntrustedImageRefused: as root, with Trusted, an image that
 // another uid owns or could write is refused, naming what and the fix.
 func TestSecurityUntrustedImageRefused(t *testing.T) {
-	needRoot(t)
+	testimg.NeedRoot(t)
 	ctx := context.Background()
 	trusted := OpenOptions{Trusted: true}
 	img := build(t)
@@ -103,7 +93,7 @@ func TestSecurityUntrustedImageRefused(t *testing.T) {
 // unfinished checkpoint directory of another uid, or one that others can
 // write: that uid chose its content.
 func TestSecurityRecoverUntrusted(t *testing.T) {
-	needRoot(t)
+	testimg.NeedRoot(t)
 	priv, _ := testKey(t)
 	for name, spoil := range map[string]func(tmp string){
 		"dir of another uid": func(tmp string) { testimg.ChownAll(t, tmp, testimg.OtherUID) },

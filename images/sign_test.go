@@ -368,7 +368,7 @@ func TestSignedExportImport(t *testing.T) {
 // write a cache entry that matches the changed file, so that the signed
 // manifest's checksum would never be compared.
 func TestSecurityForeignCacheIgnored(t *testing.T) {
-	needRoot(t)
+	testimg.NeedRoot(t)
 	noQuiet(t)
 	priv, pubFile := testKey(t)
 	img := buildSigned(t, priv)

@@ -26,7 +26,7 @@ type CarryError struct {
 
 // Error names the count and the reason, with proto.CarryMarker.
 func (e *CarryError) Error() string {
-	s := fmt.Sprintf(proto.CarryMarker+" %d %s into the image", e.Records, plural(e.Records, "record"))
+	s := fmt.Sprintf(string(proto.CarryMarker)+" %d %s into the image", e.Records, plural(e.Records, "record"))
 	if e.Err == nil {
 		return s + ", and the checkpoint asked for none (--require-drained)"
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"net/http"
+	"sync"
 	"time"
 
 	"github.com/kcr-dev/kcr/notify"
@@ -142,4 +144,32 @@ func ExampleLeaveRunning() {
 	// after: resume
 	// leaving the group
 	// after: restore
+}
+
+// The service side of kcr standby --listen: the listening socket comes
+// from LISTEN_FDS and stays kcr's across checkpoints (docs/standby.md;
+// needs kcr standby, so it does not run).
+func ExampleListeners() {
+	lns, err := notify.Listeners() // LISTEN_FDS; none when run without --listen
+	if err != nil {
+		log.Fatal(err)
+	}
+	var inflight sync.WaitGroup
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		inflight.Add(1)
+		defer inflight.Done()
+		notify.Touch() // a request is work: no sleep while they come
+		fmt.Fprintln(w, "hello")
+	})}
+	// Registered after Listeners, so it runs first before a checkpoint. Not
+	// srv.Shutdown: it would close the listener for good.
+	notify.Register("http", notify.Func(func(ctx context.Context) error {
+		srv.SetKeepAlivesEnabled(false) // closes idle connections: CRIU does not dump open TCP connections
+		inflight.Wait()
+		return nil
+	}, func(ctx context.Context, ev notify.Event) error {
+		srv.SetKeepAlivesEnabled(true)
+		return nil
+	}))
+	go srv.Serve(lns[0])
 }

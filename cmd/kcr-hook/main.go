@@ -11,12 +11,12 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/kcr-dev/kcr/runtimehook"
+	"github.com/kcr-dev/kcr/criuaction"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := runtimehook.Main(ctx, os.Args[1:])
+	code := criuaction.Main(ctx, os.Args[1:])
 	stop()
 	os.Exit(code)
 }

@@ -76,10 +76,10 @@ func TestRestoreRefusesDuplicates(t *testing.T) {
 func TestExitCodeCarryVeto(t *testing.T) {
 	veto := proto.HookReport{Name: "w", Error: `resource "w" before-checkpoint: would carry 3 records into the image`, CarryVeto: true}
 	other := proto.HookReport{Name: "db", Error: `resource "db" before-checkpoint: boom`}
-	if c := exitCode(&engine.HookError{Reports: []proto.HookReport{veto}}); c != exitCarried {
+	if c := exitCode(&proto.HookFailure{Reports: []proto.HookReport{veto}}); c != exitCarried {
 		t.Errorf("veto: exit %d, want %d", c, exitCarried)
 	}
-	if c := exitCode(&engine.HookError{Reports: []proto.HookReport{veto, other}}); c != exitHooks {
+	if c := exitCode(&proto.HookFailure{Reports: []proto.HookReport{veto, other}}); c != exitHooks {
 		t.Errorf("veto and failure: exit %d, want %d", c, exitHooks)
 	}
 }

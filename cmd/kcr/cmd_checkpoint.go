@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kcr-dev/kcr/engine"
+	"github.com/kcr-dev/kcr/engine/container"
 	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/notify/proto"
 )
@@ -19,9 +20,13 @@ import (
 // checkpointOpts are checkpoint's arguments and flags.
 type checkpointOpts struct {
 	cmdline
-	o        engine.CheckpointOptions
-	ctr      engine.ContainerOptions
+	o        engine.CheckpointOptions // the flags only a process takes
+	ctr      container.Target         // --container, --runtime, --runc-root
 	signFile string
+	// The flags both a process and a container take, mapped into the one
+	// mode's options by runCheckpoint.
+	output                          string
+	leaveRunning, tcpClose, drained bool
 }
 
 func checkpointCmd(g *globals) *cobra.Command {
@@ -46,13 +51,13 @@ with runc (podman --runtime runc run ...) for the hooks to run.`,
 		RunE: runE(g, &opts, runCheckpoint),
 	}
 	f := cmd.Flags()
-	f.StringVarP(&opts.o.Output, "output", "o", "", "image directory to create (default ./kcr-PID-TIME)")
-	f.BoolVar(&opts.o.LeaveRunning, "leave-running", false, "keep the process running after the dump")
+	f.StringVarP(&opts.output, "output", "o", "", "image directory to create (default ./kcr-PID-TIME)")
+	f.BoolVar(&opts.leaveRunning, "leave-running", false, "keep the process running after the dump")
 	f.DurationVar(&opts.o.HookBudget, "timeout", proto.DefaultHookBudget, "deadline for the app's before-checkpoint hooks")
-	f.BoolVar(&opts.o.TCPClose, "tcp-close", false, "let CRIU close TCP connections that no hook closed (never for Kafka clients: an image with Kafka connections closed this way restores as one copy only)")
+	f.BoolVar(&opts.tcpClose, "tcp-close", false, "let CRIU close TCP connections that no hook closed (never for Kafka clients: an image with Kafka connections closed this way restores as one copy only)")
 	f.IntSliceVar(&opts.o.KafkaPorts, "kafka-port", engine.DefaultKafkaPorts, "broker ports whose open connections kcr takes for a Kafka client's (repeat or comma-separate)")
 	f.BoolVar(&opts.o.NoHooks, "no-hooks", false, "dump a process that has no kcr control socket")
-	f.BoolVar(&opts.o.RequireDrained, "require-drained", false, "fail (exit 10, app resumed) if a resource would carry records into the image")
+	f.BoolVar(&opts.drained, "require-drained", false, "fail (exit 10, app resumed) if a resource would carry records into the image")
 	f.BoolVar(&opts.o.ShellJob, "shell-job", false, "dump a process attached to a terminal (detected by default)")
 	f.DurationVar(&opts.o.ResumeAfter, "resume-after", 0, "how long the app waits for kcr after its hooks before it resumes on its own (default timeout+60s)")
 	signFlag(f, &opts.signFile)
@@ -61,7 +66,7 @@ with runc (podman --runtime runc run ...) for the hooks to run.`,
 }
 
 // containerFlags are the flags that select a runc container.
-func containerFlags(f *pflag.FlagSet, o *engine.ContainerOptions) {
+func containerFlags(f *pflag.FlagSet, o *container.Target) {
 	f.StringVar(&o.ID, "container", "", "a runc container's id, checkpointed or restored with runc")
 	f.StringVar(&o.Runtime, "runtime", "runc", "with --container: the runc binary, or podman to go through podman container checkpoint/restore (a container runc does not know is looked for in podman)")
 	f.StringVar(&o.RuncRoot, "runc-root", "", "with --container: runc's --root state directory")
@@ -122,13 +127,13 @@ func runCheckpoint(ctx context.Context, opts *checkpointOpts, out *output) error
 	if err != nil {
 		return err
 	}
-	o.SignKey, ctr.SignKey = key, key
 	if ctr.ID != "" {
-		ctr.Output, ctr.LeaveRunning, ctr.TCPClose, ctr.RequireDrained = o.Output, o.LeaveRunning, o.TCPClose, o.RequireDrained
-		if ctr.Output == "" {
-			ctr.Output = fmt.Sprintf("kcr-%s-%s", ctr.ID, time.Now().Format("20060102-150405"))
+		co := container.CheckpointOptions{Target: *ctr, Output: opts.output, LeaveRunning: opts.leaveRunning,
+			TCPClose: opts.tcpClose, SignKey: key, RequireDrained: opts.drained}
+		if co.Output == "" {
+			co.Output = fmt.Sprintf("kcr-%s-%s", ctr.ID, time.Now().Format("20060102-150405"))
 		}
-		res, err := engine.CheckpointContainer(ctx, *ctr)
+		res, err := container.CheckpointContainer(ctx, co)
 		if err != nil {
 			return err
 		}
@@ -140,6 +145,7 @@ func runCheckpoint(ctx context.Context, opts *checkpointOpts, out *output) error
 	}
 	o.PID = pid
 	o.CRIU = g.criu
+	o.Output, o.LeaveRunning, o.TCPClose, o.RequireDrained, o.SignKey = opts.output, opts.leaveRunning, opts.tcpClose, opts.drained, key
 	if err := nonNegative(map[string]time.Duration{"--timeout": o.HookBudget, "--resume-after": o.ResumeAfter}); err != nil {
 		return err
 	}

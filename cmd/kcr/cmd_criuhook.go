@@ -11,14 +11,14 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kcr-dev/kcr/criuaction"
 	"github.com/kcr-dev/kcr/notify/proto"
-	"github.com/kcr-dev/kcr/runtimehook"
 )
 
 // asCRIUHook makes the binary, run as kcr-criu-hook (the link CRIU runs as
 // its action script, with no arguments), run "kcr criu-hook".
 func asCRIUHook(args []string) []string {
-	if len(args) > 0 && filepath.Base(args[0]) == runtimehook.ScriptName {
+	if len(args) > 0 && filepath.Base(args[0]) == criuaction.ScriptName {
 		return append([]string{args[0], "criu-hook"}, args[1:]...)
 	}
 	return args
@@ -27,18 +27,18 @@ func asCRIUHook(args []string) []string {
 // criuHookOpts are criu-hook's arguments and flags.
 type criuHookOpts struct {
 	cmdline
-	o runtimehook.Options
+	o criuaction.Options
 	// stdin is the watch subcommand's pipe from pre-dump.
 	stdin io.Reader
 }
 
 func criuHookCmd(g *globals) *cobra.Command {
 	var opts criuHookOpts
-	env := runtimehook.OptionsFromEnv()
+	env := criuaction.OptionsFromEnv()
 	cmd := &cobra.Command{
 		Use:   "criu-hook",
 		Short: "CRIU action script: run the kcr hooks of a tree that a container runtime checkpoints or restores",
-		Long: `CRIU runs this (as the link ` + runtimehook.DefaultHook + `, see kcr install-runtime-hook) at every
+		Long: `CRIU runs this (as the link ` + criuaction.DefaultHook + `, see kcr install-runtime-hook) at every
 stage of a dump or restore. At pre-dump it runs the before-checkpoint hooks of every process of
 the tree of $CRTOOLS_INIT_PID that has a kcr control socket and fails (so that CRIU aborts) if one
 fails; at post-resume it sends the after-restore message. Defaults come from $KCR_HOOK_TIMEOUT,
@@ -50,7 +50,7 @@ $KCR_HOOK_RESUME_AFTER and $KCR_HOOK_AFTER_WAIT. It logs to stderr, which is CRI
 	o := &opts.o
 	f.DurationVar(&o.HookBudget, "timeout", cmp.Or(env.HookBudget, proto.DefaultHookBudget), "deadline for the apps' before-checkpoint hooks")
 	f.DurationVar(&o.ResumeAfter, "resume-after", env.ResumeAfter, "how long an app waits for the end of the checkpoint before it resumes on its own (default timeout+60s)")
-	f.BoolVar(&o.RequireDrained, "require-drained", env.RequireDrained, "veto the dump when a resource would carry records into the image (kcr checkpoint --container --require-drained sets $"+runtimehook.EnvRequireDrained+")")
+	f.BoolVar(&o.RequireDrained, "require-drained", env.RequireDrained, "veto the dump when a resource would carry records into the image (kcr checkpoint --container --require-drained sets $"+criuaction.EnvRequireDrained+")")
 	f.DurationVar(&o.AfterWait, "after-wait", cmp.Or(env.AfterWait, 10*time.Second), "how long post-resume waits for the after-restore hooks")
 	f.StringVar(&o.StateDir, "state-dir", env.StateDir, "directory of the resume watcher's state (default /run/kcr/criu-hook)")
 
@@ -70,13 +70,13 @@ $KCR_HOOK_RESUME_AFTER and $KCR_HOOK_AFTER_WAIT. It logs to stderr, which is CRI
 
 // hookOptions checks criu-hook's durations and sets its logger (stderr,
 // which is CRIU's log) unless a test set one.
-func (opts *criuHookOpts) hookOptions() (runtimehook.Options, error) {
+func (opts *criuHookOpts) hookOptions() (criuaction.Options, error) {
 	o := opts.o
 	if err := nonNegative(map[string]time.Duration{"--timeout": o.HookBudget, "--resume-after": o.ResumeAfter, "--after-wait": o.AfterWait}); err != nil {
 		return o, err
 	}
 	if o.Logger == nil {
-		o.Logger = runtimehook.Logger(opts.verbose)
+		o.Logger = criuaction.Logger(opts.verbose)
 	}
 	return o, nil
 }
@@ -88,7 +88,7 @@ func runCRIUHook(ctx context.Context, opts *criuHookOpts, out *output) error {
 	if err != nil {
 		return err
 	}
-	res, err := runtimehook.RunFromEnv(ctx, o)
+	res, err := criuaction.RunFromEnv(ctx, o)
 	if err != nil {
 		return err
 	}
@@ -108,7 +108,7 @@ func runCRIUHookWatch(ctx context.Context, opts *criuHookOpts, out *output) erro
 	if len(opts.args) != 1 || opts.args[0] == "" {
 		return &exitError{exitUsage, errors.New("criu-hook watch: give the state file that pre-dump wrote")}
 	}
-	if err := runtimehook.Watch(ctx, opts.args[0], opts.stdin, o); err != nil {
+	if err := criuaction.Watch(ctx, opts.args[0], opts.stdin, o); err != nil {
 		o.Logger.Warn("watch", "err", err)
 		return err // a missing state file: exit 2, as any missing input
 	}
@@ -118,7 +118,7 @@ func runCRIUHookWatch(ctx context.Context, opts *criuHookOpts, out *output) erro
 // installHookOpts are install-runtime-hook's arguments and flags.
 type installHookOpts struct {
 	cmdline
-	o      runtimehook.InstallOptions
+	o      criuaction.InstallOptions
 	remove bool
 }
 
@@ -134,8 +134,8 @@ another one), keeping the rest of the file. Idempotent; --remove undoes it.`,
 		RunE: runE(g, &opts, runInstallHook),
 	}
 	f := cmd.Flags()
-	f.StringVar(&opts.o.Config, "config", runtimehook.DefaultConfig, "CRIU configuration file to change")
-	f.StringVar(&opts.o.Hook, "hook", runtimehook.DefaultHook, "path of the action script (a link to kcr)")
+	f.StringVar(&opts.o.Config, "config", criuaction.DefaultConfig, "CRIU configuration file to change")
+	f.StringVar(&opts.o.Hook, "hook", criuaction.DefaultHook, "path of the action script (a link to kcr)")
 	f.BoolVar(&opts.o.TCPClose, "tcp-close", false, "also let CRIU close TCP connections that no hook closed")
 	f.BoolVar(&opts.remove, "remove", false, "take kcr's block out of the configuration and remove the link")
 	return cmd
@@ -144,12 +144,12 @@ another one), keeping the rest of the file. Idempotent; --remove undoes it.`,
 // runInstallHook runs kcr install-runtime-hook: with --json the result on
 // out's stdout, the report on its stderr.
 func runInstallHook(ctx context.Context, opts *installHookOpts, out *output) error {
-	var res *runtimehook.InstallResult
+	var res *criuaction.InstallResult
 	var err error
 	if opts.remove {
-		res, err = runtimehook.Remove(opts.o)
+		res, err = criuaction.Remove(opts.o)
 	} else {
-		res, err = runtimehook.Install(opts.o)
+		res, err = criuaction.Install(opts.o)
 	}
 	if err != nil {
 		return err

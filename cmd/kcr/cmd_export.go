@@ -8,8 +8,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kcr-dev/kcr/engine"
+	"github.com/kcr-dev/kcr/engine/container"
 	"github.com/kcr-dev/kcr/images"
+	"github.com/kcr-dev/kcr/images/oci"
 )
 
 // exportOpts are export's arguments and flags.
@@ -59,12 +60,12 @@ func runExport(ctx context.Context, opts *exportOpts, out *output) error {
 	output, format := opts.output, opts.format
 	dir := opts.args[0]
 	switch format {
-	case engine.FormatKCR:
-	case engine.FormatCRIO:
+	case container.FormatKCR:
+	case container.FormatCRIO:
 		if output == "" || output == stdio {
 			return &exitError{exitUsage, errors.New("--format cri-o needs -o FILE.tar (a tar on stdout would look complete even if the export failed)")}
 		}
-	case engine.FormatOCI:
+	case container.FormatOCI:
 		if output == "" || output == stdio {
 			return &exitError{exitUsage, errors.New("--format oci needs -o DIR (a new OCI image layout)")}
 		}
@@ -84,21 +85,21 @@ func runExport(ctx context.Context, opts *exportOpts, out *output) error {
 	if output == stdio && isTerminalWriter(out.stdout) {
 		return &exitError{exitUsage, errors.New("refusing to write a binary archive to a terminal: redirect stdout or use -o FILE")}
 	}
-	o := engine.ExportOptions{Image: dir, Format: format, Output: output}
+	o := container.ExportOptions{Image: dir, Format: format, Output: output}
 	name := output
 	if output == stdio {
 		o.Output, o.Stdout, name = "", out.stdout, "stdout"
 	}
-	res, err := engine.Export(ctx, o)
+	res, err := container.Export(ctx, o)
 	if err != nil {
 		return err
 	}
 	written := "archive"
 	switch format {
-	case engine.FormatCRIO:
+	case container.FormatCRIO:
 		name += " (CRI-O checkpoint archive; checkpointctl show reads it)"
-	case engine.FormatOCI:
-		name = "the OCI layout " + name + " (CRI-O checkpoint image, annotation " + engine.CheckpointAnnotation + ")"
+	case container.FormatOCI:
+		name = "the OCI layout " + name + " (CRI-O checkpoint image, annotation " + oci.CheckpointAnnotation + ")"
 		written = "layout"
 	}
 	fmt.Fprintf(out.stderr, "exported %s to %s in %s\n", dir, name, fmtDur(res.Duration))
@@ -110,7 +111,7 @@ func runExport(ctx context.Context, opts *exportOpts, out *output) error {
 	if out.json {
 		doc := exportJSON{Image: dir, Format: format, Archive: output, ImageBytes: res.ImageBytes, ArchiveBytes: res.Bytes,
 			Files: res.Files, DurationNS: res.Duration.Nanoseconds(), Warnings: nonNil(res.Warnings)}
-		if format == engine.FormatOCI {
+		if format == container.FormatOCI {
 			doc.Archive, doc.OCILayout = "", output
 		}
 		return out.JSON(doc)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kcr-dev/kcr/criu"
 	"github.com/kcr-dev/kcr/engine"
+	"github.com/kcr-dev/kcr/engine/container"
 	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/notify/proto"
 )
@@ -18,9 +19,11 @@ import (
 // restoreOpts are restore's arguments and flags.
 type restoreOpts struct {
 	cmdline
-	o        engine.RestoreOptions
-	ctr      engine.ContainerOptions
+	o        engine.RestoreOptions    // the flags only a process image takes
+	ctr      container.RestoreOptions // the flags only a container takes
 	keyFiles []string
+	// The flags both take, mapped into the one mode's options by runRestore.
+	allowDuplicates, allowUntrusted bool
 }
 
 func restoreCmd(g *globals) *cobra.Command {
@@ -53,10 +56,10 @@ host PID, name and restore time.`,
 	f.StringVar(&opts.o.Name, "name", "", "name of the restored instance (clones are NAME-1 … NAME-N)")
 	f.BoolVar(&opts.o.Lazy, "lazy", false, "restore memory on demand through CRIU's lazy-pages daemon")
 	f.BoolVar(&opts.o.Rehash, "rehash", false, "hash every file, also those unchanged on disk since they were last verified")
-	f.BoolVar(&opts.o.AllowDuplicates, "allow-duplicates", false, "restore an image that carries records, or had records in the application's hands, although they are sent or processed again (--count > 1, or a --leave-running image)")
-	f.BoolVar(&opts.o.AllowUntrusted, "allow-untrusted", false, "as root, restore an image that another user owns or could have written (it runs with root's powers; a signature does not replace this)")
+	f.BoolVar(&opts.allowDuplicates, "allow-duplicates", false, "restore an image that carries records, or had records in the application's hands, although they are sent or processed again (--count > 1, or a --leave-running image)")
+	f.BoolVar(&opts.allowUntrusted, "allow-untrusted", false, "as root, restore an image that another user owns or could have written (it runs with root's powers; a signature does not replace this)")
 	verifyKeyFlag(f, &opts.keyFiles)
-	containerFlags(f, &opts.ctr)
+	containerFlags(f, &opts.ctr.Target)
 	f.StringVar(&opts.ctr.Bundle, "bundle", "", "with --container: the bundle to restore into (default: the one checkpointed)")
 	opts.ctr.MaxSize = images.DefaultMaxImportSize
 	f.Int64Var(&opts.ctr.MaxSize, "max-size", opts.ctr.MaxSize, "with --container and an archive: largest image, in bytes, to unpack (the free space is checked too)")
@@ -98,15 +101,12 @@ func runRestore(ctx context.Context, opts *restoreOpts, out *output) error {
 	if err != nil {
 		return err
 	}
-	o.VerifyKeys, ctr.VerifyKeys = keys, keys
-	ctr.AllowUntrusted = o.AllowUntrusted
 	if ctr.ID != "" || ctr.Bundle != "" {
-		ctr.Image = args[0]
-		ctr.AllowDuplicates = o.AllowDuplicates
+		ctr.Image, ctr.VerifyKeys, ctr.AllowUntrusted, ctr.AllowDuplicates = args[0], keys, opts.allowUntrusted, opts.allowDuplicates
 		if ctr.MaxSize <= 0 {
 			return &exitError{exitUsage, fmt.Errorf("--max-size %d: give a positive number of bytes", ctr.MaxSize)}
 		}
-		res, err := engine.RestoreContainer(ctx, *ctr)
+		res, err := container.RestoreContainer(ctx, *ctr)
 		if err != nil {
 			return err
 		}
@@ -119,7 +119,7 @@ func runRestore(ctx context.Context, opts *restoreOpts, out *output) error {
 		fmt.Fprintln(out.stdout, res.PID)
 		return nil
 	}
-	o.Image = args[0]
+	o.Image, o.VerifyKeys, o.AllowUntrusted, o.AllowDuplicates = args[0], keys, opts.allowUntrusted, opts.allowDuplicates
 	o.CRIU = g.criu
 	if err := nonNegative(map[string]time.Duration{"--wait": o.HookWait, "--pid-wait": o.PIDWait}); err != nil {
 		return err

@@ -20,11 +20,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kcr-dev/kcr/criu"
+	"github.com/kcr-dev/kcr/criuaction"
 	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/internal/testimg"
 	"github.com/kcr-dev/kcr/notify/client"
-	"github.com/kcr-dev/kcr/runtimehook"
 )
 
 // bufOutput returns an output that prints into buffers.
@@ -187,10 +187,10 @@ func TestExitCodes(t *testing.T) {
 		{&images.Error{Kind: images.ErrNotExist, Err: os.ErrNotExist}, exitImage},
 		{fmt.Errorf("x: %w", criu.ErrNotFound), exitNoCRIU},
 		{fmt.Errorf("x: %w", client.ErrNoSocket), exitTarget},
-		{&runtimehook.HookError{}, exitHooks},
+		{criuaction.Failure([]criuaction.Target{{PID: 7, Error: "hook failed"}}), exitHooks},
 		{afterHooksErr(fmt.Errorf("restored as PID 9, but %w", errors.New("rejoin failed"))), exitAfterHooks},
 		{afterHooksErr(fmt.Errorf("restored as PID 9, but %w", context.Canceled)), exitInterrupted},
-		{fmt.Errorf("x: %w", runtimehook.ErrNoEnv), exitUsage},
+		{fmt.Errorf("x: %w", criuaction.ErrNoEnv), exitUsage},
 	} {
 		if got := exitCode(c.err); got != c.want {
 			t.Errorf("exitCode(%v) = %d, want %d", c.err, got, c.want)
@@ -262,7 +262,7 @@ func TestRunExportStdoutWarns(t *testing.T) {
 // error that says what is wrong.
 func TestRunCRIUHookUsage(t *testing.T) {
 	ctx := context.Background()
-	quiet := runtimehook.Options{Logger: slog.New(slog.DiscardHandler)}
+	quiet := criuaction.Options{Logger: slog.New(slog.DiscardHandler)}
 	out, stdout, _ := bufOutput(true)
 	t.Setenv("CRTOOLS_SCRIPT_ACTION", "")
 	wantCode(t, runCRIUHook(ctx, &criuHookOpts{o: quiet}, out), exitUsage, "CRTOOLS_SCRIPT_ACTION is not set")
@@ -287,7 +287,7 @@ func TestRunInstallHook(t *testing.T) {
 	dir := t.TempDir()
 	out, stdout, _ := bufOutput(true)
 	for _, remove := range []bool{false, true} {
-		o := &installHookOpts{remove: remove, o: runtimehook.InstallOptions{Config: "runc.conf", Hook: filepath.Join(dir, "hook")}}
+		o := &installHookOpts{remove: remove, o: criuaction.InstallOptions{Config: "runc.conf", Hook: filepath.Join(dir, "hook")}}
 		wantCode(t, runInstallHook(ctx, o, out), exitUsage, "must be absolute paths")
 	}
 	other := filepath.Join(dir, "other")
@@ -295,7 +295,7 @@ func TestRunInstallHook(t *testing.T) {
 		t.Fatal(err)
 	}
 	conf := filepath.Join(dir, "runc.conf")
-	o := &installHookOpts{o: runtimehook.InstallOptions{Config: conf, Hook: other}}
+	o := &installHookOpts{o: criuaction.InstallOptions{Config: conf, Hook: other}}
 	wantCode(t, runInstallHook(ctx, o, out), exitErr, "is not kcr's action script")
 	if b, err := os.ReadFile(other); err != nil || string(b) != "#!/bin/sh\n" {
 		t.Errorf("somebody else's script changed: %q, %v", b, err)
@@ -303,11 +303,11 @@ func TestRunInstallHook(t *testing.T) {
 	if stdout.Len() != 0 {
 		t.Errorf("refused install printed %q on stdout", stdout)
 	}
-	o = &installHookOpts{o: runtimehook.InstallOptions{Config: conf, Hook: filepath.Join(dir, "kcr-criu-hook")}}
+	o = &installHookOpts{o: criuaction.InstallOptions{Config: conf, Hook: filepath.Join(dir, "kcr-criu-hook")}}
 	if err := runInstallHook(ctx, o, out); err != nil {
 		t.Fatal(err)
 	}
-	var res runtimehook.InstallResult
+	var res criuaction.InstallResult
 	dec := json.NewDecoder(stdout)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&res); err != nil || res.Config != conf || !res.ConfigChanged || !res.HookChanged {

@@ -17,11 +17,12 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kcr-dev/kcr/criu"
+	"github.com/kcr-dev/kcr/criuaction"
 	"github.com/kcr-dev/kcr/engine"
+	"github.com/kcr-dev/kcr/engine/container"
 	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/notify/client"
 	"github.com/kcr-dev/kcr/notify/proto"
-	"github.com/kcr-dev/kcr/runtimehook"
 )
 
 type globals struct {
@@ -84,10 +85,9 @@ func newRoot(g *globals) *cobra.Command {
 // does, so that a code and its help text cannot drift apart.
 func exitCode(err error) int {
 	var ee *exitError
-	var he *engine.HookError
+	var he *proto.HookFailure
 	var ce *criu.Error
 	var pe *criu.PIDInUseError
-	var rhe *runtimehook.HookError
 	switch {
 	case errors.As(err, &ee):
 		return ee.code
@@ -97,15 +97,15 @@ func exitCode(err error) int {
 		return exitSignature
 	case errors.As(err, &he) && he.CarryVeto(), errors.Is(err, engine.ErrDuplicates):
 		return exitCarried
-	case errors.As(err, &he), errors.As(err, &rhe):
+	case errors.As(err, &he):
 		return exitHooks
-	case errors.Is(err, runtimehook.ErrNoEnv), errors.Is(err, runtimehook.ErrNotAbsolute):
+	case errors.Is(err, criuaction.ErrNoEnv), errors.Is(err, criuaction.ErrNotAbsolute):
 		return exitUsage
 	case errors.Is(err, criu.ErrNotFound), errors.Is(err, engine.ErrCRIUUnusable):
 		return exitNoCRIU
-	case errors.Is(err, engine.ErrNoRuntimeHook), errors.Is(err, engine.ErrContainerState):
+	case errors.Is(err, container.ErrNoRuntimeHook), errors.Is(err, container.ErrContainerState):
 		return exitTarget
-	case errors.As(err, &ce), errors.As(err, &pe), errors.Is(err, engine.ErrRuntimeFailed):
+	case errors.As(err, &ce), errors.As(err, &pe), errors.Is(err, container.ErrRuntimeFailed):
 		return exitCRIU
 	case errors.Is(err, engine.ErrNotClonable), errors.Is(err, images.ErrNotRecoverable):
 		return exitImage

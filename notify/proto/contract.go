@@ -57,10 +57,50 @@ const (
 	DefaultMaxHookBudget = 2 * time.Minute
 )
 
-// CarryMarker is in the message of every veto of a resource that would
-// carry records into the image (notify.CarryError), for those who see only
-// the message: kcr reading the log of its CRIU action script.
-const CarryMarker = "would carry"
+// A Marker is a phrase that every log line and error message of one kind
+// of failed checkpoint holds, for those who see only text: kcr reading the
+// log of its CRIU action script, or a container runtime's message. Failure
+// turns such text back into a HookFailure.
+type Marker string
+
+const (
+	// FailedMarker begins the error of failed before-checkpoint hooks
+	// (HookFailure.Error) and the CRIU action script's log line of one.
+	FailedMarker Marker = "before-checkpoint hooks failed"
+	// CarryMarker is in the message of every veto of a resource that would
+	// carry records into the image (notify.CarryError).
+	CarryMarker Marker = "would carry"
+)
+
+// In reports whether text holds m.
+func (m Marker) In(text string) bool { return strings.Contains(text, string(m)) }
+
+// LastLine returns the last line of text that holds m, trimmed, or "".
+func (m Marker) LastLine(text string) string {
+	var last string
+	for _, l := range strings.Split(text, "\n") {
+		if m.In(l) {
+			last = strings.TrimSpace(l)
+		}
+	}
+	return last
+}
+
+// Failure returns the HookFailure that the last line of text holding m
+// reports, or nil if no line holds m. That line is its message; with
+// CarryMarker it is also the carry veto of resource, the one report (the
+// action script keeps no reports when it refuses: its line names the
+// resource and the count).
+func (m Marker) Failure(text, resource string) *HookFailure {
+	line := m.LastLine(text)
+	switch {
+	case line == "":
+		return nil
+	case m == CarryMarker:
+		return &HookFailure{Reports: []HookReport{{Name: resource, Error: line, CarryVeto: true}}, Msg: line}
+	}
+	return &HookFailure{Msg: line}
+}
 
 // ResumeAfterFor is kcr's default for how long an app whose hooks had
 // hookBudget waits for kcr's follow-up before it resumes on its own: the
@@ -102,7 +142,9 @@ func (m Message) EventKind() string {
 
 // HookFailure is a failed checkpoint as the app reported it (TypeFailed):
 // the before-checkpoint hooks did not all succeed, nothing was dumped and
-// the app resumed every resource.
+// the app resumed every resource. It is kcr's one hook-failure error: of
+// engine.Checkpoint, of kcr's CRIU action script (the failed processes'
+// reports, Msg naming each PID) and of a container checkpoint.
 type HookFailure struct {
 	Reports []HookReport // every hook's report, failed or not
 	Msg     string       // the app's error message
@@ -140,7 +182,7 @@ func (e *HookFailure) Error() string {
 	if len(msgs) == 0 {
 		msgs = []string{e.Msg}
 	}
-	return "before-checkpoint hooks failed, nothing was dumped, the app resumed: " + strings.Join(msgs, "; ")
+	return string(FailedMarker) + ", nothing was dumped, the app resumed: " + strings.Join(msgs, "; ")
 }
 
 // Fit returns m cut down so that Encode accepts it, keeping what matters

@@ -87,3 +87,24 @@ func TestFit(t *testing.T) {
 		t.Errorf("error not cut: ...%q", m.Error[len(m.Error)-20:])
 	}
 }
+
+// A marker's last line in a log is its typed failure: a carry veto of the
+// named resource, or a failed-hooks message; text without it is no failure.
+func TestMarkerFailure(t *testing.T) {
+	log := "(00.1) pre-dump\n(00.2) kafka-writer/t: would carry 2 records into the image\n(00.3) kafka-writer/u: would carry 3 records into the image \n(00.4) Error (criu/action-scripts.c:60): One of more action scripts failed\n"
+	he := CarryMarker.Failure(log, "container c")
+	if he == nil || !he.CarryVeto() || he.Msg != "(00.3) kafka-writer/u: would carry 3 records into the image" || he.Reports[0].Name != "container c" {
+		t.Errorf("carry veto: %#v", he)
+	}
+	if he := FailedMarker.Failure(log, ""); he != nil {
+		t.Errorf("no failed-hooks line, got %#v", he)
+	}
+	err := (&HookFailure{Msg: "PID 7: no"}).Error()
+	if !FailedMarker.In(err) || !strings.HasPrefix(err, string(FailedMarker)) {
+		t.Errorf("HookFailure's error %q does not begin with FailedMarker", err)
+	}
+	he = FailedMarker.Failure("a\n"+err+"\nb", "")
+	if he == nil || he.Msg != err || he.CarryVeto() {
+		t.Errorf("failed hooks: %#v", he)
+	}
+}

@@ -1,7 +1,7 @@
 package e2e
 
 // Root-kcr against a second uid, round 2 (issue 23), through the CLI; the
-// package tests of images, engine and runtimehook hold the rest.
+// package tests of images, engine and criuaction hold the rest.
 
 import (
 	"os"

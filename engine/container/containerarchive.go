@@ -1,4 +1,4 @@
-package engine
+package container
 
 import (
 	"context"
@@ -8,9 +8,8 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/google/go-containerregistry/pkg/v1/layout"
-
 	"github.com/kcr-dev/kcr/images"
+	"github.com/kcr-dev/kcr/images/oci"
 )
 
 // restoreArchive restores a container from a checkpoint archive of "kcr
@@ -28,7 +27,7 @@ import (
 // with the container; after a failure the directory keeps CRIU's log.
 // Restores of one archive are counted in kcr's state directory, keyed by
 // the archive file, so each gets its own generation.
-func restoreArchive(ctx context.Context, o ContainerOptions) (*ContainerRestoreResult, error) {
+func restoreArchive(ctx context.Context, o RestoreOptions) (*ContainerRestoreResult, error) {
 	// Opened once: the fd checked is the one imported from.
 	f, err := images.OpenArchive(o.Image, o.trusted())
 	if err != nil {
@@ -43,7 +42,7 @@ func restoreArchive(ctx context.Context, o ContainerOptions) (*ContainerRestoreR
 // restoreUnpacked restores the CRI-O archive that unpack writes as a kcr
 // image (see restoreArchive); o.Image names the source, for errors and the
 // restore counter.
-func restoreUnpacked(ctx context.Context, o ContainerOptions, unpack func(final string, opts ...images.ImportOption) (*images.Image, error)) (res *ContainerRestoreResult, err error) {
+func restoreUnpacked(ctx context.Context, o RestoreOptions, unpack func(final string, opts ...images.ImportOption) (*images.Image, error)) (res *ContainerRestoreResult, err error) {
 	archive := o.Image
 	gen, err := images.NextFileGeneration(archive)
 	if err != nil {
@@ -129,37 +128,18 @@ func buildBundle(image, oldBundle, dst string) (string, error) {
 }
 
 // restoreOCILayout restores a container from an OCI image layout of "kcr
-// export --format oci": its one image carries CheckpointAnnotation, and
-// its one layer is the CRI-O archive, streamed into restoreUnpacked.
-func restoreOCILayout(ctx context.Context, o ContainerOptions) (*ContainerRestoreResult, error) {
-	idx, err := layout.ImageIndexFromPath(o.Image)
+// export --format oci": its one image carries oci.CheckpointAnnotation,
+// and its one layer is the CRI-O archive, streamed into restoreUnpacked.
+func restoreOCILayout(ctx context.Context, o RestoreOptions) (*ContainerRestoreResult, error) {
+	layer, err := oci.OpenLayout(o.Image)
 	if err != nil {
-		return nil, fmt.Errorf("OCI layout %s: %w", o.Image, err)
-	}
-	im, err := idx.IndexManifest()
-	if err != nil {
-		return nil, fmt.Errorf("OCI layout %s: %w", o.Image, err)
-	}
-	if len(im.Manifests) != 1 {
-		return nil, fmt.Errorf("OCI layout %s holds %d images: give a layout of kcr export --format oci (one checkpoint image)", o.Image, len(im.Manifests))
-	}
-	img, err := idx.Image(im.Manifests[0].Digest)
-	if err != nil {
-		return nil, fmt.Errorf("OCI layout %s: %w", o.Image, err)
-	}
-	m, err := img.Manifest()
-	if err != nil {
-		return nil, fmt.Errorf("OCI layout %s: %w", o.Image, err)
-	}
-	layers, err := img.Layers()
-	if err != nil || len(layers) != 1 || m.Annotations[CheckpointAnnotation] == "" {
-		return nil, fmt.Errorf("OCI layout %s is not a checkpoint image of kcr export --format oci (want one layer and the %s annotation)", o.Image, CheckpointAnnotation)
+		return nil, err
 	}
 	return restoreUnpacked(ctx, o, func(final string, opts ...images.ImportOption) (*images.Image, error) {
 		// Every file is checked against the kcr manifest in the layer.
-		rc, err := layers[0].Uncompressed()
+		rc, err := layer()
 		if err != nil {
-			return nil, fmt.Errorf("OCI layout %s: layer: %w", o.Image, err)
+			return nil, err
 		}
 		defer rc.Close()
 		return images.ImportCRIO(ctx, rc, final, opts...)

@@ -1,4 +1,4 @@
-package runtimehook
+package criuaction
 
 import (
 	"bytes"

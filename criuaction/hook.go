@@ -1,4 +1,4 @@
-// Package runtimehook makes kcr the CRIU action script of container
+// Package criuaction makes kcr the CRIU action script of container
 // runtimes (runc, and through it Podman, CRI-O and the kubelet's checkpoint
 // API), so that a runtime's checkpoint runs the app's kcr hooks.
 //
@@ -19,7 +19,7 @@
 // Every other stage is a no-op. Run never blocks CRIU longer than the hook
 // budget plus a few seconds; the app resumes by itself if the watcher is
 // lost (notify's resume-after rule).
-package runtimehook
+package criuaction
 
 import (
 	"context"

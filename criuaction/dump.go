@@ -1,4 +1,4 @@
-package runtimehook
+package criuaction
 
 import (
 	"context"
@@ -17,23 +17,24 @@ import (
 	"github.com/kcr-dev/kcr/notify/proto"
 )
 
-// FailedMarker is in the log line and the error of failed before-checkpoint
-// hooks, for those who see only CRIU's log or the runtime's message.
-const FailedMarker = "before-checkpoint hooks failed"
-
-// HookError is returned when before-checkpoint hooks failed: nothing may be
-// dumped, and every process was resumed.
-type HookError struct {
-	Failed []Target // the processes whose hooks failed, with their Error
-}
-
-// Error names each failed process and its error, after FailedMarker.
-func (e *HookError) Error() string {
-	var s []string
-	for _, t := range e.Failed {
-		s = append(s, fmt.Sprintf("PID %d: %s", t.PID, t.Error))
+// Failure returns the error of the failed targets (those with an Error):
+// their reports, and a message naming each PID and its error; nil if none
+// failed. kcr checkpoint --container reads it back from ReportsFile.
+func Failure(targets []Target) *proto.HookFailure {
+	he := &proto.HookFailure{}
+	var msgs []string
+	for _, t := range targets {
+		if t.Error == "" {
+			continue
+		}
+		msgs = append(msgs, fmt.Sprintf("PID %d: %s", t.PID, t.Error))
+		he.Reports = append(he.Reports, t.Reports...)
 	}
-	return FailedMarker + ", the dump must not go on, every app resumed: " + strings.Join(s, "; ")
+	if len(msgs) == 0 {
+		return nil
+	}
+	he.Msg = strings.Join(msgs, "; ")
+	return he
 }
 
 func preDump(ctx context.Context, env Env, o Options, res *Result) error {
@@ -67,9 +68,12 @@ func preDump(ctx context.Context, env Env, o Options, res *Result) error {
 				ts[i].Error = err.Error()
 				var hf *proto.HookFailure
 				if errors.As(err, &hf) {
-					ts[i].Error, ts[i].Reports = hf.Msg, hf.Reports
+					ts[i].Reports = hf.Reports
+					if hf.Msg != "" { // else err's text: a failed target has an Error
+						ts[i].Error = hf.Msg
+					}
 				}
-				log.Warn("pre-dump: "+FailedMarker, "pid", ts[i].PID, "err", ts[i].Error)
+				log.Warn("pre-dump: "+string(proto.FailedMarker), "pid", ts[i].PID, "err", ts[i].Error)
 				return
 			}
 			ready[i] = true
@@ -110,8 +114,9 @@ func preDump(ctx context.Context, env Env, o Options, res *Result) error {
 	// The failed targets' reports too: kcr checkpoint --container reads in
 	// them which hook failed, rather than guessing from CRIU's log.
 	writeReports(env, res, o)
-	resumeAll(ts, ready, "checkpoint aborted: "+(&HookError{Failed: failed}).Error(), o)
-	return &HookError{Failed: failed}
+	he := Failure(failed)
+	resumeAll(ts, ready, "checkpoint aborted: "+he.Error(), o)
+	return he
 }
 
 // writeReports keeps the hooks' reports beside CRIU's images, for the

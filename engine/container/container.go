@@ -1,4 +1,7 @@
-package engine
+// Package container checkpoints runc and Podman containers into kcr images,
+// restores them, and exports them as CRI-O archives and OCI layouts. It
+// builds on engine (images, manifests, timings); engine knows nothing of it.
+package container
 
 import (
 	"bytes"
@@ -15,13 +18,7 @@ import (
 	"github.com/kcr-dev/kcr/criu"
 	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/notify/client"
-	"github.com/kcr-dev/kcr/runtimehook"
 )
-
-// HookReportsFile is what kcr's CRIU action script writes beside CRIU's
-// images at pre-dump: the hooks' reports, for the manifest of a container
-// checkpoint.
-const HookReportsFile = runtimehook.ReportsFile
 
 // Phase names of container checkpoints and restores.
 const (
@@ -40,50 +37,54 @@ var ErrRuntimeFailed = errors.New("runtime failed")
 // not running.
 var ErrContainerState = errors.New("container not checkpointable")
 
-// ContainerOptions configures CheckpointContainer and RestoreContainer.
-type ContainerOptions struct {
+// Target names a container and the runtime that runs it: what
+// CheckpointOptions and RestoreOptions share.
+type Target struct {
 	ID       string // the container's id
-	Runtime  string // runc binary (default "runc" from PATH)
+	Runtime  string // runc binary (default "runc" from PATH), or podman
 	RuncRoot string // runc --root (default: runc's)
-	Output   string // CheckpointContainer: image directory to create
-	Image    string // RestoreContainer: the kcr image
-	Bundle   string // RestoreContainer: the bundle (default: the one recorded at checkpoint)
+
+	env []string // added to runc's environment, which CRIU's script inherits
+}
+
+// CheckpointOptions configures CheckpointContainer.
+type CheckpointOptions struct {
+	Target
+	Output       string // image directory to create
+	LeaveRunning bool   // runc checkpoint --leave-running
+	TCPClose     bool   // refused: runc takes tcp-close only from its CRIU configuration
+	// SignKey signs the image's manifest.
+	SignKey ed25519.PrivateKey
+	// RequireDrained: as engine.CheckpointOptions.RequireDrained, passed to
+	// kcr's CRIU action script in runc's environment
+	// (criuaction.EnvRequireDrained).
+	RequireDrained bool
+}
+
+// RestoreOptions configures RestoreContainer.
+type RestoreOptions struct {
+	Target
+	Image  string // the kcr image, a CRI-O archive or an OCI layout
+	Bundle string // the bundle (default: the one recorded at checkpoint)
 	// Stdout receives the restored container's stdout and stderr (runc
 	// hands its own to the container); default /dev/null. kcr's own
 	// stdio is never given to the container, so kcr can exit. The file is
 	// appended to (created 0600 if missing), never truncated, and opened
 	// as images.OpenOutput does: not through a link, and as root only in
 	// a directory no other user can write.
-	Stdout       string
-	LeaveRunning bool // CheckpointContainer: runc checkpoint --leave-running
-	TCPClose     bool // refused by CheckpointContainer: runc takes tcp-close only from its CRIU configuration
-	// SignKey signs the image's manifest (CheckpointContainer).
-	SignKey ed25519.PrivateKey
-	// VerifyKeys and AllowUntrusted are as in RestoreOptions
-	// (RestoreContainer); AllowUntrusted covers archives and OCI layouts
-	// too.
+	Stdout string
+	// VerifyKeys and AllowUntrusted are as in engine.RestoreOptions;
+	// AllowUntrusted covers archives and OCI layouts too.
 	VerifyKeys     []ed25519.PublicKey
 	AllowUntrusted bool
-	// RequireDrained: as CheckpointOptions.RequireDrained, passed to kcr's
-	// CRIU action script in runc's environment (RequireDrainedEnv).
-	RequireDrained bool
-	// AllowDuplicates: as RestoreOptions.AllowDuplicates.
+	// AllowDuplicates: as engine.RestoreOptions.AllowDuplicates.
 	AllowDuplicates bool
 	// MaxSize bounds the image a checkpoint archive may unpack to
 	// (default images.DefaultMaxImportSize).
 	MaxSize int64
 
-	env        []string // added to runc's environment, which CRIU's script inherits
-	generation uint64   // the restore's generation, if counted elsewhere (restoreArchive)
+	generation uint64 // the restore's generation, if counted elsewhere (restoreArchive)
 }
-
-// GenerationEnv tells kcr's CRIU action script the restore's generation.
-const GenerationEnv = runtimehook.GenerationEnv
-
-// RequireDrainedEnv, set to 1 in runc's environment, makes kcr's CRIU action
-// script ask the apps for a checkpoint without carried records
-// (runtimehook.RequireDrainedEnv).
-const RequireDrainedEnv = runtimehook.EnvRequireDrained
 
 // ContainerState is what "runc state" says of a container.
 type ContainerState struct {
@@ -94,7 +95,7 @@ type ContainerState struct {
 	Annotations map[string]string `json:"annotations"` // org.criu.config names its CRIU configuration
 }
 
-func (o *ContainerOptions) runc(ctx context.Context, stdout *os.File, args ...string) (string, error) {
+func (o *Target) runc(ctx context.Context, stdout *os.File, args ...string) (string, error) {
 	bin := o.Runtime
 	if bin == "" {
 		bin = "runc"
@@ -131,10 +132,10 @@ func (o *ContainerOptions) runc(ctx context.Context, stdout *os.File, args ...st
 
 // trusted says whether images must pass images.OpenOptions.Trusted: as
 // root, unless AllowUntrusted.
-func (o *ContainerOptions) trusted() bool { return os.Geteuid() == 0 && !o.AllowUntrusted }
+func (o *RestoreOptions) trusted() bool { return os.Geteuid() == 0 && !o.AllowUntrusted }
 
 // State returns "runc state" of the container.
-func (o *ContainerOptions) State(ctx context.Context) (*ContainerState, error) {
+func (o *Target) State(ctx context.Context) (*ContainerState, error) {
 	out, err := o.runc(ctx, nil, "state", o.ID)
 	if err != nil {
 		return nil, fmt.Errorf("container %s: %w: %w", o.ID, ErrContainerState, err)

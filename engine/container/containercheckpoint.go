@@ -1,4 +1,4 @@
-package engine
+package container
 
 import (
 	"context"
@@ -11,32 +11,21 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kcr-dev/kcr/criuaction"
+	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/notify/proto"
-	"github.com/kcr-dev/kcr/runtimehook"
 )
 
 // startImage reads what the manifest records of the container's init pid
 // and starts the image out, signed with key if not nil.
 func startImage(pid int, out string, key ed25519.PrivateKey) (images.Process, *images.Builder, error) {
-	proc, err := processInfo(pid)
+	proc, err := engine.ProcessInfo(pid)
 	if err != nil {
 		return proc, nil, err
 	}
-	b, err := createImage(out, key)
+	b, err := engine.CreateImage(out, key)
 	return proc, b, err
-}
-
-// createImage starts the image out, signed with key if not nil. Callers
-// defer b.Abort() at once: it removes the unfinished image on every failure
-// and is a no-op after a successful Commit.
-func createImage(out string, key ed25519.PrivateKey) (*images.Builder, error) {
-	b, err := images.Create(out)
-	if err != nil {
-		return nil, err
-	}
-	b.SignWith(key)
-	return b, nil
 }
 
 // bundleFix is the advice when a bundle's spec is refused.
@@ -46,7 +35,7 @@ const bundleFix = "kcr would sign (or export) a spec that user wrote: keep the b
 // into a kcr image: runc's images in its criu/ directory, the manifest
 // beside them. The app's hooks run in kcr's CRIU action script
 // (kcr install-runtime-hook), whose reports go into the manifest.
-func CheckpointContainer(ctx context.Context, o ContainerOptions) (*CheckpointResult, error) {
+func CheckpointContainer(ctx context.Context, o CheckpointOptions) (*engine.CheckpointResult, error) {
 	start := time.Now()
 	if o.TCPClose {
 		// runc has no tcp-close flag (its --tcp-established is the
@@ -81,25 +70,23 @@ func CheckpointContainer(ctx context.Context, o ContainerOptions) (*CheckpointRe
 	if err := os.MkdirAll(b.CRIUDir(), 0o700); err != nil {
 		return nil, err
 	}
-	res := &CheckpointResult{Image: b.Final()}
+	res := &engine.CheckpointResult{Image: b.Final()}
 	args := []string{"checkpoint", "--image-path", b.CRIUDir(), "--work-path", b.CRIUDir()}
 	if o.LeaveRunning {
 		args = append(args, "--leave-running")
 	}
 	if o.RequireDrained {
-		o.env = append(o.env, RequireDrainedEnv+"=1")
+		o.env = append(o.env, criuaction.EnvRequireDrained+"=1")
 	}
 	t := time.Now()
 	_, err = o.runc(ctx, nil, append(args, o.ID)...)
-	res.Timings.add(PhaseRuncCheckpoint, time.Since(t))
+	res.Timings.Add(PhaseRuncCheckpoint, time.Since(t))
 	if err != nil {
 		dumpLog := filepath.Join(b.CRIUDir(), "dump.log")
-		if tail := logTail(dumpLog, proto.CarryMarker); tail != "" {
-			// The script keeps no reports when it refuses: its log line
-			// names the resource and the count.
-			return nil, &HookError{Reports: []proto.HookReport{{Name: "container " + o.ID, Error: tail, CarryVeto: true}}, Msg: tail}
+		if he := proto.CarryMarker.Failure(readLog(dumpLog), "container "+o.ID); he != nil {
+			return nil, he
 		}
-		if he := failedHooks(filepath.Join(b.CRIUDir(), HookReportsFile)); he != nil {
+		if he := failedHooks(filepath.Join(b.CRIUDir(), criuaction.ReportsFile)); he != nil {
 			return nil, he
 		}
 		// The unfinished image, with CRIU's log, is removed: keep its last error.
@@ -115,21 +102,21 @@ func CheckpointContainer(ctx context.Context, o ContainerOptions) (*CheckpointRe
 	if err := b.WriteFile(containerSpecFile, spec); err != nil {
 		return nil, err
 	}
-	reports, _ := os.ReadFile(filepath.Join(b.CRIUDir(), HookReportsFile))
+	reports, _ := os.ReadFile(filepath.Join(b.CRIUDir(), criuaction.ReportsFile))
 	if err := commitContainer(ctx, b, res, proc, hasSock, reports, o, containerRecord{ID: o.ID, Bundle: st.Bundle}); err != nil {
 		return nil, err
 	}
-	res.Timings.add(PhaseTotal, time.Since(start))
+	res.Timings.Add(engine.PhaseTotal, time.Since(start))
 	return res, nil
 }
 
 // commitContainer writes the manifest of a container image, with the
 // hooks' reports that kcr's action script left (reports, may be nil), and
 // commits it.
-func commitContainer(ctx context.Context, b *images.Builder, res *CheckpointResult, proc images.Process, hasSock bool, reports []byte, o ContainerOptions, rec containerRecord) error {
-	m := &images.Manifest{KCRVersion: Version, Kernel: kernel(), Host: hostname(), Process: proc, NoHooks: !hasSock,
+func commitContainer(ctx context.Context, b *images.Builder, res *engine.CheckpointResult, proc images.Process, hasSock bool, reports []byte, o CheckpointOptions, rec containerRecord) error {
+	m := &images.Manifest{KCRVersion: engine.Version, Kernel: engine.Kernel(), Host: engine.Hostname(), Process: proc, NoHooks: !hasSock,
 		Options: images.Options{LeaveRunning: o.LeaveRunning, TCPClose: o.TCPClose}}
-	if _, v, err := CRIU(ctx, ""); err == nil {
+	if _, v, err := engine.CRIU(ctx, ""); err == nil {
 		m.CRIUVersion = v.String()
 	}
 	var hr struct {
@@ -148,14 +135,14 @@ func commitContainer(ctx context.Context, b *images.Builder, res *CheckpointResu
 			for _, r := range tg.Reports {
 				d += time.Duration(r.Duration)
 			}
-			addResources(m, tg.Reports)
+			engine.AddResources(m, tg.Reports)
 			slowest = max(slowest, d)
 		}
 		if len(hr.Targets) > 0 {
-			res.Timings = append(Timings{{Name: PhaseHooks, DurationNS: int64(slowest)}}, res.Timings...)
+			res.Timings = append(engine.Timings{{Name: engine.PhaseHooks, DurationNS: int64(slowest)}}, res.Timings...)
 		}
 	} else if hasSock {
-		res.Warnings = append(res.Warnings, "the hook's reports ("+HookReportsFile+") are missing: see CRIU's dump.log")
+		res.Warnings = append(res.Warnings, "the hook's reports ("+criuaction.ReportsFile+") are missing: see CRIU's dump.log")
 	}
 	cb, _ := json.Marshal(rec)
 	if err := b.WriteFile(containerBundleFile, cb); err != nil {
@@ -167,37 +154,30 @@ func commitContainer(ctx context.Context, b *images.Builder, res *CheckpointResu
 	if err != nil {
 		return fmt.Errorf("write image: %w", err)
 	}
-	res.Timings.add(PhaseImageWrite, time.Since(t))
+	res.Timings.Add(engine.PhaseImageWrite, time.Since(t))
 	res.Manifest = img.Manifest
 	return nil
 }
 
-// failedHooks returns the HookError that kcr's action script recorded in
-// its reports file when before-checkpoint hooks failed, or nil if none did
-// (or there are no reports).
-func failedHooks(reportsFile string) *HookError {
+// failedHooks returns the HookFailure that kcr's action script recorded
+// in its reports file when before-checkpoint hooks failed, or nil if none
+// did (or there are no reports).
+func failedHooks(reportsFile string) *proto.HookFailure {
 	b, err := os.ReadFile(reportsFile)
 	if err != nil {
 		return nil
 	}
-	var res runtimehook.Result
+	var res criuaction.Result
 	if json.Unmarshal(b, &res) != nil {
 		return nil
 	}
-	he := &HookError{}
-	var msgs []string
-	for _, t := range res.Targets {
-		if t.Error == "" {
-			continue
-		}
-		msgs = append(msgs, fmt.Sprintf("PID %d: %s", t.PID, t.Error))
-		he.Reports = append(he.Reports, t.Reports...)
-	}
-	if len(msgs) == 0 {
-		return nil
-	}
-	he.Msg = strings.Join(msgs, "; ")
-	return he
+	return criuaction.Failure(res.Targets)
+}
+
+// readLog returns the text of CRIU's log at path, or "" if it is unreadable.
+func readLog(path string) string {
+	b, _ := os.ReadFile(path)
+	return string(b)
 }
 
 // logTail returns the last line of a log that contains marker.

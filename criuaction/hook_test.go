@@ -1,4 +1,4 @@
-package runtimehook
+package criuaction
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kcr-dev/kcr/notify"
+	"github.com/kcr-dev/kcr/notify/proto"
 )
 
 // startApp serves a registry's control socket in this process, which is
@@ -123,9 +124,9 @@ func TestPreDumpHookFails(t *testing.T) {
 	o := Options{StateDir: t.TempDir(), SpawnWatcher: func(string) (func(bool), error) { return func(ok bool) { committed <- ok }, nil }}
 	img := t.TempDir()
 	_, err := Run(context.Background(), Env{Action: ActionPreDump, InitPID: os.Getpid(), CRIUPID: os.Getppid(), ImageDir: img}, o)
-	var he *HookError
-	if !errors.As(err, &he) || len(he.Failed) != 1 {
-		t.Fatalf("err %v, want a HookError", err)
+	var he *proto.HookFailure
+	if !errors.As(err, &he) || len(he.Failed()) != 1 || !strings.HasPrefix(he.Msg, "PID ") || strings.Contains(he.Msg, ";") {
+		t.Fatalf("err %v, want a HookFailure of one process", err)
 	}
 	// The reports say which target failed, for kcr checkpoint --container.
 	var rep Result

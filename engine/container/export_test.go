@@ -1,4 +1,4 @@
-package engine
+package container
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/kcr-dev/kcr/images"
+	"github.com/kcr-dev/kcr/internal/testimg"
 )
 
 // containerImage writes a small kcr image of a runc container, signed by
@@ -74,8 +75,8 @@ func TestExportResult(t *testing.T) {
 		var written int64
 		if c.stdout {
 			written = int64(stdout.Len())
-		} else if written, err = treeSize(o.Output); err != nil {
-			t.Fatal(err)
+		} else {
+			written = testimg.TreeSize(t, o.Output)
 		}
 		if res.Bytes != written || written == 0 {
 			t.Errorf("%s to %q: Bytes %d, %d written", c.format, c.output, res.Bytes, written)

@@ -1,4 +1,4 @@
-package engine
+package container
 
 import (
 	"archive/tar"
@@ -11,7 +11,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kcr-dev/kcr/criuaction"
+	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/images"
+	"github.com/kcr-dev/kcr/notify/proto"
 )
 
 // fakePodman writes a podman that logs its arguments to dir/args, answers
@@ -47,10 +50,10 @@ esac
 	}
 	tw := tar.NewWriter(f)
 	for name, data := range map[string]string{
-		"config.dump":                   "{}",
-		"checkpoint/inventory.img":      "inv",
-		"checkpoint/" + HookReportsFile: `{"targets":[{"socket":"/run/kcr/kcr-1.sock","reports":[{"name":"kafka-writer/t","duration_ns":2000000}]}]}`,
-		"rootfs-diff.tar":               "",
+		"config.dump":                          "{}",
+		"checkpoint/inventory.img":             "inv",
+		"checkpoint/" + criuaction.ReportsFile: `{"targets":[{"socket":"/run/kcr/kcr-1.sock","reports":[{"name":"kafka-writer/t","duration_ns":2000000}]}]}`,
+		"rootfs-diff.tar":                      "",
 	} {
 		tw.WriteHeader(&tar.Header{Name: name, Mode: 0o600, Size: int64(len(data))})
 		tw.Write([]byte(data))
@@ -74,7 +77,7 @@ func TestPodmanCheckpointRestore(t *testing.T) {
 	bin, dir := fakePodman(t)
 	img := filepath.Join(t.TempDir(), "img")
 	ctx := context.Background()
-	res, err := CheckpointContainer(ctx, ContainerOptions{ID: "svc", Runtime: bin, Output: img, LeaveRunning: true})
+	res, err := CheckpointContainer(ctx, CheckpointOptions{Target: Target{ID: "svc", Runtime: bin}, Output: img, LeaveRunning: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +87,7 @@ func TestPodmanCheckpointRestore(t *testing.T) {
 		!strings.HasSuffix(a[1], "/"+PodmanArchive+" --compress none --leave-running svc") {
 		t.Errorf("podman calls %q", a)
 	}
-	if res.Timings.Get(PhasePodmanCheckpoint) == 0 || res.Timings.Get(PhaseHooks) == 0 {
+	if res.Timings.Get(PhasePodmanCheckpoint) == 0 || res.Timings.Get(engine.PhaseHooks) == 0 {
 		t.Errorf("phases %v: want podman checkpoint and the hooks", res.Timings)
 	}
 	if len(res.Manifest.Resources) != 1 || res.Manifest.Resources[0].Name != "kafka-writer/t" || res.Manifest.Process.PID != os.Getpid() {
@@ -99,7 +102,7 @@ func TestPodmanCheckpointRestore(t *testing.T) {
 	}
 
 	os.Remove(filepath.Join(dir, "args"))
-	r, err := RestoreContainer(ctx, ContainerOptions{ID: "svc-2", Runtime: bin, Image: img})
+	r, err := RestoreContainer(ctx, RestoreOptions{Target: Target{ID: "svc-2", Runtime: bin}, Image: img})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,18 +122,18 @@ func TestPodmanCheckpointRefused(t *testing.T) {
 	bin, _ := fakePodman(t)
 	parent := t.TempDir()
 	ctx := context.Background()
-	_, err := CheckpointContainer(ctx, ContainerOptions{ID: "missing", Runtime: bin, Output: filepath.Join(parent, "a")})
+	_, err := CheckpointContainer(ctx, CheckpointOptions{Target: Target{ID: "missing", Runtime: bin}, Output: filepath.Join(parent, "a")})
 	if !errors.Is(err, ErrContainerState) {
 		t.Errorf("missing container: %v", err)
 	}
 	t.Setenv("FAKE_PODMAN_FAIL", "1")
-	_, err = CheckpointContainer(ctx, ContainerOptions{ID: "svc", Runtime: bin, Output: filepath.Join(parent, "b")})
-	var he *HookError
+	_, err = CheckpointContainer(ctx, CheckpointOptions{Target: Target{ID: "svc", Runtime: bin}, Output: filepath.Join(parent, "b")})
+	var he *proto.HookFailure
 	if !errors.As(err, &he) || !strings.Contains(err.Error(), "hook x failed") {
 		t.Errorf("refusing hook: %v", err)
 	}
 	t.Setenv("FAKE_PODMAN_FAIL", "reports")
-	_, err = CheckpointContainer(ctx, ContainerOptions{ID: "svc", Runtime: bin, Output: filepath.Join(parent, "c")})
+	_, err = CheckpointContainer(ctx, CheckpointOptions{Target: Target{ID: "svc", Runtime: bin}, Output: filepath.Join(parent, "c")})
 	if !errors.As(err, &he) || len(he.Reports) != 1 || !strings.Contains(err.Error(), "hook y failed") {
 		t.Errorf("refusing hook, with reports: %v", err)
 	}

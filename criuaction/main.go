@@ -1,4 +1,4 @@
-package runtimehook
+package criuaction
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"os"
 	"time"
+
+	"github.com/kcr-dev/kcr/notify/proto"
 )
 
 // Environment variables of the action script: CRIU passes a script no
@@ -79,7 +81,7 @@ func Main(ctx context.Context, args []string) int {
 	case errors.Is(err, ErrNoEnv):
 		return exitUsage
 	}
-	if _, ok := errors.AsType[*HookError](err); ok {
+	if _, ok := errors.AsType[*proto.HookFailure](err); ok {
 		return exitHooks
 	}
 	return exitErr

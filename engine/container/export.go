@@ -1,7 +1,6 @@
-package engine
+package container
 
 import (
-	"archive/tar"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,17 +8,11 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path"
 	"path/filepath"
 	"time"
 
 	"github.com/kcr-dev/kcr/images"
 )
-
-// SignatureEntry is the name, in a CRI-O checkpoint archive written by
-// Export with FormatCRIO, of the kcr manifest's signature
-// (images.SignatureName); the manifest itself is kcr-manifest.json.
-const SignatureEntry = images.CRIOSignatureName
 
 // Export formats, the values of kcr export --format.
 const (
@@ -128,94 +121,7 @@ func writeArchive(ctx context.Context, img *images.Image, image, out string) err
 	if err != nil || json.Unmarshal(sb, &spec) != nil {
 		return fmt.Errorf("container %s: no readable spec %s: %v", c.ID, specFile, err)
 	}
-	ann, _ := spec["annotations"].(map[string]any)
-	if ann == nil {
-		ann = map[string]any{}
-	}
-	meta, _ := json.Marshal(map[string]string{"name": c.ID})
-	created := img.Manifest.Created.Format(time.RFC3339Nano)
-	ann["io.container.manager"] = "cri-o"
-	ann["io.kubernetes.cri-o.Metadata"] = string(meta)
-	ann["io.kubernetes.cri-o.Created"] = created
-	spec["annotations"] = ann
-	specDump, _ := json.Marshal(spec)
-	configDump, _ := json.Marshal(map[string]any{"id": c.ID, "name": c.ID, "runtime": "runc",
-		"createdTime": img.Manifest.Created, "checkpointedTime": img.Manifest.Created})
-
-	return images.WriteNewFile(ctx, out, func(f *os.File) error {
-		return writeTar(ctx, img, f, configDump, specDump)
-	})
-}
-
-// writeTar writes the CRI-O archive's entries to w.
-func writeTar(ctx context.Context, img *images.Image, w io.Writer, configDump, specDump []byte) error {
-	tw := tar.NewWriter(w)
-	add := func(name string, data []byte) error {
-		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o600, Size: int64(len(data)), ModTime: img.Manifest.Created}); err != nil {
-			return err
-		}
-		_, err := tw.Write(data)
-		return err
-	}
-	if err := add("config.dump", configDump); err != nil {
-		return err
-	}
-	if err := add("spec.dump", specDump); err != nil {
-		return err
-	}
-	mb, err := img.ReadRootFile(images.ManifestName)
-	if err != nil {
-		return err
-	}
-	if err := add(images.CRIOManifestName, mb); err != nil {
-		return err
-	}
-	// The signature goes along, so that whoever unpacks the archive can
-	// check who wrote the image.
-	if sig, err := img.ReadRootFile(images.SignatureName); err == nil {
-		if err := add(SignatureEntry, sig); err != nil {
-			return err
-		}
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("export: %w", err)
-	}
 	// kcr's own files beside the manifest, so that kcr restore verifies
 	// the whole image from the archive.
-	for _, name := range []string{containerBundleFile, containerSpecFile} {
-		data, err := img.ReadRootFile(name)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("export: %w", err)
-		}
-		if err := add(name, data); err != nil {
-			return err
-		}
-	}
-	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: images.CRIOCheckpointDir + "/", Mode: 0o700, ModTime: img.Manifest.Created}); err != nil {
-		return err
-	}
-	for _, e := range img.Manifest.Files {
-		if path.Dir(e.Path) != images.CRIUSubdir {
-			continue
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		src, err := img.OpenListed(e)
-		if err == nil {
-			err = tw.WriteHeader(&tar.Header{Name: images.CRIOCheckpointDir + "/" + path.Base(e.Path), Mode: 0o600, Size: e.Size, ModTime: img.Manifest.Created})
-		}
-		if err == nil {
-			_, err = io.Copy(tw, src)
-		}
-		if src != nil {
-			src.Close()
-		}
-		if err != nil {
-			return fmt.Errorf("export %s: %w", e.Path, err)
-		}
-	}
-	return tw.Close()
+	return images.WriteCRIOFile(ctx, img, out, c.ID, spec, containerBundleFile, containerSpecFile)
 }

@@ -1,4 +1,4 @@
-package engine
+package container
 
 import (
 	"archive/tar"
@@ -15,8 +15,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kcr-dev/kcr/criuaction"
+	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/images"
-	"github.com/kcr-dev/kcr/runtimehook"
+	"github.com/kcr-dev/kcr/notify/proto"
 )
 
 // PodmanArchive, in a kcr image of a Podman container, is Podman's own
@@ -45,11 +47,11 @@ type podmanInspect struct {
 }
 
 // isPodman says whether o drives Podman rather than runc.
-func (o *ContainerOptions) isPodman() bool { return filepath.Base(o.Runtime) == "podman" }
+func (o *Target) isPodman() bool { return filepath.Base(o.Runtime) == "podman" }
 
 // podmanKnows says whether podman is installed and has the container: a
 // container runc does not know is looked for there.
-func (o *ContainerOptions) podmanKnows(ctx context.Context) bool {
+func (o *Target) podmanKnows(ctx context.Context) bool {
 	if o.Runtime != "" && o.Runtime != "runc" {
 		return false
 	}
@@ -59,7 +61,7 @@ func (o *ContainerOptions) podmanKnows(ctx context.Context) bool {
 
 // podman runs a podman command and returns its stdout; errors carry its
 // stderr.
-func (o *ContainerOptions) podman(ctx context.Context, args ...string) (string, error) {
+func (o *Target) podman(ctx context.Context, args ...string) (string, error) {
 	bin := o.Runtime
 	if !o.isPodman() {
 		bin = "podman"
@@ -83,7 +85,7 @@ func (o *ContainerOptions) podman(ctx context.Context, args ...string) (string, 
 	return stdout.String(), nil
 }
 
-func (o *ContainerOptions) podmanInspect(ctx context.Context) (*podmanInspect, error) {
+func (o *Target) podmanInspect(ctx context.Context) (*podmanInspect, error) {
 	out, err := o.podman(ctx, "container", "inspect", o.ID)
 	if err != nil {
 		return nil, fmt.Errorf("container %s: %w: %w", o.ID, ErrContainerState, err)
@@ -100,7 +102,7 @@ func (o *ContainerOptions) podmanInspect(ctx context.Context) (*podmanInspect, e
 // with the manifest beside it. The hooks run in kcr's CRIU action script,
 // so Podman's OCI runtime must be runc, configured by kcr
 // install-runtime-hook: the crun of Podman 4 reads no CRIU configuration.
-func checkpointPodman(ctx context.Context, o ContainerOptions) (*CheckpointResult, error) {
+func checkpointPodman(ctx context.Context, o CheckpointOptions) (*engine.CheckpointResult, error) {
 	start := time.Now()
 	in, err := o.podmanInspect(ctx)
 	if err != nil {
@@ -123,7 +125,7 @@ func checkpointPodman(ctx context.Context, o ContainerOptions) (*CheckpointResul
 		return nil, err
 	}
 	defer b.Abort() // removes the unfinished image; a no-op once committed
-	res := &CheckpointResult{Image: b.Final()}
+	res := &engine.CheckpointResult{Image: b.Final()}
 	archive := filepath.Join(b.Dir(), PodmanArchive)
 	args := []string{"container", "checkpoint", "--export", archive, "--compress", "none"}
 	if o.LeaveRunning {
@@ -131,31 +133,31 @@ func checkpointPodman(ctx context.Context, o ContainerOptions) (*CheckpointResul
 	}
 	t := time.Now()
 	_, err = o.podman(ctx, append(args, o.ID)...)
-	res.Timings.add(PhasePodmanCheckpoint, time.Since(t))
+	res.Timings.Add(PhasePodmanCheckpoint, time.Since(t))
 	if err != nil {
 		// Podman keeps CRIU's log after a failure and names it.
 		if log := podmanLog(err.Error()); log != "" {
-			if he := failedHooks(filepath.Join(filepath.Dir(log), HookReportsFile)); he != nil {
+			if he := failedHooks(filepath.Join(filepath.Dir(log), criuaction.ReportsFile)); he != nil {
 				return nil, he
 			}
-			if tail := logTail(log, runtimehook.FailedMarker); tail != "" {
-				return nil, &HookError{Msg: tail}
+			if he := proto.FailedMarker.Failure(readLog(log), ""); he != nil {
+				return nil, he
 			}
 			return nil, fmt.Errorf("container %s: %w (CRIU: %s)", o.ID, err, logTail(log, "Error"))
 		}
-		if strings.Contains(err.Error(), runtimehook.FailedMarker) {
-			return nil, &HookError{Msg: err.Error()}
+		if proto.FailedMarker.In(err.Error()) {
+			return nil, &proto.HookFailure{Msg: err.Error()}
 		}
 		return nil, fmt.Errorf("container %s: %w", o.ID, err)
 	}
-	reports, err := archiveMember(archive, "checkpoint/"+HookReportsFile)
+	reports, err := archiveMember(archive, "checkpoint/"+criuaction.ReportsFile)
 	if err != nil {
 		return nil, fmt.Errorf("container %s: %s: %w", o.ID, PodmanArchive, err)
 	}
 	if err := commitContainer(ctx, b, res, proc, hasSock, reports, o, containerRecord{ID: in.Name, Runtime: "podman"}); err != nil {
 		return nil, err
 	}
-	res.Timings.add(PhaseTotal, time.Since(start))
+	res.Timings.Add(engine.PhaseTotal, time.Since(start))
 	return res, nil
 }
 
@@ -197,15 +199,15 @@ func archiveMember(file, name string) ([]byte, error) {
 // "podman container restore --import", as a container named o.ID (default:
 // the checkpointed name). The restore is counted in the image and passed to
 // kcr's action script, as for runc.
-func restorePodman(ctx context.Context, o ContainerOptions, img *images.Image, rec containerRecord) (*ContainerRestoreResult, error) {
+func restorePodman(ctx context.Context, o RestoreOptions, img *images.Image, rec containerRecord) (*ContainerRestoreResult, error) {
 	start := time.Now()
 	res := &ContainerRestoreResult{ID: o.ID}
-	gen, err := nextGeneration(img.Dir)
+	gen, err := images.NextGeneration(img.Dir)
 	if err != nil {
 		return nil, err
 	}
 	res.Generation = gen
-	o.env = []string{GenerationEnv + "=" + strconv.FormatUint(gen, 10)}
+	o.env = []string{criuaction.GenerationEnv + "=" + strconv.FormatUint(gen, 10)}
 	args := []string{"container", "restore", "--import", filepath.Join(img.Dir, PodmanArchive)}
 	if o.ID != "" && o.ID != rec.ID {
 		args = append(args, "--name", o.ID)
@@ -215,7 +217,7 @@ func restorePodman(ctx context.Context, o ContainerOptions, img *images.Image, r
 	if err != nil {
 		return nil, fmt.Errorf("container %s: %w", rec.ID, err)
 	}
-	res.Timings.add(PhasePodmanRestore, time.Since(t))
+	res.Timings.Add(PhasePodmanRestore, time.Since(t))
 	if id := strings.TrimSpace(out); id != "" {
 		o.ID = strings.Fields(id)[0]
 	} else if o.ID == "" {
@@ -226,6 +228,6 @@ func restorePodman(ctx context.Context, o ContainerOptions, img *images.Image, r
 		return nil, err
 	}
 	res.ID, res.PID = in.Name, in.State.Pid
-	res.Timings.add(PhaseTotal, time.Since(start))
+	res.Timings.Add(engine.PhaseTotal, time.Since(start))
 	return res, nil
 }

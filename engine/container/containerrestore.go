@@ -1,4 +1,4 @@
-package engine
+package container
 
 import (
 	"context"
@@ -11,15 +11,17 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kcr-dev/kcr/criuaction"
+	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/images"
 )
 
 // ContainerRestoreResult describes a restored container.
 type ContainerRestoreResult struct {
-	ID         string  // the container's id
-	PID        int     // its init process, on the host
-	Generation uint64  // this restore's count of the image
-	Timings    Timings // the phases and how long they took
+	ID         string         // the container's id
+	PID        int            // its init process, on the host
+	Generation uint64         // this restore's count of the image
+	Timings    engine.Timings // the phases and how long they took
 	// Bundle is the bundle runc restored into: o.Bundle, or for an
 	// archive, one kcr built from the checkpointed spec.
 	Bundle string
@@ -34,7 +36,7 @@ type ContainerRestoreResult struct {
 // CRIU's work directory (restore.log, where the hook logs too) is removed
 // once the restore succeeded; after a failure it stays, and the error
 // names it.
-func RestoreContainer(ctx context.Context, o ContainerOptions) (*ContainerRestoreResult, error) {
+func RestoreContainer(ctx context.Context, o RestoreOptions) (*ContainerRestoreResult, error) {
 	if o.Bundle != "" {
 		// Before the image: runc would only say that it failed.
 		if _, err := os.Stat(filepath.Join(o.Bundle, "config.json")); errors.Is(err, fs.ErrNotExist) {
@@ -66,19 +68,19 @@ func RestoreContainer(ctx context.Context, o ContainerOptions) (*ContainerRestor
 
 // restoreContainer restores the image o.Image; CRIU works in a new
 // directory under workParent (default $TMPDIR).
-func restoreContainer(ctx context.Context, o ContainerOptions, workParent string) (_ *ContainerRestoreResult, err error) {
+func restoreContainer(ctx context.Context, o RestoreOptions, workParent string) (_ *ContainerRestoreResult, err error) {
 	start := time.Now()
 	res := &ContainerRestoreResult{ID: o.ID}
 	t := time.Now()
-	img, err := images.OpenWith(ctx, o.Image, openOptions(false, o.AllowUntrusted, o.VerifyKeys))
+	img, err := images.OpenWith(ctx, o.Image, engine.OpenOptions(false, o.AllowUntrusted, o.VerifyKeys))
 	if err != nil {
 		return nil, err
 	}
 	// runc hands CRIU the image by path, so the directory fd cannot be
 	// passed on: the trust check above is what keeps the path honest.
 	defer img.Close()
-	res.Timings.add(PhaseVerify, time.Since(t))
-	if err := checkDuplicates(o.Image, img.Manifest, 1, o.AllowDuplicates); err != nil {
+	res.Timings.Add(engine.PhaseVerify, time.Since(t))
+	if err := engine.CheckDuplicates(o.Image, img.Manifest, 1, o.AllowDuplicates); err != nil {
 		return nil, err
 	}
 	if rec, err := readContainerRecord(img.Dir); err == nil && rec.Runtime == "podman" {
@@ -106,7 +108,7 @@ func restoreContainer(ctx context.Context, o ContainerOptions, workParent string
 	defer out.Close()
 	gen := o.generation
 	if gen == 0 {
-		if gen, err = nextGeneration(img.Dir); err != nil {
+		if gen, err = images.NextGeneration(img.Dir); err != nil {
 			return nil, err
 		}
 	}
@@ -125,18 +127,18 @@ func restoreContainer(ctx context.Context, o ContainerOptions, workParent string
 	log := filepath.Join(work, "restore.log")
 	crDir := filepath.Join(img.Dir, images.CRIUSubdir)
 	args := []string{"restore", "-d", "--image-path", crDir, "--work-path", work, "--bundle", o.Bundle}
-	o.env = []string{GenerationEnv + "=" + strconv.FormatUint(gen, 10)}
+	o.env = []string{criuaction.GenerationEnv + "=" + strconv.FormatUint(gen, 10)}
 	t = time.Now()
 	if _, err := o.runc(ctx, out, append(args, o.ID)...); err != nil {
 		return nil, fmt.Errorf("container %s: %w (CRIU's log, kept: %s)", o.ID, err, log)
 	}
-	res.Timings.add(PhaseRuncRestore, time.Since(t))
+	res.Timings.Add(PhaseRuncRestore, time.Since(t))
 	st, err := o.State(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w (CRIU's log, kept: %s)", err, log)
 	}
 	res.PID = st.PID
-	res.Timings.add(PhaseTotal, time.Since(start))
+	res.Timings.Add(engine.PhaseTotal, time.Since(start))
 	return res, nil
 }
 

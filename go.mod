@@ -14,7 +14,7 @@ require (
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
 	github.com/twmb/franz-go/pkg/kmsg v1.15.1
 	golang.org/x/sys v0.50.0
-	google.golang.org/protobuf v1.34.2
+	google.golang.org/protobuf v1.36.12-0.20260120151049-f2248ac996af
 )
 
 require (
@@ -23,4 +23,5 @@ require (
 	github.com/opencontainers/image-spec v1.1.1 // indirect
 	github.com/pierrec/lz4/v4 v4.1.33 // indirect
 	golang.org/x/sync v0.22.0 // indirect
+	k8s.io/cri-api v0.37.2 // indirect
 )

@@ -28,7 +28,7 @@
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/debroot.sh"
 
-STAMP_FORMAT=3
+STAMP_FORMAT=4
 PREFIX=${KCR_PODMAN_PREFIX:-/opt/kcr/podman}
 LINK_DIR=${KCR_PODMAN_LINK_DIR:-/usr/local/bin}
 STAMP=$PREFIX/.kcr-podman-stamp
@@ -117,7 +117,7 @@ cat >"$PREFIX/etc/registries.conf" <<EOF
 unqualified-search-registries = []
 EOF
 cat >"$PREFIX/etc/policy.json" <<EOF
-{"default": [{"type": "reject"}], "transports": {"docker-archive": {"": [{"type": "insecureAcceptAnything"}]}, "oci-archive": {"": [{"type": "insecureAcceptAnything"}]}, "containers-storage": {"": [{"type": "insecureAcceptAnything"}]}, "dir": {"": [{"type": "insecureAcceptAnything"}]}}}
+{"default": [{"type": "reject"}], "transports": {"tarball": {"": [{"type": "insecureAcceptAnything"}]}, "docker-archive": {"": [{"type": "insecureAcceptAnything"}]}, "oci-archive": {"": [{"type": "insecureAcceptAnything"}]}, "containers-storage": {"": [{"type": "insecureAcceptAnything"}]}, "dir": {"": [{"type": "insecureAcceptAnything"}]}}}
 EOF
 for b in podman skopeo; do
 	cat >"$PREFIX/bin/$b.tmp" <<EOF

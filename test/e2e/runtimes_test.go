@@ -120,8 +120,6 @@ func checkHookReports(t *testing.T, b []byte, topic, group string) {
 	}
 }
 
-
-
 func mapKeys[V any](m map[string]V) func(func(string) bool) {
 	return func(yield func(string) bool) {
 		for k := range m {

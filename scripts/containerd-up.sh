@@ -10,6 +10,9 @@
 #     name the CRIU configuration that runs kcr's hook (kcr install-runtime-hook);
 #   - no registry: the sandbox ("pause") image is $KCR_CONTAINERD_SANDBOX_IMAGE
 #     (default kcr.local/e2e:1), which the tests import themselves;
+#   - restrict_oom_score_adj: the sandbox's default oom_score_adj (-998) would
+#     need CAP_SYS_RESOURCE, which root here lacks (runc's init dies: "can't
+#     get final child's PID from pipe: EOF");
 #   - the streaming server on 127.0.0.1 only, NRI off, no CNI (pods use the
 #     host network: the tests' broker is on loopback).
 # containerd 2.1 restores a container from a checkpoint archive in
@@ -69,6 +72,7 @@ state = "$STATE/state"
     sandbox = "$SANDBOX"
 
 [plugins.'io.containerd.cri.v1.runtime']
+  restrict_oom_score_adj = true
   [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]

@@ -2,6 +2,7 @@ package runtimehook
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -104,6 +105,9 @@ func findFreezer(procRoot string, pid int) (*freezer, error) {
 // frozen says whether the cgroup is frozen or freezing.
 func (f *freezer) frozen() (bool, error) {
 	b, err := os.ReadFile(f.file)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil // a root cgroup has no freezer file: never frozen
+	}
 	if err != nil {
 		return false, err
 	}

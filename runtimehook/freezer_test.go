@@ -86,3 +86,12 @@ func TestThawForHooks(t *testing.T) {
 		t.Fatalf("thawForHooks on a running cgroup: %v, refreeze %v; want nothing done", err, refreeze != nil)
 	}
 }
+
+// TestThawForHooksRootCgroup: a process in a root cgroup (no freezer.state)
+// is not frozen.
+func TestThawForHooksRootCgroup(t *testing.T) {
+	proc, _ := fakeProc(t, "6:freezer:/\n", mountV1Freezer)
+	if refreeze, err := thawForHooks(proc, 42, time.Second); err != nil || refreeze != nil {
+		t.Fatalf("thawForHooks in the root cgroup: %v, refreeze %v", err, refreeze != nil)
+	}
+}

@@ -14,8 +14,12 @@ export KCR_E2E=1 GOFLAGS="${GOFLAGS:-} -buildvcs=false"
 
 scripts/install-criu.sh
 scripts/install-runc.sh
+# Podman 5 and containerd 2 for test/e2e's runtime tests (docs/runtimes.md).
+scripts/install-podman.sh
+scripts/install-containerd.sh
+scripts/containerd-up.sh >/dev/null
 scripts/kafka-up.sh
-trap 'scripts/kafka-down.sh >/dev/null 2>&1 || true' EXIT
+trap 'scripts/kafka-down.sh >/dev/null 2>&1 || true; scripts/containerd-down.sh || true' EXIT
 export KCR_KAFKA_BROKERS="${KCR_KAFKA_BROKERS:-127.0.0.1:${KCR_KAFKA_PORT:-9092}}"
 
 # One package at a time: the end-to-end tests restore processes at their

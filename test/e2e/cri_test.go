@@ -79,8 +79,8 @@ func (c *criEnv) ctx() context.Context {
 }
 
 // buildImage builds the tests' image (kafkaapp and pause, entrypoint
-// /pause) with go-containerregistry.
-func (c *criEnv) buildImage() v1.Image {
+// /pause) with go-containerregistry; labels make its ID differ.
+func (c *criEnv) buildImage(labels map[string]string) v1.Image {
 	t := c.t
 	layer, err := tarball.LayerFromFile(imageTar(t))
 	if err != nil {
@@ -96,7 +96,7 @@ func (c *criEnv) buildImage() v1.Image {
 	}
 	cf = cf.DeepCopy()
 	cf.OS, cf.Architecture = "linux", "amd64"
-	cf.Config = v1.Config{Entrypoint: []string{"/pause"}}
+	cf.Config = v1.Config{Entrypoint: []string{"/pause"}, Labels: labels}
 	if img, err = mutate.ConfigFile(img, cf); err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ func (c *criEnv) importImage(sock string) {
 		t.Fatal(err)
 	}
 	file := filepath.Join(c.dir, "image.tar")
-	if err := tarball.WriteToFile(file, ref, c.buildImage()); err != nil {
+	if err := tarball.WriteToFile(file, ref, c.buildImage(nil)); err != nil {
 		t.Fatal(err)
 	}
 	ctr := "/opt/kcr/containerd/bin/ctr"
@@ -146,7 +146,10 @@ func (c *criEnv) registryImage() string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := remote.Write(ref, c.buildImage()); err != nil {
+	// An image of its own: one with the ID of an earlier run's would carry
+	// that run's registry (gone) among its repo digests, and the checkpoint
+	// may name that one.
+	if err := remote.Write(ref, c.buildImage(map[string]string{"kcr.e2e.run": uniqueName("run")})); err != nil {
 		t.Fatalf("push %s: %v", ref, err)
 	}
 	r, err := c.img.PullImage(c.ctx(), &cri.PullImageRequest{Image: &cri.ImageSpec{Image: ref.String()}})
@@ -154,6 +157,9 @@ func (c *criEnv) registryImage() string {
 		t.Fatalf("CRI PullImage %s: %v", ref, err)
 	}
 	t.Logf("CRI PullImage %s: %s", ref, r.ImageRef)
+	t.Cleanup(func() {
+		c.img.RemoveImage(context.Background(), &cri.RemoveImageRequest{Image: &cri.ImageSpec{Image: r.ImageRef}})
+	})
 	return ref.String()
 }
 
@@ -190,17 +196,21 @@ func (c *criEnv) container(podID string, podCfg *cri.PodSandboxConfig, image str
 		Args:     args,
 		Envs:     []*cri.KeyValue{{Key: "GODEBUG", Value: []byte("multipathtcp=0")}},
 		// Passed to runc (containerd-up.sh's container_annotations).
+		// The container has its own PID namespace, as the kubelet gives it
+		// unless the pod shares one: restoring into a shared one needs the
+		// checkpointed PID free there, which it may not be (CRIU: "type
+		// NOTIFY errno 17").
 		Annotations: map[string]string{"org.criu.config": c.conf},
 		LogPath:     "kafkaapp.log",
 		Linux: &cri.LinuxContainerConfig{SecurityContext: &cri.LinuxContainerSecurityContext{
-			NamespaceOptions: &cri.NamespaceOption{Network: cri.NamespaceMode_NODE}}},
+			NamespaceOptions: &cri.NamespaceOption{Network: cri.NamespaceMode_NODE, Pid: cri.NamespaceMode_CONTAINER}}},
 	}
 	r, err := c.rt.CreateContainer(c.ctx(), &cri.CreateContainerRequest{PodSandboxId: podID, Config: cfg, SandboxConfig: podCfg})
 	if err != nil {
 		c.t.Fatalf("CRI CreateContainer from %s: %v", image, err)
 	}
 	if _, err := c.rt.StartContainer(c.ctx(), &cri.StartContainerRequest{ContainerId: r.ContainerId}); err != nil {
-		c.t.Fatalf("CRI StartContainer %s: %v", r.ContainerId, err)
+		c.t.Fatalf("CRI StartContainer %s: %v%s", r.ContainerId, err, criuLogOf(err))
 	}
 	return r.ContainerId
 }
@@ -339,11 +349,15 @@ func TestCRIContainerd(t *testing.T) {
 // criuLogOf returns the kcr and error lines of the CRIU log that a failed
 // checkpoint names, while the task's directory still holds it.
 func criuLogOf(err error) string {
-	i := strings.Index(err.Error(), "path= ")
-	if i < 0 {
+	var p string
+	for _, m := range []string{"path= ", "log file: "} {
+		if i := strings.Index(err.Error(), m); i >= 0 {
+			p = strings.Fields(err.Error()[i+len(m):])[0]
+		}
+	}
+	if p == "" {
 		return ""
 	}
-	p := strings.Fields(err.Error()[i+len("path= "):])[0]
 	b, rerr := os.ReadFile(p)
 	if rerr != nil {
 		return "\n(" + rerr.Error() + ")"

@@ -163,6 +163,11 @@ func checkNewInstance(t *testing.T, a *kapp, n int, before appState, base, group
 	if after.str("kind") != "restore" || inst == "" {
 		t.Fatalf("after-restore event %v: want kind restore and a new instance id (was %q)", after, before.Instance)
 	}
+	// "restored": kcr's action script told it, at CRIU's post-resume (the
+	// app would also find out by itself, and say so).
+	if r := after.str("reason"); r != "restored" {
+		t.Errorf("after-restore reason %q, want restored (kcr's message at post-resume)", r)
+	}
 	want := base + "-" + prefix8(inst)
 	if after.str("writer_client") != want || after.str("reader_client") != want {
 		t.Errorf("after-restore client ids: writer %q, reader %q; want %q", after.str("writer_client"), after.str("reader_client"), want)

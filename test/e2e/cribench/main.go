@@ -71,7 +71,7 @@ func run(sock, ctr, image, app, pause, work string, rounds int, cs confs, args [
 			rt.RemovePodSandbox(context.Background(), &cri.RemovePodSandboxRequest{PodSandboxId: c.pod})
 		}
 	}()
-	host := &cri.NamespaceOption{Network: cri.NamespaceMode_NODE}
+	host := &cri.NamespaceOption{Network: cri.NamespaceMode_NODE, Pid: cri.NamespaceMode_CONTAINER} // the kubelet's default PID namespace
 	for _, nc := range cs {
 		n, conf, ok := strings.Cut(nc, "=")
 		if !ok {

@@ -38,7 +38,11 @@ func newPodman(t *testing.T) *podmanEnv {
 	// private Podman's policy.json (install-podman.sh) accepts local tars.
 	p.image = "localhost/kcr-e2e:" + uniqueName("img")
 	args := []string{"import"}
-	if pol := "/opt/kcr/podman/etc/policy.json"; fileExists(pol) {
+	prefix := os.Getenv("KCR_PODMAN_PREFIX")
+	if prefix == "" {
+		prefix = "/opt/kcr/podman"
+	}
+	if pol := filepath.Join(prefix, "etc", "policy.json"); fileExists(pol) {
 		args = append(args, "--signature-policy", pol)
 	}
 	p.run(append(args, imageTar(t), p.image)...)

@@ -37,11 +37,28 @@ func Failure(targets []Target) *proto.HookFailure {
 	return he
 }
 
-func preDump(ctx context.Context, env Env, o Options, res *Result) error {
+func preDump(ctx context.Context, env Env, o Options, res *Result) (rerr error) {
 	log := o.Logger
 	ts, err := targets(env, o, res)
 	if err != nil || len(ts) == 0 {
 		return err
+	}
+	// containerd froze the tree (freezer.go): thaw it for the hooks, and
+	// freeze it again before CRIU goes on, whatever the hooks did.
+	refreeze, err := thawForHooks("/proc", env.InitPID, 5*time.Second)
+	if err != nil {
+		return fmt.Errorf("pre-dump: the tree's cgroup is frozen: %w", err)
+	}
+	if refreeze != nil {
+		log.Info("pre-dump: the container was paused (containerd pauses before a checkpoint): thawed for the hooks", "init_pid", env.InitPID)
+		defer func() {
+			if ferr := refreeze(); ferr != nil {
+				log.Warn("pre-dump: "+ferr.Error(), "init_pid", env.InitPID)
+				if rerr == nil {
+					rerr = ferr
+				}
+			}
+		}()
 	}
 	// The watcher starts while the hooks run: it waits for the outcome.
 	type spawned struct {

@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/images/oci"
@@ -102,6 +105,9 @@ func buildBundle(image, oldBundle, dst string) (string, error) {
 	if err := json.Unmarshal(b, &spec); err != nil {
 		return "", fmt.Errorf("%s: %w", containerSpecFile, err)
 	}
+	if err := checkAnnotations(spec); err != nil {
+		return "", err
+	}
 	root, _ := spec["root"].(map[string]any)
 	rootfs, _ := root["path"].(string)
 	if rootfs == "" {
@@ -126,6 +132,35 @@ func buildBundle(image, oldBundle, dst string) (string, error) {
 	}
 	return dst, nil
 }
+
+// checkAnnotations refuses the annotations by which an archive would choose
+// what runs on this host as root (the shapes of the 2026 containerd and
+// CRI-O advisories on checkpoint restore): CDI annotations, which a CRI
+// runtime turns into devices and host mounts, and an org.criu.config that
+// is not root's own configuration file, since CRIU runs the action
+// scripts it names as root.
+func checkAnnotations(spec map[string]any) error {
+	ann, _ := spec["annotations"].(map[string]any)
+	for k, v := range ann {
+		if strings.HasPrefix(k, "cdi.k8s.io/") {
+			return fmt.Errorf("%s carries the CDI annotation %q (devices and host mounts chosen by the archive): %w; give --bundle with your own spec", containerSpecFile, k, ErrUnsafeSpec)
+		}
+		if k != "org.criu.config" {
+			continue
+		}
+		conf, _ := v.(string)
+		var st unix.Stat_t
+		if !filepath.IsAbs(conf) || unix.Lstat(conf, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG ||
+			(st.Uid != 0 && int(st.Uid) != os.Geteuid()) || st.Mode&0o022 != 0 {
+			return fmt.Errorf("%s names the CRIU configuration %q, which is not a regular file of root's that only root may write (CRIU runs the scripts it names as root): %w; run kcr install-runtime-hook here and give --bundle", containerSpecFile, conf, ErrUnsafeSpec)
+		}
+	}
+	return nil
+}
+
+// ErrUnsafeSpec is returned when a checkpoint archive's spec would choose
+// what runs on this host as root.
+var ErrUnsafeSpec = errors.New("the archive's container spec is refused")
 
 // restoreOCILayout restores a container from an OCI image layout of "kcr
 // export --format oci": its one image carries oci.CheckpointAnnotation,

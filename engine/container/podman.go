@@ -101,7 +101,10 @@ func (o *Target) podmanInspect(ctx context.Context) (*podmanInspect, error) {
 // checkpoint --export" into a kcr image: Podman's archive (PodmanArchive)
 // with the manifest beside it. The hooks run in kcr's CRIU action script,
 // so Podman's OCI runtime must be runc, configured by kcr
-// install-runtime-hook: the crun of Podman 4 reads no CRIU configuration.
+// install-runtime-hook. crun 1.28 with CRIU 4.2's libcriu reads the
+// org.criu.config annotation too and runs the hook at the dump, but its
+// restore under Podman 5.8 killed every process of its PID namespace here
+// (docs/runtimes.md), so kcr still refuses crun.
 func checkpointPodman(ctx context.Context, o CheckpointOptions) (*engine.CheckpointResult, error) {
 	start := time.Now()
 	in, err := o.podmanInspect(ctx)
@@ -114,7 +117,7 @@ func checkpointPodman(ctx context.Context, o CheckpointOptions) (*engine.Checkpo
 	hasSock := hasKCRSocket(in.State.Pid)
 	if hasSock {
 		if rt := filepath.Base(in.OCIRuntime); rt != "runc" {
-			return nil, fmt.Errorf("container %s has a kcr control socket, but podman runs it with %s, which gives CRIU no configuration to run kcr's hook: %w; start it with podman --runtime runc", o.ID, rt, ErrNoRuntimeHook)
+			return nil, fmt.Errorf("container %s has a kcr control socket, but podman runs it with %s, which kcr does not support (crun: see docs/runtimes.md): %w; start it with podman --runtime runc", o.ID, rt, ErrNoRuntimeHook)
 		}
 		if err := needHook(o.ID, &ContainerState{Annotations: in.Config.Annotations}); err != nil {
 			return nil, err

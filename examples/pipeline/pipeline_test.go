@@ -11,9 +11,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kcr-dev/kcr/internal/testwait"
 	"github.com/kcr-dev/kcr/kafkahooks"
 	"github.com/kcr-dev/kcr/kafkahooks/kgohooks"
-	"github.com/kcr-dev/kcr/internal/testwait"
 	"github.com/kcr-dev/kcr/notify"
 )
 

@@ -46,6 +46,9 @@ func TestMain(m *testing.M) {
 // helper runs as another user; it prints "ready" once its socket is up and
 // runs until killed.
 func helper(mode string) error {
+	if mode == "peer-client" {
+		return peerClient()
+	}
 	path := os.Getenv("KCR_HELPER_PATH")
 	switch mode {
 	case "victim":

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -121,7 +122,7 @@ func (s *Socket) checkPeer(c *net.UnixConn) error {
 	for _, u := range uids {
 		uidOK = uidOK || u == cred.Uid
 	}
-	if !uidOK || !inTree(int(cred.Pid), s.PID) {
+	if !uidOK || !inTree(procPID(int(cred.Pid), s.PID), s.PID) {
 		return fmt.Errorf("%w: %s of PID %d is served by PID %d (uid %d), not by that process or a child of it as its user or root: refusing to talk to it",
 			ErrUnsafeSocket, s.Path, s.PID, cred.Pid, cred.Uid)
 	}
@@ -138,6 +139,56 @@ func procUIDs(pid int) ([]uint32, error) {
 }
 
 // inTree reports whether pid is root or a descendant of it.
+// procPID maps the listener's PID from SO_PEERCRED, which the kernel gives
+// in this process's PID namespace, to its PID in /proc (whose namespace may
+// be an ancestor): CRIU runs its action scripts inside the PID namespace of
+// a pod it restores into (containerd's CRI restore), with the host's /proc.
+// Only a process of root's tree in this process's own PID namespace, with
+// that PID there, maps; otherwise pid is returned as it is.
+func procPID(pid, root int) int {
+	self := nsPIDs("self")
+	if len(self) <= 1 {
+		return pid // this process's namespace is /proc's
+	}
+	myNS, err := os.Readlink("/proc/self/ns/pid")
+	if err != nil {
+		return pid
+	}
+	for _, p := range procfs.Tree(root) {
+		ns, err := os.Readlink("/proc/" + strconv.Itoa(p) + "/ns/pid")
+		if err != nil || ns != myNS {
+			continue
+		}
+		if ids := nsPIDs(strconv.Itoa(p)); len(ids) > 0 && ids[len(ids)-1] == pid {
+			return p
+		}
+	}
+	return pid
+}
+
+// nsPIDs returns the NSpid line of /proc/<which>/status: the process's PID
+// in /proc's namespace and in each nested one down to its own.
+func nsPIDs(which string) []int {
+	b, err := os.ReadFile("/proc/" + which + "/status")
+	if err != nil {
+		return nil
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			var ids []int
+			for _, f := range strings.Fields(rest) {
+				n, err := strconv.Atoi(f)
+				if err != nil {
+					return nil
+				}
+				ids = append(ids, n)
+			}
+			return ids
+		}
+	}
+	return nil
+}
+
 func inTree(pid, root int) bool {
 	for range 64 {
 		if pid == root {

@@ -257,16 +257,6 @@ func TestKgoKIP848Clones(t *testing.T) {
 	stopAll(t, a, clones)
 }
 
-func mapKeys(m map[string]bool) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
-}
-
 // kgo 848-3, and the measurement of docs/franz-go-kip848.md. A group
 // consumer alone in its group, on the broker with production group
 // settings, is checkpointed under load and restored 2 s later, once with

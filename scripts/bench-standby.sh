@@ -17,7 +17,8 @@
 # Environment: KCR_KAFKA_BROKERS (the broker; default 127.0.0.1:9092,
 # scripts/kafka-up.sh's; KCR_KAFKA_PROD_BROKERS, if set, is used instead: a
 # broker with production group settings), KCR_BENCH_CLIENTS (default
-# "franz kafka-go"), KCR_BENCH_IDLE (--idle, default 1s), KCR_BENCH_POLL
+# "franz kafka-go"; also "franz-848": franz-go with kgo.ServerSideBalancer,
+# KIP-848, and "kafka-go-handover": kafkahooks.WithGroupHandover), KCR_BENCH_IDLE (--idle, default 1s), KCR_BENCH_POLL
 # (--poll, default 100ms), KCR_BENCH_COLD (cold-start cycles, default 5),
 # KCR_BENCH_WARMUP (the pipeline's warm-up, default 3s), KCR_BENCH_CACHE_MB
 # (default 64), KCR_BENCH_IDLE_SAMPLE (seconds to sample the idle standby,
@@ -77,14 +78,25 @@ pct_cpu() {
 metric() { curl -fsS "http://$metrics/metrics" | awk -v m="$1" '$1==m{print $2}'; }
 need_pkg curl curl
 
+# client_args NAME: the pipeline's flags for a client setup.
+client_args() {
+	case "$1" in
+	franz | kafka-go) echo "-client $1" ;;
+	franz-848) echo "-client franz -kgo-balancer server" ;;
+	kafka-go-handover) echo "-client kafka-go -group-handover" ;;
+	*) die "KCR_BENCH_CLIENTS: unknown client setup '$1' (franz, franz-848, kafka-go, kafka-go-handover)" ;;
+	esac
+}
+for c in $clients; do client_args "$c" >/dev/null; done # bad names fail before anything starts
 results=()
 for c in $clients; do
+	read -r -a cargs <<<"$(client_args "$c")"
 	run="$work/$c"
 	mkdir -p "$run"
 	tag="kcr-bench-$c-$$-$(date +%s)"
 	orders="$tag-orders" res="$tag-results" group="$tag"
 	"$probe" -brokers "$brokers" -create 2 -orders "$orders" -results "$res"
-	svc=("$bin/pipeline" -brokers "$brokers" -group "$group" -in "$orders" -out "$res" -client "$c"
+	svc=("$bin/pipeline" -brokers "$brokers" -group "$group" -in "$orders" -out "$res" "${cargs[@]}"
 		-warmup "$warmup" -cache-mb "$cache_mb" -stats-every 0)
 	port=$((20000 + RANDOM % 20000))
 	metrics="127.0.0.1:$port"
@@ -131,7 +143,7 @@ for c in $clients; do
 	# standby runs' orders.
 	"$probe" -brokers "$brokers" -create 2 -orders "$orders-cold" -results "$res-cold"
 	cold_cmd="$bin/kcr run --log $run/cold.log -- $bin/pipeline -brokers $brokers -group $group-cold -in $orders-cold -out $res-cold"
-	cold_cmd+=" -client $c -warmup $warmup -cache-mb $cache_mb -stats-every 0 > $work/cold.pid"
+	cold_cmd+=" ${cargs[*]} -warmup $warmup -cache-mb $cache_mb -stats-every 0 > $work/cold.pid"
 	stop_cmd="p=\$(cat $work/cold.pid); kill -TERM \$p; while [ -e /proc/\$p ]; do sleep 0.05; done"
 	"$probe" -brokers "$brokers" -orders "$orders-cold" -results "$res-cold" -cycles "$cold_cycles" -cold "$cold_cmd" -stop "$stop_cmd" \
 		-prefix "$tag-cold" >"$run/cold.jsonl" || die "cold cycles failed ($c)"

@@ -33,6 +33,21 @@ debroot_die() {
 
 # debroot_apt_setup WORK: a private apt configuration under WORK/apt,
 # updated. Sets DEBROOT_APT (the apt-get options).
+# debroot_begin PREFIX: as root, takes PREFIX's lock (held on fd 9 until
+# exit), empties $DEBROOT_LOG and makes a work directory $WORK in PREFIX,
+# removed at exit; an unexpected failure is reported with its line.
+debroot_begin() {
+	trap 'debroot_die "unexpected failure (exit $?) at line $LINENO: $BASH_COMMAND"' ERR
+	[ "$(id -u)" = 0 ] || debroot_die "run as root"
+	mkdir -p "$1"
+	exec 9>"$1/.lock"
+	flock 9
+	: >"$DEBROOT_LOG"
+	rm -rf "$1"/.work.*
+	WORK=$(mktemp -d "$1/.work.XXXXXX")
+	trap 'rm -rf "$WORK"' EXIT
+}
+
 debroot_apt_setup() {
 	local a=$1/apt
 	command -v apt-get >/dev/null 2>&1 && command -v dpkg >/dev/null 2>&1 ||

@@ -32,15 +32,7 @@ if [ "${KCR_CONTAINERD_FORCE:-0}" != 1 ] && [ -r "$STAMP" ] && read -r fmt w <"$
 	[ "$fmt" = "$STAMP_FORMAT" ] && [ -x "$w" ]; then
 	exit 0
 fi
-trap 'debroot_die "unexpected failure (exit $?) at line $LINENO: $BASH_COMMAND"' ERR
-[ "$(id -u)" = 0 ] || debroot_die "run as root"
-mkdir -p "$PREFIX"
-exec 9>"$PREFIX/.lock"
-flock 9
-: >"$DEBROOT_LOG"
-rm -rf "$PREFIX"/.work.*
-WORK=$(mktemp -d "$PREFIX/.work.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
+debroot_begin "$PREFIX"
 
 debroot_apt_setup "$WORK"
 V=$(debroot_version containerd/sid)

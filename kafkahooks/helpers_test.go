@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kcr-dev/kcr/internal/testwait"
 	"github.com/kcr-dev/kcr/notify"
@@ -399,4 +400,23 @@ func (s *logSink) attr(level slog.Level, substr, key string) (slog.Value, bool) 
 		return v, found
 	}
 	return slog.Value{}, false
+}
+
+// failCommit answers every partition of an OffsetCommit request with the
+// error code, as a kfake control function does.
+func failCommit(req kmsg.Request, code int16) kmsg.Response {
+	creq := req.(*kmsg.OffsetCommitRequest)
+	resp := creq.ResponseKind().(*kmsg.OffsetCommitResponse)
+	for _, rt := range creq.Topics {
+		st := kmsg.NewOffsetCommitResponseTopic()
+		st.Topic = rt.Topic
+		for _, rp := range rt.Partitions {
+			sp := kmsg.NewOffsetCommitResponseTopicPartition()
+			sp.Partition = rp.Partition
+			sp.ErrorCode = code
+			st.Partitions = append(st.Partitions, sp)
+		}
+		resp.Topics = append(resp.Topics, st)
+	}
+	return resp
 }

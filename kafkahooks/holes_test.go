@@ -310,20 +310,7 @@ func TestCommitIntervalFlushRetried(t *testing.T) {
 			return nil, nil, false
 		}
 		failed.Store(true)
-		creq := req.(*kmsg.OffsetCommitRequest)
-		resp := creq.ResponseKind().(*kmsg.OffsetCommitResponse)
-		for _, rt := range creq.Topics {
-			st := kmsg.NewOffsetCommitResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewOffsetCommitResponseTopicPartition()
-				sp.Partition = rp.Partition
-				sp.ErrorCode = kerr.CoordinatorLoadInProgress.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return failCommit(req, kerr.CoordinatorLoadInProgress.Code), nil, true
 	})
 	hook(reg, nil, nil)
 	c := groupConfig(k.addrs, group, topic, "cif")

@@ -161,20 +161,7 @@ func TestUnflushedCommitsNotMovedBack(t *testing.T) {
 		if !failCommits.Load() {
 			return nil, nil, false
 		}
-		creq := req.(*kmsg.OffsetCommitRequest)
-		resp := creq.ResponseKind().(*kmsg.OffsetCommitResponse)
-		for _, rt := range creq.Topics {
-			st := kmsg.NewOffsetCommitResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewOffsetCommitResponseTopicPartition()
-				sp.Partition = rp.Partition
-				sp.ErrorCode = kerr.CoordinatorNotAvailable.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return failCommit(req, kerr.CoordinatorNotAvailable.Code), nil, true
 	})
 	hook(reg, nil, func(ctx context.Context, ev notify.Event) error {
 		// During the downtime another member took the partition over and

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kcr-dev/kcr/internal/testwait"
+	"github.com/kcr-dev/kcr/internal/testkit/wait"
 )
 
 func TestParseLog(t *testing.T) {
@@ -322,7 +322,7 @@ func TestShellJobNeeded(t *testing.T) {
 	}
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
 	// Setsid happens in the child before exec; wait until it shows.
-	testwait.Until(5*time.Second, func() bool {
+	wait.Until(5*time.Second, func() bool {
 		need, err = ShellJobNeeded(cmd.Process.Pid)
 		return err == nil && !need
 	})
@@ -421,7 +421,7 @@ func TestWaitGoneAndCheckPIDFree(t *testing.T) {
 
 func waitZombie(t *testing.T, pid int) {
 	t.Helper()
-	testwait.For(t, 5*time.Second, fmt.Sprintf("process %d to become a zombie", pid), func() bool {
+	wait.For(t, 5*time.Second, fmt.Sprintf("process %d to become a zombie", pid), func() bool {
 		st, err := readProcStat(pid)
 		return err == nil && st.State == 'Z'
 	})

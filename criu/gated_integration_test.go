@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kcr-dev/kcr/internal/testwait"
+	"github.com/kcr-dev/kcr/internal/testkit/wait"
 )
 
 // atPreDump waits until CRIU's log says it is about to run the pre-dump
@@ -18,7 +18,7 @@ import (
 func atPreDump(t *testing.T, log string) {
 	t.Helper()
 	var b []byte
-	if !testwait.Until(10*time.Second, func() bool {
+	if !wait.Until(10*time.Second, func() bool {
 		b, _ = os.ReadFile(log)
 		return strings.Contains(string(b), "Dumping processes")
 	}) {

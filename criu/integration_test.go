@@ -21,7 +21,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kcr-dev/kcr/internal/testwait"
+	"github.com/kcr-dev/kcr/internal/testkit/wait"
 )
 
 var (
@@ -166,7 +166,7 @@ func (tg *target) lastTick(t *testing.T) int {
 // waitTicks waits until the counter passes from+5 (the target is running).
 func (tg *target) waitTicks(t *testing.T, from int) {
 	t.Helper()
-	if !testwait.Until(10*time.Second, func() bool { return tg.lastTick(t) >= from+5 }) {
+	if !wait.Until(10*time.Second, func() bool { return tg.lastTick(t) >= from+5 }) {
 		out, _ := os.ReadFile(tg.out)
 		t.Fatalf("process %d stopped ticking at %d (want > %d); output:\n%s", tg.pid, tg.lastTick(t), from+5, out)
 	}
@@ -253,7 +253,7 @@ func TestE2EDumpRestore(t *testing.T) {
 	// until the target closes its end.
 	var p []Problem
 	var err error
-	testwait.Until(2*time.Second, func() bool {
+	wait.Until(2*time.Second, func() bool {
 		p, err = Preflight(tg.pid)
 		return err != nil || len(p) == 0
 	})

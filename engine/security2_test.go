@@ -13,15 +13,15 @@ import (
 	"time"
 
 	"github.com/kcr-dev/kcr/images"
-	"github.com/kcr-dev/kcr/internal/testimg"
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
 )
 
 // TestSecurityRunLogParentLink (issue 23, 5): kcr run --log U/logs/secret.txt,
 // U being uid 61001's directory and logs its link to a root-only
 // directory, must not append the service's output to root's file.
 func TestSecurityRunLogParentLink(t *testing.T) {
-	testimg.NeedRoot(t)
-	u, secret := testimg.LinkedDir(t)
+	imagetest.NeedRoot(t)
+	u, secret := imagetest.LinkedDir(t)
 	_, err := Run(context.Background(), RunOptions{Args: []string{"echo", "appended"}, Log: filepath.Join(u, "logs", "secret.txt")})
 	if !errors.Is(err, images.ErrUntrusted) || !strings.Contains(err.Error(), "61001") {
 		t.Errorf("kcr run --log through uid 61001's link: %v; want ErrUntrusted naming uid 61001", err)

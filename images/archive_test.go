@@ -14,11 +14,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kcr-dev/kcr/internal/testimg"
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
 )
 
 // entry is one entry of a hand-made test archive.
-type entry = testimg.Entry
+type entry = imagetest.Entry
 
 func regEntry(name string, data []byte) entry {
 	return entry{Hdr: tar.Header{Typeflag: tar.TypeReg, Name: name, Size: int64(len(data)), Mode: 0o600}, Data: data}
@@ -87,7 +87,7 @@ func TestExportImportRoundTrip(t *testing.T) {
 
 	data := exportBytes(t, src)
 	var names []string
-	for _, e := range testimg.ReadArchive(t, data) {
+	for _, e := range imagetest.ReadArchive(t, data) {
 		names = append(names, e.Hdr.Name)
 		if e.Hdr.Typeflag != tar.TypeReg || e.Hdr.Mode != 0o600 || e.Hdr.Uid != 0 || e.Hdr.Uname != "" {
 			t.Errorf("entry %s: type %q mode %o uid %d uname %q; want a plain 0600 file", e.Hdr.Name, e.Hdr.Typeflag, e.Hdr.Mode, e.Hdr.Uid, e.Hdr.Uname)
@@ -208,13 +208,13 @@ func TestExportDamagedImage(t *testing.T) {
 // stream: the zstd layer is valid, the SHA-256 is not.
 func TestImportTampered(t *testing.T) {
 	src := build(t)
-	raw := testimg.Unzstd(t, exportBytes(t, src))
+	raw := imagetest.Unzstd(t, exportBytes(t, src))
 	i := bytes.Index(raw, bytes.Repeat([]byte{0xAB}, 4096)) // criu/pages-1.img
 	if i < 0 {
 		t.Fatal("pages-1.img payload not found in the tar stream")
 	}
 	raw[i+1000] ^= 0x01
-	data := testimg.Zstd(t, raw)
+	data := imagetest.Zstd(t, raw)
 
 	parent := t.TempDir()
 	final := filepath.Join(parent, "img")
@@ -315,14 +315,14 @@ func TestImportRefused(t *testing.T) {
 		{"manifest lists the counter", manifest(setFirstPath(GenerationName)), nil, ErrUnsafePath, []string{`lists "restores"`, "reserves"}},
 		{"newer format", manifest(func(m map[string]any) { m["format_version"] = 99 }), nil, ErrVersion, []string{"upgrade kcr"}},
 		{"empty", nil, nil, ErrBadArchive, []string{"is empty"}},
-		{"not zstd", nil, testimg.Tar(t, good), ErrBadArchive, []string{"not a zstd-compressed archive"}},
-		{"not tar", nil, testimg.Zstd(t, bytes.Repeat([]byte("not a tar "), 100)), ErrBadArchive, []string{"not a valid tar stream"}},
+		{"not zstd", nil, imagetest.Tar(t, good), ErrBadArchive, []string{"not a zstd-compressed archive"}},
+		{"not tar", nil, imagetest.Zstd(t, bytes.Repeat([]byte("not a tar "), 100)), ErrBadArchive, []string{"not a valid tar stream"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			data := tc.raw
 			if data == nil {
-				data = testimg.Archive(t, tc.entries)
+				data = imagetest.Archive(t, tc.entries)
 			}
 			parent := t.TempDir()
 			final := filepath.Join(parent, "img")
@@ -350,7 +350,7 @@ func TestImportDirectoryEntries(t *testing.T) {
 	}
 	entries := append([]entry{good[0], dir("criu/"), dir("criu/sub/"), dir("criu/sub/deeper/")}, good[1:]...)
 	final := filepath.Join(t.TempDir(), "img")
-	if _, err := Import(context.Background(), bytes.NewReader(testimg.Archive(t, entries)), final); err != nil {
+	if _, err := Import(context.Background(), bytes.NewReader(imagetest.Archive(t, entries)), final); err != nil {
 		t.Fatal(err)
 	}
 	openPrivate(t, final)

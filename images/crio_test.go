@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kcr-dev/kcr/internal/testimg"
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
 )
 
 // crioEntries lays a kcr image out as "kcr export --format cri-o" does:
@@ -41,8 +41,8 @@ func writeFile(t *testing.T, data []byte) string {
 func TestImportCRIO(t *testing.T) {
 	src := build(t)
 	for name, data := range map[string][]byte{
-		"tar":     testimg.Tar(t, crioEntries(t, src)),
-		"tar.zst": testimg.Archive(t, crioEntries(t, src)),
+		"tar":     imagetest.Tar(t, crioEntries(t, src)),
+		"tar.zst": imagetest.Archive(t, crioEntries(t, src)),
 	} {
 		t.Run(name, func(t *testing.T) {
 			dst := filepath.Join(t.TempDir(), "img")
@@ -95,7 +95,7 @@ func TestImportCRIORefused(t *testing.T) {
 			if tc.maxSize > 0 {
 				opts = append(opts, WithMaxSize(tc.maxSize))
 			}
-			_, err := ImportCRIOFile(context.Background(), writeFile(t, testimg.Tar(t, tc.entries)), filepath.Join(parent, "img"), opts...)
+			_, err := ImportCRIOFile(context.Background(), writeFile(t, imagetest.Tar(t, tc.entries)), filepath.Join(parent, "img"), opts...)
 			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.frag) {
 				t.Errorf("ImportCRIOFile: %v, want %v mentioning %q", err, tc.want, tc.frag)
 			}

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kcr-dev/kcr/internal/testimg"
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
 )
 
 // FuzzReadManifest: whatever manifest.json holds, ReadManifest returns a
@@ -70,7 +70,7 @@ func FuzzImportEnd(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	tarData := testimg.Unzstd(f, data)
+	tarData := imagetest.Unzstd(f, data)
 	f.Add([]byte{}, uint16(0))
 	f.Add(make([]byte, 512), uint16(0))
 	f.Add([]byte{0, 0, 1}, uint16(0))
@@ -88,7 +88,7 @@ func FuzzImportEnd(f *testing.F) {
 		i++
 		out := filepath.Join(dst, "img"+strings.Repeat("x", i%3)+string(rune('a'+i%26)))
 		os.RemoveAll(out)
-		im, err := Import(context.Background(), strings.NewReader(string(testimg.Zstd(t, full))), out)
+		im, err := Import(context.Background(), strings.NewReader(string(imagetest.Zstd(t, full))), out)
 		switch ok := zeros && len(trailer) <= tarSlack; {
 		case ok && err != nil:
 			t.Fatalf("%d zero bytes after the tar: %v", len(trailer), err)

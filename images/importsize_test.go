@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kcr-dev/kcr/internal/testimg"
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
 )
 
 // TestImportSizeLimit: an archive whose image is above the limit is refused
@@ -42,7 +42,7 @@ func TestImportNoSpace(t *testing.T) {
 	must(t, err)
 	entries := append([]entry{regEntry(ManifestName, b)}, good[1:]...)
 	parent := t.TempDir()
-	_, err = Import(context.Background(), bytes.NewReader(testimg.Archive(t, entries)), filepath.Join(parent, "img"), WithMaxSize(math.MaxInt64))
+	_, err = Import(context.Background(), bytes.NewReader(imagetest.Archive(t, entries)), filepath.Join(parent, "img"), WithMaxSize(math.MaxInt64))
 	if !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "free") {
 		t.Errorf("Import larger than the free space: %v", err)
 	}

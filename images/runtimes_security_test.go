@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/kcr-dev/kcr/internal/testimg"
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
 )
 
 // TestSecurityCRIOSymlinkedHostFile: the shape of the 2026 containerd
@@ -32,7 +32,7 @@ func TestSecurityCRIOSymlinkedHostFile(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			entries := append([]entry{tc.e}, good...)
 			parent := t.TempDir()
-			_, err := ImportCRIOFile(context.Background(), writeFile(t, testimg.Tar(t, entries)), filepath.Join(parent, "img"))
+			_, err := ImportCRIOFile(context.Background(), writeFile(t, imagetest.Tar(t, entries)), filepath.Join(parent, "img"))
 			if !errors.Is(err, ErrUnsafePath) {
 				t.Errorf("import of an archive with %s: %v, want ErrUnsafePath", tc.name, err)
 			}

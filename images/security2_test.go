@@ -12,18 +12,18 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/kcr-dev/kcr/internal/testimg"
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
 )
 
 // TestSecurityCreateRefusesUntrustedParent (issue 23, 1): as root, an image
 // is not started in a directory that another uid owns or can write, nor
 // below one, nor through a link into one.
 func TestSecurityCreateRefusesUntrustedParent(t *testing.T) {
-	testimg.NeedRoot(t)
+	imagetest.NeedRoot(t)
 	base := t.TempDir()
 	theirs := filepath.Join(base, "theirs")
 	os.Mkdir(theirs, 0o755)
-	os.Chown(theirs, testimg.OtherUID, testimg.OtherUID)
+	os.Chown(theirs, imagetest.OtherUID, imagetest.OtherUID)
 	below := filepath.Join(theirs, "below")
 	os.Mkdir(below, 0o700) // root's, but its parent is not
 	open := filepath.Join(base, "open")
@@ -84,13 +84,13 @@ func TestBuilderPublishChecksInode(t *testing.T) {
 	}
 }
 
-// asOther runs sh -c script as uid and gid testimg.OtherUID and waits.
+// asOther runs sh -c script as uid and gid imagetest.OtherUID and waits.
 func asOther(t *testing.T, script string) {
 	t.Helper()
 	cmd := exec.Command("sh", "-c", script)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: testimg.OtherUID, Gid: testimg.OtherUID}}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: imagetest.OtherUID, Gid: imagetest.OtherUID}}
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("as uid %d: %s: %v %s", testimg.OtherUID, script, err, out)
+		t.Fatalf("as uid %d: %s: %v %s", imagetest.OtherUID, script, err, out)
 	}
 }
 
@@ -98,7 +98,7 @@ func asOther(t *testing.T, script string) {
 // 0664 with uid 61001's group, has that user's key appended; an archive
 // signed with that key must not then pass import --verify-key ops.pub.
 func TestSecurityVerifyKeyringWritable(t *testing.T) {
-	testimg.NeedRoot(t)
+	imagetest.NeedRoot(t)
 	dir := t.TempDir()
 	os.Chmod(dir, 0o755)
 	os.Chmod(filepath.Dir(dir), 0o755)
@@ -106,7 +106,7 @@ func TestSecurityVerifyKeyringWritable(t *testing.T) {
 		t.Fatal(err)
 	}
 	ring := filepath.Join(dir, "ops.pub")
-	os.Chown(ring, 0, testimg.OtherUID)
+	os.Chown(ring, 0, imagetest.OtherUID)
 	os.Chmod(ring, 0o664)
 	attacker := filepath.Join(t.TempDir(), "evil")
 	if _, err := GenerateKeyFiles(attacker, "evil"); err != nil {
@@ -131,7 +131,7 @@ func TestSecurityVerifyKeyringWritable(t *testing.T) {
 	}
 	// Its directory counts too.
 	os.Chmod(ring, 0o644)
-	os.Chown(dir, testimg.OtherUID, testimg.OtherUID)
+	os.Chown(dir, imagetest.OtherUID, imagetest.OtherUID)
 	if _, err := LoadPublicKeys(ring); !errors.Is(err, ErrUntrusted) {
 		t.Errorf("keyring in a directory of uid 61001: %v; want ErrUntrusted", err)
 	}

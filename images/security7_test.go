@@ -14,7 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kcr-dev/kcr/internal/testimg"
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
 )
 
 // init is, with KCR_TEST_EXCHANGE=A:B:SECONDS, uid 61001's swapper: it
@@ -56,7 +56,7 @@ func swapper(t *testing.T, a, b string, d time.Duration) *exec.Cmd {
 	}
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(), fmt.Sprintf("KCR_TEST_EXCHANGE=%s:%s:%s", a, b, d))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: testimg.OtherUID, Gid: testimg.OtherUID}}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: imagetest.OtherUID, Gid: imagetest.OtherUID}}
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -100,7 +100,7 @@ func release(names ...string) func() {
 // manifest.pending.json in its checkpoint directory does not hang root's
 // kcr recover.
 func TestSecurityRecoverPendingFIFO(t *testing.T) {
-	testimg.NeedRoot(t)
+	imagetest.NeedRoot(t)
 	dir := filepath.Join(t.TempDir(), "shared")
 	os.Mkdir(dir, 0o755)
 	tmp := filepath.Join(dir, ".svc.img.kcr-tmp-1")
@@ -110,7 +110,7 @@ func TestSecurityRecoverPendingFIFO(t *testing.T) {
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	testimg.ChownAll(t, dir, testimg.OtherUID)
+	imagetest.ChownAll(t, dir, imagetest.OtherUID)
 	bounded(t, "FindPending", func() error { FindPending(dir); return nil }, release(fifo))
 	err := bounded(t, "Recover", func() error { _, err := Recover(context.Background(), tmp, nil); return err }, release(fifo))
 	if !errors.Is(err, ErrUntrusted) {
@@ -123,7 +123,7 @@ func TestSecurityRecoverPendingFIFO(t *testing.T) {
 // while root reads the manifest (inspect --no-verify) and opens the image:
 // root never hangs, and never shows a byte of that file.
 func TestSecurityReadManifestExchange(t *testing.T) {
-	testimg.NeedRoot(t)
+	imagetest.NeedRoot(t)
 	secret := filepath.Join(t.TempDir(), "secret")
 	os.WriteFile(secret, []byte("Zroot's secret"), 0o600)
 	for _, kind := range []string{"fifo", "link"} {
@@ -136,7 +136,7 @@ func TestSecurityReadManifestExchange(t *testing.T) {
 			} else {
 				os.Symlink(secret, other)
 			}
-			testimg.ChownAll(t, img, testimg.OtherUID)
+			imagetest.ChownAll(t, img, imagetest.OtherUID)
 			m := filepath.Join(img, ManifestName)
 			swapper(t, m, other, 20*time.Second)
 			for start := time.Now(); ; time.Sleep(time.Millisecond) {

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kcr-dev/kcr/internal/testimg"
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
 )
 
 // rleFrame is a zstd frame of run-length blocks that decompresses to n
@@ -32,7 +32,7 @@ func rleFrame(n int) []byte {
 // --max-size just above the image; so is a CRI-O archive whose skipped
 // entry (config.dump) is huge.
 func TestSecurityImportDecompressionBomb(t *testing.T) {
-	testimg.NeedRoot(t)
+	imagetest.NeedRoot(t)
 	img := build(t)
 	m, err := ReadManifest(img)
 	if err != nil {
@@ -46,7 +46,7 @@ func TestSecurityImportDecompressionBomb(t *testing.T) {
 	data, _ := os.ReadFile(archive)
 	bomb := filepath.Join(dir, "bomb"+ArchiveExt)
 	os.WriteFile(bomb, append(data, rleFrame(32<<10)...), 0o600)
-	testimg.ChownAll(t, dir, testimg.OtherUID)
+	imagetest.ChownAll(t, dir, imagetest.OtherUID)
 
 	limit := WithMaxSize(m.TotalSize() + 1<<20)
 	_, err = ImportFile(context.Background(), bomb, filepath.Join(t.TempDir(), "img"), limit)
@@ -60,9 +60,9 @@ func TestSecurityImportDecompressionBomb(t *testing.T) {
 
 	// A CRI-O archive: a config.dump of 64 MiB comes first, before the
 	// signature could be checked.
-	entries := testimg.ReadTar(t, testimg.Unzstd(t, data))
-	var crio []testimg.Entry
-	crio = append(crio, testimg.Entry{Hdr: tar.Header{Name: "config.dump", Mode: 0o600, Size: 64 << 20, Typeflag: tar.TypeReg}, Data: make([]byte, 64<<20)})
+	entries := imagetest.ReadTar(t, imagetest.Unzstd(t, data))
+	var crio []imagetest.Entry
+	crio = append(crio, imagetest.Entry{Hdr: tar.Header{Name: "config.dump", Mode: 0o600, Size: 64 << 20, Typeflag: tar.TypeReg}, Data: make([]byte, 64<<20)})
 	for _, e := range entries {
 		if e.Hdr.Name == ManifestName {
 			e.Hdr.Name = CRIOManifestName
@@ -72,7 +72,7 @@ func TestSecurityImportDecompressionBomb(t *testing.T) {
 		crio = append(crio, e)
 	}
 	big := filepath.Join(t.TempDir(), "crio.tar")
-	os.WriteFile(big, testimg.Archive(t, crio), 0o600)
+	os.WriteFile(big, imagetest.Archive(t, crio), 0o600)
 	_, err = ImportCRIOFile(context.Background(), big, filepath.Join(t.TempDir(), "img"), limit)
 	if !errors.Is(err, ErrBadArchive) || !strings.Contains(err.Error(), "config.dump") {
 		t.Errorf("import of a CRI-O archive with a 64 MiB config.dump: %v; want ErrBadArchive naming it", err)

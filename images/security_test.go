@@ -8,16 +8,16 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kcr-dev/kcr/internal/testimg"
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
 )
 
 // TestSecurityCacheNotWrittenThroughLinks: root verifying an image of
 // another uid, which planted verified.tmp as a link to a file of root's,
 // must not write through it; nor in its own image.
 func TestSecurityCacheNotWrittenThroughLinks(t *testing.T) {
-	testimg.NeedRoot(t)
+	imagetest.NeedRoot(t)
 	noQuiet(t)
-	for _, owner := range []int{testimg.OtherUID, 0} {
+	for _, owner := range []int{imagetest.OtherUID, 0} {
 		img := build(t)
 		precious := filepath.Join(t.TempDir(), "precious")
 		if err := os.WriteFile(precious, []byte("root's\n"), 0o600); err != nil {
@@ -27,7 +27,7 @@ func TestSecurityCacheNotWrittenThroughLinks(t *testing.T) {
 		if err := os.Symlink(precious, filepath.Join(img, verifiedTmp)); err != nil {
 			t.Fatal(err)
 		}
-		testimg.ChownAll(t, img, owner)
+		imagetest.ChownAll(t, img, owner)
 		if _, err := Open(context.Background(), img); err != nil {
 			t.Fatal(err)
 		}
@@ -47,7 +47,7 @@ func TestSecurityCacheNotWrittenThroughLinks(t *testing.T) {
 // TestSecurityUntrustedImageRefused: as root, with Trusted, an image that
 // another uid owns or could write is refused, naming what and the fix.
 func TestSecurityUntrustedImageRefused(t *testing.T) {
-	testimg.NeedRoot(t)
+	imagetest.NeedRoot(t)
 	ctx := context.Background()
 	trusted := OpenOptions{Trusted: true}
 	img := build(t)
@@ -58,13 +58,13 @@ func TestSecurityUntrustedImageRefused(t *testing.T) {
 	im.Close()
 
 	for name, spoil := range map[string]func(img string){
-		"dir of another uid": func(img string) { os.Chown(img, testimg.OtherUID, testimg.OtherUID) },
+		"dir of another uid": func(img string) { os.Chown(img, imagetest.OtherUID, imagetest.OtherUID) },
 		"file of another uid": func(img string) {
-			os.Chown(filepath.Join(img, "criu", "core-1.img"), testimg.OtherUID, testimg.OtherUID)
+			os.Chown(filepath.Join(img, "criu", "core-1.img"), imagetest.OtherUID, imagetest.OtherUID)
 		},
 		"group-writable file":   func(img string) { os.Chmod(filepath.Join(img, "criu", "pages-1.img"), 0o620) },
 		"world-writable parent": func(img string) { os.Chmod(filepath.Dir(img), 0o777) },
-		"parent of another uid": func(img string) { os.Chown(filepath.Dir(img), testimg.OtherUID, testimg.OtherUID) },
+		"parent of another uid": func(img string) { os.Chown(filepath.Dir(img), imagetest.OtherUID, imagetest.OtherUID) },
 	} {
 		img := build(t)
 		spoil(img)
@@ -93,12 +93,12 @@ func TestSecurityUntrustedImageRefused(t *testing.T) {
 // unfinished checkpoint directory of another uid, or one that others can
 // write: that uid chose its content.
 func TestSecurityRecoverUntrusted(t *testing.T) {
-	testimg.NeedRoot(t)
+	imagetest.NeedRoot(t)
 	priv, _ := testKey(t)
 	for name, spoil := range map[string]func(tmp string){
-		"dir of another uid": func(tmp string) { testimg.ChownAll(t, tmp, testimg.OtherUID) },
+		"dir of another uid": func(tmp string) { imagetest.ChownAll(t, tmp, imagetest.OtherUID) },
 		"file of another uid": func(tmp string) {
-			os.Lchown(filepath.Join(tmp, "criu", "core-1.img"), testimg.OtherUID, testimg.OtherUID)
+			os.Lchown(filepath.Join(tmp, "criu", "core-1.img"), imagetest.OtherUID, imagetest.OtherUID)
 		},
 		"group-writable dir": func(tmp string) { os.Chmod(filepath.Join(tmp, "criu"), 0o770) },
 	} {

@@ -15,7 +15,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kcr-dev/kcr/internal/testimg"
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
 )
 
 // testKey writes a key pair into a temporary directory and returns the
@@ -312,7 +312,7 @@ func TestSignedExportImport(t *testing.T) {
 	ctx := context.Background()
 	img := buildSigned(t, priv)
 	data := exportBytes(t, img)
-	ents := testimg.ReadArchive(t, data)
+	ents := imagetest.ReadArchive(t, data)
 	if len(ents) < 2 || ents[1].Hdr.Name != SignatureName {
 		t.Fatalf("the signature is not the archive's second entry")
 	}
@@ -356,7 +356,7 @@ func TestSignedExportImport(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			parent := t.TempDir()
-			_, err := Import(ctx, bytes.NewReader(testimg.Archive(t, tc.entries)), filepath.Join(parent, "img"), WithVerifyKeys(keys))
+			_, err := Import(ctx, bytes.NewReader(imagetest.Archive(t, tc.entries)), filepath.Join(parent, "img"), WithVerifyKeys(keys))
 			checkErr(t, err, ErrSignature, tc.frag)
 			nothingLeft(t, parent)
 		})
@@ -368,11 +368,11 @@ func TestSignedExportImport(t *testing.T) {
 // write a cache entry that matches the changed file, so that the signed
 // manifest's checksum would never be compared.
 func TestSecurityForeignCacheIgnored(t *testing.T) {
-	testimg.NeedRoot(t)
+	imagetest.NeedRoot(t)
 	noQuiet(t)
 	priv, pubFile := testKey(t)
 	img := buildSigned(t, priv)
-	testimg.ChownAll(t, img, testimg.OtherUID)
+	imagetest.ChownAll(t, img, imagetest.OtherUID)
 	p := filepath.Join(img, "criu", "core-1.img")
 	must(t, os.WriteFile(p, []byte("evil image"), 0o600)) // same size
 	fi, err := os.Lstat(p)
@@ -392,7 +392,7 @@ func TestSecurityForeignCacheIgnored(t *testing.T) {
 	ids["criu/core-1.img"], _ = idOf(fi, ids["criu/core-1.img"].SHA)
 	forged, _ := json.Marshal(ids)
 	must(t, os.WriteFile(filepath.Join(img, VerifiedName), forged, 0o600))
-	must(t, os.Lchown(filepath.Join(img, VerifiedName), testimg.OtherUID, testimg.OtherUID)) // ChownAll would move the files' ctimes
+	must(t, os.Lchown(filepath.Join(img, VerifiedName), imagetest.OtherUID, imagetest.OtherUID)) // ChownAll would move the files' ctimes
 	err = openSigned(img, pubKeys(t, pubFile))
 	checkErr(t, err, ErrCorrupt, "core-1.img")
 }

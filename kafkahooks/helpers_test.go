@@ -21,7 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/kcr-dev/kcr/internal/testwait"
+	"github.com/kcr-dev/kcr/internal/testkit/wait"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -288,7 +288,7 @@ func readTopic(t testing.TB, addrs []string, topic string) []*kgo.Record {
 }
 
 // waitFor polls cond every 10ms until it holds or d passes.
-var waitFor = testwait.For
+var waitFor = wait.For
 
 // decodeReport turns a hook's report, as notify hands it over, back into
 // the typed report R, as a reader of the manifest would.

@@ -23,7 +23,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kcr-dev/kcr/internal/testwait"
+	"github.com/kcr-dev/kcr/internal/testkit/wait"
 	"github.com/kcr-dev/kcr/notify"
 	"github.com/kcr-dev/kcr/notify/client"
 	"github.com/kcr-dev/kcr/notify/proto"
@@ -635,7 +635,7 @@ func TestCloseDuringBeforeHooks(t *testing.T) {
 	go func() { f.s.Close(); close(closed) }()
 	// Close has begun once it has closed the listener, which unlinks the
 	// socket.
-	testwait.For(t, 5*time.Second, "Close to remove the socket", func() bool {
+	wait.For(t, 5*time.Second, "Close to remove the socket", func() bool {
 		_, err := os.Lstat(f.path)
 		return errors.Is(err, os.ErrNotExist)
 	})

@@ -23,7 +23,7 @@ import (
 	"github.com/kcr-dev/kcr/criuaction"
 	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/images"
-	"github.com/kcr-dev/kcr/internal/testimg"
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
 	"github.com/kcr-dev/kcr/notify/client"
 )
 
@@ -442,7 +442,7 @@ func TestRunExportFormatsReport(t *testing.T) {
 			if err := runExport(context.Background(), &exportOpts{cmdline: argv(img), output: o, format: format}, out); err != nil {
 				t.Fatalf("export --format %s: %v", format, err)
 			}
-			written := testimg.TreeSize(t, o)
+			written := imagetest.TreeSize(t, o)
 			report := stderr.String()
 			for _, want := range []string{fmtSize(m.TotalSize()) + " in " + strconv.Itoa(len(m.Files)) + " files", fmtSize(written) + " (", "kcr: warning: ", "go-rwx"} {
 				if !strings.Contains(report, want) {

@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/kcr-dev/kcr/images"
-	"github.com/kcr-dev/kcr/internal/testimg"
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
 )
 
 // containerImage writes a small kcr image of a runc container, signed by
@@ -76,7 +76,7 @@ func TestExportResult(t *testing.T) {
 		if c.stdout {
 			written = int64(stdout.Len())
 		} else {
-			written = testimg.TreeSize(t, o.Output)
+			written = imagetest.TreeSize(t, o.Output)
 		}
 		if res.Bytes != written || written == 0 {
 			t.Errorf("%s to %q: Bytes %d, %d written", c.format, c.output, res.Bytes, written)

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/kcr-dev/kcr/images"
-	"github.com/kcr-dev/kcr/internal/testimg"
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
 )
 
 // fakeRunc writes a runtime that reports a running container (pid, bundle)
@@ -48,7 +48,7 @@ exit 1
 // own while the slow runtime dumps. Root must not seal, sign and publish
 // that user's directory: the output is refused before anything runs.
 func TestSecurityCheckpointSignSwappedTmp(t *testing.T) {
-	testimg.NeedRoot(t)
+	imagetest.NeedRoot(t)
 	sleep := exec.Command("sleep", "60")
 	if err := sleep.Start(); err != nil {
 		t.Fatal(err)
@@ -71,13 +71,13 @@ func TestSecurityCheckpointSignSwappedTmp(t *testing.T) {
 			shared := filepath.Join(base, "shared")
 			os.Mkdir(shared, 0o755)
 			if shape == "owned by 61001" {
-				os.Chown(shared, testimg.OtherUID, testimg.OtherUID)
+				os.Chown(shared, imagetest.OtherUID, imagetest.OtherUID)
 			} else {
 				os.Chmod(shared, 0o777)
 			}
 			// The attacker's swap: its own directory, with its own "dump"
 			// and a link where kcr writes the container's spec.
-			testimg.AsOther(t, `cd `+shared+` || exit 1
+			imagetest.AsOther(t, `cd `+shared+` || exit 1
 while :; do for d in .svc.img.kcr-tmp-*; do
   if [ -d "$d" ]; then mv "$d" stolen && mkdir -p "$d/criu" && echo evil > "$d/criu/pages-1.img"`+c.link+`; exit 0; fi
 done; sleep 0.01; done`)
@@ -144,11 +144,11 @@ func exportedContainer(t *testing.T, dir string) (string, string, string) {
 // of root's inside 61001's directory, is resolved and the resolved path
 // checked: runc is never handed what that user wrote, or can swap.
 func TestSecurityRestoreThroughLink(t *testing.T) {
-	testimg.NeedRoot(t)
+	imagetest.NeedRoot(t)
 	theirs := filepath.Join(t.TempDir(), "theirs")
 	os.Mkdir(theirs, 0o755)
 	img, archive, layout := exportedContainer(t, theirs)
-	testimg.ChownAll(t, theirs, testimg.OtherUID)
+	imagetest.ChownAll(t, theirs, imagetest.OtherUID)
 	inTheirs := filepath.Join(theirs, "img") // root's image, their directory
 	if err := os.Rename(img, inTheirs); err != nil {
 		t.Fatal(err)
@@ -179,7 +179,7 @@ func TestSecurityRestoreThroughLink(t *testing.T) {
 // the archive (as spec.dump) nor turn the user's image into a root-owned
 // archive: it refuses the image.
 func TestSecurityExportUserImage(t *testing.T) {
-	testimg.NeedRoot(t)
+	imagetest.NeedRoot(t)
 	secret := filepath.Join(t.TempDir(), "docker")
 	os.Mkdir(secret, 0o700)
 	os.WriteFile(filepath.Join(secret, "config.json"), []byte(`{"auths":{"registry":{"auth":"c2VjcmV0"}}}`), 0o600)
@@ -196,7 +196,7 @@ func TestSecurityExportUserImage(t *testing.T) {
 	if _, err := b.Commit(context.Background(), &images.Manifest{}); err != nil {
 		t.Fatal(err)
 	}
-	testimg.ChownAll(t, theirs, testimg.OtherUID)
+	imagetest.ChownAll(t, theirs, imagetest.OtherUID)
 	for _, format := range []string{FormatCRIO, FormatOCI, FormatKCR} {
 		out := filepath.Join(t.TempDir(), "out")
 		_, err := Export(context.Background(), ExportOptions{Image: img, Format: format, Output: out})
@@ -240,8 +240,8 @@ func TestExportOCIPrivate(t *testing.T) {
 // --container-output U/logs/secret.txt neither truncates nor writes root's
 // file through uid 61001's link; and an output that is a link is refused.
 func TestSecurityContainerOutputParentLink(t *testing.T) {
-	testimg.NeedRoot(t)
-	u, secret := testimg.LinkedDir(t)
+	imagetest.NeedRoot(t)
+	u, secret := imagetest.LinkedDir(t)
 	img := containerImage(t, nil)
 	ran := filepath.Join(t.TempDir(), "ran")
 	runtime := filepath.Join(t.TempDir(), "runc")
@@ -266,11 +266,11 @@ func TestSecurityContainerOutputParentLink(t *testing.T) {
 // a container's org.criu.config annotation names is read as root only if
 // no other user could have written it, bounded, and never from a FIFO.
 func TestSecurityCRIUConfigAnnotation(t *testing.T) {
-	testimg.NeedRoot(t)
+	imagetest.NeedRoot(t)
 	dir := t.TempDir()
 	theirs := filepath.Join(dir, "theirs.conf")
 	os.WriteFile(theirs, []byte("action-script /tmp/evil\n"), 0o644)
-	os.Chown(theirs, testimg.OtherUID, testimg.OtherUID)
+	os.Chown(theirs, imagetest.OtherUID, imagetest.OtherUID)
 	fifo := filepath.Join(dir, "fifo.conf")
 	syscall.Mkfifo(fifo, 0o600)
 	own := filepath.Join(dir, "own.conf")

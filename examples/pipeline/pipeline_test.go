@@ -11,7 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/kcr-dev/kcr/internal/testwait"
+	"github.com/kcr-dev/kcr/internal/testkit/wait"
 	"github.com/kcr-dev/kcr/kafkahooks"
 	"github.com/kcr-dev/kcr/kafkahooks/kgohooks"
 	"github.com/kcr-dev/kcr/notify"
@@ -114,7 +114,7 @@ func testDrain(t *testing.T, clients func([]string, *notify.Registry) (Fetcher, 
 	// Three cycles while orders arrive: restore, resume, restore. The cold
 	// instance first makes results of its own (a loaded machine can take
 	// longer than the pause between cycles to join the group).
-	testwait.For(t, 20*time.Second, "the cold instance's first result", func() bool { return p.seq.Load() > 0 })
+	wait.For(t, 20*time.Second, "the cold instance's first result", func() bool { return p.seq.Load() > 0 })
 	for i, outcome := range []notify.SimOutcome{notify.SimRestore, notify.SimResume, notify.SimRestore} {
 		time.Sleep(300 * time.Millisecond)
 		res, err := reg.Simulate(ctx, outcome, 5*time.Second)

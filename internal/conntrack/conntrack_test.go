@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kcr-dev/kcr/internal/testwait"
+	"github.com/kcr-dev/kcr/internal/testkit/wait"
 )
 
-var waitFor = testwait.For
+var waitFor = wait.For
 
 // TestTrackerAbortsDials: a dial still connecting when the connections are
 // closed (a socket CRIU could not checkpoint) is aborted before closeAll

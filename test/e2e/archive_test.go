@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kcr-dev/kcr/internal/testimg"
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
 )
 
 // 9. checkpoint → export → image deleted → import elsewhere by a fresh kcr
@@ -116,7 +116,7 @@ func TestArchiveRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw := testimg.Unzstd(t, data)
+	raw := imagetest.Unzstd(t, data)
 
 	// Tampered: one byte of a pages file's payload flipped in the tar
 	// stream, recompressed: valid zstd, wrong sha256.
@@ -140,16 +140,16 @@ func TestArchiveRefused(t *testing.T) {
 	tampered[at+512+100] ^= 0xff
 
 	// Path escape: an extra "../evil" entry right after the manifest.
-	ents := testimg.ReadTar(t, raw)
-	evil := testimg.Entry{Hdr: tar.Header{Typeflag: tar.TypeReg, Name: "../evil", Size: 5, Mode: 0o600}, Data: []byte("pwned")}
-	esc := testimg.Zstd(t, testimg.Tar(t, append([]testimg.Entry{ents[0], evil}, ents[1:]...)))
+	ents := imagetest.ReadTar(t, raw)
+	evil := imagetest.Entry{Hdr: tar.Header{Typeflag: tar.TypeReg, Name: "../evil", Size: 5, Mode: 0o600}, Data: []byte("pwned")}
+	esc := imagetest.Zstd(t, imagetest.Tar(t, append([]imagetest.Entry{ents[0], evil}, ents[1:]...)))
 
 	cases := []struct {
 		name string
 		data []byte
 		want []string
 	}{
-		{"tampered", testimg.Zstd(t, tampered), []string{pages + " is corrupt: sha256 mismatch", "export the image again"}},
+		{"tampered", imagetest.Zstd(t, tampered), []string{pages + " is corrupt: sha256 mismatch", "export the image again"}},
 		{"truncated", data[:len(data)/2], []string{"archive is truncated", "copy it again"}},
 		{"escape", esc, []string{`"../evil"`, "refusing to write outside the image"}},
 	}

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kcr-dev/kcr/internal/testimg"
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
 )
 
 // TestContainerRestoreFromArchive: a CRI-O checkpoint archive of "kcr
@@ -44,7 +44,7 @@ func TestContainerRestoreFromArchive(t *testing.T) {
 		if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
 			t.Fatalf("kcr export --format %s --json: %v: %q", e.format, err, r.stdout)
 		}
-		if written := testimg.TreeSize(t, e.out); res.ArchiveBytes != written || res.ImageBytes <= 0 || res.Files <= 0 || res.DurationNS <= 0 {
+		if written := imagetest.TreeSize(t, e.out); res.ArchiveBytes != written || res.ImageBytes <= 0 || res.Files <= 0 || res.DurationNS <= 0 {
 			t.Fatalf("export --format %s: %+v, %d bytes written", e.format, res, written)
 		}
 		t.Logf("export --format %s: image %d bytes in %d files, wrote %d bytes in %v",

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kcr-dev/kcr/internal/testimg"
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
 )
 
 // TestSecurityUntrustedImage: root does not restore an image that another
@@ -24,10 +24,10 @@ func TestSecurityUntrustedImage(t *testing.T) {
 	need(t)
 	a := startApp(t)
 	img := checkpointGone(t, a.pid)
-	testimg.ChownAll(t, img, testimg.OtherUID)
+	imagetest.ChownAll(t, img, imagetest.OtherUID)
 	r := kcr(t, "restore", img)
 	if r.code != 5 || !strings.Contains(r.stderr, "belongs to uid 61001") || !strings.Contains(r.stderr, "--allow-untrusted") {
-		t.Fatalf("restore of an image of uid %d: exit %d %q; want exit 5 naming the owner and --allow-untrusted", testimg.OtherUID, r.code, r.stderr)
+		t.Fatalf("restore of an image of uid %d: exit %d %q; want exit 5 naming the owner and --allow-untrusted", imagetest.OtherUID, r.code, r.stderr)
 	}
 	if alive(a.pid) {
 		t.Fatal("the untrusted image was restored")

@@ -15,22 +15,22 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/kcr-dev/kcr/internal/testimg"
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
 )
 
-// asOther runs a shell command as uid testimg.OtherUID, as an attacker on the host
+// asOther runs a shell command as uid imagetest.OtherUID, as an attacker on the host
 // would, with stdin from in.
 func asOther(t *testing.T, in []byte, script string) {
 	t.Helper()
 	cmd := exec.Command("/bin/sh", "-c", script)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: testimg.OtherUID, Gid: testimg.OtherUID}}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: imagetest.OtherUID, Gid: imagetest.OtherUID}}
 	cmd.Stdin = bytes.NewReader(in)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("as uid %d: %s: %v: %s", testimg.OtherUID, script, err, out)
+		t.Fatalf("as uid %d: %s: %v: %s", imagetest.OtherUID, script, err, out)
 	}
 }
 
-// sharedDir returns a new directory that uid testimg.OtherUID owns, under ancestors it
+// sharedDir returns a new directory that uid imagetest.OtherUID owns, under ancestors it
 // can traverse.
 func sharedDir(t *testing.T) string {
 	t.Helper()
@@ -44,7 +44,7 @@ func sharedDir(t *testing.T) string {
 	if err := os.Mkdir(d, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	testimg.ChownAll(t, d, testimg.OtherUID)
+	imagetest.ChownAll(t, d, imagetest.OtherUID)
 	return d
 }
 
@@ -52,7 +52,7 @@ func sharedDir(t *testing.T) string {
 // fixes its checksum in the manifest, keeping the original signature.
 func reforge(t *testing.T, data []byte) []byte {
 	t.Helper()
-	ents := testimg.ReadArchive(t, data)
+	ents := imagetest.ReadArchive(t, data)
 	if len(ents) < 3 || ents[1].Hdr.Name != "manifest.sig" {
 		t.Fatalf("signed archive: second entry is %q, want manifest.sig", ents[1].Hdr.Name)
 	}
@@ -81,7 +81,7 @@ func reforge(t *testing.T, data []byte) []byte {
 	for i := range ents {
 		ents[i].Hdr.Size = int64(len(ents[i].Data))
 	}
-	return testimg.Archive(t, ents)
+	return imagetest.Archive(t, ents)
 }
 
 // TestSecuritySignedImage: an image checkpointed with --sign and exported
@@ -145,9 +145,9 @@ func TestSecuritySignedImage(t *testing.T) {
 	if out, err := exec.Command("cp", "-a", good, theirs).CombinedOutput(); err != nil {
 		t.Fatalf("cp: %v %s", err, out)
 	}
-	testimg.ChownAll(t, theirs, testimg.OtherUID)
+	imagetest.ChownAll(t, theirs, imagetest.OtherUID)
 	if r := kcr(t, "restore", "--verify-key", keys+".pub", theirs); r.code != 5 || !strings.Contains(r.stderr, "--allow-untrusted") {
-		t.Fatalf("restore --verify-key of uid %d's image: exit %d %q; want 5 (untrusted owner)", testimg.OtherUID, r.code, r.stderr)
+		t.Fatalf("restore --verify-key of uid %d's image: exit %d %q; want 5 (untrusted owner)", imagetest.OtherUID, r.code, r.stderr)
 	}
 	asOther(t, nil, `sed -i 's/"leave_running": false/"leave_running": true/' `+filepath.Join(theirs, "manifest.json"))
 	if r := kcr(t, "restore", "--verify-key", keys+".pub", "--allow-untrusted", theirs); r.code != 9 {

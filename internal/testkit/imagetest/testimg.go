@@ -1,7 +1,7 @@
-// Package testimg helps tests make and tamper with kcr images and archives:
+// Package imagetest helps tests make and tamper with kcr images and archives:
 // trees owned by another user, tar and zstd streams to take apart and put
 // together.
-package testimg
+package imagetest
 
 import (
 	"archive/tar"

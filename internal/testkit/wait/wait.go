@@ -1,6 +1,6 @@
-// Package testwait polls a condition in tests, for states that have no
+// Package wait polls a condition in tests, for states that have no
 // signal to wait on.
-package testwait
+package wait
 
 import (
 	"testing"

@@ -1,4 +1,4 @@
-package testimg
+package imagetest
 
 import (
 	"os"

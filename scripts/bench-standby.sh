@@ -22,7 +22,9 @@
 # (--poll, default 100ms), KCR_BENCH_COLD (cold-start cycles, default 5),
 # KCR_BENCH_WARMUP (the pipeline's warm-up, default 3s), KCR_BENCH_CACHE_MB
 # (default 64), KCR_BENCH_IDLE_SAMPLE (seconds to sample the idle standby,
-# default 10), KCR_BENCH_KEEP=1 keeps the work directory.
+# default 10), KCR_BENCH_ASLEEP (how long the service stays asleep before each
+# order, default 0s: a sleep longer than the group's session timeout is what
+# a scaled-to-zero service sees), KCR_BENCH_KEEP=1 keeps the work directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -38,6 +40,7 @@ cold_cycles="${KCR_BENCH_COLD:-5}"
 warmup="${KCR_BENCH_WARMUP:-3s}"
 cache_mb="${KCR_BENCH_CACHE_MB:-64}"
 sample="${KCR_BENCH_IDLE_SAMPLE:-10}"
+asleep="${KCR_BENCH_ASLEEP:-0s}"
 
 work=$(mktemp -d /var/tmp/kcr-bench-standby.XXXXXX)
 bin="$work/bin"
@@ -120,7 +123,7 @@ for c in $clients; do
 	rps=$(awk -v a="${req0:-0}" -v b="${req1:-0}" -v s="$sample" 'BEGIN{printf "%.1f", (b-a)/s}')
 
 	"$probe" -brokers "$brokers" -orders "$orders" -results "$res" -cycles "$cycles" -status "$status" \
-		-prefix "$tag-warm" >"$run/warm.jsonl" || { tail -n 20 "$run/standby.log" >&2; die "standby cycles failed ($c)"; }
+		-asleep "$asleep" -prefix "$tag-warm" >"$run/warm.jsonl" || { tail -n 20 "$run/standby.log" >&2; die "standby cycles failed ($c)"; }
 	# Put the service to sleep before kcr standby goes: it would be left
 	# running otherwise, and answer the cold runs' orders.
 	for ((i = 0; i < 600; i++)); do

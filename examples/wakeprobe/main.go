@@ -49,6 +49,7 @@ func main() {
 	stop := flag.String("stop", "", "with -cold: shell command that stops the service after each cycle")
 	prefix := flag.String("prefix", fmt.Sprintf("probe-%d", time.Now().UnixNano()), "order id prefix")
 	timeout := flag.Duration("timeout", 60*time.Second, "longest wait for a state or a result")
+	asleep := flag.Duration("asleep", 0, "with -status: how long the service stays asleep before each order (a long sleep outlives its group session)")
 	create := flag.Int("create", 0, "create -orders and -results with this many partitions, then exit")
 	flag.Parse()
 	if *create > 0 {
@@ -103,6 +104,7 @@ func main() {
 			if err := waitAsleep(*status, *timeout); err != nil {
 				fail(fmt.Sprintf("cycle %d: %v", i+1, err))
 			}
+			time.Sleep(*asleep)
 		}
 		id := fmt.Sprintf("%s-%d", *prefix, i)
 		ids = append(ids, id)

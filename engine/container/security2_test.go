@@ -17,6 +17,7 @@ import (
 
 	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest/containerimg"
 )
 
 // fakeRunc writes a runtime that reports a running container (pid, bundle)
@@ -220,7 +221,7 @@ func TestSecurityExportUserImage(t *testing.T) {
 // TestExportOCIPrivate: every directory of the OCI layout is 0700 and
 // every file 0600, like the memory blob.
 func TestExportOCIPrivate(t *testing.T) {
-	img := containerImage(t, nil)
+	img := containerimg.Write(t, nil)
 	out := filepath.Join(t.TempDir(), "oci")
 	if _, err := Export(context.Background(), ExportOptions{Image: img, Format: FormatOCI, Output: out}); err != nil {
 		t.Fatal(err)
@@ -242,7 +243,7 @@ func TestExportOCIPrivate(t *testing.T) {
 func TestSecurityContainerOutputParentLink(t *testing.T) {
 	imagetest.NeedRoot(t)
 	u, secret := imagetest.LinkedDir(t)
-	img := containerImage(t, nil)
+	img := containerimg.Write(t, nil)
 	ran := filepath.Join(t.TempDir(), "ran")
 	runtime := filepath.Join(t.TempDir(), "runc")
 	os.WriteFile(runtime, []byte("#!/bin/sh\necho \"$@\" >> "+ran+"\necho output; exit 1\n"), 0o700)

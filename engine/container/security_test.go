@@ -14,6 +14,7 @@ import (
 
 	"github.com/kcr-dev/kcr/criuaction"
 	"github.com/kcr-dev/kcr/images"
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest/containerimg"
 	"github.com/kcr-dev/kcr/notify/proto"
 )
 
@@ -96,7 +97,7 @@ func TestExportArchiveCarriesSignature(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	img := containerImage(t, key)
+	img := containerimg.Write(t, key)
 	out := filepath.Join(dir, "c.tar")
 	if _, err := Export(context.Background(), ExportOptions{Image: img, Format: FormatCRIO, Output: out}); err != nil {
 		t.Fatal(err)

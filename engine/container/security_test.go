@@ -14,6 +14,7 @@ import (
 
 	"github.com/kcr-dev/kcr/criuaction"
 	"github.com/kcr-dev/kcr/images"
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
 	"github.com/kcr-dev/kcr/internal/testkit/imagetest/containerimg"
 	"github.com/kcr-dev/kcr/notify/proto"
 )
@@ -52,12 +53,7 @@ func TestFailedHooks(t *testing.T) {
 // refuses an image another uid owns before runc is run, as kcr restore
 // does (it used to open it without the check).
 func TestSecurityContainerRestoreUntrusted(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("needs root to make a directory of another uid")
-		}
-		t.Skip("needs root to make a directory of another uid")
-	}
+	imagetest.NeedRootTo(t, "make a directory of another uid")
 	img := filepath.Join(t.TempDir(), "img")
 	b, err := images.Create(img)
 	if err != nil {

@@ -406,7 +406,7 @@ func TestRunRestoreInterrupted(t *testing.T) {
 // manifest readable by others so that the verification warns.
 func containerImage(t *testing.T) string {
 	t.Helper()
-	img := containerimg.Write(t, nil)
+	img := containerimg.Write(t, containerimg.Options{})
 	if err := os.Chmod(filepath.Join(img, images.ManifestName), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,7 @@ import (
 // TestExportResult: every format reports what it read and wrote, the
 // verification's warnings included; the bytes are those on disk.
 func TestExportResult(t *testing.T) {
-	img := containerimg.Write(t, nil)
+	img := containerimg.Write(t, containerimg.Options{})
 	if err := os.Chmod(filepath.Join(img, images.ManifestName), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func TestExportResult(t *testing.T) {
 // images.ErrExists, naming it and the fix, and leaves it as it was; a
 // temporary left by a killed export of cri-o does not block the next one.
 func TestExportNeverReplaces(t *testing.T) {
-	img := containerimg.Write(t, nil)
+	img := containerimg.Write(t, containerimg.Options{})
 	for _, format := range []string{FormatKCR, FormatCRIO, FormatOCI} {
 		dir := t.TempDir()
 		out := filepath.Join(dir, "out")

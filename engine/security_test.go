@@ -9,18 +9,14 @@ import (
 	"testing"
 
 	"github.com/kcr-dev/kcr/images"
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
 )
 
 // TestSecurityRestoreCounterNoLinks: the restore counter is never written
 // through a link planted in the image, and never into an image directory of
 // another uid.
 func TestSecurityRestoreCounterNoLinks(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("needs root to make a directory of another uid")
-		}
-		t.Skip("needs root to make a directory of another uid")
-	}
+	imagetest.NeedRootTo(t, "make a directory of another uid")
 	precious := filepath.Join(t.TempDir(), "precious")
 	os.WriteFile(precious, []byte("root's\n"), 0o600)
 

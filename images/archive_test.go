@@ -74,9 +74,7 @@ func sameImage(t *testing.T, want, got string) {
 // image, no temporary directory.
 func nothingLeft(t *testing.T, parent string) {
 	t.Helper()
-	if got := dirNames(t, parent); len(got) != 0 {
-		t.Errorf("refused import left %q in %s", got, parent)
-	}
+	holdsOnly(t, parent, "refused import")
 }
 
 func TestExportImportRoundTrip(t *testing.T) {
@@ -113,16 +111,8 @@ func TestExportImportRoundTrip(t *testing.T) {
 	if im.Dir != final {
 		t.Errorf("Dir = %q, want %q", im.Dir, final)
 	}
-	if got := dirNames(t, parent); !reflect.DeepEqual(got, []string{"imported"}) {
-		t.Errorf("parent holds %q, want only the image", got)
-	}
-	opened, err := Open(context.Background(), final)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(opened.Extra) != 0 || len(opened.Warnings) != 0 {
-		t.Errorf("imported image: Extra %q, Warnings %q; want none", opened.Extra, opened.Warnings)
-	}
+	holdsOnly(t, parent, "import", "imported")
+	opened := openClean(t, final)
 	orig, _ := ReadManifest(src)
 	if !reflect.DeepEqual(opened.Manifest, orig) || !reflect.DeepEqual(im.Manifest, orig) {
 		t.Error("manifest changed in the round trip")
@@ -152,9 +142,7 @@ func TestExportImportFile(t *testing.T) {
 	if im.Dir != src || im.Size() == 0 {
 		t.Errorf("ExportFile image %q size %d", im.Dir, im.Size())
 	}
-	if got := dirNames(t, dir); !reflect.DeepEqual(got, []string{"img" + ArchiveExt}) {
-		t.Errorf("archive directory holds %q", got)
-	}
+	holdsOnly(t, dir, "ExportFile", "img"+ArchiveExt)
 
 	// An existing file is never replaced.
 	_, _, err = ExportFile(context.Background(), src, file)
@@ -366,12 +354,8 @@ func TestImportDestination(t *testing.T) {
 	must(t, os.WriteFile(filepath.Join(full, "precious"), []byte("keep"), 0o600))
 	_, err := Import(context.Background(), bytes.NewReader(data), full)
 	checkErr(t, err, ErrExists, full, "already exists; choose another -o or remove it")
-	if got := dirNames(t, full); !reflect.DeepEqual(got, []string{"precious"}) {
-		t.Errorf("destination clobbered: holds %q", got)
-	}
-	if got := dirNames(t, parent); !reflect.DeepEqual(got, []string{"full"}) {
-		t.Errorf("parent holds %q", got)
-	}
+	holdsOnly(t, full, "import over an existing directory", "precious")
+	holdsOnly(t, parent, "import over an existing directory", "full")
 
 	empty := filepath.Join(parent, "empty")
 	must(t, os.Mkdir(empty, 0o755))

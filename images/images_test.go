@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -109,17 +110,35 @@ func openPrivate(t *testing.T, dir string) {
 	checkPrivate(t, dir, []string{""}, nil)
 }
 
-func dirNames(t *testing.T, dir string) []string {
+// holdsOnly fails t unless dir holds exactly the entries want (nothing if
+// none) once after is done.
+func holdsOnly(t *testing.T, dir, after string, want ...string) {
 	t.Helper()
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var names []string
+	var got []string
 	for _, e := range ents {
-		names = append(names, e.Name())
+		got = append(got, e.Name())
 	}
-	return names
+	if !slices.Equal(got, want) {
+		t.Errorf("after %s, %s holds %q; want %q", after, dir, got, want)
+	}
+}
+
+// openClean opens the image in dir and fails t unless it has neither extra
+// files nor warnings.
+func openClean(t *testing.T, dir string) *Image {
+	t.Helper()
+	im, err := Open(context.Background(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(im.Extra) != 0 || len(im.Warnings) != 0 {
+		t.Errorf("image %s: Extra %q, Warnings %q; want none", dir, im.Extra, im.Warnings)
+	}
+	return im
 }
 
 // checkErr asserts err matches want (and no other sentinel) and that its
@@ -175,17 +194,9 @@ func TestRoundTrip(t *testing.T) {
 	if err := b.Abort(); err != nil {
 		t.Errorf("Abort after Commit: %v", err)
 	}
-	if got := dirNames(t, parent); !reflect.DeepEqual(got, []string{"img"}) {
-		t.Errorf("parent holds %q, want only img", got)
-	}
+	holdsOnly(t, parent, "Commit then Abort", "img")
 
-	im, err := Open(context.Background(), final)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(im.Extra) != 0 || len(im.Warnings) != 0 {
-		t.Errorf("Extra = %q, Warnings = %q; want none", im.Extra, im.Warnings)
-	}
+	im := openClean(t, final)
 	if im.CRIUDir() != filepath.Join(final, "criu") {
 		t.Errorf("CRIUDir = %q", im.CRIUDir())
 	}
@@ -281,9 +292,7 @@ func TestAbort(t *testing.T) {
 	if err := b.Abort(); err != nil {
 		t.Errorf("second Abort: %v", err)
 	}
-	if got := dirNames(t, parent); len(got) != 0 {
-		t.Errorf("parent holds %q after Abort", got)
-	}
+	holdsOnly(t, parent, "Abort")
 	if _, err := b.Commit(context.Background(), testManifest()); err == nil {
 		t.Error("Commit after Abort succeeded")
 	}
@@ -360,12 +369,8 @@ func TestCommitDestinationFilledMeanwhile(t *testing.T) {
 	if err := b.Abort(); err != nil {
 		t.Fatal(err)
 	}
-	if got := dirNames(t, parent); !reflect.DeepEqual(got, []string{"img"}) {
-		t.Errorf("parent holds %q", got)
-	}
-	if got := dirNames(t, final); !reflect.DeepEqual(got, []string{"precious"}) {
-		t.Errorf("destination clobbered: holds %q", got)
-	}
+	holdsOnly(t, parent, "Commit over an existing directory", "img")
+	holdsOnly(t, final, "Commit over an existing directory", "precious")
 }
 
 func TestCommitRefusesSymlink(t *testing.T) {
@@ -395,9 +400,7 @@ func TestCommitCanceled(t *testing.T) {
 		t.Errorf("Commit with canceled ctx: %v", err)
 	}
 	b.Abort()
-	if got := dirNames(t, parent); len(got) != 0 {
-		t.Errorf("parent holds %q", got)
-	}
+	holdsOnly(t, parent, "cancelled Commit")
 }
 
 // editManifest rewrites an image's manifest.

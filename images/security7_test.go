@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
+	"github.com/kcr-dev/kcr/internal/testkit/wait"
 )
 
 // init is, with KCR_TEST_EXCHANGE=A:B:SECONDS, uid 61001's swapper: it
@@ -139,14 +140,10 @@ func TestSecurityReadManifestExchange(t *testing.T) {
 			imagetest.ChownAll(t, img, imagetest.OtherUID)
 			m := filepath.Join(img, ManifestName)
 			swapper(t, m, other, 20*time.Second)
-			for start := time.Now(); ; time.Sleep(time.Millisecond) {
-				if fi, err := os.Lstat(m); err == nil && !fi.Mode().IsRegular() {
-					break // swapping
-				}
-				if time.Since(start) > 5*time.Second {
-					t.Fatal("the swapper never swapped")
-				}
-			}
+			wait.For(t, 5*time.Second, "the swapper to swap", func() bool {
+				fi, err := os.Lstat(m)
+				return err == nil && !fi.Mode().IsRegular()
+			})
 			openFailed := false
 			for i, end := 0, time.Now().Add(2*time.Second); time.Now().Before(end); i++ {
 				err := bounded(t, "ReadManifest", func() error { _, err := ReadManifest(img); return err }, release(m, other))

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -14,12 +15,7 @@ import (
 // created (or left open to others) is refused, so that it cannot put its
 // own control socket in the app's place.
 func TestSecuritySocketDirOfAnotherUser(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("needs root to create a directory of another uid")
-		}
-		t.Skip("needs root to create a directory of another uid")
-	}
+	imagetest.NeedRootTo(t, "create a directory of another uid")
 	const other = 61001
 	base := t.TempDir()
 	planted := filepath.Join(base, "kcr-planted")

@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
 	"github.com/kcr-dev/kcr/internal/testkit/wait"
 	"github.com/kcr-dev/kcr/notify"
 	"github.com/kcr-dev/kcr/notify/client"
@@ -1172,12 +1173,7 @@ func TestLeaveRunningIntent(t *testing.T) {
 // watches the PID kcr named in its request instead, so it resumes within a
 // moment of kcr's death, not after the 2-minute resumeAfter.
 func TestKCRKilledWhileWaitingOtherPIDNamespace(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("needs root for a PID namespace")
-		}
-		t.Skip("needs root for a PID namespace")
-	}
+	imagetest.NeedRootTo(t, "make a PID namespace")
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)

@@ -76,7 +76,7 @@ t() {
 hooks() {
 	local d
 	d=$(grep -o 'hooks done.*took=[0-9.]*[mµ]s' "$work/err.log" | sed 's/.*took=//') || die "no hooks in $1's pre-dump log: $(tail -3 "$work/err.log")"
-	awk -v s="$d" 'BEGIN { if (sub(/ms$/, "", s)) print s * 1000; else { sub(/µs$/, "", s); print s + 0 } }'
+	duration_us "$d"
 }
 # shellcheck disable=SC2034 # filled through namerefs (t, hooks)
 declare -a spawn=() shc=() shw=()
@@ -100,10 +100,7 @@ for _ in $(seq 1 "$rounds"); do
 	done
 done
 
-med() { # NAME: the median of the array NAME, in ms
-	local -n a=$1
-	awk -v x="$(median "${a[@]}")" 'BEGIN { printf "%.2f", x / 1000 }'
-}
+med() { median_ms "$1" 2; } # NAME: the median of the array NAME, in ms
 echo "$rounds rounds; medians in ms"
 printf '  %-44s %7s\n' "spawn /bin/true" "$(med spawn)" "sh -c :" "$(med shc)" "sh -c '/bin/true; :'" "$(med shw)"
 for b in base head; do

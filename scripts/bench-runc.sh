@@ -31,20 +31,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
-go build -o "$work/kcr" ./cmd/kcr
-CGO_ENABLED=0 go build -o "$work/kcr-hook" ./cmd/kcr-hook
+hook_bench_start "$work" "$port"
+CGO_ENABLED=0 go build -o "$work/kafkaapp" \
+	./test/e2e/kafkaapp
 mkdir -p "$work/full" && cp "$work/kcr" "$work/full/kcr"
-go build -o "$work/broker" ./examples/broker
-CGO_ENABLED=0 go build -o "$work/kafkaapp" ./test/e2e/kafkaapp
-"$work/broker" -addr "127.0.0.1:$port" -topics bench:1 >"$work/broker.log" 2>&1 &
-broker=$!
-wait_until 10 "the broker to start" port_open "$port"
-
-printf 'tcp-close\n' >"$work/plain.conf"
-quiet "$work/kcr.err" "$work/kcr" install-runtime-hook --config "$work/kcr.conf" --hook "$work/kcr-criu-hook" --tcp-close
 quiet "$work/kcr.err" "$work/full/kcr" install-runtime-hook --config "$work/full.conf" --hook "$work/full/kcr-criu-hook" --tcp-close
-grep -q "exec '$work/kcr-hook'" "$work/kcr-criu-hook" || die "the installed script does not run $work/kcr-hook"
 
 for mode in plain kcr full; do
 	b="$work/bundle-$mode"
@@ -70,9 +61,6 @@ running() { runc --root "$root" state "$1" 2>/dev/null | jq -e '.status == "runn
 for mode in plain kcr full; do wait_until 10 "container $mode-$$ to run" running "$mode-$$"; done
 sleep 1 # let the services connect and produce
 
-us() { echo $((($2 - $1) / 1000)); }
-# took DURATION: a Go duration from a "took=" log field (ms or µs), in µs.
-took() { awk -v s="$1" 'BEGIN { if (sub(/ms$/, "", s)) print s * 1000; else { sub(/µs$/, "", s); print s + 0 } }'; }
 declare -a pc pr kc kr hc hr sc fc fr fhc fhr fsc
 for i in $(seq 1 "$rounds"); do
 	for mode in plain kcr full; do
@@ -88,15 +76,15 @@ for i in $(seq 1 "$rounds"); do
 		: | runc --root "$root" restore -d --image-path "$img" --work-path "$img" --bundle "$work/bundle-$mode" "$mode-$$" > >(cat >>"$work/$mode.log") 2>&1
 		t2=$(now_ns)
 		if [ "$mode" = plain ]; then
-			pc+=("$(us "$t0" "$t1")")
-			pr+=("$(us "$t1" "$t2")")
+			pc+=("$(elapsed_us "$t0" "$t1")")
+			pr+=("$(elapsed_us "$t1" "$t2")")
 		else
 			if [ "$mode" = kcr ]; then
-				kc+=("$(us "$t0" "$t1")")
-				kr+=("$(us "$t1" "$t2")")
+				kc+=("$(elapsed_us "$t0" "$t1")")
+				kr+=("$(elapsed_us "$t1" "$t2")")
 			else
-				fc+=("$(us "$t0" "$t1")")
-				fr+=("$(us "$t1" "$t2")")
+				fc+=("$(elapsed_us "$t0" "$t1")")
+				fr+=("$(elapsed_us "$t1" "$t2")")
 			fi
 			hook=$(grep -o 'pre-dump: before-checkpoint hooks done.*took=[0-9.]*[mµ]s' "$img/dump.log" | sed 's/.*took=//')
 			after=$(grep -o 'post-resume: restored.*took=[0-9.]*[mµ]s' "$img/restore.log" | sed 's/.*took=//')
@@ -105,27 +93,22 @@ for i in $(seq 1 "$rounds"); do
 			script=$(awk '/Running pre-dump scripts/ {p=1} p && /kcr-criu-hook\]/ {s=substr($1,2)+0; n=1; next} n && /^\(/ {printf "%.3fms", (substr($1,2)+0-s)*1000; exit}' "$img/dump.log")
 			{ [ -n "$hook" ] && [ -n "$after" ]; } || die "no kcr hook timings in $img's CRIU logs: is the hook configured?"
 			if [ "$mode" = kcr ]; then
-				hc+=("$(took "$hook")")
-				hr+=("$(took "$after")")
-				[ -z "$script" ] || sc+=("$(took "$script")")
+				hc+=("$(duration_us "$hook")")
+				hr+=("$(duration_us "$after")")
+				[ -z "$script" ] || sc+=("$(duration_us "$script")")
 			else
-				fhc+=("$(took "$hook")")
-				fhr+=("$(took "$after")")
-				[ -z "$script" ] || fsc+=("$(took "$script")")
+				fhc+=("$(duration_us "$hook")")
+				fhr+=("$(duration_us "$after")")
+				[ -z "$script" ] || fsc+=("$(duration_us "$script")")
 			fi
 		fi
 		sleep 0.5 # let the service produce between cycles
 	done
 done
 
-# med NAME: the median of the array NAME, in ms.
-med() {
-	local -n a=$1
-	awk -v x="$(median "${a[@]}")" 'BEGIN { printf "%.1f", x / 1000 }'
-}
 row() { # label plain kcr hooks
 	local a b h
-	a=$(med "$2") b=$(med "$3") h=$(med "$4")
+	a=$(median_ms "$2") b=$(median_ms "$3") h=$(median_ms "$4")
 	printf '%-36s %11s %11s %8.1f %8s %14.1f\n' "$1" "$a" "$b" "$(awk -v a="$a" -v b="$b" 'BEGIN { print b - a }')" "$h" "$(awk -v a="$a" -v b="$b" -v h="$h" 'BEGIN { print b - a - h }')"
 }
 echo "${#pc[@]} rounds; medians in ms"
@@ -138,7 +121,7 @@ script_line() { # label scripts hooks
 	local -n scripts=$2
 	[ "${#scripts[@]}" -gt 0 ] || return 0
 	local s h
-	s=$(med "$2") h=$(med "$3")
+	s=$(median_ms "$2") h=$(median_ms "$3")
 	echo "pre-dump script in CRIU's log, $1: $s ms, of which the app's hooks $h ms: kcr adds $(awk -v s="$s" -v h="$h" 'BEGIN { printf "%.1f", s - h }') ms"
 }
 script_line kcr-hook sc hc

@@ -38,19 +38,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
-export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
-go build -o "$work/kcr" ./cmd/kcr
-CGO_ENABLED=0 go build -o "$work/kcr-hook" ./cmd/kcr-hook
-go build -o "$work/broker" ./examples/broker
-go build -o "$work/cribench" ./test/e2e/cribench
+hook_bench_start "$work" "$port"
+go build -o "$work/cribench" \
+	./test/e2e/cribench
 mkdir -p "$work/rootfs"
-CGO_ENABLED=0 go build -o "$work/rootfs/kafkaapp" ./test/e2e/kafkaapp
-CGO_ENABLED=0 go build -o "$work/rootfs/pause" ./test/e2e/pause
-"$work/broker" -addr "127.0.0.1:$port" -topics bench:1 >"$work/broker.log" 2>&1 &
-broker=$!
-wait_until 10 "the broker to start" port_open "$port"
-printf 'tcp-close\n' >"$work/plain.conf"
-quiet "$work/kcr.err" "$work/kcr" install-runtime-hook --config "$work/kcr.conf" --hook "$work/kcr-criu-hook" --tcp-close
+CGO_ENABLED=0 go build -o "$work/rootfs/kafkaapp" \
+	./test/e2e/kafkaapp
+CGO_ENABLED=0 go build -o "$work/rootfs/pause" \
+	./test/e2e/pause
 args=(-brokers "127.0.0.1:$port" -topic bench -produce-rate 200)
 
 # Podman.
@@ -64,7 +59,6 @@ start() { # mode
 }
 for mode in plain kcr; do start "$mode"; done
 sleep 2
-us() { echo $((($2 - $1) / 1000)); }
 declare -a pc pr kc kr kh cc ck ch
 for i in $(seq 1 "$rounds"); do
 	for mode in plain kcr; do
@@ -77,9 +71,9 @@ for i in $(seq 1 "$rounds"); do
 		podman container restore --import "$img" --name "$mode-$$" </dev/null >/dev/null
 		t3=$(now_ns)
 		if [ "$mode" = plain ]; then
-			pc+=("$(us "$t0" "$t1")") pr+=("$(us "$t2" "$t3")")
+			pc+=("$(elapsed_us "$t0" "$t1")") pr+=("$(elapsed_us "$t2" "$t3")")
 		else
-			kc+=("$(us "$t0" "$t1")") kr+=("$(us "$t2" "$t3")")
+			kc+=("$(elapsed_us "$t0" "$t1")") kr+=("$(elapsed_us "$t2" "$t3")")
 			# The app's own hooks: the sum of their run times in the reports.
 			kh+=("$(tar -xOf "$img" checkpoint/kcr-hooks.json | jq '[.targets[].reports[].duration_ns] | add / 1000 | floor')")
 		fi
@@ -96,11 +90,10 @@ done < <("$work/cribench" -sock "$sock" -kafkaapp "$work/rootfs/kafkaapp" -pause
 	-rounds "$rounds" -conf "plain=$work/plain.conf" -conf "kcr=$work/kcr.conf" -- "${args[@]}")
 [ "${#ck[@]}" = "$rounds" ] || die "cribench gave ${#ck[@]} of $rounds checkpoints"
 
-med() { local -n a=$1; awk -v x="$(median "${a[@]}")" 'BEGIN { printf "%.1f", x / 1000 }'; }
 row() { # label plain kcr [hooks]
 	local a b h=-
-	a=$(med "$2") b=$(med "$3")
-	[ -z "${4:-}" ] || h=$(med "$4")
+	a=$(median_ms "$2") b=$(median_ms "$3")
+	[ -z "${4:-}" ] || h=$(median_ms "$4")
 	printf '%-44s %9s %9s %8.1f %8s %14s\n' "$1" "$a" "$b" "$(awk -v a="$a" -v b="$b" 'BEGIN { print b - a }')" "$h" \
 		"$([ "$h" = - ] && echo - || awk -v a="$a" -v b="$b" -v h="$h" 'BEGIN { printf "%.1f", b - a - h }')"
 }

@@ -31,8 +31,6 @@ debroot_die() {
 	exit 1
 }
 
-# debroot_apt_setup WORK: a private apt configuration under WORK/apt,
-# updated. Sets DEBROOT_APT (the apt-get options).
 # debroot_begin PREFIX: as root, takes PREFIX's lock (held on fd 9 until
 # exit), empties $DEBROOT_LOG and makes a work directory $WORK in PREFIX,
 # removed at exit; an unexpected failure is reported with its line.
@@ -48,18 +46,28 @@ debroot_begin() {
 	trap 'rm -rf "$WORK"' EXIT
 }
 
-debroot_apt_setup() {
-	local a=$1/apt
-	command -v apt-get >/dev/null 2>&1 && command -v dpkg >/dev/null 2>&1 ||
-		debroot_die "apt-get and dpkg are needed: this script needs a Debian-based host"
-	[ "$(dpkg --print-architecture)" = amd64 ] || debroot_die "only amd64 is supported"
-	[ -r "$DEBROOT_KEYRING" ] || debroot_die "Debian archive keyring $DEBROOT_KEYRING missing (apt-get install debian-archive-keyring, or set KCR_DEBIAN_KEYRING)"
+# debroot_sources FILE KEYRING [RELEASE...]: an apt sources.list of
+# Debian's RELEASEs (default trixie and sid) whose Release files KEYRING
+# verifies.
+debroot_sources() {
+	local file=$1 keyring=$2 r
+	shift 2
+	[ $# -gt 0 ] || set -- trixie sid
+	for r in "$@"; do
+		echo "deb [signed-by=$keyring target=Packages] $DEBROOT_MIRROR $r main"
+	done >"$file"
+}
+
+# debroot_apt_config DIR KEYRING [SID_PKGS]: a private apt configuration in
+# DIR (empty dpkg status, its own lists and cache): Debian trixie first, sid
+# only when asked for (PKG/sid), and the packages of the space-separated
+# SID_PKGS from sid. Exports APT_CONFIG; sets DEBROOT_APT (the apt-get
+# options).
+debroot_apt_config() {
+	local a=$1
 	mkdir -p "$a/etc/sources.list.d" "$a/etc/preferences.d" "$a/state/lists/partial" "$a/cache/archives/partial"
 	: >"$a/state/status"
-	cat >"$a/etc/sources.list" <<EOF
-deb [signed-by=$DEBROOT_KEYRING target=Packages] $DEBROOT_MIRROR trixie main
-deb [signed-by=$DEBROOT_KEYRING target=Packages] $DEBROOT_MIRROR sid main
-EOF
+	debroot_sources "$a/etc/sources.list" "$2"
 	cat >"$a/etc/preferences" <<EOF
 Package: *
 Pin: release n=trixie
@@ -69,8 +77,17 @@ Package: *
 Pin: release n=sid
 Pin-Priority: 100
 EOF
+	if [ -n "${3:-}" ]; then
+		cat >>"$a/etc/preferences" <<EOF
+
+Package: $3
+Pin: release n=sid
+Pin-Priority: 990
+EOF
+	fi
 	# The system's apt.conf.d stays in effect (proxies), but not its update
-	# hooks: a private main config, read after apt.conf.d, clears them.
+	# hooks (appstream, packagekit): a private main config, read after
+	# apt.conf.d, clears them.
 	echo 'Dir::Etc::main "'"$a"'/etc/main.conf";' >"$a/etc/apt.conf"
 	{
 		if [ -f /etc/apt/apt.conf ]; then echo '#include "/etc/apt/apt.conf";'; fi
@@ -91,6 +108,15 @@ EOF
 		-o "Acquire::Languages=none" -o "Acquire::Retries=2" -o "Acquire::http::Timeout=20"
 		-o "Debug::NoLocking=true"
 	)
+}
+
+# debroot_apt_setup WORK: debroot_apt_config in WORK/apt, updated.
+debroot_apt_setup() {
+	command -v apt-get >/dev/null 2>&1 && command -v dpkg >/dev/null 2>&1 ||
+		debroot_die "apt-get and dpkg are needed: this script needs a Debian-based host"
+	[ "$(dpkg --print-architecture)" = amd64 ] || debroot_die "only amd64 is supported"
+	[ -r "$DEBROOT_KEYRING" ] || debroot_die "Debian archive keyring $DEBROOT_KEYRING missing (apt-get install debian-archive-keyring, or set KCR_DEBIAN_KEYRING)"
+	debroot_apt_config "$1/apt" "$DEBROOT_KEYRING"
 	echo "+ apt-get update" >>"$DEBROOT_LOG"
 	apt-get -q "${DEBROOT_APT[@]}" update >>"$DEBROOT_LOG" 2>&1 ||
 		debroot_die "apt-get update of Debian trixie+sid failed (no network, $DEBROOT_MIRROR unreachable, or a keyring too old: see install-criu.sh's retry)"

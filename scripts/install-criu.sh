@@ -243,69 +243,13 @@ cleanup() { rm -rf "$WORK"; }
 trap cleanup EXIT
 
 APTDIR=$WORK/apt
-mkdir -p "$APTDIR/etc/sources.list.d" "$APTDIR/etc/preferences.d" \
-    "$APTDIR/state/lists/partial" "$APTDIR/cache/archives/partial" "$WORK/debs" "$WORK/root"
-: >"$APTDIR/state/status"
-
-write_sources() { # $1 = keyring
-    cat >"$APTDIR/etc/sources.list" <<EOF
-deb [signed-by=$1 target=Packages] $MIRROR trixie main
-deb [signed-by=$1 target=Packages] $MIRROR sid main
-EOF
-}
-write_sources "$KEYRING"
-
-cat >"$APTDIR/etc/preferences" <<EOF
-Package: *
-Pin: release n=trixie
-Pin-Priority: 900
-
-Package: *
-Pin: release n=sid
-Pin-Priority: 100
-
-Package: $SID_PKGS
-Pin: release n=sid
-Pin-Priority: 990
-EOF
-
-# The system's apt.conf.d stays in effect (proxies etc.), but its update hooks
-# (appstream, packagekit) must not run for this private update: a private
-# "main" config file, read after apt.conf.d, clears them.
-{
-    echo 'Dir::Etc::main "'"$APTDIR"'/etc/main.conf";'
-} >"$APTDIR/etc/apt.conf"
-{
-    if [ -f /etc/apt/apt.conf ]; then echo '#include "/etc/apt/apt.conf";'; fi
-    echo '#clear APT::Update::Pre-Invoke;'
-    echo '#clear APT::Update::Post-Invoke;'
-    echo '#clear APT::Update::Post-Invoke-Success;'
-} >"$APTDIR/etc/main.conf"
-export APT_CONFIG=$APTDIR/etc/apt.conf
-
-APT_OPTS=(
-    -o "Dir::State=$APTDIR/state"
-    -o "Dir::State::Lists=$APTDIR/state/lists"
-    -o "Dir::State::status=$APTDIR/state/status"
-    -o "Dir::Cache=$APTDIR/cache"
-    -o "Dir::Cache::archives=$APTDIR/cache/archives"
-    -o "Dir::Cache::pkgcache=$APTDIR/cache/pkgcache.bin"
-    -o "Dir::Cache::srcpkgcache=$APTDIR/cache/srcpkgcache.bin"
-    -o "Dir::Etc::SourceList=$APTDIR/etc/sources.list"
-    -o "Dir::Etc::SourceParts=$APTDIR/etc/sources.list.d"
-    -o "Dir::Etc::Preferences=$APTDIR/etc/preferences"
-    -o "Dir::Etc::PreferencesParts=$APTDIR/etc/preferences.d"
-    -o "APT::Architecture=amd64"
-    -o "APT::Architectures::=amd64"
-    -o "APT::Sandbox::User=root"
-    -o "APT::Get::List-Cleanup=false"
-    -o "APT::Update::Error-Mode=any"
-    -o "APT::Default-Release="
-    -o "Acquire::Languages=none"
-    -o "Acquire::Retries=2"
-    -o "Acquire::http::Timeout=20"
-    -o "Debug::NoLocking=true"
-)
+mkdir -p "$WORK/debs" "$WORK/root"
+# debroot.sh's private apt configuration, the SID_PKGS pinned to sid.
+# shellcheck source=scripts/debroot.sh
+. "$(dirname "${BASH_SOURCE[0]}")/debroot.sh"
+DEBROOT_MIRROR=$MIRROR
+debroot_apt_config "$APTDIR" "$KEYRING" "$SID_PKGS"
+APT_OPTS=("${DEBROOT_APT[@]}")
 apt_() { echo "+ apt-get $*" >>"$LOG"; apt-get -q "${APT_OPTS[@]}" "$@" >>"$LOG" 2>&1; }
 
 if ! apt_ update; then
@@ -314,9 +258,7 @@ if ! apt_ update; then
     # debian-archive-keyring (verified that way) and retry with it.
     if grep -qE 'NO_PUBKEY|EXPKEYSIG|not signed|signature' "$LOG"; then
         echo "retrying with trixie's debian-archive-keyring" >>"$LOG"
-        cat >"$APTDIR/etc/sources.list" <<EOF
-deb [signed-by=$KEYRING target=Packages] $MIRROR trixie main
-EOF
+        debroot_sources "$APTDIR/etc/sources.list" "$KEYRING" trixie
         apt_ update || die "cannot verify Debian trixie's Release file with $KEYRING"
         (cd "$WORK/debs" && apt_ download debian-archive-keyring) \
             || die "cannot download debian-archive-keyring from trixie"
@@ -327,7 +269,7 @@ EOF
             if [ -z "$NEWKR" ] && [ -s "$f" ]; then NEWKR=$f; fi
         done
         [ -n "$NEWKR" ] || die "trixie's debian-archive-keyring has no keyring file"
-        write_sources "$NEWKR"
+        debroot_sources "$APTDIR/etc/sources.list" "$NEWKR"
         apt_ update || die "apt-get update (trixie + sid, private config) failed even with trixie's keyring"
     else
         die "apt-get update of Debian trixie+sid failed (no network or $MIRROR unreachable?)"

@@ -53,6 +53,23 @@ median() {
 	}'
 }
 
+# elapsed_us T0 T1: the microseconds from T0 to T1, both in nanoseconds
+# (now_ns).
+elapsed_us() { echo $((($2 - $1) / 1000)); }
+
+# median_ms NAME [DECIMALS]: the median of the bash array NAME, in µs,
+# printed in ms with DECIMALS decimals (default 1).
+median_ms() {
+	local -n median_ms_a=$1
+	awk -v x="$(median "${median_ms_a[@]}")" -v d="${2:-1}" 'BEGIN { printf "%.*f", d, x / 1000 }'
+}
+
+# duration_us DURATION: a Go duration in ms or µs, as kcr logs it
+# ("took=1.5ms"), in µs.
+duration_us() {
+	awk -v s="$1" 'BEGIN { if (sub(/ms$/, "", s)) print s * 1000; else { sub(/µs$/, "", s); print s + 0 } }'
+}
+
 # alive PID: the process exists and is not a zombie.
 alive() {
 	local s
@@ -117,4 +134,26 @@ quiet() {
 		cat "$log" >&2
 		exit "$rc"
 	fi
+}
+
+# hook_bench_start WORK PORT: the start of the benches of kcr's CRIU hook
+# in a container runtime (bench-runc.sh, bench-runtimes.sh): kcr, kcr-hook
+# and the kfake broker built into WORK; the broker serving topic "bench" on
+# 127.0.0.1:PORT, its PID in $broker for the caller's cleanup; and the two
+# CRIU configurations the containers' org.criu.config annotation names:
+# WORK/plain.conf ("tcp-close" alone) and WORK/kcr.conf (kcr's block, whose
+# script WORK/kcr-criu-hook runs WORK/kcr-hook). Exports GOFLAGS with
+# -buildvcs=false for the caller's own builds.
+hook_bench_start() {
+	local work=$1 port=$2
+	export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
+	go build -o "$work/kcr" ./cmd/kcr
+	CGO_ENABLED=0 go build -o "$work/kcr-hook" ./cmd/kcr-hook
+	go build -o "$work/broker" ./examples/broker
+	"$work/broker" -addr "127.0.0.1:$port" -topics bench:1 >"$work/broker.log" 2>&1 &
+	broker=$!
+	wait_until 10 "the broker to start" port_open "$port" || die "the broker did not start: $(tail -3 "$work/broker.log")"
+	printf 'tcp-close\n' >"$work/plain.conf"
+	quiet "$work/kcr.err" "$work/kcr" install-runtime-hook --config "$work/kcr.conf" --hook "$work/kcr-criu-hook" --tcp-close
+	grep -q "exec '$work/kcr-hook'" "$work/kcr-criu-hook" || die "the installed script does not run $work/kcr-hook"
 }

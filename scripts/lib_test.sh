@@ -65,5 +65,31 @@ out=$(quiet "$tmp/err" sh -c 'echo progress >&2; echo result' 2>&1) || fail "qui
 out=$( (quiet "$tmp/err" sh -c 'echo "kcr: the reason" >&2; exit 3') 2>&1) && fail "quiet of a failing command succeeded"
 [[ $out == *"kcr: the reason"* ]] || fail "quiet hid the error: '$out'"
 
+check 1500 elapsed_us 1000000 2500000
+check 0 elapsed_us 5 5
+# shellcheck disable=SC2034 # read by median_ms through its nameref
+odd=(3000 1000 2000) even=(1000 2000 2500 4000) one=(1234)
+check 2.0 median_ms odd
+check 2.25 median_ms even 2
+check 1.234 median_ms one 3
+check 1500 duration_us 1.5ms
+check 450 duration_us 450µs
+check 0.75 duration_us 0.75µs
+
+# hook_bench_start builds and starts what the hook benches share; the
+# broker is stopped here.
+port=$((20000 + $$ % 10000))
+hook_bench_start "$tmp" "$port"
+port_open "$port" || fail "hook_bench_start: no broker on port $port"
+alive "$broker" || fail "hook_bench_start: \$broker ($broker) is not alive"
+kill "$broker"
+wait "$broker" 2>/dev/null || true
+for f in kcr kcr-hook broker kcr-criu-hook; do
+	[ -x "$tmp/$f" ] || fail "hook_bench_start: no executable $f"
+done
+[ "$(cat "$tmp/plain.conf")" = tcp-close ] || fail "hook_bench_start: plain.conf holds '$(cat "$tmp/plain.conf")'"
+grep -q "$tmp/kcr-criu-hook" "$tmp/kcr.conf" || fail "hook_bench_start: kcr.conf does not name $tmp/kcr-criu-hook"
+grep -q tcp-close "$tmp/kcr.conf" || fail "hook_bench_start: kcr.conf lacks tcp-close"
+
 [ "$failed" = 0 ] && echo "lib_test: ok"
 exit "$failed"

@@ -24,6 +24,7 @@ import (
 	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest/containerimg"
 	"github.com/kcr-dev/kcr/notify/client"
 )
 
@@ -405,21 +406,7 @@ func TestRunRestoreInterrupted(t *testing.T) {
 // manifest readable by others so that the verification warns.
 func containerImage(t *testing.T) string {
 	t.Helper()
-	dir := t.TempDir()
-	bundle := filepath.Join(dir, "bundle")
-	os.Mkdir(bundle, 0o700)
-	os.WriteFile(filepath.Join(bundle, "config.json"), []byte(`{"ociVersion":"1.0.2"}`), 0o600)
-	img := filepath.Join(dir, "img")
-	b, err := images.Create(img)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Abort()
-	os.WriteFile(filepath.Join(b.CRIUDir(), "pages-1.img"), bytes.Repeat([]byte{7}, 5000), 0o600)
-	os.WriteFile(filepath.Join(b.Dir(), "container.json"), []byte(`{"id":"c","bundle":"`+bundle+`"}`), 0o600)
-	if _, err := b.Commit(context.Background(), &images.Manifest{}); err != nil {
-		t.Fatal(err)
-	}
+	img := containerimg.Write(t, containerimg.Options{})
 	if err := os.Chmod(filepath.Join(img, images.ManifestName), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package container
 import (
 	"bytes"
 	"context"
-	"crypto/ed25519"
 	"errors"
 	"os"
 	"path/filepath"
@@ -12,38 +11,13 @@ import (
 
 	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest/containerimg"
 )
-
-// containerImage writes a small kcr image of a runc container, signed by
-// key if not nil, whose bundle holds a config.json.
-func containerImage(t *testing.T, key ed25519.PrivateKey) string {
-	t.Helper()
-	dir := t.TempDir()
-	bundle := filepath.Join(dir, "bundle")
-	os.Mkdir(bundle, 0o700)
-	os.WriteFile(filepath.Join(bundle, "config.json"), []byte(`{"ociVersion":"1.0.2"}`), 0o600)
-	img := filepath.Join(dir, "img")
-	b, err := images.Create(img)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Abort()
-	os.WriteFile(filepath.Join(b.CRIUDir(), "inventory.img"), []byte("inv"), 0o600)
-	os.WriteFile(filepath.Join(b.CRIUDir(), "pages-1.img"), bytes.Repeat([]byte{7}, 5000), 0o600)
-	os.WriteFile(filepath.Join(b.Dir(), containerBundleFile), []byte(`{"id":"c","bundle":"`+bundle+`"}`), 0o600)
-	if key != nil {
-		b.SignWith(key)
-	}
-	if _, err := b.Commit(context.Background(), &images.Manifest{}); err != nil {
-		t.Fatal(err)
-	}
-	return img
-}
 
 // TestExportResult: every format reports what it read and wrote, the
 // verification's warnings included; the bytes are those on disk.
 func TestExportResult(t *testing.T) {
-	img := containerImage(t, nil)
+	img := containerimg.Write(t, containerimg.Options{})
 	if err := os.Chmod(filepath.Join(img, images.ManifestName), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +77,7 @@ func TestExportResult(t *testing.T) {
 // images.ErrExists, naming it and the fix, and leaves it as it was; a
 // temporary left by a killed export of cri-o does not block the next one.
 func TestExportNeverReplaces(t *testing.T) {
-	img := containerImage(t, nil)
+	img := containerimg.Write(t, containerimg.Options{})
 	for _, format := range []string{FormatKCR, FormatCRIO, FormatOCI} {
 		dir := t.TempDir()
 		out := filepath.Join(dir, "out")

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest/containerimg"
 )
 
 // fakeRunc writes a runtime that reports a running container (pid, bundle)
@@ -118,18 +119,9 @@ func testKey(t *testing.T) []byte {
 // layout into dir; it returns the image, the archive and the layout.
 func exportedContainer(t *testing.T, dir string) (string, string, string) {
 	t.Helper()
-	img := filepath.Join(t.TempDir(), "img")
-	b, err := images.Create(img)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Abort()
-	os.WriteFile(filepath.Join(b.CRIUDir(), "inventory.img"), []byte("inv"), 0o600)
-	os.WriteFile(filepath.Join(b.Dir(), containerBundleFile), []byte(`{"id":"c","bundle":"/"}`), 0o600)
-	os.WriteFile(filepath.Join(b.Dir(), containerSpecFile), []byte(`{"root":{"path":"/"},"hooks":{"createRuntime":[{"path":"/bin/sh","args":["sh","-c","id > /tmp/pwned"]}]}}`), 0o600)
-	if _, err := b.Commit(context.Background(), &images.Manifest{}); err != nil {
-		t.Fatal(err)
-	}
+	img := containerimg.Write(t, containerimg.Options{Bundle: "/", Files: map[string]string{
+		containerSpecFile: `{"root":{"path":"/"},"hooks":{"createRuntime":[{"path":"/bin/sh","args":["sh","-c","id > /tmp/pwned"]}]}}`,
+	}})
 	archive, layout := filepath.Join(dir, "c.tar"), filepath.Join(dir, "layout")
 	for f, out := range map[string]string{FormatCRIO: archive, FormatOCI: layout} {
 		if _, err := Export(context.Background(), ExportOptions{Image: img, Format: f, Output: out}); err != nil {
@@ -185,17 +177,7 @@ func TestSecurityExportUserImage(t *testing.T) {
 	os.WriteFile(filepath.Join(secret, "config.json"), []byte(`{"auths":{"registry":{"auth":"c2VjcmV0"}}}`), 0o600)
 	theirs := filepath.Join(t.TempDir(), "theirs")
 	os.Mkdir(theirs, 0o755)
-	img := filepath.Join(theirs, "img")
-	b, err := images.Create(img)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Abort()
-	os.WriteFile(filepath.Join(b.CRIUDir(), "inventory.img"), []byte("inv"), 0o600)
-	os.WriteFile(filepath.Join(b.Dir(), containerBundleFile), []byte(`{"id":"c","bundle":"`+secret+`"}`), 0o600)
-	if _, err := b.Commit(context.Background(), &images.Manifest{}); err != nil {
-		t.Fatal(err)
-	}
+	img := containerimg.Write(t, containerimg.Options{Dir: filepath.Join(theirs, "img"), Bundle: secret})
 	imagetest.ChownAll(t, theirs, imagetest.OtherUID)
 	for _, format := range []string{FormatCRIO, FormatOCI, FormatKCR} {
 		out := filepath.Join(t.TempDir(), "out")
@@ -220,7 +202,7 @@ func TestSecurityExportUserImage(t *testing.T) {
 // TestExportOCIPrivate: every directory of the OCI layout is 0700 and
 // every file 0600, like the memory blob.
 func TestExportOCIPrivate(t *testing.T) {
-	img := containerImage(t, nil)
+	img := containerimg.Write(t, containerimg.Options{})
 	out := filepath.Join(t.TempDir(), "oci")
 	if _, err := Export(context.Background(), ExportOptions{Image: img, Format: FormatOCI, Output: out}); err != nil {
 		t.Fatal(err)
@@ -242,7 +224,7 @@ func TestExportOCIPrivate(t *testing.T) {
 func TestSecurityContainerOutputParentLink(t *testing.T) {
 	imagetest.NeedRoot(t)
 	u, secret := imagetest.LinkedDir(t)
-	img := containerImage(t, nil)
+	img := containerimg.Write(t, containerimg.Options{})
 	ran := filepath.Join(t.TempDir(), "ran")
 	runtime := filepath.Join(t.TempDir(), "runc")
 	os.WriteFile(runtime, []byte("#!/bin/sh\necho \"$@\" >> "+ran+"\necho output; exit 1\n"), 0o700)

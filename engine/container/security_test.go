@@ -14,6 +14,8 @@ import (
 
 	"github.com/kcr-dev/kcr/criuaction"
 	"github.com/kcr-dev/kcr/images"
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest/containerimg"
 	"github.com/kcr-dev/kcr/notify/proto"
 )
 
@@ -51,27 +53,13 @@ func TestFailedHooks(t *testing.T) {
 // refuses an image another uid owns before runc is run, as kcr restore
 // does (it used to open it without the check).
 func TestSecurityContainerRestoreUntrusted(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("needs root to make a directory of another uid")
-		}
-		t.Skip("needs root to make a directory of another uid")
-	}
-	img := filepath.Join(t.TempDir(), "img")
-	b, err := images.Create(img)
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(filepath.Join(b.CRIUDir(), "inventory.img"), []byte("x"), 0o600)
-	os.WriteFile(filepath.Join(b.Dir(), containerBundleFile), []byte(`{"id":"c","bundle":"/nonexistent"}`), 0o600)
-	if _, err := b.Commit(context.Background(), &images.Manifest{}); err != nil {
-		t.Fatal(err)
-	}
-	filepath.Walk(img, func(p string, _ os.FileInfo, _ error) error { return os.Lchown(p, 61001, 61001) })
+	imagetest.NeedRootTo(t, "make a directory of another uid")
+	img := containerimg.Write(t, containerimg.Options{Bundle: "/nonexistent"})
+	imagetest.ChownAll(t, img, imagetest.OtherUID)
 	ran := filepath.Join(t.TempDir(), "ran")
 	runtime := filepath.Join(t.TempDir(), "runc")
 	os.WriteFile(runtime, []byte("#!/bin/sh\ntouch "+ran+"\nexit 1\n"), 0o700)
-	_, err = RestoreContainer(context.Background(), RestoreOptions{Target: Target{ID: "c", Runtime: runtime}, Image: img})
+	_, err := RestoreContainer(context.Background(), RestoreOptions{Target: Target{ID: "c", Runtime: runtime}, Image: img})
 	if !errors.Is(err, images.ErrUntrusted) {
 		t.Fatalf("restore --container of uid 61001's image: %v, want ErrUntrusted", err)
 	}
@@ -96,7 +84,7 @@ func TestExportArchiveCarriesSignature(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	img := containerImage(t, key)
+	img := containerimg.Write(t, containerimg.Options{Key: key})
 	out := filepath.Join(dir, "c.tar")
 	if _, err := Export(context.Background(), ExportOptions{Image: img, Format: FormatCRIO, Output: out}); err != nil {
 		t.Fatal(err)

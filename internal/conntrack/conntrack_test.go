@@ -12,8 +12,6 @@ import (
 	"github.com/kcr-dev/kcr/internal/testkit/wait"
 )
 
-var waitFor = wait.For
-
 // TestTrackerAbortsDials: a dial still connecting when the connections are
 // closed (a socket CRIU could not checkpoint) is aborted before closeAll
 // returns; in pause mode it is retried after the resume.
@@ -42,7 +40,7 @@ func TestTrackerAbortsDials(t *testing.T) {
 			}
 			res <- err
 		}()
-		waitFor(t, 5*time.Second, "dial in progress", func() bool { return inDial.Load() == 1 })
+		wait.For(t, 5*time.Second, "dial in progress", func() bool { return inDial.Load() == 1 })
 		start := time.Now()
 		tr.CloseAll(permanent)
 		if inDial.Load() != 0 || time.Since(start) > 500*time.Millisecond {

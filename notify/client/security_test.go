@@ -24,6 +24,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -149,12 +150,7 @@ type secEnv struct {
 
 func newSecEnv(t *testing.T) *secEnv {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("security tests need root to run processes as other users")
-		}
-		t.Skip("needs root to run processes as other users")
-	}
+	imagetest.NeedRootTo(t, "run processes as other users")
 	// Short paths: sun_path holds 108 bytes.
 	base, err := os.MkdirTemp("/tmp", "ks")
 	if err != nil {

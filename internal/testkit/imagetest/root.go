@@ -10,13 +10,19 @@ import (
 
 // NeedRoot skips a test that must act as another uid when not root, and
 // fails it in CI, where it must run.
-func NeedRoot(t *testing.T) {
+func NeedRoot(t testing.TB) {
+	t.Helper()
+	NeedRootTo(t, "act as another uid")
+}
+
+// NeedRootTo is NeedRoot for a test that needs root to do what.
+func NeedRootTo(t testing.TB, what string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") == "true" {
-			t.Fatal("needs root to act as another uid")
+			t.Fatal("needs root to " + what)
 		}
-		t.Skip("needs root to act as another uid")
+		t.Skip("needs root to " + what)
 	}
 }
 

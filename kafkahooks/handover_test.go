@@ -9,6 +9,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -55,7 +56,7 @@ func TestReaderGroupHandover(t *testing.T) {
 	for range before {
 		fetch()
 	}
-	res := simulateOK(t, reg, notify.SimRestore, 10*time.Second)
+	res := hooktest.SimulateOK(t, context.Background(), reg, notify.SimRestore, 10*time.Second)
 	rep := decodeReport[ReaderReport](t, res.Before[0].Details)
 	if rep.GroupCheckpoint == nil || rep.MemberKept == "" || rep.LeftGroup || rep.SessionTimeoutMS != 6000 {
 		t.Fatalf("report %+v: want a kept member, session_timeout_ms 6000", rep.GroupCheckpoint)

@@ -12,6 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -77,7 +79,7 @@ func TestGroupOffsetsExpiredRestored(t *testing.T) {
 			} else {
 				fetchCommitInOrder(t, ctx, r, 21)
 			}
-			res := simulateOK(t, reg, notify.SimRestore, 5*time.Second)
+			res := hooktest.SimulateOK(t, context.Background(), reg, notify.SimRestore, 5*time.Second)
 			if !deleted.Load() {
 				t.Fatal("the group's offsets were not deleted during the checkpoint")
 			}
@@ -119,7 +121,7 @@ func TestGroupOffsetsCheckAfter(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	fetchCommitInOrder(t, ctx, r, 21)
-	res := simulateOK(t, reg, notify.SimRestore, 5*time.Second)
+	res := hooktest.SimulateOK(t, context.Background(), reg, notify.SimRestore, 5*time.Second)
 	before := decodeReport[ReaderReport](t, res.Before[0].Details)
 	if before.GroupCheckpoint == nil || before.OffsetsRecorded != 1 {
 		t.Fatalf("before report %+v: want 1 offset recorded", before.GroupCheckpoint)
@@ -161,7 +163,7 @@ func TestUnflushedCommitsNotMovedBack(t *testing.T) {
 		if !failCommits.Load() {
 			return nil, nil, false
 		}
-		return failCommit(req, kerr.CoordinatorNotAvailable.Code), nil, true
+		return kafkatest.FailCommit(req, kerr.CoordinatorNotAvailable.Code), nil, true
 	})
 	hook(reg, nil, func(ctx context.Context, ev notify.Event) error {
 		// During the downtime another member took the partition over and
@@ -242,7 +244,7 @@ func TestReaderRecordsInApp(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	res := simulateOK(t, reg, notify.SimRestore, 5*time.Second)
+	res := hooktest.SimulateOK(t, context.Background(), reg, notify.SimRestore, 5*time.Second)
 	rep := decodeReport[ReaderReport](t, res.Before[0].Details)
 	if rep.ReaderCheckpoint == nil || rep.RecordsInApp != 3 {
 		t.Fatalf("before report %v: want records_in_app 3 (offsets 2..4 handed, not committed)", res.Before[0].Details)

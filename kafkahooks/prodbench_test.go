@@ -126,17 +126,7 @@ func prodTakeoverOnce(b *testing.B, addrs []string, handover bool) time.Duration
 	defer bb.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	for _, r := range []*Reader{a, bb} {
-		go func() {
-			for {
-				m, err := r.FetchMessage(ctx)
-				if err != nil {
-					return
-				}
-				r.CommitMessages(ctx, m)
-			}
-		}()
-	}
+	consumeCommitting(ctx, a, bb)
 	// members: the members and their partitions once the group is stable.
 	members := func() map[string][]int32 {
 		state, ms, err := tryGroupMembers(adm, group, topic)

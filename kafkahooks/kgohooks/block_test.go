@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -296,7 +297,7 @@ func TestTornResumeClosesOldClient(t *testing.T) {
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond),
 		kgo.WithHooks(live)})
 	ctx := testCtx(t, 20*time.Second)
-	got := pollValues(ctx, c, nil, 3)
+	got := kafkatest.PollValues(ctx, c, nil, 3)
 	kcl0 := c.Underlying()
 	res, err := reg.Simulate(ctx, notify.SimRestore, time.Second)
 	if err != nil {
@@ -318,7 +319,7 @@ func TestTornResumeClosesOldClient(t *testing.T) {
 		t.Errorf("kgo clients: %d alive, at most %d at once; want 1 and 1", live, mx)
 	}
 	producePlain(t, addrs, "tl", vals("b", 3))
-	got = pollValues(ctx, c, got, 6)
+	got = kafkatest.PollValues(ctx, c, got, 6)
 	if want := append(vals("a", 3), vals("b", 3)...); !slices.Equal(got, want) {
 		t.Errorf("delivered %v, want %v", got, want)
 	}
@@ -361,7 +362,7 @@ func TestBlockRebalanceProduceWhileHeld(t *testing.T) {
 	if r.err != nil || r.res.BeforeErr != nil || r.res.AfterErr != nil {
 		t.Fatalf("cycle: %v, before %v, after %v", r.err, r.res.BeforeErr, r.res.AfterErr)
 	}
-	if got := readAll(t, addrs, "bp-out", 1); !slices.Equal(got, []string{"x"}) {
+	if got := kafkatest.ReadValues(t, addrs, "bp-out", 1); !slices.Equal(got, []string{"x"}) {
 		t.Errorf("output %v, want [x]", got)
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -53,7 +55,7 @@ func TestGroupConsumerRestoreNoRedeliveryNoSkip(t *testing.T) {
 		got += poll(12 - got)
 	}
 
-	res := simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
+	res := hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 	rep := res.Before[0]
 	t.Logf("before report: %+v", rep)
 
@@ -126,7 +128,7 @@ func TestLateCommitDoesNotGoBack(t *testing.T) {
 	if err := c.CommitRecords(ctx, old...); err != nil {
 		t.Fatal(err)
 	}
-	simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
+	hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 	producePlain(t, addrs, "m", vals("b", 5))
 	var fresh []*kgo.Record
 	for len(fresh) < 5 && ctx.Err() == nil {
@@ -161,7 +163,7 @@ func TestAutoCommitMarksAcrossRestore(t *testing.T) {
 		old = append(old, c.PollFetches(ctx).Records()...)
 	}
 	c.MarkCommitRecords(old[:6]...)
-	res := simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
+	res := hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 	if n := res.Before[0].Details["partitions_committed"]; n != 1 {
 		t.Errorf("partitions_committed = %v, want 1", n)
 	}
@@ -169,7 +171,7 @@ func TestAutoCommitMarksAcrossRestore(t *testing.T) {
 	if o, _ := offs.Lookup("k", 0); o.At != 6 {
 		t.Errorf("committed offset %d, want 6 (the marked records)", o.At)
 	}
-	again := pollValues(ctx, c, nil, 4)
+	again := kafkatest.PollValues(ctx, c, nil, 4)
 	if want := vals("a", 10)[6:]; !slices.Equal(again, want) {
 		t.Errorf("after restore delivered %v, want %v", again, want)
 	}

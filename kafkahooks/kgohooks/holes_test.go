@@ -11,6 +11,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -58,7 +60,7 @@ func TestDirectReadCommittedAtEndIsLSO(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("start offset not resolved")
 	}
-	res := simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
+	res := hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 	if next, _ := res.Before[0].Details["next_offsets"].(map[string]int64); next["rc/0"] != 0 {
 		t.Errorf("next offsets in the report %v, want rc/0: 0 (the last stable offset)", res.Before[0].Details["next_offsets"])
 	}
@@ -67,7 +69,7 @@ func TestDirectReadCommittedAtEndIsLSO(t *testing.T) {
 	}
 	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	if got := pollValues(pctx, c, nil, 5); !slices.Equal(got, vals("t", 5)) {
+	if got := kafkatest.PollValues(pctx, c, nil, 5); !slices.Equal(got, vals("t", 5)) {
 		t.Errorf("delivered %v, want the committed transaction %v", got, vals("t", 5))
 	}
 }
@@ -93,17 +95,17 @@ func TestGroupAtEndUnpolledPartitionKeepsDowntime(t *testing.T) {
 	for i := 0; len(got) == 0 && ctx.Err() == nil; i++ {
 		producePart(t, addrs, "ae", 0, []string{"p0-" + string(rune('a'+i%26))})
 		pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-		got = pollValues(pctx, c, got, 1)
+		got = kafkatest.PollValues(pctx, c, got, 1)
 		cancel()
 	}
-	got = pollMore(ctx, c, got)
-	res := simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
+	got = kafkatest.PollMore(ctx, c, got)
+	res := hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 	t.Logf("before report: %v", res.Before[0].Details)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	var after []string
-	after = pollValues(pctx, c, after, 9)
-	after = pollMore(ctx, c, after)
+	after = kafkatest.PollValues(pctx, c, after, 9)
+	after = kafkatest.PollMore(ctx, c, after)
 	slices.Sort(after)
 	want := slices.Concat(vals("during0", 3), vals("during1", 6))
 	slices.Sort(want)
@@ -140,20 +142,20 @@ func TestGroupOffsetsGoneAtRestore(t *testing.T) {
 			ctx := testCtx(t, 20*time.Second)
 			var got []string
 			if reset == "start" {
-				got = pollValues(ctx, c, nil, 10)
+				got = kafkatest.PollValues(ctx, c, nil, 10)
 			} else {
 				for len(got) == 0 && ctx.Err() == nil {
 					producePlain(t, addrs, "ex", []string{"first"})
 					pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-					got = pollValues(pctx, c, got, 1)
+					got = kafkatest.PollValues(pctx, c, got, 1)
 					cancel()
 				}
 			}
-			got = pollMore(ctx, c, got)
-			simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
+			got = kafkatest.PollMore(ctx, c, got)
+			hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
-			after := pollMore(ctx, c, pollValues(pctx, c, nil, 5))
+			after := kafkatest.PollMore(ctx, c, kafkatest.PollValues(pctx, c, nil, 5))
 			if !slices.Equal(after, vals("during", 5)) {
 				t.Errorf("after the restore delivered %v, want %v (from the recorded offset)", after, vals("during", 5))
 			}
@@ -227,22 +229,22 @@ func TestTopicConsumerAcrossRestore(t *testing.T) {
 			ctx := testCtx(t, 20*time.Second)
 			var got []string
 			if reset == "start" {
-				got = pollValues(ctx, c, nil, 10)
+				got = kafkatest.PollValues(ctx, c, nil, 10)
 			} else {
 				for i := 0; len(got) == 0 && ctx.Err() == nil; i++ {
 					producePart(t, addrs, "tc", 0, []string{"first"})
 					pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-					got = pollValues(pctx, c, got, 1)
+					got = kafkatest.PollValues(pctx, c, got, 1)
 					cancel()
 				}
 			}
-			got = pollMore(ctx, c, got)
-			res := simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
+			got = kafkatest.PollMore(ctx, c, got)
+			res := hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 			t.Logf("before report: %v", res.Before[0].Details)
 			producePart(t, addrs, "tc", 0, vals("after", 5))
 			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
-			after := pollMore(ctx, c, pollValues(pctx, c, nil, 11))
+			after := kafkatest.PollMore(ctx, c, kafkatest.PollValues(pctx, c, nil, 11))
 			slices.Sort(after)
 			want := slices.Concat(vals("during0", 3), vals("during1", 3), vals("after", 5))
 			slices.Sort(want)
@@ -264,11 +266,11 @@ func TestTopicConsumerResumeAfterDrain(t *testing.T) {
 	ctx := testCtx(t, 20*time.Second)
 	got := pollUpTo(t, ctx, c, nil, 5)
 	time.Sleep(200 * time.Millisecond) // kgo buffers the rest
-	simulateOK(t, ctx, reg, notify.SimResume, 5*time.Second)
+	hooktest.SimulateOK(t, ctx, reg, notify.SimResume, 5*time.Second)
 	producePart(t, addrs, "tr", 0, vals("b", 5))
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	got = pollMore(ctx, c, pollValues(pctx, c, got, 25))
+	got = kafkatest.PollMore(ctx, c, kafkatest.PollValues(pctx, c, got, 25))
 	if want := slices.Concat(vals("a", 20), vals("b", 5)); !slices.Equal(got, want) {
 		t.Errorf("delivered %v, want %v", got, want)
 	}

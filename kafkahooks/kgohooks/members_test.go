@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -98,7 +99,7 @@ func TestTwoMembersOneCheckpointed(t *testing.T) {
 		fetchCommitted(t, ctx, addrs, "two").Each(func(o kadm.OffsetResponse) { m[o.Partition] = o.At })
 		return m
 	}
-	simulateOK(t, ctx, regA, notify.SimRestore, 8*time.Second)
+	hooktest.SimulateOK(t, ctx, regA, notify.SimRestore, 8*time.Second)
 	if count("d-") < 10 {
 		t.Errorf("only %d of 10 records produced during the checkpoint were consumed by the other member", count("d-"))
 	}

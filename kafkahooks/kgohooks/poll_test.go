@@ -6,6 +6,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -23,7 +24,7 @@ func TestWaitingPollSurvivesRestore(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	time.Sleep(200 * time.Millisecond) // let it wait inside kgo
-	simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
+	hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 	select {
 	case fs := <-done:
 		t.Fatalf("poll returned during the cycle with %d records, errors %v", fs.NumRecords(), fs.Errors())

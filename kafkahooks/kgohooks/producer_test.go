@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -118,7 +119,7 @@ func testProducerCycle(t *testing.T, outcome notify.SimOutcome) {
 		t.Errorf("client id after resume = %q, want app", id)
 	}
 	want := slices.Concat(vals("before", 20), vals("during", 10), vals("after", 20))
-	got := readAll(t, addrs, "p", len(want))
+	got := kafkatest.ReadValues(t, addrs, "p", len(want))
 	slices.Sort(want)
 	slices.Sort(got)
 	if !slices.Equal(got, want) {
@@ -167,7 +168,7 @@ func TestProducerManyCycles(t *testing.T) {
 			lastID = "app-" + res.Event.InstanceID[:8]
 		}
 	}
-	got := readAll(t, addrs, "p", len(want))
+	got := kafkatest.ReadValues(t, addrs, "p", len(want))
 	slices.Sort(want)
 	slices.Sort(got)
 	if !slices.Equal(got, want) {
@@ -222,7 +223,7 @@ func TestUnflushedRefusesCheckpoint(t *testing.T) {
 	if id := c.ClientID(); id != "app" {
 		t.Errorf("client id %q after a refused checkpoint, want app", id)
 	}
-	if got := readAll(t, addrs, "p", 2); !slices.Equal(got, vals("x", 2)) {
+	if got := kafkatest.ReadValues(t, addrs, "p", 2); !slices.Equal(got, vals("x", 2)) {
 		t.Errorf("topic has %v, want %v", got, vals("x", 2))
 	}
 }

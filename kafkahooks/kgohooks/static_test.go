@@ -15,6 +15,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -45,12 +47,7 @@ var protocols = []protocolCase{
 
 func (pc protocolCase) cluster(t *testing.T, partitions int32, topics ...string) []string {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...),
-		kfake.GroupMinSessionTimeout(50*time.Millisecond), kfake.BrokerConfigs(pc.cfg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c, addrs := kafkatest.Cluster(t, kfake.SeedTopics(partitions, topics...), kafkatest.FastGroups(), kfake.BrokerConfigs(pc.cfg))
 	// As Kafka 4.3 does (kfake does not check it): a static leave
 	// (member epoch -2) must name the instance.
 	c.ControlKey(int16(kmsg.ConsumerGroupHeartbeat), func(kr kmsg.Request) (kmsg.Response, error, bool) {
@@ -65,7 +62,7 @@ func (pc protocolCase) cluster(t *testing.T, partitions int32, topics ...string)
 		resp.ErrorMessage = kmsg.StringPtr("InstanceId can't be null.")
 		return resp, nil, true
 	})
-	return c.ListenAddrs()
+	return addrs
 }
 
 // members describes group with the protocol's describe call.
@@ -146,7 +143,7 @@ type consumer struct {
 	errs []string
 }
 
-func consume(ctx context.Context, wg *sync.WaitGroup, c poller) *consumer {
+func consume(ctx context.Context, wg *sync.WaitGroup, c kafkatest.Poller) *consumer {
 	k := &consumer{seen: map[string]int{}}
 	wg.Add(1)
 	go func() {
@@ -243,7 +240,7 @@ func TestStaticMemberCheckpoint(t *testing.T) {
 				t.Fatalf("%d of 20 records consumed before the checkpoint", n)
 			}
 
-			res := simulateOK(t, ctx, regA, notify.SimRestore, 5*time.Second)
+			res := hooktest.SimulateOK(t, ctx, regA, notify.SimRestore, 5*time.Second)
 			rep := res.Before[0].Details
 			t.Logf("a's before report: %v", rep)
 			if during != 10 {
@@ -302,7 +299,7 @@ func TestStaticMemberLeaveRunningCopy(t *testing.T) {
 				t.Fatalf("%d of 10 records consumed before the checkpoint", n)
 			}
 			orig := pc.waitMembers(t, ctx, addrs, "cg", "sa in the group", func(ms []member) bool { return len(ms) == 1 })
-			res := simulateOK(t, ctx, reg, notify.SimLeaveRunningCopy, 5*time.Second)
+			res := hooktest.SimulateOK(t, ctx, reg, notify.SimLeaveRunningCopy, 5*time.Second)
 			if rep := res.Before[0].Details; rep["left_group"] != false {
 				t.Errorf("report %v: want left_group false (--leave-running)", rep)
 			}

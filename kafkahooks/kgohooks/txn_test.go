@@ -9,6 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -19,7 +20,7 @@ func TestOpenTxnAbortedAtCheckpoint(t *testing.T) {
 	runTxn(t, ctx, c, "c", 5, true)
 	runTxn(t, ctx, c, "open", 5, false)
 
-	res := simulateOK(t, ctx, reg, notify.SimRestore, time.Second)
+	res := hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, time.Second)
 	if got := res.Before[0].Details["transaction"]; got != "aborted" {
 		t.Errorf("report transaction = %v, want aborted", got)
 	}
@@ -79,7 +80,7 @@ func TestCommitOpenTxnKeepTxnID(t *testing.T) {
 	for _, v := range vals("o", 3) {
 		c.Produce(ctx, &kgo.Record{Value: []byte(v)}, nil)
 	}
-	res := simulateOK(t, ctx, reg, notify.SimRestore, time.Second)
+	res := hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, time.Second)
 	if got := res.Before[0].Details["transaction"]; got != "committed" {
 		t.Errorf("report transaction = %v, want committed", got)
 	}
@@ -128,7 +129,7 @@ func TestAppEndsTxnDuringCheckpoint(t *testing.T) {
 		}
 		ended <- c.EndTransaction(ctx, kgo.TryCommit)
 	}()
-	res := simulateOK(t, ctx, reg, notify.SimRestore, 4*time.Second)
+	res := hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 4*time.Second)
 	if err := <-ended; err != nil {
 		t.Fatalf("the application's commit during the checkpoint: %v", err)
 	}
@@ -159,7 +160,7 @@ func TestTryProduceGatedLikeProduce(t *testing.T) {
 	if err := tryProduce("y-0"); err != nil {
 		t.Fatal(err)
 	}
-	simulateOK(t, ctx, reg, notify.SimRestore, time.Second)
+	hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, time.Second)
 	if err := tryProduce("y-1"); !errors.Is(err, ErrTxnAbortedByCheckpoint) {
 		t.Errorf("TryProduce in the aborted transaction = %v, want ErrTxnAbortedByCheckpoint", err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
 	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
+	"github.com/kcr-dev/kcr/internal/testkit/wait"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -46,17 +47,11 @@ func members848(t *testing.T, ctx context.Context, addrs []string, group string)
 // waitMembers848 waits until ok accepts the group's members.
 func waitMembers848(t *testing.T, ctx context.Context, addrs []string, group, what string, ok func([]kadm.ConsumerGroupMember) bool) []kadm.ConsumerGroupMember {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ms := members848(t, ctx, addrs, group)
-		if ok(ms) {
-			return ms
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: members %s", what, fmtMembers(ms))
-		}
-		time.Sleep(20 * time.Millisecond)
+	var ms []kadm.ConsumerGroupMember
+	if !wait.Until(10*time.Second, func() bool { ms = members848(t, ctx, addrs, group); return ok(ms) }) {
+		t.Fatalf("%s: members %s", what, fmtMembers(ms))
 	}
+	return ms
 }
 
 func fmtMembers(ms []kadm.ConsumerGroupMember) string {

@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
+	"github.com/kcr-dev/kcr/internal/testkit/wait"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -78,10 +79,7 @@ func TestTwoMembersOneCheckpointed(t *testing.T) {
 		phase = "-during"
 		mu.Unlock()
 		producePlain(t, addrs, "two", vals("d", 10), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
-		deadline := time.Now().Add(4 * time.Second)
-		for count("d-") < 10 && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond)
-		}
+		wait.Until(4*time.Second, func() bool { return count("d-") >= 10 })
 		return nil
 	}, nil))
 	a := member("a", regA)
@@ -119,17 +117,17 @@ func TestTwoMembersOneCheckpointed(t *testing.T) {
 		t.Errorf("%d of 40 records after the restore consumed", n)
 	}
 	// The restored member rejoins and gets partitions again.
-	deadline := time.Now().Add(8 * time.Second)
-	for time.Now().Before(deadline) {
+	wait.Until(8*time.Second, func() bool {
 		mu.Lock()
 		n := len(byMember["a-after"])
 		mu.Unlock()
 		if n > 0 {
-			break
+			return true
 		}
 		producePlain(t, addrs, "two", vals("y", 2), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
 		time.Sleep(200 * time.Millisecond)
-	}
+		return false
+	})
 	mu.Lock()
 	if len(byMember["a-after"]) == 0 {
 		t.Errorf("the restored member consumed nothing after rejoining")

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
 	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
+	"github.com/kcr-dev/kcr/internal/testkit/wait"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -183,17 +184,15 @@ func TestCloseLeavesGroup(t *testing.T) {
 	}
 	c.Close()
 	adm := kadm.NewClient(mustClient(t, addrs))
-	deadline := time.Now().Add(2 * time.Second)
-	for {
+	n := -1
+	if !wait.Until(2*time.Second, func() bool {
 		d, err := adm.DescribeGroups(ctx, "cl")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n := len(d["cl"].Members); n == 0 {
-			return
-		} else if time.Now().After(deadline) {
-			t.Fatalf("%d members in the group 2 s after Close: the client did not leave", n)
-		}
-		time.Sleep(20 * time.Millisecond)
+		n = len(d["cl"].Members)
+		return n == 0
+	}) {
+		t.Fatalf("%d members in the group 2 s after Close: the client did not leave", n)
 	}
 }

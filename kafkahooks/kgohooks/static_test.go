@@ -17,6 +17,7 @@ import (
 
 	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
 	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
+	"github.com/kcr-dev/kcr/internal/testkit/wait"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -104,17 +105,11 @@ func (pc protocolCase) members(t *testing.T, ctx context.Context, addrs []string
 
 func (pc protocolCase) waitMembers(t *testing.T, ctx context.Context, addrs []string, group, what string, ok func([]member) bool) []member {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ms := pc.members(t, ctx, addrs, group)
-		if ok(ms) {
-			return ms
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: members %v", what, ms)
-		}
-		time.Sleep(20 * time.Millisecond)
+	var ms []member
+	if !wait.Until(10*time.Second, func() bool { ms = pc.members(t, ctx, addrs, group); return ok(ms) }) {
+		t.Fatalf("%s: members %v", what, ms)
 	}
+	return ms
 }
 
 // afterReport returns the details of name's after-restore report.
@@ -184,17 +179,15 @@ func (k *consumer) errors() []string {
 // waitCount waits up to d until the consumers saw n distinct values of
 // prefix between them, and returns how many they saw.
 func waitCount(d time.Duration, prefix string, n int, ks ...*consumer) int {
-	deadline := time.Now().Add(d)
-	for {
-		got := 0
+	got := 0
+	wait.Until(d, func() bool {
+		got = 0
 		for _, k := range ks {
 			got += k.count(prefix)
 		}
-		if got >= n || time.Now().After(deadline) {
-			return got
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return got >= n
+	})
+	return got
 }
 
 // A static member (kgo.InstanceID) is checkpointed and restored, beside a

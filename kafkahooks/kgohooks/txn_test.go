@@ -41,16 +41,7 @@ func TestFailOnOpenTxnRefusesAndKeepsTxn(t *testing.T) {
 	ctx := testCtx(t, 15*time.Second)
 	runTxn(t, ctx, c, "k", 3, false)
 	pid0, _, _ := c.ProducerID(ctx)
-	res, err := reg.Simulate(ctx, notify.SimRestore, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !errors.Is(res.BeforeErr, ErrOpenTxn) {
-		t.Fatalf("before error = %v, want ErrOpenTxn", res.BeforeErr)
-	}
-	if res.Event.Kind != notify.Resume || res.AfterErr != nil {
-		t.Fatalf("event %v, after error %v; want a clean resume", res.Event.Kind, res.AfterErr)
-	}
+	hooktest.SimulateRefused(t, ctx, reg, time.Second, ErrOpenTxn)
 	if id := c.TransactionalID(); id != "tx" {
 		t.Errorf("transactional id after a refused checkpoint = %q, want tx", id)
 	}

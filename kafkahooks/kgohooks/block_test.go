@@ -3,7 +3,6 @@ package kgohooks
 import (
 	"context"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -102,13 +101,7 @@ func (m *blockMember) run(ctx context.Context, wg *sync.WaitGroup) {
 func (m *blockMember) count(prefix string) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	n := 0
-	for v := range m.seen {
-		if strings.HasPrefix(v, prefix) {
-			n++
-		}
-	}
-	return n
+	return countPrefixed(m.seen, prefix)
 }
 
 func countBoth(a, b *blockMember, prefix string) int { return a.count(prefix) + b.count(prefix) }

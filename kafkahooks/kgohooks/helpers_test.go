@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -158,4 +159,15 @@ func pollUpTo(t *testing.T, ctx context.Context, c *Client, got []string, n int)
 		fs.EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
 	}
 	return got
+}
+
+// countPrefixed counts the distinct values in seen that begin with prefix.
+func countPrefixed(seen map[string]int, prefix string) int {
+	n := 0
+	for v := range seen {
+		if strings.HasPrefix(v, prefix) {
+			n++
+		}
+	}
+	return n
 }

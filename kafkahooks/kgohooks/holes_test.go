@@ -17,6 +17,20 @@ import (
 )
 
 // producePart writes values to one partition of topic with an independent
+// pollFirst produces with produce(0), produce(1), ... and polls c for 300 ms
+// after each, until a record comes (the member has joined and resolved its
+// start offsets) or ctx ends, and returns the values polled.
+func pollFirst(ctx context.Context, c *Client, produce func(i int)) []string {
+	var got []string
+	for i := 0; len(got) == 0 && ctx.Err() == nil; i++ {
+		produce(i)
+		pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		got = kafkatest.PollValues(pctx, c, got, 1)
+		cancel()
+	}
+	return got
+}
+
 // kgo client.
 func producePart(t *testing.T, addrs []string, topic string, part int32, values []string) {
 	t.Helper()
@@ -91,13 +105,9 @@ func TestGroupAtEndUnpolledPartitionKeepsDowntime(t *testing.T) {
 	ctx := testCtx(t, 20*time.Second)
 	// Until the member has joined and resolved its start offsets: only
 	// partition 0 gets records.
-	var got []string
-	for i := 0; len(got) == 0 && ctx.Err() == nil; i++ {
+	got := pollFirst(ctx, c, func(i int) {
 		producePart(t, addrs, "ae", 0, []string{"p0-" + string(rune('a'+i%26))})
-		pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-		got = kafkatest.PollValues(pctx, c, got, 1)
-		cancel()
-	}
+	})
 	got = kafkatest.PollMore(ctx, c, got)
 	res := hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 	t.Logf("before report: %v", res.Before[0].Details)
@@ -144,12 +154,7 @@ func TestGroupOffsetsGoneAtRestore(t *testing.T) {
 			if reset == "start" {
 				got = kafkatest.PollValues(ctx, c, nil, 10)
 			} else {
-				for len(got) == 0 && ctx.Err() == nil {
-					producePlain(t, addrs, "ex", []string{"first"})
-					pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-					got = kafkatest.PollValues(pctx, c, got, 1)
-					cancel()
-				}
+				got = pollFirst(ctx, c, func(int) { producePlain(t, addrs, "ex", []string{"first"}) })
 			}
 			got = kafkatest.PollMore(ctx, c, got)
 			hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
@@ -231,12 +236,7 @@ func TestTopicConsumerAcrossRestore(t *testing.T) {
 			if reset == "start" {
 				got = kafkatest.PollValues(ctx, c, nil, 10)
 			} else {
-				for i := 0; len(got) == 0 && ctx.Err() == nil; i++ {
-					producePart(t, addrs, "tc", 0, []string{"first"})
-					pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-					got = kafkatest.PollValues(pctx, c, got, 1)
-					cancel()
-				}
+				got = pollFirst(ctx, c, func(int) { producePart(t, addrs, "tc", 0, []string{"first"}) })
 			}
 			got = kafkatest.PollMore(ctx, c, got)
 			res := hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)

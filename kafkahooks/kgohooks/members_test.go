@@ -29,13 +29,7 @@ func TestTwoMembersOneCheckpointed(t *testing.T) {
 	count := func(prefix string) int {
 		mu.Lock()
 		defer mu.Unlock()
-		n := 0
-		for v := range seen {
-			if len(v) > len(prefix) && v[:len(prefix)] == prefix {
-				n++
-			}
-		}
-		return n
+		return countPrefixed(seen, prefix)
 	}
 	member := func(name string, reg *notify.Registry) *Client {
 		c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("two"), kgo.ConsumeTopics("two"),

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -161,13 +160,7 @@ func consume(ctx context.Context, wg *sync.WaitGroup, c kafkatest.Poller) *consu
 func (k *consumer) count(prefix string) int {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	n := 0
-	for v := range k.seen {
-		if strings.HasPrefix(v, prefix) {
-			n++
-		}
-	}
-	return n
+	return countPrefixed(k.seen, prefix)
 }
 
 func (k *consumer) errors() []string {

@@ -21,11 +21,7 @@ import (
 // by the fresh member id: two restores of one image never share one.
 func TestReaderGroupHandover(t *testing.T) {
 	const topic, group, parts, n, before = "h", "hgrp", 3, 40, 20
-	k := newFake(t, parts, topic)
-	adm := admin(t, k.addrs)
-	log, _ := newLog(t)
-	writeBatch(t, k.addrs, topic, log, n)
-	reg := notify.NewRegistry()
+	k, adm, reg, log, _ := groupRig(t, parts, topic, n)
 	var down map[string][]int32
 	hook(reg, func(context.Context) error {
 		_, down, _ = tryGroupMembers(adm, group, topic)

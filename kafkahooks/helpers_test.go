@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
@@ -354,4 +355,15 @@ func consumeCommitting(ctx context.Context, readers ...*Reader) {
 			}
 		}()
 	}
+}
+
+// groupRig starts a fake cluster with topic of partitions holding the
+// values 0..n-1, and returns it with an admin client, a Registry for the
+// clients under test and a log.
+func groupRig(t *testing.T, partitions int32, topic string, n int) (*fake, *kadm.Client, *notify.Registry, *slog.Logger, *logSink) {
+	t.Helper()
+	k := newFake(t, partitions, topic)
+	log, sink := newLog(t)
+	writeBatch(t, k.addrs, topic, log, n)
+	return k, admin(t, k.addrs), notify.NewRegistry(), log, sink
 }

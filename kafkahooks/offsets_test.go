@@ -44,11 +44,7 @@ func TestGroupOffsetsExpiredRestored(t *testing.T) {
 	}{{"first", kafka.FirstOffset}, {"last", kafka.LastOffset}} {
 		t.Run(start.name, func(t *testing.T) {
 			const topic, group = "exp", "expg"
-			k := newFake(t, 1, topic)
-			adm := admin(t, k.addrs)
-			reg := notify.NewRegistry()
-			log, sink := newLog(t)
-			writeBatch(t, k.addrs, topic, log, 30)
+			k, adm, reg, log, sink := groupRig(t, 1, topic, 30)
 			var deleted atomic.Bool
 			hook(reg, func(ctx context.Context) error {
 				// Runs after the Reader's hook: the group is empty.
@@ -107,11 +103,7 @@ func TestGroupOffsetsExpiredRestored(t *testing.T) {
 // deleted by hand, and costs no round trip.
 func TestGroupOffsetsCheckAfter(t *testing.T) {
 	const topic, group = "expq", "expqg"
-	k := newFake(t, 1, topic)
-	adm := admin(t, k.addrs)
-	reg := notify.NewRegistry()
-	log, _ := newLog(t)
-	writeBatch(t, k.addrs, topic, log, 30)
+	k, adm, reg, log, _ := groupRig(t, 1, topic, 30)
 	hook(reg, func(ctx context.Context) error {
 		_, err := adm.DeleteOffsets(ctx, group, kadm.TopicsSet{topic: {0: {}}})
 		return err
@@ -152,11 +144,7 @@ func offsetsAt(topic string, partition int32, at int64) kadm.Offsets {
 // back.
 func TestUnflushedCommitsNotMovedBack(t *testing.T) {
 	const topic, group = "unf", "unfg"
-	k := newFake(t, 1, topic)
-	adm := admin(t, k.addrs)
-	reg := notify.NewRegistry()
-	log, _ := newLog(t)
-	writeBatch(t, k.addrs, topic, log, 40)
+	k, adm, reg, log, _ := groupRig(t, 1, topic, 40)
 	var failCommits atomic.Bool
 	k.c.ControlKey(int16(kmsg.OffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		k.c.KeepControl()

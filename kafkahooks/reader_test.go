@@ -486,11 +486,7 @@ func TestHandedTable(t *testing.T) {
 // reader continues after the last committed record.
 func TestReaderCommitIntervalFlushed(t *testing.T) {
 	const topic, group = "ci", "cig"
-	k := newFake(t, 1, topic)
-	adm := admin(t, k.addrs)
-	reg := notify.NewRegistry()
-	log, _ := newLog(t)
-	writeBatch(t, k.addrs, topic, log, 30)
+	k, adm, reg, log, _ := groupRig(t, 1, topic, 30)
 
 	var committedAtDump int64 = -1
 	var stateAtDump string

@@ -61,10 +61,8 @@ type blockMember struct {
 func newBlockMember(t *testing.T, addrs []string, group, topic, name string, reg *notify.Registry) *blockMember {
 	t.Helper()
 	m := &blockMember{live: &liveClients{}, seen: map[string]int{}}
-	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
-		kgo.BlockRebalanceOnPoll(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchMaxWait(100 * time.Millisecond), kgo.SessionTimeout(2 * time.Second),
-		kgo.HeartbeatInterval(100 * time.Millisecond), kgo.ClientID(name), kgo.WithHooks(m.live)},
+	c, err := New(groupOpts(addrs, group, topic, kgo.BlockRebalanceOnPoll(), kgo.SessionTimeout(2*time.Second),
+		kgo.HeartbeatInterval(100*time.Millisecond), kgo.ClientID(name), kgo.WithHooks(m.live)),
 		WithRegistry(reg), WithName(name))
 	if err != nil {
 		t.Fatal(err)
@@ -268,9 +266,7 @@ func TestTornResumeClosesOldClient(t *testing.T) {
 	})
 	reg := notify.NewRegistry()
 	live := &liveClients{}
-	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("tl"), kgo.ConsumeTopics("tl"),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond),
-		kgo.WithHooks(live)})
+	c := newHooked(t, reg, groupOpts(addrs, "tl", "tl", kgo.WithHooks(live)))
 	ctx := testCtx(t, 20*time.Second)
 	got := kafkatest.PollValues(ctx, c, nil, 3)
 	kcl0 := c.Underlying()

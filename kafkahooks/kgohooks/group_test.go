@@ -32,8 +32,7 @@ func producePlain(t *testing.T, addrs []string, topic string, values []string, e
 func TestGroupConsumerRestoreNoRedeliveryNoSkip(t *testing.T) {
 	addrs, reg := newRig(t, 2, "g")
 	producePlain(t, addrs, "g", vals("a", 30))
-	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("grp"), kgo.ConsumeTopics("g"),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)})
+	c := newHooked(t, reg, groupOpts(addrs, "grp", "g"))
 	ctx := testCtx(t, 15*time.Second)
 
 	seen := map[string]int{}
@@ -117,9 +116,7 @@ func mustClient(t *testing.T, addrs []string) *kgo.Client {
 func TestLateCommitDoesNotGoBack(t *testing.T) {
 	addrs, reg := newRig(t, 1, "m")
 	producePlain(t, addrs, "m", vals("a", 10))
-	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("mg"), kgo.ConsumeTopics("m"),
-		kgo.DisableAutoCommit(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchMaxWait(100 * time.Millisecond)})
+	c := newHooked(t, reg, groupOpts(addrs, "mg", "m", kgo.DisableAutoCommit()))
 	ctx := testCtx(t, 15*time.Second)
 	var old []*kgo.Record
 	for len(old) < 10 && ctx.Err() == nil {
@@ -154,9 +151,7 @@ func TestLateCommitDoesNotGoBack(t *testing.T) {
 func TestAutoCommitMarksAcrossRestore(t *testing.T) {
 	addrs, reg := newRig(t, 1, "k")
 	producePlain(t, addrs, "k", vals("a", 10))
-	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("kg"), kgo.ConsumeTopics("k"),
-		kgo.AutoCommitMarks(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchMaxWait(100 * time.Millisecond)})
+	c := newHooked(t, reg, groupOpts(addrs, "kg", "k", kgo.AutoCommitMarks()))
 	ctx := testCtx(t, 15*time.Second)
 	var old []*kgo.Record
 	for len(old) < 10 && ctx.Err() == nil {

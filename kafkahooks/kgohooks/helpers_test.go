@@ -171,3 +171,10 @@ func countPrefixed(seen map[string]int, prefix string) int {
 	}
 	return n
 }
+
+// groupOpts are the kgo options of a member of group consuming topic from
+// the start on addrs, with fetches that wait at most 100 ms, and extra.
+func groupOpts(addrs []string, group, topic string, extra ...kgo.Opt) []kgo.Opt {
+	return append([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)}, extra...)
+}

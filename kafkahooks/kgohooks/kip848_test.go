@@ -92,9 +92,7 @@ func TestKIP848RestoreNewMember(t *testing.T) {
 		return nil
 	}, nil))
 	producePlain(t, addrs, "n", vals("a", 30), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
-	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("ng"), kgo.ConsumeTopics("n"),
-		kgo.ServerSideBalancer(), kgo.ClientID("nc"),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)})
+	c := newHooked(t, reg, groupOpts(addrs, "ng", "n", kgo.ServerSideBalancer(), kgo.ClientID("nc")))
 
 	seen := map[string]int{}
 	poll := func(max int) int {
@@ -176,9 +174,7 @@ func TestKIP848CheckpointCommitSurvivesMemberErrors(t *testing.T) {
 	reg := notify.NewRegistry()
 	ctx := testCtx(t, 30*time.Second)
 	producePlain(t, addrs, "e", vals("a", 30), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
-	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("eg"), kgo.ConsumeTopics("e"),
-		kgo.ServerSideBalancer(), kgo.AutoCommitInterval(time.Hour),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)}, WithRetryBackoff(10*time.Millisecond, 50*time.Millisecond))
+	c := newHooked(t, reg, groupOpts(addrs, "eg", "e", kgo.ServerSideBalancer(), kgo.AutoCommitInterval(time.Hour)), WithRetryBackoff(10*time.Millisecond, 50*time.Millisecond))
 	seen := map[string]int{}
 	next := map[int32]int64{}
 	poll := func(max int) int {
@@ -237,8 +233,7 @@ func TestKIP848LeaveRunningKeepsMember(t *testing.T) {
 	ctx := testCtx(t, 20*time.Second)
 	rr := kgo.RecordPartitioner(kgo.RoundRobinPartitioner())
 	producePlain(t, addrs, "l", vals("a", 10), rr)
-	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("lg"), kgo.ConsumeTopics("l"),
-		kgo.ServerSideBalancer(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)})
+	c := newHooked(t, reg, groupOpts(addrs, "lg", "l", kgo.ServerSideBalancer()))
 	got := kafkatest.PollValues(ctx, c, nil, 10)
 	before := waitMembers848(t, ctx, addrs, "lg", "one member owning both partitions", func(ms []kadm.ConsumerGroupMember) bool {
 		return len(ms) == 1 && owned(ms[0]) == 2
@@ -288,8 +283,7 @@ func TestInitialDelayReported(t *testing.T) {
 			// Generous: under CI's load two members took most of 20 s to
 			// settle, and the checkpoint then ran out of time.
 			ctx := testCtx(t, 60*time.Second)
-			opts := []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("dg"), kgo.ConsumeTopics("d"),
-				kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)}
+			opts := groupOpts(addrs, "dg", "d")
 			if tc.kip848 {
 				opts = append(opts, kgo.ServerSideBalancer())
 			}

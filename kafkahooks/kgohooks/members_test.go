@@ -32,10 +32,8 @@ func TestTwoMembersOneCheckpointed(t *testing.T) {
 		return countPrefixed(seen, prefix)
 	}
 	member := func(name string, reg *notify.Registry) *Client {
-		c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("two"), kgo.ConsumeTopics("two"),
-			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond),
-			kgo.SessionTimeout(2 * time.Second), kgo.HeartbeatInterval(100 * time.Millisecond),
-			kgo.ClientID(name)}, WithRegistry(reg))
+		c, err := New(groupOpts(addrs, "two", "two", kgo.SessionTimeout(2*time.Second),
+			kgo.HeartbeatInterval(100*time.Millisecond), kgo.ClientID(name)), WithRegistry(reg))
 		if err != nil {
 			t.Fatal(err)
 		}

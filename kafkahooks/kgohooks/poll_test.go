@@ -15,8 +15,7 @@ import (
 // of the new client.
 func TestWaitingPollSurvivesRestore(t *testing.T) {
 	addrs, reg := newRig(t, 1, "w")
-	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("wg"), kgo.ConsumeTopics("w"),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)})
+	c := newHooked(t, reg, groupOpts(addrs, "wg", "w"))
 	ctx := testCtx(t, 15*time.Second)
 	done := make(chan kgo.Fetches, 1)
 	go func() { done <- c.PollFetches(ctx) }()

@@ -113,12 +113,11 @@ func TestGroupClientLeaveRunningKeepsMember(t *testing.T) {
 		reg := notify.NewRegistry()
 		cc := &connCounter{}
 		atDump := dumpProbe(reg, cc)
-		c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic), kgo.Dialer(cc.Dial),
-			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond),
+		c, err := New(groupOpts(addrs, group, topic, kgo.Dialer(cc.Dial),
 			// The copy's new member waits for the image's, which never
 			// leaves (the original, not here, would keep heartbeating),
 			// to time out before its join and Close complete.
-			kgo.SessionTimeout(time.Second), kgo.HeartbeatInterval(100 * time.Millisecond)}, WithRegistry(reg))
+			kgo.SessionTimeout(time.Second), kgo.HeartbeatInterval(100*time.Millisecond)), WithRegistry(reg))
 		if err != nil {
 			t.Fatal(err)
 		}

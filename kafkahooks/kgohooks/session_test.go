@@ -144,10 +144,8 @@ func TestSessionAppEndsTxnDuringCheckpoint(t *testing.T) {
 // "out" in transactions, hooked into reg and closed at the end of the test.
 func newETLSession(t *testing.T, addrs []string, reg *notify.Registry) *GroupTransactSession {
 	t.Helper()
-	s, err := NewSession([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("etl"), kgo.ConsumeTopics("in"),
-		kgo.TransactionalID("etl"), kgo.DefaultProduceTopic("out"), kgo.RequireStableFetchOffsets(),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)},
-		WithRegistry(reg))
+	s, err := NewSession(groupOpts(addrs, "etl", "in", kgo.TransactionalID("etl"), kgo.DefaultProduceTopic("out"),
+		kgo.RequireStableFetchOffsets()), WithRegistry(reg))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -201,9 +201,7 @@ func TestStaticMemberCheckpoint(t *testing.T) {
 			defer wg.Wait()
 			defer cancel()
 			opts := func(id string, extra ...kgo.Opt) []kgo.Opt {
-				return append(append([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("sg"), kgo.ConsumeTopics("s"),
-					kgo.ClientID(id), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)},
-					pc.kopts...), extra...)
+				return append(append(groupOpts(addrs, "sg", "s", kgo.ClientID(id)), pc.kopts...), extra...)
 			}
 			regA := notify.NewRegistry()
 			// Registered first, so its before hook runs after A's: A has
@@ -277,9 +275,7 @@ func TestStaticMemberLeaveRunningCopy(t *testing.T) {
 			defer wg.Wait()
 			defer cancel()
 			reg := notify.NewRegistry()
-			a := newHooked(t, reg, append([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("cg"), kgo.ConsumeTopics("c"),
-				kgo.ClientID("a"), kgo.InstanceID("sa"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-				kgo.FetchMaxWait(100 * time.Millisecond)}, pc.kopts...))
+			a := newHooked(t, reg, append(groupOpts(addrs, "cg", "c", kgo.ClientID("a"), kgo.InstanceID("sa")), pc.kopts...))
 			ka := consume(ctx, &wg, a)
 			if n := waitCount(10*time.Second, "a-", 10, ka); n != 10 {
 				t.Fatalf("%d of 10 records consumed before the checkpoint", n)

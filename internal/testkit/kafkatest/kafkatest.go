@@ -54,12 +54,14 @@ func FailCommit(req kmsg.Request, code int16) kmsg.Response {
 // its options), and fails t if they have not all come within 20 s.
 func ReadTopic(t testing.TB, addrs []string, topic string, opts ...kgo.Opt) []*kgo.Record {
 	t.Helper()
-	return ReadTopicWithin(t, 20*time.Second, addrs, topic, opts...)
+	return ReadTo(t, 20*time.Second, addrs, topic, nil, opts...)
 }
 
-// ReadTopicWithin is ReadTopic with a time limit of d. Fetch errors are
-// logged: the read goes on, and a partition it cannot read fails t at d.
-func ReadTopicWithin(t testing.TB, d time.Duration, addrs []string, topic string, opts ...kgo.Opt) []*kgo.Record {
+// ReadTo is ReadTopic up to ends (partition to end offset; nil: the end
+// offsets at the time of the call) within d: for a caller that lists the
+// end offsets its own way, or waits longer. Fetch errors are logged, and a
+// partition that cannot be read fails t at d.
+func ReadTo(t testing.TB, d time.Duration, addrs []string, topic string, ends map[int32]int64, opts ...kgo.Opt) []*kgo.Record {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
@@ -69,16 +71,20 @@ func ReadTopicWithin(t testing.TB, d time.Duration, addrs []string, topic string
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
-	if err != nil {
-		t.Fatal(err)
+	if ends == nil {
+		listed, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ends = map[int32]int64{}
+		listed.Each(func(o kadm.ListedOffset) { ends[o.Partition] = o.Offset })
 	}
 	want := map[int32]int64{}
-	ends.Each(func(o kadm.ListedOffset) {
-		if o.Offset > 0 {
-			want[o.Partition] = o.Offset
+	for p, end := range ends {
+		if end > 0 {
+			want[p] = end
 		}
-	})
+	}
 	var recs []*kgo.Record
 	for len(want) > 0 {
 		fs := cl.PollFetches(ctx)

@@ -15,6 +15,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -31,12 +32,8 @@ func benchBrokers(b *testing.B, opts ...kfake.Opt) []string {
 	if env := os.Getenv("KCR_KAFKA_BROKERS"); env != "" {
 		return strings.Split(env, ",")
 	}
-	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1), kfake.SeedTopics(1, benchTopic)}, opts...)...)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(c.Close)
-	return c.ListenAddrs()
+	_, addrs := kafkatest.Cluster(b, append([]kfake.Opt{kfake.SeedTopics(1, benchTopic)}, opts...)...)
+	return addrs
 }
 
 type produceCase struct {
@@ -205,12 +202,7 @@ func TestPairedOverhead(t *testing.T) {
 	if env := os.Getenv("KCR_KAFKA_BROKERS"); env != "" {
 		addrs = strings.Split(env, ",")
 	} else {
-		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, benchTopic), kfake.BlackholeProduce())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		addrs = c.ListenAddrs()
+		_, addrs = kafkatest.Cluster(t, kfake.SeedTopics(1, benchTopic), kfake.BlackholeProduce())
 	}
 	for _, c := range []struct {
 		produceCase

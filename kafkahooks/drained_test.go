@@ -10,6 +10,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -88,7 +89,7 @@ func TestWriterRequireDrainedVetoes(t *testing.T) {
 			t.Errorf("require=%v: %d completions, %d failed; want %d, 0", require, c, f, n+2)
 		}
 		seen := map[string]bool{}
-		for _, r := range readTopic(t, k.addrs, "d") {
+		for _, r := range kafkatest.ReadTopic(t, k.addrs, "d") {
 			seen[string(r.Value)] = true
 		}
 		for i := -1; i < n; i++ {

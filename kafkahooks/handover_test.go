@@ -9,6 +9,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -20,11 +21,7 @@ import (
 // by the fresh member id: two restores of one image never share one.
 func TestReaderGroupHandover(t *testing.T) {
 	const topic, group, parts, n, before = "h", "hgrp", 3, 40, 20
-	k := newFake(t, parts, topic)
-	adm := admin(t, k.addrs)
-	log, _ := newLog(t)
-	writeBatch(t, k.addrs, topic, log, n)
-	reg := notify.NewRegistry()
+	k, adm, reg, log, _ := groupRig(t, parts, topic, n)
 	var down map[string][]int32
 	hook(reg, func(context.Context) error {
 		_, down, _ = tryGroupMembers(adm, group, topic)
@@ -55,7 +52,7 @@ func TestReaderGroupHandover(t *testing.T) {
 	for range before {
 		fetch()
 	}
-	res := simulateOK(t, reg, notify.SimRestore, 10*time.Second)
+	res := hooktest.SimulateOK(t, context.Background(), reg, notify.SimRestore, 10*time.Second)
 	rep := decodeReport[ReaderReport](t, res.Before[0].Details)
 	if rep.GroupCheckpoint == nil || rep.MemberKept == "" || rep.LeftGroup || rep.SessionTimeoutMS != 6000 {
 		t.Fatalf("report %+v: want a kept member, session_timeout_ms 6000", rep.GroupCheckpoint)

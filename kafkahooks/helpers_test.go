@@ -18,9 +18,8 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 	"github.com/kcr-dev/kcr/internal/testkit/wait"
 	"github.com/kcr-dev/kcr/notify"
 )
@@ -44,8 +43,7 @@ func newFakeWith(t testing.TB, extra []kfake.Opt, partitions int32, topics ...st
 	t.Helper()
 	s := &sniffer{}
 	opts := []kfake.Opt{
-		kfake.NumBrokers(1),
-		kfake.GroupMinSessionTimeout(50 * time.Millisecond),
+		kafkatest.FastGroups(),
 		kfake.ListenFn(func(network, address string) (net.Listener, error) {
 			ln, err := net.Listen(network, address)
 			if err != nil {
@@ -57,13 +55,7 @@ func newFakeWith(t testing.TB, extra []kfake.Opt, partitions int32, topics ...st
 	if len(topics) > 0 {
 		opts = append(opts, kfake.SeedTopics(partitions, topics...))
 	}
-	opts = append(opts, extra...)
-	c, err := kfake.NewCluster(opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	addrs := c.ListenAddrs()
+	c, addrs := kafkatest.Cluster(t, append(opts, extra...)...)
 	_, p, _ := net.SplitHostPort(addrs[0])
 	port, _ := strconv.Atoi(p)
 	return &fake{c: c, addrs: addrs, port: port, sniff: s}
@@ -245,48 +237,6 @@ func hook(reg *notify.Registry, before func(context.Context) error, after func(c
 	reg.Register("probe", notify.Func(before, after))
 }
 
-// readTopic reads every record of topic, from the start to the end offsets
-// at the time of the call, with an independent franz-go client.
-func readTopic(t testing.TB, addrs []string, topic string) []*kgo.Record {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[int32]int64{}
-	ends.Each(func(o kadm.ListedOffset) {
-		if o.Offset > 0 {
-			want[o.Partition] = o.Offset
-		}
-	})
-	got := map[int32]int64{}
-	var recs []*kgo.Record
-	for len(want) > 0 {
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			t.Fatalf("reading %s: %v (still want %v)", topic, err, want)
-		}
-		fs.EachRecord(func(r *kgo.Record) {
-			if end, ok := want[r.Partition]; ok && r.Offset < end {
-				recs = append(recs, r)
-				got[r.Partition] = r.Offset + 1
-				if got[r.Partition] >= end {
-					delete(want, r.Partition)
-				}
-			}
-		})
-	}
-	return recs
-}
-
 // waitFor polls cond every 10ms until it holds or d passes.
 var waitFor = wait.For
 
@@ -336,17 +286,6 @@ func writeBatch(t testing.TB, addrs []string, topic string, log *slog.Logger, n 
 	if err := w.WriteMessages(context.Background(), msgs...); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// simulateOK runs a checkpoint cycle of outcome on reg and fails the test
-// unless it ran and both phases succeeded.
-func simulateOK(t testing.TB, reg *notify.Registry, outcome notify.SimOutcome, budget time.Duration) notify.SimResult {
-	t.Helper()
-	res, err := reg.Simulate(context.Background(), outcome, budget)
-	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("simulate: %v, before %v, after %v", err, res.BeforeErr, res.AfterErr)
-	}
-	return res
 }
 
 // fetchCommitInOrder fetches n records from r, which must come at offsets
@@ -402,21 +341,29 @@ func (s *logSink) attr(level slog.Level, substr, key string) (slog.Value, bool) 
 	return slog.Value{}, false
 }
 
-// failCommit answers every partition of an OffsetCommit request with the
-// error code, as a kfake control function does.
-func failCommit(req kmsg.Request, code int16) kmsg.Response {
-	creq := req.(*kmsg.OffsetCommitRequest)
-	resp := creq.ResponseKind().(*kmsg.OffsetCommitResponse)
-	for _, rt := range creq.Topics {
-		st := kmsg.NewOffsetCommitResponseTopic()
-		st.Topic = rt.Topic
-		for _, rp := range rt.Partitions {
-			sp := kmsg.NewOffsetCommitResponseTopicPartition()
-			sp.Partition = rp.Partition
-			sp.ErrorCode = code
-			st.Partitions = append(st.Partitions, sp)
-		}
-		resp.Topics = append(resp.Topics, st)
+// consumeCommitting fetches and commits every message of each reader, in a
+// goroutine a reader, until a fetch fails (ctx ends).
+func consumeCommitting(ctx context.Context, readers ...*Reader) {
+	for _, r := range readers {
+		go func() {
+			for {
+				m, err := r.FetchMessage(ctx)
+				if err != nil {
+					return
+				}
+				r.CommitMessages(ctx, m)
+			}
+		}()
 	}
-	return resp
+}
+
+// groupRig starts a fake cluster with topic of partitions holding the
+// values 0..n-1, and returns it with an admin client, a Registry for the
+// clients under test and a log.
+func groupRig(t *testing.T, partitions int32, topic string, n int) (*fake, *kadm.Client, *notify.Registry, *slog.Logger, *logSink) {
+	t.Helper()
+	k := newFake(t, partitions, topic)
+	log, sink := newLog(t)
+	writeBatch(t, k.addrs, topic, log, n)
+	return k, admin(t, k.addrs), notify.NewRegistry(), log, sink
 }

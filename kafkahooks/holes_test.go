@@ -17,6 +17,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -70,7 +72,7 @@ func TestCompletionWritesSameWriter(t *testing.T) {
 	}()
 	waitFor(t, 5*time.Second, "records flowing", func() bool { return sent.Load() > 200 })
 
-	res := simulateOK(t, reg, notify.SimRestore, 2*time.Second)
+	res := hooktest.SimulateOK(t, context.Background(), reg, notify.SimRestore, 2*time.Second)
 	wctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	err := w.WriteMessages(wctx, kafka.Message{Value: []byte("after")})
 	cancel()
@@ -89,7 +91,7 @@ func TestCompletionWritesSameWriter(t *testing.T) {
 		t.Fatalf("%d completion errors", cbErrs.Load())
 	}
 	seen := map[string]bool{}
-	for _, r := range readTopic(t, k.addrs, "re") {
+	for _, r := range kafkatest.ReadTopic(t, k.addrs, "re") {
 		seen[string(r.Value)] = true
 	}
 	total := sent.Load()
@@ -229,7 +231,7 @@ func TestPartitionReaderSymbolicOffset(t *testing.T) {
 	write(5, 8) // prefetched, not handed out
 	time.Sleep(300 * time.Millisecond)
 
-	res := simulateOK(t, reg, notify.SimRestore, 5*time.Second)
+	res := hooktest.SimulateOK(t, context.Background(), reg, notify.SimRestore, 5*time.Second)
 	write(10, 12) // before the first fetch after the restore
 	for want := int64(5); want < 12; want++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -277,7 +279,7 @@ func TestGroupReaderLastOffsetNoCommit(t *testing.T) {
 	}
 	waitFor(t, 5*time.Second, "prefetched records", func() bool { return r.Stats().QueueLength > 0 })
 
-	res := simulateOK(t, reg, notify.SimRestore, 5*time.Second)
+	res := hooktest.SimulateOK(t, context.Background(), reg, notify.SimRestore, 5*time.Second)
 	write(14, 16)
 	got := map[int64]bool{}
 	for len(got) < 16-7 {
@@ -310,7 +312,7 @@ func TestCommitIntervalFlushRetried(t *testing.T) {
 			return nil, nil, false
 		}
 		failed.Store(true)
-		return failCommit(req, kerr.CoordinatorLoadInProgress.Code), nil, true
+		return kafkatest.FailCommit(req, kerr.CoordinatorLoadInProgress.Code), nil, true
 	})
 	hook(reg, nil, nil)
 	c := groupConfig(k.addrs, group, topic, "cif")
@@ -321,7 +323,7 @@ func TestCommitIntervalFlushRetried(t *testing.T) {
 	defer cancel()
 	fetchCommitInOrder(t, ctx, r, 20)
 	failNext.Store(true)
-	res := simulateOK(t, reg, notify.SimRestore, 5*time.Second)
+	res := hooktest.SimulateOK(t, context.Background(), reg, notify.SimRestore, 5*time.Second)
 	if !failed.Load() {
 		t.Fatal("no commit was sent during the hooks")
 	}

@@ -12,6 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -42,11 +44,7 @@ func TestGroupOffsetsExpiredRestored(t *testing.T) {
 	}{{"first", kafka.FirstOffset}, {"last", kafka.LastOffset}} {
 		t.Run(start.name, func(t *testing.T) {
 			const topic, group = "exp", "expg"
-			k := newFake(t, 1, topic)
-			adm := admin(t, k.addrs)
-			reg := notify.NewRegistry()
-			log, sink := newLog(t)
-			writeBatch(t, k.addrs, topic, log, 30)
+			k, adm, reg, log, sink := groupRig(t, 1, topic, 30)
 			var deleted atomic.Bool
 			hook(reg, func(ctx context.Context) error {
 				// Runs after the Reader's hook: the group is empty.
@@ -77,7 +75,7 @@ func TestGroupOffsetsExpiredRestored(t *testing.T) {
 			} else {
 				fetchCommitInOrder(t, ctx, r, 21)
 			}
-			res := simulateOK(t, reg, notify.SimRestore, 5*time.Second)
+			res := hooktest.SimulateOK(t, context.Background(), reg, notify.SimRestore, 5*time.Second)
 			if !deleted.Load() {
 				t.Fatal("the group's offsets were not deleted during the checkpoint")
 			}
@@ -105,11 +103,7 @@ func TestGroupOffsetsExpiredRestored(t *testing.T) {
 // deleted by hand, and costs no round trip.
 func TestGroupOffsetsCheckAfter(t *testing.T) {
 	const topic, group = "expq", "expqg"
-	k := newFake(t, 1, topic)
-	adm := admin(t, k.addrs)
-	reg := notify.NewRegistry()
-	log, _ := newLog(t)
-	writeBatch(t, k.addrs, topic, log, 30)
+	k, adm, reg, log, _ := groupRig(t, 1, topic, 30)
 	hook(reg, func(ctx context.Context) error {
 		_, err := adm.DeleteOffsets(ctx, group, kadm.TopicsSet{topic: {0: {}}})
 		return err
@@ -119,7 +113,7 @@ func TestGroupOffsetsCheckAfter(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	fetchCommitInOrder(t, ctx, r, 21)
-	res := simulateOK(t, reg, notify.SimRestore, 5*time.Second)
+	res := hooktest.SimulateOK(t, context.Background(), reg, notify.SimRestore, 5*time.Second)
 	before := decodeReport[ReaderReport](t, res.Before[0].Details)
 	if before.GroupCheckpoint == nil || before.OffsetsRecorded != 1 {
 		t.Fatalf("before report %+v: want 1 offset recorded", before.GroupCheckpoint)
@@ -150,18 +144,14 @@ func offsetsAt(topic string, partition int32, at int64) kadm.Offsets {
 // back.
 func TestUnflushedCommitsNotMovedBack(t *testing.T) {
 	const topic, group = "unf", "unfg"
-	k := newFake(t, 1, topic)
-	adm := admin(t, k.addrs)
-	reg := notify.NewRegistry()
-	log, _ := newLog(t)
-	writeBatch(t, k.addrs, topic, log, 40)
+	k, adm, reg, log, _ := groupRig(t, 1, topic, 40)
 	var failCommits atomic.Bool
 	k.c.ControlKey(int16(kmsg.OffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		k.c.KeepControl()
 		if !failCommits.Load() {
 			return nil, nil, false
 		}
-		return failCommit(req, kerr.CoordinatorNotAvailable.Code), nil, true
+		return kafkatest.FailCommit(req, kerr.CoordinatorNotAvailable.Code), nil, true
 	})
 	hook(reg, nil, func(ctx context.Context, ev notify.Event) error {
 		// During the downtime another member took the partition over and
@@ -242,7 +232,7 @@ func TestReaderRecordsInApp(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	res := simulateOK(t, reg, notify.SimRestore, 5*time.Second)
+	res := hooktest.SimulateOK(t, context.Background(), reg, notify.SimRestore, 5*time.Second)
 	rep := decodeReport[ReaderReport](t, res.Before[0].Details)
 	if rep.ReaderCheckpoint == nil || rep.RecordsInApp != 3 {
 		t.Fatalf("before report %v: want records_in_app 3 (offsets 2..4 handed, not committed)", res.Before[0].Details)

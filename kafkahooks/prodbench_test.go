@@ -9,6 +9,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kcr-dev/kcr/internal/testkit/wait"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -126,17 +127,7 @@ func prodTakeoverOnce(b *testing.B, addrs []string, handover bool) time.Duration
 	defer bb.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	for _, r := range []*Reader{a, bb} {
-		go func() {
-			for {
-				m, err := r.FetchMessage(ctx)
-				if err != nil {
-					return
-				}
-				r.CommitMessages(ctx, m)
-			}
-		}()
-	}
+	consumeCommitting(ctx, a, bb)
 	// members: the members and their partitions once the group is stable.
 	members := func() map[string][]int32 {
 		state, ms, err := tryGroupMembers(adm, group, topic)
@@ -155,24 +146,22 @@ func prodTakeoverOnce(b *testing.B, addrs []string, handover bool) time.Duration
 		}
 		return n == 2
 	}
-	for deadline := time.Now().Add(30 * time.Second); !both(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			b.Fatal("two members did not join")
-		}
+	if !wait.Until(30*time.Second, both) {
+		b.Fatal("two members did not join")
 	}
 	go regA.Simulate(context.Background(), notify.SimRestore, time.Minute)
 	t0 := time.Now()
-	for deadline := t0.Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		ms := members()
-		if len(ms) == 1 {
-			for _, ps := range ms {
-				if len(ps) == parts {
-					return time.Since(t0)
-				}
+	var ms map[string][]int32
+	if !wait.Until(30*time.Second, func() bool {
+		ms = members()
+		for _, ps := range ms {
+			if len(ms) == 1 && len(ps) == parts {
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			b.Fatalf("member b did not get all %s partitions: %v", strconv.Itoa(parts), ms)
-		}
+		return false
+	}) {
+		b.Fatalf("member b did not get all %s partitions: %v", strconv.Itoa(parts), ms)
 	}
+	return time.Since(t0)
 }

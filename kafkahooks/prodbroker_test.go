@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -172,7 +173,7 @@ func TestReaderProdCheckpointRestore(t *testing.T) {
 				oldID = id
 			}
 
-			res := simulateOK(t, reg, notify.SimRestore, 10*time.Second)
+			res := hooktest.SimulateOK(t, context.Background(), reg, notify.SimRestore, 10*time.Second)
 			restored := time.Now()
 			var rep ReaderReport
 			for _, b := range res.Before {
@@ -265,22 +266,12 @@ func TestReaderProdNoWarningWithOtherMember(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	// Both fetch (so both joined); wait until the broker lists two members.
-	for _, r := range []*Reader{a, b} {
-		go func() {
-			for {
-				m, err := r.FetchMessage(ctx)
-				if err != nil {
-					return
-				}
-				r.CommitMessages(ctx, m)
-			}
-		}()
-	}
+	consumeCommitting(ctx, a, b)
 	waitFor(t, 30*time.Second, "two members in the group", func() bool {
 		state, members, err := tryGroupMembers(adm, group, topic)
 		return err == nil && state == "Stable" && len(members) == 2
 	})
-	res := simulateOK(t, regA, notify.SimRestore, 10*time.Second)
+	res := hooktest.SimulateOK(t, context.Background(), regA, notify.SimRestore, 10*time.Second)
 	rep := decodeReport[ReaderReport](t, res.Before[0].Details)
 	if rep.GroupCheckpoint == nil || !rep.LeftGroup || rep.GroupEmpty || rep.Warning != "" || rep.DiagnoseError != "" {
 		t.Errorf("report %+v: want the group left, not empty, no warning", rep.GroupCheckpoint)

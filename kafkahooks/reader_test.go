@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -235,7 +236,7 @@ func TestReaderGroup(t *testing.T) {
 	producing.Store(true)
 	time.Sleep(300 * time.Millisecond)
 
-	res := simulateOK(t, regA, notify.SimRestore, 5*time.Second)
+	res := hooktest.SimulateOK(t, context.Background(), regA, notify.SimRestore, 5*time.Second)
 	if duringCheckpoint == nil {
 		t.Fatal("B did not get every partition while A was checkpointed")
 	}
@@ -328,7 +329,7 @@ func TestReaderPartition(t *testing.T) {
 	read(40)
 	waitFor(t, 5*time.Second, "prefetched records", func() bool { return r.Stats().QueueLength > 0 })
 
-	res := simulateOK(t, reg, notify.SimRestore, 5*time.Second)
+	res := hooktest.SimulateOK(t, context.Background(), reg, notify.SimRestore, 5*time.Second)
 	rep := decodeReport[ReaderReport](t, res.Before[0].Details)
 	if rep.ReaderCheckpoint == nil || rep.NextOffset == nil || *rep.NextOffset != 40 || rep.PrefetchedDropped == 0 {
 		t.Fatalf("before report = %v, want next_offset 40 and dropped prefetched records", res.Before[0].Details)
@@ -485,11 +486,7 @@ func TestHandedTable(t *testing.T) {
 // reader continues after the last committed record.
 func TestReaderCommitIntervalFlushed(t *testing.T) {
 	const topic, group = "ci", "cig"
-	k := newFake(t, 1, topic)
-	adm := admin(t, k.addrs)
-	reg := notify.NewRegistry()
-	log, _ := newLog(t)
-	writeBatch(t, k.addrs, topic, log, 30)
+	k, adm, reg, log, _ := groupRig(t, 1, topic, 30)
 
 	var committedAtDump int64 = -1
 	var stateAtDump string
@@ -516,7 +513,7 @@ func TestReaderCommitIntervalFlushed(t *testing.T) {
 			t.Fatalf("offset %d committed before the checkpoint; CommitInterval should hold it", o.At)
 		}
 	}
-	simulateOK(t, reg, notify.SimRestore, 5*time.Second)
+	hooktest.SimulateOK(t, context.Background(), reg, notify.SimRestore, 5*time.Second)
 	if committedAtDump != 20 {
 		t.Fatalf("committed offset during the checkpoint = %d, want 20 (flushed by Close)", committedAtDump)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -127,7 +128,7 @@ func TestCarriedAutoCreate(t *testing.T) {
 	waitFor(t, 10*time.Second, "the new record", func() bool { return ok.Load() == n+1 })
 	w.Close()
 	got := map[string]bool{}
-	for _, r := range readTopic(t, k.addrs, "auto") {
+	for _, r := range kafkatest.ReadTopic(t, k.addrs, "auto") {
 		got[string(r.Value)] = true
 	}
 	for i := range n {

@@ -15,6 +15,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -151,7 +153,7 @@ func TestWriterCycles(t *testing.T) {
 	}
 
 	// Checkpoint → restore.
-	res := simulateOK(t, reg, notify.SimRestore, 5*time.Second)
+	res := hooktest.SimulateOK(t, context.Background(), reg, notify.SimRestore, 5*time.Second)
 	rep := decodeReport[WriterReport](t, res.Before[0].Details) // the writer's hook runs first
 	if res.Before[0].Name != "w" || rep.WriterCheckpoint == nil || !rep.Drained || rep.RecordsCarried != 0 {
 		t.Fatalf("before report = %s %+v", res.Before[0].Name, rep)
@@ -171,7 +173,7 @@ func TestWriterCycles(t *testing.T) {
 	}
 
 	// Checkpoint → resume: identity unchanged.
-	res = simulateOK(t, reg, notify.SimResume, 5*time.Second)
+	res = hooktest.SimulateOK(t, context.Background(), reg, notify.SimResume, 5*time.Second)
 	mark = k.sniff.mark()
 	n = ackedCount()
 	waitFor(t, 10*time.Second, "records after resume", func() bool { return ackedCount() > n+200 })
@@ -198,7 +200,7 @@ func TestWriterCycles(t *testing.T) {
 	t.Logf("%d records acked, %d calls blocked across a checkpoint", len(acked), duringGate)
 
 	onTopic := map[string]int{}
-	for _, r := range readTopic(t, k.addrs, "w") {
+	for _, r := range kafkatest.ReadTopic(t, k.addrs, "w") {
 		onTopic[string(r.Value)]++
 	}
 	missing := 0
@@ -250,7 +252,7 @@ func TestWriterAsyncCompletions(t *testing.T) {
 	if r, c := w.records(), completed.Load(); r != n || c != 0 {
 		t.Fatalf("%d records pending and %d completed before the checkpoint; the test wants all %d buffered", r, c, n)
 	}
-	res := simulateOK(t, reg, notify.SimRestore, 5*time.Second)
+	res := hooktest.SimulateOK(t, context.Background(), reg, notify.SimRestore, 5*time.Second)
 	if atDump != n || failed.Load() != 0 {
 		t.Fatalf("completions when the before phase ended = %d (failed %d), want %d", atDump, failed.Load(), n)
 	}
@@ -263,7 +265,7 @@ func TestWriterAsyncCompletions(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.Close()
-	if got := len(readTopic(t, k.addrs, "a")); got != n+1 {
+	if got := len(kafkatest.ReadTopic(t, k.addrs, "a")); got != n+1 {
 		t.Fatalf("%d records on the topic, want %d", got, n+1)
 	}
 }
@@ -398,7 +400,7 @@ func TestWriterCarryAcross(t *testing.T) {
 
 	const budget = time.Second
 	start := time.Now()
-	res := simulateOK(t, reg, notify.SimRestore, budget)
+	res := hooktest.SimulateOK(t, context.Background(), reg, notify.SimRestore, budget)
 	before := res.Before[0]
 	if before.Duration > budget+100*time.Millisecond {
 		t.Errorf("before-checkpoint took %v with a budget of %v", before.Duration, budget)
@@ -430,7 +432,7 @@ func TestWriterCarryAcross(t *testing.T) {
 	// the request that was on the wire are allowed.
 	seen := map[string]bool{}
 	var order []int
-	for _, r := range readTopic(t, k.addrs, "c") {
+	for _, r := range kafkatest.ReadTopic(t, k.addrs, "c") {
 		if v := string(r.Value); !seen[v] {
 			seen[v] = true
 			if i, err := strconv.Atoi(v); err == nil && i >= 0 && i < n {
@@ -538,7 +540,7 @@ func TestWriterBrokerDownAfterRestore(t *testing.T) {
 	}
 	w.Close()
 	seen := map[string]bool{}
-	for _, r := range readTopic(t, k.addrs, "d") {
+	for _, r := range kafkatest.ReadTopic(t, k.addrs, "d") {
 		seen[string(r.Value)] = true
 	}
 	if !seen["carried"] || !seen["blocked"] {

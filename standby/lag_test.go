@@ -12,6 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 )
 
 func produce(t *testing.T, addrs []string, topic string, n int) {
@@ -28,16 +30,27 @@ func produce(t *testing.T, addrs []string, topic string, n int) {
 	}
 }
 
+// twoPartitions starts a cluster with topic t of two partitions and returns
+// its addresses, a client, and to(p), which produces a record to partition p.
+func twoPartitions(t *testing.T) ([]string, *kgo.Client, func(p int32)) {
+	t.Helper()
+	_, addrs := kafkatest.Cluster(t, kfake.SeedTopics(2, "t"))
+	cl, _ := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	t.Cleanup(cl.Close)
+	to := func(p int32) {
+		t.Helper()
+		if err := cl.ProduceSync(t.Context(), &kgo.Record{Topic: "t", Partition: p, Value: []byte("x")}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return addrs, cl, to
+}
+
 // The lag watcher wakes on records past the group's committed offsets
 // (topics taken from its commits), not on those already committed, and
 // never on broker errors.
 func TestLagWatcher(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "orders"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	addrs := c.ListenAddrs()
+	c, addrs := kafkatest.Cluster(t, kfake.SeedTopics(2, "orders"))
 	produce(t, addrs, "orders", 4)
 	cl, _ := kgo.NewClient(kgo.SeedBrokers(addrs...))
 	defer cl.Close()
@@ -113,20 +126,7 @@ func (o *countingObserver) requests() int64 { return o.n.Load() }
 // first seen: older records are no lag, a newer one is lag until the group
 // commits it (the service must not sleep on it, nor miss its wake).
 func TestLagUncommittedPartition(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "t"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	addrs := c.ListenAddrs()
-	cl, _ := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	defer cl.Close()
-	to := func(p int32) {
-		t.Helper()
-		if err := cl.ProduceSync(t.Context(), &kgo.Record{Topic: "t", Partition: p, Value: []byte("x")}).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	addrs, cl, to := twoPartitions(t)
 	adm := kadm.NewClient(cl)
 	commit := func(p int32, at int64) {
 		t.Helper()
@@ -174,20 +174,7 @@ func TestLagUncommittedPartition(t *testing.T) {
 // record that lands in one while no kcr standby runs wakes the service when
 // a new one starts on the same image directory.
 func TestLagBaseSurvivesRestart(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "t"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	addrs := c.ListenAddrs()
-	cl, _ := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	defer cl.Close()
-	to := func(p int32) {
-		t.Helper()
-		if err := cl.ProduceSync(t.Context(), &kgo.Record{Topic: "t", Partition: p, Value: []byte("x")}).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	addrs, cl, to := twoPartitions(t)
 	to(0)
 	to(1)
 	offs := kadm.Offsets{}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/internal/procfs"
+	"github.com/kcr-dev/kcr/internal/testkit/wait"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -205,7 +206,7 @@ func (r *rig) waitState(want State) {
 		if time.Now().After(deadline) {
 			r.t.Fatalf("state %s, want %s; log:\n%s", r.s.State(), want, r.log.String())
 		}
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(2 * time.Millisecond) // finer than wait's 10 ms: a 20 ms backoff state must be seen
 	}
 }
 
@@ -310,16 +311,8 @@ func TestRestoreFailsColdStart(t *testing.T) {
 	r := startRig(t, f, filepath.Join(t.TempDir(), "img"), nil)
 	r.waitState(StateStandby)
 	r.s.Wake("manual")
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		starts, _, _ := f.snapshot()
-		if starts == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no cold start after the failed restore; log:\n%s", r.log.String())
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !wait.Until(5*time.Second, func() bool { starts, _, _ := f.snapshot(); return starts == 2 }) {
+		t.Fatalf("no cold start after the failed restore; log:\n%s", r.log.String())
 	}
 	// The next image is numbered past the bad one, which stays.
 	r.waitState(StateStandby)

@@ -7,7 +7,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 )
 
 func TestParseTopics(t *testing.T) {
@@ -36,12 +37,8 @@ func TestKafkaGoGroups(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := kfake.NewCluster(opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	addr := c.ListenAddrs()[0]
+	_, addrs := kafkatest.Cluster(t, opts...)
+	addr := addrs[0]
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 

@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 	"github.com/kcr-dev/kcr/internal/testkit/wait"
 	"github.com/kcr-dev/kcr/kafkahooks"
 	"github.com/kcr-dev/kcr/kafkahooks/kgohooks"
@@ -69,13 +70,7 @@ func testDrainFranz(t *testing.T, kip848 bool) {
 
 func testDrain(t *testing.T, clients func([]string, *notify.Registry) (Fetcher, Producer)) {
 	const orders = 600
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, "orders", "results"),
-		kfake.GroupMinSessionTimeout(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	brokers := c.ListenAddrs()
+	_, brokers := kafkatest.Cluster(t, kfake.SeedTopics(3, "orders", "results"), kafkatest.FastGroups())
 
 	reg := notify.NewRegistry()
 	in, out := clients(brokers, reg)

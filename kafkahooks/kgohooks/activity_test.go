@@ -12,8 +12,7 @@ import (
 // activity on its registry; a poll that returns nothing does not.
 func TestActivityCounts(t *testing.T) {
 	addrs, reg := newRig(t, 1, "act")
-	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("actg"), kgo.ConsumeTopics("act"),
-		kgo.DisableAutoCommit(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)})
+	c := newHooked(t, reg, groupOpts(addrs, "actg", "act", kgo.DisableAutoCommit()))
 	ctx := testCtx(t, 20*time.Second)
 	if err := c.ProduceSync(ctx, &kgo.Record{Topic: "act", Value: []byte("a")}, &kgo.Record{Topic: "act", Value: []byte("b")}).FirstErr(); err != nil {
 		t.Fatal(err)

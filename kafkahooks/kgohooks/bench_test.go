@@ -7,6 +7,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -20,12 +21,8 @@ type producer interface {
 // benchProducers runs f against a bare kgo client and a kgohooks one on
 // the same kfake cluster, so their ns/op sit side by side.
 func benchProducers(b *testing.B, f func(b *testing.B, p producer)) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "bench"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer c.Close()
-	opts := []kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...), kgo.DefaultProduceTopic("bench")}
+	_, addrs := kafkatest.Cluster(b, kfake.SeedTopics(1, "bench"))
+	opts := []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("bench")}
 	b.Run("bare", func(b *testing.B) {
 		cl, err := kgo.NewClient(opts...)
 		if err != nil {

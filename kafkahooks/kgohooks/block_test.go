@@ -2,9 +2,7 @@ package kgohooks
 
 import (
 	"context"
-	"errors"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +11,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
+	"github.com/kcr-dev/kcr/internal/testkit/wait"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -60,10 +61,8 @@ type blockMember struct {
 func newBlockMember(t *testing.T, addrs []string, group, topic, name string, reg *notify.Registry) *blockMember {
 	t.Helper()
 	m := &blockMember{live: &liveClients{}, seen: map[string]int{}}
-	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
-		kgo.BlockRebalanceOnPoll(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchMaxWait(100 * time.Millisecond), kgo.SessionTimeout(2 * time.Second),
-		kgo.HeartbeatInterval(100 * time.Millisecond), kgo.ClientID(name), kgo.WithHooks(m.live)},
+	c, err := New(groupOpts(addrs, group, topic, kgo.BlockRebalanceOnPoll(), kgo.SessionTimeout(2*time.Second),
+		kgo.HeartbeatInterval(100*time.Millisecond), kgo.ClientID(name), kgo.WithHooks(m.live)),
 		WithRegistry(reg), WithName(name))
 	if err != nil {
 		t.Fatal(err)
@@ -100,26 +99,30 @@ func (m *blockMember) run(ctx context.Context, wg *sync.WaitGroup) {
 func (m *blockMember) count(prefix string) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	n := 0
-	for v := range m.seen {
-		if strings.HasPrefix(v, prefix) {
-			n++
-		}
-	}
-	return n
+	return countPrefixed(m.seen, prefix)
 }
 
 func countBoth(a, b *blockMember, prefix string) int { return a.count(prefix) + b.count(prefix) }
 
-func waitFor(t *testing.T, ctx context.Context, what string, d time.Duration, ok func() bool) {
+// runMember starts member "a" of group topic, with a registry of its own,
+// in kgo's loop until the test ends. With release set, the member holds the
+// records of its first non-empty poll until release is closed.
+func runMember(t *testing.T, addrs []string, topic string, release chan struct{}) (*blockMember, *notify.Registry, context.Context) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !ok() {
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(5 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	reg := notify.NewRegistry()
+	a := newBlockMember(t, addrs, topic, topic, "a", reg)
+	if release != nil {
+		a.hold, a.holding = release, make(chan struct{})
 	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+		a.c.Close()
+	})
+	a.run(ctx, &wg)
+	return a, reg, ctx
 }
 
 // H1. A group member with kgo.BlockRebalanceOnPoll, in kgo's documented
@@ -138,10 +141,7 @@ func TestBlockRebalanceOnPollCheckpoint(t *testing.T) {
 	duringOK := make(chan bool, 1)
 	regA.Register("probe", notify.Func(func(context.Context) error {
 		producePlain(t, addrs, "blk", vals("d", 10), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
-		deadline := time.Now().Add(3 * time.Second)
-		for b.count("d-") < 10 && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond)
-		}
+		wait.Until(3*time.Second, func() bool { return b.count("d-") >= 10 })
 		duringOK <- b.count("d-") == 10
 		return nil
 	}, nil))
@@ -154,7 +154,7 @@ func TestBlockRebalanceOnPollCheckpoint(t *testing.T) {
 	defer cancel()
 	a.run(ctx, &wg)
 	b.run(ctx, &wg)
-	waitFor(t, ctx, "the first records consumed", 10*time.Second, func() bool { return countBoth(a, b, "a-") == 20 })
+	wait.For(t, 10*time.Second, "the first records consumed", func() bool { return countBoth(a, b, "a-") == 20 })
 
 	res, err := regA.Simulate(ctx, notify.SimRestore, 3*time.Second)
 	if err != nil {
@@ -175,9 +175,9 @@ func TestBlockRebalanceOnPollCheckpoint(t *testing.T) {
 		t.Errorf("the other member consumed %d of the 10 records produced during the checkpoint", b.count("d-"))
 	}
 	producePlain(t, addrs, "blk", vals("z", 40), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
-	waitFor(t, ctx, "the records produced after the restore consumed", 10*time.Second, func() bool { return countBoth(a, b, "z-") == 40 })
+	wait.For(t, 10*time.Second, "the records produced after the restore consumed", func() bool { return countBoth(a, b, "z-") == 40 })
 	// The restored member rejoins and gets partitions again.
-	waitFor(t, ctx, "the restored member consuming", 10*time.Second, func() bool {
+	wait.For(t, 10*time.Second, "the restored member consuming", func() bool {
 		if a.count("y-") > 0 {
 			return true
 		}
@@ -198,37 +198,19 @@ func TestBlockRebalanceOnPollCheckpoint(t *testing.T) {
 func TestBlockRebalanceOnPollHeldRefuses(t *testing.T) {
 	addrs := newCluster(t, 1, "blh")
 	producePlain(t, addrs, "blh", vals("a", 5))
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	reg := notify.NewRegistry()
-	a := newBlockMember(t, addrs, "blh", "blh", "a", reg)
-	defer a.c.Close()
 	release := make(chan struct{})
-	a.hold, a.holding = release, make(chan struct{})
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer cancel()
-	a.run(ctx, &wg)
+	a, reg, ctx := runMember(t, addrs, "blh", release)
 	<-a.holding
 	kcl0 := a.c.Underlying()
 	member0, _ := kcl0.GroupMetadata()
 
-	res, err := reg.Simulate(ctx, notify.SimRestore, 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !errors.Is(res.BeforeErr, ErrRebalanceBlocked) {
-		t.Fatalf("before error %v, want ErrRebalanceBlocked", res.BeforeErr)
-	}
-	if res.Event.Kind != notify.Resume || res.AfterErr != nil {
-		t.Fatalf("event %v, after error %v: want a clean resume", res.Event.Kind, res.AfterErr)
-	}
+	hooktest.SimulateRefused(t, ctx, reg, 2*time.Second, ErrRebalanceBlocked)
 	if a.c.Underlying() != kcl0 {
 		t.Errorf("the refused checkpoint replaced the kgo client: the old member may still be in the group")
 	}
 	close(release)
 	producePlain(t, addrs, "blh", vals("b", 5))
-	waitFor(t, ctx, "the member consuming after the refused checkpoint", 10*time.Second, func() bool { return a.count("b-") == 5 })
+	wait.For(t, 10*time.Second, "the member consuming after the refused checkpoint", func() bool { return a.count("b-") == 5 })
 	d, err := kadm.NewClient(mustClient(t, addrs)).DescribeGroups(ctx, "blh")
 	if err != nil {
 		t.Fatal(err)
@@ -248,16 +230,8 @@ func TestBlockRebalanceOnPollHeldRefuses(t *testing.T) {
 func TestBlockRebalanceOnPollLeaveRunningCopy(t *testing.T) {
 	addrs := newCluster(t, 1, "blc")
 	producePlain(t, addrs, "blc", vals("a", 5))
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	reg := notify.NewRegistry()
-	a := newBlockMember(t, addrs, "blc", "blc", "a", reg)
-	defer a.c.Close()
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer cancel()
-	a.run(ctx, &wg)
-	waitFor(t, ctx, "the first records consumed", 10*time.Second, func() bool { return a.count("a-") == 5 })
+	a, reg, ctx := runMember(t, addrs, "blc", nil)
+	wait.For(t, 10*time.Second, "the first records consumed", func() bool { return a.count("a-") == 5 })
 	const budget = 4 * time.Second
 	res, err := reg.Simulate(ctx, notify.SimLeaveRunningCopy, budget)
 	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
@@ -268,7 +242,7 @@ func TestBlockRebalanceOnPollLeaveRunningCopy(t *testing.T) {
 		t.Errorf("after-restore report %+v: want a new client, well within the %v budget", rep, budget)
 	}
 	producePlain(t, addrs, "blc", vals("b", 5))
-	waitFor(t, ctx, "the copy consuming", 15*time.Second, func() bool { return a.count("b-") == 5 })
+	wait.For(t, 15*time.Second, "the copy consuming", func() bool { return a.count("b-") == 5 })
 	if live, _ := a.live.counts(); live != 1 {
 		t.Errorf("%d kgo clients alive after the restore, want 1", live)
 	}
@@ -292,11 +266,9 @@ func TestTornResumeClosesOldClient(t *testing.T) {
 	})
 	reg := notify.NewRegistry()
 	live := &liveClients{}
-	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("tl"), kgo.ConsumeTopics("tl"),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond),
-		kgo.WithHooks(live)})
+	c := newHooked(t, reg, groupOpts(addrs, "tl", "tl", kgo.WithHooks(live)))
 	ctx := testCtx(t, 20*time.Second)
-	got := pollValues(ctx, c, nil, 3)
+	got := kafkatest.PollValues(ctx, c, nil, 3)
 	kcl0 := c.Underlying()
 	res, err := reg.Simulate(ctx, notify.SimRestore, time.Second)
 	if err != nil {
@@ -318,7 +290,7 @@ func TestTornResumeClosesOldClient(t *testing.T) {
 		t.Errorf("kgo clients: %d alive, at most %d at once; want 1 and 1", live, mx)
 	}
 	producePlain(t, addrs, "tl", vals("b", 3))
-	got = pollValues(ctx, c, got, 6)
+	got = kafkatest.PollValues(ctx, c, got, 6)
 	if want := append(vals("a", 3), vals("b", 3)...); !slices.Equal(got, want) {
 		t.Errorf("delivered %v, want %v", got, want)
 	}
@@ -331,17 +303,8 @@ func TestTornResumeClosesOldClient(t *testing.T) {
 func TestBlockRebalanceProduceWhileHeld(t *testing.T) {
 	addrs := newCluster(t, 1, "bp", "bp-out")
 	producePlain(t, addrs, "bp", vals("a", 3))
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	reg := notify.NewRegistry()
-	a := newBlockMember(t, addrs, "bp", "bp", "a", reg)
-	defer a.c.Close()
 	release := make(chan struct{})
-	a.hold, a.holding = release, make(chan struct{})
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer cancel()
-	a.run(ctx, &wg)
+	a, reg, ctx := runMember(t, addrs, "bp", release)
 	<-a.holding
 	type result struct {
 		res notify.SimResult
@@ -352,7 +315,7 @@ func TestBlockRebalanceProduceWhileHeld(t *testing.T) {
 		res, err := reg.Simulate(ctx, notify.SimRestore, 4*time.Second)
 		done <- result{res, err}
 	}()
-	waitFor(t, ctx, "the checkpoint's gate closed", 5*time.Second, func() bool { return a.c.state.Load().gate != nil })
+	wait.For(t, 5*time.Second, "the checkpoint's gate closed", func() bool { return a.c.state.Load().gate != nil })
 	if err := a.c.ProduceSync(ctx, &kgo.Record{Topic: "bp-out", Value: []byte("x")}).FirstErr(); err != nil {
 		t.Fatalf("produce while holding polled records during the checkpoint: %v", err)
 	}
@@ -361,7 +324,7 @@ func TestBlockRebalanceProduceWhileHeld(t *testing.T) {
 	if r.err != nil || r.res.BeforeErr != nil || r.res.AfterErr != nil {
 		t.Fatalf("cycle: %v, before %v, after %v", r.err, r.res.BeforeErr, r.res.AfterErr)
 	}
-	if got := readAll(t, addrs, "bp-out", 1); !slices.Equal(got, []string{"x"}) {
+	if got := kafkatest.ReadValues(t, addrs, "bp-out", 1); !slices.Equal(got, []string{"x"}) {
 		t.Errorf("output %v, want [x]", got)
 	}
 }

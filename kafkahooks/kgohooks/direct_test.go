@@ -10,6 +10,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -42,14 +44,14 @@ func TestDirectPartitionsAtEndAcrossRestore(t *testing.T) {
 	producePlain(t, addrs, "d", vals("before", 10))
 
 	got := pollUpTo(t, ctx, c, nil, 4)
-	simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
+	hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 	if next["d/0"] != 10+4 {
 		t.Errorf("next offset in the report = %v, want d/0: 14", next)
 	}
 	producePlain(t, addrs, "d", vals("after", 10))
 	got = pollUpTo(t, ctx, c, got, 30)
 	// A little longer, to catch redelivered records.
-	got = pollMore(ctx, c, got)
+	got = kafkatest.PollMore(ctx, c, got)
 	want := slices.Concat(vals("before", 10), vals("during", 10), vals("after", 10))
 	if !slices.Equal(got, want) {
 		t.Errorf("delivered %d records, want %d in order:\n got %v\nwant %v", len(got), len(want), got, want)
@@ -70,12 +72,12 @@ func TestAddConsumePartitionsAcrossRestore(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	producePlain(t, addrs, "d", vals("before", 3))
-	got := pollValues(ctx, c, nil, 3)
-	simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
+	got := kafkatest.PollValues(ctx, c, nil, 3)
+	hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 	producePlain(t, addrs, "d", vals("after", 3))
 	pctx, pcancel := context.WithTimeout(ctx, 3*time.Second)
 	defer pcancel()
-	got = pollValues(pctx, c, got, 6)
+	got = kafkatest.PollValues(pctx, c, got, 6)
 	if want := slices.Concat(vals("before", 3), vals("after", 3)); !slices.Equal(got, want) {
 		t.Errorf("delivered %v, want %v", got, want)
 	}
@@ -112,7 +114,7 @@ func TestUnresolvedStartRefusesCheckpoint(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	producePlain(t, addrs, "d", vals("new", 3))
-	got := pollValues(ctx, c, nil, 3)
+	got := kafkatest.PollValues(ctx, c, nil, 3)
 	if !slices.Equal(got, vals("new", 3)) {
 		t.Errorf("delivered %v, want %v", got, vals("new", 3))
 	}

@@ -9,6 +9,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -30,8 +32,7 @@ func producePlain(t *testing.T, addrs []string, topic string, values []string, e
 func TestGroupConsumerRestoreNoRedeliveryNoSkip(t *testing.T) {
 	addrs, reg := newRig(t, 2, "g")
 	producePlain(t, addrs, "g", vals("a", 30))
-	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("grp"), kgo.ConsumeTopics("g"),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)})
+	c := newHooked(t, reg, groupOpts(addrs, "grp", "g"))
 	ctx := testCtx(t, 15*time.Second)
 
 	seen := map[string]int{}
@@ -53,7 +54,7 @@ func TestGroupConsumerRestoreNoRedeliveryNoSkip(t *testing.T) {
 		got += poll(12 - got)
 	}
 
-	res := simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
+	res := hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 	rep := res.Before[0]
 	t.Logf("before report: %+v", rep)
 
@@ -115,9 +116,7 @@ func mustClient(t *testing.T, addrs []string) *kgo.Client {
 func TestLateCommitDoesNotGoBack(t *testing.T) {
 	addrs, reg := newRig(t, 1, "m")
 	producePlain(t, addrs, "m", vals("a", 10))
-	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("mg"), kgo.ConsumeTopics("m"),
-		kgo.DisableAutoCommit(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchMaxWait(100 * time.Millisecond)})
+	c := newHooked(t, reg, groupOpts(addrs, "mg", "m", kgo.DisableAutoCommit()))
 	ctx := testCtx(t, 15*time.Second)
 	var old []*kgo.Record
 	for len(old) < 10 && ctx.Err() == nil {
@@ -126,7 +125,7 @@ func TestLateCommitDoesNotGoBack(t *testing.T) {
 	if err := c.CommitRecords(ctx, old...); err != nil {
 		t.Fatal(err)
 	}
-	simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
+	hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 	producePlain(t, addrs, "m", vals("b", 5))
 	var fresh []*kgo.Record
 	for len(fresh) < 5 && ctx.Err() == nil {
@@ -152,16 +151,14 @@ func TestLateCommitDoesNotGoBack(t *testing.T) {
 func TestAutoCommitMarksAcrossRestore(t *testing.T) {
 	addrs, reg := newRig(t, 1, "k")
 	producePlain(t, addrs, "k", vals("a", 10))
-	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("kg"), kgo.ConsumeTopics("k"),
-		kgo.AutoCommitMarks(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchMaxWait(100 * time.Millisecond)})
+	c := newHooked(t, reg, groupOpts(addrs, "kg", "k", kgo.AutoCommitMarks()))
 	ctx := testCtx(t, 15*time.Second)
 	var old []*kgo.Record
 	for len(old) < 10 && ctx.Err() == nil {
 		old = append(old, c.PollFetches(ctx).Records()...)
 	}
 	c.MarkCommitRecords(old[:6]...)
-	res := simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
+	res := hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 	if n := res.Before[0].Details["partitions_committed"]; n != 1 {
 		t.Errorf("partitions_committed = %v, want 1", n)
 	}
@@ -169,7 +166,7 @@ func TestAutoCommitMarksAcrossRestore(t *testing.T) {
 	if o, _ := offs.Lookup("k", 0); o.At != 6 {
 		t.Errorf("committed offset %d, want 6 (the marked records)", o.At)
 	}
-	again := pollValues(ctx, c, nil, 4)
+	again := kafkatest.PollValues(ctx, c, nil, 4)
 	if want := vals("a", 10)[6:]; !slices.Equal(again, want) {
 		t.Errorf("after restore delivered %v, want %v", again, want)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -24,29 +26,8 @@ func newCluster(t *testing.T, partitions int32, topics ...string) []string {
 
 func newKfake(t *testing.T, partitions int32, topics ...string) *kfake.Cluster {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...),
-		kfake.GroupMinSessionTimeout(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c, _ := kafkatest.Cluster(t, kfake.SeedTopics(partitions, topics...), kafkatest.FastGroups())
 	return c
-}
-
-// readAll reads topic from the start with an independent plain kgo client
-// until want records arrived or the deadline passed, then 300 ms more, and
-// returns the values.
-func readAll(t *testing.T, addrs []string, topic string, want int, extra ...kgo.Opt) []string {
-	t.Helper()
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}, extra...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	return pollMore(ctx, cl, pollValues(ctx, cl, nil, want))
 }
 
 func vals(prefix string, n int) []string {
@@ -131,31 +112,6 @@ func testCtx(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
-// simulateOK runs a checkpoint cycle of outcome on reg and fails the test
-// unless it ran and both phases succeeded.
-func simulateOK(t *testing.T, ctx context.Context, reg *notify.Registry, outcome notify.SimOutcome, budget time.Duration) notify.SimResult {
-	t.Helper()
-	res, err := reg.Simulate(ctx, outcome, budget)
-	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
-		t.Fatalf("cycle: %v, before %v, after %v", err, res.BeforeErr, res.AfterErr)
-	}
-	return res
-}
-
-// poller is what pollValues needs of a Client or a GroupTransactSession.
-type poller interface {
-	PollFetches(context.Context) kgo.Fetches
-}
-
-// pollValues polls p and appends the values to got until it holds n or ctx
-// ends.
-func pollValues(ctx context.Context, p poller, got []string, n int) []string {
-	for len(got) < n && ctx.Err() == nil {
-		p.PollFetches(ctx).EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
-	}
-	return got
-}
-
 // runTxn produces n values of prefix in a transaction of c, and commits it
 // if end.
 func runTxn(t *testing.T, ctx context.Context, c *Client, prefix string, n int, end bool) {
@@ -179,7 +135,7 @@ func runTxn(t *testing.T, ctx context.Context, c *Client, prefix string, n int, 
 // exactly want, in order.
 func wantCommitted(t *testing.T, addrs []string, topic string, want []string) {
 	t.Helper()
-	if got := readAll(t, addrs, topic, len(want), kgo.FetchIsolationLevel(kgo.ReadCommitted())); !slices.Equal(got, want) {
+	if got := kafkatest.ReadValues(t, addrs, topic, len(want), kgo.FetchIsolationLevel(kgo.ReadCommitted())); !slices.Equal(got, want) {
 		t.Errorf("read_committed sees %v, want %v", got, want)
 	}
 }
@@ -205,11 +161,20 @@ func pollUpTo(t *testing.T, ctx context.Context, c *Client, got []string, n int)
 	return got
 }
 
-// pollMore polls p 300 ms longer and appends what comes, so that records
-// delivered again show.
-func pollMore(ctx context.Context, p poller, got []string) []string {
-	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer cancel()
-	p.PollFetches(short).EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
-	return got
+// countPrefixed counts the distinct values in seen that begin with prefix.
+func countPrefixed(seen map[string]int, prefix string) int {
+	n := 0
+	for v := range seen {
+		if strings.HasPrefix(v, prefix) {
+			n++
+		}
+	}
+	return n
+}
+
+// groupOpts are the kgo options of a member of group consuming topic from
+// the start on addrs, with fetches that wait at most 100 ms, and extra.
+func groupOpts(addrs []string, group, topic string, extra ...kgo.Opt) []kgo.Opt {
+	return append([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)}, extra...)
 }

@@ -11,10 +11,26 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
 // producePart writes values to one partition of topic with an independent
+// pollFirst produces with produce(0), produce(1), ... and polls c for 300 ms
+// after each, until a record comes (the member has joined and resolved its
+// start offsets) or ctx ends, and returns the values polled.
+func pollFirst(ctx context.Context, c *Client, produce func(i int)) []string {
+	var got []string
+	for i := 0; len(got) == 0 && ctx.Err() == nil; i++ {
+		produce(i)
+		pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		got = kafkatest.PollValues(pctx, c, got, 1)
+		cancel()
+	}
+	return got
+}
+
 // kgo client.
 func producePart(t *testing.T, addrs []string, topic string, part int32, values []string) {
 	t.Helper()
@@ -58,7 +74,7 @@ func TestDirectReadCommittedAtEndIsLSO(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("start offset not resolved")
 	}
-	res := simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
+	res := hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 	if next, _ := res.Before[0].Details["next_offsets"].(map[string]int64); next["rc/0"] != 0 {
 		t.Errorf("next offsets in the report %v, want rc/0: 0 (the last stable offset)", res.Before[0].Details["next_offsets"])
 	}
@@ -67,7 +83,7 @@ func TestDirectReadCommittedAtEndIsLSO(t *testing.T) {
 	}
 	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	if got := pollValues(pctx, c, nil, 5); !slices.Equal(got, vals("t", 5)) {
+	if got := kafkatest.PollValues(pctx, c, nil, 5); !slices.Equal(got, vals("t", 5)) {
 		t.Errorf("delivered %v, want the committed transaction %v", got, vals("t", 5))
 	}
 }
@@ -89,21 +105,17 @@ func TestGroupAtEndUnpolledPartitionKeepsDowntime(t *testing.T) {
 	ctx := testCtx(t, 20*time.Second)
 	// Until the member has joined and resolved its start offsets: only
 	// partition 0 gets records.
-	var got []string
-	for i := 0; len(got) == 0 && ctx.Err() == nil; i++ {
+	got := pollFirst(ctx, c, func(i int) {
 		producePart(t, addrs, "ae", 0, []string{"p0-" + string(rune('a'+i%26))})
-		pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-		got = pollValues(pctx, c, got, 1)
-		cancel()
-	}
-	got = pollMore(ctx, c, got)
-	res := simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
+	})
+	got = kafkatest.PollMore(ctx, c, got)
+	res := hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 	t.Logf("before report: %v", res.Before[0].Details)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	var after []string
-	after = pollValues(pctx, c, after, 9)
-	after = pollMore(ctx, c, after)
+	after = kafkatest.PollValues(pctx, c, after, 9)
+	after = kafkatest.PollMore(ctx, c, after)
 	slices.Sort(after)
 	want := slices.Concat(vals("during0", 3), vals("during1", 6))
 	slices.Sort(want)
@@ -140,20 +152,15 @@ func TestGroupOffsetsGoneAtRestore(t *testing.T) {
 			ctx := testCtx(t, 20*time.Second)
 			var got []string
 			if reset == "start" {
-				got = pollValues(ctx, c, nil, 10)
+				got = kafkatest.PollValues(ctx, c, nil, 10)
 			} else {
-				for len(got) == 0 && ctx.Err() == nil {
-					producePlain(t, addrs, "ex", []string{"first"})
-					pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-					got = pollValues(pctx, c, got, 1)
-					cancel()
-				}
+				got = pollFirst(ctx, c, func(int) { producePlain(t, addrs, "ex", []string{"first"}) })
 			}
-			got = pollMore(ctx, c, got)
-			simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
+			got = kafkatest.PollMore(ctx, c, got)
+			hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
-			after := pollMore(ctx, c, pollValues(pctx, c, nil, 5))
+			after := kafkatest.PollMore(ctx, c, kafkatest.PollValues(pctx, c, nil, 5))
 			if !slices.Equal(after, vals("during", 5)) {
 				t.Errorf("after the restore delivered %v, want %v (from the recorded offset)", after, vals("during", 5))
 			}
@@ -227,22 +234,17 @@ func TestTopicConsumerAcrossRestore(t *testing.T) {
 			ctx := testCtx(t, 20*time.Second)
 			var got []string
 			if reset == "start" {
-				got = pollValues(ctx, c, nil, 10)
+				got = kafkatest.PollValues(ctx, c, nil, 10)
 			} else {
-				for i := 0; len(got) == 0 && ctx.Err() == nil; i++ {
-					producePart(t, addrs, "tc", 0, []string{"first"})
-					pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-					got = pollValues(pctx, c, got, 1)
-					cancel()
-				}
+				got = pollFirst(ctx, c, func(int) { producePart(t, addrs, "tc", 0, []string{"first"}) })
 			}
-			got = pollMore(ctx, c, got)
-			res := simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
+			got = kafkatest.PollMore(ctx, c, got)
+			res := hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 			t.Logf("before report: %v", res.Before[0].Details)
 			producePart(t, addrs, "tc", 0, vals("after", 5))
 			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
-			after := pollMore(ctx, c, pollValues(pctx, c, nil, 11))
+			after := kafkatest.PollMore(ctx, c, kafkatest.PollValues(pctx, c, nil, 11))
 			slices.Sort(after)
 			want := slices.Concat(vals("during0", 3), vals("during1", 3), vals("after", 5))
 			slices.Sort(want)
@@ -264,11 +266,11 @@ func TestTopicConsumerResumeAfterDrain(t *testing.T) {
 	ctx := testCtx(t, 20*time.Second)
 	got := pollUpTo(t, ctx, c, nil, 5)
 	time.Sleep(200 * time.Millisecond) // kgo buffers the rest
-	simulateOK(t, ctx, reg, notify.SimResume, 5*time.Second)
+	hooktest.SimulateOK(t, ctx, reg, notify.SimResume, 5*time.Second)
 	producePart(t, addrs, "tr", 0, vals("b", 5))
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	got = pollMore(ctx, c, pollValues(pctx, c, got, 25))
+	got = kafkatest.PollMore(ctx, c, kafkatest.PollValues(pctx, c, got, 25))
 	if want := slices.Concat(vals("a", 20), vals("b", 5)); !slices.Equal(got, want) {
 		t.Errorf("delivered %v, want %v", got, want)
 	}

@@ -15,20 +15,18 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
+	"github.com/kcr-dev/kcr/internal/testkit/wait"
 	"github.com/kcr-dev/kcr/notify"
 )
 
 // new848 starts a kfake cluster whose KIP-848 groups heartbeat every 50 ms.
 func new848(t *testing.T, partitions int32, topics ...string) []string {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...),
-		kfake.GroupMinSessionTimeout(50*time.Millisecond),
+	_, addrs := kafkatest.Cluster(t, kfake.SeedTopics(partitions, topics...), kafkatest.FastGroups(),
 		kfake.BrokerConfigs(map[string]string{"group.consumer.heartbeat.interval.ms": "50"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	return c.ListenAddrs()
+	return addrs
 }
 
 // members848 returns the KIP-848 members of group as the broker describes
@@ -49,17 +47,11 @@ func members848(t *testing.T, ctx context.Context, addrs []string, group string)
 // waitMembers848 waits until ok accepts the group's members.
 func waitMembers848(t *testing.T, ctx context.Context, addrs []string, group, what string, ok func([]kadm.ConsumerGroupMember) bool) []kadm.ConsumerGroupMember {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ms := members848(t, ctx, addrs, group)
-		if ok(ms) {
-			return ms
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: members %s", what, fmtMembers(ms))
-		}
-		time.Sleep(20 * time.Millisecond)
+	var ms []kadm.ConsumerGroupMember
+	if !wait.Until(10*time.Second, func() bool { ms = members848(t, ctx, addrs, group); return ok(ms) }) {
+		t.Fatalf("%s: members %s", what, fmtMembers(ms))
 	}
+	return ms
 }
 
 func fmtMembers(ms []kadm.ConsumerGroupMember) string {
@@ -100,9 +92,7 @@ func TestKIP848RestoreNewMember(t *testing.T) {
 		return nil
 	}, nil))
 	producePlain(t, addrs, "n", vals("a", 30), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
-	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("ng"), kgo.ConsumeTopics("n"),
-		kgo.ServerSideBalancer(), kgo.ClientID("nc"),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)})
+	c := newHooked(t, reg, groupOpts(addrs, "ng", "n", kgo.ServerSideBalancer(), kgo.ClientID("nc")))
 
 	seen := map[string]int{}
 	poll := func(max int) int {
@@ -120,7 +110,7 @@ func TestKIP848RestoreNewMember(t *testing.T) {
 	before := waitMembers848(t, ctx, addrs, "ng", "one member", func(ms []kadm.ConsumerGroupMember) bool { return len(ms) == 1 })
 	t.Logf("before: %s", fmtMembers(before))
 
-	res := simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
+	res := hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 	rep := res.Before[0]
 	t.Logf("before report: %+v", rep)
 	if rep.Details["left_group"] != true {
@@ -169,20 +159,7 @@ func failCommits(c *kfake.Cluster, n *atomic.Int32, codes ...int16) {
 		code := codes[0]
 		codes = codes[1:]
 		n.Add(1)
-		req := kr.(*kmsg.OffsetCommitRequest)
-		resp := req.ResponseKind().(*kmsg.OffsetCommitResponse)
-		resp.Version = req.Version
-		for _, rt := range req.Topics {
-			st := kmsg.NewOffsetCommitResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewOffsetCommitResponseTopicPartition()
-				sp.Partition, sp.ErrorCode = rp.Partition, code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return kafkatest.FailCommit(kr, code), nil, true
 	})
 }
 
@@ -192,19 +169,12 @@ func failCommits(c *kfake.Cluster, n *atomic.Int32, codes ...int16) {
 // retries, the broker has exactly what was handed out committed, and after
 // the restore every record is delivered once, none skipped.
 func TestKIP848CheckpointCommitSurvivesMemberErrors(t *testing.T) {
-	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "e"),
+	kc, addrs := kafkatest.Cluster(t, kfake.SeedTopics(2, "e"),
 		kfake.BrokerConfigs(map[string]string{"group.consumer.heartbeat.interval.ms": "50"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(kc.Close)
-	addrs := kc.ListenAddrs()
 	reg := notify.NewRegistry()
 	ctx := testCtx(t, 30*time.Second)
 	producePlain(t, addrs, "e", vals("a", 30), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
-	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("eg"), kgo.ConsumeTopics("e"),
-		kgo.ServerSideBalancer(), kgo.AutoCommitInterval(time.Hour),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)}, WithRetryBackoff(10*time.Millisecond, 50*time.Millisecond))
+	c := newHooked(t, reg, groupOpts(addrs, "eg", "e", kgo.ServerSideBalancer(), kgo.AutoCommitInterval(time.Hour)), WithRetryBackoff(10*time.Millisecond, 50*time.Millisecond))
 	seen := map[string]int{}
 	next := map[int32]int64{}
 	poll := func(max int) int {
@@ -221,7 +191,7 @@ func TestKIP848CheckpointCommitSurvivesMemberErrors(t *testing.T) {
 	}
 	var failed atomic.Int32
 	failCommits(kc, &failed, kerr.StaleMemberEpoch.Code, kerr.UnknownMemberID.Code)
-	res := simulateOK(t, ctx, reg, notify.SimRestore, 10*time.Second)
+	res := hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 10*time.Second)
 	rep := res.Before[0].Details
 	t.Logf("before report: %v", rep)
 	if failed.Load() != 2 {
@@ -263,18 +233,17 @@ func TestKIP848LeaveRunningKeepsMember(t *testing.T) {
 	ctx := testCtx(t, 20*time.Second)
 	rr := kgo.RecordPartitioner(kgo.RoundRobinPartitioner())
 	producePlain(t, addrs, "l", vals("a", 10), rr)
-	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("lg"), kgo.ConsumeTopics("l"),
-		kgo.ServerSideBalancer(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)})
-	got := pollValues(ctx, c, nil, 10)
+	c := newHooked(t, reg, groupOpts(addrs, "lg", "l", kgo.ServerSideBalancer()))
+	got := kafkatest.PollValues(ctx, c, nil, 10)
 	before := waitMembers848(t, ctx, addrs, "lg", "one member owning both partitions", func(ms []kadm.ConsumerGroupMember) bool {
 		return len(ms) == 1 && owned(ms[0]) == 2
 	})
-	res := simulateOK(t, ctx, reg, notify.SimLeaveRunning, 5*time.Second)
+	res := hooktest.SimulateOK(t, ctx, reg, notify.SimLeaveRunning, 5*time.Second)
 	if rep := res.Before[0].Details; rep["left_group"] != false || rep["kept_for_resume"] != true {
 		t.Errorf("report %v: want left_group false, kept_for_resume true", rep)
 	}
 	producePlain(t, addrs, "l", vals("b", 10), rr)
-	got = pollValues(ctx, c, got, 20)
+	got = kafkatest.PollValues(ctx, c, got, 20)
 	if want := append(vals("a", 10), vals("b", 10)...); len(got) != 20 || !sameSet(got, want) {
 		t.Errorf("consumed %v, want %v once each", got, want)
 	}
@@ -314,8 +283,7 @@ func TestInitialDelayReported(t *testing.T) {
 			// Generous: under CI's load two members took most of 20 s to
 			// settle, and the checkpoint then ran out of time.
 			ctx := testCtx(t, 60*time.Second)
-			opts := []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("dg"), kgo.ConsumeTopics("d"),
-				kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)}
+			opts := groupOpts(addrs, "dg", "d")
 			if tc.kip848 {
 				opts = append(opts, kgo.ServerSideBalancer())
 			}
@@ -342,8 +310,8 @@ func TestInitialDelayReported(t *testing.T) {
 					time.Sleep(20 * time.Millisecond)
 				}
 			}
-			pollValues(ctx, c, nil, 1)
-			res := simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
+			kafkatest.PollValues(ctx, c, nil, 1)
+			res := hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 			rep := res.Before[0].Details
 			if rep["initial_rebalance_delay"] != tc.want {
 				t.Errorf("report %v: want initial_rebalance_delay %v", rep, tc.want)

@@ -9,6 +9,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
+	"github.com/kcr-dev/kcr/internal/testkit/wait"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -27,19 +29,11 @@ func TestTwoMembersOneCheckpointed(t *testing.T) {
 	count := func(prefix string) int {
 		mu.Lock()
 		defer mu.Unlock()
-		n := 0
-		for v := range seen {
-			if len(v) > len(prefix) && v[:len(prefix)] == prefix {
-				n++
-			}
-		}
-		return n
+		return countPrefixed(seen, prefix)
 	}
 	member := func(name string, reg *notify.Registry) *Client {
-		c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("two"), kgo.ConsumeTopics("two"),
-			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond),
-			kgo.SessionTimeout(2 * time.Second), kgo.HeartbeatInterval(100 * time.Millisecond),
-			kgo.ClientID(name)}, WithRegistry(reg))
+		c, err := New(groupOpts(addrs, "two", "two", kgo.SessionTimeout(2*time.Second),
+			kgo.HeartbeatInterval(100*time.Millisecond), kgo.ClientID(name)), WithRegistry(reg))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -77,10 +71,7 @@ func TestTwoMembersOneCheckpointed(t *testing.T) {
 		phase = "-during"
 		mu.Unlock()
 		producePlain(t, addrs, "two", vals("d", 10), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
-		deadline := time.Now().Add(4 * time.Second)
-		for count("d-") < 10 && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond)
-		}
+		wait.Until(4*time.Second, func() bool { return count("d-") >= 10 })
 		return nil
 	}, nil))
 	a := member("a", regA)
@@ -98,7 +89,7 @@ func TestTwoMembersOneCheckpointed(t *testing.T) {
 		fetchCommitted(t, ctx, addrs, "two").Each(func(o kadm.OffsetResponse) { m[o.Partition] = o.At })
 		return m
 	}
-	simulateOK(t, ctx, regA, notify.SimRestore, 8*time.Second)
+	hooktest.SimulateOK(t, ctx, regA, notify.SimRestore, 8*time.Second)
 	if count("d-") < 10 {
 		t.Errorf("only %d of 10 records produced during the checkpoint were consumed by the other member", count("d-"))
 	}
@@ -118,17 +109,17 @@ func TestTwoMembersOneCheckpointed(t *testing.T) {
 		t.Errorf("%d of 40 records after the restore consumed", n)
 	}
 	// The restored member rejoins and gets partitions again.
-	deadline := time.Now().Add(8 * time.Second)
-	for time.Now().Before(deadline) {
+	wait.Until(8*time.Second, func() bool {
 		mu.Lock()
 		n := len(byMember["a-after"])
 		mu.Unlock()
 		if n > 0 {
-			break
+			return true
 		}
 		producePlain(t, addrs, "two", vals("y", 2), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
 		time.Sleep(200 * time.Millisecond)
-	}
+		return false
+	})
 	mu.Lock()
 	if len(byMember["a-after"]) == 0 {
 		t.Errorf("the restored member consumed nothing after rejoining")

@@ -6,6 +6,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -14,8 +15,7 @@ import (
 // of the new client.
 func TestWaitingPollSurvivesRestore(t *testing.T) {
 	addrs, reg := newRig(t, 1, "w")
-	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("wg"), kgo.ConsumeTopics("w"),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)})
+	c := newHooked(t, reg, groupOpts(addrs, "wg", "w"))
 	ctx := testCtx(t, 15*time.Second)
 	done := make(chan kgo.Fetches, 1)
 	go func() { done <- c.PollFetches(ctx) }()
@@ -23,7 +23,7 @@ func TestWaitingPollSurvivesRestore(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	time.Sleep(200 * time.Millisecond) // let it wait inside kgo
-	simulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
+	hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 	select {
 	case fs := <-done:
 		t.Fatalf("poll returned during the cycle with %d records, errors %v", fs.NumRecords(), fs.Errors())

@@ -12,6 +12,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
+	"github.com/kcr-dev/kcr/internal/testkit/wait"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -35,19 +38,16 @@ func produceDuring(t *testing.T, c *Client, prefix string, n int) func() []error
 // hook runs after the client's (reverse order): it starts n producers of
 // prefix-i and waits until all of them wait at the client's closed gate.
 func duringProbe(t *testing.T, reg *notify.Registry, c **Client, prefix string, n int) func() []error {
-	var wait func() []error
+	var results func() []error
 	reg.Register("probe", notify.Func(func(context.Context) error {
-		wait = produceDuring(t, *c, prefix, n)
-		deadline := time.Now().Add(3 * time.Second)
-		for (*c).blocked.Load() < int64(n) && time.Now().Before(deadline) {
-			time.Sleep(time.Millisecond)
-		}
+		results = produceDuring(t, *c, prefix, n)
+		wait.Until(3*time.Second, func() bool { return (*c).blocked.Load() >= int64(n) })
 		if b := (*c).blocked.Load(); b != int64(n) {
 			t.Errorf("%d callers wait at the gate, want %d", b, n)
 		}
 		return nil
 	}, nil))
-	return func() []error { return wait() }
+	return func() []error { return results() }
 }
 
 func testProducerCycle(t *testing.T, outcome notify.SimOutcome) {
@@ -118,7 +118,7 @@ func testProducerCycle(t *testing.T, outcome notify.SimOutcome) {
 		t.Errorf("client id after resume = %q, want app", id)
 	}
 	want := slices.Concat(vals("before", 20), vals("during", 10), vals("after", 20))
-	got := readAll(t, addrs, "p", len(want))
+	got := kafkatest.ReadValues(t, addrs, "p", len(want))
 	slices.Sort(want)
 	slices.Sort(got)
 	if !slices.Equal(got, want) {
@@ -167,7 +167,7 @@ func TestProducerManyCycles(t *testing.T) {
 			lastID = "app-" + res.Event.InstanceID[:8]
 		}
 	}
-	got := readAll(t, addrs, "p", len(want))
+	got := kafkatest.ReadValues(t, addrs, "p", len(want))
 	slices.Sort(want)
 	slices.Sort(got)
 	if !slices.Equal(got, want) {
@@ -195,16 +195,7 @@ func TestUnflushedRefusesCheckpoint(t *testing.T) {
 	})
 	acked := make(chan error, 1)
 	c.Produce(ctx, &kgo.Record{Value: []byte("x-1")}, func(_ *kgo.Record, err error) { acked <- err })
-	res, err := reg.Simulate(ctx, notify.SimRestore, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !errors.Is(res.BeforeErr, ErrRecordsNotFlushed) {
-		t.Fatalf("before error = %v, want ErrRecordsNotFlushed", res.BeforeErr)
-	}
-	if res.Event.Kind != notify.Resume || res.AfterErr != nil {
-		t.Fatalf("event %v, after error %v; want a clean resume", res.Event.Kind, res.AfterErr)
-	}
+	res := hooktest.SimulateRefused(t, ctx, reg, time.Second, ErrRecordsNotFlushed)
 	if n := res.Before[0].Details["records_unflushed"]; n != int64(1) {
 		t.Errorf("records_unflushed = %v (%T), want 1", n, n)
 	}
@@ -222,7 +213,7 @@ func TestUnflushedRefusesCheckpoint(t *testing.T) {
 	if id := c.ClientID(); id != "app" {
 		t.Errorf("client id %q after a refused checkpoint, want app", id)
 	}
-	if got := readAll(t, addrs, "p", 2); !slices.Equal(got, vals("x", 2)) {
+	if got := kafkatest.ReadValues(t, addrs, "p", 2); !slices.Equal(got, vals("x", 2)) {
 		t.Errorf("topic has %v, want %v", got, vals("x", 2))
 	}
 }

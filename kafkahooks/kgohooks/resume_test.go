@@ -10,6 +10,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
+	"github.com/kcr-dev/kcr/internal/testkit/wait"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -25,7 +28,7 @@ func TestTxnClientResumeKeepsProducer(t *testing.T) {
 	runTxn(t, ctx, c, "a", 5, true)
 	pid0, _, _ := c.ProducerID(ctx)
 	kcl0 := c.Underlying()
-	simulateOK(t, ctx, reg, notify.SimResume, 5*time.Second)
+	hooktest.SimulateOK(t, ctx, reg, notify.SimResume, 5*time.Second)
 	if n := atDump.Load(); n != 0 {
 		t.Errorf("%d connections open at the dump instant, want 0", n)
 	}
@@ -56,7 +59,7 @@ func TestDirectPartitionsResumeKeepsClient(t *testing.T) {
 	ctx := testCtx(t, 15*time.Second)
 	got := pollUpTo(t, ctx, c, nil, 4)
 	kcl0 := c.Underlying()
-	simulateOK(t, ctx, reg, notify.SimResume, 5*time.Second)
+	hooktest.SimulateOK(t, ctx, reg, notify.SimResume, 5*time.Second)
 	if n := atDump.Load(); n != 0 {
 		t.Errorf("%d connections open at the dump instant, want 0", n)
 	}
@@ -65,7 +68,7 @@ func TestDirectPartitionsResumeKeepsClient(t *testing.T) {
 	}
 	producePlain(t, addrs, "d", vals("after", 10))
 	got = pollUpTo(t, ctx, c, got, 20)
-	got = pollMore(ctx, c, got)
+	got = kafkatest.PollMore(ctx, c, got)
 	if want := slices.Concat(vals("before", 10), vals("after", 10)); !slices.Equal(got, want) {
 		t.Errorf("delivered %d records, want %d in order:\n got %v\nwant %v", len(got), len(want), got, want)
 	}
@@ -81,9 +84,9 @@ func TestGroupClientResumeIsNewClient(t *testing.T) {
 		kgo.FetchMaxWait(100 * time.Millisecond)})
 	ctx := testCtx(t, 15*time.Second)
 	producePlain(t, addrs, "g", vals("a", 3))
-	got := pollValues(ctx, c, nil, 3)
+	got := kafkatest.PollValues(ctx, c, nil, 3)
 	kcl0 := c.Underlying()
-	simulateOK(t, ctx, reg, notify.SimResume, 5*time.Second)
+	hooktest.SimulateOK(t, ctx, reg, notify.SimResume, 5*time.Second)
 	if n := atDump.Load(); n != 0 {
 		t.Errorf("%d connections open at the dump instant, want 0", n)
 	}
@@ -91,7 +94,7 @@ func TestGroupClientResumeIsNewClient(t *testing.T) {
 		t.Error("a resumed group consumer kept a kgo client that has left its group")
 	}
 	producePlain(t, addrs, "g", vals("b", 3))
-	got = pollValues(ctx, c, got, 6)
+	got = kafkatest.PollValues(ctx, c, got, 6)
 	if want := slices.Concat(vals("a", 3), vals("b", 3)); !slices.Equal(got, want) {
 		t.Errorf("delivered %v, want %v", got, want)
 	}
@@ -110,12 +113,11 @@ func TestGroupClientLeaveRunningKeepsMember(t *testing.T) {
 		reg := notify.NewRegistry()
 		cc := &connCounter{}
 		atDump := dumpProbe(reg, cc)
-		c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic), kgo.Dialer(cc.Dial),
-			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond),
+		c, err := New(groupOpts(addrs, group, topic, kgo.Dialer(cc.Dial),
 			// The copy's new member waits for the image's, which never
 			// leaves (the original, not here, would keep heartbeating),
 			// to time out before its join and Close complete.
-			kgo.SessionTimeout(time.Second), kgo.HeartbeatInterval(100 * time.Millisecond)}, WithRegistry(reg))
+			kgo.SessionTimeout(time.Second), kgo.HeartbeatInterval(100*time.Millisecond)), WithRegistry(reg))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -181,17 +183,15 @@ func TestCloseLeavesGroup(t *testing.T) {
 	}
 	c.Close()
 	adm := kadm.NewClient(mustClient(t, addrs))
-	deadline := time.Now().Add(2 * time.Second)
-	for {
+	n := -1
+	if !wait.Until(2*time.Second, func() bool {
 		d, err := adm.DescribeGroups(ctx, "cl")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n := len(d["cl"].Members); n == 0 {
-			return
-		} else if time.Now().After(deadline) {
-			t.Fatalf("%d members in the group 2 s after Close: the client did not leave", n)
-		}
-		time.Sleep(20 * time.Millisecond)
+		n = len(d["cl"].Members)
+		return n == 0
+	}) {
+		t.Fatalf("%d members in the group 2 s after Close: the client did not leave", n)
 	}
 }

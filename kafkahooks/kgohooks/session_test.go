@@ -8,6 +8,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -63,7 +65,7 @@ func TestSessionExactlyOnceAcrossRestore(t *testing.T) {
 	if step() == 0 {
 		t.Fatal("no records for the open transaction")
 	}
-	res := simulateOK(t, ctx, reg, notify.SimRestore, 2*time.Second)
+	res := hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 2*time.Second)
 	t.Logf("before report: %+v", res.Before[0].Details)
 	if got := res.Before[0].Details["transaction"]; got != "aborted" {
 		t.Errorf("report transaction = %v, want aborted", got)
@@ -78,7 +80,7 @@ func TestSessionExactlyOnceAcrossRestore(t *testing.T) {
 		}
 	}
 	want := outValues(vals("r", 20))
-	got := readAll(t, addrs, "out", len(want), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	got := kafkatest.ReadValues(t, addrs, "out", len(want), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	slices.Sort(got)
 	slices.Sort(want)
 	if !slices.Equal(got, want) {
@@ -119,7 +121,7 @@ func TestSessionAppEndsTxnDuringCheckpoint(t *testing.T) {
 		c, err := s.End(ctx, kgo.TryCommit)
 		ended <- result{c, err}
 	}()
-	res := simulateOK(t, ctx, reg, notify.SimRestore, 4*time.Second)
+	res := hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 4*time.Second)
 	if r := <-ended; !r.committed || r.err != nil {
 		t.Fatalf("End during the checkpoint = %v, %v; want committed", r.committed, r.err)
 	}
@@ -127,7 +129,7 @@ func TestSessionAppEndsTxnDuringCheckpoint(t *testing.T) {
 		t.Errorf("report transaction = %v, want none", got)
 	}
 	want := outValues(vals("r", 3))
-	if got := readAll(t, addrs, "out", len(want), kgo.FetchIsolationLevel(kgo.ReadCommitted())); !slices.Equal(got, want) {
+	if got := kafkatest.ReadValues(t, addrs, "out", len(want), kgo.FetchIsolationLevel(kgo.ReadCommitted())); !slices.Equal(got, want) {
 		t.Errorf("read_committed output %v, want %v", got, want)
 	}
 	// Committed with the transaction: the restored member polls nothing old.
@@ -142,10 +144,8 @@ func TestSessionAppEndsTxnDuringCheckpoint(t *testing.T) {
 // "out" in transactions, hooked into reg and closed at the end of the test.
 func newETLSession(t *testing.T, addrs []string, reg *notify.Registry) *GroupTransactSession {
 	t.Helper()
-	s, err := NewSession([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("etl"), kgo.ConsumeTopics("in"),
-		kgo.TransactionalID("etl"), kgo.DefaultProduceTopic("out"), kgo.RequireStableFetchOffsets(),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)},
-		WithRegistry(reg))
+	s, err := NewSession(groupOpts(addrs, "etl", "in", kgo.TransactionalID("etl"), kgo.DefaultProduceTopic("out"),
+		kgo.RequireStableFetchOffsets()), WithRegistry(reg))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +14,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
+	"github.com/kcr-dev/kcr/internal/testkit/wait"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -45,12 +47,7 @@ var protocols = []protocolCase{
 
 func (pc protocolCase) cluster(t *testing.T, partitions int32, topics ...string) []string {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...),
-		kfake.GroupMinSessionTimeout(50*time.Millisecond), kfake.BrokerConfigs(pc.cfg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c, addrs := kafkatest.Cluster(t, kfake.SeedTopics(partitions, topics...), kafkatest.FastGroups(), kfake.BrokerConfigs(pc.cfg))
 	// As Kafka 4.3 does (kfake does not check it): a static leave
 	// (member epoch -2) must name the instance.
 	c.ControlKey(int16(kmsg.ConsumerGroupHeartbeat), func(kr kmsg.Request) (kmsg.Response, error, bool) {
@@ -65,7 +62,7 @@ func (pc protocolCase) cluster(t *testing.T, partitions int32, topics ...string)
 		resp.ErrorMessage = kmsg.StringPtr("InstanceId can't be null.")
 		return resp, nil, true
 	})
-	return c.ListenAddrs()
+	return addrs
 }
 
 // members describes group with the protocol's describe call.
@@ -107,17 +104,11 @@ func (pc protocolCase) members(t *testing.T, ctx context.Context, addrs []string
 
 func (pc protocolCase) waitMembers(t *testing.T, ctx context.Context, addrs []string, group, what string, ok func([]member) bool) []member {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ms := pc.members(t, ctx, addrs, group)
-		if ok(ms) {
-			return ms
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: members %v", what, ms)
-		}
-		time.Sleep(20 * time.Millisecond)
+	var ms []member
+	if !wait.Until(10*time.Second, func() bool { ms = pc.members(t, ctx, addrs, group); return ok(ms) }) {
+		t.Fatalf("%s: members %v", what, ms)
 	}
+	return ms
 }
 
 // afterReport returns the details of name's after-restore report.
@@ -146,7 +137,7 @@ type consumer struct {
 	errs []string
 }
 
-func consume(ctx context.Context, wg *sync.WaitGroup, c poller) *consumer {
+func consume(ctx context.Context, wg *sync.WaitGroup, c kafkatest.Poller) *consumer {
 	k := &consumer{seen: map[string]int{}}
 	wg.Add(1)
 	go func() {
@@ -169,13 +160,7 @@ func consume(ctx context.Context, wg *sync.WaitGroup, c poller) *consumer {
 func (k *consumer) count(prefix string) int {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	n := 0
-	for v := range k.seen {
-		if strings.HasPrefix(v, prefix) {
-			n++
-		}
-	}
-	return n
+	return countPrefixed(k.seen, prefix)
 }
 
 func (k *consumer) errors() []string {
@@ -187,17 +172,15 @@ func (k *consumer) errors() []string {
 // waitCount waits up to d until the consumers saw n distinct values of
 // prefix between them, and returns how many they saw.
 func waitCount(d time.Duration, prefix string, n int, ks ...*consumer) int {
-	deadline := time.Now().Add(d)
-	for {
-		got := 0
+	got := 0
+	wait.Until(d, func() bool {
+		got = 0
 		for _, k := range ks {
 			got += k.count(prefix)
 		}
-		if got >= n || time.Now().After(deadline) {
-			return got
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return got >= n
+	})
+	return got
 }
 
 // A static member (kgo.InstanceID) is checkpointed and restored, beside a
@@ -218,9 +201,7 @@ func TestStaticMemberCheckpoint(t *testing.T) {
 			defer wg.Wait()
 			defer cancel()
 			opts := func(id string, extra ...kgo.Opt) []kgo.Opt {
-				return append(append([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("sg"), kgo.ConsumeTopics("s"),
-					kgo.ClientID(id), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)},
-					pc.kopts...), extra...)
+				return append(append(groupOpts(addrs, "sg", "s", kgo.ClientID(id)), pc.kopts...), extra...)
 			}
 			regA := notify.NewRegistry()
 			// Registered first, so its before hook runs after A's: A has
@@ -243,7 +224,7 @@ func TestStaticMemberCheckpoint(t *testing.T) {
 				t.Fatalf("%d of 20 records consumed before the checkpoint", n)
 			}
 
-			res := simulateOK(t, ctx, regA, notify.SimRestore, 5*time.Second)
+			res := hooktest.SimulateOK(t, ctx, regA, notify.SimRestore, 5*time.Second)
 			rep := res.Before[0].Details
 			t.Logf("a's before report: %v", rep)
 			if during != 10 {
@@ -294,15 +275,13 @@ func TestStaticMemberLeaveRunningCopy(t *testing.T) {
 			defer wg.Wait()
 			defer cancel()
 			reg := notify.NewRegistry()
-			a := newHooked(t, reg, append([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("cg"), kgo.ConsumeTopics("c"),
-				kgo.ClientID("a"), kgo.InstanceID("sa"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-				kgo.FetchMaxWait(100 * time.Millisecond)}, pc.kopts...))
+			a := newHooked(t, reg, append(groupOpts(addrs, "cg", "c", kgo.ClientID("a"), kgo.InstanceID("sa")), pc.kopts...))
 			ka := consume(ctx, &wg, a)
 			if n := waitCount(10*time.Second, "a-", 10, ka); n != 10 {
 				t.Fatalf("%d of 10 records consumed before the checkpoint", n)
 			}
 			orig := pc.waitMembers(t, ctx, addrs, "cg", "sa in the group", func(ms []member) bool { return len(ms) == 1 })
-			res := simulateOK(t, ctx, reg, notify.SimLeaveRunningCopy, 5*time.Second)
+			res := hooktest.SimulateOK(t, ctx, reg, notify.SimLeaveRunningCopy, 5*time.Second)
 			if rep := res.Before[0].Details; rep["left_group"] != false {
 				t.Errorf("report %v: want left_group false (--leave-running)", rep)
 			}

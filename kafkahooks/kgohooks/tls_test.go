@@ -15,6 +15,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -23,13 +25,9 @@ import (
 // Produces to a TLS-only kfake broker before and after a resume.
 func TestDialTLSThroughTracker(t *testing.T) {
 	server, roots := selfSigned(t)
-	kf, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "t"), kfake.TLS(server))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer kf.Close()
+	_, addrs := kafkatest.Cluster(t, kfake.SeedTopics(1, "t"), kfake.TLS(server))
 	reg := notify.NewRegistry()
-	c, err := New([]kgo.Opt{kgo.SeedBrokers(kf.ListenAddrs()...), kgo.DefaultProduceTopic("t"),
+	c, err := New([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic("t"),
 		kgo.DialTLSConfig(&tls.Config{RootCAs: roots})}, WithRegistry(reg))
 	if err != nil {
 		t.Fatalf("New with kgo.DialTLSConfig: %v", err)
@@ -39,7 +37,7 @@ func TestDialTLSThroughTracker(t *testing.T) {
 	if err := c.ProduceSync(ctx, &kgo.Record{Value: []byte("a")}).FirstErr(); err != nil {
 		t.Fatalf("produce over TLS: %v", err)
 	}
-	simulateOK(t, ctx, reg, notify.SimResume, 5*time.Second)
+	hooktest.SimulateOK(t, ctx, reg, notify.SimResume, 5*time.Second)
 	if err := c.ProduceSync(ctx, &kgo.Record{Value: []byte("b")}).FirstErr(); err != nil {
 		t.Fatalf("produce over TLS after the resume: %v", err)
 	}

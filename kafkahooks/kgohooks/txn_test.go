@@ -9,6 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -19,7 +20,7 @@ func TestOpenTxnAbortedAtCheckpoint(t *testing.T) {
 	runTxn(t, ctx, c, "c", 5, true)
 	runTxn(t, ctx, c, "open", 5, false)
 
-	res := simulateOK(t, ctx, reg, notify.SimRestore, time.Second)
+	res := hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, time.Second)
 	if got := res.Before[0].Details["transaction"]; got != "aborted" {
 		t.Errorf("report transaction = %v, want aborted", got)
 	}
@@ -40,16 +41,7 @@ func TestFailOnOpenTxnRefusesAndKeepsTxn(t *testing.T) {
 	ctx := testCtx(t, 15*time.Second)
 	runTxn(t, ctx, c, "k", 3, false)
 	pid0, _, _ := c.ProducerID(ctx)
-	res, err := reg.Simulate(ctx, notify.SimRestore, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !errors.Is(res.BeforeErr, ErrOpenTxn) {
-		t.Fatalf("before error = %v, want ErrOpenTxn", res.BeforeErr)
-	}
-	if res.Event.Kind != notify.Resume || res.AfterErr != nil {
-		t.Fatalf("event %v, after error %v; want a clean resume", res.Event.Kind, res.AfterErr)
-	}
+	hooktest.SimulateRefused(t, ctx, reg, time.Second, ErrOpenTxn)
 	if id := c.TransactionalID(); id != "tx" {
 		t.Errorf("transactional id after a refused checkpoint = %q, want tx", id)
 	}
@@ -79,7 +71,7 @@ func TestCommitOpenTxnKeepTxnID(t *testing.T) {
 	for _, v := range vals("o", 3) {
 		c.Produce(ctx, &kgo.Record{Value: []byte(v)}, nil)
 	}
-	res := simulateOK(t, ctx, reg, notify.SimRestore, time.Second)
+	res := hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, time.Second)
 	if got := res.Before[0].Details["transaction"]; got != "committed" {
 		t.Errorf("report transaction = %v, want committed", got)
 	}
@@ -128,7 +120,7 @@ func TestAppEndsTxnDuringCheckpoint(t *testing.T) {
 		}
 		ended <- c.EndTransaction(ctx, kgo.TryCommit)
 	}()
-	res := simulateOK(t, ctx, reg, notify.SimRestore, 4*time.Second)
+	res := hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 4*time.Second)
 	if err := <-ended; err != nil {
 		t.Fatalf("the application's commit during the checkpoint: %v", err)
 	}
@@ -159,7 +151,7 @@ func TestTryProduceGatedLikeProduce(t *testing.T) {
 	if err := tryProduce("y-0"); err != nil {
 		t.Fatal(err)
 	}
-	simulateOK(t, ctx, reg, notify.SimRestore, time.Second)
+	hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, time.Second)
 	if err := tryProduce("y-1"); !errors.Is(err, ErrTxnAbortedByCheckpoint) {
 		t.Errorf("TryProduce in the aborted transaction = %v, want ErrTxnAbortedByCheckpoint", err)
 	}

@@ -118,3 +118,60 @@ quiet() {
 		exit "$rc"
 	fi
 }
+
+# --- kcr standby's scripts (demo-standby.sh, bench-standby.sh, standby-runc.sh)
+
+# need_build_run: what a script that builds kcr and runs it needs: root
+# (CRIU), Go and jq.
+need_build_run() {
+	need_root
+	need_go
+	need_jq
+}
+
+# finish_work RC KEEP: at exit, remove the work directory $work when RC is 0
+# and KEEP is empty; otherwise say where it is kept.
+finish_work() {
+	[ -n "${work:-}" ] && [ -d "$work" ] || return 0
+	if [ "$1" = 0 ] && [ -z "$2" ]; then
+		rm -rf "$work"
+	else
+		echo "$lib_script: work directory kept: $work" >&2
+	fi
+}
+
+# pipeline_client_args SETUP: examples/pipeline's flags for a client setup:
+# franz (franz-go, classic group), franz-848 (franz-go, KIP-848 group:
+# kgo.ServerSideBalancer), kafka-go, kafka-go-handover
+# (kafkahooks.WithGroupHandover).
+pipeline_client_args() {
+	case "$1" in
+	franz | kafka-go) echo "-client $1" ;;
+	franz-848) echo "-client franz -kgo-balancer server" ;;
+	kafka-go-handover) echo "-client kafka-go -group-handover" ;;
+	*)
+		echo "$lib_script: unknown client setup '$1' (franz, franz-848, kafka-go, kafka-go-handover)" >&2
+		return 1
+		;;
+	esac
+}
+
+# stop_standby PID DIR...: stop kcr standby (PID; may be empty or gone) and
+# then the service it leaves running, as each image directory DIR's state
+# file names it: SIGTERM, SIGKILL after 10 s.
+stop_standby() {
+	local sb=$1 d p pids=()
+	shift
+	if alive "$sb"; then
+		kill -TERM "$sb" 2>/dev/null || true
+		wait_until 10 "kcr standby (PID $sb) to stop" dead "$sb" || kill -KILL "$sb" 2>/dev/null || true
+	fi
+	for d; do
+		[ -e "$d/standby.json" ] || continue
+		p=$(jq -r 'select(.state == "running") | .pid // empty' "$d/standby.json" 2>/dev/null) || continue
+		alive "$p" && pids+=("$p") && kill -TERM "$p" 2>/dev/null || true
+	done
+	for p in "${pids[@]}"; do
+		wait_until 10 "the service (PID $p) to stop" dead "$p" || kill -KILL "$p" 2>/dev/null || true
+	done
+}

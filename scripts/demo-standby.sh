@@ -42,7 +42,10 @@ cleanup() {
 	stop_standby "$sb" "$img"
 	[ -s "$work/cold.pid" ] && kill -TERM "$(cat "$work/cold.pid")" 2>/dev/null && { wait_gone "$(cat "$work/cold.pid")" 10 || true; }
 	[ -n "$broker" ] && kill -TERM "$broker" 2>/dev/null && { wait "$broker" 2>/dev/null || true; }
-	finish_work "$rc" "${KCR_DEMO_KEEP:-}"
+	# Kept when it failed (its logs), not when interrupted.
+	local keep=${KCR_DEMO_KEEP:-}
+	[ "$rc" = 1 ] && keep=1
+	finish_work 0 "$keep"
 	exit "$rc"
 }
 trap cleanup EXIT

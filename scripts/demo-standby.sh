@@ -32,25 +32,14 @@ case "$broker_kind" in kfake | kafka) ;; *) die "KCR_DEMO_BROKER must be kfake o
 read -r -a cargs <<<"$(pipeline_client_args "$client")" || die "KCR_DEMO_CLIENT: see above"
 need_build_run
 
-work=$(mktemp -d /var/tmp/kcr-demo-standby.XXXXXX)
-bin="$work/bin" img="$work/img"
-sb="" broker="" ok=0
-cleanup() {
-	local rc=$?
-	trap - EXIT INT TERM
-	[ "$ok" = 1 ] || [ "$rc" != 0 ] || rc=1
+sb="" broker=""
+stop_all() {
 	stop_standby "$sb" "$img"
 	[ -s "$work/cold.pid" ] && kill -TERM "$(cat "$work/cold.pid")" 2>/dev/null && { wait_gone "$(cat "$work/cold.pid")" 10 || true; }
 	[ -n "$broker" ] && kill -TERM "$broker" 2>/dev/null && { wait "$broker" 2>/dev/null || true; }
-	# Kept when it failed (its logs), not when interrupted.
-	local keep=${KCR_DEMO_KEEP:-}
-	[ "$rc" = 1 ] && keep=1
-	finish_work 0 "$keep"
-	exit "$rc"
 }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+start_work kcr-demo-standby "${KCR_DEMO_KEEP:-}" stop_all
+bin="$work/bin" img="$work/img"
 
 T0=$(now_ns)
 say() { printf '[%5.1fs] %s\n' "$(awk -v a="$(now_ns)" -v b="$T0" 'BEGIN{print (a-b)/1e9}')" "$*"; }
@@ -138,4 +127,3 @@ printf '  %-36s %s\n' "orders / missing / duplicated" "$((bursts * size)) / $(jq
 [ "$i" = "$bursts" ] && [ "${#kwake[@]}" = "$bursts" ] && [ "$starts" = 1 ] &&
 	[ "$(jq .missing <<<"$warm")" = 0 ] && [ "$(jq .duplicated <<<"$warm")" = 0 ] || fail "want $bursts warm wakes, 1 cold start, nothing missing or duplicated"
 echo "  PASS"
-ok=1

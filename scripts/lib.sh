@@ -129,11 +129,30 @@ need_build_run() {
 	need_jq
 }
 
-# finish_work RC KEEP: at exit, remove the work directory $work when RC is 0
-# and KEEP is empty; otherwise say where it is kept.
+# start_work NAME KEEP [STOP]: make a new work directory /var/tmp/NAME.XXXXXX
+# in $work, and at exit (also on SIGINT or SIGTERM, as 130 and 143) run the
+# function STOP, to stop what the script started, and then finish_work.
+start_work() {
+	work=$(mktemp -d "/var/tmp/$1.XXXXXX")
+	lib_keep=$2 lib_stop=${3:-true}
+	trap lib_exit EXIT
+	trap 'exit 130' INT
+	trap 'exit 143' TERM
+}
+lib_exit() {
+	local rc=$?
+	trap - EXIT INT TERM
+	"$lib_stop" || true
+	finish_work "$rc" "$lib_keep"
+	exit "$rc"
+}
+
+# finish_work RC KEEP: remove the work directory $work when the script
+# passed or was interrupted (RC 0, 130, 143) and KEEP is empty; otherwise
+# (it failed: its logs are there) say where it is kept.
 finish_work() {
 	[ -n "${work:-}" ] && [ -d "$work" ] || return 0
-	if [ "$1" = 0 ] && [ -z "$2" ]; then
+	if [[ $1 =~ ^(0|130|143)$ ]] && [ -z "$2" ]; then
 		rm -rf "$work"
 	else
 		echo "$lib_script: work directory kept: $work" >&2

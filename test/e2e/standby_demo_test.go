@@ -40,18 +40,21 @@ func TestStandbyDemoScript(t *testing.T) {
 // standby: deleted (kadm DeleteOffsets), or the group deleted (what their
 // expiry does to an empty group). kcr standby neither wakes the service for
 // it nor stops watching (without --topics the topics came from those
-// commits); the next records wake it, and the restored franz-go consumer
-// goes on from the offsets its image recorded (kgohooks rule H8): every
+// commits); the next records wake it, and the restored consumer goes on
+// from the offsets its image recorded (rule H8 of kgohooks, and of
+// kafkahooks with a WithOffsetsCheckAfter shorter than the sleep): every
 // record processed once, none twice. Then it sleeps and wakes as before.
 func TestStandbyOffsetsGone(t *testing.T) {
 	for _, c := range []struct {
-		name     string
-		balancer string // kgoapp -balancer
-		topics   bool   // --topics given
-		group    bool   // delete the group, not the offsets
+		name   string
+		bin    string
+		args   []string // the consumer's flags
+		topics bool     // --topics given
+		group  bool     // delete the group, not the offsets
 	}{
-		{"kip848/group-deleted/topics-from-commits", "server", false, true},
-		{"classic/offsets-deleted/topics-given", "", true, false},
+		{"franz-go-kip848/group-deleted/topics-from-commits", kgoBin, []string{"-balancer", "server"}, false, true},
+		{"franz-go-classic/offsets-deleted/topics-given", kgoBin, nil, true, false},
+		{"kafka-go/group-deleted/topics-given", kafkaBin, []string{"-offsets-check-after", "0s"}, true, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			k := needKafka(t)
@@ -61,7 +64,7 @@ func TestStandbyOffsetsGone(t *testing.T) {
 				flags = append(flags, "--topics", topic)
 			}
 			k.produceN(topic, 4) // the group's first commits
-			svc := append(consumerArgs(kgoBin, k.brokers, topic, group), "-balancer", c.balancer)
+			svc := append(consumerArgs(c.bin, k.brokers, topic, group), c.args...)
 			s := k.startStandby(filepath.Join(t.TempDir(), "img"), flags, svc...)
 			s.waitAllProcessed(topic, 60*time.Second)
 			s.waitState("standby", 60*time.Second)

@@ -91,6 +91,25 @@ func (g *offsetsGoneRig) options(topics bool) Options {
 	return o
 }
 
+// watcher starts a lag watcher on the rig's group and returns a check of
+// its next full poll: no error and lag want.
+func (g *offsetsGoneRig) watcher(topics bool) func(what string, want int64) {
+	t := g.t
+	o := g.options(topics)
+	w, err := newLagWatcher(t.Context(), &o, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.close)
+	return func(what string, want int64) {
+		t.Helper()
+		n, _, err := w.lag(t.Context())
+		if err != nil || n != want {
+			t.Fatalf("%s: lag %d (err %v), want %d", what, n, err, want)
+		}
+	}
+}
+
 // The group's committed offsets vanish while the service sleeps (deleted,
 // or the group deleted, which is what their expiry amounts to). The
 // service's image recorded them, and kafkahooks/kgohooks continue from
@@ -108,19 +127,7 @@ func TestLagOffsetsGone(t *testing.T) {
 			}
 			t.Run(name, func(t *testing.T) {
 				g := newOffsetsGoneRig(t)
-				o := g.options(topics)
-				w, err := newLagWatcher(t.Context(), &o, slog.New(slog.DiscardHandler))
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer w.close()
-				lag := func(what string, want int64) {
-					t.Helper()
-					n, _, err := w.lag(t.Context())
-					if err != nil || n != want {
-						t.Fatalf("%s: lag %d (err %v), want %d", what, n, err, want)
-					}
-				}
+				lag := g.watcher(topics)
 				lag("everything committed", 0)
 				g.vanish(how)
 				lag("offsets gone, no new record", 0)
@@ -140,20 +147,11 @@ func TestLagOffsetsGoneRecordBefore(t *testing.T) {
 	for _, how := range []string{"offsets", "group"} {
 		t.Run(how, func(t *testing.T) {
 			g := newOffsetsGoneRig(t)
-			o := g.options(true)
-			w, err := newLagWatcher(t.Context(), &o, slog.New(slog.DiscardHandler))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer w.close()
-			if n, _, err := w.lag(t.Context()); err != nil || n != 0 {
-				t.Fatalf("lag %d (err %v) with everything committed", n, err)
-			}
+			lag := g.watcher(true)
+			lag("everything committed", 0)
 			g.produce(0)
 			g.vanish(how)
-			if n, _, err := w.lag(t.Context()); err != nil || n != 1 {
-				t.Fatalf("lag %d (err %v): want the record produced before the %s vanished", n, err, how)
-			}
+			lag("a record produced before the "+how+" vanished", 1)
 		})
 	}
 }

@@ -41,16 +41,8 @@ stop_all() {
 start_work kcr-demo-standby "${KCR_DEMO_KEEP:-}" stop_all
 bin="$work/bin" img="$work/img"
 
-T0=$(now_ns)
-say() { printf '[%5.1fs] %s\n' "$(awk -v a="$(now_ns)" -v b="$T0" 'BEGIN{print (a-b)/1e9}')" "$*"; }
-detail() { sed 's/^/          /'; }
-fail() {
-	say "FAIL: $*"
-	for f in standby.log pipeline.log broker.log; do
-		[ -s "$work/$f" ] && { echo "--- last lines of $f"; tail -n 8 "$work/$f"; }
-	done
-	exit 1
-}
+lib_t0=$(now_ns)
+fail() { fail_logs "$*" standby.log pipeline.log broker.log; }
 # sblog FILTER: kcr standby's JSON log lines the jq FILTER selects.
 sblog() { jq -cR "fromjson? | select($1)" "$work/standby.log"; }
 status="$bin/kcr standby status --image-dir $img --json"

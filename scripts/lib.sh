@@ -194,3 +194,22 @@ stop_standby() {
 		wait_until 10 "the service (PID $p) to stop" dead "$p" || kill -KILL "$p" 2>/dev/null || true
 	done
 }
+
+# --- the demos' output (demo.sh, demo-standby.sh)
+
+lib_t0=$(now_ns)
+# say MESSAGE: print MESSAGE after the seconds since the script began.
+say() { printf '[%5.1fs] %s\n' "$(awk -v a="$(now_ns)" -v b="$lib_t0" 'BEGIN{print (a-b)/1e9}')" "$*"; }
+# detail: stdin, indented under say's lines.
+detail() { sed 's/^/          /'; }
+# fail_logs MESSAGE LOG...: say FAIL: MESSAGE, print the last lines of each
+# LOG (a file in $work) that is not empty, and exit 1.
+fail_logs() {
+	local f
+	say "FAIL: $1"
+	shift
+	for f; do
+		[ -s "$work/$f" ] && { echo "--- last lines of $f"; tail -n 8 "$work/$f"; }
+	done
+	exit 1
+}

@@ -104,6 +104,11 @@ sleep 30 &
 svc=$!
 sleep 30 &
 other=$!
+# Signalled before it execs sleep, the forked shell would run this
+# script's EXIT trap.
+# shellcheck disable=SC2317 # called through wait_until
+is_sleep() { [ "$(cat "/proc/$1/comm" 2>/dev/null)" = sleep ]; }
+for p in "$sb" "$svc" "$other"; do wait_until 5 "PID $p to exec sleep" is_sleep "$p" || fail "PID $p does not run sleep"; done
 echo "{\"state\":\"running\",\"pid\":$svc}" >"$tmp/img/standby.json"
 echo '{"state":"standby","image":"img-000001"}' >"$tmp/img2/standby.json"
 stop_standby "$sb" "$tmp/img" "$tmp/img2" "$tmp/none"
@@ -113,6 +118,19 @@ alive "$other" || fail "stop_standby stopped a process no state file names"
 kill "$other"
 stop_standby "" "$tmp/img" || fail "stop_standby without kcr standby failed"
 wait 2>/dev/null || true
+
+# say prefixes the time since lib_t0; detail indents; fail_logs says FAIL,
+# shows the tail of the non-empty logs it is given, and exits 1.
+lib_t0=$(($(now_ns) - 2500000000))
+[[ $(say hello) =~ ^\[\ +2\.[5-9]s\]\ hello$ ]] || fail "say printed '$(say hello)'"
+check "          a" detail <<<"a"
+work=$tmp
+printf 'line1\nline2\n' >"$tmp/a.log"
+: >"$tmp/empty.log"
+out=$( (fail_logs "it broke" a.log empty.log none.log) 2>&1) && fail "fail_logs exited 0"
+[[ $out == *"FAIL: it broke"*"--- last lines of a.log"*line2* ]] || fail "fail_logs printed '$out'"
+[[ $out == *empty.log* ]] && fail "fail_logs showed an empty log: '$out'"
+work=
 
 [ "$failed" = 0 ] && echo "lib_test: ok"
 exit "$failed"

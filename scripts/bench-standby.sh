@@ -28,9 +28,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
-need_root
-need_go
-need_jq
+need_build_run
 cycles="${1:-30}"
 brokers="${KCR_KAFKA_PROD_BROKERS:-${KCR_KAFKA_BROKERS:-127.0.0.1:9092}}"
 clients="${KCR_BENCH_CLIENTS:-franz kafka-go}"
@@ -42,23 +40,13 @@ cache_mb="${KCR_BENCH_CACHE_MB:-64}"
 sample="${KCR_BENCH_IDLE_SAMPLE:-10}"
 asleep="${KCR_BENCH_ASLEEP:-0s}"
 
-work=$(mktemp -d /var/tmp/kcr-bench-standby.XXXXXX)
-bin="$work/bin"
 sb_pid=""
-cleanup() {
-	local rc=$?
-	trap - EXIT INT TERM
-	[ -n "$sb_pid" ] && kill -TERM "$sb_pid" 2>/dev/null || true
-	for f in "$work"/*/standby.json; do
-		[ -e "$f" ] || continue
-		p=$(jq -r '.pid // empty' "$f")
-		[ -n "$p" ] && kill -TERM "$p" 2>/dev/null || true
-	done
+stop_all() {
+	stop_standby "$sb_pid" "$work"/*/img
 	[ -e "$work/cold.pid" ] && kill -TERM "$(cat "$work/cold.pid")" 2>/dev/null || true
-	if [ -z "${KCR_BENCH_KEEP:-}" ] && [ "$rc" = 0 ]; then rm -rf "$work"; else echo "work directory kept: $work" >&2; fi
-	exit "$rc"
 }
-trap cleanup EXIT INT TERM
+start_work kcr-bench-standby "${KCR_BENCH_KEEP:-}" stop_all
+bin="$work/bin"
 
 mkdir -p "$bin"
 for p in cmd/kcr examples/pipeline examples/wakeprobe; do
@@ -81,19 +69,10 @@ pct_cpu() {
 metric() { curl -fsS "http://$metrics/metrics" | awk -v m="$1" '$1==m{print $2}'; }
 need_pkg curl curl
 
-# client_args NAME: the pipeline's flags for a client setup.
-client_args() {
-	case "$1" in
-	franz | kafka-go) echo "-client $1" ;;
-	franz-848) echo "-client franz -kgo-balancer server" ;;
-	kafka-go-handover) echo "-client kafka-go -group-handover" ;;
-	*) die "KCR_BENCH_CLIENTS: unknown client setup '$1' (franz, franz-848, kafka-go, kafka-go-handover)" ;;
-	esac
-}
-for c in $clients; do client_args "$c" >/dev/null; done # bad names fail before anything starts
+for c in $clients; do pipeline_client_args "$c" >/dev/null || die "KCR_BENCH_CLIENTS: see above"; done # bad names fail before anything starts
 results=()
 for c in $clients; do
-	read -r -a cargs <<<"$(client_args "$c")"
+	read -r -a cargs <<<"$(pipeline_client_args "$c")"
 	run="$work/$c"
 	mkdir -p "$run"
 	tag="kcr-bench-$c-$$-$(date +%s)"

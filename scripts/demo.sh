@@ -76,16 +76,8 @@ all_dead() {
 	return 0
 }
 
-T0=$(now_ns)
-say() { printf '[%5.1fs] %s\n' "$(awk -v a="$(now_ns)" -v b="$T0" 'BEGIN{print (a-b)/1e9}')" "$*"; }
-detail() { sed 's/^/          /'; }
-fail() {
-	say "FAIL: $*"
-	for f in pipeline.log loadgen.log broker.log; do
-		[ -s "$work/$f" ] && { echo "--- last lines of $f"; tail -n 8 "$work/$f"; }
-	done
-	exit 1
-}
+lib_t0=$(now_ns)
+fail() { fail_logs "$*" pipeline.log loadgen.log broker.log; }
 ms() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.0f", (a-b)/1e6}'; }
 # dur NS: a duration in nanoseconds, for people.
 dur() { awk -v x="$1" 'BEGIN{ if (x >= 1e9) printf "%.2fs", x/1e9; else printf "%.1fms", x/1e6 }'; }

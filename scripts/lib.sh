@@ -157,3 +157,98 @@ hook_bench_start() {
 	quiet "$work/kcr.err" "$work/kcr" install-runtime-hook --config "$work/kcr.conf" --hook "$work/kcr-criu-hook" --tcp-close
 	grep -q "exec '$work/kcr-hook'" "$work/kcr-criu-hook" || die "the installed script does not run $work/kcr-hook"
 }
+
+# --- kcr standby's scripts (demo-standby.sh, bench-standby.sh, standby-runc.sh)
+
+# need_build_run: what a script that builds kcr and runs it needs: root
+# (CRIU), Go and jq.
+need_build_run() {
+	need_root
+	need_go
+	need_jq
+}
+
+# start_work NAME KEEP [STOP]: make a new work directory /var/tmp/NAME.XXXXXX
+# in $work, and at exit (also on SIGINT or SIGTERM, as 130 and 143) run the
+# function STOP, to stop what the script started, and then finish_work.
+start_work() {
+	work=$(mktemp -d "/var/tmp/$1.XXXXXX")
+	lib_keep=$2 lib_stop=${3:-true}
+	trap lib_exit EXIT
+	trap 'exit 130' INT
+	trap 'exit 143' TERM
+}
+lib_exit() {
+	local rc=$?
+	trap - EXIT INT TERM
+	"$lib_stop" || true
+	finish_work "$rc" "$lib_keep"
+	exit "$rc"
+}
+
+# finish_work RC KEEP: remove the work directory $work when the script
+# passed or was interrupted (RC 0, 130, 143) and KEEP is empty; otherwise
+# (it failed: its logs are there) say where it is kept.
+finish_work() {
+	[ -n "${work:-}" ] && [ -d "$work" ] || return 0
+	if [[ $1 =~ ^(0|130|143)$ ]] && [ -z "$2" ]; then
+		rm -rf "$work"
+	else
+		echo "$lib_script: work directory kept: $work" >&2
+	fi
+}
+
+# pipeline_client_args SETUP: examples/pipeline's flags for a client setup:
+# franz (franz-go, classic group), franz-848 (franz-go, KIP-848 group:
+# kgo.ServerSideBalancer), kafka-go, kafka-go-handover
+# (kafkahooks.WithGroupHandover).
+pipeline_client_args() {
+	case "$1" in
+	franz | kafka-go) echo "-client $1" ;;
+	franz-848) echo "-client franz -kgo-balancer server" ;;
+	kafka-go-handover) echo "-client kafka-go -group-handover" ;;
+	*)
+		echo "$lib_script: unknown client setup '$1' (franz, franz-848, kafka-go, kafka-go-handover)" >&2
+		return 1
+		;;
+	esac
+}
+
+# stop_standby PID DIR...: stop kcr standby (PID; may be empty or gone) and
+# then the service it leaves running, as each image directory DIR's state
+# file names it: SIGTERM, SIGKILL after 10 s.
+stop_standby() {
+	local sb=$1 d p pids=()
+	shift
+	if alive "$sb"; then
+		kill -TERM "$sb" 2>/dev/null || true
+		wait_until 10 "kcr standby (PID $sb) to stop" dead "$sb" || kill -KILL "$sb" 2>/dev/null || true
+	fi
+	for d; do
+		[ -e "$d/standby.json" ] || continue
+		p=$(jq -r 'select(.state == "running") | .pid // empty' "$d/standby.json" 2>/dev/null) || continue
+		alive "$p" && pids+=("$p") && kill -TERM "$p" 2>/dev/null || true
+	done
+	for p in "${pids[@]}"; do
+		wait_until 10 "the service (PID $p) to stop" dead "$p" || kill -KILL "$p" 2>/dev/null || true
+	done
+}
+
+# --- the demos' output (demo.sh, demo-standby.sh)
+
+lib_t0=$(now_ns)
+# say MESSAGE: print MESSAGE after the seconds since the script began.
+say() { printf '[%5.1fs] %s\n' "$(awk -v a="$(now_ns)" -v b="$lib_t0" 'BEGIN{print (a-b)/1e9}')" "$*"; }
+# detail: stdin, indented under say's lines.
+detail() { sed 's/^/          /'; }
+# fail_logs MESSAGE LOG...: say FAIL: MESSAGE, print the last lines of each
+# LOG (a file in $work) that is not empty, and exit 1.
+fail_logs() {
+	local f
+	say "FAIL: $1"
+	shift
+	for f; do
+		[ -s "$work/$f" ] && { echo "--- last lines of $f"; tail -n 8 "$work/$f"; }
+	done
+	exit 1
+}

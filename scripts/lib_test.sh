@@ -91,5 +91,72 @@ done
 grep -q "$tmp/kcr-criu-hook" "$tmp/kcr.conf" || fail "hook_bench_start: kcr.conf does not name $tmp/kcr-criu-hook"
 grep -q tcp-close "$tmp/kcr.conf" || fail "hook_bench_start: kcr.conf lacks tcp-close"
 
+# pipeline_client_args knows the four client setups, and nothing else.
+check "-client franz -kgo-balancer server" pipeline_client_args franz-848
+check "-client kafka-go -group-handover" pipeline_client_args kafka-go-handover
+check "-client franz" pipeline_client_args franz
+check "(exit 1)" pipeline_client_args sarama
+
+# start_work's directory goes when the script passes or is interrupted,
+# stays when it fails or KEEP is set; its STOP function runs in every case.
+# run_work KEEP RC: a script that starts work and exits with RC (a signal
+# name for an interruption); prints the directory, and "stopped" once the
+# STOP function ran.
+run_work() {
+	bash -c '. scripts/lib.sh
+		stop() { echo stopped; }
+		start_work kcr-lib-test "$1" stop
+		echo "$work"
+		case $2 in INT | TERM) kill -s "$2" $$; sleep 5 ;; *) exit "$2" ;; esac' lib_test "$@" 2>/dev/null || true
+}
+for c in ":0:gone" ":INT:gone" ":TERM:gone" ":1:kept" "1:0:kept"; do
+	IFS=: read -r keep rc want <<<"$c"
+	out=$(run_work "$keep" "$rc")
+	dir=$(head -n1 <<<"$out")
+	[[ $dir == /var/tmp/kcr-lib-test.* ]] || { fail "start_work (keep '$keep', exit $rc): no work directory: '$out'"; continue; }
+	[[ $out == *stopped ]] || fail "start_work (keep '$keep', exit $rc): STOP did not run: '$out'"
+	got=gone
+	[ -d "$dir" ] && got=kept
+	[ "$got" = "$want" ] || fail "start_work (keep '$keep', exit $rc): work directory $got, want $want"
+	rm -rf "$dir"
+done
+
+# stop_standby stops kcr standby, then the service its state file says runs,
+# and leaves alone one the state file does not name.
+mkdir -p "$tmp/img" "$tmp/img2"
+sleep 30 &
+sb=$!
+sleep 30 &
+svc=$!
+sleep 30 &
+other=$!
+# Signalled before it execs sleep, the forked shell would run this
+# script's EXIT trap.
+# shellcheck disable=SC2317 # called through wait_until
+is_sleep() { [ "$(cat "/proc/$1/comm" 2>/dev/null)" = sleep ]; }
+for p in "$sb" "$svc" "$other"; do wait_until 5 "PID $p to exec sleep" is_sleep "$p" || fail "PID $p does not run sleep"; done
+echo "{\"state\":\"running\",\"pid\":$svc}" >"$tmp/img/standby.json"
+echo '{"state":"standby","image":"img-000001"}' >"$tmp/img2/standby.json"
+stop_standby "$sb" "$tmp/img" "$tmp/img2" "$tmp/none"
+alive "$sb" && fail "stop_standby left kcr standby (PID $sb) running"
+alive "$svc" && fail "stop_standby left the running service (PID $svc) running"
+alive "$other" || fail "stop_standby stopped a process no state file names"
+kill "$other"
+stop_standby "" "$tmp/img" || fail "stop_standby without kcr standby failed"
+wait 2>/dev/null || true
+
+# say prefixes the time since lib_t0; detail indents; fail_logs says FAIL,
+# shows the tail of the non-empty logs it is given, and exits 1.
+lib_t0=$(($(now_ns) - 2500000000))
+[[ $(say hello) =~ ^\[\ +2\.[5-9]s\]\ hello$ ]] || fail "say printed '$(say hello)'"
+check "          a" detail <<<"a"
+work=$tmp
+printf 'line1\nline2\n' >"$tmp/a.log"
+: >"$tmp/empty.log"
+out=$( (fail_logs "it broke" a.log empty.log none.log) 2>&1) && fail "fail_logs exited 0"
+[[ $out == *"FAIL: it broke"*"--- last lines of a.log"*line2* ]] || fail "fail_logs printed '$out'"
+[[ $out == *empty.log* ]] && fail "fail_logs showed an empty log: '$out'"
+work=
+
 [ "$failed" = 0 ] && echo "lib_test: ok"
 exit "$failed"

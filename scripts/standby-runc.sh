@@ -15,9 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
-need_root
-need_go
-need_jq
+need_build_run
 command -v runc >/dev/null || die "no runc: run scripts/install-runc.sh"
 cycles="${1:-3}"
 brokers="${KCR_KAFKA_BROKERS:-127.0.0.1:9092}"
@@ -29,19 +27,14 @@ brokers="${KCR_KAFKA_BROKERS:-127.0.0.1:9092}"
 # beside CAP_SYS_ADMIN, as root.
 caps="${KCR_STANDBY_CAPS:-CAP_SYS_ADMIN CAP_NET_ADMIN CAP_SYS_TIME CAP_SYS_CHROOT}"
 
-work=$(mktemp -d /var/tmp/kcr-standby-runc.XXXXXX)
-root="$work/runc"
 id="kcr-standby-$$"
-cleanup() {
-	local rc=$?
-	trap - EXIT INT TERM
+stop_all() {
 	runc --root "$root" kill "$id" KILL 2>/dev/null || true
 	sleep 0.3
 	runc --root "$root" delete -f "$id" 2>/dev/null || true
-	if [ "$rc" = 0 ] && [ -z "${KCR_BENCH_KEEP:-}" ]; then rm -rf "$work"; else echo "work directory kept: $work" >&2; fi
-	exit "$rc"
 }
-trap cleanup EXIT INT TERM
+start_work kcr-standby-runc "${KCR_BENCH_KEEP:-}" stop_all
+root="$work/runc"
 
 b="$work/bundle"
 mkdir -p "$b/rootfs"/{proc,dev,sys,tmp,run,var/lib/kcr,usr,lib,lib64,bin,sbin,opt/kcr} "$work/state" "$work/bin"

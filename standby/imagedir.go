@@ -34,10 +34,11 @@ type persisted struct {
 	PID   int    `json:"pid,omitempty"`   // running: the service's host PID
 	Start uint64 `json:"start,omitempty"` // running: its start time
 	Image string `json:"image,omitempty"` // standby: the image's base name
-	// LagBase is the lag watcher's base (standby): the end offsets of the
-	// partitions the group never committed when they were first seen, so
-	// that a record that lands there while no kcr standby runs still wakes
-	// the service.
+	// LagBase is the lag watcher's base (standby): the last offsets the
+	// group was seen to commit, and the end offsets of the partitions it
+	// never committed when they were first seen, so that a record that
+	// lands there, or past offsets that vanished, while no kcr standby
+	// runs still wakes the service.
 	LagBase map[string]map[int32]int64 `json:"lag_base,omitempty"`
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -20,11 +21,16 @@ import (
 // sleep while its group has lag, and is woken when lag appears while it
 // sleeps.
 //
-// A partition the group never committed counts from its end offset when
-// the supervisor first saw it (base): the records there before (which a
-// consumer that starts at the end would never read) neither wake the
-// service nor keep it awake, and every record after does, until the group
-// commits the partition.
+// A partition without a committed offset counts from its base: the last
+// offset the group was seen to commit there, or, for a partition it never
+// committed, its end offset when the supervisor first saw it. So the
+// records there before (which a consumer that starts at the end would
+// never read) neither wake the service nor keep it awake, and every record
+// after does, until the group commits the partition. And when the group's
+// offsets vanish while the service sleeps (deleted, or expired with the
+// group empty), the service, whose hooks go on from the offsets its image
+// recorded (kafkahooks/kgohooks rule H8), is woken by the records past
+// them, not by the old ones, and its topics stay watched.
 type lagWatcher struct {
 	o    *Options
 	log  *slog.Logger
@@ -34,7 +40,7 @@ type lagWatcher struct {
 
 	// base, committed and parts are used by one goroutine at a time: the
 	// supervisor's before a checkpoint, watch's while the service sleeps.
-	base      map[string]map[int32]int64
+	base      map[string]map[int32]int64 // persisted in the state file
 	committed map[string]map[int32]int64 // of the last full poll
 	parts     map[string][]int32         // of the last full poll
 }
@@ -134,36 +140,64 @@ func (w *lagWatcher) lag(ctx context.Context) (int64, []string, error) {
 	if err == nil {
 		err = committed.Error()
 	}
+	if errors.Is(err, kerr.GroupIDNotFound) {
+		// Deleted, or expired with its offsets while empty: no commits.
+		committed, err = nil, nil
+	}
 	if err != nil {
 		return 0, nil, fmt.Errorf("fetch the committed offsets of group %q: %w", w.o.Group, err)
 	}
 	topics := w.o.Topics
+	remembered := map[string]bool{}
 	if len(topics) == 0 {
 		topics = committed.Partitions().Topics()
+		// Topics whose commits vanished (see base) are still the
+		// service's: its image recorded the offsets it goes on from.
+		for t := range w.base {
+			if !slices.Contains(topics, t) {
+				topics = append(topics, t)
+				remembered[t] = true
+			}
+		}
+		slices.Sort(topics)
 	}
 	if len(topics) == 0 {
 		return 0, nil, errNoTopics
 	}
 	ends, err := w.adm.ListEndOffsets(pctx, topics...)
-	if err == nil {
-		err = ends.Error()
+	if err != nil {
+		return 0, topics, fmt.Errorf("list the end offsets of %v: %w", topics, err)
 	}
+	// A remembered topic may be gone for good: not a reason to poll
+	// nothing.
+	ends.Each(func(e kadm.ListedOffset) {
+		if e.Err != nil && !remembered[e.Topic] && err == nil {
+			err = e.Err
+		}
+	})
 	if err != nil {
 		return 0, topics, fmt.Errorf("list the end offsets of %v: %w", topics, err)
 	}
 	w.committed = map[string]map[int32]int64{}
+	if w.base == nil {
+		w.base = map[string]map[int32]int64{}
+	}
 	committed.Each(func(c kadm.OffsetResponse) {
 		if c.At >= 0 {
 			if w.committed[c.Topic] == nil {
 				w.committed[c.Topic] = map[int32]int64{}
 			}
 			w.committed[c.Topic][c.Partition] = c.At
+			if w.base[c.Topic] == nil {
+				w.base[c.Topic] = map[int32]int64{}
+			}
+			w.base[c.Topic][c.Partition] = c.At
 		}
 	})
 	w.parts = map[string][]int32{}
 	endOffs := map[string]map[int32]int64{}
 	ends.Each(func(e kadm.ListedOffset) {
-		if e.Partition < 0 || e.Offset < 0 {
+		if e.Err != nil || e.Partition < 0 || e.Offset < 0 {
 			return
 		}
 		w.parts[e.Topic] = append(w.parts[e.Topic], e.Partition)

@@ -11,6 +11,9 @@
 // on the results topic. The latency is from just before the order is
 // produced to the moment its result is read (acknowledged by the broker).
 //
+// -burst N produces N orders per cycle at once; the cycle's latency is then
+// to the first of their results (last_ms: to the last).
+//
 // It prints one JSON line per cycle and a summary line:
 // {"cycles","p50_ms","p95_ms","max_ms","missing","duplicated"}, where
 // missing counts orders without a result and duplicated the results beyond
@@ -51,13 +54,14 @@ func main() {
 	timeout := flag.Duration("timeout", 60*time.Second, "longest wait for a state or a result")
 	asleep := flag.Duration("asleep", 0, "with -status: how long the service stays asleep before each order (a long sleep outlives its group session)")
 	create := flag.Int("create", 0, "create -orders and -results with this many partitions, then exit")
+	burst := flag.Int("burst", 1, "orders per cycle, produced together")
 	flag.Parse()
 	if *create > 0 {
 		createTopics(strings.Split(*brokers, ","), int32(*create), *orders, *results)
 		return
 	}
-	if (*status == "") == (*cold == "") {
-		fail("give -status or -cold")
+	if (*status == "") == (*cold == "") || *burst < 1 {
+		fail("give -status or -cold, and -burst ≥ 1")
 	}
 	ctx := context.Background()
 	bs := strings.Split(*brokers, ",")
@@ -106,11 +110,20 @@ func main() {
 			}
 			time.Sleep(*asleep)
 		}
-		id := fmt.Sprintf("%s-%d", *prefix, i)
-		ids = append(ids, id)
 		t0 := time.Now()
-		v, _ := json.Marshal(order{ID: id, N: int64(i), TS: t0.UnixNano()})
-		if err := prod.ProduceSync(ctx, &kgo.Record{Topic: *orders, Key: []byte(id), Value: v}).FirstErr(); err != nil {
+		var burstIDs []string
+		var rs []*kgo.Record
+		for j := range *burst {
+			id := fmt.Sprintf("%s-%d", *prefix, i)
+			if *burst > 1 {
+				id = fmt.Sprintf("%s-%d.%d", *prefix, i, j)
+			}
+			burstIDs = append(burstIDs, id)
+			v, _ := json.Marshal(order{ID: id, N: int64(i**burst + j), TS: t0.UnixNano()})
+			rs = append(rs, &kgo.Record{Topic: *orders, Key: []byte(id), Value: v})
+		}
+		ids = append(ids, burstIDs...)
+		if err := prod.ProduceSync(ctx, rs...).FirstErr(); err != nil {
 			fail(fmt.Sprintf("cycle %d: produce: %v", i+1, err))
 		}
 		if *cold != "" {
@@ -118,25 +131,36 @@ func main() {
 				fail(fmt.Sprintf("cycle %d: -cold: %v: %s", i+1, err, out))
 			}
 		}
+		// The cycle's latency is to the first result; last_ms to the
+		// burst's last.
 		deadline := time.After(*timeout)
-		var at time.Time
-		for at.IsZero() {
+		var first, last time.Time
+		for pending := slices.Clone(burstIDs); len(pending) > 0; {
 			mu.Lock()
-			at = seen[id]
+			pending = slices.DeleteFunc(pending, func(id string) bool {
+				at := seen[id]
+				if !at.IsZero() && (first.IsZero() || at.Before(first)) {
+					first = at
+				}
+				if at.After(last) {
+					last = at
+				}
+				return !at.IsZero()
+			})
 			mu.Unlock()
-			if !at.IsZero() {
+			if len(pending) == 0 {
 				break
 			}
 			select {
 			case <-arrived:
 			case <-time.After(5 * time.Millisecond):
 			case <-deadline:
-				fail(fmt.Sprintf("cycle %d: no result for %s within %v", i+1, id, *timeout))
+				fail(fmt.Sprintf("cycle %d: no result for %s within %v", i+1, pending[0], *timeout))
 			}
 		}
-		d := at.Sub(t0)
+		d := first.Sub(t0)
 		lat = append(lat, d)
-		line(map[string]any{"cycle": i + 1, "order": id, "latency_ms": ms(d)})
+		line(map[string]any{"cycle": i + 1, "order": burstIDs[0], "orders": len(burstIDs), "latency_ms": ms(d), "last_ms": ms(last.Sub(t0))})
 		if *stop != "" {
 			if out, err := exec.Command("sh", "-c", *stop).CombinedOutput(); err != nil {
 				fail(fmt.Sprintf("cycle %d: -stop: %v: %s", i+1, err, out))

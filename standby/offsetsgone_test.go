@@ -1,0 +1,193 @@
+package standby
+
+import (
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// offsetsGoneRig is a kfake broker with topic "t" (2 partitions) and group
+// "g", which committed 2 records of each partition.
+type offsetsGoneRig struct {
+	t     *testing.T
+	addrs []string
+	cl    *kgo.Client
+	adm   *kadm.Client
+}
+
+func newOffsetsGoneRig(t *testing.T) *offsetsGoneRig {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "t"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	g := &offsetsGoneRig{t: t, addrs: c.ListenAddrs(), cl: cl, adm: kadm.NewClient(cl)}
+	offs := kadm.Offsets{}
+	for p := range int32(2) {
+		g.produce(p)
+		g.produce(p)
+		offs.Add(kadm.Offset{Topic: "t", Partition: p, At: 2})
+	}
+	if _, err := g.adm.CommitOffsets(t.Context(), "g", offs); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+func (g *offsetsGoneRig) produce(p int32) {
+	g.t.Helper()
+	if err := g.cl.ProduceSync(g.t.Context(), &kgo.Record{Topic: "t", Partition: p, Value: []byte("x")}).FirstErr(); err != nil {
+		g.t.Fatal(err)
+	}
+}
+
+// vanish removes the group's offsets the way named: "offsets" deletes them
+// (kadm DeleteOffsets), "group" deletes the group (what expiry of an empty
+// group's offsets amounts to).
+func (g *offsetsGoneRig) vanish(how string) {
+	g.t.Helper()
+	var err error
+	if how == "offsets" {
+		var r kadm.DeleteOffsetsResponses
+		if r, err = g.adm.DeleteOffsets(g.t.Context(), "g", kadm.TopicsSet{"t": {0: {}, 1: {}}}); err == nil {
+			err = r.Error()
+		}
+	} else {
+		var r kadm.DeleteGroupResponse
+		if r, err = g.adm.DeleteGroup(g.t.Context(), "g"); err == nil {
+			err = r.Err
+		}
+	}
+	if err != nil {
+		g.t.Fatalf("delete the %s: %v", how, err)
+	}
+	fetched, err := g.adm.FetchOffsets(g.t.Context(), "g")
+	if err != nil && !errors.Is(err, kerr.GroupIDNotFound) {
+		g.t.Fatal(err)
+	}
+	if n := len(fetched.Offsets().Sorted()); n != 0 {
+		g.t.Fatalf("%d committed offsets left after deleting the %s", n, how)
+	}
+}
+
+func (g *offsetsGoneRig) options(topics bool) Options {
+	o := Options{Brokers: g.addrs, Group: "g", Poll: 20 * time.Millisecond, BrokerTimeout: 2 * time.Second, Observer: nopObserver{}}
+	if topics {
+		o.Topics = []string{"t"}
+	}
+	return o
+}
+
+// watcher starts a lag watcher on the rig's group and returns a check of
+// its next full poll: no error and lag want.
+func (g *offsetsGoneRig) watcher(topics bool) func(what string, want int64) {
+	t := g.t
+	o := g.options(topics)
+	w, err := newLagWatcher(t.Context(), &o, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.close)
+	return func(what string, want int64) {
+		t.Helper()
+		n, _, err := w.lag(t.Context())
+		if err != nil || n != want {
+			t.Fatalf("%s: lag %d (err %v), want %d", what, n, err, want)
+		}
+	}
+}
+
+// The group's committed offsets vanish while the service sleeps (deleted,
+// or the group deleted, which is what their expiry amounts to). The
+// service's image recorded them, and kafkahooks/kgohooks continue from
+// them (rule H8): for kcr standby the group is still where it last
+// committed. So nothing wakes it while nothing new arrives, and a record
+// produced after its last commit, even one produced before the offsets
+// vanished, wakes it. With and without --topics (then the topics are those
+// the group had committed).
+func TestLagOffsetsGone(t *testing.T) {
+	for _, how := range []string{"offsets", "group"} {
+		for _, topics := range []bool{true, false} {
+			name := how + "/topics-from-commits"
+			if topics {
+				name = how + "/topics-given"
+			}
+			t.Run(name, func(t *testing.T) {
+				g := newOffsetsGoneRig(t)
+				lag := g.watcher(topics)
+				lag("everything committed", 0)
+				g.vanish(how)
+				lag("offsets gone, no new record", 0)
+				lag("offsets gone, no new record, next poll", 0)
+				g.produce(1)
+				lag("offsets gone, a new record", 1)
+				lag("offsets gone, a new record, next poll", 1)
+			})
+		}
+	}
+}
+
+// A record produced between the service's last commit and the vanishing
+// of the offsets is lag too, though the watcher first sees the partition
+// without a commit after it arrived.
+func TestLagOffsetsGoneRecordBefore(t *testing.T) {
+	for _, how := range []string{"offsets", "group"} {
+		t.Run(how, func(t *testing.T) {
+			g := newOffsetsGoneRig(t)
+			lag := g.watcher(true)
+			lag("everything committed", 0)
+			g.produce(0)
+			g.vanish(how)
+			lag("a record produced before the "+how+" vanished", 1)
+		})
+	}
+}
+
+// The supervisor asleep, kcr standby stopped, the group deleted, then kcr
+// standby started again: the state file kept where the group was, so the
+// new kcr standby does not wake the service for nothing, and wakes it on
+// the first new record, topics given or not.
+func TestOffsetsGoneAcrossRestart(t *testing.T) {
+	for _, topics := range []bool{true, false} {
+		t.Run(map[bool]string{true: "topics-given", false: "topics-from-commits"}[topics], func(t *testing.T) {
+			g := newOffsetsGoneRig(t)
+			withLag := func(o *Options) {
+				lo := g.options(topics)
+				o.Brokers, o.Group, o.Topics, o.Poll, o.BrokerTimeout = lo.Brokers, lo.Group, lo.Topics, lo.Poll, lo.BrokerTimeout
+			}
+			dir := filepath.Join(t.TempDir(), "img")
+			r := startRig(t, newFake(), dir, withLag)
+			r.waitState(StateStandby)
+			r.end()
+			g.vanish("group")
+			f := newFake()
+			r2 := startRig(t, f, dir, withLag)
+			r2.waitState(StateStandby)
+			time.Sleep(300 * time.Millisecond) // some polls, full ones among them
+			if starts, restores, _ := f.snapshot(); starts != 0 || len(restores) != 0 {
+				t.Fatalf("%d cold starts, restores %v with no new record: want none", starts, restores)
+			}
+			g.produce(0)
+			r2.waitState(StateRunning)
+			if starts, restores, _ := f.snapshot(); starts != 0 || len(restores) != 1 {
+				t.Fatalf("%d cold starts, restores %v: want the kept image restored", starts, restores)
+			}
+			if !strings.Contains(r2.log.String(), `"source":"kafka"`) {
+				t.Fatalf("not woken by Kafka lag:\n%s", r2.log.String())
+			}
+		})
+	}
+}

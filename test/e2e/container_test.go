@@ -38,7 +38,7 @@ func staticKafkaapp(t *testing.T) string {
 	t.Helper()
 	staticOnce.Do(func() {
 		p := filepath.Join(binDir, "kafkaapp-static")
-		cmd := exec.Command("go", "build", "-o", p, "./kafkaapp")
+		cmd := exec.Command("go", "build", "-o", p, "../apps/kafkaapp")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			staticErr = err.Error() + "\n" + string(out)

@@ -46,7 +46,7 @@ func TestMain(m *testing.M) {
 	kafkaBin = filepath.Join(dir, "kafkaapp")
 	kgoBin = filepath.Join(dir, "kgoapp")
 	setupOK = true
-	for _, b := range [][2]string{{kcrBin, "../../cmd/kcr"}, {filepath.Join(dir, "kcr-hook"), "../../cmd/kcr-hook"}, {appBin, "./testapp"}, {kafkaBin, "./kafkaapp"}, {kgoBin, "./kgoapp"}} {
+	for _, b := range [][2]string{{kcrBin, "../../cmd/kcr"}, {filepath.Join(dir, "kcr-hook"), "../../cmd/kcr-hook"}, {appBin, "../apps/testapp"}, {kafkaBin, "../apps/kafkaapp"}, {kgoBin, "../apps/kgoapp"}} {
 		// kcrtest: kcr obeys the KCR_TEST_STALL_* variables that stall it
 		// between phases, so that tests can kill it there.
 		out, err := exec.Command("go", "build", "-tags", "kcrtest", "-o", b[0], b[1]).CombinedOutput()

@@ -66,12 +66,12 @@ func imageTar(t *testing.T) string {
 
 var pauseBin string
 
-// staticPause builds test/e2e/pause without cgo.
+// staticPause builds test/apps/pause without cgo.
 func staticPause(t *testing.T) string {
 	t.Helper()
 	if pauseBin == "" {
 		p := filepath.Join(binDir, "pause-static")
-		cmd := exec.Command("go", "build", "-o", p, "./pause")
+		cmd := exec.Command("go", "build", "-o", p, "../apps/pause")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("build pause: %v\n%s", err, out)

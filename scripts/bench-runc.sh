@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checkpoint and restore times of a container with plain runc against runc
-# with kcr's CRIU hook, side by side: the same service (test/e2e/kafkaapp,
+# with kcr's CRIU hook, side by side: the same service (test/apps/kafkaapp,
 # static, producing to an embedded kfake broker) in three containers that
 # differ only in the CRIU configuration their org.criu.config annotation
 # names: "tcp-close" alone, or kcr's block (kcr install-runtime-hook
@@ -36,7 +36,7 @@ go build -o "$work/kcr" ./cmd/kcr
 CGO_ENABLED=0 go build -o "$work/kcr-hook" ./cmd/kcr-hook
 mkdir -p "$work/full" && cp "$work/kcr" "$work/full/kcr"
 go build -o "$work/broker" ./examples/broker
-CGO_ENABLED=0 go build -o "$work/kafkaapp" ./test/e2e/kafkaapp
+CGO_ENABLED=0 go build -o "$work/kafkaapp" ./test/apps/kafkaapp
 "$work/broker" -addr "127.0.0.1:$port" -topics bench:1 >"$work/broker.log" 2>&1 &
 broker=$!
 wait_until 10 "the broker to start" port_open "$port"

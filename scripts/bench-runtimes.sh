@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What kcr's CRIU hook adds to a checkpoint in the container runtimes of
 # docs/runtimes.md, against the same runtime without it (scripts/bench-runc.sh
-# does runc itself): the same service (test/e2e/kafkaapp, static, producing
+# does runc itself): the same service (test/apps/kafkaapp, static, producing
 # to an embedded kfake broker) in two containers that differ only in the
 # CRIU configuration their org.criu.config annotation names: "tcp-close"
 # alone ("plain"), or kcr's block (kcr install-runtime-hook --tcp-close,
@@ -9,7 +9,7 @@
 #
 #   - Podman 5 (runc): podman container checkpoint --export, then
 #     podman container restore --import of the same container;
-#   - containerd 2 over CRI: CheckpointContainer (test/e2e/cribench), which
+#   - containerd 2 over CRI: CheckpointContainer (test/apps/cribench), which
 #     leaves the container running, as the kubelet's checkpoint API does.
 #
 # Prints medians in ms and the difference. Needs scripts/install-podman.sh,
@@ -42,10 +42,10 @@ export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
 go build -o "$work/kcr" ./cmd/kcr
 CGO_ENABLED=0 go build -o "$work/kcr-hook" ./cmd/kcr-hook
 go build -o "$work/broker" ./examples/broker
-go build -o "$work/cribench" ./test/e2e/cribench
+go build -o "$work/cribench" ./test/apps/cribench
 mkdir -p "$work/rootfs"
-CGO_ENABLED=0 go build -o "$work/rootfs/kafkaapp" ./test/e2e/kafkaapp
-CGO_ENABLED=0 go build -o "$work/rootfs/pause" ./test/e2e/pause
+CGO_ENABLED=0 go build -o "$work/rootfs/kafkaapp" ./test/apps/kafkaapp
+CGO_ENABLED=0 go build -o "$work/rootfs/pause" ./test/apps/pause
 "$work/broker" -addr "127.0.0.1:$port" -topics bench:1 >"$work/broker.log" 2>&1 &
 broker=$!
 wait_until 10 "the broker to start" port_open "$port"

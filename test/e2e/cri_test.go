@@ -67,7 +67,7 @@ func newCRI(t *testing.T) *criEnv {
 	}
 	t.Logf("CRI runtime %s %s (CRI %s)", v.RuntimeName, v.RuntimeVersion, v.RuntimeApiVersion)
 	c.conf = filepath.Join(c.dir, "criu.conf")
-	mustKCR(t, "install-runtime-hook", "--config", c.conf, "--hook", filepath.Join(c.dir, "kcr-criu-hook"))
+	runKCR(t, kcrOpts{must: true}, "install-runtime-hook", "--config", c.conf, "--hook", filepath.Join(c.dir, "kcr-criu-hook"))
 	c.importImage(sock)
 	return c
 }

@@ -58,7 +58,8 @@ func TestMain(m *testing.M) {
 		setupOK, setupErr = false, "e2e tests need root (CRIU)"
 	}
 	if setupOK {
-		if out, err := exec.Command(kcrBin, "doctor").CombinedOutput(); err != nil {
+		doctor := kcrOpts{}.cmd("doctor")
+		if out, err := doctor.CombinedOutput(); err != nil {
 			setupOK, setupErr = false, fmt.Sprintf("kcr doctor failed (run scripts/install-criu.sh):\n%s", out)
 		}
 	}
@@ -304,19 +305,35 @@ type kcrResult struct {
 	stderr string
 }
 
-// runKCR runs the kcr binary and returns its exit code and output.
-func runKCR(t *testing.T, args ...string) kcrResult {
-	t.Helper()
-	return runKCREnv(t, nil, args...)
+// kcrOpts says how an e2e test runs the kcr binary: runKCR for a run to its
+// end, kcrOpts.cmd for one the test starts, pipes or kills itself.
+type kcrOpts struct {
+	env  []string // added to the test's environment
+	log  kcrLog   // when runKCR logs what kcr printed
+	must bool     // fail the test unless kcr exits 0; the run is logged
 }
 
-// runKCREnv runs kcr with env added to the test's environment.
-func runKCREnv(t *testing.T, env []string, args ...string) kcrResult {
-	t.Helper()
+type kcrLog int
+
+const (
+	logNone   kcrLog = iota // the caller logs what it needs
+	logAll                  // every run
+	logFailed               // a run that exits non-zero
+)
+
+// cmd is kcr with args, not started.
+func (o kcrOpts) cmd(args ...string) *exec.Cmd {
 	cmd := exec.Command(kcrBin, args...)
-	if env != nil {
-		cmd.Env = append(os.Environ(), env...)
+	if o.env != nil {
+		cmd.Env = append(os.Environ(), o.env...)
 	}
+	return cmd
+}
+
+// runKCR runs kcr with args as o says and returns its exit code and output.
+func runKCR(t *testing.T, o kcrOpts, args ...string) kcrResult {
+	t.Helper()
+	cmd := o.cmd(args...)
 	var so, se bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &so, &se
 	err := cmd.Run()
@@ -326,6 +343,12 @@ func runKCREnv(t *testing.T, env []string, args ...string) kcrResult {
 	} else if err != nil {
 		t.Fatalf("run kcr: %v", err)
 	}
+	if o.must || o.log == logAll || o.log == logFailed && r.code != 0 {
+		r.log(t, args)
+	}
+	if o.must && r.code != 0 {
+		t.Fatalf("kcr %s: exit %d: %s", strings.Join(args, " "), r.code, r.stderr)
+	}
 	return r
 }
 
@@ -334,28 +357,11 @@ func (r kcrResult) log(t *testing.T, args []string) {
 	t.Logf("kcr %s -> exit %d\n%s%s", strings.Join(args, " "), r.code, r.stderr, r.stdout)
 }
 
-// kcr runs kcr and logs its output.
-func kcr(t *testing.T, args ...string) kcrResult {
-	t.Helper()
-	r := runKCR(t, args...)
-	r.log(t, args)
-	return r
-}
-
-func mustKCR(t *testing.T, args ...string) kcrResult {
-	t.Helper()
-	r := kcr(t, args...)
-	if r.code != 0 {
-		t.Fatalf("kcr %s: exit %d: %s", strings.Join(args, " "), r.code, r.stderr)
-	}
-	return r
-}
-
 // restore runs kcr restore --json and returns the new PID, killed at cleanup.
 // out is the one entry of the output's "restores".
 func restore(t *testing.T, image string, extra ...string) (pid int, out map[string]any) {
 	t.Helper()
-	r := mustKCR(t, append([]string{"restore", "--json", image}, extra...)...)
+	r := runKCR(t, kcrOpts{must: true}, append([]string{"restore", "--json", image}, extra...)...)
 	out = oneRestore(t, r.stdout)
 	pid = int(out["pid"].(float64))
 	t.Cleanup(func() { killWait(pid) })

@@ -456,7 +456,9 @@ func (k *kafkaEnv) stopBroker() (cont func()) {
 // then thaws the broker.
 func (k *kafkaEnv) checkpointBrokerStopped(a *kapp, img string) {
 	k.t.Helper()
-	k.whileBrokerStopped(a, func() { mustKCR(k.t, "checkpoint", "--timeout", "1s", "-o", img, strconv.Itoa(a.pid)) })
+	k.whileBrokerStopped(a, func() {
+		runKCR(k.t, kcrOpts{must: true}, "checkpoint", "--timeout", "1s", "-o", img, strconv.Itoa(a.pid))
+	})
 }
 
 // whileBrokerStopped freezes the broker until a's Writer has records in
@@ -802,7 +804,7 @@ func recordsOf(evs []event, kind string) map[int]bool {
 // image manifest (kcr inspect --json).
 func manifestResource(t *testing.T, img, name string) map[string]any {
 	t.Helper()
-	r := kcrQuiet(t, "inspect", "--json", img)
+	r := runKCR(t, kcrOpts{log: logFailed}, "inspect", "--json", img)
 	if r.code != 0 {
 		t.Fatalf("kcr inspect: exit %d: %s", r.code, r.stderr)
 	}
@@ -825,16 +827,6 @@ func manifestResource(t *testing.T, img, name string) map[string]any {
 	}
 	t.Fatalf("no resource %q in the manifest of %s (resources %v)", name, img, names)
 	return nil
-}
-
-// kcrQuiet runs kcr and logs its output only when it fails.
-func kcrQuiet(t *testing.T, args ...string) kcrResult {
-	t.Helper()
-	r := runKCR(t, args...)
-	if r.code != 0 {
-		r.log(t, args)
-	}
-	return r
 }
 
 // producer produces numbered records to a topic with the test's own

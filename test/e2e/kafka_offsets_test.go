@@ -30,7 +30,7 @@ func TestKafkaGroupOffsetsExpired(t *testing.T) {
 	a.waitProcessed(0, 100, 30*time.Second)
 
 	img := filepath.Join(t.TempDir(), "img")
-	mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "-o", img, strconv.Itoa(a.pid))
 	<-a.done
 	res := "kafka-reader/" + group
 	before := manifestResource(t, img, res)

@@ -41,7 +41,7 @@ func TestKafkaProdGroupRestore(t *testing.T) {
 			a.waitProcessed(0, 20, 30*time.Second)
 
 			img := filepath.Join(t.TempDir(), "img")
-			mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
+			runKCR(t, kcrOpts{must: true}, "checkpoint", "-o", img, strconv.Itoa(a.pid))
 			<-a.done
 			rep := manifestResource(t, img, "kafka-reader/"+group)
 			t.Logf("reader report in the manifest: %v", rep)

@@ -146,7 +146,7 @@ func TestKgoKIP848Restore(t *testing.T) {
 	a.waitProcessed(0, 50, 30*time.Second)
 
 	img := t.TempDir() + "/img"
-	mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "-o", img, strconv.Itoa(a.pid))
 	<-a.done
 	rep := kgoReport(t, manifestResource(t, img, "kgo/"+base))
 	t.Logf("reader report in the manifest: %+v %+v", *rep.Checkpoint, rep.GroupCheckpoint)
@@ -302,7 +302,7 @@ func restoreToFirstRecord(t *testing.T, k *kafkaEnv, balancer string) time.Durat
 	a := k.startBin(kgoBin, consumeArgs(topic, group, "kfirst", balancer, "")...)
 	a.waitProcessed(0, 100, 60*time.Second)
 	img := t.TempDir() + "/img"
-	mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "-o", img, strconv.Itoa(a.pid))
 	<-a.done
 	// The report says whether the restore will wait for the initial
 	// rebalance delay: a sole classic member, not a KIP-848 one.

@@ -67,7 +67,7 @@ func TestKgoStaticMemberRestore(t *testing.T) {
 			a.waitProcessed(0, 1, 30*time.Second)
 
 			img := t.TempDir() + "/img"
-			mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
+			runKCR(t, kcrOpts{must: true}, "checkpoint", "-o", img, strconv.Itoa(a.pid))
 			tck := time.Now()
 			<-a.done
 			rep := kgoReport(t, manifestResource(t, img, "kgo/sta"))
@@ -169,7 +169,7 @@ func TestKgoStaticMemberLeaveRunningCopy(t *testing.T) {
 			})
 			a.waitProcessed(0, 10, 30*time.Second)
 			img := t.TempDir() + "/img"
-			mustKCR(t, "checkpoint", "--leave-running", "-o", img, strconv.Itoa(pid))
+			runKCR(t, kcrOpts{must: true}, "checkpoint", "--leave-running", "-o", img, strconv.Itoa(pid))
 			if rep := kgoReport(t, manifestResource(t, img, "kgo/stl")); rep.GroupCheckpoint == nil || rep.LeftGroup {
 				t.Errorf("report %+v: want left_group false (--leave-running)", rep.Checkpoint)
 			}

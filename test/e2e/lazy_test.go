@@ -36,7 +36,7 @@ func TestLazyRestoreHeap(t *testing.T) {
 	// lazyheap closes its end of our connection a moment after we do; until
 	// then the socket is in CLOSE-WAIT, which kcr rightly refuses to dump.
 	for i := 0; ; i++ {
-		r := kcr(t, "checkpoint", "--no-hooks", "-o", img, strconv.Itoa(pid))
+		r := runKCR(t, kcrOpts{log: logAll}, "checkpoint", "--no-hooks", "-o", img, strconv.Itoa(pid))
 		if r.code == 0 {
 			break
 		}

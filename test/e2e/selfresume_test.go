@@ -14,7 +14,7 @@ import (
 func TestRestoreAfterSelfResume(t *testing.T) {
 	_, a := startEchoApp(t)
 	img := filepath.Join(t.TempDir(), "img")
-	mustKCR(t, "checkpoint", "--tcp-close", "--resume-after", "1ns", "-o", img, strconv.Itoa(a.pid))
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "--tcp-close", "--resume-after", "1ns", "-o", img, strconv.Itoa(a.pid))
 	select {
 	case <-a.done:
 	case <-time.After(5 * time.Second):
@@ -26,7 +26,7 @@ func TestRestoreAfterSelfResume(t *testing.T) {
 	// kcr's after-restore message finds no waiting checkpoint: the copy,
 	// restored from an idle image, runs a whole cycle for it (or its own
 	// watch already did, 250 ms at most after the restore).
-	r := kcr(t, "restore", img)
+	r := runKCR(t, kcrOpts{log: logAll}, "restore", img)
 	t.Cleanup(func() { killWait(a.pid) })
 	if !alive(a.pid) {
 		t.Fatalf("restore exit %d, and the copy is not running: %s", r.code, r.stderr)

@@ -20,6 +20,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kcr-dev/kcr/internal/testkit/wait"
 )
 
 var (
@@ -232,18 +234,19 @@ func (a *app) events() []event {
 // waitEvent waits for an event matching ok and returns it.
 func (a *app) waitEvent(timeout time.Duration, ok func(event) bool) event {
 	a.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		for _, e := range a.events() {
-			if ok(e) {
-				return e
-			}
+	var found event
+	if !wait.Until(timeout, func() bool {
+		evs := a.events()
+		i := slices.IndexFunc(evs, ok)
+		if i >= 0 {
+			found = evs[i]
 		}
-		time.Sleep(20 * time.Millisecond)
+		return i >= 0
+	}) {
+		b, _ := os.ReadFile(a.out)
+		a.t.Fatalf("timed out after %v waiting for an event; app log:\n%s", timeout, b)
 	}
-	b, _ := os.ReadFile(a.out)
-	a.t.Fatalf("timed out after %v waiting for an event; app log:\n%s", timeout, b)
-	return nil
+	return found
 }
 
 // since returns events after the n-th.
@@ -384,12 +387,10 @@ func oneRestore(t *testing.T, stdout string) map[string]any {
 // processes, sometimes slowly).
 func killWait(pid int) {
 	syscall.Kill(pid, syscall.SIGKILL)
-	for i := 0; i < 500; i++ {
-		if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err != nil {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.Until(5*time.Second, func() bool {
+		_, err := os.Stat("/proc/" + strconv.Itoa(pid))
+		return err != nil
+	})
 }
 
 func alive(pid int) bool {

@@ -2,9 +2,12 @@ package e2e
 
 import (
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/kcr-dev/kcr/internal/testkit/wait"
 )
 
 // TestRestoreAfterSelfResume: the app resumes on its own before CRIU
@@ -31,17 +34,18 @@ func TestRestoreAfterSelfResume(t *testing.T) {
 	if !alive(a.pid) {
 		t.Fatalf("restore exit %d, and the copy is not running: %s", r.code, r.stderr)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		for _, e := range a.since(n) {
-			if e["ev"] == "after" && e.str("kind") == "restore" {
-				if r.code != 0 && e["self"] != true {
-					t.Fatalf("kcr restore exit %d although the app took its message: %v", r.code, e)
-				}
-				return
-			}
+	var e event
+	if !wait.Until(5*time.Second, func() bool {
+		evs := a.since(n)
+		i := slices.IndexFunc(evs, func(e event) bool { return e["ev"] == "after" && e.str("kind") == "restore" })
+		if i >= 0 {
+			e = evs[i]
 		}
-		time.Sleep(20 * time.Millisecond)
+		return i >= 0
+	}) {
+		t.Fatalf("the copy never ran its restore hooks; events since the restore: %v", a.since(n))
 	}
-	t.Fatalf("the copy never ran its restore hooks; events since the restore: %v", a.since(n))
+	if r.code != 0 && e["self"] != true {
+		t.Fatalf("kcr restore exit %d although the app took its message: %v", r.code, e)
+	}
 }

@@ -276,29 +276,45 @@ func checkRestoredState(t *testing.T, addr string, c0 int64, gen0 uint64, id0 st
 
 func state(t *testing.T, addr string) (counter int64, gen uint64, id string) {
 	t.Helper()
+	askState(t, addr, "state listener", func(line []byte) error {
+		f := strings.Fields(string(line))
+		if len(f) != 3 {
+			return fmt.Errorf("answer %q, want \"counter generation id\"", line)
+		}
+		counter, _ = strconv.ParseInt(f[0], 10, 64)
+		gen, _ = strconv.ParseUint(f[1], 10, 64)
+		id = f[2]
+		return nil
+	})
+	return counter, gen, id
+}
+
+// askState reads one line from the state listener of a test program at addr
+// and hands it to parse. It tries 50 times, 50 ms apart, while the dial, the
+// read or parse fails (a restored program may not listen yet), then fails t.
+func askState(t *testing.T, addr, what string, parse func(line []byte) error) {
+	t.Helper()
 	var lastErr error
-	for i := 0; i < 50; i++ {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.SetDeadline(time.Now().Add(2 * time.Second))
-			line, err := bufio.NewReader(c).ReadString('\n')
-			c.Close()
-			if err == nil {
-				f := strings.Fields(line)
-				if len(f) == 3 {
-					counter, _ = strconv.ParseInt(f[0], 10, 64)
-					gen, _ = strconv.ParseUint(f[1], 10, 64)
-					return counter, gen, f[2]
-				}
+	for range 50 {
+		lastErr = func() error {
+			c, err := net.DialTimeout("tcp", addr, time.Second)
+			if err != nil {
+				return err
 			}
-			lastErr = err
-		} else {
-			lastErr = err
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(2 * time.Second))
+			line, err := bufio.NewReader(c).ReadBytes('\n')
+			if err != nil {
+				return err
+			}
+			return parse(line)
+		}()
+		if lastErr == nil {
+			return
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("state listener %s: %v", addr, lastErr)
-	return
+	t.Fatalf("%s %s: %v", what, addr, lastErr)
 }
 
 // kcrResult is one run of the kcr binary.

@@ -198,9 +198,7 @@ func TestKafkaTailingReaders(t *testing.T) {
 func TestKafkaCommitIntervalFailingCommit(t *testing.T) {
 	k := needKafka(t)
 	k.restartsBroker()
-	topic := k.newTopic("interval", 1)
-	group := uniqueName("interval")
-	prod := k.produce(topic, 100)
+	topic, group, prod := k.groupTopic("interval", 1, 100)
 	a := k.start("-topic", topic, "-group", group, "-consume", "-commit-interval", "1s", "-client-id", "interval", "-log-level", "debug")
 	a.waitProcessed(0, 200, 30*time.Second)
 

@@ -21,9 +21,7 @@ import (
 func TestKafkaGroupOffsetsExpired(t *testing.T) {
 	k := needKafka(t)
 	const parts = 2
-	topic := k.newTopic("expire", parts)
-	group := uniqueName("expire")
-	prod := k.produce(topic, 50)
+	topic, group, prod := k.groupTopic("expire", parts, 50)
 	// The check runs for restores a minute after the checkpoint, the
 	// smallest retention; here the offsets go at once.
 	a := k.start("-topic", topic, "-consume", "-group", group, "-client-id", "expire", "-offsets-check-after", "0s")

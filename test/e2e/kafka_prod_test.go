@@ -26,9 +26,7 @@ func TestKafkaProdGroupRestore(t *testing.T) {
 	for _, handover := range []bool{false, true} {
 		t.Run(fmt.Sprintf("handover=%v", handover), func(t *testing.T) {
 			k := needKafkaProd(t)
-			topic := k.newTopic("prodgroup", 3)
-			group := uniqueName("prodgroup")
-			prod := k.produce(topic, 100)
+			topic, group, prod := k.groupTopic("prodgroup", 3, 100)
 			args := []string{"-topic", topic, "-group", group, "-consume", "-client-id", "member-a"}
 			if handover {
 				args = append(args, "-group-handover")

@@ -132,9 +132,7 @@ func TestKafkaConsumerGroup(t *testing.T) {
 // registers as resource(group) with clients member-a and member-b.
 func testConsumerGroup(t *testing.T, bin string, resource func(group string) string) {
 	k := needKafka(t)
-	topic := k.newTopic("group", 3)
-	group := uniqueName("group")
-	prod := k.produce(topic, 100)
+	topic, group, prod := k.groupTopic("group", 3, 100)
 	member := func(id string) []string {
 		return []string{"-topic", topic, "-group", group, "-consume", "-client-id", id}
 	}

@@ -127,12 +127,7 @@ func TestContainerPodman(t *testing.T) {
 	topic, group, base := k.newTopic("kcr-podman", 1), uniqueName("podman-group"), "podman"
 	name := uniqueName("podman")
 	a := p.start(k, name, serviceArgs(k, topic, group, base))
-	k.waitGroup(group, topic, 60*time.Second, "the service in its group", func(v groupView) bool {
-		return len(v.clients) == 1 && v.clients[0] == base && len(v.assigned[base]) > 0
-	})
-	a.waitAcked(100, 30*time.Second)
-	a.waitProcessed(0, 50, 30*time.Second)
-	before := a.state()
+	before := k.waitServing(a, topic, group, base)
 
 	archive := filepath.Join(p.dir, "checkpoint.tar")
 	t0 := time.Now()

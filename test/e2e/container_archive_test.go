@@ -75,11 +75,7 @@ func TestContainerRestoreFromArchive(t *testing.T) {
 		t.Errorf("restore from the archive with another key: exit %d, want a signature error: %s", r.code, r.stderr)
 	}
 	newID := uniqueName("ctr-new")
-	t.Cleanup(func() {
-		exec.Command("runc", "--root", c.root, "kill", newID, "KILL").Run()
-		time.Sleep(100 * time.Millisecond)
-		exec.Command("runc", "--root", c.root, "delete", "-f", newID).Run()
-	})
+	c.removeAtCleanup(newID)
 	restoredOut := filepath.Join(t.TempDir(), "restored.log")
 	var r kcrResult
 	done := make(chan kcrResult, 1)
@@ -129,11 +125,10 @@ func TestContainerRestoreFromArchive(t *testing.T) {
 
 	// The OCI image of "kcr export --format oci" restores too, as a third
 	// container (the second copy is stopped first: one producer at a time).
-	runc := func(args ...string) { exec.Command("runc", append([]string{"--root", c.root}, args...)...).Run() }
 	c.stop(c.pid)
 	n2, ackedMid := len(c.events()), len(acked(c.events()))
 	ociID := uniqueName("ctr-oci")
-	t.Cleanup(func() { runc("kill", ociID, "KILL"); time.Sleep(100 * time.Millisecond); runc("delete", "-f", ociID) })
+	c.removeAtCleanup(ociID)
 	ociOut := filepath.Join(t.TempDir(), "oci.log")
 	r = runKCR(t, kcrOpts{env: env}, "restore", "--json", "--container", ociID, "--runc-root", c.root, "--container-output", ociOut, oci)
 	if r.code != 0 {

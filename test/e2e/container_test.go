@@ -62,6 +62,16 @@ type container struct {
 	conf   string // the CRIU configuration file of org.criu.config
 }
 
+// removeAtCleanup kills and deletes the runc container id when the test ends.
+func (c *container) removeAtCleanup(id string) {
+	c.t.Cleanup(func() {
+		runc := func(args ...string) { exec.Command("runc", append([]string{"--root", c.root}, args...)...).Run() }
+		runc("kill", id, "KILL")
+		time.Sleep(100 * time.Millisecond)
+		runc("delete", "-f", id)
+	})
+}
+
 // runcPath returns runc, or fails or skips the test.
 func runcPath(t *testing.T) string {
 	t.Helper()
@@ -129,11 +139,7 @@ func newContainer(t *testing.T, k *kafkaEnv, installFlags []string, args ...stri
 
 	c.kapp = &kapp{app: &app{t: t, out: filepath.Join(dir, "app.log"), done: make(chan struct{})}, k: k}
 	k.keepLog(c.kapp)
-	t.Cleanup(func() {
-		exec.Command("runc", "--root", c.root, "kill", c.id, "KILL").Run()
-		time.Sleep(100 * time.Millisecond)
-		exec.Command("runc", "--root", c.root, "delete", "-f", c.id).Run()
-	})
+	c.removeAtCleanup(c.id)
 	c.runc(nil, "run", "-d", "--bundle", c.bundle, c.id)
 	ev := c.waitEvent(20*time.Second, func(e event) bool { return e["ev"] == "ready" || e["ev"] == "fatal" })
 	if ev["ev"] == "fatal" {

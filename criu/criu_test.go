@@ -428,7 +428,7 @@ func waitZombie(t *testing.T, pid int) {
 }
 
 func TestImages(t *testing.T) {
-	// Captured from CRIU 4.2.1 dumping testdata/helper (one process, five
+	// Captured from CRIU 4.2.1 dumping test/apps/criuhelper (one process, five
 	// threads) and restoring it.
 	tasks, err := ImageTasks("testdata/images")
 	if err != nil {

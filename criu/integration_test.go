@@ -63,13 +63,13 @@ func needCRIU(t *testing.T) string {
 	return path
 }
 
-// helper builds ./testdata/helper once.
+// helper builds test/apps/criuhelper once.
 func helper(t *testing.T) string {
 	t.Helper()
-	return testProgram(t, "helper")
+	return testProgram(t, "criuhelper")
 }
 
-// testProgram builds ./testdata/<name> once per test binary.
+// testProgram builds test/apps/<name> once per test binary.
 func testProgram(t *testing.T, name string) string {
 	t.Helper()
 	progMu.Lock()
@@ -85,9 +85,9 @@ func testProgram(t *testing.T, name string) string {
 		helperDir = dir
 	}
 	bin := filepath.Join(helperDir, name)
-	out, err := exec.Command("go", "build", "-o", bin, "./testdata/"+name).CombinedOutput()
+	out, err := exec.Command("go", "build", "-o", bin, "../test/apps/"+name).CombinedOutput()
 	if err != nil {
-		t.Fatalf("go build ./testdata/%s: %v\n%s", name, err, out)
+		t.Fatalf("go build test/apps/%s: %v\n%s", name, err, out)
 	}
 	progBins[name] = bin
 	return bin

@@ -16,18 +16,18 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kcr-dev/kcr/internal/testheap"
+	"github.com/kcr-dev/kcr/internal/testkit/heaptest"
 )
 
-// heapTarget is a running testdata/lazyheap.
-type heapTarget struct{ *testheap.Heap }
+// heapTarget is a running test/apps/lazyheap.
+type heapTarget struct{ *heaptest.Heap }
 
 // startHeap starts lazyheap with a heap of mb MiB and waits until it has
 // filled the heap and listens.
 func startHeap(t *testing.T, mb int, seed uint64) *heapTarget {
 	t.Helper()
 	bin := testProgram(t, "lazyheap")
-	h, err := testheap.Start(context.Background(), bin, t.TempDir(), mb, seed)
+	h, err := heaptest.Start(context.Background(), bin, t.TempDir(), mb, seed)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,7 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$work"; }
 trap cleanup EXIT
 go build -o "$work/kcr" ./cmd/kcr
-go build -o "$work/testapp" ./test/e2e/testapp
+go build -o "$work/testapp" ./test/apps/testapp
 export KCR_SOCKET_DIR="$work/sock"
 
 pid=$(quiet "$work/kcr.err" "$work/kcr" run --log "$work/app.log" -- "$work/testapp")
@@ -53,7 +53,7 @@ done
 
 # Image and archive size against RSS: the test app above, and heaps of
 # 64 and 256 MiB (lazyheap, dumped without hooks).
-go build -o "$work/lazyheap" ./criu/testdata/lazyheap
+go build -o "$work/lazyheap" ./test/apps/lazyheap
 echo
 echo "image and archive size against RSS"
 printf '  %-22s %10s %12s %14s %10s\n' program "RSS (MiB)" "image (MiB)" "archive (MiB)" "archive/RSS"

@@ -2,7 +2,7 @@
 # What kcr's CRIU action script costs at pre-dump, while CRIU waits before it
 # freezes the tree, piece by piece and side by side for two builds: BASE (a
 # git revision, default main) and this worktree. The same service
-# (test/e2e/kafkaapp with a kcr socket, producing to an embedded kfake
+# (test/apps/kafkaapp with a kcr socket, producing to an embedded kfake
 # broker) runs on the host; the script is called as CRIU calls it, with
 # CRTOOLS_SCRIPT_ACTION and CRTOOLS_INIT_PID, but without CRIU: it runs in a
 # sh that exits after it, so the resume watcher finds its "CRIU" gone and
@@ -36,7 +36,7 @@ git archive "$base" | tar -x -C "$work/base/src"
 go build -o "$work/head/kcr" ./cmd/kcr
 CGO_ENABLED=0 go build -o "$work/head/kcr-hook" ./cmd/kcr-hook
 go build -o "$work/broker" ./examples/broker
-go build -o "$work/kafkaapp" ./test/e2e/kafkaapp
+go build -o "$work/kafkaapp" ./test/apps/kafkaapp
 for b in base head; do
 	quiet "$work/kcr.err" "$work/$b/kcr" install-runtime-hook --config "$work/$b.conf" --hook "$work/$b/kcr-criu-hook"
 done

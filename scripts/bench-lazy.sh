@@ -3,7 +3,7 @@
 #
 #   sudo scripts/bench-lazy.sh [sizes-in-MiB] [runs]      # default: 64,256,1024 5
 #
-# For each heap size it starts criu/testdata/lazyheap detached (setsid,
+# For each heap size it starts test/apps/lazyheap detached (setsid,
 # stdin /dev/null, output appended to a file, GODEBUG=multipathtcp=0): a
 # service whose heap is filled with a per-page pattern and which answers
 # "ping" (touches little memory) and "sum" (checksums the whole heap and
@@ -49,8 +49,8 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 mkdir "$bin"
-go build -o "$bin/lazyheap" ./criu/testdata/lazyheap
-go build -o "$bin/lazybench" ./criu/testdata/lazybench
+go build -o "$bin/lazyheap" ./test/apps/lazyheap
+go build -o "$bin/lazybench" ./test/apps/lazybench
 "$bin/lazybench" bench -heap "$bin/lazyheap" -mb "$sizes" -runs "$runs" -dir "$root" &
 driver=$!
 wait "$driver"

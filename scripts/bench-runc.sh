@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checkpoint and restore times of a container with plain runc against runc
-# with kcr's CRIU hook, side by side: the same service (test/e2e/kafkaapp,
+# with kcr's CRIU hook, side by side: the same service (test/apps/kafkaapp,
 # static, producing to an embedded kfake broker) in three containers that
 # differ only in the CRIU configuration their org.criu.config annotation
 # names: "tcp-close" alone, or kcr's block (kcr install-runtime-hook
@@ -33,7 +33,7 @@ trap cleanup EXIT
 
 hook_bench_start "$work" "$port"
 CGO_ENABLED=0 go build -o "$work/kafkaapp" \
-	./test/e2e/kafkaapp
+	./test/apps/kafkaapp
 mkdir -p "$work/full" && cp "$work/kcr" "$work/full/kcr"
 quiet "$work/kcr.err" "$work/full/kcr" install-runtime-hook --config "$work/full.conf" --hook "$work/full/kcr-criu-hook" --tcp-close
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What kcr's CRIU hook adds to a checkpoint in the container runtimes of
 # docs/runtimes.md, against the same runtime without it (scripts/bench-runc.sh
-# does runc itself): the same service (test/e2e/kafkaapp, static, producing
+# does runc itself): the same service (test/apps/kafkaapp, static, producing
 # to an embedded kfake broker) in two containers that differ only in the
 # CRIU configuration their org.criu.config annotation names: "tcp-close"
 # alone ("plain"), or kcr's block (kcr install-runtime-hook --tcp-close,
@@ -9,7 +9,7 @@
 #
 #   - Podman 5 (runc): podman container checkpoint --export, then
 #     podman container restore --import of the same container;
-#   - containerd 2 over CRI: CheckpointContainer (test/e2e/cribench), which
+#   - containerd 2 over CRI: CheckpointContainer (test/apps/cribench), which
 #     leaves the container running, as the kubelet's checkpoint API does.
 #
 # Prints medians in ms and the difference. Needs scripts/install-podman.sh,
@@ -40,12 +40,12 @@ trap cleanup EXIT
 
 hook_bench_start "$work" "$port"
 go build -o "$work/cribench" \
-	./test/e2e/cribench
+	./test/apps/cribench
 mkdir -p "$work/rootfs"
 CGO_ENABLED=0 go build -o "$work/rootfs/kafkaapp" \
-	./test/e2e/kafkaapp
+	./test/apps/kafkaapp
 CGO_ENABLED=0 go build -o "$work/rootfs/pause" \
-	./test/e2e/pause
+	./test/apps/pause
 args=(-brokers "127.0.0.1:$port" -topic bench -produce-rate 200)
 
 # Podman.

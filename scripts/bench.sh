@@ -40,7 +40,7 @@ work=$(mktemp -d /var/tmp/kcr-bench.XXXXXX)
 trap 'kill -9 $(cat "$work"/pid 2>/dev/null) 2>/dev/null || true; rm -rf "$work"' EXIT
 CGO_ENABLED=0 go build -o "$work/kcr" ./cmd/kcr
 go build -o "$work/kcr-cgo" ./cmd/kcr
-go build -o "$work/testapp" ./test/e2e/testapp
+go build -o "$work/testapp" ./test/apps/testapp
 base="${KCR_BENCH_BASE:-}"
 if [ -n "$base" ]; then
 	mkdir "$work/base"

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -25,7 +24,7 @@ func TestArchiveRoundTrip(t *testing.T) {
 	img := checkpointGone(t, a.pid)
 
 	arch := filepath.Join(t.TempDir(), "img.tar.zst")
-	r := mustKCR(t, "export", "--json", img, "-o", arch)
+	r := runKCR(t, kcrOpts{must: true}, "export", "--json", img, "-o", arch)
 	var out struct {
 		ImageBytes   int64 `json:"image_bytes"`
 		ArchiveBytes int64 `json:"archive_bytes"`
@@ -53,11 +52,11 @@ func TestArchiveRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	imported := filepath.Join(t.TempDir(), "imported")
-	r = mustKCR(t, "import", arch, "-o", imported)
+	r = runKCR(t, kcrOpts{must: true}, "import", arch, "-o", imported)
 	if !strings.Contains(r.stderr, "imported") || !strings.Contains(r.stderr, "verified") {
 		t.Fatalf("import stderr %q", r.stderr)
 	}
-	mustKCR(t, "inspect", imported)
+	runKCR(t, kcrOpts{must: true}, "inspect", imported)
 
 	n := len(a.events())
 	accepts := echo.count()
@@ -81,8 +80,8 @@ func TestArchiveRoundTrip(t *testing.T) {
 
 	// Streaming: kcr export -o - | kcr import -.
 	piped := filepath.Join(t.TempDir(), "piped")
-	exp := exec.Command(kcrBin, "export", imported, "-o", "-")
-	imp := exec.Command(kcrBin, "import", "-", "-o", piped)
+	exp := kcrOpts{}.cmd("export", imported, "-o", "-")
+	imp := kcrOpts{}.cmd("import", "-", "-o", piped)
 	pr, pw := io.Pipe()
 	var expErr, impErr bytes.Buffer
 	exp.Stdout, exp.Stderr = pw, &expErr
@@ -99,7 +98,7 @@ func TestArchiveRoundTrip(t *testing.T) {
 	if eerr != nil || ierr != nil {
 		t.Fatalf("export | import: %v %q / %v %q", eerr, expErr.String(), ierr, impErr.String())
 	}
-	mustKCR(t, "inspect", piped)
+	runKCR(t, kcrOpts{must: true}, "inspect", piped)
 }
 
 // 10. A tampered, a truncated and a path-escaping archive are each refused
@@ -108,10 +107,10 @@ func TestArchiveRefused(t *testing.T) {
 	need(t)
 	a := startApp(t)
 	good := filepath.Join(t.TempDir(), "good")
-	mustKCR(t, "checkpoint", "--leave-running", "-o", good, strconv.Itoa(a.pid))
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "--leave-running", "-o", good, strconv.Itoa(a.pid))
 	dir := t.TempDir()
 	arch := filepath.Join(dir, "good.tar.zst")
-	mustKCR(t, "export", good, "-o", arch)
+	runKCR(t, kcrOpts{must: true}, "export", good, "-o", arch)
 	data, err := os.ReadFile(arch)
 	if err != nil {
 		t.Fatal(err)
@@ -159,7 +158,7 @@ func TestArchiveRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 		parent := t.TempDir()
-		r := kcr(t, "import", file, "-o", filepath.Join(parent, "img"))
+		r := runKCR(t, kcrOpts{log: logAll}, "import", file, "-o", filepath.Join(parent, "img"))
 		if r.code != 5 {
 			t.Errorf("%s: exit %d, want 5 (stderr %q)", c.name, r.code, r.stderr)
 		}
@@ -184,8 +183,8 @@ func TestArchiveRefused(t *testing.T) {
 	// The intact archive still imports, and not over a non-empty directory.
 	dest := t.TempDir()
 	os.WriteFile(filepath.Join(dest, "precious"), []byte("keep"), 0o600)
-	if r := kcr(t, "import", arch, "-o", dest); r.code != 5 || !strings.Contains(r.stderr, "already exists") {
+	if r := runKCR(t, kcrOpts{log: logAll}, "import", arch, "-o", dest); r.code != 5 || !strings.Contains(r.stderr, "already exists") {
 		t.Errorf("import over a non-empty directory: exit %d %q; want 5, already exists", r.code, r.stderr)
 	}
-	mustKCR(t, "import", arch, "-o", filepath.Join(t.TempDir(), "ok"))
+	runKCR(t, kcrOpts{must: true}, "import", arch, "-o", filepath.Join(t.TempDir(), "ok"))
 }

@@ -15,7 +15,7 @@ func runApp(t *testing.T, args ...string) (pid int, a *app) {
 	t.Helper()
 	dir := t.TempDir()
 	log := filepath.Join(dir, "app.log")
-	r := mustKCR(t, append([]string{"run", "--json", "--log", log, "-e", "KCR_SOCKET_DIR=" + filepath.Join(dir, "sock"), "--", appBin}, args...)...)
+	r := runKCR(t, kcrOpts{must: true}, append([]string{"run", "--json", "--log", log, "-e", "KCR_SOCKET_DIR=" + filepath.Join(dir, "sock"), "--", appBin}, args...)...)
 	var out struct {
 		PID    int    `json:"pid"`
 		Socket string `json:"socket"`
@@ -59,8 +59,8 @@ func TestRunNamespace(t *testing.T) {
 	}
 	// Checkpoint works on its host PID as before, and it restores.
 	img := filepath.Join(t.TempDir(), "img")
-	mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(pid))
-	r := mustKCR(t, "inspect", "--json", img)
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "-o", img, strconv.Itoa(pid))
+	r := runKCR(t, kcrOpts{must: true}, "inspect", "--json", img)
 	if !strings.Contains(r.stdout, `"pid_namespace": true`) {
 		t.Fatal("manifest does not record the PID namespace")
 	}
@@ -76,10 +76,10 @@ func TestRestoreClones(t *testing.T) {
 	need(t)
 	pid, a := runApp(t)
 	img := filepath.Join(t.TempDir(), "img")
-	mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(pid))
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "-o", img, strconv.Itoa(pid))
 	n := len(a.events())
 
-	r := mustKCR(t, "restore", "--json", "--count", "3", "--name", "svc", img)
+	r := runKCR(t, kcrOpts{must: true}, "restore", "--json", "--count", "3", "--name", "svc", img)
 	var doc struct {
 		Restores []struct {
 			PID        int    `json:"pid"`
@@ -120,7 +120,7 @@ func TestRestoreClones(t *testing.T) {
 	// Every clone is reachable through its own PID: a leave-running
 	// checkpoint of each one works.
 	for i, c := range clones {
-		mustKCR(t, "checkpoint", "--leave-running", "-o", filepath.Join(t.TempDir(), "c"+strconv.Itoa(i)), strconv.Itoa(c.PID))
+		runKCR(t, kcrOpts{must: true}, "checkpoint", "--leave-running", "-o", filepath.Join(t.TempDir(), "c"+strconv.Itoa(i)), strconv.Itoa(c.PID))
 	}
 	// Killing one leaves the others running.
 	killWait(clones[0].PID)
@@ -133,8 +133,8 @@ func TestRestoreClones(t *testing.T) {
 	// An image of a process outside a PID namespace cannot be cloned.
 	b := startApp(t)
 	img2 := filepath.Join(t.TempDir(), "plain")
-	mustKCR(t, "checkpoint", "--leave-running", "-o", img2, strconv.Itoa(b.pid))
-	if r := kcr(t, "restore", "--count", "2", img2); r.code != 5 || !strings.Contains(r.stderr, "kcr run") {
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "--leave-running", "-o", img2, strconv.Itoa(b.pid))
+	if r := runKCR(t, kcrOpts{log: logAll}, "restore", "--count", "2", img2); r.code != 5 || !strings.Contains(r.stderr, "kcr run") {
 		t.Fatalf("clone of a plain image: exit %d %q, want 5 pointing to kcr run", r.code, r.stderr)
 	}
 }

@@ -25,16 +25,16 @@ func TestContainerRestoreFromArchive(t *testing.T) {
 	before := c.state()
 
 	keys := filepath.Join(t.TempDir(), "ops")
-	mustKCR(t, "keygen", "-o", keys)
+	runKCR(t, kcrOpts{must: true}, "keygen", "-o", keys)
 	other := filepath.Join(t.TempDir(), "other")
-	mustKCR(t, "keygen", "-o", other)
+	runKCR(t, kcrOpts{must: true}, "keygen", "-o", other)
 	img := filepath.Join(t.TempDir(), "img")
-	mustKCR(t, "checkpoint", "--container", c.id, "--runc-root", c.root, "--sign", keys+".key", "-o", img)
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "--container", c.id, "--runc-root", c.root, "--sign", keys+".key", "-o", img)
 	archive := filepath.Join(t.TempDir(), "checkpoint.tar")
 	oci := filepath.Join(t.TempDir(), "oci")
 	// Every format reports what it read and wrote (cri-o and oci said 0).
 	for _, e := range []struct{ format, out string }{{"cri-o", archive}, {"oci", oci}} {
-		r := mustKCR(t, "export", "--json", "--format", e.format, "-o", e.out, img)
+		r := runKCR(t, kcrOpts{must: true}, "export", "--json", "--format", e.format, "-o", e.out, img)
 		var res struct {
 			ImageBytes   int64 `json:"image_bytes"`
 			ArchiveBytes int64 `json:"archive_bytes"`
@@ -63,7 +63,7 @@ func TestContainerRestoreFromArchive(t *testing.T) {
 	if err := os.Chmod(archive, 0o666); err != nil {
 		t.Fatal(err)
 	}
-	if r := runKCREnv(t, env, "restore", "--container", uniqueName("ctr-untrusted"), "--runc-root", c.root, archive); r.code != 5 || !strings.Contains(r.stderr, "--allow-untrusted") {
+	if r := runKCR(t, kcrOpts{env: env}, "restore", "--container", uniqueName("ctr-untrusted"), "--runc-root", c.root, archive); r.code != 5 || !strings.Contains(r.stderr, "--allow-untrusted") {
 		t.Errorf("restore from a world-writable archive: exit %d, want 5 naming --allow-untrusted: %s", r.code, r.stderr)
 	}
 	if err := os.Chmod(archive, 0o600); err != nil {
@@ -71,20 +71,16 @@ func TestContainerRestoreFromArchive(t *testing.T) {
 	}
 	// The signature travels in the archive: another key is refused before
 	// anything is restored.
-	if r := runKCREnv(t, env, "restore", "--container", uniqueName("ctr-wrongkey"), "--runc-root", c.root, "--verify-key", other+".pub", archive); r.code == 0 || !strings.Contains(r.stderr, "sign") {
+	if r := runKCR(t, kcrOpts{env: env}, "restore", "--container", uniqueName("ctr-wrongkey"), "--runc-root", c.root, "--verify-key", other+".pub", archive); r.code == 0 || !strings.Contains(r.stderr, "sign") {
 		t.Errorf("restore from the archive with another key: exit %d, want a signature error: %s", r.code, r.stderr)
 	}
 	newID := uniqueName("ctr-new")
-	t.Cleanup(func() {
-		exec.Command("runc", "--root", c.root, "kill", newID, "KILL").Run()
-		time.Sleep(100 * time.Millisecond)
-		exec.Command("runc", "--root", c.root, "delete", "-f", newID).Run()
-	})
+	c.removeAtCleanup(newID)
 	restoredOut := filepath.Join(t.TempDir(), "restored.log")
 	var r kcrResult
 	done := make(chan kcrResult, 1)
 	go func() {
-		done <- runKCREnv(t, env, "restore", "--json", "--container", newID, "--runc-root", c.root, "--verify-key", keys+".pub", "--container-output", restoredOut, archive)
+		done <- runKCR(t, kcrOpts{env: env}, "restore", "--json", "--container", newID, "--runc-root", c.root, "--verify-key", keys+".pub", "--container-output", restoredOut, archive)
 	}()
 	select {
 	case r = <-done:
@@ -129,13 +125,12 @@ func TestContainerRestoreFromArchive(t *testing.T) {
 
 	// The OCI image of "kcr export --format oci" restores too, as a third
 	// container (the second copy is stopped first: one producer at a time).
-	runc := func(args ...string) { exec.Command("runc", append([]string{"--root", c.root}, args...)...).Run() }
 	c.stop(c.pid)
 	n2, ackedMid := len(c.events()), len(acked(c.events()))
 	ociID := uniqueName("ctr-oci")
-	t.Cleanup(func() { runc("kill", ociID, "KILL"); time.Sleep(100 * time.Millisecond); runc("delete", "-f", ociID) })
+	c.removeAtCleanup(ociID)
 	ociOut := filepath.Join(t.TempDir(), "oci.log")
-	r = runKCREnv(t, env, "restore", "--json", "--container", ociID, "--runc-root", c.root, "--container-output", ociOut, oci)
+	r = runKCR(t, kcrOpts{env: env}, "restore", "--json", "--container", ociID, "--runc-root", c.root, "--container-output", ociOut, oci)
 	if r.code != 0 {
 		t.Fatalf("kcr restore --container %s %s (OCI layout): exit %d: %s", ociID, oci, r.code, r.stderr)
 	}
@@ -147,7 +142,7 @@ func TestContainerRestoreFromArchive(t *testing.T) {
 	// A second restore as the running container's id: runc refuses,
 	// and kcr keeps CRIU's work directory for it, naming it.
 	tmp2 := t.TempDir()
-	r = runKCREnv(t, []string{"TMPDIR=" + tmp2}, "restore", "--container", newID, "--runc-root", c.root, archive)
+	r = runKCR(t, kcrOpts{env: []string{"TMPDIR=" + tmp2}}, "restore", "--container", newID, "--runc-root", c.root, archive)
 	if r.code != 4 || !strings.Contains(r.stderr, "CRIU's log, kept: ") {
 		t.Fatalf("restore onto a running container's id: exit %d, want 4 naming the kept log: %s", r.code, r.stderr)
 	}

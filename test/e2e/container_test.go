@@ -38,7 +38,7 @@ func staticKafkaapp(t *testing.T) string {
 	t.Helper()
 	staticOnce.Do(func() {
 		p := filepath.Join(binDir, "kafkaapp-static")
-		cmd := exec.Command("go", "build", "-o", p, "./kafkaapp")
+		cmd := exec.Command("go", "build", "-o", p, "../apps/kafkaapp")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			staticErr = err.Error() + "\n" + string(out)
@@ -60,6 +60,16 @@ type container struct {
 	root   string // runc --root: this test's own state directory
 	bundle string
 	conf   string // the CRIU configuration file of org.criu.config
+}
+
+// removeAtCleanup kills and deletes the runc container id when the test ends.
+func (c *container) removeAtCleanup(id string) {
+	c.t.Cleanup(func() {
+		runc := func(args ...string) { exec.Command("runc", append([]string{"--root", c.root}, args...)...).Run() }
+		runc("kill", id, "KILL")
+		time.Sleep(100 * time.Millisecond)
+		runc("delete", "-f", id)
+	})
 }
 
 // runcPath returns runc, or fails or skips the test.
@@ -96,7 +106,7 @@ func newContainer(t *testing.T, k *kafkaEnv, installFlags []string, args ...stri
 		t.Fatalf("runc spec: %v: %s", err, out)
 	}
 	hook := filepath.Join(dir, "kcr-criu-hook")
-	mustKCR(t, append([]string{"install-runtime-hook", "--config", c.conf, "--hook", hook}, installFlags...)...)
+	runKCR(t, kcrOpts{must: true}, append([]string{"install-runtime-hook", "--config", c.conf, "--hook", hook}, installFlags...)...)
 
 	var spec map[string]any
 	p := filepath.Join(c.bundle, "config.json")
@@ -129,11 +139,7 @@ func newContainer(t *testing.T, k *kafkaEnv, installFlags []string, args ...stri
 
 	c.kapp = &kapp{app: &app{t: t, out: filepath.Join(dir, "app.log"), done: make(chan struct{})}, k: k}
 	k.keepLog(c.kapp)
-	t.Cleanup(func() {
-		exec.Command("runc", "--root", c.root, "kill", c.id, "KILL").Run()
-		time.Sleep(100 * time.Millisecond)
-		exec.Command("runc", "--root", c.root, "delete", "-f", c.id).Run()
-	})
+	c.removeAtCleanup(c.id)
 	c.runc(nil, "run", "-d", "--bundle", c.bundle, c.id)
 	ev := c.waitEvent(20*time.Second, func(e event) bool { return e["ev"] == "ready" || e["ev"] == "fatal" })
 	if ev["ev"] == "fatal" {
@@ -366,9 +372,8 @@ func TestCRIUHookNoSocket(t *testing.T) {
 	}
 	defer func() { sleep.Process.Kill(); sleep.Wait() }()
 	for _, action := range []string{"pre-dump", "post-dump", "post-resume", "network-lock"} {
-		cmd := exec.Command(kcrBin, "criu-hook")
-		cmd.Env = append(os.Environ(), "CRTOOLS_SCRIPT_ACTION="+action, "CRTOOLS_INIT_PID="+strconv.Itoa(sleep.Process.Pid),
-			"KCR_HOOK_STATE_DIR="+t.TempDir())
+		cmd := kcrOpts{env: []string{"CRTOOLS_SCRIPT_ACTION=" + action, "CRTOOLS_INIT_PID=" + strconv.Itoa(sleep.Process.Pid),
+			"KCR_HOOK_STATE_DIR=" + t.TempDir()}}.cmd("criu-hook")
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("kcr criu-hook %s on a tree without socket: %v\n%s", action, err, out)
@@ -381,7 +386,7 @@ func TestCRIUHookNoSocket(t *testing.T) {
 		t.Fatalf("the process was disturbed")
 	}
 	// Run by hand, it explains what it is for.
-	r := runKCR(t, "criu-hook")
+	r := runKCR(t, kcrOpts{}, "criu-hook")
 	if r.code != 2 || !strings.Contains(r.stderr, "CRTOOLS_SCRIPT_ACTION") {
 		t.Errorf("kcr criu-hook without CRIU: exit %d, %q", r.code, r.stderr)
 	}
@@ -396,12 +401,12 @@ func TestContainerKCRCheckpointRestore(t *testing.T) {
 	topic, c := producingContainer(t, "kcr-ctr", "-client-id", "ctr")
 	before := c.state()
 
-	if r := runKCR(t, "checkpoint", "--container", "no-such-ctr", "--runc-root", c.root, "-o", filepath.Join(t.TempDir(), "x")); r.code != 6 {
+	if r := runKCR(t, kcrOpts{}, "checkpoint", "--container", "no-such-ctr", "--runc-root", c.root, "-o", filepath.Join(t.TempDir(), "x")); r.code != 6 {
 		t.Errorf("checkpoint of a missing container: exit %d, want 6: %s", r.code, r.stderr)
 	}
 
 	img := filepath.Join(t.TempDir(), "img")
-	r := mustKCR(t, "checkpoint", "--json", "--container", c.id, "--runc-root", c.root, "-o", img)
+	r := runKCR(t, kcrOpts{must: true}, "checkpoint", "--json", "--container", c.id, "--runc-root", c.root, "-o", img)
 	var out struct {
 		Phases   []struct{ Name string } `json:"phases"`
 		Manifest struct {
@@ -428,11 +433,11 @@ func TestContainerKCRCheckpointRestore(t *testing.T) {
 	if s := c.status(); s != "stopped" && s != "gone" {
 		t.Fatalf("after kcr checkpoint --container the container is %q, want it stopped", s)
 	}
-	mustKCR(t, "inspect", img) // verifies every file
+	runKCR(t, kcrOpts{must: true}, "inspect", img) // verifies every file
 
 	// The CRI-O checkpoint archive reads back with checkpointctl.
 	archive := filepath.Join(t.TempDir(), "checkpoint.tar")
-	mustKCR(t, "export", "--format", "cri-o", "-o", archive, img)
+	runKCR(t, kcrOpts{must: true}, "export", "--format", "cri-o", "-o", archive, img)
 	show, err := exec.Command(checkpointctl(t), "show", archive).CombinedOutput()
 	if err != nil || !strings.Contains(string(show), c.id[:12]) || !strings.Contains(string(show), "CRI-O") {
 		t.Errorf("checkpointctl show %s: %v\n%s", archive, err, show)
@@ -448,7 +453,7 @@ func TestContainerKCRCheckpointRestore(t *testing.T) {
 	tmp := t.TempDir()
 	done := make(chan kcrResult, 1)
 	go func() {
-		done <- runKCREnv(t, []string{"TMPDIR=" + tmp}, "restore", "--json", "--container", c.id, "--runc-root", c.root, "--container-output", restoredOut, img)
+		done <- runKCR(t, kcrOpts{env: []string{"TMPDIR=" + tmp}}, "restore", "--json", "--container", c.id, "--runc-root", c.root, "--container-output", restoredOut, img)
 	}()
 	select {
 	case r = <-done:
@@ -473,7 +478,7 @@ func TestContainerKCRCheckpointFailingHook(t *testing.T) {
 	topic, c := producingContainer(t, "kcr-ctr-fail", "-fail-checkpoint")
 	dir := t.TempDir()
 	img := filepath.Join(dir, "img")
-	r := runKCR(t, "checkpoint", "--container", c.id, "--runc-root", c.root, "-o", img)
+	r := runKCR(t, kcrOpts{}, "checkpoint", "--container", c.id, "--runc-root", c.root, "-o", img)
 	if r.code != 3 || !strings.Contains(r.stderr, "refusing the checkpoint") {
 		t.Errorf("kcr checkpoint --container with a failing hook: exit %d, want 3 naming the hook: %s", r.code, r.stderr)
 	}
@@ -516,7 +521,7 @@ func checkpointctl(t *testing.T) string {
 func checkOCIImage(t *testing.T, img, name string) {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "oci")
-	mustKCR(t, "export", "--format", "oci", "-o", dir, img)
+	runKCR(t, kcrOpts{must: true}, "export", "--format", "oci", "-o", dir, img)
 	idx, err := layout.ImageIndexFromPath(dir)
 	if err != nil {
 		t.Fatalf("read OCI layout: %v", err)

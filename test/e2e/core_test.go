@@ -58,7 +58,7 @@ func TestCheckpointRestore(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	checkRestoredState(t, a.listen, c0, gen0, id0)
 
-	r := mustKCR(t, "inspect", "--json", img)
+	r := runKCR(t, kcrOpts{must: true}, "inspect", "--json", img)
 	for _, want := range []string{`"format": "kcr-image"`, `"name": "conn"`, `"freeze+dump"`, `"sha256"`} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("inspect --json lacks %s", want)
@@ -72,7 +72,7 @@ func TestLeaveRunning(t *testing.T) {
 	echo := newEcho(t)
 	a := startApp(t, "-echo", echo.addr())
 	img := filepath.Join(t.TempDir(), "img")
-	mustKCR(t, "checkpoint", "--leave-running", "-o", img, strconv.Itoa(a.pid))
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "--leave-running", "-o", img, strconv.Itoa(a.pid))
 	if !alive(a.pid) {
 		t.Fatal("original died despite --leave-running")
 	}
@@ -110,7 +110,7 @@ func TestFailingHook(t *testing.T) {
 	need(t)
 	a := startApp(t, "-fail-hook", "conn")
 	img := filepath.Join(t.TempDir(), "img")
-	r := kcr(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
+	r := runKCR(t, kcrOpts{log: logAll}, "checkpoint", "-o", img, strconv.Itoa(a.pid))
 	if r.code != 3 || !strings.Contains(r.stderr, `"conn"`) || !strings.Contains(r.stderr, "refusing on purpose") {
 		t.Fatalf("exit %d, stderr %q: want 3 naming resource \"conn\" and its error", r.code, r.stderr)
 	}
@@ -146,7 +146,7 @@ func TestUnhookedTCP(t *testing.T) {
 	extra := newEcho(t)
 	a := startApp(t, "-unhooked", extra.addr())
 	img := filepath.Join(t.TempDir(), "img")
-	r := kcr(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
+	r := runKCR(t, kcrOpts{log: logAll}, "checkpoint", "-o", img, strconv.Itoa(a.pid))
 	if r.code != 4 || !strings.Contains(r.stderr, "TCP") || !strings.Contains(r.stderr, extra.addr()) || !strings.Contains(r.stderr, "--tcp-close") {
 		t.Fatalf("exit %d, stderr %q: want 4 naming the TCP connection to %s and suggesting --tcp-close", r.code, r.stderr, extra.addr())
 	}
@@ -160,7 +160,7 @@ func TestUnhookedTCP(t *testing.T) {
 		t.Fatal("app stopped working after a refused dump")
 	}
 
-	mustKCR(t, "checkpoint", "--tcp-close", "-o", img, strconv.Itoa(a.pid))
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "--tcp-close", "-o", img, strconv.Itoa(a.pid))
 	<-a.done
 	restore(t, img)
 	if c, _, _ := state(t, a.listen); c < c0 {
@@ -171,7 +171,7 @@ func TestUnhookedTCP(t *testing.T) {
 func TestMPTCPListener(t *testing.T) {
 	need(t)
 	a := startApp(t, "-mptcp")
-	r := kcr(t, "checkpoint", "-o", filepath.Join(t.TempDir(), "img"), strconv.Itoa(a.pid))
+	r := runKCR(t, kcrOpts{log: logAll}, "checkpoint", "-o", filepath.Join(t.TempDir(), "img"), strconv.Itoa(a.pid))
 	if r.code == 0 || !strings.Contains(r.stderr, "MPTCP") || !strings.Contains(r.stderr, "multipathtcp=0") {
 		t.Fatalf("exit %d, stderr %q: want failure naming MPTCP and GODEBUG=multipathtcp=0", r.code, r.stderr)
 	}
@@ -184,8 +184,7 @@ func TestMPTCPListener(t *testing.T) {
 func TestKilledCLI(t *testing.T) {
 	need(t)
 	a := startApp(t)
-	cmd := exec.Command(kcrBin, "checkpoint", "--resume-after", "2s", "-o", filepath.Join(t.TempDir(), "img"), strconv.Itoa(a.pid))
-	cmd.Env = append(os.Environ(), "KCR_TEST_STALL_AFTER_HOOKS=60s")
+	cmd := kcrOpts{env: []string{"KCR_TEST_STALL_AFTER_HOOKS=60s"}}.cmd("checkpoint", "--resume-after", "2s", "-o", filepath.Join(t.TempDir(), "img"), strconv.Itoa(a.pid))
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +207,7 @@ func TestKilledCLI(t *testing.T) {
 		t.Fatal("app not working after resuming on its own")
 	}
 	// A new checkpoint works afterwards (the cycle ended).
-	mustKCR(t, "checkpoint", "--leave-running", "-o", filepath.Join(t.TempDir(), "img2"), strconv.Itoa(a.pid))
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "--leave-running", "-o", filepath.Join(t.TempDir(), "img2"), strconv.Itoa(a.pid))
 }
 
 // 6. Bad input: each its own clear error and non-zero exit.
@@ -223,7 +222,7 @@ func TestBadInput(t *testing.T) {
 
 	a := startApp(t)
 	good := filepath.Join(t.TempDir(), "good")
-	mustKCR(t, "checkpoint", "--leave-running", "-o", good, strconv.Itoa(a.pid))
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "--leave-running", "-o", good, strconv.Itoa(a.pid))
 
 	flipped := copyImage(t, good)
 	flipByte(t, flipped)
@@ -252,7 +251,7 @@ func TestBadInput(t *testing.T) {
 		{"missing output directory", []string{"export", good, "-o", filepath.Join(empty, "d", "a.tar.zst")}, 2, "no such file or directory: create it first"},
 	}
 	for _, c := range cases {
-		r := kcr(t, c.args...)
+		r := runKCR(t, kcrOpts{log: logAll}, c.args...)
 		if r.code != c.code || !strings.Contains(r.stderr, c.want) {
 			t.Errorf("%s: exit %d stderr %q; want exit %d containing %q", c.name, r.code, r.stderr, c.code, c.want)
 		}
@@ -262,8 +261,8 @@ func TestBadInput(t *testing.T) {
 	}
 	// --no-hooks dumps a process without a socket.
 	img := filepath.Join(t.TempDir(), "sleep")
-	mustKCR(t, "checkpoint", "--no-hooks", "--leave-running", "-o", img, strconv.Itoa(sleep.Process.Pid))
-	mustKCR(t, "inspect", img)
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "--no-hooks", "--leave-running", "-o", img, strconv.Itoa(sleep.Process.Pid))
+	runKCR(t, kcrOpts{must: true}, "inspect", img)
 }
 
 func copyImage(t *testing.T, src string) string {
@@ -339,7 +338,7 @@ func TestRestoreTwice(t *testing.T) {
 	need(t)
 	a := startApp(t)
 	img := filepath.Join(t.TempDir(), "img")
-	mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "-o", img, strconv.Itoa(a.pid))
 	<-a.done
 	pid1, out1 := restore(t, img)
 	_, gen1, id1 := state(t, a.listen)

@@ -67,7 +67,7 @@ func newCRI(t *testing.T) *criEnv {
 	}
 	t.Logf("CRI runtime %s %s (CRI %s)", v.RuntimeName, v.RuntimeVersion, v.RuntimeApiVersion)
 	c.conf = filepath.Join(c.dir, "criu.conf")
-	mustKCR(t, "install-runtime-hook", "--config", c.conf, "--hook", filepath.Join(c.dir, "kcr-criu-hook"))
+	runKCR(t, kcrOpts{must: true}, "install-runtime-hook", "--config", c.conf, "--hook", filepath.Join(c.dir, "kcr-criu-hook"))
 	c.importImage(sock)
 	return c
 }
@@ -290,12 +290,7 @@ func TestCRIContainerd(t *testing.T) {
 		t.Fatalf("kafkaapp failed to start in the CRI container: %v", ev)
 	}
 	a.listen = ev.str("listen")
-	k.waitGroup(group, topic, 60*time.Second, "the service in its group", func(v groupView) bool {
-		return len(v.clients) == 1 && v.clients[0] == base && len(v.assigned[base]) > 0
-	})
-	a.waitAcked(100, 30*time.Second)
-	a.waitProcessed(0, 50, 30*time.Second)
-	before := a.state()
+	before := k.waitServing(a, topic, group, base)
 
 	archive := filepath.Join(c.dir, "checkpoint.tar")
 	n0 := len(a.events())

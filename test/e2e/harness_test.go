@@ -20,6 +20,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kcr-dev/kcr/internal/testkit/wait"
 )
 
 var (
@@ -46,7 +48,7 @@ func TestMain(m *testing.M) {
 	kafkaBin = filepath.Join(dir, "kafkaapp")
 	kgoBin = filepath.Join(dir, "kgoapp")
 	setupOK = true
-	for _, b := range [][2]string{{kcrBin, "../../cmd/kcr"}, {filepath.Join(dir, "kcr-hook"), "../../cmd/kcr-hook"}, {appBin, "./testapp"}, {kafkaBin, "./kafkaapp"}, {kgoBin, "./kgoapp"}} {
+	for _, b := range [][2]string{{kcrBin, "../../cmd/kcr"}, {filepath.Join(dir, "kcr-hook"), "../../cmd/kcr-hook"}, {appBin, "../apps/testapp"}, {kafkaBin, "../apps/kafkaapp"}, {kgoBin, "../apps/kgoapp"}} {
 		// kcrtest: kcr obeys the KCR_TEST_STALL_* variables that stall it
 		// between phases, so that tests can kill it there.
 		out, err := exec.Command("go", "build", "-tags", "kcrtest", "-o", b[0], b[1]).CombinedOutput()
@@ -58,7 +60,8 @@ func TestMain(m *testing.M) {
 		setupOK, setupErr = false, "e2e tests need root (CRIU)"
 	}
 	if setupOK {
-		if out, err := exec.Command(kcrBin, "doctor").CombinedOutput(); err != nil {
+		doctor := kcrOpts{}.cmd("doctor")
+		if out, err := doctor.CombinedOutput(); err != nil {
 			setupOK, setupErr = false, fmt.Sprintf("kcr doctor failed (run scripts/install-criu.sh):\n%s", out)
 		}
 	}
@@ -231,18 +234,19 @@ func (a *app) events() []event {
 // waitEvent waits for an event matching ok and returns it.
 func (a *app) waitEvent(timeout time.Duration, ok func(event) bool) event {
 	a.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		for _, e := range a.events() {
-			if ok(e) {
-				return e
-			}
+	var found event
+	if !wait.Until(timeout, func() bool {
+		evs := a.events()
+		i := slices.IndexFunc(evs, ok)
+		if i >= 0 {
+			found = evs[i]
 		}
-		time.Sleep(20 * time.Millisecond)
+		return i >= 0
+	}) {
+		b, _ := os.ReadFile(a.out)
+		a.t.Fatalf("timed out after %v waiting for an event; app log:\n%s", timeout, b)
 	}
-	b, _ := os.ReadFile(a.out)
-	a.t.Fatalf("timed out after %v waiting for an event; app log:\n%s", timeout, b)
-	return nil
+	return found
 }
 
 // since returns events after the n-th.
@@ -272,29 +276,45 @@ func checkRestoredState(t *testing.T, addr string, c0 int64, gen0 uint64, id0 st
 
 func state(t *testing.T, addr string) (counter int64, gen uint64, id string) {
 	t.Helper()
+	askState(t, addr, "state listener", func(line []byte) error {
+		f := strings.Fields(string(line))
+		if len(f) != 3 {
+			return fmt.Errorf("answer %q, want \"counter generation id\"", line)
+		}
+		counter, _ = strconv.ParseInt(f[0], 10, 64)
+		gen, _ = strconv.ParseUint(f[1], 10, 64)
+		id = f[2]
+		return nil
+	})
+	return counter, gen, id
+}
+
+// askState reads one line from the state listener of a test program at addr
+// and hands it to parse. It tries 50 times, 50 ms apart, while the dial, the
+// read or parse fails (a restored program may not listen yet), then fails t.
+func askState(t *testing.T, addr, what string, parse func(line []byte) error) {
+	t.Helper()
 	var lastErr error
-	for i := 0; i < 50; i++ {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.SetDeadline(time.Now().Add(2 * time.Second))
-			line, err := bufio.NewReader(c).ReadString('\n')
-			c.Close()
-			if err == nil {
-				f := strings.Fields(line)
-				if len(f) == 3 {
-					counter, _ = strconv.ParseInt(f[0], 10, 64)
-					gen, _ = strconv.ParseUint(f[1], 10, 64)
-					return counter, gen, f[2]
-				}
+	for range 50 {
+		lastErr = func() error {
+			c, err := net.DialTimeout("tcp", addr, time.Second)
+			if err != nil {
+				return err
 			}
-			lastErr = err
-		} else {
-			lastErr = err
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(2 * time.Second))
+			line, err := bufio.NewReader(c).ReadBytes('\n')
+			if err != nil {
+				return err
+			}
+			return parse(line)
+		}()
+		if lastErr == nil {
+			return
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("state listener %s: %v", addr, lastErr)
-	return
+	t.Fatalf("%s %s: %v", what, addr, lastErr)
 }
 
 // kcrResult is one run of the kcr binary.
@@ -304,19 +324,35 @@ type kcrResult struct {
 	stderr string
 }
 
-// runKCR runs the kcr binary and returns its exit code and output.
-func runKCR(t *testing.T, args ...string) kcrResult {
-	t.Helper()
-	return runKCREnv(t, nil, args...)
+// kcrOpts says how an e2e test runs the kcr binary: runKCR for a run to its
+// end, kcrOpts.cmd for one the test starts, pipes or kills itself.
+type kcrOpts struct {
+	env  []string // added to the test's environment
+	log  kcrLog   // when runKCR logs what kcr printed
+	must bool     // fail the test unless kcr exits 0; the run is logged
 }
 
-// runKCREnv runs kcr with env added to the test's environment.
-func runKCREnv(t *testing.T, env []string, args ...string) kcrResult {
-	t.Helper()
+type kcrLog int
+
+const (
+	logNone   kcrLog = iota // the caller logs what it needs
+	logAll                  // every run
+	logFailed               // a run that exits non-zero
+)
+
+// cmd is kcr with args, not started.
+func (o kcrOpts) cmd(args ...string) *exec.Cmd {
 	cmd := exec.Command(kcrBin, args...)
-	if env != nil {
-		cmd.Env = append(os.Environ(), env...)
+	if o.env != nil {
+		cmd.Env = append(os.Environ(), o.env...)
 	}
+	return cmd
+}
+
+// runKCR runs kcr with args as o says and returns its exit code and output.
+func runKCR(t *testing.T, o kcrOpts, args ...string) kcrResult {
+	t.Helper()
+	cmd := o.cmd(args...)
 	var so, se bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &so, &se
 	err := cmd.Run()
@@ -326,6 +362,12 @@ func runKCREnv(t *testing.T, env []string, args ...string) kcrResult {
 	} else if err != nil {
 		t.Fatalf("run kcr: %v", err)
 	}
+	if o.must || o.log == logAll || o.log == logFailed && r.code != 0 {
+		r.log(t, args)
+	}
+	if o.must && r.code != 0 {
+		t.Fatalf("kcr %s: exit %d: %s", strings.Join(args, " "), r.code, r.stderr)
+	}
 	return r
 }
 
@@ -334,28 +376,11 @@ func (r kcrResult) log(t *testing.T, args []string) {
 	t.Logf("kcr %s -> exit %d\n%s%s", strings.Join(args, " "), r.code, r.stderr, r.stdout)
 }
 
-// kcr runs kcr and logs its output.
-func kcr(t *testing.T, args ...string) kcrResult {
-	t.Helper()
-	r := runKCR(t, args...)
-	r.log(t, args)
-	return r
-}
-
-func mustKCR(t *testing.T, args ...string) kcrResult {
-	t.Helper()
-	r := kcr(t, args...)
-	if r.code != 0 {
-		t.Fatalf("kcr %s: exit %d: %s", strings.Join(args, " "), r.code, r.stderr)
-	}
-	return r
-}
-
 // restore runs kcr restore --json and returns the new PID, killed at cleanup.
 // out is the one entry of the output's "restores".
 func restore(t *testing.T, image string, extra ...string) (pid int, out map[string]any) {
 	t.Helper()
-	r := mustKCR(t, append([]string{"restore", "--json", image}, extra...)...)
+	r := runKCR(t, kcrOpts{must: true}, append([]string{"restore", "--json", image}, extra...)...)
 	out = oneRestore(t, r.stdout)
 	pid = int(out["pid"].(float64))
 	t.Cleanup(func() { killWait(pid) })
@@ -378,12 +403,10 @@ func oneRestore(t *testing.T, stdout string) map[string]any {
 // processes, sometimes slowly).
 func killWait(pid int) {
 	syscall.Kill(pid, syscall.SIGKILL)
-	for i := 0; i < 500; i++ {
-		if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err != nil {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.Until(5*time.Second, func() bool {
+		_, err := os.Stat("/proc/" + strconv.Itoa(pid))
+		return err != nil
+	})
 }
 
 func alive(pid int) bool {

@@ -35,7 +35,7 @@ func TestKafkaRequireDrained(t *testing.T) {
 	img1 := filepath.Join(t.TempDir(), "img1")
 	var r kcrResult
 	k.whileBrokerStopped(a, func() {
-		r = runKCR(t, "checkpoint", "--require-drained", "--timeout", "1s", "-o", img1, strconv.Itoa(pid))
+		r = runKCR(t, kcrOpts{}, "checkpoint", "--require-drained", "--timeout", "1s", "-o", img1, strconv.Itoa(pid))
 	})
 	if r.code != 10 || !strings.Contains(r.stderr, `"`+writer+`"`) || !strings.Contains(r.stderr, "would carry") || !strings.Contains(r.stderr, "--require-drained") {
 		r.log(t, nil)
@@ -98,7 +98,7 @@ func TestKafkaRequireDrained(t *testing.T) {
 	eventually(t, 10*time.Second, "the checkpointed process to be gone", func() (bool, string) {
 		return !alive(pid), fmt.Sprintf("PID %d still running", pid)
 	})
-	ins := kcrQuiet(t, "inspect", "--json", img2)
+	ins := runKCR(t, kcrOpts{log: logFailed}, "inspect", "--json", img2)
 	var m struct {
 		Carried   int64 `json:"records_carried"`
 		Resources []struct {
@@ -122,11 +122,11 @@ func TestKafkaRequireDrained(t *testing.T) {
 	if m.Carried <= 0 || wc != m.Carried {
 		t.Fatalf("manifest: records_carried %d, %s %d: want the Writer's carried records, > 0", m.Carried, writer, wc)
 	}
-	txt := kcrQuiet(t, "inspect", img2)
+	txt := runKCR(t, kcrOpts{log: logFailed}, "inspect", img2)
 	if want := fmt.Sprintf("carried       %d records (%s %d)", m.Carried, writer, m.Carried); !strings.Contains(txt.stdout, want) {
 		t.Errorf("kcr inspect lacks %q:\n%s", want, txt.stdout)
 	}
-	r = runKCR(t, "restore", "--count", "2", img2)
+	r = runKCR(t, kcrOpts{}, "restore", "--count", "2", img2)
 	if r.code != 10 || !strings.Contains(r.stderr, "--allow-duplicates") || !strings.Contains(r.stderr, strconv.FormatInt(m.Carried, 10)+" records") {
 		r.log(t, nil)
 		t.Fatalf("kcr restore --count 2 of an image carrying %d records: exit %d, want 10 naming --allow-duplicates", m.Carried, r.code)
@@ -166,7 +166,7 @@ func TestContainerRequireDrained(t *testing.T) {
 	writer := "kafka-writer/" + topic
 	stopped := func(args ...string) (r kcrResult) {
 		k.whileBrokerStopped(c.kapp, func() {
-			r = runKCR(t, append([]string{"checkpoint", "--container", c.id, "--runc-root", c.root}, args...)...)
+			r = runKCR(t, kcrOpts{}, append([]string{"checkpoint", "--container", c.id, "--runc-root", c.root}, args...)...)
 		})
 		return r
 	}
@@ -191,10 +191,10 @@ func TestContainerRequireDrained(t *testing.T) {
 	var m struct {
 		Carried int64 `json:"records_carried"`
 	}
-	if err := json.Unmarshal([]byte(kcrQuiet(t, "inspect", "--json", img).stdout), &m); err != nil || m.Carried <= 0 {
+	if err := json.Unmarshal([]byte(runKCR(t, kcrOpts{log: logFailed}, "inspect", "--json", img).stdout), &m); err != nil || m.Carried <= 0 {
 		t.Fatalf("manifest of the container image: records_carried %d (%v), want > 0", m.Carried, err)
 	}
-	r = runKCR(t, "restore", "--container", c.id+"-copy", "--runc-root", c.root, img)
+	r = runKCR(t, kcrOpts{}, "restore", "--container", c.id+"-copy", "--runc-root", c.root, img)
 	if r.code != 10 || !strings.Contains(r.stderr, "--leave-running") || !strings.Contains(r.stderr, "--allow-duplicates") {
 		r.log(t, nil)
 		t.Fatalf("kcr restore --container of a --leave-running image carrying %d records: exit %d, want 10 naming --allow-duplicates", m.Carried, r.code)

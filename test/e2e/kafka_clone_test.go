@@ -44,7 +44,7 @@ func (k *kafkaEnv) runBin(bin string, args ...string) (int, *kapp) {
 	t.Helper()
 	dir := t.TempDir()
 	log := filepath.Join(dir, "app.log")
-	r := mustKCR(t, append([]string{"run", "--json", "--log", log, "-e", "KCR_SOCKET_DIR=" + filepath.Join(dir, "sock"),
+	r := runKCR(t, kcrOpts{must: true}, append([]string{"run", "--json", "--log", log, "-e", "KCR_SOCKET_DIR=" + filepath.Join(dir, "sock"),
 		"--", bin, "-brokers", k.brokers}, args...)...)
 	var out struct {
 		PID int `json:"pid"`
@@ -68,7 +68,7 @@ func (k *kafkaEnv) runBin(bin string, args ...string) (int, *kapp) {
 func checkpointGone(t *testing.T, pid int, extra ...string) string {
 	t.Helper()
 	img := filepath.Join(t.TempDir(), "img")
-	mustKCR(t, append(append([]string{"checkpoint", "-o", img}, extra...), strconv.Itoa(pid))...)
+	runKCR(t, kcrOpts{must: true}, append(append([]string{"checkpoint", "-o", img}, extra...), strconv.Itoa(pid))...)
 	eventually(t, 10*time.Second, "the checkpointed process to be gone", func() (bool, string) {
 		return !alive(pid), fmt.Sprintf("PID %d still running", pid)
 	})
@@ -83,7 +83,7 @@ func checkpointGone(t *testing.T, pid int, extra ...string) string {
 // restores need --allow-duplicates (issue 22), which these tests accept.
 func restoreClones(t *testing.T, img, name string, n int) []kclone {
 	t.Helper()
-	r := mustKCR(t, "restore", "--json", "--allow-duplicates", "--count", strconv.Itoa(n), "--name", name, img)
+	r := runKCR(t, kcrOpts{must: true}, "restore", "--json", "--allow-duplicates", "--count", strconv.Itoa(n), "--name", name, img)
 	var doc struct {
 		Restores []kclone `json:"restores"`
 	}

@@ -4,12 +4,10 @@ package e2e
 // independent franz-go client that checks what is on it, and kafkaapp.
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -87,6 +85,14 @@ func needKafkaAt(t *testing.T, env, how string) *kafkaEnv {
 // uniqueName returns a topic or group name no earlier test used.
 func uniqueName(prefix string) string {
 	return fmt.Sprintf("kcr-e2e-%s-%d", prefix, time.Now().UnixNano())
+}
+
+// groupTopic makes what a consumer group test starts from: a new topic of
+// partitions partitions that the test's own producer feeds at rate records
+// a second, and a new group name; both named after prefix.
+func (k *kafkaEnv) groupTopic(prefix string, partitions int32, rate int) (topic, group string, prod *producer) {
+	topic = k.newTopic(prefix, partitions)
+	return topic, uniqueName(prefix), k.produce(topic, rate)
 }
 
 // newTopic creates a topic and waits until every partition has a leader.
@@ -456,7 +462,9 @@ func (k *kafkaEnv) stopBroker() (cont func()) {
 // then thaws the broker.
 func (k *kafkaEnv) checkpointBrokerStopped(a *kapp, img string) {
 	k.t.Helper()
-	k.whileBrokerStopped(a, func() { mustKCR(k.t, "checkpoint", "--timeout", "1s", "-o", img, strconv.Itoa(a.pid)) })
+	k.whileBrokerStopped(a, func() {
+		runKCR(k.t, kcrOpts{must: true}, "checkpoint", "--timeout", "1s", "-o", img, strconv.Itoa(a.pid))
+	})
 }
 
 // whileBrokerStopped freezes the broker until a's Writer has records in
@@ -583,29 +591,13 @@ type appState struct {
 }
 
 func (a *kapp) state() appState {
-	t := a.t
-	t.Helper()
-	var lastErr error
-	for i := 0; i < 50; i++ {
-		c, err := net.DialTimeout("tcp", a.listen, time.Second)
-		if err == nil {
-			c.SetDeadline(time.Now().Add(2 * time.Second))
-			line, err := bufio.NewReader(c).ReadBytes('\n')
-			c.Close()
-			if err == nil {
-				var s appState
-				if err = json.Unmarshal(line, &s); err == nil {
-					return s
-				}
-			}
-			lastErr = err
-		} else {
-			lastErr = err
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("kafkaapp state listener %s: %v", a.listen, lastErr)
-	return appState{}
+	a.t.Helper()
+	var s appState
+	askState(a.t, a.listen, "kafkaapp state listener", func(line []byte) error {
+		s = appState{}
+		return json.Unmarshal(line, &s)
+	})
+	return s
 }
 
 // acked returns how often each record number was logged as acknowledged,
@@ -802,7 +794,7 @@ func recordsOf(evs []event, kind string) map[int]bool {
 // image manifest (kcr inspect --json).
 func manifestResource(t *testing.T, img, name string) map[string]any {
 	t.Helper()
-	r := kcrQuiet(t, "inspect", "--json", img)
+	r := runKCR(t, kcrOpts{log: logFailed}, "inspect", "--json", img)
 	if r.code != 0 {
 		t.Fatalf("kcr inspect: exit %d: %s", r.code, r.stderr)
 	}
@@ -825,16 +817,6 @@ func manifestResource(t *testing.T, img, name string) map[string]any {
 	}
 	t.Fatalf("no resource %q in the manifest of %s (resources %v)", name, img, names)
 	return nil
-}
-
-// kcrQuiet runs kcr and logs its output only when it fails.
-func kcrQuiet(t *testing.T, args ...string) kcrResult {
-	t.Helper()
-	r := runKCR(t, args...)
-	if r.code != 0 {
-		r.log(t, args)
-	}
-	return r
 }
 
 // producer produces numbered records to a topic with the test's own

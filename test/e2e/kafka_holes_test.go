@@ -35,7 +35,7 @@ func TestKafkaCompletionReproduces(t *testing.T) {
 	})
 
 	img := filepath.Join(t.TempDir(), "img")
-	mustKCR(t, "checkpoint", "--timeout", "10s", "-o", img, strconv.Itoa(a.pid))
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "--timeout", "10s", "-o", img, strconv.Itoa(a.pid))
 	select {
 	case <-a.done:
 	case <-time.After(10 * time.Second):
@@ -127,7 +127,7 @@ func TestKafkaTailingReaders(t *testing.T) {
 			}
 
 			img := filepath.Join(t.TempDir(), "img")
-			mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
+			runKCR(t, kcrOpts{must: true}, "checkpoint", "-o", img, strconv.Itoa(a.pid))
 			<-a.done
 			res := "kafka-reader/" + topic + "/0"
 			if c.group != "" {
@@ -198,9 +198,7 @@ func TestKafkaTailingReaders(t *testing.T) {
 func TestKafkaCommitIntervalFailingCommit(t *testing.T) {
 	k := needKafka(t)
 	k.restartsBroker()
-	topic := k.newTopic("interval", 1)
-	group := uniqueName("interval")
-	prod := k.produce(topic, 100)
+	topic, group, prod := k.groupTopic("interval", 1, 100)
 	a := k.start("-topic", topic, "-group", group, "-consume", "-commit-interval", "1s", "-client-id", "interval", "-log-level", "debug")
 	a.waitProcessed(0, 200, 30*time.Second)
 
@@ -212,7 +210,7 @@ func TestKafkaCommitIntervalFailingCommit(t *testing.T) {
 	n0 := len(a.events())
 	img := filepath.Join(t.TempDir(), "img")
 	ck := make(chan kcrResult, 1)
-	go func() { ck <- runKCR(t, "checkpoint", "--timeout", "90s", "-o", img, strconv.Itoa(a.pid)) }()
+	go func() { ck <- runKCR(t, kcrOpts{}, "checkpoint", "--timeout", "90s", "-o", img, strconv.Itoa(a.pid)) }()
 	// The hook must start while the broker is down with commits in the
 	// batch. Whether its first flush errors at once or blocks until the
 	// broker is back depends on how far kafka-go's generation has torn down,

@@ -21,16 +21,14 @@ import (
 func TestKafkaGroupOffsetsExpired(t *testing.T) {
 	k := needKafka(t)
 	const parts = 2
-	topic := k.newTopic("expire", parts)
-	group := uniqueName("expire")
-	prod := k.produce(topic, 50)
+	topic, group, prod := k.groupTopic("expire", parts, 50)
 	// The check runs for restores a minute after the checkpoint, the
 	// smallest retention; here the offsets go at once.
 	a := k.start("-topic", topic, "-consume", "-group", group, "-client-id", "expire", "-offsets-check-after", "0s")
 	a.waitProcessed(0, 100, 30*time.Second)
 
 	img := filepath.Join(t.TempDir(), "img")
-	mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "-o", img, strconv.Itoa(a.pid))
 	<-a.done
 	res := "kafka-reader/" + group
 	before := manifestResource(t, img, res)

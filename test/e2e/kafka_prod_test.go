@@ -26,9 +26,7 @@ func TestKafkaProdGroupRestore(t *testing.T) {
 	for _, handover := range []bool{false, true} {
 		t.Run(fmt.Sprintf("handover=%v", handover), func(t *testing.T) {
 			k := needKafkaProd(t)
-			topic := k.newTopic("prodgroup", 3)
-			group := uniqueName("prodgroup")
-			prod := k.produce(topic, 100)
+			topic, group, prod := k.groupTopic("prodgroup", 3, 100)
 			args := []string{"-topic", topic, "-group", group, "-consume", "-client-id", "member-a"}
 			if handover {
 				args = append(args, "-group-handover")
@@ -41,7 +39,7 @@ func TestKafkaProdGroupRestore(t *testing.T) {
 			a.waitProcessed(0, 20, 30*time.Second)
 
 			img := filepath.Join(t.TempDir(), "img")
-			mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
+			runKCR(t, kcrOpts{must: true}, "checkpoint", "-o", img, strconv.Itoa(a.pid))
 			<-a.done
 			rep := manifestResource(t, img, "kafka-reader/"+group)
 			t.Logf("reader report in the manifest: %v", rep)

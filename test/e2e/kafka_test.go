@@ -63,7 +63,7 @@ func testProducerCheckpoint(t *testing.T, async, carry bool) {
 	if carry {
 		k.checkpointBrokerStopped(a, img)
 	} else {
-		mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
+		runKCR(t, kcrOpts{must: true}, "checkpoint", "-o", img, strconv.Itoa(a.pid))
 	}
 	select {
 	case <-a.done:
@@ -132,9 +132,7 @@ func TestKafkaConsumerGroup(t *testing.T) {
 // registers as resource(group) with clients member-a and member-b.
 func testConsumerGroup(t *testing.T, bin string, resource func(group string) string) {
 	k := needKafka(t)
-	topic := k.newTopic("group", 3)
-	group := uniqueName("group")
-	prod := k.produce(topic, 100)
+	topic, group, prod := k.groupTopic("group", 3, 100)
 	member := func(id string) []string {
 		return []string{"-topic", topic, "-group", group, "-consume", "-client-id", id}
 	}
@@ -150,7 +148,7 @@ func testConsumerGroup(t *testing.T, bin string, resource func(group string) str
 
 	img := filepath.Join(t.TempDir(), "img")
 	nb := len(b.events())
-	mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "-o", img, strconv.Itoa(a.pid))
 	tck := time.Now()
 	<-a.done
 	rep := manifestResource(t, img, resource(group))
@@ -306,7 +304,7 @@ func TestKafkaClones(t *testing.T) {
 	})
 	a.waitProcessed(0, 1, 30*time.Second)
 	img := filepath.Join(t.TempDir(), "img")
-	mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "-o", img, strconv.Itoa(a.pid))
 	<-a.done
 
 	seen := []string{"clone"}
@@ -368,7 +366,7 @@ func TestKafkaBrokerDownDuringRestore(t *testing.T) {
 
 	n1 := len(a.events())
 	t0 := time.Now()
-	r := mustKCR(t, "restore", "--json", "--wait", "3s", img)
+	r := runKCR(t, kcrOpts{must: true}, "restore", "--json", "--wait", "3s", img)
 	took := time.Since(t0)
 	out := oneRestore(t, r.stdout)
 	pid := int(num(out["pid"]))
@@ -447,7 +445,7 @@ func TestKafkaCheckpointCycles(t *testing.T) {
 	for i := 0; i < cycles; i++ {
 		img := filepath.Join(dir, fmt.Sprintf("img-%03d", i))
 		c0 := time.Now()
-		if r := kcrQuiet(t, "checkpoint", "--leave-running", "-o", img, strconv.Itoa(a.pid)); r.code != 0 {
+		if r := runKCR(t, kcrOpts{log: logFailed}, "checkpoint", "--leave-running", "-o", img, strconv.Itoa(a.pid)); r.code != 0 {
 			t.Fatalf("cycle %d: kcr checkpoint exit %d: %s", i, r.code, r.stderr)
 		}
 		durs = append(durs, time.Since(c0))

@@ -75,7 +75,7 @@ func TestKgoGroupAtEndKeepsDowntime(t *testing.T) {
 		return len(processed(a.events())) > 0, ""
 	})
 	img := filepath.Join(t.TempDir(), "img")
-	mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "-o", img, strconv.Itoa(a.pid))
 	<-a.done
 	rep := kgoReport(t, manifestResource(t, img, "kgo/solo"))
 	t.Logf("reader report in the manifest: %+v", rep.GroupCheckpoint)
@@ -118,7 +118,7 @@ func TestKgoGroupOffsetsGoneAtRestore(t *testing.T) {
 	}
 	k.waitCommitted(group, topic, map[int32]int64{0: 10, 1: 10, 2: 10}, 60*time.Second)
 	img := filepath.Join(t.TempDir(), "img")
-	mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "-o", img, strconv.Itoa(a.pid))
 	<-a.done
 	rep := kgoReport(t, manifestResource(t, img, "kgo/solo"))
 	if rep.GroupCheckpoint == nil || rep.OffsetsRecorded != 3 {

@@ -135,9 +135,7 @@ func groupErrors(evs []event, hpid int) []string {
 // is processed again, and every record is processed.
 func TestKgoKIP848Restore(t *testing.T) {
 	k := needKafkaProd(t)
-	topic := k.newTopic("k848", 3)
-	group := uniqueName("k848")
-	prod := k.produce(topic, 100)
+	topic, group, prod := k.groupTopic("k848", 3, 100)
 	const base = "k848"
 	a := k.startBin(kgoBin, "-topic", topic, "-group", group, "-consume", "-balancer", "server", "-client-id", base)
 	ms0 := k.waitMembers(group, topic, true, 60*time.Second, "one KIP-848 member owning the 3 partitions", func(ms []gmember) bool {
@@ -146,7 +144,7 @@ func TestKgoKIP848Restore(t *testing.T) {
 	a.waitProcessed(0, 50, 30*time.Second)
 
 	img := t.TempDir() + "/img"
-	mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "-o", img, strconv.Itoa(a.pid))
 	<-a.done
 	rep := kgoReport(t, manifestResource(t, img, "kgo/"+base))
 	t.Logf("reader report in the manifest: %+v %+v", *rep.Checkpoint, rep.GroupCheckpoint)
@@ -203,9 +201,7 @@ func TestKgoKIP848Restore(t *testing.T) {
 // records.
 func TestKgoKIP848Clones(t *testing.T) {
 	k := needKafkaProd(t)
-	topic := k.newTopic("k848c", 6)
-	group := uniqueName("k848c")
-	prod := k.produce(topic, 100)
+	topic, group, prod := k.groupTopic("k848c", 6, 100)
 	const base = "k848c"
 	pid, a := k.runBin(kgoBin, "-topic", topic, "-group", group, "-consume", "-balancer", "server", "-client-id", base)
 	ms0 := k.waitMembers(group, topic, true, 60*time.Second, "one KIP-848 member", func(ms []gmember) bool {
@@ -295,14 +291,12 @@ func TestKgoRestoreFirstRecord(t *testing.T) {
 // restoreToFirstRecord runs one round of TestKgoRestoreFirstRecord.
 func restoreToFirstRecord(t *testing.T, k *kafkaEnv, balancer string) time.Duration {
 	t.Helper()
-	topic := k.newTopic("kfirst", 3)
-	group := uniqueName("kfirst")
-	prod := k.produce(topic, 200)
+	topic, group, prod := k.groupTopic("kfirst", 3, 200)
 	defer prod.finish()
 	a := k.startBin(kgoBin, consumeArgs(topic, group, "kfirst", balancer, "")...)
 	a.waitProcessed(0, 100, 60*time.Second)
 	img := t.TempDir() + "/img"
-	mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "-o", img, strconv.Itoa(a.pid))
 	<-a.done
 	// The report says whether the restore will wait for the initial
 	// rebalance delay: a sole classic member, not a KIP-848 one.

@@ -55,9 +55,7 @@ func TestKgoStaticMemberRestore(t *testing.T) {
 	for _, pc := range staticProtocols {
 		t.Run(pc.name, func(t *testing.T) {
 			k := needKafka(t)
-			topic := k.newTopic("kstatic", 3)
-			group := uniqueName("kstatic")
-			prod := k.produce(topic, 100)
+			topic, group, prod := k.groupTopic("kstatic", 3, 100)
 			a := k.startBin(kgoBin, consumeArgs(topic, group, "sta", pc.balancer, "sa")...)
 			b := k.startBin(kgoBin, consumeArgs(topic, group, "stb", pc.balancer, "")...)
 			k.waitMembers(group, topic, pc.kip848, 60*time.Second, "sa and a dynamic member sharing the 3 partitions", func(ms []gmember) bool {
@@ -67,7 +65,7 @@ func TestKgoStaticMemberRestore(t *testing.T) {
 			a.waitProcessed(0, 1, 30*time.Second)
 
 			img := t.TempDir() + "/img"
-			mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
+			runKCR(t, kcrOpts{must: true}, "checkpoint", "-o", img, strconv.Itoa(a.pid))
 			tck := time.Now()
 			<-a.done
 			rep := kgoReport(t, manifestResource(t, img, "kgo/sta"))
@@ -111,9 +109,7 @@ func TestKgoStaticMemberClones(t *testing.T) {
 	for _, pc := range staticProtocols {
 		t.Run(pc.name, func(t *testing.T) {
 			k := needKafka(t)
-			topic := k.newTopic("kstclones", 6)
-			group := uniqueName("kstclones")
-			prod := k.produce(topic, 100)
+			topic, group, prod := k.groupTopic("kstclones", 6, 100)
 			pid, a := k.runBin(kgoBin, consumeArgs(topic, group, "stc", pc.balancer, "sc")...)
 			k.waitMembers(group, topic, pc.kip848, 60*time.Second, "sc owning the 6 partitions", func(ms []gmember) bool {
 				return len(ms) == 1 && ms[0].instance == "sc" && ms[0].parts == 6
@@ -160,16 +156,14 @@ func TestKgoStaticMemberLeaveRunningCopy(t *testing.T) {
 	for _, pc := range staticProtocols {
 		t.Run(pc.name, func(t *testing.T) {
 			k := needKafka(t)
-			topic := k.newTopic("kstlr", 4)
-			group := uniqueName("kstlr")
-			prod := k.produce(topic, 100)
+			topic, group, prod := k.groupTopic("kstlr", 4, 100)
 			pid, a := k.runBin(kgoBin, consumeArgs(topic, group, "stl", pc.balancer, "sl")...)
 			ms0 := k.waitMembers(group, topic, pc.kip848, 60*time.Second, "sl owning the 4 partitions", func(ms []gmember) bool {
 				return len(ms) == 1 && ms[0].instance == "sl" && ms[0].parts == 4
 			})
 			a.waitProcessed(0, 10, 30*time.Second)
 			img := t.TempDir() + "/img"
-			mustKCR(t, "checkpoint", "--leave-running", "-o", img, strconv.Itoa(pid))
+			runKCR(t, kcrOpts{must: true}, "checkpoint", "--leave-running", "-o", img, strconv.Itoa(pid))
 			if rep := kgoReport(t, manifestResource(t, img, "kgo/stl")); rep.GroupCheckpoint == nil || rep.LeftGroup {
 				t.Errorf("report %+v: want left_group false (--leave-running)", rep.Checkpoint)
 			}

@@ -97,7 +97,7 @@ func TestKgoProducerCheckpoint(t *testing.T) {
 
 	img := t.TempDir() + "/img"
 	n0 := len(a.events())
-	mustKCR(t, "checkpoint", "-o", img, strconv.Itoa(a.pid))
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "-o", img, strconv.Itoa(a.pid))
 	select {
 	case <-a.done:
 	case <-time.After(10 * time.Second):
@@ -275,7 +275,7 @@ func TestKgoProducerLeaveRunning(t *testing.T) {
 
 	img := t.TempDir() + "/img"
 	n0 := len(a.events())
-	mustKCR(t, "checkpoint", "--leave-running", "-o", img, strconv.Itoa(pid))
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "--leave-running", "-o", img, strconv.Itoa(pid))
 	rep := manifestResource(t, img, "kgo/"+base)
 	if r := kgoReport(t, rep); r.KeptClient == nil || r.ConnectionsOpen != 0 {
 		t.Errorf("client report %v: want kept_for_resume, connections_open 0", rep)
@@ -450,7 +450,7 @@ func testKgoTransact(t *testing.T, tc kgoTxnCase) {
 		args = append(args, "--timeout", "4s")
 	}
 	n0 := len(a.events())
-	mustKCR(t, append(args, strconv.Itoa(pid))...)
+	runKCR(t, kcrOpts{must: true}, append(args, strconv.Itoa(pid))...)
 	rep := manifestResource(t, img, "kgo/"+base)
 	t.Logf("session report in the manifest: %v", rep)
 	var held event

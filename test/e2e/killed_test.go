@@ -59,8 +59,7 @@ func TestKCRKilledDuringCheckpoint(t *testing.T) {
 			}
 			a.waitAcked(200, 30*time.Second)
 			n0 := len(a.events())
-			cmd := exec.Command(kcrBin, "checkpoint", "-o", filepath.Join(t.TempDir(), "img"), strconv.Itoa(a.pid))
-			cmd.Env = append(os.Environ(), c.env(t)...)
+			cmd := kcrOpts{env: c.env(t)}.cmd("checkpoint", "-o", filepath.Join(t.TempDir(), "img"), strconv.Itoa(a.pid))
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
 			}
@@ -151,8 +150,7 @@ func TestKCRKilledBeforePublish(t *testing.T) {
 	a.waitAcked(200, 30*time.Second)
 	dir := t.TempDir()
 	img := filepath.Join(dir, "img")
-	cmd := exec.Command(kcrBin, "checkpoint", "-o", img, strconv.Itoa(a.pid))
-	cmd.Env = append(os.Environ(), "KCR_TEST_STALL_AFTER_DUMP=60s")
+	cmd := kcrOpts{env: []string{"KCR_TEST_STALL_AFTER_DUMP=60s"}}.cmd("checkpoint", "-o", img, strconv.Itoa(a.pid))
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -168,19 +166,18 @@ func TestKCRKilledBeforePublish(t *testing.T) {
 		t.Fatal("an image was published although kcr died before publishing it")
 	}
 	// An unfinished image is refused by restore.
-	if r := kcrQuiet(t, "restore", img); r.code == 0 {
+	if r := runKCR(t, kcrOpts{log: logFailed}, "restore", img); r.code == 0 {
 		t.Fatal("restore of the unpublished image succeeded")
 	}
-	r := mustKCR(t, "recover", dir)
+	r := runKCR(t, kcrOpts{must: true}, "recover", dir)
 	if !strings.Contains(r.stderr, "recovered "+img) {
 		t.Fatalf("kcr recover: %q", r.stderr)
 	}
-	mustKCR(t, "inspect", img) // verifies every checksum
+	runKCR(t, kcrOpts{must: true}, "inspect", img) // verifies every checksum
 	// kcr SIGKILLed during a restore (CRIU slow to start): the orphaned
 	// CRIU aborts at its first notification, before forking anything, and
 	// the image, untouched, restores afterwards.
-	rs := exec.Command(kcrBin, "restore", img)
-	rs.Env = append(os.Environ(), "KCR_CRIU="+slowCRIU(t, 3*time.Second, "swrk"))
+	rs := kcrOpts{env: []string{"KCR_CRIU=" + slowCRIU(t, 3*time.Second, "swrk")}}.cmd("restore", img)
 	if err := rs.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +188,7 @@ func TestKCRKilledBeforePublish(t *testing.T) {
 	if alive(a.pid) {
 		t.Fatal("an orphaned CRIU restored the app after kcr died")
 	}
-	mustKCR(t, "inspect", img)
+	runKCR(t, kcrOpts{must: true}, "inspect", img)
 	before := acked(a.events())
 	n1 := len(a.events())
 	pid, _ := restore(t, img)
@@ -208,7 +205,7 @@ func TestKCRKilledDuringDump(t *testing.T) {
 	need(t)
 	a := startApp(t, "-heap-mb", "1024")
 	img := filepath.Join(t.TempDir(), "img")
-	cmd := exec.Command(kcrBin, "checkpoint", "-o", img, strconv.Itoa(a.pid))
+	cmd := kcrOpts{}.cmd("checkpoint", "-o", img, strconv.Itoa(a.pid))
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +232,7 @@ func TestKCRKilledDuringDump(t *testing.T) {
 		t.Fatal("an image was published although kcr died mid-dump")
 	}
 	// And the app can be checkpointed again.
-	mustKCR(t, "checkpoint", "--leave-running", "-o", filepath.Join(t.TempDir(), "img2"), strconv.Itoa(a.pid))
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "--leave-running", "-o", filepath.Join(t.TempDir(), "img2"), strconv.Itoa(a.pid))
 }
 
 // kcr SIGKILLed in the middle of CRIU's restore work (a 512 MiB heap makes
@@ -253,8 +250,7 @@ func TestKCRKilledDuringRestore(t *testing.T) {
 	n1 := len(a.events())
 
 	tmp := t.TempDir() // kcr's restore work directory goes here
-	rs := exec.Command(kcrBin, "restore", img)
-	rs.Env = append(os.Environ(), "TMPDIR="+tmp)
+	rs := kcrOpts{env: []string{"TMPDIR=" + tmp}}.cmd("restore", img)
 	if err := rs.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -301,7 +297,7 @@ func TestKCRKilledDuringRestore(t *testing.T) {
 			t.Fatalf("two incarnations ran their after-restore hooks: %v and %v", ev, e)
 		}
 	}
-	mustKCR(t, "inspect", img)
+	runKCR(t, kcrOpts{must: true}, "inspect", img)
 	a.finish(topic, pid, len(before))
 }
 

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kcr-dev/kcr/internal/testheap"
+	"github.com/kcr-dev/kcr/internal/testkit/heaptest"
 )
 
 // kcr restore --lazy of a 256 MiB heap: the heap's content is intact.
@@ -17,11 +17,11 @@ func TestLazyRestoreHeap(t *testing.T) {
 	need(t)
 	dir := t.TempDir()
 	bin := filepath.Join(binDir, "lazyheap")
-	if out, err := exec.Command("go", "build", "-o", bin, "../../criu/testdata/lazyheap").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-o", bin, "../apps/lazyheap").CombinedOutput(); err != nil {
 		t.Fatalf("build lazyheap: %v\n%s", err, out)
 	}
 	ctx := context.Background()
-	h, err := testheap.Start(ctx, bin, dir, 256, 7)
+	h, err := heaptest.Start(ctx, bin, dir, 256, 7)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +36,7 @@ func TestLazyRestoreHeap(t *testing.T) {
 	// lazyheap closes its end of our connection a moment after we do; until
 	// then the socket is in CLOSE-WAIT, which kcr rightly refuses to dump.
 	for i := 0; ; i++ {
-		r := kcr(t, "checkpoint", "--no-hooks", "-o", img, strconv.Itoa(pid))
+		r := runKCR(t, kcrOpts{log: logAll}, "checkpoint", "--no-hooks", "-o", img, strconv.Itoa(pid))
 		if r.code == 0 {
 			break
 		}

@@ -33,7 +33,7 @@ func newPodman(t *testing.T) *podmanEnv {
 	}
 	p := &podmanEnv{t: t, bin: bin, dir: t.TempDir()}
 	p.conf = filepath.Join(p.dir, "criu.conf")
-	mustKCR(t, "install-runtime-hook", "--config", p.conf, "--hook", filepath.Join(p.dir, "kcr-criu-hook"))
+	runKCR(t, kcrOpts{must: true}, "install-runtime-hook", "--config", p.conf, "--hook", filepath.Join(p.dir, "kcr-criu-hook"))
 	// No registry: the image is imported from a root filesystem tar. The
 	// private Podman's policy.json (install-podman.sh) accepts local tars.
 	p.image = "localhost/kcr-e2e:" + uniqueName("img")
@@ -127,12 +127,7 @@ func TestContainerPodman(t *testing.T) {
 	topic, group, base := k.newTopic("kcr-podman", 1), uniqueName("podman-group"), "podman"
 	name := uniqueName("podman")
 	a := p.start(k, name, serviceArgs(k, topic, group, base))
-	k.waitGroup(group, topic, 60*time.Second, "the service in its group", func(v groupView) bool {
-		return len(v.clients) == 1 && v.clients[0] == base && len(v.assigned[base]) > 0
-	})
-	a.waitAcked(100, 30*time.Second)
-	a.waitProcessed(0, 50, 30*time.Second)
-	before := a.state()
+	before := k.waitServing(a, topic, group, base)
 
 	archive := filepath.Join(p.dir, "checkpoint.tar")
 	t0 := time.Now()
@@ -192,17 +187,17 @@ func TestContainerPodmanKCR(t *testing.T) {
 
 	img := filepath.Join(t.TempDir(), "img")
 	t0 := time.Now()
-	r := mustKCR(t, "checkpoint", "--container", name, "--runtime", "podman", "-o", img)
+	r := runKCR(t, kcrOpts{must: true}, "checkpoint", "--container", name, "--runtime", "podman", "-o", img)
 	took := time.Since(t0)
 	if !strings.Contains(r.stderr, "podman checkpoint") {
 		t.Errorf("no podman checkpoint phase:\n%s", r.stderr)
 	}
-	mustKCR(t, "inspect", img)
+	runKCR(t, kcrOpts{must: true}, "inspect", img)
 	checkHookReports(t, tarMember(t, filepath.Join(img, "podman-checkpoint.tar"), "checkpoint/"+criuaction.ReportsFile), topic, group)
 	k.waitLeft(group, topic, took)
 
 	n1 := len(a.events())
-	mustKCR(t, "restore", "--container", name+"-copy", "--runtime", "podman", img)
+	runKCR(t, kcrOpts{must: true}, "restore", "--container", name+"-copy", "--runtime", "podman", img)
 	a.followInto(filepath.Join(p.dir, "copy.log"))
 	p.follow(name+"-copy", a.out)
 	checkNewInstance(t, a, n1, before, base, group, topic)

@@ -28,6 +28,19 @@ func serviceArgs(k *kafkaEnv, topic, group, base string) []string {
 		"-consume", "-group", group, "-client-id", base}
 }
 
+// waitServing waits until a, started with serviceArgs, is the one member of
+// its group and owns partitions, has 100 records acknowledged and 50
+// processed, and returns its state then.
+func (k *kafkaEnv) waitServing(a *kapp, topic, group, base string) appState {
+	k.t.Helper()
+	k.waitGroup(group, topic, 60*time.Second, "the service in its group", func(v groupView) bool {
+		return len(v.clients) == 1 && v.clients[0] == base && len(v.assigned[base]) > 0
+	})
+	a.waitAcked(100, 30*time.Second)
+	a.waitProcessed(0, 50, 30*time.Second)
+	return a.state()
+}
+
 // imageTar writes a one-layer root filesystem holding kafkaapp (static) and
 // pause, for runtimes that start containers from images.
 func imageTar(t *testing.T) string {
@@ -66,12 +79,12 @@ func imageTar(t *testing.T) string {
 
 var pauseBin string
 
-// staticPause builds test/e2e/pause without cgo.
+// staticPause builds test/apps/pause without cgo.
 func staticPause(t *testing.T) string {
 	t.Helper()
 	if pauseBin == "" {
 		p := filepath.Join(binDir, "pause-static")
-		cmd := exec.Command("go", "build", "-o", p, "./pause")
+		cmd := exec.Command("go", "build", "-o", p, "../apps/pause")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("build pause: %v\n%s", err, out)

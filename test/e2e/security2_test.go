@@ -18,7 +18,7 @@ import (
 func TestSecuritySignIntoSharedDir(t *testing.T) {
 	need(t)
 	keys := filepath.Join(t.TempDir(), "ops")
-	mustKCR(t, "keygen", "-o", keys)
+	runKCR(t, kcrOpts{must: true}, "keygen", "-o", keys)
 	a := startApp(t)
 	drop := sharedDir(t)
 	pid := strconv.Itoa(a.pid)
@@ -26,7 +26,7 @@ func TestSecuritySignIntoSharedDir(t *testing.T) {
 		{"checkpoint", "--sign", keys + ".key", "-o", filepath.Join(drop, "svc.img"), pid},
 		{"checkpoint", "-o", filepath.Join(drop, "plain.img"), pid},
 	} {
-		r := kcr(t, args...)
+		r := runKCR(t, kcrOpts{log: logAll}, args...)
 		if r.code != 5 || !strings.Contains(r.stderr, "belongs to uid 61001") {
 			t.Errorf("kcr %s: exit %d %q; want exit 5 naming uid 61001", strings.Join(args, " "), r.code, r.stderr)
 		}
@@ -38,7 +38,7 @@ func TestSecuritySignIntoSharedDir(t *testing.T) {
 		t.Fatal("a refused checkpoint disturbed the app")
 	}
 	img := checkpointGone(t, a.pid, "--sign", keys+".key")
-	r := kcr(t, "export", img, "-o", filepath.Join(drop, "svc.tar.zst"))
+	r := runKCR(t, kcrOpts{log: logAll}, "export", img, "-o", filepath.Join(drop, "svc.tar.zst"))
 	if r.code != 5 || !strings.Contains(r.stderr, "belongs to uid 61001") {
 		t.Errorf("export into uid 61001's directory: exit %d %q; want exit 5 naming uid 61001", r.code, r.stderr)
 	}

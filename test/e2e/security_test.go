@@ -7,7 +7,6 @@ package e2e
 import (
 	"bytes"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -25,7 +24,7 @@ func TestSecurityUntrustedImage(t *testing.T) {
 	a := startApp(t)
 	img := checkpointGone(t, a.pid)
 	imagetest.ChownAll(t, img, imagetest.OtherUID)
-	r := kcr(t, "restore", img)
+	r := runKCR(t, kcrOpts{log: logAll}, "restore", img)
 	if r.code != 5 || !strings.Contains(r.stderr, "belongs to uid 61001") || !strings.Contains(r.stderr, "--allow-untrusted") {
 		t.Fatalf("restore of an image of uid %d: exit %d %q; want exit 5 naming the owner and --allow-untrusted", imagetest.OtherUID, r.code, r.stderr)
 	}
@@ -51,7 +50,7 @@ func TestSecurityNegativeFlags(t *testing.T) {
 		{"restore", "--count", "-2", img},
 		{"restore", "--wait", "-1s", img},
 	} {
-		r := kcr(t, args...)
+		r := runKCR(t, kcrOpts{log: logAll}, args...)
 		if r.code != 2 || !strings.Contains(r.stderr, "negative") {
 			t.Errorf("kcr %s: exit %d %q; want exit 2 saying it is negative", strings.Join(args, " "), r.code, r.stderr)
 		}
@@ -80,8 +79,7 @@ func swappedAfterVerify(t *testing.T, lazy bool) {
 	if lazy {
 		args = append(args, "--lazy")
 	}
-	cmd := exec.Command(kcrBin, args...)
-	cmd.Env = append(os.Environ(), "KCR_TEST_STALL_AFTER_VERIFY=3s")
+	cmd := kcrOpts{env: []string{"KCR_TEST_STALL_AFTER_VERIFY=3s"}}.cmd(args...)
 	var so, se bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &so, &se
 	if err := cmd.Start(); err != nil {

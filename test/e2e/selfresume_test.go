@@ -2,9 +2,12 @@ package e2e
 
 import (
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/kcr-dev/kcr/internal/testkit/wait"
 )
 
 // TestRestoreAfterSelfResume: the app resumes on its own before CRIU
@@ -14,7 +17,7 @@ import (
 func TestRestoreAfterSelfResume(t *testing.T) {
 	_, a := startEchoApp(t)
 	img := filepath.Join(t.TempDir(), "img")
-	mustKCR(t, "checkpoint", "--tcp-close", "--resume-after", "1ns", "-o", img, strconv.Itoa(a.pid))
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "--tcp-close", "--resume-after", "1ns", "-o", img, strconv.Itoa(a.pid))
 	select {
 	case <-a.done:
 	case <-time.After(5 * time.Second):
@@ -26,22 +29,23 @@ func TestRestoreAfterSelfResume(t *testing.T) {
 	// kcr's after-restore message finds no waiting checkpoint: the copy,
 	// restored from an idle image, runs a whole cycle for it (or its own
 	// watch already did, 250 ms at most after the restore).
-	r := kcr(t, "restore", img)
+	r := runKCR(t, kcrOpts{log: logAll}, "restore", img)
 	t.Cleanup(func() { killWait(a.pid) })
 	if !alive(a.pid) {
 		t.Fatalf("restore exit %d, and the copy is not running: %s", r.code, r.stderr)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		for _, e := range a.since(n) {
-			if e["ev"] == "after" && e.str("kind") == "restore" {
-				if r.code != 0 && e["self"] != true {
-					t.Fatalf("kcr restore exit %d although the app took its message: %v", r.code, e)
-				}
-				return
-			}
+	var e event
+	if !wait.Until(5*time.Second, func() bool {
+		evs := a.since(n)
+		i := slices.IndexFunc(evs, func(e event) bool { return e["ev"] == "after" && e.str("kind") == "restore" })
+		if i >= 0 {
+			e = evs[i]
 		}
-		time.Sleep(20 * time.Millisecond)
+		return i >= 0
+	}) {
+		t.Fatalf("the copy never ran its restore hooks; events since the restore: %v", a.since(n))
 	}
-	t.Fatalf("the copy never ran its restore hooks; events since the restore: %v", a.since(n))
+	if r.code != 0 && e["self"] != true {
+		t.Fatalf("kcr restore exit %d although the app took its message: %v", r.code, e)
+	}
 }

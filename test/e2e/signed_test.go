@@ -94,17 +94,17 @@ func reforge(t *testing.T, data []byte) []byte {
 func TestSecuritySignedImage(t *testing.T) {
 	need(t)
 	keys := filepath.Join(t.TempDir(), "ops")
-	mustKCR(t, "keygen", "-o", keys)
+	runKCR(t, kcrOpts{must: true}, "keygen", "-o", keys)
 	a := startApp(t)
 	img := checkpointGone(t, a.pid, "--sign", keys+".key")
-	if r := mustKCR(t, "inspect", "--verify-key", keys+".pub", img); !strings.Contains(r.stdout, "verified: signed by SHA256:") {
+	if r := runKCR(t, kcrOpts{must: true}, "inspect", "--verify-key", keys+".pub", img); !strings.Contains(r.stdout, "verified: signed by SHA256:") {
 		t.Fatalf("inspect does not report the signature:\n%s", r.stdout)
 	}
 
 	drop := sharedDir(t)
 	arch := filepath.Join(drop, "img.tar.zst")
 	genuine := filepath.Join(t.TempDir(), "img.tar.zst")
-	mustKCR(t, "export", img, "-o", genuine)
+	runKCR(t, kcrOpts{must: true}, "export", img, "-o", genuine)
 	data, err := os.ReadFile(genuine)
 	if err != nil {
 		t.Fatal(err)
@@ -112,23 +112,23 @@ func TestSecuritySignedImage(t *testing.T) {
 	asOther(t, reforge(t, data), "cat > "+arch)
 
 	dest := t.TempDir()
-	if r := kcr(t, "import", arch, "-o", filepath.Join(dest, "unchecked")); r.code != 0 {
+	if r := runKCR(t, kcrOpts{log: logAll}, "import", arch, "-o", filepath.Join(dest, "unchecked")); r.code != 0 {
 		t.Fatalf("without --verify-key the forged archive should import (its checksums match): exit %d %s", r.code, r.stderr)
 	}
-	r := kcr(t, "import", "--verify-key", keys+".pub", arch, "-o", filepath.Join(dest, "forged"))
+	r := runKCR(t, kcrOpts{log: logAll}, "import", "--verify-key", keys+".pub", arch, "-o", filepath.Join(dest, "forged"))
 	if r.code != 9 || !strings.Contains(r.stderr, "changed after it was signed") {
 		t.Fatalf("import --verify-key of the forged archive: exit %d %q; want exit 9", r.code, r.stderr)
 	}
 	if _, err := os.Lstat(filepath.Join(dest, "forged")); err == nil {
 		t.Fatal("the refused import left an image")
 	}
-	if r := kcr(t, "restore", "--verify-key", keys+".pub", filepath.Join(dest, "unchecked")); r.code != 9 {
+	if r := runKCR(t, kcrOpts{log: logAll}, "restore", "--verify-key", keys+".pub", filepath.Join(dest, "unchecked")); r.code != 9 {
 		t.Fatalf("restore --verify-key of the forged image: exit %d %q; want 9", r.code, r.stderr)
 	}
 
 	asOther(t, data, "cat > "+arch)
 	good := filepath.Join(dest, "good")
-	mustKCR(t, "import", "--verify-key", keys+".pub", arch, "-o", good)
+	runKCR(t, kcrOpts{must: true}, "import", "--verify-key", keys+".pub", arch, "-o", good)
 	pid, _ := restore(t, good, "--verify-key", keys+".pub")
 	if !alive(pid) {
 		t.Fatal("the signed image was not restored")
@@ -146,11 +146,11 @@ func TestSecuritySignedImage(t *testing.T) {
 		t.Fatalf("cp: %v %s", err, out)
 	}
 	imagetest.ChownAll(t, theirs, imagetest.OtherUID)
-	if r := kcr(t, "restore", "--verify-key", keys+".pub", theirs); r.code != 5 || !strings.Contains(r.stderr, "--allow-untrusted") {
+	if r := runKCR(t, kcrOpts{log: logAll}, "restore", "--verify-key", keys+".pub", theirs); r.code != 5 || !strings.Contains(r.stderr, "--allow-untrusted") {
 		t.Fatalf("restore --verify-key of uid %d's image: exit %d %q; want 5 (untrusted owner)", imagetest.OtherUID, r.code, r.stderr)
 	}
 	asOther(t, nil, `sed -i 's/"leave_running": false/"leave_running": true/' `+filepath.Join(theirs, "manifest.json"))
-	if r := kcr(t, "restore", "--verify-key", keys+".pub", "--allow-untrusted", theirs); r.code != 9 {
+	if r := runKCR(t, kcrOpts{log: logAll}, "restore", "--verify-key", keys+".pub", "--allow-untrusted", theirs); r.code != 9 {
 		t.Fatalf("restore of the edited image: exit %d %q; want 9", r.code, r.stderr)
 	}
 }

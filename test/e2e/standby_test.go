@@ -52,7 +52,7 @@ func (k *kafkaEnv) startStandbyNoKafka(dir string, flags []string, svc ...string
 	defer f.Close()
 	args := append([]string{"standby", "--image-dir", dir, "--log", s.svcLog}, flags...)
 	args = append(append(args, "--"), svc...)
-	s.cmd = exec.Command(kcrBin, args...)
+	s.cmd = kcrOpts{}.cmd(args...)
 	s.cmd.Stdout, s.cmd.Stderr = f, f
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := s.cmd.Start(); err != nil {
@@ -97,7 +97,7 @@ type sbStatus struct {
 }
 
 func (s *sbRun) status() (sbStatus, error) {
-	out, err := exec.Command(kcrBin, "standby", "status", "--image-dir", s.dir, "--json").Output()
+	out, err := kcrOpts{}.cmd("standby", "status", "--image-dir", s.dir, "--json").Output()
 	var st sbStatus
 	if err == nil {
 		err = json.Unmarshal(out, &st)

@@ -1,7 +1,7 @@
-// Package testsvc is what the test services under criu/testdata share:
-// starting a detached copy of themselves, publishing their address and
-// serving it.
-package testsvc
+// Package svckit is what the criu package's test services (criuhelper,
+// lazyheap) share: starting a detached copy of themselves, publishing their
+// address and serving it.
+package svckit
 
 import (
 	"errors"

@@ -1,7 +1,7 @@
-// Package testheap drives criu/testdata/lazyheap, the test service of lazy
+// Package heaptest drives test/apps/lazyheap, the test service of lazy
 // restore, for the criu and end-to-end tests and the lazy benchmark: it
 // starts one and asks it for its heap's checksum.
-package testheap
+package heaptest
 
 import (
 	"bufio"

@@ -11,7 +11,7 @@
 //
 //	lazybench bench -heap BIN [-mb 64,256,1024] [-runs 5] [-dir /var/tmp]
 //
-// for each heap size, starts BIN (testdata/lazyheap) detached, dumps it
+// for each heap size, starts BIN (test/apps/lazyheap) detached, dumps it
 // (killing it), then restores it -runs times plainly and -runs times lazily,
 // alternating, and prints medians of: the time until Restore returns, until
 // the process answers a first request, and until it answers a checksum of
@@ -36,7 +36,7 @@ import (
 
 	"github.com/kcr-dev/kcr/criu"
 	"github.com/kcr-dev/kcr/internal/procfs"
-	"github.com/kcr-dev/kcr/internal/testheap"
+	"github.com/kcr-dev/kcr/internal/testkit/heaptest"
 	"golang.org/x/sys/unix"
 )
 
@@ -275,7 +275,7 @@ func restoreOnce(criuPath, img, work, addr, want string, lazy bool) (sample, err
 
 // startHeap starts lazyheap with a heap of mb MiB (seed mb).
 func startHeap(bin string, mb int, dir string) (int, string, error) {
-	h, err := testheap.Start(ctx, bin, dir, mb, uint64(mb))
+	h, err := heaptest.Start(ctx, bin, dir, mb, uint64(mb))
 	if err != nil {
 		return 0, "", err
 	}
@@ -285,12 +285,12 @@ func startHeap(bin string, mb int, dir string) (int, string, error) {
 }
 
 func ask(addr, cmd string) (string, error) {
-	return (&testheap.Heap{Addr: addr}).Ask(ctx, cmd)
+	return (&heaptest.Heap{Addr: addr}).Ask(ctx, cmd)
 }
 
 // sum asks for the heap checksum and fails unless every page is right.
 func sum(addr string) (string, time.Duration, error) {
-	s, _, took, err := (&testheap.Heap{Addr: addr}).Sum(ctx)
+	s, _, took, err := (&heaptest.Heap{Addr: addr}).Sum(ctx)
 	return s, took, err
 }
 

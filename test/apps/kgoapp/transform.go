@@ -13,7 +13,7 @@ import (
 
 	"github.com/kcr-dev/kcr/kafkahooks/kgohooks"
 	"github.com/kcr-dev/kcr/notify"
-	"github.com/kcr-dev/kcr/test/e2e/appkit"
+	"github.com/kcr-dev/kcr/test/apps/appkit"
 )
 
 // transformer is the consume-transform-produce mode (-transform-from): a

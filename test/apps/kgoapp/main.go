@@ -38,7 +38,7 @@ import (
 
 	"github.com/kcr-dev/kcr/kafkahooks/kgohooks"
 	"github.com/kcr-dev/kcr/notify"
-	"github.com/kcr-dev/kcr/test/e2e/appkit"
+	"github.com/kcr-dev/kcr/test/apps/appkit"
 )
 
 var emit = appkit.Emit

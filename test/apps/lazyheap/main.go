@@ -24,7 +24,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kcr-dev/kcr/internal/testsvc"
+	"github.com/kcr-dev/kcr/test/apps/svckit"
 )
 
 const pageSize = 4096
@@ -59,13 +59,13 @@ func main() {
 		fatal(err)
 	}
 	if *portFile != "" {
-		if err := testsvc.WriteAddr(*portFile, ln.Addr().String()); err != nil {
+		if err := svckit.WriteAddr(*portFile, ln.Addr().String()); err != nil {
 			fatal(err)
 		}
 	}
 	fmt.Printf("ready pid %d addr %s\n", os.Getpid(), ln.Addr())
 	var mu sync.Mutex // one checksum at a time
-	testsvc.Serve(ln, func(c net.Conn) {
+	svckit.Serve(ln, func(c net.Conn) {
 		go func() {
 			defer c.Close()
 			c.SetDeadline(time.Now().Add(5 * time.Minute))
@@ -134,7 +134,7 @@ func startDaemon(out, portFile string) {
 		fatal(fmt.Errorf("-daemon needs -portfile"))
 	}
 	os.Remove(portFile)
-	cmd, err := testsvc.Detach(out)
+	cmd, err := svckit.Detach(out)
 	if err != nil {
 		fatal(err)
 	}

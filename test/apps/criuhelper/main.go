@@ -12,7 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kcr-dev/kcr/internal/testsvc"
+	"github.com/kcr-dev/kcr/test/apps/svckit"
 )
 
 func main() {
@@ -41,11 +41,11 @@ func main() {
 			fatal(err)
 		}
 		if *portFile != "" {
-			if err := testsvc.WriteAddr(*portFile, ln.Addr().String()); err != nil {
+			if err := svckit.WriteAddr(*portFile, ln.Addr().String()); err != nil {
 				fatal(err)
 			}
 		}
-		go testsvc.Serve(ln, func(c net.Conn) {
+		go svckit.Serve(ln, func(c net.Conn) {
 			fmt.Fprintf(c, "pong %d\n", counter.Load())
 			c.Close()
 		})
@@ -76,7 +76,7 @@ func main() {
 var held []net.Conn
 
 func startDaemon(out string) {
-	cmd, err := testsvc.Detach(out)
+	cmd, err := svckit.Detach(out)
 	if err != nil {
 		fatal(err)
 	}

@@ -49,7 +49,7 @@ import (
 
 	"github.com/kcr-dev/kcr/kafkahooks"
 	"github.com/kcr-dev/kcr/notify"
-	"github.com/kcr-dev/kcr/test/e2e/appkit"
+	"github.com/kcr-dev/kcr/test/apps/appkit"
 )
 
 type config struct {

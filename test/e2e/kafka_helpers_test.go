@@ -22,6 +22,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 )
 
 // skipOrFail fails the test in CI or with KCR_E2E=1 and skips it elsewhere.
@@ -275,48 +277,23 @@ type topicRecord struct {
 func (k *kafkaEnv) readTopic(topic string) []topicRecord {
 	t := k.t
 	t.Helper()
-	ends := k.endOffsets(topic)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(k.brokers, ",")...), kgo.ClientID("kcr-e2e-reader"),
-		kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(500*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	next := map[int32]int64{}
-	done := func() bool {
-		for p, e := range ends {
-			if next[p] < e {
-				return false
-			}
-		}
-		return true
-	}
 	var recs []topicRecord
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	for !done() {
-		fs := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			t.Fatalf("reading %s: got to %v of %v: %v", topic, next, ends, ctx.Err())
+	for _, r := range kafkatest.ReadTo(t, 60*time.Second, strings.Split(k.brokers, ","), topic, k.endOffsets(topic),
+		kgo.ClientID("kcr-e2e-reader"), kgo.FetchMaxWait(500*time.Millisecond)) {
+		n, err := strconv.Atoi(string(r.Value))
+		if err != nil {
+			t.Errorf("record %s/%d@%d has value %q, not a number", r.Topic, r.Partition, r.Offset, r.Value)
 		}
-		fs.EachError(func(tp string, p int32, err error) { t.Logf("reading %s/%d: %v", tp, p, err) })
-		fs.EachRecord(func(r *kgo.Record) {
-			n, err := strconv.Atoi(string(r.Value))
-			if err != nil {
-				t.Errorf("record %s/%d@%d has value %q, not a number", r.Topic, r.Partition, r.Offset, r.Value)
+		tr := topicRecord{partition: r.Partition, offset: r.Offset, n: n}
+		for _, h := range r.Headers {
+			switch h.Key {
+			case "inst":
+				tr.inst = string(h.Value)
+			case "hpid":
+				tr.hpid, _ = strconv.Atoi(string(h.Value))
 			}
-			tr := topicRecord{partition: r.Partition, offset: r.Offset, n: n}
-			for _, h := range r.Headers {
-				switch h.Key {
-				case "inst":
-					tr.inst = string(h.Value)
-				case "hpid":
-					tr.hpid, _ = strconv.Atoi(string(h.Value))
-				}
-			}
-			recs = append(recs, tr)
-			next[r.Partition] = r.Offset + 1
-		})
+		}
+		recs = append(recs, tr)
 	}
 	return recs
 }

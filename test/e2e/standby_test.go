@@ -239,14 +239,28 @@ func consumerArgs(bin, brokers, topic, group string) []string {
 // kcr standby runs a consumer through three idle → checkpoint → lag wake →
 // restore cycles on the real broker, with kafka-go (topics given) and
 // franz-go (topics taken from the group's commits): one cold start, three
-// restores, every record processed exactly once.
+// restores, every record processed exactly once. The same again on the
+// broker with Kafka's production group settings, with each client's fast
+// path there: franz-go with KIP-848, kafka-go with the group handover.
 func TestStandbyCycles(t *testing.T) {
 	for _, c := range []struct {
 		name, bin string
 		topics    bool
-	}{{"kafka-go", kafkaBin, true}, {"franz-go", kgoBin, false}} {
+		prod      bool
+		extra     []string // the service's own flags
+	}{
+		{"kafka-go", kafkaBin, true, false, nil},
+		{"franz-go", kgoBin, false, false, nil},
+		{"kafka-go-handover-prod", kafkaBin, true, true, []string{"-group-handover"}},
+		{"franz-go-kip848-prod", kgoBin, false, true, []string{"-balancer", "server"}},
+	} {
 		t.Run(c.name, func(t *testing.T) {
-			k := needKafka(t)
+			var k *kafkaEnv
+			if c.prod {
+				k = needKafkaProd(t)
+			} else {
+				k = needKafka(t)
+			}
 			topic, group := k.newTopic("standby", 2), uniqueName("standby")
 			flags := []string{"--idle", "1s", "--group", group, "--poll", "100ms"}
 			if c.topics {
@@ -256,7 +270,7 @@ func TestStandbyCycles(t *testing.T) {
 				k.produceN(topic, 4)
 			}
 			dir := filepath.Join(t.TempDir(), "img")
-			s := k.startStandby(dir, flags, consumerArgs(c.bin, k.brokers, topic, group)...)
+			s := k.startStandby(dir, flags, append(consumerArgs(c.bin, k.brokers, topic, group), c.extra...)...)
 			for cycle := 1; cycle <= 3; cycle++ {
 				st := s.waitState("standby", 60*time.Second)
 				if _, err := os.Stat(filepath.Join(dir, st.Image, "manifest.json")); err != nil {

@@ -310,7 +310,18 @@ func TestInitialDelayReported(t *testing.T) {
 					time.Sleep(20 * time.Millisecond)
 				}
 			}
-			kafkatest.PollValues(ctx, c, nil, 1)
+			// Produce while c polls: with two members, the other may have
+			// consumed (and committed) every record of c's partitions before
+			// the group settled on them, and c would never get one.
+			for got := 0; got == 0; {
+				if ctx.Err() != nil {
+					t.Fatal("c never got a record")
+				}
+				producePlain(t, addrs, "d", vals("b", 2), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
+				short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+				got = len(kafkatest.PollValues(short, c, nil, 1))
+				cancel()
+			}
 			res := hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
 			rep := res.Before[0].Details
 			if rep["initial_rebalance_delay"] != tc.want {

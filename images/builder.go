@@ -240,6 +240,51 @@ func (b *Builder) writeNew(name string, data []byte) error {
 	return err
 }
 
+// Detach replaces name (slash-separated, relative to the image root) with a
+// copy of itself, so that a process still holding the old file open cannot
+// change the image once Commit has hashed it: kcr's CRIU action script
+// inherits CRIU's log as stderr, and its watcher may log there after the
+// runtime has returned. Late writes go to the old, unlinked file. A missing
+// name is not an error.
+func (b *Builder) Detach(name string) error {
+	if b.root == nil {
+		return fmt.Errorf("images: %s: builder already committed or aborted", b.final)
+	}
+	if err := b.detach(filepath.FromSlash(name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("images: %s: detach %s: %w%s", b.final, name, err, ioHint(err))
+	}
+	return nil
+}
+
+func (b *Builder) detach(name string) error {
+	src, err := b.root.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	if fi, err := src.Stat(); err != nil {
+		return err
+	} else if !fi.Mode().IsRegular() {
+		return fmt.Errorf("a %s, not a regular file", kindOf(fi.Mode()))
+	}
+	tmp := name + ".detach"
+	dst, err := b.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, filePerm)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(dst, src)
+	if cerr := dst.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = b.root.Rename(tmp, name)
+	}
+	if err != nil {
+		b.root.Remove(tmp)
+	}
+	return err
+}
+
 // Commit completes the image: it restricts permissions to 0700/0600,
 // records the size and SHA-256 of every file in m.Files, writes
 // manifest.json, fsyncs everything and renames the temporary directory to

@@ -279,6 +279,41 @@ func TestCommitFillsCreated(t *testing.T) {
 	}
 }
 
+// A writer that still holds a file open (kcr's action-script watcher holds
+// CRIU's log) must not break the image after Commit: Detach cuts it off.
+func TestDetachKeepsLateWritesOut(t *testing.T) {
+	final := filepath.Join(t.TempDir(), "img")
+	b, err := Create(final)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeDump(t, b.CRIUDir())
+	log := filepath.Join(b.CRIUDir(), "dump.log")
+	late, err := os.OpenFile(log, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Close()
+	late.WriteString("before the detach\n")
+	if err := b.Detach("criu/dump.log"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Detach("criu/absent.log"); err != nil {
+		t.Errorf("Detach of a missing file: %v", err)
+	}
+	if _, err := b.Commit(context.Background(), testManifest()); err != nil {
+		t.Fatal(err)
+	}
+	late.WriteString("after the commit\n")
+	if _, err := Open(context.Background(), final); err != nil {
+		t.Fatalf("image after a late write to a detached file: %v", err)
+	}
+	got, _ := os.ReadFile(filepath.Join(final, "criu", "dump.log"))
+	if want := string(testFiles["dump.log"]) + "before the detach\n"; string(got) != want {
+		t.Errorf("dump.log = %q, want only what was written before Detach", got)
+	}
+}
+
 func TestAbort(t *testing.T) {
 	parent := t.TempDir()
 	b, err := Create(filepath.Join(parent, "img"))

@@ -148,6 +148,11 @@ func commitContainer(ctx context.Context, b *images.Builder, res *engine.Checkpo
 	if err := b.WriteFile(containerBundleFile, cb); err != nil {
 		return err
 	}
+	// kcr's action-script watcher writes to CRIU's log as it resumes a
+	// --leave-running app, which may be after runc has returned.
+	if err := b.Detach(images.CRIUSubdir + "/dump.log"); err != nil {
+		return err
+	}
 	t := time.Now()
 	m.Phases = append(m.Phases, res.Timings...)
 	img, err := b.Commit(context.WithoutCancel(ctx), m)

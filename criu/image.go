@@ -143,35 +143,42 @@ type RestoreStats struct {
 	RestoreTime     time.Duration
 }
 
-func readStats(path string) (dump, restore []byte, err error) {
+// Entries of a stats image.
+const (
+	statsDumpEntry    protowire.Number = 1
+	statsRestoreEntry protowire.Number = 2
+)
+
+// readStats returns the fields of the stats image's entry (statsDumpEntry
+// or statsRestoreEntry, named what in errors).
+func readStats(path string, entry protowire.Number, what string) (map[protowire.Number][]uint64, error) {
 	entries, err := readImage(path, imgServiceMagic, statsMagic)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if len(entries) == 0 {
-		return nil, nil, fmt.Errorf("criu: %s: empty stats image", path)
+		return nil, fmt.Errorf("criu: %s: empty stats image", path)
 	}
 	_, subs, err := fields(entries[0], nil)
 	if err != nil {
-		return nil, nil, fmt.Errorf("criu: %s: %w", path, err)
+		return nil, fmt.Errorf("criu: %s: %w", path, err)
 	}
-	return subs[1], subs[2], nil
+	if subs[entry] == nil {
+		return nil, fmt.Errorf("criu: %s: no %s entry", path, what)
+	}
+	v, _, err := fields(subs[entry], nil)
+	if err != nil {
+		return nil, fmt.Errorf("criu: %s: %w", path, err)
+	}
+	return v, nil
 }
 
 // ReadDumpStats reads dir/stats-dump (CRIU writes it to its work directory,
 // which for Dump is the images directory).
 func ReadDumpStats(dir string) (*DumpStats, error) {
-	path := filepath.Join(dir, StatsDumpFile)
-	d, _, err := readStats(path)
+	v, err := readStats(filepath.Join(dir, StatsDumpFile), statsDumpEntry, "dump")
 	if err != nil {
 		return nil, err
-	}
-	if d == nil {
-		return nil, fmt.Errorf("criu: %s: no dump entry", path)
-	}
-	v, _, err := fields(d, nil)
-	if err != nil {
-		return nil, fmt.Errorf("criu: %s: %w", path, err)
 	}
 	return &DumpStats{
 		FreezingTime:       us(first(v, 1)),
@@ -194,17 +201,9 @@ func ReadDumpStats(dir string) (*DumpStats, error) {
 // ReadRestoreStats reads dir/stats-restore (CRIU writes it to its work
 // directory: RestoreOptions.WorkDir).
 func ReadRestoreStats(dir string) (*RestoreStats, error) {
-	path := filepath.Join(dir, StatsRestoreFile)
-	_, r, err := readStats(path)
+	v, err := readStats(filepath.Join(dir, StatsRestoreFile), statsRestoreEntry, "restore")
 	if err != nil {
 		return nil, err
-	}
-	if r == nil {
-		return nil, fmt.Errorf("criu: %s: no restore entry", path)
-	}
-	v, _, err := fields(r, nil)
-	if err != nil {
-		return nil, fmt.Errorf("criu: %s: %w", path, err)
 	}
 	return &RestoreStats{
 		PagesCompared:   first(v, 1),

@@ -116,7 +116,7 @@ func Install(o InstallOptions) (*InstallResult, error) {
 	if bytes.Equal(next, old) {
 		return res, nil
 	}
-	if err := writeAtomic(o.Config, next); err != nil {
+	if err := writeAtomic(o.Config, next, 0o644); err != nil {
 		return nil, err
 	}
 	res.ConfigChanged = true
@@ -145,7 +145,7 @@ func Remove(o InstallOptions) (*InstallResult, error) {
 			if len(bytes.TrimSpace(rest)) == 0 {
 				err = os.Remove(o.Config)
 			} else {
-				err = writeAtomic(o.Config, rest)
+				err = writeAtomic(o.Config, rest, 0o644)
 			}
 			if err != nil {
 				return nil, fmt.Errorf("update %s: %w", o.Config, err)
@@ -238,26 +238,20 @@ func writeScript(hook, run string) (bool, error) {
 			return false, nil
 		}
 	}
-	if err := os.MkdirAll(filepath.Dir(hook), 0o755); err != nil {
+	if err := writeAtomic(hook, want, 0o755); err != nil {
 		return false, err
-	}
-	tmp := hook + ".kcr-tmp"
-	if err := os.WriteFile(tmp, want, 0o755); err != nil {
-		return false, fmt.Errorf("write %s: %w", hook, err)
-	}
-	if err := os.Rename(tmp, hook); err != nil {
-		os.Remove(tmp)
-		return false, fmt.Errorf("write %s: %w", hook, err)
 	}
 	return true, nil
 }
 
-func writeAtomic(p string, b []byte) error {
+// writeAtomic replaces p with b (mode perm), through a temporary file
+// renamed into place, so that a reader never sees half of it.
+func writeAtomic(p string, b []byte, perm os.FileMode) error {
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return err
 	}
 	tmp := p + ".kcr-tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+	if err := os.WriteFile(tmp, b, perm); err != nil {
 		return fmt.Errorf("write %s: %w", p, err)
 	}
 	if err := os.Rename(tmp, p); err != nil {

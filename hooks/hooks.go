@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/kcr-dev/kcr/internal/conntrack"
+	"github.com/kcr-dev/kcr/internal/hookopt"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -33,17 +34,8 @@ type config struct {
 
 func newConfig(opts []Opt) config {
 	var c config
-	for _, o := range opts {
-		if o != nil {
-			o.apply(&c)
-		}
-	}
-	if c.registry == nil {
-		c.registry = notify.Default
-	}
-	if c.log == nil {
-		c.log = slog.Default()
-	}
+	hookopt.Apply(&c, opts, Opt.apply)
+	c.registry, c.log = hookopt.Defaults(c.registry, c.log)
 	return c
 }
 

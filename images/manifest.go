@@ -126,16 +126,7 @@ func (r ResourceReport) Carried() int64 {
 	if r.RecordsCarried > 0 {
 		return r.RecordsCarried
 	}
-	if r.Details["phase"] != "before-checkpoint" {
-		return 0
-	}
-	switch n := r.Details["records_carried"].(type) {
-	case float64:
-		return max(int64(n), 0)
-	case int64:
-		return max(n, 0)
-	}
-	return 0
+	return r.beforeCount("records_carried")
 }
 
 // CarriedRecords returns RecordsCarried, or the sum of the resources'
@@ -156,11 +147,15 @@ func (m *Manifest) CarriedRecords() int64 {
 // "records_in_app" of its before-checkpoint report (kafkahooks' group
 // Reader gives it). Every running copy of the image processes them, so
 // they count like carried records when copies are restored.
-func (r ResourceReport) InApp() int64 {
+func (r ResourceReport) InApp() int64 { return r.beforeCount("records_in_app") }
+
+// beforeCount is the count key of the resource's before-checkpoint report
+// (a float64 when read from JSON), or 0.
+func (r ResourceReport) beforeCount(key string) int64 {
 	if r.Details["phase"] != "before-checkpoint" {
 		return 0
 	}
-	switch n := r.Details["records_in_app"].(type) {
+	switch n := r.Details[key].(type) {
 	case float64:
 		return max(int64(n), 0)
 	case int64:

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/kcr-dev/kcr/internal/hookopt"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -54,39 +55,22 @@ type config struct {
 }
 
 // newConfig returns the configuration named defaultName unless an option
-// renames it, after set has applied the options.
-func newConfig(defaultName string, set func(*config)) config {
+// renames it, after apply has applied the options.
+func newConfig[O any](defaultName string, opts []O, apply func(O, *config)) config {
 	c := config{
-		registry:   notify.Default,
 		name:       defaultName,
 		backoffMin: 100 * time.Millisecond,
 		backoffMax: 5 * time.Second,
 
 		offsetsCheckAfter: time.Minute,
 	}
-	set(&c)
-	if c.registry == nil {
-		c.registry = notify.Default
-	}
-	if c.log == nil {
-		c.log = slog.Default()
-	}
+	hookopt.Apply(&c, opts, apply)
+	c.registry, c.log = hookopt.Defaults(c.registry, c.log)
 	c.log = c.log.With("resource", c.name)
 	if c.backoffMax < c.backoffMin {
 		c.backoffMax = c.backoffMin
 	}
 	return c
-}
-
-// applyAll applies opts with apply, skipping nil ones.
-func applyAll[O any](opts []O, apply func(O, *config)) func(*config) {
-	return func(c *config) {
-		for _, o := range opts {
-			if any(o) != nil {
-				apply(o, c)
-			}
-		}
-	}
 }
 
 // WithRegistry registers the resource with r instead of notify.Default. Tests

@@ -180,7 +180,7 @@ func NewReader(c kafka.ReaderConfig, opts ...ReaderOpt) *Reader {
 	default:
 		name += c.Topic + "/" + strconv.Itoa(c.Partition)
 	}
-	cfg := newConfig(name, applyAll(opts, ReaderOpt.applyReader))
+	cfg := newConfig(name, opts, ReaderOpt.applyReader)
 	r := &Reader{cfg: cfg, rcfg: c, group: c.GroupID != "", next: kafka.FirstOffset, quit: make(chan struct{})}
 	interval := c.CommitInterval
 	r.userInterval = interval

@@ -201,21 +201,15 @@ func (r *Reader) pinTail(ctx context.Context, s *readerState) (int, error) {
 	// With the Dialer's TLS and SASL, like the kafka.Reader's own.
 	cl, release := r.client(r.conns.DialContext, r.currentClientID())
 	defer release()
-	res, err := cl.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: r.rcfg.GroupID, Topics: topics})
-	if err == nil {
-		err = res.Error
-	}
+	committed, err := r.fetchCommitted(ctx, cl, topics)
 	if err != nil {
-		return 0, fmt.Errorf("fetching committed offsets: %w", err)
+		return 0, err
 	}
 	var pin []kafka.Message
-	for topic, parts := range res.Topics {
-		for _, p := range parts {
-			mk := marks[tpKey{topic, p.Partition}]
-			if p.Error == nil && p.CommittedOffset < 0 && mk != nil {
-				// Committing message offset o commits o+1.
-				pin = append(pin, kafka.Message{Topic: topic, Partition: p.Partition, Offset: mk.first - 1})
-			}
+	for k, off := range committed {
+		if mk := marks[k]; off == -1 && mk != nil { // none (not offsetUnknown)
+			// Committing message offset o commits o+1.
+			pin = append(pin, kafka.Message{Topic: k.topic, Partition: k.partition, Offset: mk.first - 1})
 		}
 	}
 	if len(pin) == 0 {

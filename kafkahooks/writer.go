@@ -150,7 +150,7 @@ func NewWriter(template *kafka.Writer, opts ...WriterOpt) *Writer {
 	if template.Topic != "" {
 		name += "/" + template.Topic
 	}
-	cfg := newConfig(name, applyAll(opts, WriterOpt.applyWriter))
+	cfg := newConfig(name, opts, WriterOpt.applyWriter)
 	w := &Writer{cfg: cfg, async: template.Async, done: make(chan struct{})}
 	copyWriterSettings(&w.tmpl.w, template)
 	w.tmpl.completion = template.Completion

@@ -23,10 +23,7 @@ func (s *Server) watch() {
 			return
 		case <-t.C:
 		}
-		st, err := s.cfg.startTime(s.hostPID())
-		s.mu.Lock()
-		changed := err == nil && st != s.knownStart
-		s.mu.Unlock()
+		st, changed := s.startChanged()
 		if !changed {
 			continue
 		}
@@ -39,15 +36,21 @@ func (s *Server) watch() {
 	}
 }
 
+// startChanged returns the process's start time and whether it differs
+// from the known one: the process is a restored copy.
+func (s *Server) startChanged() (uint64, bool) {
+	st, err := s.cfg.startTime(s.hostPID())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return st, err == nil && st != s.knownStart
+}
+
 // restoredMessage handles kcr's after-restore message when no checkpoint
 // waits for it: if this is a copy restored from an image of an idle app
 // that the watch has not handled yet, it runs the cycle now, with kcr's
 // generation, and returns the answer.
 func (s *Server) restoredMessage(m proto.Message) (proto.Message, bool) {
-	st, err := s.cfg.startTime(s.hostPID())
-	s.mu.Lock()
-	changed := err == nil && st != s.knownStart
-	s.mu.Unlock()
+	st, changed := s.startChanged()
 	if !changed {
 		return proto.Message{}, false
 	}

@@ -170,10 +170,7 @@ func (c *Client) AddConsumePartitions(partitions map[string]map[int32]kgo.Offset
 	for t, ps := range partitions {
 		for p, o := range ps {
 			if at, _, _ := classify(o); at >= 0 {
-				if exact[t] == nil {
-					exact[t] = map[int32]kgo.Offset{}
-				}
-				exact[t][p] = kgo.NewOffset().At(at)
+				put(exact, tp{t, p}, kgo.NewOffset().At(at))
 			}
 		}
 	}

@@ -306,28 +306,9 @@ func (c *core) handed(s *state, fs kgo.Fetches) {
 
 // dropCanceled removes the context errors of a poll the checkpoint ended.
 func dropCanceled(fs kgo.Fetches) kgo.Fetches {
-	out := fs[:0:0]
-	for _, f := range fs {
-		var ts []kgo.FetchTopic
-		for _, t := range f.Topics {
-			var ps []kgo.FetchPartition
-			for _, p := range t.Partitions {
-				if p.Err != nil && errors.Is(p.Err, context.Canceled) && len(p.Records) == 0 {
-					continue
-				}
-				ps = append(ps, p)
-			}
-			if len(ps) > 0 {
-				t.Partitions = ps
-				ts = append(ts, t)
-			}
-		}
-		if len(ts) > 0 {
-			f.Topics = ts
-			out = append(out, f)
-		}
-	}
-	return out
+	return keepPartitions(fs, func(_ string, p *kgo.FetchPartition) bool {
+		return p.Err == nil || !errors.Is(p.Err, context.Canceled) || len(p.Records) > 0
+	})
 }
 
 // ProducerID is kgo.Client.ProducerID of the current kgo client.

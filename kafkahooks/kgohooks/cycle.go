@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -21,6 +22,17 @@ func share(ctx context.Context, frac float64) (context.Context, context.CancelFu
 		return context.WithCancel(ctx)
 	}
 	return context.WithDeadline(ctx, time.Now().Add(time.Duration(float64(time.Until(deadline))*frac)))
+}
+
+// waitCleared polls b every millisecond until it is false or ctx ends: the
+// application clears it, with no signal to wait on.
+func waitCleared(ctx context.Context, b *atomic.Bool) {
+	for b.Load() && ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Millisecond):
+		}
+	}
 }
 
 // retry calls fn until it succeeds or ctx ends, with backoff.
@@ -108,12 +120,7 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 
 	if waitAllow {
 		actx, cancel := share(ctx, 0.5)
-		for c.held.Load() && actx.Err() == nil {
-			select {
-			case <-actx.Done():
-			case <-time.After(time.Millisecond):
-			}
-		}
+		waitCleared(actx, &c.held)
 		cancel()
 		c.mu.Lock()
 		c.state.Store(&state{cl: s.cl, sess: s.sess, dial: s.dial, gen: s.gen, gate: c.gate, txnPass: true, commitPass: true, stop: s.stop, cancel: s.cancel})
@@ -126,12 +133,7 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 	// An open transaction: let the application end it, then apply the policy.
 	if c.baseTxnID != "" {
 		tctx, cancel := share(ctx, 0.5)
-		for c.txnOpen.Load() && tctx.Err() == nil {
-			select {
-			case <-tctx.Done():
-			case <-time.After(time.Millisecond):
-			}
-		}
+		waitCleared(tctx, &c.txnOpen)
 		cancel()
 		cp.Transaction = "none"
 		if c.txnOpen.Load() {

@@ -3,6 +3,7 @@ package kgohooks
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,11 +43,7 @@ func newGroupStarts(recorded map[tp]int64) *groupStarts {
 func (g *groupStarts) snapshot() map[tp]int64 {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	m := make(map[tp]int64, len(g.pins))
-	for k, v := range g.pins {
-		m[k] = v
-	}
-	return m
+	return maps.Clone(g.pins)
 }
 
 // client waits until the kgo client is known (AdjustFetchOffsetsFn may run
@@ -170,10 +167,7 @@ func (c *core) pinStarts(ctx context.Context, cl *kgo.Client, g *groupStarts) (i
 		if _, ok := committed[k]; ok {
 			continue
 		}
-		if pin[k.topic] == nil {
-			pin[k.topic] = map[int32]kgo.EpochOffset{}
-		}
-		pin[k.topic][k.partition] = kgo.EpochOffset{Epoch: -1, Offset: at}
+		put(pin, k, epochAt(at))
 		n++
 	}
 	if n > 0 {

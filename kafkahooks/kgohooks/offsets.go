@@ -4,16 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"sync"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
-
-type tp struct {
-	topic     string
-	partition int32
-}
 
 // startOffset is a start offset of kgo.ConsumePartitions that names no
 // record yet: the start or end of the partition (plus Relative), or the
@@ -111,10 +107,7 @@ func (p *positions) exact() map[string]map[int32]kgo.Offset {
 	defer p.mu.Unlock()
 	m := map[string]map[int32]kgo.Offset{}
 	for k, at := range p.next {
-		if m[k.topic] == nil {
-			m[k.topic] = map[int32]kgo.Offset{}
-		}
-		m[k.topic][k.partition] = kgo.NewOffset().At(at)
+		put(m, k, kgo.NewOffset().At(at))
 	}
 	return m
 }
@@ -144,10 +137,7 @@ func (p *positions) handed(fs kgo.Fetches) {
 // was handed out meanwhile (it cannot be: kgo consumes only exact ones).
 func (p *positions) resolve(ctx context.Context, adm *kadm.Client) (map[string]map[int32]kgo.Offset, error) {
 	p.mu.Lock()
-	pending := make(map[tp]startOffset, len(p.pending))
-	for k, v := range p.pending {
-		pending[k] = v
-	}
+	pending := maps.Clone(p.pending)
 	p.mu.Unlock()
 	if len(pending) == 0 {
 		return nil, nil
@@ -162,10 +152,7 @@ func (p *positions) resolve(ctx context.Context, adm *kadm.Client) (map[string]m
 		if _, still := p.pending[k]; still {
 			delete(p.pending, k)
 			p.next[k] = at
-			if out[k.topic] == nil {
-				out[k.topic] = map[int32]kgo.Offset{}
-			}
-			out[k.topic][k.partition] = kgo.NewOffset().At(at)
+			put(out, k, kgo.NewOffset().At(at))
 		}
 	}
 	p.mu.Unlock()
@@ -185,21 +172,11 @@ func resolveStarts(ctx context.Context, adm *kadm.Client, readCommitted bool, pe
 			topics = append(topics, k.topic)
 		}
 	}
-	starts, err := adm.ListStartOffsets(ctx, topics...)
-	if err == nil {
-		err = starts.Error()
-	}
+	starts, err := listed(adm.ListStartOffsets(ctx, topics...))
 	if err != nil {
 		return nil, fmt.Errorf("list start offsets: %w", err)
 	}
-	listEnd := adm.ListEndOffsets
-	if readCommitted {
-		listEnd = adm.ListCommittedOffsets
-	}
-	ends, err := listEnd(ctx, topics...)
-	if err == nil {
-		err = ends.Error()
-	}
+	ends, err := listEnds(ctx, adm, readCommitted, topics...)
 	if err != nil {
 		return nil, fmt.Errorf("list end offsets: %w", err)
 	}
@@ -220,10 +197,7 @@ func resolveStarts(ctx context.Context, adm *kadm.Client, readCommitted bool, pe
 		case "milli":
 			lo, ok := milli[sym.milli]
 			if !ok {
-				lo, err = adm.ListOffsetsAfterMilli(ctx, sym.milli, topics...)
-				if err == nil {
-					err = lo.Error()
-				}
+				lo, err = listed(adm.ListOffsetsAfterMilli(ctx, sym.milli, topics...))
 				if err != nil {
 					return nil, fmt.Errorf("list offsets after %d ms: %w", sym.milli, err)
 				}
@@ -242,9 +216,5 @@ func resolveStarts(ctx context.Context, adm *kadm.Client, readCommitted bool, pe
 func (p *positions) report() map[string]int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	m := make(map[string]int64, len(p.next))
-	for k, at := range p.next {
-		m[fmt.Sprintf("%s/%d", k.topic, k.partition)] = at
-	}
-	return m
+	return nextReport(p.next)
 }

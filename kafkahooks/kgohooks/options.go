@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/kcr-dev/kcr/internal/hookopt"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -31,18 +32,9 @@ type config struct {
 }
 
 func newConfig(opts []Opt) config {
-	c := config{registry: notify.Default, backoffMin: 50 * time.Millisecond, backoffMax: time.Second}
-	for _, o := range opts {
-		if o != nil {
-			o.apply(&c)
-		}
-	}
-	if c.registry == nil {
-		c.registry = notify.Default
-	}
-	if c.log == nil {
-		c.log = slog.Default()
-	}
+	c := config{backoffMin: 50 * time.Millisecond, backoffMax: time.Second}
+	hookopt.Apply(&c, opts, Opt.apply)
+	c.registry, c.log = hookopt.Defaults(c.registry, c.log)
 	return c
 }
 

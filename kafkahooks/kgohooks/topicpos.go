@@ -44,56 +44,36 @@ func newTopicPositions(start kgo.Offset) *topicPositions {
 func (p *topicPositions) filter(cl *kgo.Client, fs kgo.Fetches) kgo.Fetches {
 	set := map[string]map[int32]kgo.EpochOffset{}
 	p.mu.Lock()
-	out := fs[:0:0]
-	for _, f := range fs {
-		var ts []kgo.FetchTopic
-		for _, t := range f.Topics {
-			var ps []kgo.FetchPartition
-			for _, fp := range t.Partitions {
-				k := tp{t.Topic, fp.Partition}
-				n, known := p.next[k]
-				if known && len(fp.Records) > 0 {
-					first := fp.Records[0].Offset
-					i := 0
-					for i < len(fp.Records) && fp.Records[i].Offset < n {
-						i++
-					}
-					fp.Records = fp.Records[i:]
-					if !p.moved[k] {
-						// The client's first records of the partition: if
-						// kgo started it elsewhere (at ConsumeStartOffset
-						// again), move it to next; nothing of this poll
-						// past next is handed out.
-						past := len(fp.Records) > 0 && fp.Records[0].Offset > n
-						if past || first < n {
-							if set[k.topic] == nil {
-								set[k.topic] = map[int32]kgo.EpochOffset{}
-							}
-							set[k.topic][k.partition] = kgo.EpochOffset{Epoch: -1, Offset: n}
-						}
-						if past {
-							fp.Records = nil
-						}
-						p.moved[k] = true
-					}
-				}
-				if m := len(fp.Records); m > 0 {
-					p.next[k] = fp.Records[m-1].Offset + 1
-				}
-				if len(fp.Records) > 0 || fp.Err != nil {
-					ps = append(ps, fp)
-				}
+	out := keepPartitions(fs, func(topic string, fp *kgo.FetchPartition) bool {
+		k := tp{topic, fp.Partition}
+		n, known := p.next[k]
+		if known && len(fp.Records) > 0 {
+			first := fp.Records[0].Offset
+			i := 0
+			for i < len(fp.Records) && fp.Records[i].Offset < n {
+				i++
 			}
-			if len(ps) > 0 {
-				t.Partitions = ps
-				ts = append(ts, t)
+			fp.Records = fp.Records[i:]
+			if !p.moved[k] {
+				// The client's first records of the partition: if kgo
+				// started it elsewhere (at ConsumeStartOffset again),
+				// move it to next; nothing of this poll past next is
+				// handed out.
+				past := len(fp.Records) > 0 && fp.Records[0].Offset > n
+				if past || first < n {
+					put(set, k, epochAt(n))
+				}
+				if past {
+					fp.Records = nil
+				}
+				p.moved[k] = true
 			}
 		}
-		if len(ts) > 0 {
-			f.Topics = ts
-			out = append(out, f)
+		if m := len(fp.Records); m > 0 {
+			p.next[k] = fp.Records[m-1].Offset + 1
 		}
-	}
+		return len(fp.Records) > 0 || fp.Err != nil
+	})
 	p.mu.Unlock()
 	if len(set) > 0 {
 		cl.SetOffsets(set)
@@ -126,10 +106,7 @@ func (p *topicPositions) restart(cl *kgo.Client) {
 			p.mu.Lock()
 			for k, n := range p.next {
 				if !p.moved[k] {
-					if set[k.topic] == nil {
-						set[k.topic] = map[int32]kgo.EpochOffset{}
-					}
-					set[k.topic][k.partition] = kgo.EpochOffset{Epoch: -1, Offset: n}
+					put(set, k, epochAt(n))
 				}
 			}
 			p.mu.Unlock()
@@ -166,15 +143,7 @@ func (p *topicPositions) checkpoint(ctx context.Context, cl *kgo.Client, topics 
 	if !p.atEnd || len(topics) == 0 {
 		return nil
 	}
-	adm := kadm.NewClient(cl)
-	list := adm.ListEndOffsets
-	if readCommitted {
-		list = adm.ListCommittedOffsets
-	}
-	ends, err := list(ctx, topics...)
-	if err == nil {
-		err = ends.Error()
-	}
+	ends, err := listEnds(ctx, kadm.NewClient(cl), readCommitted, topics...)
 	if err != nil {
 		return fmt.Errorf("list end offsets of %v: %w", topics, err)
 	}
@@ -192,9 +161,5 @@ func (p *topicPositions) checkpoint(ctx context.Context, cl *kgo.Client, topics 
 func (p *topicPositions) report() map[string]int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	m := make(map[string]int64, len(p.next))
-	for k, at := range p.next {
-		m[fmt.Sprintf("%s/%d", k.topic, k.partition)] = at
-	}
-	return m
+	return nextReport(p.next)
 }

@@ -216,35 +216,46 @@ func (h *groupHold) waitEmpty(ctx context.Context, woken <-chan struct{}) bool {
 func (h *groupHold) groupEmpty(ctx context.Context) (empty bool, skip string, err error) {
 	rctx, cancel := context.WithTimeout(ctx, holdSession)
 	defer cancel()
+	// A KIP-848 group has no initial delay; the classic protocol does not
+	// describe it (or describes it as an empty classic group).
+	kip848, err := h.isKIP848(rctx)
+	if err != nil {
+		return false, "", err
+	}
+	if kip848 {
+		return false, "a KIP-848 group (no initial rebalance delay)", nil
+	}
 	ds, err := h.adm.DescribeGroups(rctx, h.o.Group)
 	if err != nil {
 		return false, "", fmt.Errorf("describe group %q: %w", h.o.Group, err)
 	}
 	d := ds[h.o.Group]
 	switch {
-	case d.Err != nil && !errors.Is(d.Err, kerr.GroupIDNotFound):
+	case errors.Is(d.Err, kerr.GroupIDNotFound), d.Err == nil && (d.State == "Dead" || d.State == ""):
+		// No group: the placeholder makes it.
+		return true, "", nil
+	case d.Err != nil:
 		return false, "", fmt.Errorf("describe group %q: %w", h.o.Group, d.Err)
-	case d.Err == nil && d.State != "Dead" && d.State != "":
-		if d.ProtocolType != "consumer" && d.ProtocolType != "" {
-			return false, fmt.Sprintf("protocol type %q is not that of a consumer group", d.ProtocolType), nil
-		}
-		if d.Protocol != "" && !slices.Contains(holdProtocols, d.Protocol) {
-			// The placeholder must share it, or it could not join,
-			// nor the service after it.
-			return false, fmt.Sprintf("the group's assignor %q is not one the placeholder offers", d.Protocol), nil
-		}
-		return d.State == "Empty", "", nil
+	case d.ProtocolType != "consumer" && d.ProtocolType != "":
+		return false, fmt.Sprintf("protocol type %q is not that of a consumer group", d.ProtocolType), nil
+	case d.Protocol != "" && !slices.Contains(holdProtocols, d.Protocol):
+		// The placeholder must share it, or the service could not
+		// join after it.
+		return false, fmt.Sprintf("the group's assignor %q is not one the placeholder offers", d.Protocol), nil
 	}
-	// Unknown to the classic protocol: a KIP-848 group (which has no
-	// initial delay), or no group at all (the placeholder makes it).
-	lg, err := h.adm.ListGroupsByType(rctx, []string{"consumer"})
+	return d.State == "Empty", "", nil
+}
+
+// isKIP848 reports whether the group is a KIP-848 ("consumer" type) group.
+// A broker without KIP-848 ignores the type filter and leaves the type
+// empty.
+func (h *groupHold) isKIP848(ctx context.Context) (bool, error) {
+	lg, err := h.adm.ListGroupsByType(ctx, []string{"consumer"})
 	if err != nil {
-		return false, "", fmt.Errorf("list the KIP-848 groups: %w", err)
+		return false, fmt.Errorf("list the KIP-848 groups: %w", err)
 	}
-	if g, ok := lg[h.o.Group]; ok && g.GroupType == "consumer" {
-		return false, "a KIP-848 group (no initial rebalance delay)", nil
-	}
-	return true, "", nil
+	g, ok := lg[h.o.Group]
+	return ok && g.GroupType == "consumer", nil
 }
 
 // joined is the placeholder in one generation of the group.

@@ -178,7 +178,7 @@ func (h *groupHold) run(ctx context.Context, topics []string, woken <-chan struc
 // service), and a KIP-848 group has no initial delay to avoid. It reports
 // whether to join.
 func (h *groupHold) waitEmpty(ctx context.Context, woken <-chan struct{}) bool {
-	logged := false
+	loggedErr, loggedMembers := false, false
 	for {
 		if isWoken(woken) {
 			h.result(HoldSkipped, "reason", "woken before the group was empty")
@@ -193,15 +193,15 @@ func (h *groupHold) waitEmpty(ctx context.Context, woken <-chan struct{}) bool {
 			h.result(HoldSkipped, "reason", skip)
 			return false
 		case err != nil:
-			if !logged {
+			if !loggedErr {
 				h.log.Warn("standby: group hold: describing the group failed; trying again", "group", h.o.Group, "err", err)
-				logged = true
+				loggedErr = true
 			}
 		case empty:
 			return true
-		case !logged:
+		case !loggedMembers:
 			h.log.Info("standby: group hold: the group has members; holding it once it is empty", "group", h.o.Group)
-			logged = true
+			loggedMembers = true
 		}
 		select {
 		case <-ctx.Done():

@@ -2,6 +2,7 @@ package standby
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"path/filepath"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -167,6 +169,10 @@ func TestGroupHold(t *testing.T) {
 	wait.For(t, 5*time.Second, "the hold held", func() bool { return hasResult(r, HoldHeld) })
 	if st, _ := r.s.dir.readState(); st.HoldMember != id {
 		t.Errorf("state file hold_member %q, want the placeholder's %q", st.HoldMember, id)
+	}
+	// The documented cost: a held group cannot be deleted.
+	if r, err := e.adm.DeleteGroup(t.Context(), "g"); err != nil || !errors.Is(r.Err, kerr.NonEmptyGroup) {
+		t.Errorf("deleting the held group: %v / %v, want NON_EMPTY_GROUP", err, r.Err)
 	}
 	produce(t, e.addrs, "t", 1) // held, the group's lag still wakes the service
 	r.waitState(StateRunning)

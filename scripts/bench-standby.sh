@@ -24,7 +24,9 @@
 # (default 64), KCR_BENCH_IDLE_SAMPLE (seconds to sample the idle standby,
 # default 10), KCR_BENCH_ASLEEP (how long the service stays asleep before each
 # order, default 0s: a sleep longer than the group's session timeout is what
-# a scaled-to-zero service sees), KCR_BENCH_KEEP=1 keeps the work directory.
+# a scaled-to-zero service sees), KCR_BENCH_HOLD (--hold-group, default
+# true; false measures without the group hold), KCR_BENCH_KEEP=1 keeps the
+# work directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -39,6 +41,8 @@ warmup="${KCR_BENCH_WARMUP:-3s}"
 cache_mb="${KCR_BENCH_CACHE_MB:-64}"
 sample="${KCR_BENCH_IDLE_SAMPLE:-10}"
 asleep="${KCR_BENCH_ASLEEP:-0s}"
+hold="${KCR_BENCH_HOLD:-true}"
+[[ $hold == true || $hold == false ]] || die "KCR_BENCH_HOLD must be true or false (got '$hold')"
 
 sb_pid=""
 stop_all() {
@@ -83,7 +87,7 @@ for c in $clients; do
 	port=$((20000 + RANDOM % 20000))
 	metrics="127.0.0.1:$port"
 	setsid "$bin/kcr" standby --image-dir "$run/img" --idle "$idle" --poll "$poll" --brokers "$brokers" \
-		--group "$group" --topics "$orders" --metrics "$metrics" -- "${svc[@]}" \
+		--hold-group="$hold" --group "$group" --topics "$orders" --metrics "$metrics" -- "${svc[@]}" \
 		</dev/null >"$run/standby.log" 2>&1 &
 	sb_pid=$!
 	status="$bin/kcr standby status --image-dir $run/img --json"
@@ -136,7 +140,7 @@ for c in $clients; do
 	results+=("$c|$w|$k|$rss|$cpu|$rps|$kwake")
 done
 
-echo "kcr standby on $brokers, $(date -u +%F), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'): $cycles idle → wake cycles (--idle $idle, --poll $poll), $cold_cycles cold starts"
+echo "kcr standby on $brokers, $(date -u +%F), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'): $cycles idle → wake cycles (--idle $idle, --poll $poll, --hold-group=$hold, asleep $asleep), $cold_cycles cold starts"
 for r in "${results[@]}"; do
 	IFS='|' read -r c w k rss cpu rps kwake <<<"$r"
 	echo "$c:"

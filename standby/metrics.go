@@ -19,6 +19,7 @@ type Metrics struct {
 	imageBytes  prometheus.Gauge
 	coldStarts  *prometheus.CounterVec
 	requests    prometheus.Counter
+	holds       *prometheus.CounterVec
 }
 
 var allStates = []State{StateStarting, StateRunning, StateCheckpointing, StateStandby, StateRestoring, StateBackoff, StateStopped}
@@ -44,10 +45,12 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 		coldStarts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kcr_standby_cold_starts_total",
 			Help: "Cold starts of the service, by reason."}, []string{"reason"}),
 		requests: prometheus.NewCounter(prometheus.CounterOpts{Name: "kcr_standby_broker_requests_total",
-			Help: "Requests kcr standby sent to Kafka brokers to watch the group's lag."}),
+			Help: "Requests kcr standby sent to Kafka brokers to watch the group's lag and hold the group."}),
+		holds: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kcr_standby_group_holds_total",
+			Help: "Group holds by result: held (the placeholder joined), skipped (nothing to hold), released (it left: a member joined), failed."}, []string{"result"}),
 	}
 	m.reg = reg
-	reg.MustRegister(m.state, m.wakes, m.wakeLatency, m.checkpoint, m.restore, m.failures, m.imageBytes, m.coldStarts, m.requests)
+	reg.MustRegister(m.state, m.wakes, m.wakeLatency, m.checkpoint, m.restore, m.failures, m.imageBytes, m.coldStarts, m.requests, m.holds)
 	return m
 }
 
@@ -96,6 +99,9 @@ func (m *Metrics) BrokerRequests(n int) {
 		m.requests.Add(float64(n))
 	}
 }
+
+// GroupHold implements Observer.
+func (m *Metrics) GroupHold(result string) { m.holds.WithLabelValues(result).Inc() }
 
 // Gatherer is the registry the metrics are in.
 func (m *Metrics) Gatherer() prometheus.Gatherer { return m.reg }

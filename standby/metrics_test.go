@@ -26,6 +26,9 @@ func TestMetrics(t *testing.T) {
 	m.ColdStart("first start")
 	m.BrokerRequests(7)
 	m.BrokerRequests(3)
+	m.GroupHold(HoldHeld)
+	m.GroupHold(HoldReleased)
+	m.GroupHold(HoldHeld)
 	srv := httptest.NewServer(promhttp.HandlerFor(m.Gatherer(), promhttp.HandlerOpts{}))
 	defer srv.Close()
 	res, err := srv.Client().Get(srv.URL)
@@ -48,6 +51,8 @@ func TestMetrics(t *testing.T) {
 		`kcr_standby_image_bytes 2.097152e+07`,
 		`kcr_standby_cold_starts_total{reason="first start"} 1`,
 		`kcr_standby_broker_requests_total 10`,
+		`kcr_standby_group_holds_total{result="held"} 2`,
+		`kcr_standby_group_holds_total{result="released"} 1`,
 	} {
 		if !strings.Contains(text, want+"\n") {
 			t.Errorf("metrics lack %q", want)

@@ -83,6 +83,13 @@ type Options struct {
 	Poll    time.Duration
 	// BrokerTimeout bounds the broker check at start (default 5 s).
 	BrokerTimeout time.Duration
+	// NoHoldGroup turns the group hold off. With Group set and a classic
+	// group, the supervisor keeps a placeholder member in the group while
+	// the service sleeps, so that the restored member's join does not wait
+	// for the broker's group.initial.rebalance.delay.ms (3 s by default) of
+	// an empty group. While held, the group is not empty: deleting it or
+	// resetting its offsets fails with NON_EMPTY_GROUP.
+	NoHoldGroup bool
 
 	// Listen, if set, is a TCP address the supervisor listens on and hands
 	// to the service as LISTEN_FDS=1 (fd 3); a connection that arrives
@@ -172,6 +179,9 @@ type Observer interface {
 	Restore(d time.Duration, err error)
 	ColdStart(reason string)
 	BrokerRequests(n int)
+	// GroupHold is told how a group hold went: HoldHeld, HoldSkipped,
+	// HoldReleased or HoldFailed.
+	GroupHold(result string)
 }
 
 type nopObserver struct{}
@@ -182,3 +192,4 @@ func (nopObserver) Checkpoint(time.Duration, int64, error) {}
 func (nopObserver) Restore(time.Duration, error)           {}
 func (nopObserver) ColdStart(string)                       {}
 func (nopObserver) BrokerRequests(int)                     {}
+func (nopObserver) GroupHold(string)                       {}

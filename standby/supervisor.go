@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -22,9 +24,13 @@ type Supervisor struct {
 	log *slog.Logger
 	dir *imageDir
 	b   backend
-	lag *lagWatcher      // nil without Options.Group
-	ln  *net.TCPListener // nil without Options.Listen
-	ctl *controlServer
+	lag *lagWatcher // nil without Options.Group
+	// hold keeps the group from being empty while the service sleeps;
+	// nil without Options.Group. With Options.NoHoldGroup it only sweeps
+	// a placeholder an earlier kcr standby left.
+	hold *groupHold
+	ln   *net.TCPListener // nil without Options.Listen
+	ctl  *controlServer
 
 	wakeCh  chan string   // wake sources; buffered, sends never block
 	sleepCh chan struct{} // manual sleep
@@ -33,6 +39,12 @@ type Supervisor struct {
 	state State
 	cur   proc
 	image string // the newest image's base name
+
+	// stateMu serializes the writes of the state file: the group hold
+	// records its member id from its own goroutine.
+	stateMu    sync.Mutex
+	saved      persisted // the last state written, without HoldMember
+	holdMember string
 }
 
 // New checks the options and everything the supervisor needs before it
@@ -74,6 +86,9 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 		if s.lag, err = newLagWatcher(ctx, &s.o, s.log); err != nil {
 			return nil, err
 		}
+		if s.hold, err = newGroupHold(&s.o, s.log, s.setHoldMember); err != nil {
+			return nil, err
+		}
 	}
 	if b == nil {
 		// A CRIU that cannot work would be found at the first checkpoint,
@@ -105,6 +120,9 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 func (s *Supervisor) close() {
 	if s.ctl != nil {
 		s.ctl.close()
+	}
+	if s.hold != nil {
+		s.hold.close()
 	}
 	if s.lag != nil {
 		s.lag.close()
@@ -200,6 +218,8 @@ func (s *Supervisor) setState(st State, attrs ...any) {
 func (s *Supervisor) Run(ctx context.Context) error {
 	defer s.close()
 	defer s.setState(StateStopped)
+	// Before the hold may start, and before the service may join.
+	s.sweepHold()
 	if done, err := s.dir.recoverPending(ctx); err != nil {
 		s.log.Warn("standby: an interrupted checkpoint could not be finished", "err", err)
 	} else if len(done) > 0 {
@@ -254,12 +274,16 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			}
 		case StateStandby:
 			s.setState(StateStandby, "image", s.image)
-			if err := s.dir.writeState(persisted{State: StateStandby, Image: s.image, LagBase: s.lagBase()}); err != nil {
+			if err := s.writeState(persisted{State: StateStandby, Image: s.image, LagBase: s.lagBase()}); err != nil {
 				s.log.Warn("standby: state file", "err", err)
 			}
+			s.startHold(ctx)
 			src, at, ok := s.waitWake(ctx)
 			if !ok {
 				break
+			}
+			if s.hold != nil {
+				s.hold.wake()
 			}
 			var err error
 			if p, err = s.restore(ctx, src, at); err != nil {
@@ -271,6 +295,9 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			}
 			next = StateRunning
 		}
+	}
+	if s.hold != nil {
+		s.hold.stop()
 	}
 	st := s.State()
 	s.log.Info("standby: stopping; the service is left as it is", "state", string(st), "pid", s.cur.PID, "image", s.image)
@@ -309,12 +336,79 @@ func (s *Supervisor) resumePoint() (State, proc) {
 	return StateStarting, proc{}
 }
 
-// lagBase is the lag watcher's base, for the state file (nil without one).
+// lagBase is a copy of the lag watcher's base, for the state file (nil
+// without one): the copy may be written while the watcher runs.
 func (s *Supervisor) lagBase() map[string]map[int32]int64 {
-	if s.lag == nil {
+	if s.lag == nil || s.lag.base == nil {
 		return nil
 	}
-	return s.lag.base
+	base := make(map[string]map[int32]int64, len(s.lag.base))
+	for t, ps := range s.lag.base {
+		base[t] = maps.Clone(ps)
+	}
+	return base
+}
+
+// writeState writes the state file with p and the group hold's member.
+func (s *Supervisor) writeState(p persisted) error {
+	s.stateMu.Lock()
+	defer s.stateMu.Unlock()
+	s.saved = p
+	p.HoldMember = s.holdMember
+	return s.dir.writeState(p)
+}
+
+// setHoldMember records the placeholder's member id ("": none) in the
+// state file.
+func (s *Supervisor) setHoldMember(id string) {
+	s.stateMu.Lock()
+	defer s.stateMu.Unlock()
+	if s.holdMember == id {
+		return
+	}
+	s.holdMember = id
+	p := s.saved
+	p.HoldMember = id
+	if err := s.dir.writeState(p); err != nil {
+		s.log.Warn("standby: state file", "err", err)
+	}
+}
+
+// sweepHold removes the placeholder a killed kcr standby left in the
+// group: it would keep the group from being empty (so the new hold would
+// wait) until its session times out.
+func (s *Supervisor) sweepHold() {
+	st, err := s.dir.readState()
+	if err != nil || st.HoldMember == "" {
+		return
+	}
+	s.stateMu.Lock()
+	s.saved, s.holdMember = st, st.HoldMember
+	s.saved.HoldMember = ""
+	s.stateMu.Unlock()
+	if s.hold == nil {
+		s.log.Warn("standby: an earlier kcr standby left a placeholder in its group; without --group it stays until its session times out", "member_id", st.HoldMember)
+		return
+	}
+	if err := s.hold.sweep(st.HoldMember); err != nil {
+		s.log.Warn("standby: removing the placeholder an earlier kcr standby left in the group failed; it stays until its session times out", "group", s.o.Group, "member_id", st.HoldMember, "err", err)
+		return
+	}
+	s.log.Info("standby: removed the placeholder an earlier kcr standby left in the group", "group", s.o.Group, "member_id", st.HoldMember)
+}
+
+// startHold starts holding the group while the service sleeps.
+func (s *Supervisor) startHold(ctx context.Context) {
+	if s.hold == nil || s.o.NoHoldGroup {
+		return
+	}
+	topics := s.o.Topics
+	if len(topics) == 0 {
+		// The placeholder's subscription: the topics the watcher
+		// watches (it does not run yet).
+		topics = slices.Sorted(maps.Keys(s.lag.base))
+	}
+	s.hold.start(ctx, topics)
 }
 
 func (s *Supervisor) setImage(name string) {
@@ -328,7 +422,7 @@ func (s *Supervisor) running(p proc, attrs ...any) {
 	s.mu.Lock()
 	s.cur = p
 	s.mu.Unlock()
-	if err := s.dir.writeState(persisted{State: StateRunning, PID: p.PID, Start: p.Start}); err != nil {
+	if err := s.writeState(persisted{State: StateRunning, PID: p.PID, Start: p.Start}); err != nil {
 		s.log.Warn("standby: state file", "err", err)
 	}
 	s.setState(StateRunning, append([]any{"pid", p.PID}, attrs...)...)
@@ -441,7 +535,7 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc) State {
 	s.image = name
 	s.cur = proc{}
 	s.mu.Unlock()
-	if err := s.dir.writeState(persisted{State: StateStandby, Image: name, LagBase: s.lagBase()}); err != nil {
+	if err := s.writeState(persisted{State: StateStandby, Image: name, LagBase: s.lagBase()}); err != nil {
 		s.log.Warn("standby: state file", "err", err)
 	}
 	if err := s.dir.removeOlder(name); err != nil {

@@ -119,6 +119,7 @@ type recorder struct {
 	states []State
 	wakes  []string
 	colds  []string
+	holds  []string
 }
 
 func (r *recorder) State(s State) { r.mu.Lock(); r.states = append(r.states, s); r.mu.Unlock() }
@@ -135,6 +136,17 @@ func (r *recorder) ColdStart(reason string) {
 	r.mu.Unlock()
 }
 func (r *recorder) BrokerRequests(int) {}
+func (r *recorder) GroupHold(result string) {
+	r.mu.Lock()
+	r.holds = append(r.holds, result)
+	r.mu.Unlock()
+}
+
+func (r *recorder) holdResults() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string{}, r.holds...)
+}
 
 type rig struct {
 	t   *testing.T

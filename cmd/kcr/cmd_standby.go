@@ -22,8 +22,9 @@ import (
 // standbyOpts are standby's arguments and flags.
 type standbyOpts struct {
 	cmdline
-	o       standby.Options
-	metrics string
+	o         standby.Options
+	metrics   string
+	holdGroup bool
 }
 
 func standbyCmd(g *globals) *cobra.Command {
@@ -56,6 +57,7 @@ or checkpointed with its image in --image-dir; a new kcr standby with the same
 	f.StringVar(&o.Group, "group", "", "the service's consumer group: its lag wakes the service")
 	f.StringSliceVar(&o.Topics, "topics", nil, "topics whose lag counts (default: those the group committed)")
 	f.DurationVar(&o.Poll, "poll", standby.DefaultPoll, "how often to poll the group's lag while the service sleeps")
+	f.BoolVar(&opts.holdGroup, "hold-group", true, "keep a placeholder member in --group while the service sleeps, so that its wake does not wait for the broker's initial rebalance delay (classic groups)")
 	f.StringVar(&o.Listen, "listen", "", "TCP address kcr listens on and hands to the service (LISTEN_FDS); a connection wakes it")
 	f.StringVar(&opts.metrics, "metrics", "", "serve Prometheus metrics on this address (/metrics)")
 	f.StringVar(&o.Log, "log", "", "file for the service's output, appended (default IMAGE_DIR/service.log)")
@@ -74,6 +76,7 @@ func runStandby(ctx context.Context, opts *standbyOpts, out *output) error {
 	o := opts.o
 	o.Args = opts.args
 	o.CRIU = opts.criu
+	o.NoHoldGroup = !opts.holdGroup
 	lvl := slog.LevelInfo
 	if opts.verbose {
 		lvl = slog.LevelDebug

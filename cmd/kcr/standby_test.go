@@ -53,3 +53,19 @@ func TestRunStandbyNoCRIU(t *testing.T) {
 	o.criu = filepath.Join(t.TempDir(), "no-criu")
 	wantCode(t, runStandby(context.Background(), o, out), exitNoCRIU, "no-criu")
 }
+
+// --hold-group is on unless turned off (standby.Options.NoHoldGroup is its
+// negation).
+func TestStandbyHoldGroupFlag(t *testing.T) {
+	cmd := standbyCmd(&globals{})
+	f := cmd.Flags().Lookup("hold-group")
+	if f == nil || f.DefValue != "true" {
+		t.Fatalf("--hold-group: %+v, want a flag that defaults to true", f)
+	}
+	if err := cmd.ParseFlags([]string{"--hold-group=false"}); err != nil {
+		t.Fatal(err)
+	}
+	if on, err := cmd.Flags().GetBool("hold-group"); err != nil || on {
+		t.Fatalf("--hold-group=false parsed as %v (%v)", on, err)
+	}
+}

@@ -5,6 +5,7 @@ package kafkatest
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -144,4 +145,50 @@ func ReadValues(t testing.TB, addrs []string, topic string, want int, opts ...kg
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	return PollMore(ctx, cl, PollValues(ctx, cl, nil, want))
+}
+
+// RebalanceDelay is what InitialRebalanceDelay installed: it counts the
+// joins it holds.
+type RebalanceDelay struct{ holding atomic.Int32 }
+
+// Holding is the number of joins the delay holds now.
+func (r *RebalanceDelay) Holding() int { return int(r.holding.Load()) }
+
+// InitialRebalanceDelay makes c hold the join of an empty classic group
+// for d, as a broker does with group.initial.rebalance.delay.ms (kfake has
+// no such setting): a JoinGroup that makes a member (one with a member id,
+// or of a version before MEMBER_ID_REQUIRED) waits d if the group has no
+// member when it arrives. Joins into a group with members pass at once.
+func InitialRebalanceDelay(t testing.TB, c *kfake.Cluster, d time.Duration) *RebalanceDelay {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ClientID("kafkatest-delay"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	adm := kadm.NewClient(cl)
+	r := &RebalanceDelay{}
+	c.ControlKey(int16(kmsg.JoinGroup), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		req := kr.(*kmsg.JoinGroupRequest)
+		if req.MemberID == "" && req.Version >= 4 {
+			return nil, nil, false
+		}
+		// Asleep, the cluster goes on serving, the describe among others.
+		c.SleepControl(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			ds, err := adm.DescribeGroups(ctx, req.Group)
+			if err != nil {
+				return
+			}
+			if g := ds[req.Group]; g.Err == nil && len(g.Members) > 0 {
+				return
+			}
+			r.holding.Add(1)
+			time.Sleep(d)
+			r.holding.Add(-1)
+		})
+		return nil, nil, false
+	})
+	return r
 }

@@ -2,12 +2,11 @@ package main
 
 import (
 	"flag"
-	"os"
 	"strings"
 	"testing"
 )
 
-var update = flag.Bool("update", false, "rewrite docs/cli.md's exit-code table from exitCodes")
+var update = flag.Bool("update", false, "rewrite docs/cli.md's generated parts (exit codes, commands)")
 
 const (
 	cliDoc         = "../../docs/cli.md"
@@ -19,30 +18,7 @@ const (
 // docs/cli.md's exit-code table is exitCodes (the table the help is made
 // from), so the two cannot drift apart.
 func TestExitCodesDoc(t *testing.T) {
-	b, err := os.ReadFile(cliDoc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc := string(b)
-	head, rest, ok := strings.Cut(doc, exitDocsBegin)
-	if !ok {
-		t.Fatalf("%s lacks the line %q", cliDoc, exitDocsBegin)
-	}
-	got, tail, ok := strings.Cut(rest, exitDocsEnd)
-	if !ok {
-		t.Fatalf("%s lacks %q after the exit-code table", cliDoc, exitDocsEnd)
-	}
-	want := exitCodesMarkdown()
-	if got == want {
-		return
-	}
-	if *update {
-		if err := os.WriteFile(cliDoc, []byte(head+exitDocsBegin+want+exitDocsEnd+tail), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	t.Errorf("%s's exit codes differ from exitCodes (%s):\n%s\nwant:\n%s", cliDoc, exitDocsAdvice, got, want)
+	checkGenerated(t, exitDocsBegin, exitDocsEnd, exitDocsAdvice, exitCodesMarkdown())
 }
 
 // The help's EXIT STATUS lists every code of exitCodes, each once, in the

@@ -57,11 +57,57 @@ func (c *core) retry(ctx context.Context, what string, fn func(context.Context) 
 }
 
 // BeforeCheckpoint implements notify.Resource; see the package documentation.
+// It gates the client, then runs the steps in order; the first that fails
+// refuses the checkpoint and the client goes on unchanged.
 func (c *core) BeforeCheckpoint(ctx context.Context) error {
+	r := c.gateForCheckpoint(ctx)
+	if r == nil {
+		return nil
+	}
+	for _, step := range []func(context.Context) error{
+		r.resolveDirectStarts,
+		r.waitPolls,
+		r.waitAllowRebalance,
+		r.endTransaction,
+		r.flush,
+		r.commitGroup,
+		r.pinGroupStarts,
+		r.recordPositions,
+	} {
+		if err := step(ctx); err != nil {
+			return r.finish(err)
+		}
+	}
+	if c.group == "" || notify.LeaveRunning(ctx) {
+		r.keepClient()
+		return r.finish(nil)
+	}
+	return r.finish(r.leaveAndClose(ctx))
+}
+
+// checkpointRun is what one BeforeCheckpoint's steps share: the client's
+// state when the gate closed, and the report they fill in.
+type checkpointRun struct {
+	c          *core
+	start      time.Time
+	s          *state // the client's state before the gate closed
+	waitAllow  bool
+	starts     *groupStarts
+	resolving  chan struct{}
+	stopResolv context.CancelFunc
+	clientID   string
+	instanceID string
+	cp         *Checkpoint
+	rep        Report
+}
+
+// gateForCheckpoint closes the gate, so that new calls wait, and ends waiting
+// polls; nil when the client is closed or a checkpoint is already running.
+func (c *core) gateForCheckpoint(ctx context.Context) *checkpointRun {
 	start := time.Now()
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.closed || c.gate != nil {
-		c.mu.Unlock()
 		return nil
 	}
 	c.gate = make(chan struct{})
@@ -72,181 +118,241 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 	gated := &state{cl: s.cl, sess: s.sess, dial: s.dial, gen: s.gen, gate: c.gate, txnPass: true, commitPass: true, workPass: waitAllow, stop: s.stop, cancel: s.cancel}
 	c.state.Store(gated)
 	s.cancel() // ends waiting polls
-	starts := c.starts
 	c.recorded = nil
-	resolving, stopResolv := c.resolving, c.stopResolv
-	clientID, txnID, instanceID := c.clientID, c.txnID, c.instanceID
-	c.mu.Unlock()
-
 	cp := &Checkpoint{}
-	rep := Report{Phase: "before-checkpoint", ClientID: clientID, TransactionalID: txnID, InstanceID: instanceID, Checkpoint: cp}
 	if c.group != "" {
 		cp.GroupCheckpoint = &GroupCheckpoint{Group: c.group}
 	}
-	finish := func(err error) error {
-		rep.CallersBlocked = c.blocked.Load()
-		rep.DurationMS = time.Since(start).Milliseconds()
-		if err != nil {
-			cp.Error = err.Error()
-			c.cfg.log.Warn("checkpoint refused; the client goes on unchanged", "err", err)
-		} else {
-			c.cfg.log.Debug("kgo client quiesced", "report", rep)
-		}
-		c.reports.Store(rep)
-		return err
+	return &checkpointRun{
+		c: c, start: start, s: s, waitAllow: waitAllow, starts: c.starts,
+		resolving: c.resolving, stopResolv: c.stopResolv,
+		clientID: c.clientID, instanceID: c.instanceID, cp: cp,
+		rep: Report{Phase: "before-checkpoint", ClientID: c.clientID, TransactionalID: c.txnID, InstanceID: c.instanceID, Checkpoint: cp},
 	}
+}
 
-	// Direct partitions: every start offset must be exact before the dump.
-	if resolving != nil {
-		rctx, cancel := share(ctx, 0.5)
-		select {
-		case <-resolving:
-		case <-rctx.Done():
-		}
-		cancel()
-		if c.pos.unresolved() > 0 {
-			stopResolv()
-			<-resolving
-			c.mu.Lock()
-			err := c.bgErr
-			c.mu.Unlock()
-			return finish(fmt.Errorf("kgohooks: the start offsets of %d direct partitions are not resolved yet (%v): a restored client would skip records", c.pos.unresolved(), err))
-		}
+// finish stores the run's report, so that the manifest says what happened,
+// and returns err.
+func (r *checkpointRun) finish(err error) error {
+	r.rep.CallersBlocked = r.c.blocked.Load()
+	r.rep.DurationMS = time.Since(r.start).Milliseconds()
+	if err != nil {
+		r.cp.Error = err.Error()
+		r.c.cfg.log.Warn("checkpoint refused; the client goes on unchanged", "err", err)
+	} else {
+		r.c.cfg.log.Debug("kgo client quiesced", "report", r.rep)
 	}
+	r.c.reports.Store(r.rep)
+	return err
+}
 
+// setState publishes the gate's next passes under c.mu.
+func (r *checkpointRun) setState(txnPass, commitPass bool) {
+	s := r.s
+	r.c.mu.Lock()
+	r.c.state.Store(&state{cl: s.cl, sess: s.sess, dial: s.dial, gen: s.gen, gate: r.c.gate, txnPass: txnPass, commitPass: commitPass, stop: s.stop, cancel: s.cancel})
+	r.c.mu.Unlock()
+}
+
+// resolveDirectStarts waits for the start offsets of direct partitions: a
+// restored client would skip records from a start that is not exact.
+func (r *checkpointRun) resolveDirectStarts(ctx context.Context) error {
+	c := r.c
+	if r.resolving == nil {
+		return nil
+	}
+	rctx, cancel := share(ctx, 0.5)
+	select {
+	case <-r.resolving:
+	case <-rctx.Done():
+	}
+	cancel()
+	if c.pos.unresolved() == 0 {
+		return nil
+	}
+	r.stopResolv()
+	<-r.resolving
+	c.mu.Lock()
+	err := c.bgErr
+	c.mu.Unlock()
+	return fmt.Errorf("kgohooks: the start offsets of %d direct partitions are not resolved yet (%v): a restored client would skip records", c.pos.unresolved(), err)
+}
+
+// waitPolls lets the polls already running return what they fetched, for a
+// while, so that the application can mark it before the commit.
+func (r *checkpointRun) waitPolls(ctx context.Context) error {
 	pctx, cancel := share(ctx, 0.2)
-	quiesce.WaitZero(pctx, &c.polls)
+	quiesce.WaitZero(pctx, &r.c.polls)
 	cancel()
+	return nil
+}
 
-	if waitAllow {
-		actx, cancel := share(ctx, 0.5)
-		waitCleared(actx, &c.held)
-		cancel()
-		c.mu.Lock()
-		c.state.Store(&state{cl: s.cl, sess: s.sess, dial: s.dial, gen: s.gen, gate: c.gate, txnPass: true, commitPass: true, stop: s.stop, cancel: s.cancel})
-		c.mu.Unlock()
-		if c.held.Load() {
-			return finish(fmt.Errorf("%w within half the hook budget; call AllowRebalance when done with each poll (kgo's documented loop), or give the checkpoint a longer --timeout", ErrRebalanceBlocked))
-		}
+// waitAllowRebalance waits for a BlockRebalanceOnPoll member's AllowRebalance:
+// leaving the group before it would rebalance under the application's feet.
+func (r *checkpointRun) waitAllowRebalance(ctx context.Context) error {
+	if !r.waitAllow {
+		return nil
 	}
-
-	// An open transaction: let the application end it, then apply the policy.
-	if c.baseTxnID != "" {
-		tctx, cancel := share(ctx, 0.5)
-		waitCleared(tctx, &c.txnOpen)
-		cancel()
-		cp.Transaction = "none"
-		if c.txnOpen.Load() {
-			if c.cfg.openTxn == FailOnOpenTxn {
-				cp.Transaction = "open"
-				return finish(fmt.Errorf("%w at the checkpoint and the application did not end it within half the hook budget; end it before checkpointing, or choose AbortOpenTxn or CommitOpenTxn", ErrOpenTxn))
-			}
-			c.mu.Lock()
-			c.state.Store(&state{cl: s.cl, sess: s.sess, dial: s.dial, gen: s.gen, gate: c.gate, commitPass: true, stop: s.stop, cancel: s.cancel})
-			c.mu.Unlock()
-			ectx, cancel := share(ctx, 0.6)
-			quiesce.WaitZero(ectx, &c.calls)
-			cancel()
-			var err error
-			cp.Transaction, err = c.endOpenTxn(ctx, s)
-			if err != nil && c.cfg.txnID == SuffixTxnID {
-				// Restored under another transactional id, nothing would
-				// end it: read_committed readers of its partitions would
-				// wait for transaction.timeout.ms. (With KeepTxnID the
-				// restored client's InitProducerID aborts it.)
-				return finish(fmt.Errorf("kgohooks: the transaction open at the checkpoint could not be aborted (%w); the checkpoint is refused because a copy restored under a new transactional id (SuffixTxnID) could not end it, and read_committed readers would stall until transaction.timeout.ms", err))
-			}
-		}
+	actx, cancel := share(ctx, 0.5)
+	waitCleared(actx, &r.c.held)
+	cancel()
+	r.setState(true, true)
+	if r.c.held.Load() {
+		return fmt.Errorf("%w within half the hook budget; call AllowRebalance when done with each poll (kgo's documented loop), or give the checkpoint a longer --timeout", ErrRebalanceBlocked)
 	}
+	return nil
+}
 
-	// Flush: nothing may be carried in the image under this producer id.
+// endTransaction lets the application end an open transaction, then applies
+// the OpenTxn policy: an image must not hold a transaction nothing can end.
+func (r *checkpointRun) endTransaction(ctx context.Context) error {
+	c, cp := r.c, r.cp
+	if c.baseTxnID == "" {
+		return nil
+	}
+	tctx, cancel := share(ctx, 0.5)
+	waitCleared(tctx, &c.txnOpen)
+	cancel()
+	cp.Transaction = "none"
+	if !c.txnOpen.Load() {
+		return nil
+	}
+	if c.cfg.openTxn == FailOnOpenTxn {
+		cp.Transaction = "open"
+		return fmt.Errorf("%w at the checkpoint and the application did not end it within half the hook budget; end it before checkpointing, or choose AbortOpenTxn or CommitOpenTxn", ErrOpenTxn)
+	}
+	r.setState(false, true)
+	ectx, cancel := share(ctx, 0.6)
+	quiesce.WaitZero(ectx, &c.calls)
+	cancel()
+	var err error
+	cp.Transaction, err = c.endOpenTxn(ctx, r.s)
+	if err != nil && c.cfg.txnID == SuffixTxnID {
+		// Restored under another transactional id, nothing would
+		// end it: read_committed readers of its partitions would
+		// wait for transaction.timeout.ms. (With KeepTxnID the
+		// restored client's InitProducerID aborts it.)
+		return fmt.Errorf("kgohooks: the transaction open at the checkpoint could not be aborted (%w); the checkpoint is refused because a copy restored under a new transactional id (SuffixTxnID) could not end it, and read_committed readers would stall until transaction.timeout.ms", err)
+	}
+	return nil
+}
+
+// flush waits for every buffered record's acknowledgement: nothing may be
+// carried in the image under this producer id.
+func (r *checkpointRun) flush(ctx context.Context) error {
+	cl, cp := r.s.cl, r.cp
 	fctx, cancel := share(ctx, 0.7)
-	quiesce.WaitZero(fctx, &c.calls)
-	buffered := s.cl.BufferedProduceRecords()
-	err := s.cl.Flush(fctx)
+	quiesce.WaitZero(fctx, &r.c.calls)
+	buffered := cl.BufferedProduceRecords()
+	err := cl.Flush(fctx)
 	cancel()
-	left := s.cl.BufferedProduceRecords()
+	left := cl.BufferedProduceRecords()
 	cp.RecordsFlushed = max(buffered-left, 0)
 	if err != nil || left > 0 {
 		cp.RecordsUnflushed = left
 		// A carry veto (kcr exits 10), like --require-drained's for kafkahooks.
-		return finish(&notify.CarryError{Records: left, Err: fmt.Errorf("%w: %d of %d buffered records still unacknowledged (%v); the checkpoint is refused so that no record is carried in the image under producer id of client %q", ErrRecordsNotFlushed, left, buffered, err, clientID)})
+		return &notify.CarryError{Records: left, Err: fmt.Errorf("%w: %d of %d buffered records still unacknowledged (%v); the checkpoint is refused so that no record is carried in the image under producer id of client %q", ErrRecordsNotFlushed, left, buffered, err, r.clientID)}
 	}
+	return nil
+}
 
-	// Commit what the group handed out, then leave the group.
+// commitGroup closes the gate's last passes, then commits what the group
+// handed out: a copy restored elsewhere starts after it.
+func (r *checkpointRun) commitGroup(ctx context.Context) error {
+	c, cp := r.c, r.cp
+	r.setState(false, false)
+	if c.group == "" || c.session {
+		return nil
+	}
+	cctx, cancel := share(ctx, 0.7)
+	quiesce.WaitZero(cctx, &c.calls)
+	n, attempts, err := c.commitHanded(cctx, r.s.cl)
+	cancel()
+	cp.PartitionsCommitted, cp.CommitAttempts = n, attempts
+	if err != nil {
+		return fmt.Errorf("kgohooks: committing the offsets handed out before the checkpoint: %w", err)
+	}
+	cp.StaleCommits = c.marks.staleCommits()
+	return nil
+}
+
+// pinGroupStarts commits the start offsets of partitions the group has no
+// commit for: a restored copy must start where this one did, not at the end.
+func (r *checkpointRun) pinGroupStarts(ctx context.Context) error {
+	c := r.c
+	if c.group == "" || r.starts == nil {
+		return nil
+	}
+	pctx, cancel := share(ctx, 0.7)
+	n, rec, err := c.pinStarts(pctx, r.s.cl, r.starts)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("kgohooks: pinning the start offsets of partitions the group has no commit for: %w", err)
+	}
+	r.cp.PartitionsPinned, r.cp.OffsetsRecorded = n, len(rec)
 	c.mu.Lock()
-	c.state.Store(&state{cl: s.cl, sess: s.sess, dial: s.dial, gen: s.gen, gate: c.gate, stop: s.stop, cancel: s.cancel})
+	c.recorded = rec
 	c.mu.Unlock()
-	if c.group != "" && !c.session {
-		cctx, cancel := share(ctx, 0.7)
-		quiesce.WaitZero(cctx, &c.calls)
-		n, attempts, err := c.commitHanded(cctx, s.cl)
-		cancel()
-		cp.PartitionsCommitted, cp.CommitAttempts = n, attempts
-		if err != nil {
-			return finish(fmt.Errorf("kgohooks: committing the offsets handed out before the checkpoint: %w", err))
-		}
-		cp.StaleCommits = c.marks.staleCommits()
-	}
-	if c.group != "" && starts != nil {
-		pctx, cancel := share(ctx, 0.7)
-		n, rec, err := c.pinStarts(pctx, s.cl, starts)
-		cancel()
-		if err != nil {
-			return finish(fmt.Errorf("kgohooks: pinning the start offsets of partitions the group has no commit for: %w", err))
-		}
-		cp.PartitionsPinned, cp.OffsetsRecorded = n, len(rec)
-		c.mu.Lock()
-		c.recorded = rec
-		c.mu.Unlock()
-	}
+	return nil
+}
+
+// recordPositions records the next offsets of direct and consumed
+// partitions: the image carries where a restored client goes on.
+func (r *checkpointRun) recordPositions(ctx context.Context) error {
+	c, cp := r.c, r.cp
 	if c.pos != nil {
 		if next := c.pos.report(); len(next) > 0 {
 			cp.NextOffsets = next
 		}
 	}
-	if c.tpos != nil {
-		tctx, cancel := share(ctx, 0.7)
-		err := c.tpos.checkpoint(tctx, s.cl, slices.Clone(c.topics), c.readCommitted)
-		cancel()
-		if err != nil {
-			return finish(fmt.Errorf("kgohooks: the positions of the consumed topics' partitions: %w", err))
-		}
-		if next := c.tpos.report(); len(next) > 0 {
-			cp.NextOffsets = next
-		}
+	if c.tpos == nil {
+		return nil
 	}
-	// Without a group nothing ties this client to the broker but its
-	// connections: close them and keep it, so that a resume goes on with
-	// the same client and producer id; a restore replaces it. A group
-	// member is kept too when the process is meant to go on
-	// (--leave-running): it stays in the group, and a copy restored from
-	// the image replaces its client without leaving (its dials fail), so
-	// the original keeps its membership.
-	if c.group == "" || notify.LeaveRunning(ctx) {
-		kept := &KeptClient{KeptForResume: true, ConnectionsClosed: s.dial.CloseAll(false)}
-		cp.KeptClient = kept
-		c.mu.Lock()
-		c.cut = true
-		c.mu.Unlock()
-		kept.ConnectionsOpen = s.dial.Open()
-		return finish(nil)
+	tctx, cancel := share(ctx, 0.7)
+	err := c.tpos.checkpoint(tctx, r.s.cl, slices.Clone(c.topics), c.readCommitted)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("kgohooks: the positions of the consumed topics' partitions: %w", err)
 	}
-	// Otherwise a group member leaves, so that the others take its
-	// partitions at once. kgo cannot rejoin a group it left (the group
-	// consumer it left is done for good), so its client is closed and
-	// replaced even on a resume.
+	if next := c.tpos.report(); len(next) > 0 {
+		cp.NextOffsets = next
+	}
+	return nil
+}
+
+// keepClient closes the client's connections and keeps it. Without a group
+// nothing ties this client to the broker but its connections, so a resume
+// goes on with the same client and producer id; a restore replaces it. A
+// group member is kept too when the process is meant to go on
+// (--leave-running): it stays in the group, and a copy restored from the
+// image replaces its client without leaving (its dials fail), so the
+// original keeps its membership.
+func (r *checkpointRun) keepClient() {
+	kept := &KeptClient{KeptForResume: true, ConnectionsClosed: r.s.dial.CloseAll(false)}
+	r.cp.KeptClient = kept
+	r.c.mu.Lock()
+	r.c.cut = true
+	r.c.mu.Unlock()
+	kept.ConnectionsOpen = r.s.dial.Open()
+}
+
+// leaveAndClose has a group member leave, so that the others take its
+// partitions at once, and closes its client. kgo cannot rejoin a group it
+// left (the group consumer it left is done for good), so the client is
+// replaced even on a resume.
+func (r *checkpointRun) leaveAndClose(ctx context.Context) error {
+	c, s, cp := r.c, r.s, r.cp
 	c.mu.Lock()
 	c.torn = true
 	c.mu.Unlock()
 	lctx, cancel := share(ctx, 0.8)
 	memberID, _ := s.cl.GroupMetadata()
 	cp.InitialDelay = c.leavesGroupEmpty(lctx, s, memberID)
-	err = s.cl.LeaveGroupContext(lctx)
-	if instanceID != "" {
+	err := s.cl.LeaveGroupContext(lctx)
+	if r.instanceID != "" {
 		// kgo leaves a static member in the group, or fails to leave it
 		// (static.go).
-		err = c.leaveStatic(lctx, s.cl, memberID, instanceID)
+		err = c.leaveStatic(lctx, s.cl, memberID, r.instanceID)
 	}
 	cancel()
 	cp.LeftGroup = err == nil
@@ -258,13 +364,13 @@ func (c *core) BeforeCheckpoint(ctx context.Context) error {
 		c.mu.Lock()
 		c.closing = closing // the resume waits for it
 		c.mu.Unlock()
-		return finish(err)
+		return err
 	}
 	c.mu.Lock()
 	c.shut = true
 	c.mu.Unlock()
 	cp.Closed = true
-	return finish(nil)
+	return nil
 }
 
 // closeWithin closes s's kgo client (or session), waiting until ctx ends.

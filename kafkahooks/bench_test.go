@@ -23,7 +23,7 @@ import (
 // bare and wrapped, against the same broker: a kfake cluster started in the
 // benchmark (produce blackholed, fetch synthetic, so the broker's own work
 // stays small), or the brokers in $KCR_KAFKA_BROKERS (comma-separated; the
-// topic kcr-bench is auto-created). Compare with ./bench.sh, which prints
+// topic kcr-bench is auto-created). Compare with scripts/bench-kafkahooks.sh, which prints
 // the medians side by side.
 
 const benchTopic = "kcr-bench"
@@ -192,7 +192,7 @@ func BenchmarkFetchWrapper(b *testing.B) {
 // the same broker, take turns running short blocks of writes; the result is
 // the median of the per-pair ratios wrapper/bare, which slow drifts in the
 // machine's load do not bias. It is skipped unless KCR_BENCH_PAIRED is set
-// (to the number of pairs, e.g. 40); bench.sh paired runs it.
+// (to the number of pairs, e.g. 40); scripts/bench-kafkahooks.sh paired runs it.
 func TestPairedOverhead(t *testing.T) {
 	pairs, _ := strconv.Atoi(os.Getenv("KCR_BENCH_PAIRED"))
 	if pairs <= 0 {

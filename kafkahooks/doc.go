@@ -27,7 +27,8 @@
 // package github.com/kcr-dev/kcr/hooks.
 //
 // Outside checkpoints the wrappers cost a few atomic operations per call; see
-// BenchmarkHotPath, BenchmarkProduceWrapper and bench.sh in this directory.
+// BenchmarkHotPath and BenchmarkProduceWrapper in this directory, and
+// scripts/bench-kafkahooks.sh.
 //
 // Tests can run whole cycles in-process with (*notify.Registry).Simulate on a
 // registry of their own:

@@ -15,8 +15,8 @@ import (
 // bare kafka-go values they wrap, side by side (sub-benchmarks .../bare and
 // .../kcr, same configuration, same in-process kfake broker), from
 // GOMAXPROCS goroutines at once: run it with -cpu 1,2 to see what the
-// wrappers' shared state costs under contention. bench.sh hot prints the
-// medians and ratios.
+// wrappers' shared state costs under contention. scripts/bench-kafkahooks.sh
+// hot prints the medians and ratios.
 //
 //   - write-call: WriteMessages without records, answered by kafka-go at
 //     once: the wrapper's own cost per call;

@@ -68,7 +68,7 @@ import (
 // Outside checkpoints WriteMessages costs an atomic load and two atomic adds
 // (for the record counts of the report) more than kafka.Writer.WriteMessages,
 // and every request an atomic load more than kafka.Transport.RoundTrip:
-// 3–9 ns per call at -cpu 1 and 2 (kafkahooks/bench.sh paired, call-par).
+// 3–9 ns per call at -cpu 1 and 2 (scripts/bench-kafkahooks.sh paired, call-par).
 type Writer struct {
 	cfg       config
 	tmpl      writerTemplate

@@ -53,7 +53,7 @@ start_work kcr-bench-standby "${KCR_BENCH_KEEP:-}" stop_all
 bin="$work/bin"
 
 mkdir -p "$bin"
-for p in cmd/kcr examples/pipeline examples/wakeprobe; do
+for p in cmd/kcr examples/pipeline test/apps/wakeprobe; do
 	GOFLAGS=-buildvcs=false go build -o "$bin/$(basename "$p")" "./$p"
 done
 probe="$bin/wakeprobe"

@@ -51,7 +51,7 @@ state_is() { [ "$($status 2>/dev/null | jq -r .state)" = "$1" ]; }
 echo "kcr standby demo: a Kafka service scaled to zero when idle, restored warm when orders arrive"
 scripts/install-criu.sh | detail
 say "building kcr and the examples (a first build takes a minute or two)"
-GOFLAGS="${GOFLAGS:-} -buildvcs=false" go build -o "$bin/" ./cmd/kcr ./examples/broker ./examples/pipeline ./examples/wakeprobe
+GOFLAGS="${GOFLAGS:-} -buildvcs=false" go build -o "$bin/" ./cmd/kcr ./examples/broker ./examples/pipeline ./test/apps/wakeprobe
 
 export GODEBUG=multipathtcp=0
 tag=demo-$(date +%s%N)

@@ -42,7 +42,7 @@ chmod 700 "$work/state"
 export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
 CGO_ENABLED=0 go build -o "$b/rootfs/kcr" ./cmd/kcr
 CGO_ENABLED=0 go build -o "$b/rootfs/pipeline" ./examples/pipeline
-go build -o "$work/bin/wakeprobe" ./examples/wakeprobe
+go build -o "$work/bin/wakeprobe" ./test/apps/wakeprobe
 go build -o "$work/bin/kcr" ./cmd/kcr
 probe="$work/bin/wakeprobe"
 tag="kcr-standby-runc-$$-$(date +%s)"

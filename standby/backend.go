@@ -12,6 +12,7 @@ import (
 	"github.com/kcr-dev/kcr/internal/procfs"
 	"github.com/kcr-dev/kcr/notify"
 	"github.com/kcr-dev/kcr/notify/client"
+	"github.com/kcr-dev/kcr/notify/proto"
 )
 
 // proc names a running service: its host PID and start time (a PID alone
@@ -110,6 +111,9 @@ func (b *engineBackend) activity(ctx context.Context, p proc) (notify.Activity, 
 	m, err := b.socket.Activity(ctx)
 	if err != nil {
 		b.socket = nil // found again next time: a restore moves it
+		if errors.Is(err, proto.ErrUnknownType) {
+			err = errNoActivity
+		}
 		return notify.Activity{}, err
 	}
 	return notify.Activity{Count: m.Activity, OpenConns: m.OpenConns, HooksInFlight: m.HooksInFlight}, nil

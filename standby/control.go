@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -31,9 +30,10 @@ type Reply struct {
 }
 
 type controlServer struct {
-	ln *net.UnixListener
-	s  *Supervisor
-	wg sync.WaitGroup
+	ln   *net.UnixListener
+	path string
+	s    *Supervisor
+	wg   sync.WaitGroup
 }
 
 func startControl(dir string, s *Supervisor) (*controlServer, error) {
@@ -43,24 +43,48 @@ func startControl(dir string, s *Supervisor) (*controlServer, error) {
 	if fi, err := os.Lstat(path); err == nil && fi.Mode().Type() == os.ModeSocket {
 		os.Remove(path)
 	}
-	old := syscall.Umask(0o177)
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	syscall.Umask(old)
+	ln, err := listenPrivate(path)
 	if err != nil {
 		return nil, fmt.Errorf("control socket %s: %w", path, err)
 	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("control socket %s: %w", path, err)
-	}
-	c := &controlServer{ln: ln, s: s}
+	c := &controlServer{ln: ln, path: path, s: s}
 	c.wg.Go(c.serve)
 	return c, nil
 }
 
 func (c *controlServer) close() {
 	c.ln.Close()
+	os.Remove(c.path)
 	c.wg.Wait()
+}
+
+// listenPrivate listens on a Unix socket at path that is 0600 from the moment
+// it appears there: it is bound in a new 0700 directory beside path, made
+// 0600, then renamed into place. (Narrowing the umask instead would narrow
+// it for every goroutine of the process.) The caller removes path when it
+// closes the listener.
+func listenPrivate(path string) (*net.UnixListener, error) {
+	tmp, err := os.MkdirTemp(filepath.Dir(path), ".sock-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	bound := filepath.Join(tmp, filepath.Base(path))
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: bound, Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	// Go would unlink the bound name on Close, which the rename moves.
+	ln.SetUnlinkOnClose(false)
+	if err := os.Chmod(bound, 0o600); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	if err := os.Rename(bound, path); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return ln, nil
 }
 
 func (c *controlServer) serve() {

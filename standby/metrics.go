@@ -9,7 +9,6 @@ import (
 // Metrics is an Observer that keeps Prometheus metrics, namespaced
 // kcr_standby_: register it with a prometheus.Registerer.
 type Metrics struct {
-	reg         *prometheus.Registry
 	state       *prometheus.GaugeVec
 	wakes       *prometheus.CounterVec
 	wakeLatency prometheus.Histogram
@@ -24,8 +23,9 @@ type Metrics struct {
 
 var allStates = []State{StateStarting, StateRunning, StateCheckpointing, StateStandby, StateRestoring, StateBackoff, StateStopped}
 
-// NewMetrics returns the metrics, registered with reg.
-func NewMetrics(reg *prometheus.Registry) *Metrics {
+// NewMetrics returns the metrics, registered with reg (serve them with the
+// registry's Gatherer, e.g. promhttp.HandlerFor).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
 	latency := []float64{.025, .05, .1, .15, .2, .3, .5, .75, 1, 2, 5, 10}
 	m := &Metrics{
 		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kcr_standby_state",
@@ -49,7 +49,6 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 		holds: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kcr_standby_group_holds_total",
 			Help: "Group holds by result: held (the placeholder joined), skipped (nothing to hold), released (it left: a member joined), failed."}, []string{"result"}),
 	}
-	m.reg = reg
 	reg.MustRegister(m.state, m.wakes, m.wakeLatency, m.checkpoint, m.restore, m.failures, m.imageBytes, m.coldStarts, m.requests, m.holds)
 	return m
 }
@@ -102,6 +101,3 @@ func (m *Metrics) BrokerRequests(n int) {
 
 // GroupHold implements Observer.
 func (m *Metrics) GroupHold(result string) { m.holds.WithLabelValues(result).Inc() }
-
-// Gatherer is the registry the metrics are in.
-func (m *Metrics) Gatherer() prometheus.Gatherer { return m.reg }

@@ -14,7 +14,8 @@ import (
 
 // The metrics follow what the supervisor reports, in the text format.
 func TestMetrics(t *testing.T) {
-	m := NewMetrics(prometheus.NewRegistry())
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
 	m.State(StateRunning)
 	m.State(StateStandby)
 	m.Wake("kafka", 250*time.Millisecond)
@@ -29,7 +30,7 @@ func TestMetrics(t *testing.T) {
 	m.GroupHold(HoldHeld)
 	m.GroupHold(HoldReleased)
 	m.GroupHold(HoldHeld)
-	srv := httptest.NewServer(promhttp.HandlerFor(m.Gatherer(), promhttp.HandlerOpts{}))
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	defer srv.Close()
 	res, err := srv.Client().Get(srv.URL)
 	if err != nil {

@@ -21,12 +21,14 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/kcr-dev/kcr/notify"
 )
 
 // Defaults of Options.
 const (
 	DefaultPoll           = 100 * time.Millisecond
-	DefaultHookBudget     = 10 * time.Second
+	DefaultHookBudget     = notify.DefaultHookBudget
 	DefaultReadyTimeout   = 30 * time.Second
 	DefaultBackoffMin     = 500 * time.Millisecond
 	DefaultBackoffMax     = 30 * time.Second

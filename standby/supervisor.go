@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -465,9 +464,6 @@ func (s *Supervisor) watch(ctx context.Context, p proc) outcome {
 				// Unseen is not idle.
 				lastActive = time.Now()
 				if !warned {
-					if strings.Contains(err.Error(), "unexpected message type") {
-						err = errNoActivity
-					}
 					s.log.Warn("standby: cannot read the service's activity; it is kept running", "pid", p.PID, "err", err)
 					warned = true
 				}

@@ -53,16 +53,25 @@ with runc (podman --runtime runc run ...) for the hooks to run.`,
 	f := cmd.Flags()
 	f.StringVarP(&opts.output, "output", "o", "", "image directory to create (default ./kcr-PID-TIME)")
 	f.BoolVar(&opts.leaveRunning, "leave-running", false, "keep the process running after the dump")
-	f.DurationVar(&opts.o.HookBudget, "timeout", proto.DefaultHookBudget, "deadline for the app's before-checkpoint hooks")
+	hookBudgetFlag(f, &opts.o.HookBudget, proto.DefaultHookBudget, "deadline for the app's before-checkpoint hooks")
 	f.BoolVar(&opts.tcpClose, "tcp-close", false, "let CRIU close TCP connections that no hook closed (never for Kafka clients: an image with Kafka connections closed this way restores as one copy only)")
 	f.IntSliceVar(&opts.o.KafkaPorts, "kafka-port", engine.DefaultKafkaPorts, "broker ports whose open connections kcr takes for a Kafka client's (repeat or comma-separate)")
 	f.BoolVar(&opts.o.NoHooks, "no-hooks", false, "dump a process that has no kcr control socket")
 	f.BoolVar(&opts.drained, "require-drained", false, "fail (exit 10, app resumed) if a resource would carry records into the image")
 	f.BoolVar(&opts.o.ShellJob, "shell-job", false, "dump a process attached to a terminal (detected by default)")
-	f.DurationVar(&opts.o.ResumeAfter, "resume-after", 0, "how long the app waits for kcr after its hooks before it resumes on its own (default timeout+60s)")
+	f.DurationVar(&opts.o.ResumeAfter, "resume-after", 0, "how long the app waits for kcr after its hooks before it resumes on its own (default hook-budget+60s)")
 	signFlag(f, &opts.signFile)
 	containerFlags(f, &opts.ctr)
 	return cmd
+}
+
+// hookBudgetFlag binds --hook-budget, the one name of the before-checkpoint
+// hooks' deadline (kcr standby's too), and --timeout, a deprecated alias
+// that checkpoint and criu-hook still accept so that scripts keep working.
+func hookBudgetFlag(f *pflag.FlagSet, d *time.Duration, def time.Duration, usage string) {
+	f.DurationVar(d, "hook-budget", def, usage)
+	f.DurationVar(d, "timeout", def, usage)
+	_ = f.MarkDeprecated("timeout", "use --hook-budget")
 }
 
 // containerFlags are the flags that select a runc container.
@@ -146,7 +155,7 @@ func runCheckpoint(ctx context.Context, opts *checkpointOpts, out *output) error
 	o.PID = pid
 	o.CRIU = g.criu
 	o.Output, o.LeaveRunning, o.TCPClose, o.RequireDrained, o.SignKey = opts.output, opts.leaveRunning, opts.tcpClose, opts.drained, key
-	if err := nonNegative(map[string]time.Duration{"--timeout": o.HookBudget, "--resume-after": o.ResumeAfter}); err != nil {
+	if err := nonNegative(map[string]time.Duration{"--hook-budget": o.HookBudget, "--resume-after": o.ResumeAfter}); err != nil {
 		return err
 	}
 	if g.verbose {

@@ -48,8 +48,8 @@ $KCR_HOOK_RESUME_AFTER and $KCR_HOOK_AFTER_WAIT. It logs to stderr, which is CRI
 	}
 	f := cmd.Flags()
 	o := &opts.o
-	f.DurationVar(&o.HookBudget, "timeout", cmp.Or(env.HookBudget, proto.DefaultHookBudget), "deadline for the apps' before-checkpoint hooks")
-	f.DurationVar(&o.ResumeAfter, "resume-after", env.ResumeAfter, "how long an app waits for the end of the checkpoint before it resumes on its own (default timeout+60s)")
+	hookBudgetFlag(f, &o.HookBudget, cmp.Or(env.HookBudget, proto.DefaultHookBudget), "deadline for the apps' before-checkpoint hooks")
+	f.DurationVar(&o.ResumeAfter, "resume-after", env.ResumeAfter, "how long an app waits for the end of the checkpoint before it resumes on its own (default hook-budget+60s)")
 	f.BoolVar(&o.RequireDrained, "require-drained", env.RequireDrained, "veto the dump when a resource would carry records into the image (kcr checkpoint --container --require-drained sets $"+criuaction.EnvRequireDrained+")")
 	f.DurationVar(&o.AfterWait, "after-wait", cmp.Or(env.AfterWait, 10*time.Second), "how long post-resume waits for the after-restore hooks")
 	f.StringVar(&o.StateDir, "state-dir", env.StateDir, "directory of the resume watcher's state (default /run/kcr/criu-hook)")
@@ -72,7 +72,7 @@ $KCR_HOOK_RESUME_AFTER and $KCR_HOOK_AFTER_WAIT. It logs to stderr, which is CRI
 // which is CRIU's log) unless a test set one.
 func (opts *criuHookOpts) hookOptions() (criuaction.Options, error) {
 	o := opts.o
-	if err := nonNegative(map[string]time.Duration{"--timeout": o.HookBudget, "--resume-after": o.ResumeAfter, "--after-wait": o.AfterWait}); err != nil {
+	if err := nonNegative(map[string]time.Duration{"--hook-budget": o.HookBudget, "--resume-after": o.ResumeAfter, "--after-wait": o.AfterWait}); err != nil {
 		return o, err
 	}
 	if o.Logger == nil {

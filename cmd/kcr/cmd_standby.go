@@ -83,6 +83,7 @@ func runStandby(ctx context.Context, opts *standbyOpts, out *output) error {
 	}
 	o.Logger = slog.New(slog.NewJSONHandler(out.stderr, &slog.HandlerOptions{Level: lvl}))
 	var metricsLn net.Listener
+	var reg *prometheus.Registry
 	if opts.metrics != "" {
 		ln, err := net.Listen("tcp", opts.metrics)
 		if err != nil {
@@ -90,7 +91,7 @@ func runStandby(ctx context.Context, opts *standbyOpts, out *output) error {
 		}
 		metricsLn = ln
 		defer ln.Close()
-		reg := prometheus.NewRegistry()
+		reg = prometheus.NewRegistry()
 		o.Observer = standby.NewMetrics(reg)
 	}
 	sup, err := standby.New(ctx, o)
@@ -102,7 +103,7 @@ func runStandby(ctx context.Context, opts *standbyOpts, out *output) error {
 	}
 	if metricsLn != nil {
 		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(o.Observer.(*standby.Metrics).Gatherer(), promhttp.HandlerOpts{}))
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go srv.Serve(metricsLn)
 		defer srv.Close()

@@ -55,7 +55,7 @@ func TestRunCommandsUsage(t *testing.T) {
 	wantCode(t, runCheckpoint(ctx, &checkpointOpts{cmdline: argv("abc")}, out), exitUsage, "not a PID")
 	co := &checkpointOpts{cmdline: argv("1")}
 	co.o.HookBudget = -time.Second
-	wantCode(t, runCheckpoint(ctx, co, out), exitUsage, "--timeout")
+	wantCode(t, runCheckpoint(ctx, co, out), exitUsage, "--hook-budget")
 	ro := &restoreOpts{cmdline: argv(t.TempDir())}
 	ro.o.Count = 0
 	wantCode(t, runRestore(ctx, ro, out), exitUsage, "--count 0")
@@ -508,5 +508,43 @@ func TestMissingFileExitCodes(t *testing.T) {
 	_, err := images.Create(noDir)
 	if got := exitCode(err); got != exitUsage || !strings.Contains(err.Error(), nope+": no such file or directory: create it first") {
 		t.Errorf("checkpoint -o %s: %v, exit %d; want exit 2 naming %s", noDir, err, got, nope)
+	}
+}
+
+// checkpoint and criu-hook take the hook budget as --hook-budget, as standby
+// does, and still as --timeout, a deprecated alias of the same setting.
+func TestHookBudgetFlag(t *testing.T) {
+	var g globals
+	for _, name := range []string{"checkpoint", "criu-hook", "standby"} {
+		for _, flag := range []string{"--hook-budget", "--timeout"} {
+			root := newRoot(&g)
+			cmd, _, err := root.Find([]string{name})
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := cmd.Flags().Lookup(flag[2:])
+			if name == "standby" && flag == "--timeout" {
+				if f != nil {
+					t.Errorf("standby has a --timeout flag")
+				}
+				continue
+			}
+			if f == nil {
+				t.Errorf("%s has no %s flag", name, flag)
+				continue
+			}
+			if f.DefValue != "10s" {
+				t.Errorf("%s %s defaults to %s, want 10s", name, flag, f.DefValue)
+			}
+			if err := cmd.Flags().Parse([]string{flag, "3s"}); err != nil {
+				t.Fatal(err)
+			}
+			if got := cmd.Flags().Lookup("hook-budget").Value.String(); got != "3s" {
+				t.Errorf("%s %s 3s: the hook budget is %s", name, flag, got)
+			}
+			if (flag == "--timeout") != (f.Deprecated != "") {
+				t.Errorf("%s %s: deprecated %q", name, flag, f.Deprecated)
+			}
+		}
 	}
 }

@@ -198,7 +198,7 @@ func (r *checkpointRun) waitAllowRebalance(ctx context.Context) error {
 	cancel()
 	r.setState(true, true)
 	if r.c.held.Load() {
-		return fmt.Errorf("%w within half the hook budget; call AllowRebalance when done with each poll (kgo's documented loop), or give the checkpoint a longer --timeout", ErrRebalanceBlocked)
+		return fmt.Errorf("%w within half the hook budget; call AllowRebalance when done with each poll (kgo's documented loop), or give the checkpoint a longer --hook-budget", ErrRebalanceBlocked)
 	}
 	return nil
 }

@@ -208,7 +208,7 @@ func call(ctx context.Context, dial dialer, path string, req proto.Message, time
 		// the request: its answer is more telling than EPIPE.
 		if resp, rerr := proto.Read(c); rerr == nil && resp.Type == proto.TypeError {
 			c.Close()
-			return resp, nil, fmt.Errorf("app refused %s: %s", req.Type, resp.Error)
+			return resp, nil, refused(req.Type, resp.Error)
 		}
 		c.Close()
 		return proto.Message{}, nil, fmt.Errorf("send %s to %s: %w", req.Type, path, err)
@@ -229,9 +229,20 @@ func call(ctx context.Context, dial dialer, path string, req proto.Message, time
 	}
 	if resp.Type == proto.TypeError {
 		c.Close()
-		return resp, nil, fmt.Errorf("app refused %s: %s", req.Type, resp.Error)
+		return resp, nil, refused(req.Type, resp.Error)
 	}
 	return resp, c, nil
+}
+
+// refused is the error for an app's error reply to a request of type typ:
+// one that wraps proto.ErrUnknownType when the app does not know the type
+// (an older notify library).
+func refused(typ, reply string) error {
+	unknown := proto.ErrBadMessage.Error() + ": " + proto.ErrUnknownType.Error()
+	if rest, ok := strings.CutPrefix(reply, unknown); ok {
+		return fmt.Errorf("app refused %s: %w: %w%s", typ, proto.ErrBadMessage, proto.ErrUnknownType, rest)
+	}
+	return fmt.Errorf("app refused %s: %s", typ, reply)
 }
 
 // Hello asks the app listening on path, which the caller trusts, who it is.

@@ -259,3 +259,39 @@ func checkpointedWithSlowAfter(t *testing.T) *notify.Server {
 	}
 	return s
 }
+
+// An app whose notify library predates a request refuses it as it refuses
+// any type it does not know; the client's error wraps proto.ErrUnknownType
+// then, and only then.
+func TestRefusedUnknownType(t *testing.T) {
+	for _, tc := range []struct {
+		reply   string
+		unknown bool
+	}{
+		// What proto.Decode of such an app says, sent back as its reply.
+		{`malformed control message: unknown type "activity"`, true},
+		{"unexpected message type info", false},
+		{"malformed control message: negative duration", false},
+	} {
+		path := filepath.Join(t.TempDir(), "app.sock")
+		ln, err := net.Listen("unix", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			var b [4096]byte
+			c.Read(b[:]) // the request, whatever it is
+			proto.Write(c, proto.Message{Type: proto.TypeError, Error: tc.reply})
+		}()
+		_, err = Activity(context.Background(), path)
+		ln.Close()
+		if err == nil || errors.Is(err, proto.ErrUnknownType) != tc.unknown || !strings.Contains(err.Error(), tc.reply) {
+			t.Errorf("reply %q: Activity's error %v, want one that says it and wraps ErrUnknownType: %v", tc.reply, err, tc.unknown)
+		}
+	}
+}

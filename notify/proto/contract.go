@@ -113,6 +113,14 @@ func ResumeAfterFor(hookBudget time.Duration) time.Duration {
 // ErrBusy is returned when a checkpoint is requested while one is running.
 var ErrBusy = errors.New("checkpoint already in progress")
 
+// ErrUnknownType is Decode's error, under ErrBadMessage, for a message type
+// this side does not know: an app whose notify library is older than the
+// kcr asking refuses a newer request with it. Its error reply's text,
+// "malformed control message: unknown type \"T\"", is the contract (every
+// version sends it), and package client turns it back into an error that
+// wraps ErrUnknownType.
+var ErrUnknownType = errors.New("unknown type")
+
 // ErrNoProcess is returned for a PID that does not exist (or is a zombie).
 var ErrNoProcess = errors.New("no such process")
 

@@ -184,7 +184,7 @@ func Decode(body []byte) (Message, error) {
 		return Message{}, fmt.Errorf("%w: peer speaks version %d, this kcr speaks %d: use the same kcr version as the app's notify library", ErrBadVersion, m.V, Version)
 	}
 	if !knownType(m.Type) {
-		return Message{}, fmt.Errorf("%w: unknown type %q", ErrBadMessage, m.Type)
+		return Message{}, fmt.Errorf("%w: %w %q", ErrBadMessage, ErrUnknownType, m.Type)
 	}
 	if m.KCRPID < 0 {
 		return Message{}, fmt.Errorf("%w: negative kcr_pid", ErrBadMessage)

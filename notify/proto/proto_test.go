@@ -219,3 +219,16 @@ func TestDurationsAreNanoseconds(t *testing.T) {
 		t.Fatalf("frame %s", frame[4:])
 	}
 }
+
+// An unknown type's error is ErrUnknownType, and its text is the one every
+// notify version has sent back for a request it does not know: kcr
+// recognises an older app by it.
+func TestUnknownTypeContract(t *testing.T) {
+	_, err := Read(bytes.NewReader(frame(`{"v":1,"type":"activity2"}`)))
+	if !errors.Is(err, ErrUnknownType) || !errors.Is(err, ErrBadMessage) {
+		t.Fatalf("Read of an unknown type: %v, want ErrBadMessage and ErrUnknownType", err)
+	}
+	if want := `malformed control message: unknown type "activity2"`; err.Error() != want {
+		t.Errorf("error %q, want the contract's %q", err, want)
+	}
+}

@@ -35,7 +35,7 @@ func TestKafkaRequireDrained(t *testing.T) {
 	img1 := filepath.Join(t.TempDir(), "img1")
 	var r kcrResult
 	k.whileBrokerStopped(a, func() {
-		r = runKCR(t, kcrOpts{}, "checkpoint", "--require-drained", "--timeout", "1s", "-o", img1, strconv.Itoa(pid))
+		r = runKCR(t, kcrOpts{}, "checkpoint", "--require-drained", "--hook-budget", "1s", "-o", img1, strconv.Itoa(pid))
 	})
 	if r.code != 10 || !strings.Contains(r.stderr, `"`+writer+`"`) || !strings.Contains(r.stderr, "would carry") || !strings.Contains(r.stderr, "--require-drained") {
 		r.log(t, nil)

@@ -440,7 +440,7 @@ func (k *kafkaEnv) stopBroker() (cont func()) {
 func (k *kafkaEnv) checkpointBrokerStopped(a *kapp, img string) {
 	k.t.Helper()
 	k.whileBrokerStopped(a, func() {
-		runKCR(k.t, kcrOpts{must: true}, "checkpoint", "--timeout", "1s", "-o", img, strconv.Itoa(a.pid))
+		runKCR(k.t, kcrOpts{must: true}, "checkpoint", "--hook-budget", "1s", "-o", img, strconv.Itoa(a.pid))
 	})
 }
 

@@ -35,7 +35,7 @@ func TestKafkaCompletionReproduces(t *testing.T) {
 	})
 
 	img := filepath.Join(t.TempDir(), "img")
-	runKCR(t, kcrOpts{must: true}, "checkpoint", "--timeout", "10s", "-o", img, strconv.Itoa(a.pid))
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "--hook-budget", "10s", "-o", img, strconv.Itoa(a.pid))
 	select {
 	case <-a.done:
 	case <-time.After(10 * time.Second):
@@ -210,7 +210,9 @@ func TestKafkaCommitIntervalFailingCommit(t *testing.T) {
 	n0 := len(a.events())
 	img := filepath.Join(t.TempDir(), "img")
 	ck := make(chan kcrResult, 1)
-	go func() { ck <- runKCR(t, kcrOpts{}, "checkpoint", "--timeout", "90s", "-o", img, strconv.Itoa(a.pid)) }()
+	go func() {
+		ck <- runKCR(t, kcrOpts{}, "checkpoint", "--hook-budget", "90s", "-o", img, strconv.Itoa(a.pid))
+	}()
 	// The hook must start while the broker is down with commits in the
 	// batch. Whether its first flush errors at once or blocks until the
 	// broker is back depends on how far kafka-go's generation has torn down,

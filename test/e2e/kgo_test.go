@@ -447,7 +447,7 @@ func testKgoTransact(t *testing.T, tc kgoTxnCase) {
 	if tc.hold {
 		// kgohooks gives the application half the budget to end the
 		// transaction itself before aborting it.
-		args = append(args, "--timeout", "4s")
+		args = append(args, "--hook-budget", "4s")
 	}
 	n0 := len(a.events())
 	runKCR(t, kcrOpts{must: true}, append(args, strconv.Itoa(pid))...)

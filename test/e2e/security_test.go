@@ -45,7 +45,7 @@ func TestSecurityNegativeFlags(t *testing.T) {
 	pid := strconv.Itoa(a.pid)
 	img := t.TempDir()
 	for _, args := range [][]string{
-		{"checkpoint", "--timeout", "-1s", "-o", filepath.Join(img, "a"), pid},
+		{"checkpoint", "--hook-budget", "-1s", "-o", filepath.Join(img, "a"), pid},
 		{"checkpoint", "--resume-after", "-5s", "-o", filepath.Join(img, "b"), pid},
 		{"restore", "--count", "-2", img},
 		{"restore", "--wait", "-1s", img},

@@ -4,11 +4,11 @@
 # process and in alternating order (bare, wrapper, wrapper, bare, …), and
 # prints the median ns/op of each side by side.
 #
-#   kafkahooks/bench.sh [RUNS [BENCHTIME]]        # default 10 runs of 1s
-#   KCR_KAFKA_BROKERS=host:9092 kafkahooks/bench.sh  # against real brokers
-#   BENCH=Produce kafkahooks/bench.sh                # only the produce cases
-#   kafkahooks/bench.sh paired [PAIRS]               # paired blocks, see below
-#   kafkahooks/bench.sh hot [COUNT [BENCHTIME]]      # BenchmarkHotPath, -cpu 1,2
+#   scripts/bench-kafkahooks.sh [RUNS [BENCHTIME]]        # default 10 runs of 1s
+#   KCR_KAFKA_BROKERS=host:9092 scripts/bench-kafkahooks.sh  # against real brokers
+#   BENCH=Produce scripts/bench-kafkahooks.sh                # only the produce cases
+#   scripts/bench-kafkahooks.sh paired [PAIRS]               # paired blocks, see below
+#   scripts/bench-kafkahooks.sh hot [COUNT [BENCHTIME]]      # BenchmarkHotPath, -cpu 1,2
 #
 # On a busy machine independent runs are noisy; "paired" runs
 # TestPairedOverhead instead: bare and wrapped writers take turns writing
@@ -20,12 +20,12 @@
 # bare runs, a hint at how much of the difference is noise.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
-. "$(dirname "$0")/../scripts/lib.sh"
+. "$(dirname "$0")/lib.sh"
 if [ "${1:-}" = hot ]; then
 	# BenchmarkHotPath: the real methods, bare and wrapped side by side, at
 	# -cpu 1,2, COUNT runs; prints the median ns/op of each and kcr/bare
 	# (and benchstat's table, if benchstat is on PATH).
-	cd "$(dirname "$0")"
+	cd "$(dirname "$0")/../kafkahooks"
 	out=$(mktemp)
 	trap 'rm -f "$out"' EXIT
 	go test -run '^$' -bench '^BenchmarkHotPath$' -cpu 1,2 -count "${2:-6}" -benchtime "${3:-300ms}" . >"$out"
@@ -50,14 +50,14 @@ if [ "${1:-}" = hot ]; then
 	exit
 fi
 if [ "${1:-}" = paired ]; then
-	cd "$(dirname "$0")"
+	cd "$(dirname "$0")/../kafkahooks"
 	KCR_BENCH_PAIRED=${2:-40} go test -v -count 1 -cpu 1,2 -run '^TestPairedOverhead$' . | grep '^paired'
 	exit
 fi
 runs=${1:-10}
 benchtime=${2:-1s}
 kinds=${BENCH:-'Produce|Fetch'}
-dir=$(cd "$(dirname "$0")" && pwd)
+dir=$(cd "$(dirname "$0")/../kafkahooks" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 (cd "$dir" && go test -c -o "$tmp/kafkahooks.test" .)

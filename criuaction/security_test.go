@@ -16,7 +16,7 @@ const (
 	victimUID   = 61002 // runs kcr-hook
 )
 
-// TestSecurityHookStateDirPlanted (issue 23, 6): uid 61001 pre-creates
+// TestSecurityHookStateDirPlanted (finding 6 of docs/security-paths.md): uid 61001 pre-creates
 // $TMPDIR/kcr-criu-hook, mode 0777, with a link named criu-PID.json.tmp to
 // a file of uid 61002. When 61002's hook writes its state, that file must
 // stay as it was, and a state directory 61002 does not own is refused.

@@ -7,10 +7,8 @@
 // on a listening socket that the supervisor owns.
 //
 // Idleness is read from the service itself, through the activity counter
-// of its control socket (notify.Activity): the service is idle for D when,
-// over all of D, no record was fetched, produced or committed through the
-// Kafka hooks, no tracked connection was open or dialed, notify.Touch was
-// not called, and no hook ran.
+// of its control socket (notify.Activity); what counts as activity is in
+// docs/standby.md, "When is a service idle?".
 //
 // The package never prints; every transition is logged through the
 // Options' slog.Logger and counted in the Observer.
@@ -85,12 +83,9 @@ type Options struct {
 	Poll    time.Duration
 	// BrokerTimeout bounds the broker check at start (default 5 s).
 	BrokerTimeout time.Duration
-	// NoHoldGroup turns the group hold off. With Group set and a classic
-	// group, the supervisor keeps a placeholder member in the group while
-	// the service sleeps, so that the restored member's join does not wait
-	// for the broker's group.initial.rebalance.delay.ms (3 s by default) of
-	// an empty group. While held, the group is not empty: deleting it or
-	// resetting its offsets fails with NON_EMPTY_GROUP.
+	// NoHoldGroup turns the group hold off (docs/standby.md, "The group
+	// hold": what it does for a classic Group while the service sleeps, and
+	// what it changes for the group's administration).
 	NoHoldGroup bool
 
 	// Listen, if set, is a TCP address the supervisor listens on and hands

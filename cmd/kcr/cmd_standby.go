@@ -38,10 +38,8 @@ new instance when work arrives: lag of --group on the broker, a connection on
 --listen, "kcr standby wake", or SIGUSR1. SIGUSR2 or "kcr standby sleep"
 checkpoints it now. Every transition is logged as JSON on stderr.
 
-Idle means: no record fetched, produced or committed through kafkahooks or
-kgohooks, no connection of hooks.TrackConns open or dialed, no notify.Touch,
-and no hook running, for all of --idle (the service's control socket reports
-its activity).
+The service's control socket reports its activity; what counts is in
+docs/standby.md ("When is a service idle?").
 
 SIGTERM or SIGINT stop kcr standby and leave the service as it is: running,
 or checkpointed with its image in --image-dir; a new kcr standby with the same

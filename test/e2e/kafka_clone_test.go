@@ -1,6 +1,6 @@
 package e2e
 
-// Kafka end-to-end tests of clones (issue 4): kafkaapp started with kcr run
+// Kafka end-to-end tests of clones: kafkaapp started with kcr run
 // (init of its own PID namespace), checkpointed, and restored three times at
 // once with kcr restore --count 3. The clones append to one event log; each
 // event carries the host PID of the clone that logged it ("hpid"), and each
@@ -80,7 +80,7 @@ func checkpointGone(t *testing.T, pid int, extra ...string) string {
 // own host PID, generation and instance id, its hooks done. A consumer's
 // image usually had records in the application's hands (kafkaapp batches
 // them before it processes them), which every clone processes: such
-// restores need --allow-duplicates (issue 22), which these tests accept.
+// restores need --allow-duplicates, which these tests accept.
 func restoreClones(t *testing.T, img, name string, n int) []kclone {
 	t.Helper()
 	r := runKCR(t, kcrOpts{must: true}, "restore", "--json", "--allow-duplicates", "--count", strconv.Itoa(n), "--name", name, img)

@@ -1,7 +1,7 @@
 package e2e
 
-// Kafka end-to-end tests of issue 9's holes, on the real broker and real
-// CRIU; what is on the broker is checked with the test's own franz-go client.
+// Kafka end-to-end tests of docs/kafka-go-options.md's rules, on the real
+// broker and real CRIU; what is on the broker is checked with the test's own franz-go client.
 
 import (
 	"fmt"

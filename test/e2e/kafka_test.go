@@ -1,6 +1,6 @@
 package e2e
 
-// Kafka end-to-end tests (issue 3): kafkaapp, a Go service whose kafka-go
+// Kafka end-to-end tests: kafkaapp, a Go service whose kafka-go
 // clients are kafkahooks wrappers, checkpointed and restored by kcr on real
 // CRIU, against a real Apache Kafka broker ($KCR_KAFKA_BROKERS, started by
 // scripts/kafka-up.sh). What is on the broker is checked with a franz-go

@@ -1,6 +1,6 @@
 package e2e
 
-// franz-go end-to-end cases of issue 22 (H1, H5, H8): kgoapp's group
+// franz-go end-to-end cases of docs/franz-go-options.md (H1, H5, H8): kgoapp's group
 // consumer (-consume, kgohooks.Client) checkpointed and restored by kcr on
 // real CRIU against the real broker. KGOAPP_CONSUME_OPTS varies its kgo
 // options (see kgoapp/consume.go).

@@ -1,9 +1,8 @@
 package e2e
 
-// franz-go group consumers on KIP-848 groups (kgo.ServerSideBalancer, issue
-// 21) and static members (kgo.InstanceID, issue 22 H2), checkpointed and
-// restored by kcr on real CRIU against the real broker. The KIP-848 cases
-// run on the broker with Kafka's production group settings
+// franz-go group consumers on KIP-848 groups (kgo.ServerSideBalancer) and
+// static members (kgo.InstanceID), checkpointed and restored by kcr on
+// real CRIU against the real broker. The KIP-848 cases run on the broker with Kafka's production group settings
 // ($KCR_KAFKA_PROD_BROKERS: group.initial.rebalance.delay.ms 3000), where a
 // classic group that the checkpoint emptied waits 3 s before a restored
 // member gets partitions. Members are read from the broker (ConsumerGroupDescribe

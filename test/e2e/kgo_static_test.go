@@ -1,6 +1,6 @@
 package e2e
 
-// Static group members (kgo.InstanceID, issue 22 H2) checkpointed and
+// Static group members (kgo.InstanceID) checkpointed and
 // restored by kcr: every restored copy joins under instance id
 // base-<first 8 hex digits of its instance id>, and the checkpoint removes
 // the static member from the group (kgo does not), on both group protocols.

@@ -1,6 +1,6 @@
 package e2e
 
-// franz-go end-to-end tests (issue 11): kgoapp, whose idempotent kgo
+// franz-go end-to-end tests: kgoapp, whose idempotent kgo
 // producer is a kgohooks.Client, checkpointed and restored by kcr on real
 // CRIU against the real broker. Records and producer ids are read from the
 // broker with the test's own franz-go client (kadm DescribeProducers).

@@ -1,6 +1,6 @@
 package e2e
 
-// kcr SIGKILLed in the middle of a checkpoint (issue 7): the Kafka service
+// kcr SIGKILLed in the middle of a checkpoint: the Kafka service
 // resumes within a moment of kcr's death, not after --resume-after, and the
 // broker, read with the test's own client, is missing no record the app saw
 // acknowledged.

@@ -1,6 +1,6 @@
 package e2e
 
-// Root-kcr against images and processes of other users (issue 8). The
+// Root-kcr against images and processes of other users. The
 // socket attacks run as package tests of notify/client with two uids; here
 // is what needs the CLI and CRIU.
 

@@ -1,6 +1,6 @@
 package e2e
 
-// Signed images (issue 8, item 4): checksums are chosen by whoever wrote
+// Signed images: checksums are chosen by whoever wrote
 // an image, so only a signature says who that was.
 
 import (

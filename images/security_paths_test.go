@@ -1,6 +1,6 @@
 package images
 
-// Round 2 of the review (issue 23): root-kcr and paths another uid controls.
+// Root-kcr and paths another uid controls (docs/security-paths.md).
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
 )
 
-// TestSecurityCreateRefusesUntrustedParent (issue 23, 1): as root, an image
+// TestSecurityCreateRefusesUntrustedParent (finding 1 of docs/security-paths.md): as root, an image
 // is not started in a directory that another uid owns or can write, nor
 // below one, nor through a link into one.
 func TestSecurityCreateRefusesUntrustedParent(t *testing.T) {
@@ -94,7 +94,7 @@ func asOther(t *testing.T, script string) {
 	}
 }
 
-// TestSecurityVerifyKeyringWritable (issue 23, 4): root's ops.pub, mode
+// TestSecurityVerifyKeyringWritable (finding 4 of docs/security-paths.md): root's ops.pub, mode
 // 0664 with uid 61001's group, has that user's key appended; an archive
 // signed with that key must not then pass import --verify-key ops.pub.
 func TestSecurityVerifyKeyringWritable(t *testing.T) {

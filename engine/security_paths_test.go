@@ -1,6 +1,6 @@
 package engine
 
-// Root-kcr against a second uid, round 2 (issue 23). Each test keeps the
+// Root-kcr against a second uid (docs/security-paths.md). Each test keeps the
 // shape of the attack that the review reproduced.
 
 import (
@@ -16,7 +16,7 @@ import (
 	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
 )
 
-// TestSecurityRunLogParentLink (issue 23, 5): kcr run --log U/logs/secret.txt,
+// TestSecurityRunLogParentLink (finding 5 of docs/security-paths.md): kcr run --log U/logs/secret.txt,
 // U being uid 61001's directory and logs its link to a root-only
 // directory, must not append the service's output to root's file.
 func TestSecurityRunLogParentLink(t *testing.T) {

@@ -97,7 +97,7 @@ func release(names ...string) func() {
 	}
 }
 
-// TestSecurityRecoverPendingFIFO (issue 23, 7): a FIFO that uid 61001 names
+// TestSecurityRecoverPendingFIFO (finding 7 of docs/security-paths.md): a FIFO that uid 61001 names
 // manifest.pending.json in its checkpoint directory does not hang root's
 // kcr recover.
 func TestSecurityRecoverPendingFIFO(t *testing.T) {
@@ -119,7 +119,7 @@ func TestSecurityRecoverPendingFIFO(t *testing.T) {
 	}
 }
 
-// TestSecurityReadManifestExchange (issue 23, 7): uid 61001 exchanges its
+// TestSecurityReadManifestExchange (finding 7 of docs/security-paths.md): uid 61001 exchanges its
 // image's manifest.json with a FIFO, then with a link to a file of root's,
 // while root reads the manifest (inspect --no-verify) and opens the image:
 // root never hangs, and never shows a byte of that file.

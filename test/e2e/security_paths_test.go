@@ -1,6 +1,6 @@
 package e2e
 
-// Root-kcr against a second uid, round 2 (issue 23), through the CLI; the
+// Root-kcr against a second uid (docs/security-paths.md), through the CLI; the
 // package tests of images, engine and criuaction hold the rest.
 
 import (
@@ -11,7 +11,7 @@ import (
 	"testing"
 )
 
-// TestSecuritySignIntoSharedDir (issue 23, 1): as root, kcr checkpoint
+// TestSecuritySignIntoSharedDir (finding 1 of docs/security-paths.md): as root, kcr checkpoint
 // --sign (and plain checkpoint, and export) into a directory that uid
 // 61001 owns is refused before the app is disturbed: that uid could swap
 // in what root then signs. The app is left running, untouched.

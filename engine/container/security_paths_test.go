@@ -1,6 +1,6 @@
 package container
 
-// Root-kcr against a second uid, round 2 (issue 23). Each test keeps the
+// Root-kcr against a second uid (docs/security-paths.md). Each test keeps the
 // shape of the attack that the review reproduced.
 
 import (
@@ -44,7 +44,7 @@ exit 1
 	return p
 }
 
-// TestSecurityCheckpointSignSwappedTmp (issue 23, 1): uid 61001 owns the
+// TestSecurityCheckpointSignSwappedTmp (finding 1 of docs/security-paths.md): uid 61001 owns the
 // directory the image goes to and swaps kcr's temporary directory for its
 // own while the slow runtime dumps. Root must not seal, sign and publish
 // that user's directory: the output is refused before anything runs.
@@ -131,7 +131,7 @@ func exportedContainer(t *testing.T, dir string) (string, string, string) {
 	return img, archive, layout
 }
 
-// TestSecurityRestoreThroughLink (issue 23, 2): a link of root's, in a
+// TestSecurityRestoreThroughLink (finding 2 of docs/security-paths.md): a link of root's, in a
 // directory of root's, to uid 61001's archive or OCI layout, or to an image
 // of root's inside 61001's directory, is resolved and the resolved path
 // checked: runc is never handed what that user wrote, or can swap.
@@ -165,7 +165,7 @@ func TestSecurityRestoreThroughLink(t *testing.T) {
 	}
 }
 
-// TestSecurityExportUserImage (issue 23, 3): uid 61001's image names, in
+// TestSecurityExportUserImage (finding 3 of docs/security-paths.md): uid 61001's image names, in
 // its container.json, a root-only directory as its bundle, whose
 // config.json is a credential. Root's export must not copy that file into
 // the archive (as spec.dump) nor turn the user's image into a root-owned
@@ -218,7 +218,7 @@ func TestExportOCIPrivate(t *testing.T) {
 	})
 }
 
-// TestSecurityContainerOutputParentLink (issue 23, 5): restore --container
+// TestSecurityContainerOutputParentLink (finding 5 of docs/security-paths.md): restore --container
 // --container-output U/logs/secret.txt neither truncates nor writes root's
 // file through uid 61001's link; and an output that is a link is refused.
 func TestSecurityContainerOutputParentLink(t *testing.T) {
@@ -244,7 +244,7 @@ func TestSecurityContainerOutputParentLink(t *testing.T) {
 	}
 }
 
-// TestSecurityCRIUConfigAnnotation (issue 23, also): the CRIU configuration
+// TestSecurityCRIUConfigAnnotation: the CRIU configuration
 // a container's org.criu.config annotation names is read as root only if
 // no other user could have written it, bounded, and never from a FIFO.
 func TestSecurityCRIUConfigAnnotation(t *testing.T) {

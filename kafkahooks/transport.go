@@ -162,36 +162,44 @@ func (p *gatedTransport) RoundTrip(ctx context.Context, addr net.Addr, req kafka
 // roundTripHeld handles a request that met the gate closed (or, for other
 // than produce requests, was interrupted by a checkpoint).
 func (p *gatedTransport) roundTripHeld(ctx context.Context, addr net.Addr, req kafka.Request) (kafka.Response, error) {
-	pr, ok := req.(*produce.Request)
-	if !ok {
-		// Metadata and the like: they can be sent again as they are, and
-		// the caller's ctx bounds the wait.
-		for {
-			g := p.gen.Load()
-			switch {
-			case g.t != nil:
-				res, err := g.t.RoundTrip(ctx, addr, req)
-				if err == nil || p.gen.Load() == g {
-					return res, err
-				}
-			case g.ready != nil:
-				select {
-				case <-g.ready:
-				case <-ctx.Done():
-					return nil, ctx.Err()
-				case <-p.stop:
-					return nil, errTransportClosed
-				}
-			default:
+	if pr, ok := req.(*produce.Request); ok {
+		return p.resendCarried(addr, pr)
+	}
+	return p.roundTripAfterGate(ctx, addr, req)
+}
+
+// roundTripAfterGate sends a request other than produce once the gate opens:
+// metadata and the like can be sent again as they are, and the caller's ctx
+// bounds the wait.
+func (p *gatedTransport) roundTripAfterGate(ctx context.Context, addr net.Addr, req kafka.Request) (kafka.Response, error) {
+	for {
+		g := p.gen.Load()
+		switch {
+		case g.t != nil:
+			res, err := g.t.RoundTrip(ctx, addr, req)
+			if err == nil || p.gen.Load() == g {
+				return res, err
+			}
+		case g.ready != nil:
+			select {
+			case <-g.ready:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-p.stop:
 				return nil, errTransportClosed
 			}
+		default:
+			return nil, errTransportClosed
 		}
 	}
+}
 
-	// A produce request, not encoded yet: its records are carried across
-	// the checkpoint. The ctx kafka-go gave it (its WriteTimeout) is
-	// ignored, since the records must not be failed because of a
-	// checkpoint; the Writer's Close stops the resends.
+// resendCarried sends a produce request, not encoded yet, whose records are
+// carried across the checkpoint, until it is acknowledged or fails for good.
+// The ctx kafka-go gave it (its WriteTimeout) is not taken, since the
+// records must not be failed because of a checkpoint; the Writer's Close
+// stops the resends.
+func (p *gatedTransport) resendCarried(addr net.Addr, pr *produce.Request) (kafka.Response, error) {
 	h, err := holdProduce(pr)
 	if err != nil {
 		return nil, err

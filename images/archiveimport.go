@@ -189,27 +189,11 @@ func importArchive(ctx context.Context, r io.Reader, final, label string, opts [
 	}
 	root := b.root // released by publish or Abort
 
-	var zr io.Reader
-	if cfg.crio {
-		// CRI-O's archives are plain tar, Podman's may be compressed.
-		br := bufio.NewReader(ctxReader{ctx, r})
-		zr = br
-		if magic, _ := br.Peek(4); bytes.Equal(magic, zstdMagic) {
-			zd, err := zstd.NewReader(br, zstd.WithDecoderMaxWindow(maxArchiveWindow))
-			if err != nil {
-				return nil, fmt.Errorf("images: %s: zstd: %w", label, err)
-			}
-			defer zd.Close()
-			zr = zd
-		}
-	} else {
-		zd, err := zstd.NewReader(ctxReader{ctx, r}, zstd.WithDecoderMaxWindow(maxArchiveWindow))
-		if err != nil {
-			return nil, fmt.Errorf("images: %s: zstd: %w", label, err)
-		}
-		defer zd.Close()
-		zr = zd
+	zr, closeZ, err := decompressed(ctx, r, cfg.crio)
+	if err != nil {
+		return nil, fmt.Errorf("images: %s: zstd: %w", label, err)
 	}
+	defer closeZ()
 	// Until the manifest says how much is to come, the stream may hold
 	// only the entries that precede it.
 	lim := &limitedStream{r: zr, limit: 2*maxSkippedEntry + MaxManifestSize + maxSigFile + tarSlack}
@@ -218,58 +202,8 @@ func importArchive(ctx context.Context, r io.Reader, final, label string, opts [
 		seen: map[string]bool{}, made: map[string]bool{".": true, CRIUSubdir: true},
 		buf: make([]byte, 1<<20), cfg: cfg,
 	}
-	tr := tar.NewReader(lim)
-	for i := 0; ; {
-		hdr, err := tr.Next()
-		if errors.Is(err, tar.ErrInsecurePath) && hdr != nil {
-			err = nil // checkName says why, with the fix
-		}
-		if err == io.EOF && i == 0 && cfg.crio {
-			return nil, im.errorf("", ErrNotImage, nil, "holds no %s: not a checkpoint archive of \"kcr export --format cri-o\" (restore Podman's or CRI-O's own archives with podman or CRI-O)", CRIOManifestName)
-		}
-		if err == io.EOF && i == 0 {
-			return nil, im.badArchive(nil, "is empty: not a kcr image archive (was it written by \"kcr export\"?)")
-		}
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return nil, im.readError(err, "")
-		}
-		name, err := im.checkName(hdr)
-		if err != nil {
-			return nil, err
-		}
-		if cfg.crio {
-			if name = crioName(name); name == "" {
-				if err := im.skip(hdr); err != nil {
-					return nil, err
-				}
-				continue
-			}
-			if i == 0 && name != ManifestName {
-				return nil, im.errorf(name, ErrNotImage, nil, "archive entry %q comes before %s: not a checkpoint archive of \"kcr export --format cri-o\" (restore Podman's or CRI-O's own archives with podman or CRI-O)", hdr.Name, CRIOManifestName)
-			}
-		}
-		i++
-		if i == 1 {
-			if err := im.readManifest(hdr, name, tr); err != nil {
-				return nil, err
-			}
-			continue
-		}
-		if i == 2 && name == SignatureName && hdr.Typeflag == tar.TypeReg {
-			if err := im.readSignature(hdr, tr); err != nil {
-				return nil, err
-			}
-			continue
-		}
-		if err := im.checkSigned(); err != nil {
-			return nil, err
-		}
-		if err := im.unpack(hdr, name, tr); err != nil {
-			return nil, err
-		}
+	if err := im.readEntries(tar.NewReader(lim)); err != nil {
+		return nil, err
 	}
 	// Read the stream to its end, so that the zstd checksum is verified:
 	// past the tar's end it may hold only its zero padding.
@@ -286,6 +220,83 @@ func importArchive(ctx context.Context, r io.Reader, final, label string, opts [
 		}
 	}
 	return im.commit()
+}
+
+// decompressed is the archive's tar stream: zstd-decompressed, except for
+// a CRI-O archive, which is plain tar unless it starts with zstd's magic
+// (Podman's may be compressed). The func releases the decoder.
+func decompressed(ctx context.Context, r io.Reader, crio bool) (io.Reader, func(), error) {
+	var in io.Reader = ctxReader{ctx, r}
+	if crio {
+		br := bufio.NewReader(in)
+		if magic, _ := br.Peek(4); !bytes.Equal(magic, zstdMagic) {
+			return br, func() {}, nil
+		}
+		in = br
+	}
+	zd, err := zstd.NewReader(in, zstd.WithDecoderMaxWindow(maxArchiveWindow))
+	if err != nil {
+		return nil, nil, err
+	}
+	return zd, zd.Close, nil
+}
+
+// readEntries reads the archive's entries in their required order: the
+// manifest first (it bounds what may follow), its signature if any, then
+// the files it lists, each unpacked and checked as it comes.
+func (im *importer) readEntries(tr *tar.Reader) error {
+	for i := 0; ; {
+		hdr, err := tr.Next()
+		if errors.Is(err, tar.ErrInsecurePath) && hdr != nil {
+			err = nil // checkName says why, with the fix
+		}
+		if err == io.EOF && i == 0 && im.cfg.crio {
+			return im.errorf("", ErrNotImage, nil, "holds no %s: not a checkpoint archive of \"kcr export --format cri-o\" (restore Podman's or CRI-O's own archives with podman or CRI-O)", CRIOManifestName)
+		}
+		if err == io.EOF && i == 0 {
+			return im.badArchive(nil, "is empty: not a kcr image archive (was it written by \"kcr export\"?)")
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return im.readError(err, "")
+		}
+		name, err := im.checkName(hdr)
+		if err != nil {
+			return err
+		}
+		if im.cfg.crio {
+			if name = crioName(name); name == "" {
+				if err := im.skip(hdr); err != nil {
+					return err
+				}
+				continue
+			}
+			if i == 0 && name != ManifestName {
+				return im.errorf(name, ErrNotImage, nil, "archive entry %q comes before %s: not a checkpoint archive of \"kcr export --format cri-o\" (restore Podman's or CRI-O's own archives with podman or CRI-O)", hdr.Name, CRIOManifestName)
+			}
+		}
+		i++
+		if i == 1 {
+			if err := im.readManifest(hdr, name, tr); err != nil {
+				return err
+			}
+			continue
+		}
+		if i == 2 && name == SignatureName && hdr.Typeflag == tar.TypeReg {
+			if err := im.readSignature(hdr, tr); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := im.checkSigned(); err != nil {
+			return err
+		}
+		if err := im.unpack(hdr, name, tr); err != nil {
+			return err
+		}
+	}
 }
 
 // checkName refuses entries whose path is unsafe or whose type is neither

@@ -31,25 +31,7 @@ func (im *Image) verify(ctx context.Context, useCache, trusted bool, keys []ed25
 		}
 	}
 
-	onDisk := make(map[string]fs.FileInfo)
-	var loose []string // group- or other-accessible entries
-	err := fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		fi, err := d.Info() // lstat: symlinks are not followed
-		if err != nil {
-			return err
-		}
-		onDisk[p] = fi
-		if fi.Mode().Type() != fs.ModeSymlink && fi.Mode().Perm()&0o077 != 0 {
-			loose = append(loose, fmt.Sprintf("%s mode %04o", p, fi.Mode().Perm()))
-		}
-		return nil
-	})
+	onDisk, loose, err := listImage(ctx, root)
 	if err != nil {
 		return fmt.Errorf("images: %s: list image: %w%s", dir, err, ioHint(err))
 	}
@@ -68,6 +50,66 @@ func (im *Image) verify(ctx context.Context, useCache, trusted bool, keys []ed25
 			return err
 		}
 	}
+	if err := im.checkContents(ctx, root, onDisk, useCache); err != nil {
+		return err
+	}
+
+	for p, fi := range onDisk {
+		if !fi.IsDir() && !IsReserved(p) && !listed[p] {
+			im.Extra = append(im.Extra, p)
+		}
+	}
+	slices.Sort(im.Extra)
+	if len(keys) > 0 {
+		// CRIU opens optional images when they exist, so a file in its
+		// directory that the signed manifest does not list would change
+		// the restore without touching the signature.
+		for _, x := range im.Extra {
+			if strings.HasPrefix(x, CRIUSubdir+"/") && x != criuRestoreStats {
+				return newError(dir, x, ErrSignature, nil, fmt.Sprintf(
+					"%s is not listed in the signed %s, and CRIU could read it: refusing the image; remove it if you know where it came from", x, ManifestName))
+			}
+		}
+	}
+	if len(loose) > 0 {
+		slices.Sort(loose)
+		im.Warnings = append(im.Warnings, fmt.Sprintf(
+			"%d entries are accessible to group or others (e.g. %s) but images hold process memory: run chmod -R go-rwx %s",
+			len(loose), loose[0], dir))
+	}
+	return nil
+}
+
+// listImage lstats every entry of the image (symlinks are not followed), and
+// names the ones group or others may access, for the warning.
+func listImage(ctx context.Context, root *os.Root) (map[string]fs.FileInfo, []string, error) {
+	onDisk := make(map[string]fs.FileInfo)
+	var loose []string
+	err := fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		onDisk[p] = fi
+		if fi.Mode().Type() != fs.ModeSymlink && fi.Mode().Perm()&0o077 != 0 {
+			loose = append(loose, fmt.Sprintf("%s mode %04o", p, fi.Mode().Perm()))
+		}
+		return nil
+	})
+	return onDisk, loose, err
+}
+
+// checkContents hashes every listed file that the verification cache does
+// not vouch for, and records the ones it may vouch for next time: the cache
+// is what lets a restore skip hashing an unchanged image.
+func (im *Image) checkContents(ctx context.Context, root *os.Root, onDisk map[string]fs.FileInfo, useCache bool) error {
+	dir := im.Dir
 	var cache map[string]fileID
 	if useCache && ownedByMe(root) {
 		// Another user's directory may hold a cache that vouches for
@@ -96,30 +138,6 @@ func (im *Image) verify(ctx context.Context, useCache, trusted bool, keys []ed25
 	}
 	if hashed > 0 && len(ids) > 0 {
 		writeVerified(root, ids)
-	}
-
-	for p, fi := range onDisk {
-		if !fi.IsDir() && !IsReserved(p) && !listed[p] {
-			im.Extra = append(im.Extra, p)
-		}
-	}
-	slices.Sort(im.Extra)
-	if len(keys) > 0 {
-		// CRIU opens optional images when they exist, so a file in its
-		// directory that the signed manifest does not list would change
-		// the restore without touching the signature.
-		for _, x := range im.Extra {
-			if strings.HasPrefix(x, CRIUSubdir+"/") && x != criuRestoreStats {
-				return newError(dir, x, ErrSignature, nil, fmt.Sprintf(
-					"%s is not listed in the signed %s, and CRIU could read it: refusing the image; remove it if you know where it came from", x, ManifestName))
-			}
-		}
-	}
-	if len(loose) > 0 {
-		slices.Sort(loose)
-		im.Warnings = append(im.Warnings, fmt.Sprintf(
-			"%d entries are accessible to group or others (e.g. %s) but images hold process memory: run chmod -R go-rwx %s",
-			len(loose), loose[0], dir))
 	}
 	return nil
 }

@@ -216,26 +216,7 @@ func Restore(ctx context.Context, criuPath string, opts RestoreOptions) (*Restor
 			return nil, lazy.abort(err)
 		}
 	}
-	req := &rpc.CriuReq{
-		Type: rpc.CriuReqType_RESTORE.Enum(),
-		Opts: &rpc.CriuOpts{
-			ImagesDirFd:    proto.Int32(int32(imgDir.Fd())),
-			WorkDirFd:      proto.Int32(int32(wDir.Fd())),
-			LeaveRunning:   proto.Bool(false),
-			ShellJob:       proto.Bool(opts.ShellJob),
-			FileLocks:      proto.Bool(opts.FileLocks),
-			TcpClose:       proto.Bool(opts.TCPClose),
-			TcpEstablished: proto.Bool(opts.TCPEstablished),
-			LazyPages:      proto.Bool(opts.LazyPages),
-			LogLevel:       proto.Int32(level(opts.LogLevel)),
-			LogFile:        proto.String(logFile),
-			// Always: if kcr dies, CRIU's next notification fails and
-			// CRIU kills what it restored so far (see startSwrk).
-			NotifyScripts: proto.Bool(true),
-			// Not RstSibling: that would make the tree our child.
-		},
-	}
-	resp, callErr := s.call(req, notify)
+	resp, callErr := s.call(restoreRequest(opts, imgDir, wDir, logFile), notify)
 	elapsed := time.Since(start)
 	exited := make(chan struct{})
 	if resp.GetSuccess() && callErr == nil {
@@ -262,4 +243,29 @@ func Restore(ctx context.Context, criuPath string, opts RestoreOptions) (*Restor
 	res := &RestoreResult{PID: pid, Duration: elapsed, LogPath: logPath, Lazy: lazy, Stages: stages, exited: exited}
 	res.Stats, res.StatsErr = ReadRestoreStats(workDir)
 	return res, nil
+}
+
+// restoreRequest is CRIU's restore request for opts, with the images and
+// work directories passed as descriptors (CRIU reads what kcr opened and
+// checked, not a path that may have changed since).
+func restoreRequest(opts RestoreOptions, imgDir, wDir *os.File, logFile string) *rpc.CriuReq {
+	return &rpc.CriuReq{
+		Type: rpc.CriuReqType_RESTORE.Enum(),
+		Opts: &rpc.CriuOpts{
+			ImagesDirFd:    proto.Int32(int32(imgDir.Fd())),
+			WorkDirFd:      proto.Int32(int32(wDir.Fd())),
+			LeaveRunning:   proto.Bool(false),
+			ShellJob:       proto.Bool(opts.ShellJob),
+			FileLocks:      proto.Bool(opts.FileLocks),
+			TcpClose:       proto.Bool(opts.TCPClose),
+			TcpEstablished: proto.Bool(opts.TCPEstablished),
+			LazyPages:      proto.Bool(opts.LazyPages),
+			LogLevel:       proto.Int32(level(opts.LogLevel)),
+			LogFile:        proto.String(logFile),
+			// Always: if kcr dies, CRIU's next notification fails and
+			// CRIU kills what it restored so far (see startSwrk).
+			NotifyScripts: proto.Bool(true),
+			// Not RstSibling: that would make the tree our child.
+		},
+	}
 }

@@ -239,6 +239,14 @@ func (s deps) restoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreRe
 		return nil, fmt.Errorf("restore %s: %w", o.Image, err)
 	}
 
+	return s.runClones(ctx, o, img, criuPath, early, pre, start)
+}
+
+// runClones restores o.Count copies of the verified image at once, the
+// first with the CRIU started ahead (early), and prefixes each result's
+// timings with the steps they shared (pre): clones start together so that
+// N copies cost about one restore's time.
+func (s deps) runClones(ctx context.Context, o RestoreOptions, img *images.Image, criuPath string, early *criu.RestoreSession, pre Timings, start time.Time) ([]*RestoreResult, error) {
 	results := make([]*RestoreResult, o.Count)
 	errs := make([]error, o.Count)
 	done := make(chan struct{})
@@ -335,25 +343,13 @@ func (s deps) restoreOne(ctx context.Context, o RestoreOptions, img *images.Imag
 		return nil
 	}
 	t := time.Now()
-	var rr *criu.RestoreResult
-	for attempt := 1; ; attempt++ {
-		rr, err = s.restore(ctx, criuPath, criu.RestoreOptions{
-			ImagesDir: img.CRIUDir(), ImagesDirFile: imgDir, WorkDir: work, LazyPages: o.Lazy, LogLevel: o.CRIULogLevel,
-			TCPClose: m.Options.TCPClose, ShellJob: m.Options.ShellJob, FileLocks: m.Options.FileLocks,
-			Session: sess, Notify: needGen,
-		})
-		sess = nil // used (or closed) by the first attempt
-		// Clones restore the same bound Unix socket paths; CRIU unlinks and
-		// binds, and a sibling can bind in between. The clone then moves
-		// its control socket, so another try settles it.
-		if err == nil || o.Count <= 1 || attempt == 10 || !bindRace(err) {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return nil, err
-		case <-time.After(time.Duration(5+rand.IntN(40)) * time.Millisecond):
-		}
+	rr, canceled, err := s.criuRestore(ctx, o.Count, criuPath, criu.RestoreOptions{
+		ImagesDir: img.CRIUDir(), ImagesDirFile: imgDir, WorkDir: work, LazyPages: o.Lazy, LogLevel: o.CRIULogLevel,
+		TCPClose: m.Options.TCPClose, ShellJob: m.Options.ShellJob, FileLocks: m.Options.FileLocks,
+		Session: sess, Notify: needGen,
+	})
+	if canceled {
+		return nil, err
 	}
 	res.Timings.Add(PhaseRestore, time.Since(t))
 	c := generation()
@@ -395,6 +391,26 @@ func (s deps) restoreOne(ctx context.Context, o RestoreOptions, img *images.Imag
 		}
 	}
 	return res, nil
+}
+
+// criuRestore has CRIU restore one copy, and tries again (up to 10 times)
+// when count clones race for a bound Unix socket path: CRIU unlinks and
+// binds, and a sibling can bind in between. The clone then moves its
+// control socket, so another try settles it. canceled reports that ctx
+// ended while it waited to try again; err is the last attempt's.
+func (s deps) criuRestore(ctx context.Context, count int, criuPath string, opts criu.RestoreOptions) (rr *criu.RestoreResult, canceled bool, err error) {
+	for attempt := 1; ; attempt++ {
+		rr, err = s.restore(ctx, criuPath, opts)
+		opts.Session = nil // used (or closed) by the first attempt
+		if err == nil || count <= 1 || attempt == 10 || !bindRace(err) {
+			return rr, false, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, true, err
+		case <-time.After(time.Duration(5+rand.IntN(40)) * time.Millisecond):
+		}
+	}
 }
 
 // criuStages splits CRIU's part of a restore at its notifications: its

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -121,4 +122,31 @@ func flagsMarkdown(b *strings.Builder, fs *pflag.FlagSet) {
 func cell(s string) string {
 	s = strings.ReplaceAll(s, "|", `\|`)
 	return strings.ReplaceAll(s, "\n", " ")
+}
+
+// The README's command overview names every visible top-level command, so
+// that a new command is not left out of the first page users read.
+func TestREADMECommands(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "| `kcr ") {
+			rows = append(rows, l)
+		}
+	}
+	var g globals
+	for _, c := range newRoot(&g).Commands() {
+		if !c.IsAvailableCommand() || c.Name() == "help" {
+			continue
+		}
+		named := func(row string) bool {
+			return strings.Contains(row, "`kcr "+c.Name()+" ") || strings.Contains(row, "`kcr "+c.Name()+"`")
+		}
+		if !slices.ContainsFunc(rows, named) {
+			t.Errorf("README.md's command table has no row for kcr %s", c.Name())
+		}
+	}
 }

@@ -1,8 +1,6 @@
 package standby
 
 import (
-	"context"
-	"log/slog"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -46,73 +44,6 @@ func twoPartitions(t *testing.T) ([]string, *kgo.Client, func(p int32)) {
 	return addrs, cl, to
 }
 
-// The lag watcher wakes on records past the group's committed offsets
-// (topics taken from its commits), not on those already committed, and
-// never on broker errors.
-func TestLagWatcher(t *testing.T) {
-	c, addrs := kafkatest.Cluster(t, kfake.SeedTopics(2, "orders"))
-	produce(t, addrs, "orders", 4)
-	cl, _ := kgo.NewClient(kgo.SeedBrokers(addrs...))
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
-	ends, err := adm.ListEndOffsets(t.Context(), "orders")
-	if err != nil {
-		t.Fatal(err)
-	}
-	offs := kadm.Offsets{}
-	ends.Each(func(e kadm.ListedOffset) { offs.Add(kadm.Offset{Topic: e.Topic, Partition: e.Partition, At: e.Offset}) })
-	if _, err := adm.CommitOffsets(t.Context(), "svc", offs); err != nil {
-		t.Fatal(err)
-	}
-
-	log := &syncBuf{}
-	rec := &countingObserver{}
-	o := Options{Brokers: addrs, Group: "svc", Poll: 20 * time.Millisecond, BrokerTimeout: 2 * time.Second,
-		Observer: rec, Logger: slog.New(slog.NewJSONHandler(log, nil))}
-	w, err := newLagWatcher(t.Context(), &o, o.Logger)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.close()
-	wake := make(chan string, 1)
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() { w.watch(ctx, wake); close(done) }()
-	select {
-	case src := <-wake:
-		t.Fatalf("woke (%s) with everything committed", src)
-	case <-time.After(300 * time.Millisecond):
-	}
-	produce(t, addrs, "orders", 1)
-	select {
-	case src := <-wake:
-		if src != "kafka" {
-			t.Fatalf("source %q", src)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatalf("no wake after a record past the commits; log:\n%s", log.String())
-	}
-	<-done
-	cancel()
-	if rec.requests() == 0 {
-		t.Error("no broker requests counted")
-	}
-
-	// The broker goes away: polls fail, nothing wakes.
-	ctx, cancel = context.WithCancel(t.Context())
-	defer cancel()
-	c.Close()
-	go w.watch(ctx, wake)
-	select {
-	case src := <-wake:
-		t.Fatalf("woke (%s) while the broker was down", src)
-	case <-time.After(time.Second):
-	}
-	if !strings.Contains(log.String(), "lag poll failed; polling on, no wake on errors") {
-		t.Errorf("broker errors not logged:\n%s", log.String())
-	}
-}
-
 type countingObserver struct {
 	nopObserver
 	n atomic.Int64
@@ -122,57 +53,9 @@ func (o *countingObserver) BrokerRequests(n int) { o.n.Add(int64(n)) }
 
 func (o *countingObserver) requests() int64 { return o.n.Load() }
 
-// A partition the group never committed counts from its end offset when
-// first seen: older records are no lag, a newer one is lag until the group
-// commits it (the service must not sleep on it, nor miss its wake).
-func TestLagUncommittedPartition(t *testing.T) {
-	addrs, cl, to := twoPartitions(t)
-	adm := kadm.NewClient(cl)
-	commit := func(p int32, at int64) {
-		t.Helper()
-		offs := kadm.Offsets{}
-		offs.Add(kadm.Offset{Topic: "t", Partition: p, At: at})
-		if _, err := adm.CommitOffsets(t.Context(), "g", offs); err != nil {
-			t.Fatal(err)
-		}
-	}
-	to(0)
-	to(1)
-	to(1) // old records of partition 1, never committed
-	commit(0, 1)
-	o := Options{Brokers: addrs, Group: "g", Poll: 20 * time.Millisecond, BrokerTimeout: 2 * time.Second, Observer: nopObserver{}}
-	w, err := newLagWatcher(t.Context(), &o, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.close()
-	lag := func() int64 {
-		t.Helper()
-		n, _, err := w.lag(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	if n := lag(); n != 0 {
-		t.Fatalf("lag %d with partition 0 committed and partition 1 never committed, want 0", n)
-	}
-	to(1)
-	if n := lag(); n != 1 {
-		t.Fatalf("lag %d after a new record on the uncommitted partition, want 1", n)
-	}
-	if n := lag(); n != 1 {
-		t.Fatalf("lag %d on the next poll, want still 1 (not taken as old)", n)
-	}
-	commit(1, 3)
-	if n := lag(); n != 0 {
-		t.Fatalf("lag %d once the group committed it, want 0", n)
-	}
-}
-
-// The lag base of never-committed partitions is kept in the state file: a
-// record that lands in one while no kcr standby runs wakes the service when
-// a new one starts on the same image directory.
+// The Kafka wake's base of never-committed partitions is kept in the state
+// file: a record that lands in one while no kcr standby runs wakes the
+// service when a new one starts on the same image directory.
 func TestLagBaseSurvivesRestart(t *testing.T) {
 	addrs, cl, to := twoPartitions(t)
 	to(0)

@@ -88,7 +88,7 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 		if err != nil {
 			return nil, err
 		}
-		s.wakes, s.holdTopics = append(s.wakes, k), k.w.Topics
+		s.wakes, s.holdTopics = append(s.wakes, k), k.topics
 		if s.hold, err = newGroupHold(&s.o, s.log, s.setHoldMember); err != nil {
 			return nil, err
 		}

@@ -355,3 +355,44 @@ func TestOffsetsGone(t *testing.T) {
 		}
 	}
 }
+
+// A leader that moves while Wait runs is no work: Wait reads the leaders
+// again and returns for the next record, on the new leader.
+func TestLeaderMoves(t *testing.T) {
+	c, addrs := kafkatest.Cluster(t, kfake.NumBrokers(2), kfake.SeedTopics(1, "t"))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	r := &rig{t: t, c: c, addrs: addrs, cl: cl, adm: kadm.NewClient(cl)}
+	r.produce(0, 2)
+	r.commit(0, 2)
+	w, log := r.watcher(nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := startWait(ctx, w)
+	time.Sleep(200 * time.Millisecond) // Wait fetches from the first leader
+	meta, err := r.adm.Metadata(t.Context(), "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := meta.Topics["t"].Partitions[0].Leader
+	if err := c.MoveTopicPartition("t", 0, 1-leader); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("Wait returned (%v) on a leader move; log:\n%s", err, log.String())
+	case <-time.After(time.Second):
+	}
+	r.produce(0, 1)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatalf("no wake after a record on the new leader; log:\n%s", log.String())
+	}
+}

@@ -83,7 +83,8 @@ func (g *offsetsGoneRig) vanish(how string) {
 }
 
 func (g *offsetsGoneRig) options(topics bool) Options {
-	o := Options{Brokers: g.addrs, Group: "g", Poll: 20 * time.Millisecond, BrokerTimeout: 2 * time.Second, Observer: nopObserver{}}
+	// Poll 0: the default long-polling fetch.
+	o := Options{Brokers: g.addrs, Group: "g", BrokerTimeout: 2 * time.Second, Observer: nopObserver{}}
 	if topics {
 		o.Topics = []string{"t"}
 	}
@@ -110,7 +111,7 @@ func TestOffsetsGoneAcrossRestart(t *testing.T) {
 			f := newFake()
 			r2 := startRig(t, f, dir, withLag)
 			r2.waitState(StateStandby)
-			time.Sleep(300 * time.Millisecond) // some polls, full ones among them
+			time.Sleep(300 * time.Millisecond) // the watcher reads the group and waits at the broker
 			if starts, restores, _ := f.snapshot(); starts != 0 || len(restores) != 0 {
 				t.Fatalf("%d cold starts, restores %v with no new record: want none", starts, restores)
 			}

@@ -34,6 +34,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -115,9 +116,10 @@ type Watcher struct {
 	adm  *kadm.Client
 	reqs atomic.Int64 // requests written to brokers
 
-	// state is used by one goroutine at a time (Pending, Wait), and copied
-	// out by State under no lock: callers do not call State while a Wait
-	// runs.
+	// state is read and written by Pending and Wait, which callers do
+	// not run at the same time, nor State and SetState with them; mu
+	// guards the writes of a Wait's fetches, which run in parallel.
+	mu    sync.Mutex
 	state State
 }
 
@@ -143,7 +145,9 @@ func New(ctx context.Context, cfg Config) (*Watcher, error) {
 		kgo.RequestRetries(0), kgo.RetryTimeout(time.Second), kgo.DialTimeout(time.Second),
 		// Every reading of the group asks for the leaders and topic ids
 		// afresh (kadm answers from a cache that is younger).
-		kgo.MetadataMinAge(10*time.Millisecond))
+		kgo.MetadataMinAge(10*time.Millisecond),
+		// The group is read every refreshEvery: its connections stay.
+		kgo.ConnIdleTimeout(2*refreshEvery))
 	if err != nil {
 		return nil, fmt.Errorf("%w: --brokers %v: %v", ErrConfig, cfg.Brokers, err)
 	}

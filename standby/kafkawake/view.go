@@ -134,6 +134,8 @@ func (w *Watcher) startOf(committed kadm.OffsetResponses, t string, p int32) (in
 }
 
 func (w *Watcher) setBase(t string, p int32, at int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	if w.state.Base[t] == nil {
 		w.state.Base[t] = map[int32]int64{}
 	}

@@ -56,7 +56,7 @@ func (o *countingObserver) requests() int64 { return o.n.Load() }
 // The Kafka wake's base of never-committed partitions is kept in the state
 // file: a record that lands in one while no kcr standby runs wakes the
 // service when a new one starts on the same image directory.
-func TestLagBaseSurvivesRestart(t *testing.T) {
+func TestWakeBaseSurvivesRestart(t *testing.T) {
 	addrs, cl, to := twoPartitions(t)
 	to(0)
 	to(1)

@@ -83,3 +83,32 @@ func TestWakeBaseSurvivesRestart(t *testing.T) {
 		t.Fatalf("not woken by Kafka lag:\n%s", r2.log.String())
 	}
 }
+
+// A transactional upstream: the service sleeps though the group's commits
+// stay below the end offsets (a marker past each transaction), an aborted
+// transaction does not wake it, a committed one does.
+func TestSleepsWithTransactionalUpstream(t *testing.T) {
+	addrs, cl, _ := twoPartitions(t)
+	kafkatest.ProduceTxn(t, addrs, "t", 0, 3, true)
+	offs := kadm.Offsets{}
+	offs.Add(kadm.Offset{Topic: "t", Partition: 0, At: 3})
+	offs.Add(kadm.Offset{Topic: "t", Partition: 1, At: 0})
+	if _, err := kadm.NewClient(cl).CommitOffsets(t.Context(), "g", offs); err != nil {
+		t.Fatal(err)
+	}
+	f := newFake()
+	r := startRig(t, f, filepath.Join(t.TempDir(), "img"), func(o *Options) {
+		o.Brokers, o.Group, o.BrokerTimeout = addrs, "g", 2*time.Second
+	})
+	r.waitState(StateStandby)
+	kafkatest.ProduceTxn(t, addrs, "t", 1, 2, false)
+	time.Sleep(300 * time.Millisecond)
+	if _, restores, _ := f.snapshot(); len(restores) != 0 {
+		t.Fatalf("restores %v after an aborted transaction, want none; log:\n%s", restores, r.log.String())
+	}
+	kafkatest.ProduceTxn(t, addrs, "t", 1, 1, true)
+	r.waitState(StateRunning)
+	if !strings.Contains(r.log.String(), `"source":"kafka"`) {
+		t.Fatalf("not woken by Kafka:\n%s", r.log.String())
+	}
+}

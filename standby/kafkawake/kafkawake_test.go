@@ -50,22 +50,7 @@ func (r *rig) produce(p int32, n int) {
 // aborted.
 func (r *rig) txn(p int32, n int, commit bool) {
 	r.t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(r.addrs...), kgo.TransactionalID("up"), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	defer cl.Close()
-	if err := cl.BeginTransaction(); err != nil {
-		r.t.Fatal(err)
-	}
-	for range n {
-		if err := cl.ProduceSync(r.t.Context(), &kgo.Record{Topic: "t", Partition: p, Value: []byte("x")}).FirstErr(); err != nil {
-			r.t.Fatal(err)
-		}
-	}
-	if err := cl.EndTransaction(r.t.Context(), kgo.TransactionEndTry(commit)); err != nil {
-		r.t.Fatal(err)
-	}
+	kafkatest.ProduceTxn(r.t, r.addrs, "t", p, n, commit)
 }
 
 // commit commits offset at of partition p for group g.

@@ -11,15 +11,15 @@
 # It prints, per client library: wake latency (order produced → its result
 # read back from the broker) p50/p95/max under kcr standby and for a cold
 # start, kcr standby's RSS and CPU while the service sleeps, the broker
-# requests/s of its lag polling, and the orders missing and duplicated over
-# all cycles (both must be 0).
+# requests/s of its Kafka wake and group hold, and the orders missing and
+# duplicated over all cycles (both must be 0).
 #
 # Environment: KCR_KAFKA_BROKERS (the broker; default 127.0.0.1:9092,
 # scripts/kafka-up.sh's; KCR_KAFKA_PROD_BROKERS, if set, is used instead: a
 # broker with production group settings), KCR_BENCH_CLIENTS (default
 # "franz kafka-go"; also "franz-848": franz-go with kgo.ServerSideBalancer,
 # KIP-848, and "kafka-go-handover": kafkahooks.WithGroupHandover), KCR_BENCH_IDLE (--idle, default 1s), KCR_BENCH_POLL
-# (--poll, default 100ms), KCR_BENCH_COLD (cold-start cycles, default 5),
+# (--poll, default 0: the long-polling fetch), KCR_BENCH_COLD (cold-start cycles, default 5),
 # KCR_BENCH_WARMUP (the pipeline's warm-up, default 3s), KCR_BENCH_CACHE_MB
 # (default 64), KCR_BENCH_IDLE_SAMPLE (seconds to sample the idle standby,
 # default 10), KCR_BENCH_ASLEEP (how long the service stays asleep before each
@@ -35,7 +35,7 @@ cycles="${1:-30}"
 brokers="${KCR_KAFKA_PROD_BROKERS:-${KCR_KAFKA_BROKERS:-127.0.0.1:9092}}"
 clients="${KCR_BENCH_CLIENTS:-franz kafka-go}"
 idle="${KCR_BENCH_IDLE:-1s}"
-poll="${KCR_BENCH_POLL:-100ms}"
+poll="${KCR_BENCH_POLL:-0}"
 cold_cycles="${KCR_BENCH_COLD:-5}"
 warmup="${KCR_BENCH_WARMUP:-3s}"
 cache_mb="${KCR_BENCH_CACHE_MB:-64}"
@@ -151,6 +151,6 @@ for r in "${results[@]}"; do
 	printf '  %-44s %7.1f x\n' "ratio cold / standby (p50)" "$(jq -n --argjson a "$(jq .p50_ms <<<"$k")" --argjson b "$(jq .p50_ms <<<"$w")" '$a/$b')"
 	printf '  %-44s %7.0f ms\n' "kcr's wake signal → restored (median)" "$kwake"
 	printf '  %-44s %7s MiB RSS, %s %% of a core (service: 0, gone)\n' "kcr standby while the service sleeps" "$rss" "$cpu"
-	printf '  %-44s %7s requests/s\n' "broker load of the lag polling" "$rps"
+	printf '  %-44s %7s requests/s\n' "broker load of the Kafka wake and hold" "$rps"
 	echo "  orders missing: $(jq .missing <<<"$w") (standby) $(jq .missing <<<"$k") (cold), duplicated: $(jq .duplicated <<<"$w") (standby) $(jq .duplicated <<<"$k") (cold)"
 done

@@ -34,12 +34,10 @@ type persisted struct {
 	PID   int    `json:"pid,omitempty"`   // running: the service's host PID
 	Start uint64 `json:"start,omitempty"` // running: its start time
 	Image string `json:"image,omitempty"` // standby: the image's base name
-	// LagBase is the lag watcher's base (standby): the last offsets the
-	// group was seen to commit, and the end offsets of the partitions it
-	// never committed when they were first seen, so that a record that
-	// lands there, or past offsets that vanished, while no kcr standby
+	// Wake are the wake sources' states (standby), by source: what the
+	// Kafka wake needs so that a record that lands while no kcr standby
 	// runs still wakes the service.
-	LagBase map[string]map[int32]int64 `json:"lag_base,omitempty"`
+	Wake map[string]json.RawMessage `json:"wake,omitempty"`
 	// HoldMember is the member id of the group hold's placeholder while it
 	// may be in the group: a kcr standby killed meanwhile left it there,
 	// and the next one removes it first.

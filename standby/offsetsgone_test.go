@@ -2,7 +2,6 @@ package standby
 
 import (
 	"errors"
-	"log/slog"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -84,76 +83,12 @@ func (g *offsetsGoneRig) vanish(how string) {
 }
 
 func (g *offsetsGoneRig) options(topics bool) Options {
-	o := Options{Brokers: g.addrs, Group: "g", Poll: 20 * time.Millisecond, BrokerTimeout: 2 * time.Second, Observer: nopObserver{}}
+	// Poll 0: the default long-polling fetch.
+	o := Options{Brokers: g.addrs, Group: "g", BrokerTimeout: 2 * time.Second, Observer: nopObserver{}}
 	if topics {
 		o.Topics = []string{"t"}
 	}
 	return o
-}
-
-// watcher starts a lag watcher on the rig's group and returns a check of
-// its next full poll: no error and lag want.
-func (g *offsetsGoneRig) watcher(topics bool) func(what string, want int64) {
-	t := g.t
-	o := g.options(topics)
-	w, err := newLagWatcher(t.Context(), &o, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(w.close)
-	return func(what string, want int64) {
-		t.Helper()
-		n, _, err := w.lag(t.Context())
-		if err != nil || n != want {
-			t.Fatalf("%s: lag %d (err %v), want %d", what, n, err, want)
-		}
-	}
-}
-
-// The group's committed offsets vanish while the service sleeps (deleted,
-// or the group deleted, which is what their expiry amounts to). The
-// service's image recorded them, and kafkahooks/kgohooks continue from
-// them (rule H8): for kcr standby the group is still where it last
-// committed. So nothing wakes it while nothing new arrives, and a record
-// produced after its last commit, even one produced before the offsets
-// vanished, wakes it. With and without --topics (then the topics are those
-// the group had committed).
-func TestLagOffsetsGone(t *testing.T) {
-	for _, how := range []string{"offsets", "group"} {
-		for _, topics := range []bool{true, false} {
-			name := how + "/topics-from-commits"
-			if topics {
-				name = how + "/topics-given"
-			}
-			t.Run(name, func(t *testing.T) {
-				g := newOffsetsGoneRig(t)
-				lag := g.watcher(topics)
-				lag("everything committed", 0)
-				g.vanish(how)
-				lag("offsets gone, no new record", 0)
-				lag("offsets gone, no new record, next poll", 0)
-				g.produce(1)
-				lag("offsets gone, a new record", 1)
-				lag("offsets gone, a new record, next poll", 1)
-			})
-		}
-	}
-}
-
-// A record produced between the service's last commit and the vanishing
-// of the offsets is lag too, though the watcher first sees the partition
-// without a commit after it arrived.
-func TestLagOffsetsGoneRecordBefore(t *testing.T) {
-	for _, how := range []string{"offsets", "group"} {
-		t.Run(how, func(t *testing.T) {
-			g := newOffsetsGoneRig(t)
-			lag := g.watcher(true)
-			lag("everything committed", 0)
-			g.produce(0)
-			g.vanish(how)
-			lag("a record produced before the "+how+" vanished", 1)
-		})
-	}
 }
 
 // The supervisor asleep, kcr standby stopped, the group deleted, then kcr
@@ -176,7 +111,7 @@ func TestOffsetsGoneAcrossRestart(t *testing.T) {
 			f := newFake()
 			r2 := startRig(t, f, dir, withLag)
 			r2.waitState(StateStandby)
-			time.Sleep(300 * time.Millisecond) // some polls, full ones among them
+			time.Sleep(300 * time.Millisecond) // the watcher reads the group and waits at the broker
 			if starts, restores, _ := f.snapshot(); starts != 0 || len(restores) != 0 {
 				t.Fatalf("%d cold starts, restores %v with no new record: want none", starts, restores)
 			}

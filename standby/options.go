@@ -25,7 +25,6 @@ import (
 
 // Defaults of Options.
 const (
-	DefaultPoll           = 100 * time.Millisecond
 	DefaultHookBudget     = notify.DefaultHookBudget
 	DefaultReadyTimeout   = 30 * time.Second
 	DefaultBackoffMin     = 500 * time.Millisecond
@@ -72,15 +71,17 @@ type Options struct {
 	// row, up to BackoffMax (defaults 500 ms and 30 s).
 	BackoffMin, BackoffMax time.Duration
 
-	// Brokers, Group and Topics configure the Kafka wake: while the
-	// service is checkpointed, the lag of Group (committed offsets against
-	// end offsets) on Topics (default: the topics the group committed) is
-	// polled every Poll (default 100 ms). Without Group there is no Kafka
-	// wake.
+	// Brokers, Group and Topics configure the Kafka wake: the service
+	// does not sleep while records past the commits of Group on Topics
+	// (default: the topics the group committed) wait, and is woken when
+	// one lands while it sleeps (package kafkawake). Without Group there is
+	// no Kafka wake.
 	Brokers []string
 	Group   string
 	Topics  []string
-	Poll    time.Duration
+	// Poll, if set, fetches every Poll while the service sleeps; zero
+	// long-polls: the broker answers when a record lands.
+	Poll time.Duration
 	// BrokerTimeout bounds the broker check at start (default 5 s).
 	BrokerTimeout time.Duration
 	// NoHoldGroup turns the group hold off (docs/standby.md, "The group
@@ -120,10 +121,7 @@ func (o *Options) check() error {
 	case o.Group != "" && len(o.Brokers) == 0:
 		return bad("--group %q needs --brokers", o.Group)
 	case len(o.Topics) > 0 && o.Group == "":
-		return bad("--topics needs --group: the lag watched is that of the service's consumer group")
-	}
-	if o.Poll == 0 {
-		o.Poll = DefaultPoll
+		return bad("--topics needs --group: the records watched are those the service's consumer group has not committed")
 	}
 	if o.ActivityPoll == 0 {
 		o.ActivityPoll = min(max(o.Idle/10, minActivityPoll), maxActivityPoll)

@@ -2,14 +2,12 @@ package standby
 
 import (
 	"context"
-	"errors"
+	"encoding/json"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net"
 	"os"
 	"os/exec"
-	"slices"
 	"sync"
 	"time"
 
@@ -19,11 +17,14 @@ import (
 // Supervisor runs one service through the standby cycle. Create it with
 // New (which checks everything and starts nothing), then call Run.
 type Supervisor struct {
-	o   Options
-	log *slog.Logger
-	dir *imageDir
-	b   backend
-	lag *lagWatcher // nil without Options.Group
+	o     Options
+	log   *slog.Logger
+	dir   *imageDir
+	b     backend
+	wakes []wakeSource // besides manual wakes and --listen
+	// holdTopics are the topics the group hold subscribes to (nil without
+	// Options.Group).
+	holdTopics func() []string
 	// hold keeps the group from being empty while the service sleeps;
 	// nil without Options.Group. With Options.NoHoldGroup it only sweeps
 	// a placeholder an earlier kcr standby left.
@@ -82,9 +83,11 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 		}
 	}
 	if o.Group != "" {
-		if s.lag, err = newLagWatcher(ctx, &s.o, s.log); err != nil {
+		k, err := newKafkaSource(ctx, &s.o)
+		if err != nil {
 			return nil, err
 		}
+		s.wakes, s.holdTopics = append(s.wakes, k), k.topics
 		if s.hold, err = newGroupHold(&s.o, s.log, s.setHoldMember); err != nil {
 			return nil, err
 		}
@@ -123,8 +126,8 @@ func (s *Supervisor) close() {
 	if s.hold != nil {
 		s.hold.close()
 	}
-	if s.lag != nil {
-		s.lag.close()
+	for _, w := range s.wakes {
+		w.close()
 	}
 	if eb, ok := s.b.(*engineBackend); ok {
 		for _, f := range eb.extra {
@@ -273,7 +276,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			}
 		case StateStandby:
 			s.setState(StateStandby, "image", s.image)
-			if err := s.writeState(persisted{State: StateStandby, Image: s.image, LagBase: s.lagBase()}); err != nil {
+			if err := s.writeState(persisted{State: StateStandby, Image: s.image, Wake: s.wakeStates()}); err != nil {
 				s.log.Warn("standby: state file", "err", err)
 			}
 			s.startHold(ctx)
@@ -318,8 +321,8 @@ func (s *Supervisor) resumePoint() (State, proc) {
 	if len(imgs) > 0 {
 		s.setImage(imgs[0])
 	}
-	if s.lag != nil && st.State == StateStandby && st.LagBase != nil {
-		s.lag.base = st.LagBase
+	if st.State == StateStandby {
+		s.loadWakeStates(st.Wake)
 	}
 	switch p := (proc{PID: st.PID, Start: st.Start}); {
 	case st.State == StateRunning && p.PID > 0 && alive(p):
@@ -335,17 +338,29 @@ func (s *Supervisor) resumePoint() (State, proc) {
 	return StateStarting, proc{}
 }
 
-// lagBase is a copy of the lag watcher's base, for the state file (nil
-// without one): the copy may be written while the watcher runs.
-func (s *Supervisor) lagBase() map[string]map[int32]int64 {
-	if s.lag == nil || s.lag.base == nil {
-		return nil
+// wakeStates are the wake sources' states, for the state file.
+func (s *Supervisor) wakeStates() map[string]json.RawMessage {
+	states := map[string]json.RawMessage{}
+	for _, w := range s.wakes {
+		st, err := w.saveState()
+		if err != nil {
+			s.log.Warn("standby: state file: a wake source's state", "source", w.name(), "err", err)
+			continue
+		}
+		states[w.name()] = st
 	}
-	base := make(map[string]map[int32]int64, len(s.lag.base))
-	for t, ps := range s.lag.base {
-		base[t] = maps.Clone(ps)
+	return states
+}
+
+// loadWakeStates gives the wake sources their states from the state file.
+func (s *Supervisor) loadWakeStates(states map[string]json.RawMessage) {
+	for _, w := range s.wakes {
+		if st, ok := states[w.name()]; ok {
+			if err := w.loadState(st); err != nil {
+				s.log.Warn("standby: ignoring a wake source's state in the state file", "source", w.name(), "err", err)
+			}
+		}
 	}
-	return base
 }
 
 // writeState writes the state file with p and the group hold's member.
@@ -403,9 +418,9 @@ func (s *Supervisor) startHold(ctx context.Context) {
 	}
 	topics := s.o.Topics
 	if len(topics) == 0 {
-		// The placeholder's subscription: the topics the watcher
+		// The placeholder's subscription: the topics the Kafka wake
 		// watches (it does not run yet).
-		topics = slices.Sorted(maps.Keys(s.lag.base))
+		topics = s.holdTopics()
 	}
 	s.hold.start(ctx, topics)
 }
@@ -492,19 +507,15 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc) State {
 		s.log.Error("standby: cannot name the next image; the service runs on", "err", err)
 		return StateRunning
 	}
-	if s.lag != nil {
-		// Idle is not enough: records the service has not committed yet
-		// (it is still joining its group, say) are work, and records that
-		// arrive from now on must wake it.
-		lag, _, err := s.lag.lag(ctx)
+	// Idle is not enough: work the service has not taken yet (it is still
+	// joining its group, say) keeps it awake.
+	for _, w := range s.wakes {
+		why, err := w.busy(ctx)
 		switch {
-		case errors.Is(err, errNoTopics):
-			s.log.Warn("standby: not checkpointing: nothing could wake the service from Kafka", "group", s.o.Group, "err", err)
-			return StateRunning
 		case err != nil:
-			s.log.Warn("standby: lag unknown before the checkpoint; going on (the watch wakes the service on any lag)", "group", s.o.Group, "err", err)
-		case lag > 0:
-			s.log.Info("standby: not checkpointing: the group has lag", "group", s.o.Group, "lag", lag, "pid", p.PID)
+			s.log.Warn("standby: pending work unknown before the checkpoint; going on (the wait wakes the service on any work)", "source", w.name(), "err", err)
+		case why != "":
+			s.log.Info("standby: not checkpointing: work is waiting", "source", w.name(), "why", why, "pid", p.PID)
 			return StateRunning
 		}
 	}
@@ -531,7 +542,7 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc) State {
 	s.image = name
 	s.cur = proc{}
 	s.mu.Unlock()
-	if err := s.writeState(persisted{State: StateStandby, Image: name, LagBase: s.lagBase()}); err != nil {
+	if err := s.writeState(persisted{State: StateStandby, Image: name, Wake: s.wakeStates()}); err != nil {
 		s.log.Warn("standby: state file", "err", err)
 	}
 	if err := s.dir.removeOlder(name); err != nil {
@@ -553,8 +564,15 @@ func (s *Supervisor) waitWake(ctx context.Context) (source string, at time.Time,
 		cancel()
 		wg.Wait()
 	}()
-	if s.lag != nil {
-		wg.Go(func() { s.lag.watch(wctx, s.wakeCh) })
+	for _, w := range s.wakes {
+		wg.Go(func() {
+			if w.wait(wctx) == nil {
+				select {
+				case s.wakeCh <- w.name():
+				default:
+				}
+			}
+		})
 	}
 	if s.ln != nil {
 		wg.Go(func() { watchListener(wctx, s.ln, s.wakeCh, s.log) })

@@ -34,7 +34,7 @@ func standbyCmd(g *globals) *cobra.Command {
 		Short: "Run a service, checkpoint it when idle and restore it warm when work arrives (scale to zero)",
 		Long: `Run a service under "kcr run" semantics, checkpoint it (with its hooks,
 nothing carried) once it has been idle for --idle, and restore its image as a
-new instance when work arrives: lag of --group on the broker, a connection on
+new instance when work arrives: records past the commits of --group, a connection on
 --listen, "kcr standby wake", or SIGUSR1. SIGUSR2 or "kcr standby sleep"
 checkpoints it now. Every transition is logged as JSON on stderr.
 
@@ -54,7 +54,7 @@ or checkpointed with its image in --image-dir; a new kcr standby with the same
 	f.StringSliceVar(&o.Brokers, "brokers", nil, "Kafka bootstrap brokers for the lag wake")
 	f.StringVar(&o.Group, "group", "", "the service's consumer group: its lag wakes the service")
 	f.StringSliceVar(&o.Topics, "topics", nil, "topics whose lag counts (default: those the group committed)")
-	f.DurationVar(&o.Poll, "poll", standby.DefaultPoll, "how often to poll the group's lag while the service sleeps")
+	f.DurationVar(&o.Poll, "poll", 0, "fetch the group's records every this long while the service sleeps (default 0: a long-polling fetch, answered when a record lands)")
 	f.BoolVar(&opts.holdGroup, "hold-group", true, "keep a placeholder member in --group while the service sleeps, so that its wake does not wait for the broker's initial rebalance delay (classic groups)")
 	f.StringVar(&o.Listen, "listen", "", "TCP address kcr listens on and hands to the service (LISTEN_FDS); a connection wakes it")
 	f.StringVar(&opts.metrics, "metrics", "", "serve Prometheus metrics on this address (/metrics)")

@@ -262,7 +262,7 @@ func TestStandbyCycles(t *testing.T) {
 				k = needKafka(t)
 			}
 			topic, group := k.newTopic("standby", 2), uniqueName("standby")
-			flags := []string{"--idle", "1s", "--group", group, "--poll", "100ms"}
+			flags := []string{"--idle", "1s", "--group", group}
 			if c.topics {
 				flags = append(flags, "--topics", topic)
 			} else {
@@ -358,7 +358,7 @@ func TestStandbyFailures(t *testing.T) {
 	}
 	cont()
 	eventually(t, 30*time.Second, "the failed polls logged", func() (bool, string) {
-		return s.countLogs("standby: lag poll failed; polling on, no wake on errors") > 0, ""
+		return s.countLogs("standby: kafka wake: broker request failed; watching on, no wake on errors") > 0, ""
 	})
 	k.produceN(topic, 4)
 	s.waitAllProcessed(topic, 60*time.Second)

@@ -5,6 +5,7 @@ package kafkatest
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -191,4 +192,29 @@ func InitialRebalanceDelay(t testing.TB, c *kfake.Cluster, d time.Duration) *Reb
 		return nil, nil, false
 	})
 	return r
+}
+
+// ProduceTxn produces n records to partition p of topic in one transaction
+// of a transactional producer of its own, committed or aborted.
+func ProduceTxn(t testing.TB, addrs []string, topic string, p int32, n int, commit bool) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.TransactionalID(fmt.Sprintf("kafkatest-%d", time.Now().UnixNano())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := cl.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	for range n {
+		if err := cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Partition: p, Value: []byte("x")}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cl.EndTransaction(ctx, kgo.TransactionEndTry(commit)); err != nil {
+		t.Fatal(err)
+	}
 }

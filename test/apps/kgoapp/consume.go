@@ -39,7 +39,7 @@ func runConsume(brokers []string, topic, group, clientID, balancer, instanceID s
 	}
 	opts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(clientID), kgo.ConsumerGroup(group),
 		kgo.ConsumeTopics(topic), kgo.DisableAutoCommit(), kgo.ConsumeResetOffset(reset),
-		kgo.FetchMaxWait(500 * time.Millisecond), kgo.SessionTimeout(6 * time.Second), kgo.HeartbeatInterval(time.Second)}
+		kgo.FetchMaxWait(500 * time.Millisecond), kgo.SessionTimeout(6 * time.Second), kgo.HeartbeatInterval(time.Second), isolation()}
 	if block {
 		opts = append(opts, kgo.BlockRebalanceOnPoll())
 	}

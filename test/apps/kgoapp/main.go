@@ -43,6 +43,17 @@ import (
 
 var emit = appkit.Emit
 
+// readCommitted (-read-committed): the consumers fetch read_committed.
+var readCommitted bool
+
+// isolation is the consumers' kgo.FetchIsolationLevel option.
+func isolation() kgo.Opt {
+	if readCommitted {
+		return kgo.FetchIsolationLevel(kgo.ReadCommitted())
+	}
+	return kgo.FetchIsolationLevel(kgo.ReadUncommitted())
+}
+
 func main() {
 	brokers := flag.String("brokers", "127.0.0.1:9092", "comma-separated bootstrap brokers")
 	topic := flag.String("topic", "", "topic to produce to")
@@ -58,6 +69,7 @@ func main() {
 	consume := flag.Bool("consume", false, "consume -topic as a member of -group, committing after processing, instead of producing")
 	balancer := flag.String("balancer", "", `with -consume: "server" for a KIP-848 group (kgo.ServerSideBalancer), "" for classic`)
 	instanceID := flag.String("instance-id", "", "with -consume: the static member's kgo.InstanceID")
+	flag.BoolVar(&readCommitted, "read-committed", false, "with -consume or -transform-from: fetch read_committed (kgo.FetchIsolationLevel)")
 	flag.Parse()
 	if *topic == "" || *rate < 1 || (*from != "" && (*group == "" || *txnID == "")) || (*consume && *group == "") {
 		appkit.Fatal(2, "need -topic, a positive -produce-rate, -group and -txn-id with -transform-from, -group with -consume")

@@ -1,0 +1,175 @@
+package kafkawake
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Wait returns nil as soon as the group has work (see Pending), or
+// ctx.Err() when ctx ends first. Errors never end it: they are logged once
+// per outage, and the watcher reads the group again after a short wait.
+func (w *Watcher) Wait(ctx context.Context) error {
+	stop := w.reportRequests()
+	defer stop()
+	failing := false
+	retry := retryMin
+	for {
+		work, topics, err := w.round(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case errors.Is(err, errMoved):
+			continue
+		case err != nil:
+			if !failing {
+				w.log.Warn("standby: kafka wake: broker request failed; watching on, no wake on errors", "group", w.cfg.Group, "err", err)
+			}
+			failing = true
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(retry):
+			}
+			retry = min(2*retry, retryMax)
+			continue
+		}
+		if failing {
+			w.log.Info("standby: kafka wake: the brokers answer again", "group", w.cfg.Group)
+		}
+		failing, retry = false, retryMin
+		if work > 0 {
+			w.log.Info("standby: kafka work", "group", w.cfg.Group, "records", work, "topics", topics)
+			return nil
+		}
+	}
+}
+
+// round reads the group (setup), then fetches from every leader until one
+// finds work, one fails, or the reading is old (refreshEvery, or retryMax
+// when a topic or leader was missing): then it returns no work and no
+// error, and Wait reads the group again.
+func (w *Watcher) round(ctx context.Context) (int64, []string, error) {
+	v, err := w.setup(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	until := time.Now().Add(refreshEvery)
+	if v.incomplete {
+		until = time.Now().Add(retryMax)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		work int64
+		err  error
+	}
+	results := make(chan result, len(v.byLeader))
+	for leader, parts := range v.byLeader {
+		go func() {
+			n, err := w.follow(rctx, v, leader, parts, until)
+			results <- result{n, err}
+		}()
+	}
+	var work int64
+	for range v.byLeader {
+		r := <-results
+		if r.err != nil && rctx.Err() == nil {
+			err = r.err
+		}
+		work += r.work
+		if r.err != nil || r.work > 0 {
+			cancel() // the others' fetches: the round is over
+		}
+	}
+	if work > 0 {
+		return work, v.topics, nil
+	}
+	return 0, v.topics, err
+}
+
+// follow fetches from one leader until it finds work, fails, or until
+// has passed. Long-polling, the broker answers when a record lands;
+// polling, it sleeps Poll between caught-up fetches.
+func (w *Watcher) follow(ctx context.Context, v *view, leader int32, parts []*part, until time.Time) (int64, error) {
+	wait := longWait
+	if w.cfg.Poll > 0 {
+		wait = 0
+	}
+	for time.Now().Before(until) {
+		before := positions(parts)
+		n, caughtUp, err := w.fetch(ctx, v, leader, parts, wait)
+		if err != nil || n > 0 {
+			return n, err
+		}
+		pause := time.Duration(0)
+		switch {
+		case caughtUp && w.cfg.Poll > 0:
+			pause = w.cfg.Poll
+		case !caughtUp && positions(parts) == before:
+			// Behind, and nothing read: a batch too big for its place in
+			// the response. Another partition goes first next time (the
+			// broker always returns the first one's batch whole).
+			rotate(parts)
+			pause = retryMin
+		}
+		if pause > 0 {
+			select {
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			case <-time.After(pause):
+			}
+		}
+	}
+	return 0, nil
+}
+
+// positions is the sum of the positions of parts: it moves when any does.
+func positions(parts []*part) int64 {
+	var sum int64
+	for _, pt := range parts {
+		sum += pt.from
+	}
+	return sum
+}
+
+func rotate(parts []*part) {
+	if len(parts) > 1 {
+		first := parts[0]
+		copy(parts, parts[1:])
+		parts[len(parts)-1] = first
+	}
+}
+
+// reportRequests tells Config.Requests the requests written, every second
+// until the returned stop is called, and once more then.
+func (w *Watcher) reportRequests() (stop func()) {
+	if w.cfg.Requests == nil {
+		return func() {}
+	}
+	last := w.reqs.Load()
+	report := func() {
+		n := w.reqs.Load()
+		w.cfg.Requests(int(n - last))
+		last = n
+	}
+	done, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				report()
+				return
+			case <-tick.C:
+				report()
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-finished
+	}
+}

@@ -38,9 +38,6 @@ const (
 	sysPtrace         = 101
 	sysSplice         = 275
 	ptraceCont        = 7
-	ptraceSetregs     = 13
-	ptraceSyscall     = 24
-	ptraceSetregset   = 0x4205
 	ptraceGetSyscInfo = 0x420e
 	ptraceSyscInfoEnt = 1
 )
@@ -52,10 +49,11 @@ func TestKCRKilledAtCRIUStage(t *testing.T) {
 	for _, st := range []criuStage{
 		// The tree is seized (CRIU's next ptrace request after the seize).
 		{name: "seized", nr: sysPtrace, log: "Seized task"},
-		// The parasite blob is mapped into the app and CRIU is about to
-		// set its registers or run it: killed here, CRIU left the app
-		// with its code half injected (SIGTRAP at the parasite).
-		{name: "parasite", nr: sysPtrace, arg0: []uint64{ptraceSetregs, ptraceSetregset, ptraceCont, ptraceSyscall}, log: "Putting parasite blob"},
+		// Parasite injection: CRIU has set the app's registers to run a
+		// syscall it wrote into the app's code (to create the parasite's
+		// memfd) and lets it run. A CRIU killed here leaves the app to
+		// trap in that code (SIGTRAP at 0x400004) and die.
+		{name: "parasite", nr: sysPtrace, arg0: []uint64{ptraceCont}, log: "Parasite syscall_ip"},
 		// The parasite serves the app's fds; CRIU reads a socket's options.
 		{name: "sockets", nr: sysGetsockopt, log: " socket at "},
 		// CRIU writes the app's pages, drained by the parasite.

@@ -30,6 +30,8 @@ type criuStage struct {
 	nr   uint64
 	arg0 []uint64 // any of these as the first argument; nil: any
 	log  string
+	// term sends kcr SIGTERM (an interrupted checkpoint) instead of SIGKILL.
+	term bool
 }
 
 // amd64 syscall numbers and ptrace requests.
@@ -60,6 +62,9 @@ func TestKCRKilledAtCRIUStage(t *testing.T) {
 		{name: "memory", nr: sysSplice, log: "Dumping pages"},
 		// Every image written; CRIU waits for kcr's answer to post-dump.
 		{name: "post-dump"},
+		// kcr interrupted (SIGTERM) in the memory dump: it hangs up on
+		// CRIU the same way, and exits once CRIU has let the tree go.
+		{name: "memory-sigterm", nr: sysSplice, log: "Dumping pages", term: true},
 	} {
 		t.Run(st.name, func(t *testing.T) { killAtStage(t, st) })
 	}
@@ -91,6 +96,11 @@ func killAtStage(t *testing.T, st criuStage) {
 		return m[0]
 	}
 	kill := func() {
+		if st.term {
+			// kcr waits for CRIU, which is held until kill returns.
+			cmd.Process.Signal(syscall.SIGTERM)
+			return
+		}
 		cmd.Process.Signal(syscall.SIGKILL)
 		<-exited
 	}
@@ -111,6 +121,16 @@ func killAtStage(t *testing.T, st criuStage) {
 	}
 	killed := time.Now()
 	t.Logf("kcr killed with CRIU at %s", at)
+	if st.term {
+		select {
+		case <-exited:
+		case <-time.After(60 * time.Second):
+			t.Fatal("kcr did not exit after SIGTERM")
+		}
+		if cmd.ProcessState.Success() {
+			t.Fatal("the interrupted kcr checkpoint exited 0")
+		}
+	}
 
 	e := a.waitEvent(30*time.Second, func(e event) bool { return e["ev"] == "after" && e.str("name") == "state" })
 	resumed := time.Since(killed)
@@ -131,6 +151,14 @@ func killAtStage(t *testing.T, st criuStage) {
 		return tp == 0, fmt.Sprintf("traced by PID %d", tp)
 	})
 	t.Logf("kcr killed at CRIU stage %s: the app resumed %v later", st.name, resumed.Round(time.Millisecond))
+	if st.term {
+		// kcr removed its unfinished image after CRIU let the tree go.
+		left, _ := filepath.Glob(filepath.Join(dir, "*img*"))
+		if hidden, _ := filepath.Glob(filepath.Join(dir, ".img*")); len(left)+len(hidden) != 0 {
+			t.Fatalf("the interrupted kcr left %v %v", left, hidden)
+		}
+		return
+	}
 	if b, err := os.ReadFile(logPath()); err != nil || !strings.Contains(string(b), "Dumping FAILED") {
 		t.Fatalf("CRIU's log does not end the dump as failed (err %v):\n%s", err, lastBytes(string(b), 600))
 	}

@@ -199,8 +199,9 @@ func TestKCRKilledBeforePublish(t *testing.T) {
 }
 
 // kcr SIGKILLed in the middle of CRIU's dump (a 1 GiB heap makes it take a
-// second or more): CRIU dies with it (Pdeathsig), the tree is released and
-// goes on, and the app resumes; no image is published.
+// second or more): CRIU goes on to its post-dump notification, finds kcr
+// gone, cures its parasite and resumes the tree, and the app resumes; no
+// image is published. (criustage_test.go holds CRIU at each stage.)
 func TestKCRKilledDuringDump(t *testing.T) {
 	need(t)
 	a := startApp(t, "-heap-mb", "1024")

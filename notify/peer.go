@@ -3,6 +3,7 @@ package notify
 import (
 	"net"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -65,12 +66,19 @@ func newPeer(cred *unix.Ucred, m proto.Message, pidfd int) peer {
 	return p
 }
 
-// soPeerPIDFD is SO_PEERPIDFD (Linux 6.5; the asm-generic value, used by
-// amd64 and arm64), which x/sys/unix does not name.
+// soPeerPIDFD is SO_PEERPIDFD (Linux 6.5), which x/sys/unix does not name.
+// 77 is its value on the architectures of genericSockopts; others number
+// it otherwise, and there no pidfd is asked for.
 const soPeerPIDFD = 77
+
+var genericSockopts = map[string]bool{"amd64": true, "386": true, "arm64": true, "arm": true,
+	"riscv64": true, "loong64": true, "ppc64": true, "ppc64le": true}
 
 // peerPIDFD returns a pidfd of the process that connected c, or -1.
 func peerPIDFD(fd int) int {
+	if !genericSockopts[runtime.GOARCH] {
+		return -1
+	}
 	pfd, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, soPeerPIDFD)
 	if err != nil {
 		return -1

@@ -54,7 +54,7 @@ func TestKCRKilledAtCRIUStage(t *testing.T) {
 		// Parasite injection: CRIU has set the app's registers to run a
 		// syscall it wrote into the app's code (to create the parasite's
 		// memfd) and lets it run. A CRIU killed here leaves the app to
-		// run that code untraced, and it dies.
+		// run that code untraced: it dies of SIGTRAP at 0x400003.
 		{name: "parasite", nr: sysPtrace, arg0: []uint64{ptraceCont}, log: "Parasite syscall_ip"},
 		// The parasite serves the app's fds; CRIU reads a socket's options.
 		{name: "sockets", nr: sysGetsockopt, log: " socket at "},

@@ -84,8 +84,9 @@ func (r *DumpResult) Wait() {
 // with "criu swrk". On failure the error is an *Error carrying the first
 // real error of the log and a hint.
 //
-// Cancelling ctx kills CRIU; a tree being dumped at that moment may be left
-// stopped or damaged, so prefer a generous deadline over cancellation.
+// Cancelling ctx hangs up on CRIU: it aborts at its next notification
+// (post-dump at the latest), cures and resumes the tree, and Dump returns
+// once it has exited.
 func Dump(ctx context.Context, criuPath string, opts DumpOptions) (*DumpResult, error) {
 	start := time.Now()
 	s, err := StartSession(ctx, criuPath, opts.ShellJob)
@@ -114,7 +115,8 @@ type Session struct {
 
 // StartSession starts CRIU for one dump. shellJob must match the dump's
 // DumpOptions.ShellJob (a shell job's CRIU stays in kcr's process group).
-// Cancelling ctx kills CRIU. Close a session that is not used for a dump.
+// Cancelling ctx hangs up on CRIU (see Dump). Close a session that is not
+// used for a dump.
 func StartSession(ctx context.Context, criuPath string, shellJob bool) (*Session, error) {
 	s, err := startSwrk(ctx, criuPath, !shellJob, true)
 	if err != nil {
@@ -158,9 +160,9 @@ func (ss *Session) Dump(ctx context.Context, opts DumpOptions) (*DumpResult, err
 // first prepares by itself: it probes the kernel (tens of milliseconds
 // where no kerndat cache is kept, that is where /run is not a tmpfs), then
 // stops at its pre-dump stage, before it touches the tree, until Go. The
-// caller prepares meanwhile. Cancel (or a cancelled ctx) kills CRIU before
-// it ever seized the tree. opts.ImagesDir must stay as it is until Go or
-// Cancel.
+// caller prepares meanwhile. Cancel kills CRIU and a cancelled ctx hangs
+// up on it, before it ever seized the tree either way. opts.ImagesDir must
+// stay as it is until Go or Cancel.
 func (ss *Session) Begin(opts DumpOptions) (*PendingDump, error) {
 	return ss.begin(opts, true)
 }
@@ -222,7 +224,9 @@ func (ss *Session) begin(opts DumpOptions, gated bool) (*PendingDump, error) {
 			TcpEstablished: proto.Bool(opts.TCPEstablished),
 			LogLevel:       proto.Int32(level(opts.LogLevel)),
 			LogFile:        proto.String(logFile),
-			NotifyScripts:  proto.Bool(gated || opts.Notify != nil),
+			// Always on: a notification is how CRIU learns that kcr is gone
+			// (see startSwrk).
+			NotifyScripts: proto.Bool(true),
 		},
 	}
 	if gated {

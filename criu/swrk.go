@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -82,11 +81,11 @@ func (s *swrk) readVersion() (Version, error) {
 // startSwrk starts "criu swrk 3". The socketpair is created close-on-exec;
 // the child's end is handed over as fd 3 through ExtraFiles (dup2'd without
 // CLOEXEC in the child only), so neither end leaks into other children that
-// the program starts concurrently. dieWithUs (dumps) gives CRIU Pdeathsig
-// SIGKILL and makes cancelling ctx kill it; without it (restores), a
-// cancelled ctx leaves CRIU's next notification unanswered, so that CRIU
-// aborts by itself.
-func startSwrk(ctx context.Context, criuPath string, ownGroup, dieWithUs bool) (*swrk, error) {
+// the program starts concurrently. With hangUpOnCancel (dumps), cancelling
+// ctx shuts the socket down, so that CRIU fails its next notification and
+// aborts; without it (restores), a cancelled ctx leaves CRIU's next
+// notification unanswered, with the same effect.
+func startSwrk(ctx context.Context, criuPath string, ownGroup, hangUpOnCancel bool) (*swrk, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("criu: socketpair: %w", err)
@@ -116,27 +115,20 @@ func startSwrk(ctx context.Context, criuPath string, ownGroup, dieWithUs bool) (
 	// half-done dump must not be interrupted behind our back. Not for shell
 	// jobs, which are restored into CRIU's session and process group.
 	//
-	// Pdeathsig (dumps): CRIU dies with kcr, so an orphaned CRIU never
-	// starts or finishes a dump nobody will publish or resume. A CRIU killed
-	// in the middle of a dump releases the tree, which goes on running
-	// (ptrace detaches it; checked with a 1.5 GiB process killed
-	// mid-memory-dump). The signal fires when the thread that forked CRIU
-	// exits, not the process: the fork runs on a locked thread, and since
-	// this goroutine never ends locked, Go never retires that thread while
-	// kcr lives.
-	//
-	// Not for restores: a CRIU killed in the middle of a restore leaves the
-	// half-built tree behind, each task waiting forever in CRIU's restorer
-	// for a stage that never comes, holding the image's PIDs. An orphaned
-	// CRIU instead fails to send its next notification to our closed end
-	// (it ignores SIGPIPE), aborts, and kills the tasks it forked.
+	// CRIU never dies with kcr (no Pdeathsig): killed while it works on a
+	// tree, it leaves the tree seized or with its parasite half injected,
+	// and the process dies (SIGTRAP in the parasite) or hangs. CRIU learns
+	// of kcr's death from the socket instead: kcr's end closes with kcr,
+	// and CRIU (which ignores SIGPIPE) fails to send its next notification.
+	// A dump always has notifications on, so that next one comes at the
+	// latest at post-dump: CRIU then cures its parasite, resumes the tree
+	// and reports "Dumping FAILED"; before its pre-dump stage it has not
+	// touched the tree, and once kcr answered post-dump the dump is
+	// complete for "kcr recover". A restore aborts the same way and kills
+	// the tasks it forked, where a killed CRIU would leave each half-built
+	// task waiting forever in its restorer, holding the image's PIDs.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: ownGroup}
-	if dieWithUs {
-		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
-	}
-	runtime.LockOSThread()
 	err = cmd.Start()
-	runtime.UnlockOSThread()
 	if err != nil {
 		conn.Close()
 		out.Close()
@@ -144,13 +136,23 @@ func startSwrk(ctx context.Context, criuPath string, ownGroup, dieWithUs bool) (
 	}
 	s := &swrk{ctx: ctx, cmd: cmd, conn: conn, stderr: out}
 	s.stop = func() bool { return false }
-	if dieWithUs {
-		s.stop = context.AfterFunc(ctx, func() {
-			_ = cmd.Process.Kill()
-			_ = conn.SetDeadline(time.Unix(1, 0))
-		})
+	if hangUpOnCancel {
+		s.stop = context.AfterFunc(ctx, s.hangUp)
 	}
 	return s, nil
+}
+
+// hangUp shuts our end of CRIU's socket down, as kcr's death would: CRIU
+// reads EOF and fails to send, so it aborts at its next notification (and
+// cures and resumes a tree it seized); our pending read returns at once.
+func (s *swrk) hangUp() {
+	rc, err := s.conn.SyscallConn()
+	if err == nil {
+		err = rc.Control(func(fd uintptr) { err = unix.Shutdown(int(fd), unix.SHUT_RDWR) })
+	}
+	if err != nil {
+		_ = s.conn.SetDeadline(time.Unix(1, 0))
+	}
 }
 
 func memfd(name string) (*os.File, error) {

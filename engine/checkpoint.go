@@ -49,6 +49,10 @@ type CheckpointOptions struct {
 	// AfterHooks, if set, runs after the hooks succeeded and before CRIU is
 	// asked to dump (tests use it to kill kcr at that point).
 	AfterHooks func()
+	// AtPostDump, if set, runs when CRIU reached its post-dump stage (the
+	// images written, the tree still seized), before kcr lets it finish
+	// (tests kill kcr there).
+	AtPostDump func()
 	// AfterDump, if set, runs after CRIU's dump and before the image is
 	// published (tests kill kcr there; "kcr recover" finishes the image).
 	AfterDump func()
@@ -209,11 +213,20 @@ func (r *checkpointRun) startCRIU(ctx context.Context) error {
 	pd, err := r.sess.Begin(criu.DumpOptions{
 		PID: r.o.PID, ImagesDir: r.img.CRIUDir(), LeaveRunning: r.o.LeaveRunning,
 		ShellJob: r.shell, FileLocks: true, TCPClose: r.o.TCPClose, LogLevel: r.o.CRIULogLevel,
+		Notify: r.notify,
 	})
 	if err != nil {
 		return err
 	}
 	r.pd = pd
+	return nil
+}
+
+// notify is CRIU's notification handler: every stage goes on.
+func (r *checkpointRun) notify(script string, _ int) error {
+	if script == "post-dump" && r.o.AtPostDump != nil {
+		r.o.AtPostDump()
+	}
 	return nil
 }
 

@@ -59,6 +59,22 @@ func (s *Server) peerAllowed(c *net.UnixConn) (*unix.Ucred, bool) {
 	return cred, cred.Uid == 0 || int(cred.Uid) == s.uid
 }
 
+// identifyPeer is newPeer with the pidfd of c's peer, when kcr is outside
+// our PID namespace (SO_PEERCRED says 0); the pidfd is closed before the
+// checkpoint, so that CRIU never finds it in the app.
+func identifyPeer(c *net.UnixConn, cred *unix.Ucred, m proto.Message) peer {
+	pidfd := -1
+	if cred.Pid == 0 {
+		if raw, err := c.SyscallConn(); err == nil {
+			raw.Control(func(fd uintptr) { pidfd = peerPIDFD(int(fd)) })
+		}
+	}
+	if pidfd >= 0 {
+		defer unix.Close(pidfd)
+	}
+	return newPeer(cred, m, pidfd)
+}
+
 func (s *Server) handle(c *net.UnixConn) {
 	closeConn := true
 	defer func() {
@@ -120,7 +136,7 @@ func (s *Server) handle(c *net.UnixConn) {
 		}
 		// checkpoint closes c itself, before it answers "ready".
 		closeConn = false
-		s.checkpoint(c, m, newPeer(cred, m))
+		s.checkpoint(c, m, identifyPeer(c, cred, m))
 	case proto.TypeResume, proto.TypeRestored:
 		f := followup{msg: m, reply: make(chan proto.Message, 1)}
 		// Hand f over under s.mu: checkpoint clears s.followups and drains

@@ -165,6 +165,7 @@ func runCheckpoint(ctx context.Context, opts *checkpointOpts, out *output) error
 		o.Output = fmt.Sprintf("kcr-%d-%s", pid, time.Now().Format("20060102-150405"))
 	}
 	o.AfterHooks, o.AfterDump = testStall("KCR_TEST_STALL_AFTER_HOOKS"), testStall("KCR_TEST_STALL_AFTER_DUMP")
+	o.AtPostDump = testStall("KCR_TEST_STALL_AT_POST_DUMP")
 	if o.NoHooks {
 		fmt.Fprintln(out.stderr, "kcr: warning: --no-hooks: the process is dumped without running its hooks; open connections must be handled by CRIU (--tcp-close; unsafe for a Kafka client's connections)")
 	}

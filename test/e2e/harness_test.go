@@ -189,7 +189,8 @@ func startProg(t *testing.T, bin string, args ...string) *app {
 	// PID to be free.
 	go func() { cmd.Wait(); close(a.done) }()
 	t.Cleanup(func() { a.kill() })
-	ev := a.waitEvent(10*time.Second, func(e event) bool { return e["ev"] == "ready" || e["ev"] == "fatal" })
+	// Generous: a 1 GiB heap is filled before "ready", slowly under load.
+	ev := a.waitEvent(60*time.Second, func(e event) bool { return e["ev"] == "ready" || e["ev"] == "fatal" })
 	if ev["ev"] == "fatal" {
 		t.Fatalf("%s failed to start: %v", filepath.Base(bin), ev)
 	}

@@ -199,8 +199,9 @@ func TestKCRKilledBeforePublish(t *testing.T) {
 }
 
 // kcr SIGKILLed in the middle of CRIU's dump (a 1 GiB heap makes it take a
-// second or more): CRIU dies with it (Pdeathsig), the tree is released and
-// goes on, and the app resumes; no image is published.
+// second or more): CRIU goes on to its post-dump notification, finds kcr
+// gone, cures its parasite and resumes the tree, and the app resumes; no
+// image is published. (criustage_test.go holds CRIU at each stage.)
 func TestKCRKilledDuringDump(t *testing.T) {
 	need(t)
 	a := startApp(t, "-heap-mb", "1024")
@@ -321,4 +322,54 @@ func lastBytes(s string, n int) string {
 		return s[len(s)-n:]
 	}
 	return s
+}
+
+// kcr SIGKILLed while it checkpoints a restored copy of a service under kcr
+// run. The copy lives in a time namespace of its own (CRIU restores the
+// clocks), so every start time it reads in /proc is shifted from the one
+// kcr named in its request; the copy still identifies kcr (by its pidfd,
+// SO_PEERPIDFD), sees it die and resumes at once, not after
+// --resume-after.
+func TestKCRKilledCheckpointingRestored(t *testing.T) {
+	need(t)
+	pid, a := runApp(t)
+	img := filepath.Join(t.TempDir(), "img")
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "-o", img, strconv.Itoa(pid))
+	rpid, _ := restore(t, img)
+	own, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/time", rpid))
+	if host, _ := os.Readlink("/proc/self/ns/time"); own == "" || own == host {
+		t.Fatalf("the restored copy's time namespace %q is the host's %q: the case needs its own", own, host)
+	}
+	n0 := len(a.events())
+	cmd := kcrOpts{env: []string{"KCR_TEST_STALL_AFTER_HOOKS=60s"}}.cmd("checkpoint", "--resume-after", "60s", "-o", filepath.Join(t.TempDir(), "img2"), strconv.Itoa(rpid))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "the restored copy's before-checkpoint hooks", func() (bool, string) {
+		return count(a.since(n0), "before") > 0, "none yet"
+	})
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	killed := time.Now()
+	var ev event
+	eventually(t, 30*time.Second, "the restored copy's after-checkpoint hooks", func() (bool, string) {
+		for _, e := range a.since(n0) {
+			if e["ev"] == "after" {
+				ev = e
+				return true, ""
+			}
+		}
+		return false, "none yet"
+	})
+	resumed := time.Since(killed)
+	if ev.str("kind") != "resume" || strings.Contains(ev.str("reason"), "no follow-up") {
+		t.Fatalf("after kcr died: %v, want a resume on kcr's death", ev)
+	}
+	t.Logf("kcr killed while checkpointing a restored copy: it resumed %v later (%s)", resumed.Round(time.Millisecond), ev.str("reason"))
+	if resumed > 10*time.Second {
+		t.Errorf("the restored copy resumed %v after kcr died; want ≤ 10s (it watches kcr, ~0.1 s)", resumed)
+	}
+	if _, _, id := state(t, a.listen); id == "" || !alive(rpid) {
+		t.Fatal("the restored copy does not answer")
+	}
 }

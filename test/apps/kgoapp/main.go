@@ -18,7 +18,8 @@
 //	txn          (-transform-from) a transaction ended: committed, records
 //	held         (-hold-txn) the transaction held open across the checkpoint,
 //	             with the "partition/offset" of its inputs
-//	fenced       (-transform-from) kgo's fencing error: the loop stops
+//	fenced       (-transform-from) kgo's fencing error, from End or from Begin
+//	             (op "begin"): the loop stops
 //	exit         after SIGTERM, once everything was flushed and closed
 package main
 

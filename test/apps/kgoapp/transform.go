@@ -73,6 +73,14 @@ func (x *transformer) before(ctx context.Context) error {
 func (x *transformer) loop(ctx context.Context) {
 	for ctx.Err() == nil {
 		if err := x.s.Begin(ctx); err != nil {
+			// A producer fenced while it had no transaction open (its
+			// last End had nothing to send) learns it here: kgo keeps
+			// the fencing error and every Begin returns it, so the loop
+			// stops as it does when End is fenced.
+			if kgohooks.IsFenced(err) {
+				emit("fenced", "op", "begin", "err", err.Error(), "records", 0, "txn_id", x.s.TransactionalID())
+				return
+			}
 			if ctx.Err() == nil {
 				emit("txn-error", "op", "begin", "err", err.Error())
 				time.Sleep(100 * time.Millisecond)

@@ -3,6 +3,7 @@ package kgohooks
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"slices"
 	"time"
@@ -28,9 +29,11 @@ func newCore(kopts []kgo.Opt, session bool, opts []Opt) (*core, error) {
 	}
 	userDial, _ := dprobe.OptValue(kgo.Dialer).(func(context.Context, string, string) (net.Conn, error))
 	dprobe.Close()
+	// A group consumer's probe still tries to find its coordinator before
+	// Close: its refused dials must not reach the user's logger.
 	probe, err := kgo.NewClient(append(slices.Clip(kopts), kgo.DialTLSConfig(nil), kgo.Dialer(func(context.Context, string, string) (net.Conn, error) {
 		return nil, errNoDial
-	}))...)
+	}), kgo.WithLogger(kgo.BasicLogger(io.Discard, kgo.LogLevelNone, nil)))...)
 	if err != nil {
 		return nil, err
 	}

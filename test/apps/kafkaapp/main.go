@@ -46,6 +46,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
+	"github.com/segmentio/kafka-go/sasl/scram"
 
 	"github.com/kcr-dev/kcr/kafkahooks"
 	"github.com/kcr-dev/kcr/notify"
@@ -73,6 +75,7 @@ type config struct {
 	maxAttempts    int
 	noRetry        bool
 	offsetsCheck   time.Duration
+	sec            *appkit.Security
 }
 
 func main() {
@@ -102,6 +105,8 @@ func main() {
 	failCheckpoint := flag.Bool("fail-checkpoint", false, "register a resource whose before-checkpoint hook fails")
 	logLevel := flag.String("log-level", "info", "level of the slog records logged as ev=log (debug, info, warn)")
 	heapMB := flag.Int("heap-mb", 0, "keep this many MiB of filled memory (an image that takes a while to restore)")
+	c.sec = new(appkit.Security)
+	c.sec.Flags(flag.CommandLine)
 	flag.Parse()
 	heap := make([]byte, *heapMB<<20)
 	for i := range heap {
@@ -114,6 +119,12 @@ func main() {
 	}
 	if err := appkit.SetLogger(*logLevel); err != nil {
 		appkit.Fatal(2, err.Error())
+	}
+	if err := c.sec.Check(); err != nil {
+		appkit.Fatal(2, err.Error())
+	}
+	if c.sec.SASL == "oauthbearer" {
+		appkit.Fatal(2, "-sasl oauthbearer: kafka-go has no OAUTHBEARER mechanism (use scram-sha-512)")
 	}
 	if *failCheckpoint {
 		notify.Register("failing", notify.Func(func(context.Context) error { return errors.New("refusing the checkpoint (-fail-checkpoint)") }, nil))
@@ -156,6 +167,22 @@ func run(c config, listen string) error {
 	// Registered first: its before-checkpoint hook runs last, once the
 	// Writer and the Reader have quiesced (only -slow-hook runs after it).
 	notify.Register("kafkaapp-probe", notify.Func(a.beforeLast, nil))
+	tlsCfg, err := c.sec.TLS()
+	if err != nil {
+		return err
+	}
+	var mech sasl.Mechanism
+	if c.sec.SASL == "scram-sha-512" {
+		if mech, err = scram.Mechanism(scram.SHA512, c.sec.User, c.sec.Password); err != nil {
+			return err
+		}
+	}
+	var transport *kafka.Transport
+	dialer := kafka.DefaultDialer
+	if tlsCfg != nil || mech != nil {
+		transport = &kafka.Transport{TLS: tlsCfg, SASL: mech}
+		dialer = &kafka.Dialer{Timeout: 10 * time.Second, DualStack: true, TLS: tlsCfg, SASLMechanism: mech}
+	}
 	if c.rate > 0 {
 		tmpl := &kafka.Writer{
 			Addr:         kafka.TCP(c.brokers...),
@@ -166,6 +193,7 @@ func run(c config, listen string) error {
 			Async:        c.async,
 			WriteTimeout: 5 * time.Second,
 			MaxAttempts:  c.maxAttempts,
+			Transport:    transport,
 		}
 		if c.async {
 			tmpl.Completion = a.completion
@@ -199,6 +227,7 @@ func run(c config, listen string) error {
 			ReadBackoffMax:    500 * time.Millisecond,
 			StartOffset:       start,
 			CommitInterval:    c.commitInterval,
+			Dialer:            dialer,
 		}, readerOpts...)
 		if c.group == "" && c.startLast {
 			if err := a.r.SetOffset(kafka.LastOffset); err != nil {

@@ -11,7 +11,8 @@
 # Home: KCR_KAFKA_HOME (default /var/tmp/kcr-kafka-cluster) holds the shared
 # jar cache, tls/ (a CA and the brokers' certificate, made by openssl at the
 # first start, never committed), cluster.id and node1..node3/ (each node's
-# data, log and pid file). cluster.env there lists what clients need.
+# data, log and pid file). cluster.env there lists what clients need, and
+# the environment that makes kafka-up.sh / kafka-down.sh act on this cluster.
 # shellcheck shell=bash
 
 CLUSTER_N=${KCR_KAFKA_BROKERS_N:-1}
@@ -127,6 +128,12 @@ KCR_KAFKA_CLUSTER_CA=$CBASE/tls/ca.pem
 KCR_KAFKA_CLUSTER_SCRAM_USER=$SCRAM_USER
 KCR_KAFKA_CLUSTER_SCRAM_PASSWORD=$SCRAM_PASSWORD
 KCR_KAFKA_CLUSTER_OAUTH_REAUTH_MS=$REAUTH_MS
+KCR_KAFKA_BROKERS_N=3
+KCR_KAFKA_HOME=$CBASE
+KCR_KAFKA_PORT=$PORT
+KCR_KAFKA_SCRAM_PORT=$SPORT
+KCR_KAFKA_OAUTH_PORT=$OPORT
+KCR_KAFKA_CONTROLLER_PORT=$CPORT
 ENV
 }
 

@@ -35,6 +35,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"net"
 	"os/signal"
 	"runtime"
@@ -76,6 +77,7 @@ type config struct {
 	noRetry        bool
 	offsetsCheck   time.Duration
 	sec            *appkit.Security
+	listenFDs      bool
 }
 
 func main() {
@@ -101,6 +103,7 @@ func main() {
 	flag.DurationVar(&c.heartbeat, "heartbeat", time.Second, "consumer group heartbeat interval")
 	flag.BoolVar(&c.handover, "group-handover", false, "with -consume and -group: keep the membership across a checkpoint (kafkahooks.WithGroupHandover)")
 	listen := flag.String("listen", "127.0.0.1:0", "address of the state listener")
+	flag.BoolVar(&c.listenFDs, "listen-fds", false, "serve the state on the socket of LISTEN_FDS (kcr standby --listen) instead of -listen")
 	flag.DurationVar(&c.slowHook, "slow-hook", 0, "a before-checkpoint hook that runs last and takes this long (or until its deadline)")
 	failCheckpoint := flag.Bool("fail-checkpoint", false, "register a resource whose before-checkpoint hook fails")
 	logLevel := flag.String("log-level", "info", "level of the slog records logged as ev=log (debug, info, warn)")
@@ -239,8 +242,17 @@ func run(c config, listen string) error {
 	// the Reader have their new client ids.
 	notify.Register("kafkaapp", notify.Func(nil, a.afterLast))
 
-	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", listen)
-	if err != nil {
+	var ln net.Listener
+	if c.listenFDs {
+		lns, err := notify.Listeners()
+		if err == nil && len(lns) != 1 {
+			err = fmt.Errorf("%d sockets in LISTEN_FDS, want 1", len(lns))
+		}
+		if err != nil {
+			return err
+		}
+		ln = lns[0]
+	} else if ln, err = (&net.ListenConfig{}).Listen(ctx, "tcp", listen); err != nil {
 		return err
 	}
 	srv, err := notify.Start()

@@ -23,7 +23,8 @@ import (
 // what cluster.env says.
 type clusterEnv struct {
 	*kafkaEnv
-	env map[string]string
+	env     map[string]string
+	restart bool // a cleanup starts the stopped nodes again
 }
 
 // needCluster returns the cluster of $KCR_KAFKA_CLUSTER_HOME once it
@@ -81,11 +82,14 @@ func (c *clusterEnv) scriptEnv(node int) []string {
 // that starts every stopped node again.
 func (c *clusterEnv) nodeDown(node int) {
 	c.t.Helper()
-	c.t.Cleanup(func() {
-		if _, err := runScript("kafka-up.sh", c.scriptEnv(0)...); err != nil {
-			c.t.Errorf("restarting the cluster at cleanup: %v", err)
-		}
-	})
+	if !c.restart {
+		c.restart = true
+		c.t.Cleanup(func() {
+			if _, err := runScript("kafka-up.sh", c.scriptEnv(0)...); err != nil {
+				c.t.Errorf("restarting the cluster at cleanup: %v", err)
+			}
+		})
+	}
 	script(c.t, "kafka-down.sh", c.scriptEnv(node)...)
 }
 
@@ -163,12 +167,22 @@ func (c *clusterEnv) moveLeaders(topic string) map[int32]int32 {
 		}
 		req.Assign(topic, p.Partition, rs)
 	}
-	if _, err := c.adm.AlterPartitionAssignments(ctx, req); err != nil {
+	res, err := c.adm.AlterPartitionAssignments(ctx, req)
+	if err == nil {
+		err = res.Error()
+	}
+	if err != nil {
 		t.Fatalf("reassign %s: %v", topic, err)
 	}
 	moved := map[int32]int32{}
 	eventually(t, 60*time.Second, "every leader of "+topic+" moved", func() (bool, string) {
-		c.adm.ElectLeaders(ctx, kadm.ElectPreferredReplica, kadm.TopicsSet{topic: {}})
+		set := kadm.TopicsSet{}
+		for p := range old {
+			set.Add(topic, p)
+		}
+		if _, err := c.adm.ElectLeaders(ctx, kadm.ElectPreferredReplica, set); err != nil {
+			return false, err.Error()
+		}
 		m, err := c.adm.Metadata(ctx, topic)
 		if err != nil {
 			return false, err.Error()

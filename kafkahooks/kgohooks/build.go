@@ -10,6 +10,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl"
 
 	"github.com/kcr-dev/kcr/internal/conntrack"
 )
@@ -40,6 +41,8 @@ func newCore(kopts []kgo.Opt, session bool, opts []Opt) (*core, error) {
 	c := &core{cfg: newConfig(opts), kopts: slices.Clip(kopts), session: session}
 	c.dialFn = userDial
 	c.baseClientID, _ = probe.OptValue(kgo.ClientID).(string)
+	mechs, _ := probe.OptValue(kgo.SASL).([]sasl.Mechanism)
+	c.sasl = len(mechs) > 0
 	c.baseTxnID, _ = probe.OptValue(kgo.TransactionalID).(string)
 	c.group, _ = probe.OptValue(kgo.ConsumerGroup).(string)
 	c.baseInstanceID, _ = probe.OptValue(kgo.InstanceID).(string)

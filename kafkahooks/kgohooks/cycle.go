@@ -466,5 +466,8 @@ func (c *core) AfterRestore(ctx context.Context, ev notify.Event) error {
 	rs.RecordedOffsetsRestored = int(c.recordedRestored.Load())
 	c.reports.Store(rep)
 	c.repMu.Unlock()
+	if err == nil && ev.Kind == notify.Restore && c.sasl {
+		err = checkAuth(ctx, s.cl)
+	}
 	return err
 }

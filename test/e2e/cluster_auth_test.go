@@ -26,15 +26,25 @@ func (c *clusterEnv) setSCRAM(user, password string) {
 }
 
 // A SCRAM password changed while the service sleeps under kcr standby: the
-// lag wakes it, the restore succeeds, and kafkahooks' after-restore hooks
-// find the credentials refused: kcr standby logs that one error, naming
-// SASL, instead of a service that retries in silence.
+// lag wakes it, the restore succeeds, and the after-restore hooks (kafkahooks
+// for kafka-go, kgohooks for franz-go) find the credentials refused: kcr
+// standby logs that one error, naming SASL, instead of a service that
+// retries in silence.
 func TestClusterSCRAMPasswordChanged(t *testing.T) {
+	for _, tc := range []struct{ name, bin, errText string }{
+		{"kafka-go", kafkaBin, "kafkahooks: SASL authentication failed after the restore"},
+		{"franz-go", kgoBin, "kgohooks: SASL authentication failed after the restore"},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testSCRAMPasswordChanged(t, tc.bin, tc.errText) })
+	}
+}
+
+func testSCRAMPasswordChanged(t *testing.T, bin, errText string) {
 	c := needCluster(t)
 	user := uniqueName("user")
 	c.setSCRAM(user, "before")
 	topic, group := c.newTopic("cluster-pw", 2), uniqueName("cluster-pw")
-	svc := append(consumerArgs(kafkaBin, c.brokers, topic, group), c.clientArgs("scram-sha-512")...)
+	svc := append(consumerArgs(bin, c.brokers, topic, group), c.clientArgs("scram-sha-512")...)
 	svc = append(svc, "-sasl-user", user, "-sasl-password", "before")
 	dir := filepath.Join(t.TempDir(), "img")
 	s := c.startStandby(dir, []string{"--idle", "1s", "--group", group, "--topics", topic, "--poll", "100ms"}, svc...)
@@ -52,7 +62,7 @@ func TestClusterSCRAMPasswordChanged(t *testing.T) {
 		}
 	}
 	t.Logf("kcr standby: %s: %v", msg, errs)
-	if len(errs) != 1 || !strings.Contains(errs[0], "SASL authentication failed after the restore") || !strings.Contains(errs[0], "SCRAM-SHA-512") {
+	if len(errs) != 1 || !strings.Contains(errs[0], errText) {
 		t.Fatalf("reported errors %q: want one naming the SASL failure after the restore", errs)
 	}
 }

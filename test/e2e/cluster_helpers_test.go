@@ -75,7 +75,9 @@ func (c *clusterEnv) scriptEnv(node int) []string {
 	if node > 0 {
 		env = append(env, "KCR_KAFKA_NODE="+strconv.Itoa(node))
 	}
-	return append(env, "KCR_KAFKA_KEEP_DATA=1")
+	// A node's start, its JVM's above all, can take a minute on a loaded
+	// machine: a generous wait, within runScript's 3 minutes.
+	return append(env, "KCR_KAFKA_KEEP_DATA=1", "KCR_KAFKA_TIMEOUT=150")
 }
 
 // nodeDown stops broker node (a clean shutdown) and registers a cleanup

@@ -79,7 +79,7 @@ func testClusterCheckpointRestore(t *testing.T, bin, mech string, extra []string
 
 	c.checkClusterTopic(a, topic, rpid, held)
 	if mech == "oauthbearer" {
-		checkTokens(t, a, n1, n3)
+		checkTokens(t, a, n1, n3, clones)
 	}
 	t.Logf("test took %v", time.Since(start).Round(time.Millisecond))
 }
@@ -106,7 +106,9 @@ func (a *kapp) waitSince(skip, n int, consume bool) {
 // checkClusterTopic reads topic with the test's own client: every record a
 // process saw acknowledged is there (by writer host PID and number), and
 // none is there twice but those that PID leaver held at its leave-running
-// checkpoint (held), which each clone sends again.
+// checkpoint (held), which each clone sends again, and those whose write
+// failed and was retried (kafka-go's Writer is not idempotent: a write that
+// timed out may have been written).
 func (c *clusterEnv) checkClusterTopic(a *kapp, topic string, leaver int, held []int) {
 	t := c.t
 	t.Helper()
@@ -116,6 +118,14 @@ func (c *clusterEnv) checkClusterTopic(a *kapp, topic string, leaver int, held [
 		if e["ev"] == "acked" {
 			for n := int(num(e["from"])); n <= int(num(e["to"])); n++ {
 				ack[rec{int(num(e["rhpid"])), n}] = true
+			}
+		}
+	}
+	retried := map[int]bool{}
+	for _, e := range a.events() {
+		if e["ev"] == "write-error" {
+			for n := range runNumbers(e) {
+				retried[n] = true
 			}
 		}
 	}
@@ -130,16 +140,19 @@ func (c *clusterEnv) checkClusterTopic(a *kapp, topic string, leaver int, held [
 			missing = append(missing, fmt.Sprintf("%d/%d", r.hpid, r.n))
 		}
 	}
-	heldDups := 0
+	heldDups, retriedDups := 0, 0
 	for r, n := range on {
-		if n > 1 && r.hpid == leaver && slices.Contains(held, r.n) {
+		switch {
+		case n > 1 && r.hpid == leaver && slices.Contains(held, r.n):
 			heldDups += n - 1
-		} else if n > 1 {
+		case n > 1 && retried[r.n]:
+			retriedDups += n - 1
+		case n > 1:
 			dups = append(dups, fmt.Sprintf("%d/%d ×%d", r.hpid, r.n, n))
 		}
 	}
-	t.Logf("topic %s: %d records, %d acknowledged to the processes; %d copies of the %d records held at the leave-running checkpoint",
-		topic, len(recs), len(ack), heldDups, len(held))
+	t.Logf("topic %s: %d records, %d acknowledged to the processes; %d copies of the %d records held at the leave-running checkpoint, %d of records whose write was retried",
+		topic, len(recs), len(ack), heldDups, len(held), retriedDups)
 	if len(ack) == 0 {
 		t.Errorf("no record acknowledged")
 	}
@@ -151,14 +164,17 @@ func (c *clusterEnv) checkClusterTopic(a *kapp, topic string, leaver int, held [
 	}
 }
 
-// checkTokens asserts that the process minted a fresh token after each
-// restore (restore events after skip1 and skip2) and that kgo logged no
-// SASL failure.
-func checkTokens(t *testing.T, a *kapp, skip1, skip2 int) {
+// checkTokens asserts that the restored process minted a fresh token
+// (events after skip1), and each clone too (after skip2), and that kgo
+// logged no SASL failure.
+func checkTokens(t *testing.T, a *kapp, skip1, skip2 int, clones []kclone) {
 	t.Helper()
-	for _, skip := range []int{skip1, skip2} {
-		if count(a.since(skip), "token") == 0 {
-			t.Errorf("no token minted after the restore")
+	if count(a.since(skip1), "token") == 0 {
+		t.Errorf("no token minted after the restore")
+	}
+	for _, c := range clones {
+		if count(of(a.since(skip2), c.PID), "token") == 0 {
+			t.Errorf("clone %d minted no token after its restore", c.PID)
 		}
 	}
 	for _, e := range a.events() {

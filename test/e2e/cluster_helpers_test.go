@@ -104,12 +104,11 @@ func (c *clusterEnv) nodeUp(node int) {
 }
 
 // waitInSync waits until the three brokers are registered and every
-// partition (those of __consumer_offsets included) has its three replicas
-// in sync, so that the next broker may stop without making any
-// unavailable.
+// partition (those of __consumer_offsets included) has all its replicas in
+// sync, so that the next broker may stop without making any unavailable.
 func (c *clusterEnv) waitInSync() {
 	c.t.Helper()
-	eventually(c.t, 120*time.Second, "3 brokers and every partition with 3 replicas in sync", func() (bool, string) {
+	eventually(c.t, 120*time.Second, "3 brokers and every partition with all its replicas in sync", func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		m, err := c.adm.Metadata(ctx)
@@ -122,7 +121,7 @@ func (c *clusterEnv) waitInSync() {
 		var short []string
 		for _, td := range m.Topics {
 			for _, p := range td.Partitions {
-				if p.Err != nil || len(p.ISR) < 3 || p.Leader < 0 {
+				if p.Err != nil || len(p.ISR) < len(p.Replicas) || p.Leader < 0 {
 					short = append(short, fmt.Sprintf("%s/%d isr %v", td.Topic, p.Partition, p.ISR))
 				}
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -268,7 +269,11 @@ func (r *Reader) AfterRestore(ctx context.Context, ev notify.Event) error {
 	r.mu.Unlock()
 	rep.DurationMS = time.Since(start).Milliseconds()
 	r.reports.Store(rep)
-	return nil
+	if ev.Kind != notify.Restore {
+		return nil
+	}
+	d := r.baseDialer
+	return checkAuth(ctx, strings.Join(r.rcfg.Brokers, ","), d.DialFunc, d.TLS, d.SASLMechanism, clientID)
 }
 
 // CheckpointReport implements notify.Reporter: Report as a map, which lands

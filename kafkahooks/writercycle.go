@@ -192,7 +192,11 @@ func (w *Writer) AfterRestore(ctx context.Context, ev notify.Event) error {
 			RecordsFailed:       w.transport.failed.Load(),
 		},
 	})
-	return nil
+	if ev.Kind != notify.Restore || w.tmpl.w.Addr == nil {
+		return nil
+	}
+	tt := w.transport.tmpl
+	return checkAuth(ctx, w.tmpl.w.Addr.String(), tt.dial, tt.tls, tt.sasl, clientID)
 }
 
 // open creates the next kafka.Writer and opens the gate, unless the Writer

@@ -26,7 +26,11 @@
 # order, default 0s: a sleep longer than the group's session timeout is what
 # a scaled-to-zero service sees), KCR_BENCH_HOLD (--hold-group, default
 # true; false measures without the group hold), KCR_BENCH_KEEP=1 keeps the
-# work directory.
+# work directory, KCR_BENCH_CLUSTER (the home of a 3-broker cluster,
+# KCR_KAFKA_BROKERS_N=3 scripts/kafka-up.sh; default none): each client runs
+# on the broker above and again on the cluster, the pipeline over SASL_SSL
+# (SCRAM-SHA-512), kcr standby and the measuring client over its PLAINTEXT
+# listeners: what TLS, SASL and three brokers add to a wake.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -42,6 +46,7 @@ cache_mb="${KCR_BENCH_CACHE_MB:-64}"
 sample="${KCR_BENCH_IDLE_SAMPLE:-10}"
 asleep="${KCR_BENCH_ASLEEP:-0s}"
 hold="${KCR_BENCH_HOLD:-true}"
+cluster_home="${KCR_BENCH_CLUSTER:-}"
 [[ $hold == true || $hold == false ]] || die "KCR_BENCH_HOLD must be true or false (got '$hold')"
 
 sb_pid=""
@@ -74,73 +79,94 @@ metric() { curl -fsS "http://$metrics/metrics" | awk -v m="$1" '$1==m{print $2}'
 need_pkg curl curl
 
 for c in $clients; do pipeline_client_args "$c" >/dev/null || die "KCR_BENCH_CLIENTS: see above"; done # bad names fail before anything starts
+targets=(broker)
+if [[ -n $cluster_home ]]; then
+	[[ -r $cluster_home/cluster.env ]] || die "KCR_BENCH_CLUSTER: no $cluster_home/cluster.env (start the cluster: KCR_KAFKA_BROKERS_N=3 scripts/kafka-up.sh)"
+	# shellcheck disable=SC1091 # written by scripts/kafka-up.sh
+	. "$cluster_home/cluster.env"
+	"$probe" -brokers "$KCR_KAFKA_CLUSTER_BROKERS" -create 1 -orders "kcr-bench-ping-$$" -results "kcr-bench-pong-$$" >/dev/null ||
+		die "the cluster $KCR_KAFKA_CLUSTER_BROKERS does not answer"
+	targets+=(cluster)
+fi
 results=()
-for c in $clients; do
-	read -r -a cargs <<<"$(pipeline_client_args "$c")"
-	run="$work/$c"
-	mkdir -p "$run"
-	tag="kcr-bench-$c-$$-$(date +%s)"
-	orders="$tag-orders" res="$tag-results" group="$tag"
-	"$probe" -brokers "$brokers" -create 2 -orders "$orders" -results "$res"
-	svc=("$bin/pipeline" -brokers "$brokers" -group "$group" -in "$orders" -out "$res" "${cargs[@]}"
-		-warmup "$warmup" -cache-mb "$cache_mb" -stats-every 0)
-	port=$((20000 + RANDOM % 20000))
-	metrics="127.0.0.1:$port"
-	setsid "$bin/kcr" standby --image-dir "$run/img" --idle "$idle" --poll "$poll" --brokers "$brokers" \
-		--hold-group="$hold" --group "$group" --topics "$orders" --metrics "$metrics" -- "${svc[@]}" \
-		</dev/null >"$run/standby.log" 2>&1 &
-	sb_pid=$!
-	status="$bin/kcr standby status --image-dir $run/img --json"
-	for ((i = 0; i < 600; i++)); do
-		[ "$($status 2>/dev/null | jq -r .state)" = standby ] && break
-		sleep 0.2
+for target in "${targets[@]}"; do
+	for c in $clients; do
+		read -r -a cargs <<<"$(pipeline_client_args "$c")"
+		if [[ $target == cluster ]]; then
+			# The measuring client and kcr standby on PLAINTEXT, the service on SASL_SSL.
+			pbrokers=$KCR_KAFKA_CLUSTER_BROKERS
+			sbrokers=$KCR_KAFKA_CLUSTER_SCRAM_BROKERS
+			cargs+=(-tls-ca "$KCR_KAFKA_CLUSTER_CA" -scram-user "$KCR_KAFKA_CLUSTER_SCRAM_USER" -scram-password "$KCR_KAFKA_CLUSTER_SCRAM_PASSWORD")
+		else
+			pbrokers=$brokers sbrokers=$brokers
+		fi
+		run="$work/$target-$c"
+		mkdir -p "$run"
+		tag="kcr-bench-$c-$$-$(date +%s)"
+		orders="$tag-orders" res="$tag-results" group="$tag"
+		"$probe" -brokers "$pbrokers" -create 2 -orders "$orders" -results "$res"
+		svc=("$bin/pipeline" -brokers "$sbrokers" -group "$group" -in "$orders" -out "$res" "${cargs[@]}"
+			-warmup "$warmup" -cache-mb "$cache_mb" -stats-every 0)
+		port=$((20000 + RANDOM % 20000))
+		metrics="127.0.0.1:$port"
+		setsid "$bin/kcr" standby --image-dir "$run/img" --idle "$idle" --poll "$poll" --brokers "$pbrokers" \
+			--hold-group="$hold" --group "$group" --topics "$orders" --metrics "$metrics" -- "${svc[@]}" \
+			</dev/null >"$run/standby.log" 2>&1 &
+		sb_pid=$!
+		status="$bin/kcr standby status --image-dir $run/img --json"
+		for ((i = 0; i < 600; i++)); do
+			[ "$($status 2>/dev/null | jq -r .state)" = standby ] && break
+			sleep 0.2
+		done
+		[ "$i" -lt 600 ] || { tail -n 20 "$run/standby.log" >&2; die "kcr standby ($c) did not put the pipeline to sleep within 120 s"; }
+
+		# Idle: the service is gone, kcr standby polls the broker.
+		[ "$(jq -r '.state' "$run/img/standby.json")" = standby ] || die "the state file does not say standby"
+		req0=$(metric kcr_standby_broker_requests_total)
+		cpu=$(pct_cpu "$sb_pid" "$sample")
+		req1=$(metric kcr_standby_broker_requests_total)
+		rss=$(awk '/^VmRSS/{printf "%.1f", $2/1024}' "/proc/$sb_pid/status")
+		rps=$(awk -v a="${req0:-0}" -v b="${req1:-0}" -v s="$sample" 'BEGIN{printf "%.1f", (b-a)/s}')
+
+		"$probe" -brokers "$pbrokers" -orders "$orders" -results "$res" -cycles "$cycles" -status "$status" \
+			-asleep "$asleep" -prefix "$tag-warm" >"$run/warm.jsonl" || { tail -n 20 "$run/standby.log" >&2; die "standby cycles failed ($c)"; }
+		# Put the service to sleep before kcr standby goes: it would be left
+		# running otherwise, and answer the cold runs' orders.
+		for ((i = 0; i < 600; i++)); do
+			"$bin/kcr" standby sleep --image-dir "$run/img" >/dev/null 2>&1 || true
+			[ "$($status 2>/dev/null | jq -r .state)" = standby ] && break
+			sleep 0.2
+		done
+		[ "$i" -lt 600 ] || die "kcr standby ($c) did not put the pipeline to sleep for the cold runs"
+		kill -TERM "$sb_pid"
+		wait "$sb_pid" 2>/dev/null || true
+		sb_pid=""
+		[ "$(jq -r .state "$run/img/standby.json")" = standby ] || die "the pipeline is not asleep for the cold runs"
+		# What kcr standby itself measured (from the wake signal to the
+		# restored service's hooks done).
+		mapfile -t wl < <(jq -r 'select(.wake_latency_ms) | .wake_latency_ms' "$run/standby.log")
+		kwake=$(median "${wl[@]}")
+		# The image it left is not needed for the cold runs: the service
+		# starts from nothing, in a group of its own.
+		# Topics of their own: the cold service must not start with the
+		# standby runs' orders.
+		"$probe" -brokers "$pbrokers" -create 2 -orders "$orders-cold" -results "$res-cold"
+		cold_cmd="$bin/kcr run --log $run/cold.log -- $bin/pipeline -brokers $sbrokers -group $group-cold -in $orders-cold -out $res-cold"
+		cold_cmd+=" ${cargs[*]} -warmup $warmup -cache-mb $cache_mb -stats-every 0 > $work/cold.pid"
+		stop_cmd="p=\$(cat $work/cold.pid); kill -TERM \$p; while [ -e /proc/\$p ]; do sleep 0.05; done"
+		"$probe" -brokers "$pbrokers" -orders "$orders-cold" -results "$res-cold" -cycles "$cold_cycles" -cold "$cold_cmd" -stop "$stop_cmd" \
+			-prefix "$tag-cold" >"$run/cold.jsonl" || die "cold cycles failed ($c)"
+		rm -f "$work/cold.pid"
+
+		w=$(tail -n1 "$run/warm.jsonl")
+		k=$(tail -n1 "$run/cold.jsonl")
+		results+=("$c on the $target|$w|$k|$rss|$cpu|$rps|$kwake")
 	done
-	[ "$i" -lt 600 ] || { tail -n 20 "$run/standby.log" >&2; die "kcr standby ($c) did not put the pipeline to sleep within 120 s"; }
-
-	# Idle: the service is gone, kcr standby polls the broker.
-	[ "$(jq -r '.state' "$run/img/standby.json")" = standby ] || die "the state file does not say standby"
-	req0=$(metric kcr_standby_broker_requests_total)
-	cpu=$(pct_cpu "$sb_pid" "$sample")
-	req1=$(metric kcr_standby_broker_requests_total)
-	rss=$(awk '/^VmRSS/{printf "%.1f", $2/1024}' "/proc/$sb_pid/status")
-	rps=$(awk -v a="${req0:-0}" -v b="${req1:-0}" -v s="$sample" 'BEGIN{printf "%.1f", (b-a)/s}')
-
-	"$probe" -brokers "$brokers" -orders "$orders" -results "$res" -cycles "$cycles" -status "$status" \
-		-asleep "$asleep" -prefix "$tag-warm" >"$run/warm.jsonl" || { tail -n 20 "$run/standby.log" >&2; die "standby cycles failed ($c)"; }
-	# Put the service to sleep before kcr standby goes: it would be left
-	# running otherwise, and answer the cold runs' orders.
-	for ((i = 0; i < 600; i++)); do
-		"$bin/kcr" standby sleep --image-dir "$run/img" >/dev/null 2>&1 || true
-		[ "$($status 2>/dev/null | jq -r .state)" = standby ] && break
-		sleep 0.2
-	done
-	[ "$i" -lt 600 ] || die "kcr standby ($c) did not put the pipeline to sleep for the cold runs"
-	kill -TERM "$sb_pid"
-	wait "$sb_pid" 2>/dev/null || true
-	sb_pid=""
-	[ "$(jq -r .state "$run/img/standby.json")" = standby ] || die "the pipeline is not asleep for the cold runs"
-	# What kcr standby itself measured (from the wake signal to the
-	# restored service's hooks done).
-	mapfile -t wl < <(jq -r 'select(.wake_latency_ms) | .wake_latency_ms' "$run/standby.log")
-	kwake=$(median "${wl[@]}")
-	# The image it left is not needed for the cold runs: the service
-	# starts from nothing, in a group of its own.
-	# Topics of their own: the cold service must not start with the
-	# standby runs' orders.
-	"$probe" -brokers "$brokers" -create 2 -orders "$orders-cold" -results "$res-cold"
-	cold_cmd="$bin/kcr run --log $run/cold.log -- $bin/pipeline -brokers $brokers -group $group-cold -in $orders-cold -out $res-cold"
-	cold_cmd+=" ${cargs[*]} -warmup $warmup -cache-mb $cache_mb -stats-every 0 > $work/cold.pid"
-	stop_cmd="p=\$(cat $work/cold.pid); kill -TERM \$p; while [ -e /proc/\$p ]; do sleep 0.05; done"
-	"$probe" -brokers "$brokers" -orders "$orders-cold" -results "$res-cold" -cycles "$cold_cycles" -cold "$cold_cmd" -stop "$stop_cmd" \
-		-prefix "$tag-cold" >"$run/cold.jsonl" || die "cold cycles failed ($c)"
-	rm -f "$work/cold.pid"
-
-	w=$(tail -n1 "$run/warm.jsonl")
-	k=$(tail -n1 "$run/cold.jsonl")
-	results+=("$c|$w|$k|$rss|$cpu|$rps|$kwake")
 done
 
-echo "kcr standby on $brokers, $(date -u +%F), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'): $cycles idle → wake cycles (--idle $idle, --poll $poll, --hold-group=$hold, asleep $asleep), $cold_cycles cold starts"
+where="$brokers"
+[[ -n $cluster_home ]] && where+=" (the broker) and the cluster $KCR_KAFKA_CLUSTER_SCRAM_BROKERS (SASL_SSL, SCRAM-SHA-512)"
+echo "kcr standby on $where, $(date -u +%F), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'): $cycles idle → wake cycles (--idle $idle, --poll $poll, --hold-group=$hold, asleep $asleep), $cold_cycles cold starts"
 for r in "${results[@]}"; do
 	IFS='|' read -r c w k rss cpu rps kwake <<<"$r"
 	echo "$c:"

@@ -119,8 +119,9 @@ has_kcr_socket() {
 wait_socket() { wait_until "${2:-5}" "PID $1 to serve its kcr control socket" socket_or_dead "$1" && alive "$1"; }
 socket_or_dead() { has_kcr_socket "$1" || { dead "$1" && echo "$lib_script: PID $1 died before serving its kcr control socket" >&2; }; }
 
-# port_open PORT: something accepts TCP connections on 127.0.0.1:PORT.
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# port_open PORT [HOST]: something accepts TCP connections on HOST:PORT
+# (HOST defaults to 127.0.0.1).
+port_open() { (exec 3<>"/dev/tcp/${2:-127.0.0.1}/$1") 2>/dev/null; }
 
 # quiet LOG COMMAND [ARG...]: run COMMAND with its stderr in the file LOG, so
 # that a table is not interleaved with progress lines; on failure print LOG

@@ -5,7 +5,11 @@
 # (KCR_KAFKA_BROKERS, port 9092) answers a group's first join at once; the
 # production-defaults one (KCR_KAFKA_PROD_BROKERS, port KCR_KAFKA_PROD_PORT,
 # default 9094) keeps Kafka's group.initial.rebalance.delay.ms of 3000 ms, for
-# the tests that depend on it.
+# the tests that depend on it. A third, a 3-broker cluster on 127.0.1.1-3
+# (KCR_KAFKA_BROKERS_N=3: PLAINTEXT, SASL_SSL with SCRAM-SHA-512 and with
+# OAUTHBEARER; KCR_KAFKA_CLUSTER_HOME, default /var/tmp/kcr-kafka-cluster,
+# base port KCR_KAFKA_CLUSTER_PORT, default 9192), serves the TestCluster*
+# tests.
 #
 #   sudo scripts/test.sh            # everything
 #   sudo scripts/test.sh -run Foo   # extra go test flags
@@ -25,17 +29,23 @@ prod_port=${KCR_KAFKA_PROD_PORT:-9094}
 prod_env=(KCR_KAFKA_PROD=1 KCR_KAFKA_PORT="$prod_port"
 	KCR_KAFKA_CONTROLLER_PORT="${KCR_KAFKA_PROD_CONTROLLER_PORT:-9095}"
 	KCR_KAFKA_HOME="${KCR_KAFKA_PROD_HOME:-/var/tmp/kcr-kafka-prod}")
-trap 'scripts/kafka-down.sh >/dev/null 2>&1 || true; env "${prod_env[@]}" scripts/kafka-down.sh >/dev/null 2>&1 || true; scripts/containerd-down.sh || true' EXIT
+cluster_env=(KCR_KAFKA_BROKERS_N=3 KCR_KAFKA_PORT="${KCR_KAFKA_CLUSTER_PORT:-9192}"
+	KCR_KAFKA_HOME="${KCR_KAFKA_CLUSTER_HOME:-/var/tmp/kcr-kafka-cluster}")
+trap 'scripts/kafka-down.sh >/dev/null 2>&1 || true; env "${prod_env[@]}" scripts/kafka-down.sh >/dev/null 2>&1 || true; env "${cluster_env[@]}" scripts/kafka-down.sh >/dev/null 2>&1 || true; scripts/containerd-down.sh || true' EXIT
 scripts/containerd-up.sh >/dev/null
-# Both brokers start at once (each JVM takes 256-512 MiB of heap).
+# The brokers start at once (each JVM takes 256-512 MiB of heap).
 scripts/kafka-up.sh &
 fast=$!
 env "${prod_env[@]}" scripts/kafka-up.sh &
 prod=$!
+env "${cluster_env[@]}" scripts/kafka-up.sh &
+cluster=$!
 wait "$fast"
 wait "$prod"
+wait "$cluster"
 export KCR_KAFKA_BROKERS="${KCR_KAFKA_BROKERS:-127.0.0.1:${KCR_KAFKA_PORT:-9092}}"
 export KCR_KAFKA_PROD_BROKERS="${KCR_KAFKA_PROD_BROKERS:-127.0.0.1:$prod_port}"
+export KCR_KAFKA_CLUSTER_HOME="${KCR_KAFKA_CLUSTER_HOME:-/var/tmp/kcr-kafka-cluster}"
 
 # One package at a time: the end-to-end tests restore processes at their
 # original PIDs, and parallel packages would compete for CPU and PIDs.

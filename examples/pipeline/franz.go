@@ -101,5 +101,6 @@ func kgoOpts(c config) (in, out []kgo.Opt) {
 	}
 	out = []kgo.Opt{kgo.SeedBrokers(c.brokers...), kgo.ClientID(c.clientID), kgo.DefaultProduceTopic(c.out),
 		kgo.ProducerLinger(0)}
-	return in, out
+	sec, _ := c.sec.kgo() // its only error, a bad CA file, stopped main
+	return append(in, sec...), append(out, sec...)
 }

@@ -81,6 +81,7 @@ type config struct {
 	client     string
 	balancer   string // franz-go: "client" or "server" (KIP-848)
 	handover   bool   // kafka-go: kafkahooks.WithGroupHandover
+	sec        security
 }
 
 func main() {
@@ -98,8 +99,15 @@ func main() {
 	flag.StringVar(&c.client, "client", "kafka-go", "Kafka client library: kafka-go or franz (franz-go)")
 	flag.StringVar(&c.balancer, "kgo-balancer", "client", "franz-go group protocol: client (classic, cooperative-sticky) or server (KIP-848, kgo.ServerSideBalancer; Kafka 4.0+)")
 	flag.BoolVar(&c.handover, "group-handover", false, "kafka-go: keep the group membership across a checkpoint (kafkahooks.WithGroupHandover)")
+	flag.StringVar(&c.sec.ca, "tls-ca", "", "PEM file of the CA to trust: connect with TLS")
+	flag.StringVar(&c.sec.user, "scram-user", "", "SASL SCRAM-SHA-512 user (none: no SASL)")
+	flag.StringVar(&c.sec.password, "scram-password", "", "SASL SCRAM-SHA-512 password")
 	flag.Parse()
 	c.brokers = strings.Split(*brokers, ",")
+	if _, err := c.sec.tlsConfig(); err != nil {
+		fmt.Fprintln(os.Stderr, "pipeline: -tls-ca:", err)
+		os.Exit(2)
+	}
 	if c.cacheMB < 0 || c.warmup < 0 || c.batch < 1 || c.group == "" || c.in == "" || c.out == "" ||
 		(c.client != "kafka-go" && c.client != "franz") || (c.balancer != "client" && c.balancer != "server") {
 		fmt.Fprintln(os.Stderr, "pipeline: need -group, -in, -out, -batch ≥ 1, -client kafka-go or franz, -kgo-balancer client or server, and no negative -warmup or -cache-mb")
@@ -216,7 +224,7 @@ func readerOpts(c config) []kafkahooks.ReaderOpt {
 
 // kafkaGoClients are the pipeline's kafka-go consumer and producer.
 func kafkaGoClients(c config) (*kafkahooks.Reader, *kafkahooks.Writer) {
-	r := kafkahooks.NewReader(kafka.ReaderConfig{
+	rc := kafka.ReaderConfig{
 		Brokers:           c.brokers,
 		GroupID:           c.group,
 		Topic:             c.in,
@@ -228,8 +236,8 @@ func kafkaGoClients(c config) (*kafkahooks.Reader, *kafkahooks.Writer) {
 		JoinGroupBackoff:  250 * time.Millisecond,
 		ReadBackoffMin:    20 * time.Millisecond,
 		ReadBackoffMax:    250 * time.Millisecond,
-	}, readerOpts(c)...)
-	w := kafkahooks.NewWriter(&kafka.Writer{
+	}
+	wt := &kafka.Writer{
 		Addr:         kafka.TCP(c.brokers...),
 		Topic:        c.out,
 		Balancer:     &kafka.Hash{},
@@ -237,6 +245,7 @@ func kafkaGoClients(c config) (*kafkahooks.Reader, *kafkahooks.Writer) {
 		BatchTimeout: time.Millisecond,
 		BatchSize:    c.batch,
 		WriteTimeout: 5 * time.Second,
-	}, kafkahooks.WithClientID(c.clientID))
-	return r, w
+	}
+	c.sec.kafkaGo(&rc, wt) // its only error, a bad CA file, stopped main
+	return kafkahooks.NewReader(rc, readerOpts(c)...), kafkahooks.NewWriter(wt, kafkahooks.WithClientID(c.clientID))
 }

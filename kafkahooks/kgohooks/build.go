@@ -3,12 +3,14 @@ package kgohooks
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl"
 
 	"github.com/kcr-dev/kcr/internal/conntrack"
 )
@@ -28,15 +30,19 @@ func newCore(kopts []kgo.Opt, session bool, opts []Opt) (*core, error) {
 	}
 	userDial, _ := dprobe.OptValue(kgo.Dialer).(func(context.Context, string, string) (net.Conn, error))
 	dprobe.Close()
+	// A group consumer's probe still tries to find its coordinator before
+	// Close: its refused dials must not reach the user's logger.
 	probe, err := kgo.NewClient(append(slices.Clip(kopts), kgo.DialTLSConfig(nil), kgo.Dialer(func(context.Context, string, string) (net.Conn, error) {
 		return nil, errNoDial
-	}))...)
+	}), kgo.WithLogger(kgo.BasicLogger(io.Discard, kgo.LogLevelNone, nil)))...)
 	if err != nil {
 		return nil, err
 	}
 	c := &core{cfg: newConfig(opts), kopts: slices.Clip(kopts), session: session}
 	c.dialFn = userDial
 	c.baseClientID, _ = probe.OptValue(kgo.ClientID).(string)
+	mechs, _ := probe.OptValue(kgo.SASL).([]sasl.Mechanism)
+	c.sasl = len(mechs) > 0
 	c.baseTxnID, _ = probe.OptValue(kgo.TransactionalID).(string)
 	c.group, _ = probe.OptValue(kgo.ConsumerGroup).(string)
 	c.baseInstanceID, _ = probe.OptValue(kgo.InstanceID).(string)

@@ -32,6 +32,7 @@ type core struct {
 
 	baseClientID string
 	baseTxnID    string
+	sasl         bool // kgo.SASL is set: a restore checks the credentials
 	group        string
 	commit       commitMode
 	pos          *positions      // direct partitions, or nil

@@ -9,7 +9,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/kcr-dev/kcr/internal/conntrack"
 	"github.com/kcr-dev/kcr/internal/quiesce"
 	"github.com/kcr-dev/kcr/notify"
 )
@@ -499,52 +498,7 @@ func (c *core) AfterRestore(ctx context.Context, ev notify.Event) error {
 		s.dial.Resume()
 		s = newState(s.cl, s.sess, s.dial, s.gen)
 	case c.torn || c.cut:
-		switch {
-		case c.cut:
-			// A restored copy must not write as the original: the old
-			// client's dials fail from now on, and it is closed (a group
-			// member's LeaveGroup cannot reach the broker, so it does not
-			// remove the original, which may run on). Its rebalances are
-			// allowed first (a poll of the image may block them) and its
-			// leave is not waited for: it cannot be sent.
-			s.dial.CloseAll(true)
-			s.cl.AllowRebalance()
-			if c.group != "" {
-				gone, cancel := context.WithCancel(ctx)
-				cancel()
-				s.cl.LeaveGroupContext(gone)
-			}
-			if cerr := closeWithin(ctx, s); cerr != nil {
-				c.cfg.log.Warn("closing the kgo client of the image", "err", cerr)
-			}
-		case !c.shut:
-			// The member began leaving but its client did not close
-			// within the budget (the checkpoint was refused): close it
-			// before building the next, so that it neither stays in the
-			// group nor lives beside the new one.
-			s.cl.AllowRebalance()
-			closing := c.closing
-			if closing == nil {
-				closing = startClose(s)
-			}
-			if cerr := waitClosed(ctx, closing); cerr != nil {
-				c.cfg.log.Warn("closing the kgo client that left the group", "err", cerr)
-			}
-		}
-		var cl *kgo.Client
-		var sess *kgo.GroupTransactSession
-		var dial *conntrack.Tracker
-		c.recordedRestored.Store(0)
-		cl, sess, dial, err = c.build()
-		if err == nil {
-			c.gen++
-			if c.marks != nil {
-				c.marks.rotate()
-			}
-			s = newState(cl, sess, dial, c.gen)
-			c.startResolve(cl)
-			rs.NewClient = true
-		}
+		s, err = c.replaceClient(ctx, s, rs)
 	default:
 		s = newState(s.cl, s.sess, s.dial, s.gen)
 		if c.resolving != nil && c.pos.unresolved() > 0 {
@@ -572,5 +526,58 @@ func (c *core) AfterRestore(ctx context.Context, ev notify.Event) error {
 	rs.RecordedOffsetsRestored = int(c.recordedRestored.Load())
 	c.reports.Store(rep)
 	c.repMu.Unlock()
+	if err == nil && ev.Kind == notify.Restore && c.sasl {
+		err = checkAuth(ctx, s.cl)
+	}
 	return err
+}
+
+// replaceClient closes the client the checkpoint tore down or cut off and
+// builds the next one: a restored copy, or a member that left its group,
+// cannot go on with it. c.mu is held.
+func (c *core) replaceClient(ctx context.Context, s *state, rs *Restore) (*state, error) {
+	switch {
+	case c.cut:
+		// A restored copy must not write as the original: the old
+		// client's dials fail from now on, and it is closed (a group
+		// member's LeaveGroup cannot reach the broker, so it does not
+		// remove the original, which may run on). Its rebalances are
+		// allowed first (a poll of the image may block them) and its
+		// leave is not waited for: it cannot be sent.
+		s.dial.CloseAll(true)
+		s.cl.AllowRebalance()
+		if c.group != "" {
+			gone, cancel := context.WithCancel(ctx)
+			cancel()
+			s.cl.LeaveGroupContext(gone)
+		}
+		if cerr := closeWithin(ctx, s); cerr != nil {
+			c.cfg.log.Warn("closing the kgo client of the image", "err", cerr)
+		}
+	case !c.shut:
+		// The member began leaving but its client did not close
+		// within the budget (the checkpoint was refused): close it
+		// before building the next, so that it neither stays in the
+		// group nor lives beside the new one.
+		s.cl.AllowRebalance()
+		closing := c.closing
+		if closing == nil {
+			closing = startClose(s)
+		}
+		if cerr := waitClosed(ctx, closing); cerr != nil {
+			c.cfg.log.Warn("closing the kgo client that left the group", "err", cerr)
+		}
+	}
+	c.recordedRestored.Store(0)
+	cl, sess, dial, err := c.build()
+	if err != nil {
+		return s, err
+	}
+	c.gen++
+	if c.marks != nil {
+		c.marks.rotate()
+	}
+	c.startResolve(cl)
+	rs.NewClient = true
+	return newState(cl, sess, dial, c.gen), nil
 }

@@ -21,6 +21,11 @@ var (
 	// leave the group before it does. Nothing was torn down; the client
 	// goes on as the same group member.
 	ErrRebalanceBlocked = errors.New("kgohooks: the application holds polled records and has not called AllowRebalance (kgo.BlockRebalanceOnPoll)")
+	// ErrAuthAfterRestore is the error of an after-restore hook whose new
+	// client's credentials the brokers refused (a password changed or a user
+	// removed while the image waited): one error that kcr restore and kcr
+	// standby report, instead of requests failing in the background.
+	ErrAuthAfterRestore = errors.New("kgohooks: SASL authentication failed after the restore")
 )
 
 // IsFenced reports whether err is one the broker gives a transactional

@@ -64,6 +64,12 @@ func needKafkaAt(t *testing.T, env, how string) *kafkaEnv {
 	if brokers == "" {
 		skipOrFail(t, "%s is not set (%s)", env, how)
 	}
+	return kafkaAt(t, brokers)
+}
+
+// kafkaAt returns the brokers once they answer, or fails or skips the test.
+func kafkaAt(t *testing.T, brokers string) *kafkaEnv {
+	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(brokers, ",")...), kgo.ClientID("kcr-e2e-admin"))
 	if err != nil {
 		t.Fatalf("franz-go client: %v", err)
@@ -104,7 +110,7 @@ func (k *kafkaEnv) newTopic(prefix string, partitions int32) string {
 	topic := uniqueName(prefix)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	res, err := k.adm.CreateTopic(ctx, partitions, 1, nil, topic)
+	res, err := k.adm.CreateTopic(ctx, partitions, -1, nil, topic) // the broker's default.replication.factor
 	if err == nil {
 		err = res.Err
 	}

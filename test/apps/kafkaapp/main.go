@@ -35,6 +35,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"net"
 	"os/signal"
 	"runtime"
@@ -46,6 +47,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
+	"github.com/segmentio/kafka-go/sasl/scram"
 
 	"github.com/kcr-dev/kcr/kafkahooks"
 	"github.com/kcr-dev/kcr/notify"
@@ -73,6 +76,8 @@ type config struct {
 	maxAttempts    int
 	noRetry        bool
 	offsetsCheck   time.Duration
+	sec            *appkit.Security
+	listenFDs      bool
 }
 
 func main() {
@@ -98,10 +103,13 @@ func main() {
 	flag.DurationVar(&c.heartbeat, "heartbeat", time.Second, "consumer group heartbeat interval")
 	flag.BoolVar(&c.handover, "group-handover", false, "with -consume and -group: keep the membership across a checkpoint (kafkahooks.WithGroupHandover)")
 	listen := flag.String("listen", "127.0.0.1:0", "address of the state listener")
+	flag.BoolVar(&c.listenFDs, "listen-fds", false, "serve the state on the socket of LISTEN_FDS (kcr standby --listen) instead of -listen")
 	flag.DurationVar(&c.slowHook, "slow-hook", 0, "a before-checkpoint hook that runs last and takes this long (or until its deadline)")
 	failCheckpoint := flag.Bool("fail-checkpoint", false, "register a resource whose before-checkpoint hook fails")
 	logLevel := flag.String("log-level", "info", "level of the slog records logged as ev=log (debug, info, warn)")
 	heapMB := flag.Int("heap-mb", 0, "keep this many MiB of filled memory (an image that takes a while to restore)")
+	c.sec = new(appkit.Security)
+	c.sec.Flags(flag.CommandLine)
 	flag.Parse()
 	heap := make([]byte, *heapMB<<20)
 	for i := range heap {
@@ -114,6 +122,12 @@ func main() {
 	}
 	if err := appkit.SetLogger(*logLevel); err != nil {
 		appkit.Fatal(2, err.Error())
+	}
+	if err := c.sec.Check(); err != nil {
+		appkit.Fatal(2, err.Error())
+	}
+	if c.sec.SASL == "oauthbearer" {
+		appkit.Fatal(2, "-sasl oauthbearer: kafka-go has no OAUTHBEARER mechanism (use scram-sha-512)")
 	}
 	if *failCheckpoint {
 		notify.Register("failing", notify.Func(func(context.Context) error { return errors.New("refusing the checkpoint (-fail-checkpoint)") }, nil))
@@ -156,6 +170,22 @@ func run(c config, listen string) error {
 	// Registered first: its before-checkpoint hook runs last, once the
 	// Writer and the Reader have quiesced (only -slow-hook runs after it).
 	notify.Register("kafkaapp-probe", notify.Func(a.beforeLast, nil))
+	tlsCfg, err := c.sec.TLS()
+	if err != nil {
+		return err
+	}
+	var mech sasl.Mechanism
+	if c.sec.SASL == "scram-sha-512" {
+		if mech, err = scram.Mechanism(scram.SHA512, c.sec.User, c.sec.Password); err != nil {
+			return err
+		}
+	}
+	var transport *kafka.Transport
+	dialer := kafka.DefaultDialer
+	if tlsCfg != nil || mech != nil {
+		transport = &kafka.Transport{TLS: tlsCfg, SASL: mech}
+		dialer = &kafka.Dialer{Timeout: 10 * time.Second, DualStack: true, TLS: tlsCfg, SASLMechanism: mech}
+	}
 	if c.rate > 0 {
 		tmpl := &kafka.Writer{
 			Addr:         kafka.TCP(c.brokers...),
@@ -166,6 +196,7 @@ func run(c config, listen string) error {
 			Async:        c.async,
 			WriteTimeout: 5 * time.Second,
 			MaxAttempts:  c.maxAttempts,
+			Transport:    transport,
 		}
 		if c.async {
 			tmpl.Completion = a.completion
@@ -199,6 +230,7 @@ func run(c config, listen string) error {
 			ReadBackoffMax:    500 * time.Millisecond,
 			StartOffset:       start,
 			CommitInterval:    c.commitInterval,
+			Dialer:            dialer,
 		}, readerOpts...)
 		if c.group == "" && c.startLast {
 			if err := a.r.SetOffset(kafka.LastOffset); err != nil {
@@ -210,8 +242,17 @@ func run(c config, listen string) error {
 	// the Reader have their new client ids.
 	notify.Register("kafkaapp", notify.Func(nil, a.afterLast))
 
-	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", listen)
-	if err != nil {
+	var ln net.Listener
+	if c.listenFDs {
+		lns, err := notify.Listeners()
+		if err == nil && len(lns) != 1 {
+			err = fmt.Errorf("%d sockets in LISTEN_FDS, want 1", len(lns))
+		}
+		if err != nil {
+			return err
+		}
+		ln = lns[0]
+	} else if ln, err = (&net.ListenConfig{}).Listen(ctx, "tcp", listen); err != nil {
 		return err
 	}
 	srv, err := notify.Start()

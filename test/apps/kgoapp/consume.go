@@ -53,7 +53,7 @@ func runConsume(brokers []string, topic, group, clientID, balancer, instanceID s
 	if instanceID != "" {
 		opts = append(opts, kgo.InstanceID(instanceID))
 	}
-	cl, err := kgohooks.NewClient(opts...)
+	cl, err := kgohooks.NewClient(append(opts, secOpts...)...)
 	if err != nil {
 		return err
 	}

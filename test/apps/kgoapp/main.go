@@ -71,11 +71,18 @@ func main() {
 	balancer := flag.String("balancer", "", `with -consume: "server" for a KIP-848 group (kgo.ServerSideBalancer), "" for classic`)
 	instanceID := flag.String("instance-id", "", "with -consume: the static member's kgo.InstanceID")
 	flag.BoolVar(&readCommitted, "read-committed", false, "with -consume or -transform-from: fetch read_committed (kgo.FetchIsolationLevel)")
+	kgoLog := flag.Bool("kgo-log", false, `log kgo's warnings and errors as events "kgo-log"`)
+	var sec appkit.Security
+	sec.Flags(flag.CommandLine)
 	flag.Parse()
 	if *topic == "" || *rate < 1 || (*from != "" && (*group == "" || *txnID == "")) || (*consume && *group == "") {
 		appkit.Fatal(2, "need -topic, a positive -produce-rate, -group and -txn-id with -transform-from, -group with -consume")
 	}
 	if err := appkit.SetLogger(*logLevel); err != nil {
+		appkit.Fatal(2, err.Error())
+	}
+	var err error
+	if secOpts, err = securityOpts(&sec, *kgoLog); err != nil {
 		appkit.Fatal(2, err.Error())
 	}
 	if *consume {
@@ -112,9 +119,9 @@ func run(brokers []string, topic, clientID string, rate int, listen string) erro
 	// Registered first: its before-checkpoint hook runs last, once the
 	// client has quiesced.
 	notify.Register("kgoapp-probe", notify.Func(a.beforeLast, nil))
-	cl, err := kgohooks.NewClient(kgo.SeedBrokers(brokers...), kgo.ClientID(clientID), kgo.DefaultProduceTopic(topic),
-		kgo.RecordPartitioner(kgo.RoundRobinPartitioner()), kgo.ProducerLinger(5*time.Millisecond),
-		kgo.RecordDeliveryTimeout(30*time.Second))
+	cl, err := kgohooks.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(clientID), kgo.DefaultProduceTopic(topic),
+		kgo.RecordPartitioner(kgo.RoundRobinPartitioner()), kgo.ProducerLinger(5 * time.Millisecond),
+		kgo.RecordDeliveryTimeout(30 * time.Second)}, secOpts...)...)
 	if err != nil {
 		return err
 	}

@@ -42,10 +42,10 @@ func newTransformer(brokers []string, in, out, group, txnID, clientID string, ho
 	if keepTxnID {
 		opts = append(opts, kgohooks.WithTxnIDPolicy(kgohooks.KeepTxnID))
 	}
-	s, err := kgohooks.NewSession([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(clientID),
+	s, err := kgohooks.NewSession(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(clientID),
 		kgo.ConsumerGroup(group), kgo.ConsumeTopics(in), kgo.TransactionalID(txnID), kgo.DefaultProduceTopic(out),
 		kgo.RequireStableFetchOffsets(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchMaxWait(200 * time.Millisecond), kgo.SessionTimeout(6 * time.Second), kgo.WithLogger(kgoLog{}), isolation()}, opts...)
+		kgo.FetchMaxWait(200 * time.Millisecond), kgo.SessionTimeout(6 * time.Second), kgo.WithLogger(kgoLog{}), isolation()}, secOpts...), opts...)
 	if err != nil {
 		return nil, err
 	}

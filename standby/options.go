@@ -98,6 +98,15 @@ type Options struct {
 
 	// CRIU is an explicit CRIU path ("": $KCR_CRIU, then PATH).
 	CRIU string
+	// NoKdatCache turns off the cache of CRIU's kernel probe. Where /run
+	// is not a tmpfs (most containers), CRIU probes the kernel at every
+	// run (25-30 ms); by default the supervisor keeps one probe for its
+	// lifetime (criu.CacheKdat).
+	NoKdatCache bool
+	// NoPrepare turns off the restore prepared ahead. By default, while
+	// the service sleeps, its image is verified and opened and CRIU
+	// started, so that a wake pays for the restore only.
+	NoPrepare bool
 	// Logger receives the JSON transitions (default slog.Default()).
 	Logger *slog.Logger
 	// Observer, if set, is told every transition (metrics).

@@ -49,7 +49,7 @@ type engineBackend struct {
 	// (notify.ListenFDsSocketEnv).
 	fdsSocket string
 
-	kdat          *criu.KdatCache         // CRIU's kernel probe, kept (ahead.go)
+	kdat          *criu.KdatCache              // CRIU's kernel probe, kept (ahead.go)
 	preparing     chan *engine.PreparedRestore // the restore of preparedImage, prepared ahead (nil on failure)
 	preparedImage string
 	lastRestore   engine.Timings // the phases of the last restore

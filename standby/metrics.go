@@ -51,7 +51,7 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Help: "Group holds by result: held (the placeholder joined), skipped (nothing to hold), released (it left: a member joined), failed."}, []string{"result"}),
 	}
 	m.phases = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kcr_standby_wake_phase_seconds",
-		Help: "Time from the wake signal to each phase of a wake: restored (CRIU done), hooks_done (after-restore hooks), first_activity (the service's first record handed or request answered).",
+		Help:    "Time from the wake signal to each phase of a wake: restored (CRIU done), hooks_done (after-restore hooks), first_activity (the service's first record handed or request answered).",
 		Buckets: latency}, []string{"phase"})
 	m.reg = reg
 	reg.MustRegister(m.state, m.wakes, m.wakeLatency, m.checkpoint, m.restore, m.failures, m.imageBytes, m.coldStarts, m.requests, m.holds, m.phases)

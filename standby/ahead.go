@@ -2,6 +2,7 @@ package standby
 
 import (
 	"context"
+	"os"
 
 	"github.com/kcr-dev/kcr/criu"
 	"github.com/kcr-dev/kcr/engine"
@@ -74,7 +75,16 @@ func (b *engineBackend) close() {
 }
 
 func (b *engineBackend) restoreOptions(dir, name string) engine.RestoreOptions {
-	return engine.RestoreOptions{Image: dir + "/" + name, CRIU: b.o.CRIU, Logger: b.log}
+	o := engine.RestoreOptions{Image: dir + "/" + name, CRIU: b.o.CRIU, Logger: b.log}
+	if b.o.Lazy {
+		// Kept until the daemon is done (waitLazy); in the image
+		// directory, which is the caller's alone.
+		o.Lazy, o.WorkDir = true, lazyWorkDir(dir, name)
+		if err := os.MkdirAll(o.WorkDir, 0o700); err != nil {
+			b.log.Warn("standby: lazy restore work directory", "err", err)
+		}
+	}
+	return o
 }
 
 // prepareRestore prepares the restore of the current image, if the backend

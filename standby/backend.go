@@ -55,6 +55,9 @@ type engineBackend struct {
 	lastRestore   engine.Timings // the phases of the last restore
 	lastPrepared  bool           // the last restore was prepared ahead
 
+	lazy     proc   // the lazy-pages daemon of the last restore (lazy.go)
+	lazyWork string // its work directory
+
 	sockMu sync.Mutex // socket: activity is read by the watch and by watchFirstActivity
 }
 
@@ -91,6 +94,9 @@ func (b *engineBackend) forgetSocket() {
 }
 
 func (b *engineBackend) checkpoint(ctx context.Context, p proc, dir, name string) error {
+	if err := b.waitLazy(ctx); err != nil {
+		return err
+	}
 	_, err := engine.Checkpoint(ctx, engine.CheckpointOptions{
 		PID: p.PID, Output: dir + "/" + name, HookBudget: b.o.HookBudget, RequireDrained: true,
 		CRIU: b.o.CRIU, Logger: b.log,
@@ -116,6 +122,9 @@ func (b *engineBackend) restore(ctx context.Context, dir, name string) (proc, er
 	}
 	b.forgetSocket()
 	b.lastRestore = res.Timings
+	if res.LazyPID > 0 {
+		b.noteLazy(res.LazyPID, lazyWorkDir(dir, name))
+	}
 	if res.HookErr != nil {
 		b.log.Warn("restored, but the after-restore hooks failed; the service runs", "pid", res.PID, "err", res.HookErr)
 	}

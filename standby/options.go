@@ -103,6 +103,12 @@ type Options struct {
 	// run (25-30 ms); by default the supervisor keeps one probe for its
 	// lifetime (criu.CacheKdat).
 	NoKdatCache bool
+	// Lazy restores the service's memory on demand (userfaultfd, CRIU's
+	// lazy-pages daemon), so that a wake does not grow with its RSS; the
+	// service pays a page fault served by the daemon at the first touch of
+	// each page not copied yet, and the next checkpoint waits until the
+	// daemon has copied them all.
+	Lazy bool
 	// NoPrepare turns off the restore prepared ahead. By default, while
 	// the service sleeps, its image is verified and opened and CRIU
 	// started, so that a wake pays for the restore only.

@@ -61,6 +61,7 @@ or checkpointed with its image in --image-dir; a new kcr standby with the same
 	f.DurationVar(&o.Poll, "poll", standby.DefaultPoll, "how often to poll the group's lag while the service sleeps")
 	f.BoolVar(&opts.holdGroup, "hold-group", true, "keep a placeholder member in --group while the service sleeps, so that its wake does not wait for the broker's initial rebalance delay (classic groups)")
 	f.BoolVar(&opts.kdatCache, "kdat-cache", true, "keep CRIU's kernel probe for kcr standby's lifetime where /run is not a tmpfs (else CRIU probes at every checkpoint and restore)")
+	f.BoolVar(&o.Lazy, "lazy", false, "restore memory on demand (userfaultfd): the wake does not grow with the service's RSS; see docs/benchmarks.md for what the service pays")
 	f.BoolVar(&opts.prepare, "prepare-restore", true, "while the service sleeps, verify its image and start CRIU, so that a wake pays for the restore only")
 	f.StringVar(&o.Listen, "listen", "", "TCP address kcr listens on and hands to the service (LISTEN_FDS); a connection wakes it")
 	f.StringVar(&opts.metrics, "metrics", "", "serve Prometheus metrics on this address (/metrics)")

@@ -65,7 +65,7 @@ for mb in "${mbs[@]}"; do
 		setsid "$bin/kcr" standby --image-dir "$run/img" --idle 1s --lazy="$lazy" "${extra[@]}" \
 			-- "$bin/lazyheap" -notify -mb "$mb" -listen "127.0.0.1:$port" </dev/null >"$run/standby.log" 2>&1 &
 		sb_pid=$!
-		sigs=() hooks=() pings=() sums=() ckpts=()
+		sigs=() hooks=() pings=() sums=() starts=()
 		for ((w = 0; w <= wakes; w++)); do
 			for ((i = 0; i < 3000; i++)); do
 				[ "$($status 2>/dev/null | jq -r .state)" = standby ] && break
@@ -81,6 +81,7 @@ for mb in "${mbs[@]}"; do
 			st=$($status)
 			sigs+=("$(jq '.last_wake.restored_ms * 1000 | floor' <<<"$st")")
 			hooks+=("$(jq '.last_wake.hooks_done_ms * 1000 | floor' <<<"$st")")
+			starts+=("$(jq '.last_wake.restore["criu: start"] // 0 | . * 1000 | floor' <<<"$st")")
 			sum=$(ask "$port" sum)
 			[[ $sum =~ bad\ 0\ ms\ ([0-9]+) ]] || die "$mb MiB $mode wake $w: heap check failed: $sum"
 			sums+=("$((BASH_REMATCH[1] * 1000))")
@@ -90,23 +91,24 @@ for mb in "${mbs[@]}"; do
 		stop_standby "$sb_pid" "$run/img"
 		sb_pid=""
 		rss=$(jq -r 'select(.msg == "standby: checkpointed") | .image_bytes' "$run/standby.log" | tail -n1)
-		rows+=("$mb|$mode|$(median "${sigs[@]}")|$(median "${hooks[@]}")|$(median "${pings[@]}")|$(median "${sums[@]}")|$(median "${cl[@]%.*}")|$rss")
+		rows+=("$mb|$mode|$(median "${sigs[@]}")|$(median "${hooks[@]}")|$(median "${pings[@]}")|$(median "${sums[@]}")|$(median "${cl[@]%.*}")|$rss|$(median "${starts[@]}")")
 	done
 done
 
 echo "kcr standby ${extra[*]}, large services: $(date -u +%F), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), load $(cut -d' ' -f1-3 /proc/loadavg); medians of $wakes wakes (ms)"
 echo "  → restored, → hooks: kcr standby's wake signal to CRIU done / after-restore hooks done; → 1st answer: the wake command to the first ping answered;"
-echo "  heap read after: the service's first read of its whole heap after the wake; checkpoint: kcr standby's checkpoint (after a lazy wake it waits for the daemon)"
-printf '%-9s %-6s %12s %12s %14s %16s %12s %10s\n' heap mode "→ restored" "→ hooks" "→ 1st answer" "heap read after" checkpoint "image MiB"
+echo "  heap read after: the service's first read of its whole heap after the wake; checkpoint: kcr standby's checkpoint (after a lazy wake it waits for the daemon);"
+echo "  criu start: CRIU's start to its first notification (its kernel probe, reading the image), inside → restored"
+printf '%-9s %-6s %12s %12s %14s %16s %12s %10s %11s\n' heap mode "→ restored" "→ hooks" "→ 1st answer" "heap read after" checkpoint "image MiB" "criu start"
 for r in "${rows[@]}"; do
-	IFS='|' read -r mb mode sig hook ping sum ck img <<<"$r"
-	awk -v mb="$mb MiB" -v mode="$mode" -v a="$sig" -v b="$hook" -v c="$ping" -v d="$sum" -v e="${ck:-0}" -v f="${img:-0}" \
-		'BEGIN { printf "%-9s %-6s %12.0f %12.0f %14.0f %16.0f %12.0f %10.0f\n", mb, mode, a/1000, b/1000, c/1000, d/1000, e, f/1048576 }'
+	IFS='|' read -r mb mode sig hook ping sum ck img cs <<<"$r"
+	awk -v mb="$mb MiB" -v mode="$mode" -v a="$sig" -v b="$hook" -v c="$ping" -v d="$sum" -v e="${ck:-0}" -v f="${img:-0}" -v g="${cs:-0}" \
+		'BEGIN { printf "%-9s %-6s %12.0f %12.0f %14.0f %16.0f %12.0f %10.0f %11.1f\n", mb, mode, a/1000, b/1000, c/1000, d/1000, e, f/1048576, g/1000 }'
 done
 for mb in "${mbs[@]}"; do
 	p="" l=""
 	for r in "${rows[@]}"; do
-		IFS='|' read -r m mode sig hook ping sum ck img <<<"$r"
+		IFS='|' read -r m mode sig hook ping sum ck img cs <<<"$r"
 		[ "$m" = "$mb" ] || continue
 		[ "$mode" = plain ] && p="$ping|$sum" || l="$ping|$sum"
 	done

@@ -24,9 +24,9 @@ const fetchAPIKey = 1
 // coordinator's connection, which Close still needs to commit and leave,
 // carries no Fetch and stays open.
 type fetchCut struct {
+	cut   atomic.Bool
 	mu    sync.Mutex
 	conns map[*snoopConn]struct{}
-	cut   bool
 }
 
 func newFetchCut() *fetchCut { return &fetchCut{conns: map[*snoopConn]struct{}{}} }
@@ -75,8 +75,8 @@ func tlsClient(ctx context.Context, c net.Conn, cfg *tls.Config, address string)
 // cutFetches closes every connection that carried a Fetch and makes later
 // Fetch requests of this generation fail. It returns how many it closed.
 func (f *fetchCut) cutFetches() int {
+	f.cut.Store(true)
 	f.mu.Lock()
-	f.cut = true
 	var fetchers []*snoopConn
 	for c := range f.conns {
 		if c.fetcher.Load() {
@@ -88,12 +88,6 @@ func (f *fetchCut) cutFetches() int {
 		c.Close()
 	}
 	return len(fetchers)
-}
-
-func (f *fetchCut) isCut() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.cut
 }
 
 // snoopConn reads the request headers a connection writes: Kafka frames
@@ -111,7 +105,7 @@ type snoopConn struct {
 }
 
 func (c *snoopConn) Write(p []byte) (int, error) {
-	if c.scan(p) && c.f.isCut() {
+	if c.scan(p) && c.f.cut.Load() {
 		c.Close()
 		return 0, errFetchCut
 	}

@@ -31,8 +31,10 @@ var ErrConnsClosed = conntrack.ErrClosed
 // restored, or until their own ctx ends. They never fail because a
 // checkpoint happened.
 //
-// It then closes the kafka.Reader. Fetch calls in progress return and wait
-// at the gate too; a record such a call received while the gate was closing
+// It then closes the kafka.Reader, without waiting out the fetch kafka-go
+// has in flight (up to MaxWait, 10 s by default): the connections that
+// carry fetches are closed, the group coordinator's stays. Fetch calls in
+// progress return and wait at the gate too; a record such a call received while the gate was closing
 // is not handed to the application. For a consumer group, kafka-go's Close
 // flushes pending commits (also the batches of a CommitInterval) and leaves
 // the group, so that the other members take over its partitions at once

@@ -5,8 +5,8 @@
 #   sudo scripts/bench-standby-large.sh [sizes-in-MiB] [wakes]   # default: 64,512,2048 3
 #
 # For each heap size and mode it runs test/apps/lazyheap -notify (a service
-# holding that much touched memory, each page stamped) under kcr standby
-# --idle 1s, lets it go to sleep, and wakes it `wakes` times with
+# holding that much touched memory, each page stamped) under kcr standby,
+# lets it go to sleep, and wakes it `wakes` times with
 # "kcr standby wake". Per wake it takes: kcr standby's own wake (signal →
 # restored, signal → hooks done, from status --json), the time from the wake
 # command to the service's first answer ("ping", touching little memory),
@@ -15,7 +15,7 @@
 # in from the lazy-pages daemon). Every page must check out (bad 0). It
 # prints medians per size and mode, with lazy/plain ratios.
 #
-# KCR_BENCH_FLAGS adds kcr standby flags (e.g. "--kdat-cache=false
+# KCR_BENCH_IDLE is --idle (default 2s). KCR_BENCH_FLAGS adds kcr standby flags (e.g. "--kdat-cache=false
 # --prepare-restore=false" to measure what they save); KCR_BENCH_MODES
 # (default "plain lazy") picks the modes.
 #
@@ -33,6 +33,7 @@ sizes="${1:-64,512,2048}"
 wakes="${2:-3}"
 read -r -a extra <<<"${KCR_BENCH_FLAGS:-}"
 modes="${KCR_BENCH_MODES:-plain lazy}"
+idle="${KCR_BENCH_IDLE:-2s}"
 sb_pid=""
 stop_all() { stop_standby "$sb_pid" "$work"/*/img; }
 start_work kcr-bench-standby-large "${KCR_BENCH_KEEP:-}" stop_all
@@ -45,7 +46,7 @@ done
 # ask PORT CMD: send CMD to lazyheap on PORT and print its answer line.
 ask() {
 	local l
-	exec 3<>"/dev/tcp/127.0.0.1/$1" || return 1
+	{ exec 3<>"/dev/tcp/127.0.0.1/$1"; } 2>/dev/null || return 1
 	echo "$2" >&3
 	read -r l <&3 || true
 	exec 3<&-
@@ -62,7 +63,7 @@ for mb in "${mbs[@]}"; do
 		lazy=false
 		[ "$mode" = lazy ] && lazy=true
 		status="$bin/kcr standby status --image-dir $run/img --json"
-		setsid "$bin/kcr" standby --image-dir "$run/img" --idle 1s --lazy="$lazy" "${extra[@]}" \
+		setsid "$bin/kcr" standby --image-dir "$run/img" --idle "$idle" --lazy="$lazy" "${extra[@]}" \
 			-- "$bin/lazyheap" -notify -mb "$mb" -listen "127.0.0.1:$port" </dev/null >"$run/standby.log" 2>&1 &
 		sb_pid=$!
 		sigs=() hooks=() pings=() sums=() starts=()
@@ -75,16 +76,17 @@ for mb in "${mbs[@]}"; do
 			[ "$w" -lt "$wakes" ] || break
 			t0=$(now_ns)
 			"$bin/kcr" standby wake --image-dir "$run/img" >/dev/null
-			until ans=$(ask "$port" ping 2>/dev/null) && [[ $ans == pong* ]]; do sleep 0.001; done
+			until ans=$(ask "$port" ping) && [[ $ans == pong* ]]; do sleep 0.001; done
 			t1=$(now_ns)
+			# At once: the service must not go back to sleep first.
+			sum=$(ask "$port" sum)
 			pings+=("$(elapsed_us "$t0" "$t1")")
+			[[ $sum =~ bad\ 0\ ms\ ([0-9]+) ]] || die "$mb MiB $mode wake $w: heap check failed: $sum"
+			sums+=("$((BASH_REMATCH[1] * 1000))")
 			st=$($status)
 			sigs+=("$(jq '.last_wake.restored_ms * 1000 | floor' <<<"$st")")
 			hooks+=("$(jq '.last_wake.hooks_done_ms * 1000 | floor' <<<"$st")")
 			starts+=("$(jq '.last_wake.restore["criu: start"] // 0 | . * 1000 | floor' <<<"$st")")
-			sum=$(ask "$port" sum)
-			[[ $sum =~ bad\ 0\ ms\ ([0-9]+) ]] || die "$mb MiB $mode wake $w: heap check failed: $sum"
-			sums+=("$((BASH_REMATCH[1] * 1000))")
 			echo "$mb MiB $mode wake $((w + 1)): signal → restored $((${sigs[-1]} / 1000)) ms, wake → first answer $((${pings[-1]} / 1000)) ms, whole heap read $((${sums[-1]} / 1000)) ms" >&2
 		done
 		mapfile -t cl < <(jq -r 'select(.msg == "standby: checkpointed") | .duration_ms' "$run/standby.log")

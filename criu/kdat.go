@@ -65,8 +65,19 @@ func CacheKdat(ctx context.Context, criuPath, dir string) (*KdatCache, error) {
 }
 
 // mount bind-mounts the probe on the target, creating the target as an
-// empty file if it is missing.
+// empty file if it is missing. Another kcr releasing its own cache may
+// remove the target in between: it tries again.
 func (k *KdatCache) mount() error {
+	var err error
+	for range 5 {
+		if err = k.mountOnce(); !errors.Is(err, unix.ENOENT) {
+			return err
+		}
+	}
+	return err
+}
+
+func (k *KdatCache) mountOnce() error {
 	f, err := os.OpenFile(k.target, os.O_CREATE|os.O_EXCL|os.O_WRONLY|unix.O_NOFOLLOW, 0o600)
 	switch {
 	case err == nil:
@@ -89,8 +100,10 @@ func (k *KdatCache) mount() error {
 	return nil
 }
 
-// Release removes the bind mount, the mount point it created, and the
-// probe file. A nil or no-op cache is fine.
+// Release removes one bind mount from the target, the mount point if it
+// created it and no other kcr's mount is on it, and the probe file. Other
+// kcr processes stack their own mounts of the same probe on the target;
+// each removes one. A nil or no-op cache is fine.
 func (k *KdatCache) Release() {
 	if k == nil || k.file == "" {
 		return

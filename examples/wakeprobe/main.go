@@ -103,7 +103,7 @@ func main() {
 
 	var lat []time.Duration
 	var ids []string
-	phases := map[string][]time.Duration{}
+	phases := map[string][]time.Duration{} // per wake phase, with -status
 	for i := range *cycles {
 		if *status != "" {
 			if err := waitAsleep(*status, *timeout); err != nil {
@@ -163,15 +163,7 @@ func main() {
 		lat = append(lat, d)
 		l := map[string]any{"cycle": i + 1, "order": burstIDs[0], "orders": len(burstIDs), "latency_ms": ms(d), "last_ms": ms(last.Sub(t0))}
 		if *status != "" {
-			if ph := wakePhases(*status, t0); ph != nil {
-				ph["result"] = d
-				pm := map[string]float64{}
-				for k, v := range ph {
-					phases[k] = append(phases[k], v)
-					pm[k] = ms(v)
-				}
-				l["phases_ms"] = pm
-			}
+			addPhases(l, phases, *status, t0, d)
 		}
 		line(l)
 		if *stop != "" {
@@ -196,14 +188,35 @@ func main() {
 	sum := map[string]any{"cycles": len(lat), "p50_ms": ms(pct(lat, 50)), "p95_ms": ms(pct(lat, 95)), "max_ms": ms(lat[len(lat)-1]),
 		"missing": missing, "duplicated": dup}
 	if len(phases) > 0 {
-		p50 := map[string]float64{}
-		for k, v := range phases {
-			slices.Sort(v)
-			p50[k] = ms(pct(v, 50))
-		}
-		sum["phases_p50_ms"] = p50
+		sum["phases_p50_ms"] = p50s(phases)
 	}
 	line(sum)
+}
+
+// p50s returns the median of each phase, in ms.
+func p50s(phases map[string][]time.Duration) map[string]float64 {
+	p50 := map[string]float64{}
+	for k, v := range phases {
+		slices.Sort(v)
+		p50[k] = ms(pct(v, 50))
+	}
+	return p50
+}
+
+// addPhases adds the cycle's wake phases (wakePhases, and its result at d)
+// to its line l and to all.
+func addPhases(l map[string]any, all map[string][]time.Duration, status string, t0 time.Time, d time.Duration) {
+	ph := wakePhases(status, t0)
+	if ph == nil {
+		return
+	}
+	ph["result"] = d
+	pm := map[string]float64{}
+	for k, v := range ph {
+		all[k] = append(all[k], v)
+		pm[k] = ms(v)
+	}
+	l["phases_ms"] = pm
 }
 
 // wakePhases reads the last wake's phases from kcr standby's status and

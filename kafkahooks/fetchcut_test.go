@@ -1,8 +1,17 @@
 package kafkahooks
 
 import (
+	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/binary"
+	"io"
+	"math/big"
 	"net"
 	"strconv"
 	"testing"
@@ -199,4 +208,59 @@ func writeValues(addrs []string, topic string, from, to int) error {
 		msgs = append(msgs, kafka.Message{Value: []byte(strconv.Itoa(i))})
 	}
 	return w.WriteMessages(context.Background(), msgs...)
+}
+
+// TestFetchCutTLS: with a TLS config the handshake happens below the
+// watch, which then sees the requests in the clear, and the server name
+// defaults to the address's host, as kafka-go's Dialer does it.
+func TestFetchCutTLS(t *testing.T) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "broker"},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan []byte, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		b := make([]byte, 16)
+		n, _ := io.ReadFull(c, b)
+		got <- b[:n]
+	}()
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	f := newFetchCut()
+	c, err := f.wrap((&net.Dialer{}).DialContext, &tls.Config{RootCAs: pool})(context.Background(), "tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatalf("TLS dial, server name from the address: %v", err)
+	}
+	defer c.Close()
+	req := request(fetchAPIKey, 10)
+	if _, err := c.Write(req); err != nil {
+		t.Fatal(err)
+	}
+	if b := <-got; !bytes.Equal(b, req) {
+		t.Fatalf("the server read %x, want %x", b, req)
+	}
+	if n := f.cutFetches(); n != 1 {
+		t.Fatalf("cut %d connections, want the TLS fetch connection", n)
+	}
 }

@@ -1,14 +1,15 @@
 package criu
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -22,22 +23,26 @@ const KdatPath = "/run/criu.kdat"
 // KdatCache is a kernel probe kept for CRIU at KdatPath, on a host whose
 // /run is not a tmpfs.
 type KdatCache struct {
-	file         string // the probe, in the caller's directory
-	target       string
-	created      bool // target was created as a mount point
-	mounted      bool
-	TmpfsAlready bool // /run is a tmpfs: CRIU keeps its probe itself
+	file         string   // the probe, in the caller's directory
+	lock         *os.File // shared while this cache is in use; see Release
+	TmpfsAlready bool     // /run is a tmpfs: CRIU keeps its probe itself
 }
 
+// kdatLock is held (flock) shared by every kcr that uses the probe mounted
+// at KdatPath, and exclusive by the last one, which removes it; the kernel
+// drops the lock of a kcr that was killed.
+const kdatLock = KdatPath + ".kcr-lock"
+
 // CacheKdat makes every CRIU run load its kernel probe from a file instead
-// of probing again, until Release: where /run is not a tmpfs (most
-// containers), it runs CRIU once in a mount namespace of its own whose /run
-// is a tmpfs, keeps the probe it writes as dir/criu.kdat (dir must be the
-// caller's own, 0700), and bind-mounts that file on KdatPath. A mount, unlike
-// a file, does not outlive a reboot, so no later kernel reads this one's
-// probe; the empty file left as its mount point reads as stale to CRIU,
-// which then probes again. Where /run is a tmpfs it does nothing (CRIU keeps
-// its probe there itself). Root only.
+// of probing again: where /run is not a tmpfs (most containers), it runs
+// CRIU once in a mount namespace of its own whose /run is a tmpfs, keeps
+// the probe it writes as dir/criu.kdat (dir must be the caller's own,
+// 0700), and bind-mounts that file on KdatPath, unless the same probe is
+// mounted there already (by another kcr). The last user's Release removes
+// the mount; one left by a kcr that was killed is taken over (or replaced,
+// if stale) by the next. A mount, unlike a file, does not outlive a reboot,
+// so no later kernel reads this one's probe. Where /run is a tmpfs it does
+// nothing (CRIU keeps its probe there itself). Root only.
 func CacheKdat(ctx context.Context, criuPath, dir string) (*KdatCache, error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs(filepath.Dir(KdatPath), &st); err != nil {
@@ -53,71 +58,93 @@ func CacheKdat(ctx context.Context, criuPath, dir string) (*KdatCache, error) {
 	if err != nil {
 		return nil, err
 	}
-	k := &KdatCache{file: filepath.Join(dir, "criu.kdat"), target: KdatPath}
+	k := &KdatCache{file: filepath.Join(dir, "criu.kdat")}
 	if err := writeFileAtomic(k.file, probe); err != nil {
 		return nil, fmt.Errorf("kdat cache: %w", err)
 	}
-	if err := k.mount(); err != nil {
+	if k.lock, err = os.OpenFile(kdatLock, os.O_CREATE|os.O_RDWR|unix.O_NOFOLLOW, 0o600); err != nil {
+		os.Remove(k.file)
+		return nil, fmt.Errorf("kdat cache: %w", err)
+	}
+	if err := unix.Flock(int(k.lock.Fd()), unix.LOCK_SH); err != nil {
+		k.Release()
+		return nil, fmt.Errorf("kdat cache: lock %s: %w", kdatLock, err)
+	}
+	if err := k.mount(probe); err != nil {
 		k.Release()
 		return nil, err
 	}
 	return k, nil
 }
 
-// mount bind-mounts the probe on the target, creating the target as an
-// empty file if it is missing. Another kcr releasing its own cache may
-// remove the target in between: it tries again.
-func (k *KdatCache) mount() error {
-	var err error
-	for range 5 {
-		if err = k.mountOnce(); !errors.Is(err, unix.ENOENT) {
-			return err
+// mount bind-mounts the probe on KdatPath, unless a probe of the same CRIU
+// is there (another kcr's): a mount left with another (a stale one) is
+// removed first.
+func (k *KdatCache) mount(probe []byte) error {
+	if kdatMounted() {
+		if b, err := os.ReadFile(KdatPath); err == nil && sameCRIU(b, probe) {
+			return nil
 		}
+		unmountKdat()
 	}
-	return err
-}
-
-func (k *KdatCache) mountOnce() error {
-	f, err := os.OpenFile(k.target, os.O_CREATE|os.O_EXCL|os.O_WRONLY|unix.O_NOFOLLOW, 0o600)
-	switch {
-	case err == nil:
-		f.Close()
-		k.created = true
-	case !errors.Is(err, fs.ErrExist):
-		return fmt.Errorf("kdat cache: %w", err)
-	}
-	fi, err := os.Lstat(k.target)
+	f, err := os.OpenFile(KdatPath, os.O_CREATE|os.O_WRONLY|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return fmt.Errorf("kdat cache: %w", err)
 	}
-	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("kdat cache: %s is a %s, not a file: remove it", k.target, fi.Mode().Type())
+	f.Close()
+	if fi, err := os.Lstat(KdatPath); err != nil || !fi.Mode().IsRegular() {
+		return fmt.Errorf("kdat cache: %s is not a regular file (%v): remove it", KdatPath, err)
 	}
-	if err := unix.Mount(k.file, k.target, "", unix.MS_BIND, ""); err != nil {
-		return fmt.Errorf("kdat cache: bind-mounting %s on %s: %w", k.file, k.target, err)
+	if err := unix.Mount(k.file, KdatPath, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("kdat cache: bind-mounting %s on %s: %w", k.file, KdatPath, err)
 	}
-	k.mounted = true
 	return nil
 }
 
-// Release removes one bind mount from the target, the mount point if it
-// created it and no other kcr's mount is on it, and the probe file. Other
-// kcr processes stack their own mounts of the same probe on the target;
-// each removes one. A nil or no-op cache is fine.
+// sameCRIU reports whether two probes were written by the same CRIU build
+// (on the same boot, as both are read through a mount): CRIU checks a
+// probe by its size and its first two words, its magic and its build's.
+// Two probes of one build differ in some of their other bytes.
+func sameCRIU(a, b []byte) bool {
+	return len(a) == len(b) && len(a) >= 8 && bytes.Equal(a[:8], b[:8])
+}
+
+// kdatMounted reports whether something is mounted on KdatPath.
+func kdatMounted() bool {
+	b, err := os.ReadFile("/proc/thread-self/mountinfo")
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 4 && f[4] == KdatPath {
+			return true
+		}
+	}
+	return false
+}
+
+// unmountKdat removes every mount on KdatPath and the file under them.
+func unmountKdat() {
+	for range 1000 {
+		if unix.Unmount(KdatPath, unix.MNT_DETACH) != nil {
+			break
+		}
+	}
+	os.Remove(KdatPath)
+}
+
+// Release ends this kcr's use of the probe: the last user removes the
+// mount and its mount point. It removes the probe file (the mount, if it
+// stays for another kcr, keeps it readable). A nil or no-op cache is fine.
 func (k *KdatCache) Release() {
-	if k == nil || k.file == "" {
+	if k == nil || k.lock == nil {
 		return
 	}
-	if k.mounted {
-		unix.Unmount(k.target, unix.MNT_DETACH)
-		k.mounted = false
+	if unix.Flock(int(k.lock.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
+		unmountKdat()
 	}
-	if k.created {
-		// Another cache's mount still on it keeps it (EBUSY); left empty,
-		// it reads as stale to CRIU.
-		os.Remove(k.target)
-		k.created = false
-	}
+	k.lock.Close() // drops the lock
+	k.lock = nil
 	os.Remove(k.file)
 }
 

@@ -524,6 +524,7 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc) State {
 			return StateRunning
 		}
 	}
+	s.noteSleepActivity(ctx, p)
 	s.setState(StateCheckpointing, "pid", p.PID, "image", name)
 	t := time.Now()
 	err = s.b.checkpoint(ctx, p, s.dir.path, name)

@@ -24,9 +24,10 @@ type WakePhases struct {
 	// reopened; consumer groups rejoin from here).
 	HooksDoneMS float64 `json:"hooks_done_ms"`
 	// FirstActivityMS: the service's first activity after the wake (a
-	// record handed to it, a request answered), polled every
-	// firstActivityPoll from HooksDoneMS on; 0 until seen, and if none
-	// came within firstActivityWait.
+	// record handed to it, a request answered: its activity count passed
+	// the one it was checkpointed with), polled every firstActivityPoll
+	// from HooksDoneMS on; 0 until seen, and if none came within
+	// firstActivityWait.
 	FirstActivityMS float64 `json:"first_activity_ms,omitempty"`
 	// Prepared is set when the restore was prepared ahead (image
 	// verified, CRIU started) while the service slept.
@@ -50,6 +51,19 @@ type PhaseObserver interface {
 type wakeLog struct {
 	mu   sync.Mutex
 	last *WakePhases
+	// base is the service's activity count when it was last checkpointed:
+	// a restored service that counts more has done something.
+	base    uint64
+	hasBase bool
+}
+
+// noteSleepActivity records the service's activity count as it goes to
+// sleep, for watchFirstActivity.
+func (s *Supervisor) noteSleepActivity(ctx context.Context, p proc) {
+	a, err := s.b.activity(ctx, p)
+	s.wakes.mu.Lock()
+	s.wakes.base, s.wakes.hasBase = a.Count, err == nil
+	s.wakes.mu.Unlock()
 }
 
 func (w *wakeLog) get() *WakePhases {
@@ -100,9 +114,17 @@ func (s *Supervisor) observePhase(phase string, msec float64) {
 func (s *Supervisor) watchFirstActivity(ctx context.Context, p proc, wake *WakePhases, wokeAt time.Time) {
 	ctx, cancel := context.WithTimeout(ctx, firstActivityWait)
 	defer cancel()
-	base, err := s.b.activity(ctx, p)
-	if err != nil {
-		return
+	s.wakes.mu.Lock()
+	base, ok := s.wakes.base, s.wakes.hasBase
+	s.wakes.mu.Unlock()
+	if !ok {
+		// Not seen asleep (an earlier kcr standby checkpointed it): from
+		// now on.
+		a, err := s.b.activity(ctx, p)
+		if err != nil {
+			return
+		}
+		base = a.Count
 	}
 	tick := time.NewTicker(firstActivityPoll)
 	defer tick.Stop()
@@ -116,7 +138,7 @@ func (s *Supervisor) watchFirstActivity(ctx context.Context, p proc, wake *WakeP
 		if err != nil {
 			return
 		}
-		if a.Count != base.Count {
+		if a.Count != base {
 			d := ms(time.Since(wokeAt))
 			s.wakes.mu.Lock()
 			if s.wakes.last != nil && s.wakes.last.At.Equal(wake.At) {

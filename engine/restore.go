@@ -155,16 +155,70 @@ func RestoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreResult, err
 }
 
 func (s deps) restoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreResult, error) {
-	start := time.Now()
-	if o.HookWait <= 0 {
-		o.HookWait = 30 * time.Second
+	pr, err := s.prepareRestore(ctx, o)
+	if err != nil {
+		return nil, err
 	}
-	if o.PIDWait <= 0 {
-		o.PIDWait = 5 * time.Second
+	defer pr.Close()
+	return pr.restore(ctx)
+}
+
+// PreparedRestore is a restore done up to CRIU's request: the image
+// verified and open, CRIU found, checked and started. A long-lived caller
+// (kcr standby) prepares while it waits, so that a wake pays only for the
+// restore itself. Restore it once, or Close it.
+type PreparedRestore struct {
+	s     deps
+	o     RestoreOptions
+	start time.Time
+	img   *images.Image
+	pre   Timings
+	criu  string
+	early *criu.RestoreSession
+}
+
+// PrepareRestore does every step of RestoreClones that does not depend on
+// the moment of the restore: it verifies and opens the image and starts
+// CRIU. The PIDs the image needs are checked by Restore.
+func PrepareRestore(ctx context.Context, o RestoreOptions) (*PreparedRestore, error) {
+	return realDeps.prepareRestore(ctx, o)
+}
+
+// Restore restores the prepared image (RestoreClones); its Timings count
+// from the call, without the preparation's phases.
+func (pr *PreparedRestore) Restore(ctx context.Context) ([]*RestoreResult, error) {
+	pr.start = time.Now()
+	pr.pre = nil
+	defer pr.Close()
+	return pr.restore(ctx)
+}
+
+// Close releases the image and the CRIU started ahead; a no-op after
+// Restore, and on nil.
+func (pr *PreparedRestore) Close() {
+	if pr == nil {
+		return
 	}
-	if o.Count <= 0 {
-		o.Count = 1
+	pr.early.Close()
+	pr.early = nil
+	if pr.img != nil {
+		pr.img.Close()
+		pr.img = nil
 	}
+}
+
+func (s deps) prepareRestore(ctx context.Context, o RestoreOptions) (*PreparedRestore, error) {
+	pr := &PreparedRestore{s: s, o: o, start: time.Now()}
+	if pr.o.HookWait <= 0 {
+		pr.o.HookWait = 30 * time.Second
+	}
+	if pr.o.PIDWait <= 0 {
+		pr.o.PIDWait = 5 * time.Second
+	}
+	if pr.o.Count <= 0 {
+		pr.o.Count = 1
+	}
+	o = pr.o
 	// CRIU's version check, and then CRIU's own start for the first
 	// restore, run while the image is verified.
 	type found struct {
@@ -188,45 +242,56 @@ func (s deps) restoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreRe
 			fc.early.Close()
 		}
 	}
-	var pre Timings
 	t := time.Now()
 	img, err := images.OpenWith(ctx, o.Image, OpenOptions(o.Rehash, o.AllowUntrusted, o.VerifyKeys))
 	if err != nil {
 		drop()
 		return nil, err
 	}
-	defer img.Close()
-	pre.Add(PhaseVerify, time.Since(t))
+	pr.pre.Add(PhaseVerify, time.Since(t))
 	if o.AfterVerify != nil {
 		o.AfterVerify()
 	}
-	m := img.Manifest
-	if err := CheckDuplicates(o.Image, m, o.Count, o.AllowDuplicates); err != nil {
+	if err := s.checkImage(o, img.Manifest); err != nil {
+		img.Close()
 		drop()
 		return nil, err
 	}
+	t = time.Now()
+	fc := <-criuCh
+	if fc.err != nil {
+		img.Close()
+		return nil, fc.err
+	}
+	pr.pre.Add(PhaseCRIUVersion, time.Since(t))
+	pr.img, pr.criu, pr.early = img, fc.path, fc.early
+	return pr, nil
+}
+
+// checkImage refuses restores of the image that o asks for and that would
+// duplicate its records or that it cannot do.
+func (s deps) checkImage(o RestoreOptions, m *images.Manifest) error {
+	if err := CheckDuplicates(o.Image, m, o.Count, o.AllowDuplicates); err != nil {
+		return err
+	}
 	if err := checkKafkaTCPClose(o.Image, m, o.Count, o.AllowDuplicates); err != nil {
-		<-criuCh
-		return nil, err
+		return err
 	}
 	if m.Options.TCPClose && o.Count > 1 && len(m.Options.TCPClosedKafka) == 0 {
 		logger(o.Logger).Warn("the image was dumped with --tcp-close: every clone starts with the state of the connections CRIU dropped (client ids, sessions, sequence numbers of any protocol)", "image", o.Image, "count", o.Count)
 	}
 	if o.Count > 1 && !m.Process.PIDNamespace {
-		drop()
-		return nil, fmt.Errorf("%s: %w: PID %d was not init of its own PID namespace; start the service with \"kcr run\" to clone it", o.Image, ErrNotClonable, m.Process.PID)
+		return fmt.Errorf("%s: %w: PID %d was not init of its own PID namespace; start the service with \"kcr run\" to clone it", o.Image, ErrNotClonable, m.Process.PID)
 	}
-	t = time.Now()
-	fc := <-criuCh
-	if fc.err != nil {
-		return nil, fc.err
-	}
-	pre.Add(PhaseCRIUVersion, time.Since(t))
-	criuPath := fc.path
-	early := fc.early
-	defer early.Close() // a no-op once a restore took it
-	if !m.Process.PIDNamespace {
-		t = time.Now()
+	return nil
+}
+
+// restore runs the prepared restore: the PIDs checked, then each clone.
+func (pr *PreparedRestore) restore(ctx context.Context) ([]*RestoreResult, error) {
+	s, o, img := pr.s, pr.o, pr.img
+	pre := append(Timings{}, pr.pre...)
+	if !img.Manifest.Process.PIDNamespace {
+		t := time.Now()
 		if err := s.pidsFree(ctx, img, o.PIDWait); err != nil {
 			return nil, err
 		}
@@ -238,15 +303,10 @@ func (s deps) restoreClones(ctx context.Context, o RestoreOptions) ([]*RestoreRe
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("restore %s: %w", o.Image, err)
 	}
+	early := pr.early
+	pr.early = nil
+	defer early.Close() // a no-op once a restore took it
 
-	return s.runClones(ctx, o, img, criuPath, early, pre, start)
-}
-
-// runClones restores o.Count copies of the verified image at once, the
-// first with the CRIU started ahead (early), and prefixes each result's
-// timings with the steps they shared (pre): clones start together so that
-// N copies cost about one restore's time.
-func (s deps) runClones(ctx context.Context, o RestoreOptions, img *images.Image, criuPath string, early *criu.RestoreSession, pre Timings, start time.Time) ([]*RestoreResult, error) {
 	results := make([]*RestoreResult, o.Count)
 	errs := make([]error, o.Count)
 	done := make(chan struct{})
@@ -264,7 +324,7 @@ func (s deps) runClones(ctx context.Context, o RestoreOptions, img *images.Image
 			if i == 0 {
 				sess = early
 			}
-			results[i], errs[i] = s.restoreOne(ctx, o, img, criuPath, name, sess)
+			results[i], errs[i] = s.restoreOne(ctx, o, img, pr.criu, name, sess)
 		}()
 	}
 	for range o.Count {
@@ -278,7 +338,7 @@ func (s deps) runClones(ctx context.Context, o RestoreOptions, img *images.Image
 			continue
 		}
 		r.Timings = append(append(Timings{}, pre...), r.Timings...)
-		r.Timings.Add(PhaseTotal, time.Since(start))
+		r.Timings.Add(PhaseTotal, time.Since(pr.start))
 		ok = append(ok, r)
 	}
 	if len(failed) > 0 {

@@ -31,8 +31,10 @@ var ErrConnsClosed = conntrack.ErrClosed
 // restored, or until their own ctx ends. They never fail because a
 // checkpoint happened.
 //
-// It then closes the kafka.Reader. Fetch calls in progress return and wait
-// at the gate too; a record such a call received while the gate was closing
+// It then closes the kafka.Reader, without waiting out the fetch kafka-go
+// has in flight (up to MaxWait, 10 s by default): the connections that
+// carry fetches are closed, the group coordinator's stays. Fetch calls in
+// progress return and wait at the gate too; a record such a call received while the gate was closing
 // is not handed to the application. For a consumer group, kafka-go's Close
 // flushes pending commits (also the batches of a CommitInterval) and leaves
 // the group, so that the other members take over its partitions at once
@@ -102,6 +104,7 @@ type Reader struct {
 	closing chan struct{} // non-nil while the gate is closed
 	closed  bool
 	conns   *conntrack.Tracker // the current kafka.Reader's connections
+	fetches *fetchCut          // the current kafka.Reader's fetch connections
 	next    int64              // partition readers: where the next kafka.Reader starts
 	nextSet bool               // next was set by SetOffset during this checkpoint
 	cycle   uint64             // counts BeforeCheckpoint calls
@@ -210,7 +213,9 @@ func NewReader(c kafka.ReaderConfig, opts ...ReaderOpt) *Reader {
 // (or before r is shared).
 func (r *Reader) newInner() *kafka.Reader {
 	d := r.baseDialer
-	r.conns = conntrack.New(r.dialFunc(), nil)
+	r.fetches = newFetchCut()
+	r.conns = conntrack.New(r.fetches.wrap(r.dialFunc(), d.TLS), nil)
+	d.TLS = nil // the handshake is fetches.wrap's
 	d.DialFunc = r.conns.DialContext
 	d.ClientID = r.currentClientID()
 	c := r.rcfg
@@ -502,7 +507,7 @@ func (r *Reader) ClientID() string {
 func (r *Reader) Name() string { return r.cfg.name }
 
 // Close is kafka.Reader.Close (a group reader commits what is pending and
-// leaves the group). It also unregisters the Reader and closes all its
+// leaves the group), without waiting out a fetch in flight. It also unregisters the Reader and closes all its
 // connections; blocked calls return io.EOF (FetchMessage) or
 // io.ErrClosedPipe.
 func (r *Reader) Close() error {
@@ -518,7 +523,7 @@ func (r *Reader) Close() error {
 		close(r.closing)
 		r.closing = nil
 	}
-	conns := r.conns
+	conns, fetches := r.conns, r.fetches
 	r.mu.Unlock()
 	r.unregister()
 	close(r.quit)
@@ -532,6 +537,9 @@ func (r *Reader) Close() error {
 			err = r.flushRetry(ctx, s)
 			cancel()
 		}
+		// Nothing it fetches is handed out any more: its fetch in
+		// flight is cut rather than waited out.
+		fetches.cutFetches()
 		if e := s.r.Close(); err == nil {
 			err = e
 		}

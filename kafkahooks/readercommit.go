@@ -198,8 +198,9 @@ func (r *Reader) pinTail(ctx context.Context, s *readerState) (int, error) {
 	if len(topics) == 0 {
 		return 0, nil
 	}
-	// With the Dialer's TLS and SASL, like the kafka.Reader's own.
-	cl, release := r.client(r.conns.DialContext, r.currentClientID())
+	// With the Dialer's TLS and SASL, like the kafka.Reader's own: its
+	// connections do TLS themselves (fetchCut.wrap).
+	cl, release := r.client(r.conns.DialContext, r.currentClientID(), true)
 	defer release()
 	committed, err := r.fetchCommitted(ctx, cl, topics)
 	if err != nil {

@@ -20,177 +20,257 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 	// A hand-over still waiting for the restored member: its old members
 	// stay kept, and its connections close before the dump.
 	r.stopHandover()
+	c, ok := r.closeGate()
+	if !ok {
+		return nil
+	}
+	dctx, cancel := drainContext(ctx)
+	defer cancel()
+	var diag <-chan groupDiag
+	if r.group && c.member.memberID() == "" {
+		// The reader will leave: will the group be empty?
+		diag = r.diagnoseGroup(dctx)
+	}
+	q := r.quiesce(dctx, c)
+	n := r.retire(dctx, c, q)
+	rep, err := r.checkpointReport(dctx, c, q, n, diag)
+	elapsed := time.Since(start)
+	rep.DurationMS = elapsed.Milliseconds()
+	r.reports.Store(rep)
+	r.logCheckpoint(ctx, rep.ReaderCheckpoint, q.closed, err, elapsed)
+	return err
+}
+
+// quiesceCycle is what one BeforeCheckpoint works on: the generation whose
+// gate it closed.
+type quiesceCycle struct {
+	s       *readerState
+	cycle   uint64
+	inner   *kafka.Reader
+	conns   *conntrack.Tracker
+	fetches *fetchCut
+	member  *memberLog
+}
+
+// quiesced is what closing a generation's kafka.Reader yields.
+type quiesced struct {
+	closed   bool // the kafka.Reader closed within the budget
+	pinned   int
+	err      error
+	kept     string          // WithGroupHandover: the member id left in the group
+	conns    int             // connections closed to keep it
+	recorded map[tpKey]int64 // the group's committed offsets, for the image
+	recErr   error
+}
+
+// closeGate closes the gate, so that calls from now on wait for the
+// restore, and returns the generation to quiesce; false if closed already.
+func (r *Reader) closeGate() (quiesceCycle, bool) {
 	r.mu.Lock()
 	if r.closed || r.closing != nil {
 		r.mu.Unlock()
-		return nil
+		return quiesceCycle{}, false
 	}
 	s := r.state.Load()
 	r.closing = make(chan struct{})
 	r.cycle++
 	r.inCycle = true
-	cycle := r.cycle
 	r.dropped.Store(0)
 	r.minDropped.Store(math.MaxInt64)
 	r.state.Store(&readerState{r: s.r, gate: r.closing, handed: s.handed, retired: s.retired})
-	inner, conns, member := s.r, r.conns, r.member
+	c := quiesceCycle{s: s, cycle: r.cycle, inner: s.r, conns: r.conns, fetches: r.fetches, member: r.member}
 	r.mu.Unlock()
 	if r.stash != nil {
 		// Says whether the hook has commits of its own to flush.
 		r.cfg.log.Debug("kafka reader quiescing", "pending_commit_partitions", r.stash.size())
 	}
+	return c, true
+}
 
-	dctx, cancel := drainContext(ctx)
-	defer cancel()
-	var diag <-chan groupDiag
-	if r.group && member.memberID() == "" {
-		// The reader will leave: will the group be empty?
-		diag = r.diagnoseGroup(dctx)
-	}
-	// Commits go out before the kafka.Reader closes: its own final commit
-	// gets a single attempt.
-	type quiesced struct {
-		pinned   int
-		err      error
-		kept     string          // WithGroupHandover: the member id left in the group
-		conns    int             // connections closed to keep it
-		recorded map[tpKey]int64 // the group's committed offsets, for the image
-		recErr   error
-	}
+// quiesce flushes and closes the generation's kafka.Reader within the
+// budget: commits go out before it closes, as its own final commit gets a
+// single attempt.
+func (r *Reader) quiesce(dctx context.Context, c quiesceCycle) quiesced {
 	clientID := r.ClientID()
 	// The offsets are recorded through connections of their own, closed
 	// below whatever happens, and not counted as the Reader's.
 	recConns := conntrack.New(r.dialFunc(), nil)
+	defer recConns.CloseAll(true)
 	done := make(chan quiesced, 1)
 	r.bg.Add(1)
 	go func() {
 		defer r.bg.Done()
-		var q quiesced
 		if r.group {
-			quiesce.WaitZero(dctx, &r.committing)
-			if r.stash != nil {
-				q.err = r.flushRetry(dctx, s)
-			}
-			if q.err == nil && r.rcfg.StartOffset == kafka.LastOffset {
-				q.pinned, q.err = r.pinTail(dctx, s)
-			}
-			if id := member.memberID(); id != "" && q.err == nil {
-				// Cut first: kafka-go's Close cannot send its
-				// LeaveGroup, and the member stays in the group.
-				q.conns = conns.CloseAll(true)
-				q.kept = id
-			}
-			// Recorded while the kafka.Reader closes: it commits nothing
-			// more (its commits are synchronous).
-			rec := make(chan struct{})
-			go func() {
-				defer close(rec)
-				q.recorded, q.recErr = r.recordCommitted(dctx, recConns.DialContext, clientID)
-			}()
-			inner.Close()
-			<-rec
-		} else {
-			inner.Close()
+			done <- r.quiesceGroup(dctx, c, recConns, clientID)
+			return
 		}
-		done <- q
+		r.closeInner(c)
+		done <- quiesced{}
 	}()
-	closed := true
-	var q quiesced
 	select {
-	case q = <-done:
+	case q := <-done:
+		q.closed = true
+		return q
 	case <-dctx.Done():
-		closed = false
-		q.recErr = context.Cause(dctx)
+		q := quiesced{recErr: context.Cause(dctx)}
 		if r.group {
 			q.err = fmt.Errorf("%w: the budget ran out", ErrCommitsNotFlushed)
 			if r.stash == nil && r.rcfg.StartOffset != kafka.LastOffset {
 				q.err = nil // nothing of ours was pending
 			}
 		}
+		return q
 	}
-	s.retired.cancel()
+}
+
+// quiesceGroup flushes a group reader's commits, keeps its member with
+// WithGroupHandover, and closes it while recording the committed offsets.
+func (r *Reader) quiesceGroup(dctx context.Context, c quiesceCycle, recConns *conntrack.Tracker, clientID string) quiesced {
+	var q quiesced
+	quiesce.WaitZero(dctx, &r.committing)
+	if r.stash != nil {
+		q.err = r.flushRetry(dctx, c.s)
+	}
+	if q.err == nil && r.rcfg.StartOffset == kafka.LastOffset {
+		q.pinned, q.err = r.pinTail(dctx, c.s)
+	}
+	if id := c.member.memberID(); id != "" && q.err == nil {
+		// Cut first: kafka-go's Close cannot send its LeaveGroup, and the
+		// member stays in the group.
+		q.conns = c.conns.CloseAll(true)
+		q.kept = id
+	}
+	// Recorded while the kafka.Reader closes: it commits nothing more
+	// (its commits are synchronous).
+	rec := make(chan struct{})
+	go func() {
+		defer close(rec)
+		q.recorded, q.recErr = r.recordCommitted(dctx, recConns.DialContext, clientID)
+	}()
+	r.closeInner(c)
+	<-rec
+	return q
+}
+
+// closeInner closes the generation's kafka.Reader without waiting out the
+// fetch it has in flight (up to MaxWait): that fetch is cut, and what it
+// would bring is fetched again after the restore.
+func (r *Reader) closeInner(c quiesceCycle) {
+	c.fetches.cutFetches()
+	c.inner.Close()
+}
+
+// retire ends the generation: calls still inside kafka-go are canceled,
+// fetches note their drops, and its connections close. It returns how many
+// were open.
+func (r *Reader) retire(dctx context.Context, c quiesceCycle, q quiesced) int {
+	c.s.retired.cancel()
 	// Fetches that were inside kafka-go note their drops before the
 	// offsets are read.
 	quiesce.WaitZero(dctx, &r.fetching)
-	n := conns.CloseAll(true) + q.conns
-	recConns.CloseAll(true)
-	st := r.absorb(inner)
+	return c.conns.CloseAll(true) + q.conns
+}
 
+// checkpointReport builds the hook's report and error, and keeps what the
+// restore needs (kept members, recorded offsets, the partition's offset).
+func (r *Reader) checkpointReport(dctx context.Context, c quiesceCycle, q quiesced, conns int, diag <-chan groupDiag) (ReaderReport, error) {
+	st := r.absorb(c.inner)
 	rc := &ReaderCheckpoint{
 		Group:             r.rcfg.GroupID,
-		ClosedCleanly:     closed,
+		ClosedCleanly:     q.closed,
 		PrefetchedDropped: st.QueueLength + r.dropped.Load(),
-		ConnectionsClosed: n,
+		ConnectionsClosed: conns,
 	}
 	rep := ReaderReport{Phase: "before-checkpoint", ClientID: r.ClientID(), CallersBlocked: r.blocked.Load(), ReaderCheckpoint: rc}
 	var err error
 	if r.group {
-		gc := &GroupCheckpoint{
-			LeftGroup:             closed && q.kept == "",
-			StaleCommits:          r.staleCommits.Load(),
-			StartOffsetsCommitted: q.pinned,
-			MemberKept:            q.kept,
-		}
-		rc.GroupCheckpoint = gc
-		if q.kept != "" {
-			gc.SessionTimeoutMS = r.sessionTimeout().Milliseconds()
-			r.mu.Lock()
-			r.kept = append(r.kept, q.kept)
-			r.mu.Unlock()
-		} else if gc.LeftGroup && diag != nil {
-			r.warnEmptyGroup(gc, <-diag)
+		var read bool
+		read, err = r.groupReport(c, q, rc, diag)
+		if read {
 			diag = nil
-			if gc.Warning != "" {
-				r.cfg.log.Warn("kafka reader: " + gc.Warning)
-			}
 		}
-		if q.err != nil {
-			rc.CommitError = q.err.Error()
-			if !r.cfg.unflushedOK {
-				err = q.err
-			}
-		}
-		rc.OffsetsRecorded = len(q.recorded)
-		r.mu.Lock()
-		rc.RecordsInApp = s.handed.inApp(r.waiting)
-		r.mu.Unlock()
-		if q.recErr != nil {
-			rc.OffsetsRecordError = q.recErr.Error()
-			r.cfg.log.Warn("kafka reader could not record the group's committed offsets in the image; if they expire before the restore, it starts from StartOffset", "err", q.recErr)
-		}
-		r.mu.Lock()
-		if r.inCycle && r.cycle == cycle {
-			r.recorded, r.recordedAt = q.recorded, time.Now().Round(0)
-		}
-		r.mu.Unlock()
 	} else {
-		next := inner.Offset()
-		if s.tail {
-			// Still at a LastOffset that nothing resolved yet.
-			next = kafka.LastOffset
-			if off, rerr := r.lastOffset(dctx); rerr == nil {
-				next = off
-			} else {
-				r.cfg.log.Warn("kafka reader could not resolve LastOffset before the checkpoint; it resolves again after it", "err", rerr)
-			}
-		}
-		if md := r.minDropped.Load(); md < next || (next < 0 && md != math.MaxInt64) {
-			next = md
-		}
-		r.mu.Lock()
-		if !r.nextSet && r.inCycle && r.cycle == cycle {
-			r.next = next
-		}
-		next = r.next
-		r.mu.Unlock()
+		next := r.partitionNext(dctx, c)
 		rep.NextOffset = &next
 	}
 	if diag != nil {
 		<-diag // its connections are closed
 	}
-	elapsed := time.Since(start)
-	rep.DurationMS = elapsed.Milliseconds()
-	r.reports.Store(rep)
+	return rep, err
+}
+
+// groupReport fills in a group reader's part of the report, keeps its
+// member and recorded offsets for the restore, and returns the hook's
+// error (commits not flushed), and whether it read diag.
+func (r *Reader) groupReport(c quiesceCycle, q quiesced, rc *ReaderCheckpoint, diag <-chan groupDiag) (bool, error) {
+	gc := &GroupCheckpoint{
+		LeftGroup:             q.closed && q.kept == "",
+		StaleCommits:          r.staleCommits.Load(),
+		StartOffsetsCommitted: q.pinned,
+		MemberKept:            q.kept,
+	}
+	rc.GroupCheckpoint = gc
+	if q.kept != "" {
+		gc.SessionTimeoutMS = r.sessionTimeout().Milliseconds()
+		r.mu.Lock()
+		r.kept = append(r.kept, q.kept)
+		r.mu.Unlock()
+	}
+	read := false
+	if q.kept == "" && gc.LeftGroup && diag != nil {
+		r.warnEmptyGroup(gc, <-diag)
+		read = true
+		if gc.Warning != "" {
+			r.cfg.log.Warn("kafka reader: " + gc.Warning)
+		}
+	}
+	var err error
+	if q.err != nil {
+		rc.CommitError = q.err.Error()
+		if !r.cfg.unflushedOK {
+			err = q.err
+		}
+	}
+	rc.OffsetsRecorded = len(q.recorded)
+	if q.recErr != nil {
+		rc.OffsetsRecordError = q.recErr.Error()
+		r.cfg.log.Warn("kafka reader could not record the group's committed offsets in the image; if they expire before the restore, it starts from StartOffset", "err", q.recErr)
+	}
+	r.mu.Lock()
+	rc.RecordsInApp = c.s.handed.inApp(r.waiting)
+	if r.inCycle && r.cycle == c.cycle {
+		r.recorded, r.recordedAt = q.recorded, time.Now().Round(0)
+	}
+	r.mu.Unlock()
+	return read, err
+}
+
+// partitionNext returns the offset a partition reader continues from after
+// the restore: the next record the application would have received.
+func (r *Reader) partitionNext(dctx context.Context, c quiesceCycle) int64 {
+	next := c.inner.Offset()
+	if c.s.tail {
+		// Still at a LastOffset that nothing resolved yet.
+		next = kafka.LastOffset
+		if off, rerr := r.lastOffset(dctx); rerr == nil {
+			next = off
+		} else {
+			r.cfg.log.Warn("kafka reader could not resolve LastOffset before the checkpoint; it resolves again after it", "err", rerr)
+		}
+	}
+	if md := r.minDropped.Load(); md < next || (next < 0 && md != math.MaxInt64) {
+		next = md
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.nextSet && r.inCycle && r.cycle == c.cycle {
+		r.next = next
+	}
+	return r.next
+}
+
+// logCheckpoint logs how the hook ended.
+func (r *Reader) logCheckpoint(ctx context.Context, rc *ReaderCheckpoint, closed bool, err error, elapsed time.Duration) {
 	switch {
 	case err != nil:
 		r.cfg.log.Warn("kafka reader could not flush its commits before the checkpoint; the checkpoint fails", "err", err, "duration", elapsed)
@@ -200,7 +280,6 @@ func (r *Reader) BeforeCheckpoint(ctx context.Context) error {
 		r.cfg.log.Warn("kafka reader did not close within the checkpoint budget; connections closed without leaving the group or flushing commits (records will be redelivered)",
 			"duration", elapsed, "cause", context.Cause(ctx))
 	}
-	return err
 }
 
 // offsetCheckTimeout bounds the after-restore check of the committed

@@ -33,9 +33,13 @@ func (r *Reader) dialFunc() func(context.Context, string, string) (net.Conn, err
 }
 
 // client returns a kafka.Client that dials through dial with the base
-// Dialer's TLS and SASL settings, and a function that releases it.
-func (r *Reader) client(dial func(context.Context, string, string) (net.Conn, error), clientID string) (*kafka.Client, func()) {
+// Dialer's TLS (unless dial does TLS itself) and SASL settings, and a
+// function that releases it.
+func (r *Reader) client(dial func(context.Context, string, string) (net.Conn, error), clientID string, dialTLS bool) (*kafka.Client, func()) {
 	tr := &kafka.Transport{Dial: dial, ClientID: clientID, TLS: r.baseDialer.TLS, SASL: r.baseDialer.SASLMechanism}
+	if dialTLS {
+		tr.TLS = nil
+	}
 	return &kafka.Client{Addr: kafka.TCP(r.rcfg.Brokers...), Transport: tr}, tr.CloseIdleConnections
 }
 
@@ -87,7 +91,7 @@ const offsetUnknown = -2
 // recordCommitted returns the group's committed offsets to keep in the
 // image, fetched through dial (the closing generation's connections).
 func (r *Reader) recordCommitted(ctx context.Context, dial func(context.Context, string, string) (net.Conn, error), clientID string) (map[tpKey]int64, error) {
-	cl, release := r.client(dial, clientID)
+	cl, release := r.client(dial, clientID, false)
 	defer release()
 	all, err := r.fetchCommitted(ctx, cl, nil)
 	if err != nil {
@@ -111,7 +115,7 @@ func (r *Reader) restoreCommitted(ctx context.Context, recorded map[tpKey]int64,
 	gr := &GroupRestore{OffsetsChecked: len(recorded)}
 	conns := conntrack.New(r.dialFunc(), nil)
 	defer conns.CloseAll(true)
-	cl, release := r.client(conns.DialContext, clientID)
+	cl, release := r.client(conns.DialContext, clientID, false)
 	defer release()
 	topics := map[string][]int{}
 	for k := range recorded {

@@ -30,7 +30,12 @@
 # KCR_KAFKA_BROKERS_N=3 scripts/kafka-up.sh; default none): each client runs
 # on the broker above and again on the cluster, the pipeline over SASL_SSL
 # (SCRAM-SHA-512), kcr standby and the measuring client over its PLAINTEXT
-# listeners: what TLS, SASL and three brokers add to a wake.
+# listeners: what TLS, SASL and three brokers add to a wake. KCR_BENCH_KDAT and
+# KCR_BENCH_PREPARE (--kdat-cache, --prepare-restore, default true).
+#
+# The wake's phases (from the order's send: the wake signal, restored, hooks
+# done, first record handed, first result) come from kcr standby's status
+# (last_wake) and the probe's own clock.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -47,7 +52,11 @@ sample="${KCR_BENCH_IDLE_SAMPLE:-10}"
 asleep="${KCR_BENCH_ASLEEP:-0s}"
 hold="${KCR_BENCH_HOLD:-true}"
 cluster_home="${KCR_BENCH_CLUSTER:-}"
-[[ $hold == true || $hold == false ]] || die "KCR_BENCH_HOLD must be true or false (got '$hold')"
+kdat="${KCR_BENCH_KDAT:-true}"
+prepare="${KCR_BENCH_PREPARE:-true}"
+for v in hold kdat prepare; do
+	[[ ${!v} == true || ${!v} == false ]] || die "KCR_BENCH_${v^^} must be true or false (got '${!v}')"
+done
 
 sb_pid=""
 stop_all() {
@@ -110,7 +119,7 @@ for target in "${targets[@]}"; do
 		port=$((20000 + RANDOM % 20000))
 		metrics="127.0.0.1:$port"
 		setsid "$bin/kcr" standby --image-dir "$run/img" --idle "$idle" --poll "$poll" --brokers "$pbrokers" \
-			--hold-group="$hold" --group "$group" --topics "$orders" --metrics "$metrics" -- "${svc[@]}" \
+			--hold-group="$hold" --kdat-cache="$kdat" --prepare-restore="$prepare" --group "$group" --topics "$orders" --metrics "$metrics" -- "${svc[@]}" \
 			</dev/null >"$run/standby.log" 2>&1 &
 		sb_pid=$!
 		status="$bin/kcr standby status --image-dir $run/img --json"
@@ -166,7 +175,7 @@ done
 
 where="$brokers"
 [[ -n $cluster_home ]] && where+=" (the broker) and the cluster $KCR_KAFKA_CLUSTER_SCRAM_BROKERS (SASL_SSL, SCRAM-SHA-512)"
-echo "kcr standby on $where, $(date -u +%F), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'): $cycles idle → wake cycles (--idle $idle, --poll $poll, --hold-group=$hold, asleep $asleep), $cold_cycles cold starts"
+echo "kcr standby on $where, $(date -u +%F), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'): $cycles idle → wake cycles (--idle $idle, --poll $poll, --hold-group=$hold, --kdat-cache=$kdat, --prepare-restore=$prepare, asleep $asleep, load $(cut -d' ' -f1-3 /proc/loadavg)), $cold_cycles cold starts"
 for r in "${results[@]}"; do
 	IFS='|' read -r c w k rss cpu rps kwake <<<"$r"
 	echo "$c:"
@@ -176,6 +185,8 @@ for r in "${results[@]}"; do
 		"$(jq .p50_ms <<<"$k")" "$(jq .p95_ms <<<"$k")" "$(jq .max_ms <<<"$k")"
 	printf '  %-44s %7.1f x\n' "ratio cold / standby (p50)" "$(jq -n --argjson a "$(jq .p50_ms <<<"$k")" --argjson b "$(jq .p50_ms <<<"$w")" '$a/$b')"
 	printf '  %-44s %7.0f ms\n' "kcr's wake signal → restored (median)" "$kwake"
+	printf '  %-44s %s\n' "phases, p50 ms from the order's send:" \
+		"$(jq -r '.phases_p50_ms // {} | "detect \(.detect // "?") → restored \(.restored // "?") → hooks done \(.hooks_done // "?") → first record handed \(.first_handed // "?") → first result \(.result // "?")"' <<<"$w")"
 	printf '  %-44s %7s MiB RSS, %s %% of a core (service: 0, gone)\n' "kcr standby while the service sleeps" "$rss" "$cpu"
 	printf '  %-44s %7s requests/s\n' "broker load of the Kafka wake and hold" "$rps"
 	echo "  orders missing: $(jq .missing <<<"$w") (standby) $(jq .missing <<<"$k") (cold), duplicated: $(jq .duplicated <<<"$w") (standby) $(jq .duplicated <<<"$k") (cold)"

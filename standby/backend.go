@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"time"
 
+	"github.com/kcr-dev/kcr/criu"
 	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/internal/procfs"
 	"github.com/kcr-dev/kcr/notify"
@@ -47,6 +49,17 @@ type engineBackend struct {
 	// fdsSocket hands extra back to the service after a checkpoint
 	// (notify.ListenFDsSocketEnv).
 	fdsSocket string
+
+	kdat          *criu.KdatCache              // CRIU's kernel probe, kept (ahead.go)
+	preparing     chan *engine.PreparedRestore // the restore of preparedImage, prepared ahead (nil on failure)
+	preparedImage string
+	lastRestore   engine.Timings // the phases of the last restore
+	lastPrepared  bool           // the last restore was prepared ahead
+
+	lazy     proc   // the lazy-pages daemon of the last restore (lazy.go)
+	lazyWork string // its work directory
+
+	sockMu sync.Mutex // socket: activity is read by the watch and by watchFirstActivity
 }
 
 func (b *engineBackend) start(ctx context.Context) (proc, error) {
@@ -70,11 +83,21 @@ func (b *engineBackend) start(ctx context.Context) (proc, error) {
 	if err != nil {
 		return proc{}, fmt.Errorf("started %s as PID %d, which exited already: see %s", b.o.Args[0], res.PID, res.Log)
 	}
-	b.socket = nil
+	b.forgetSocket()
 	return proc{PID: res.PID, Start: st}, nil
 }
 
+// forgetSocket drops the cached control socket: the service moved.
+func (b *engineBackend) forgetSocket() {
+	b.sockMu.Lock()
+	b.socket = nil
+	b.sockMu.Unlock()
+}
+
 func (b *engineBackend) checkpoint(ctx context.Context, p proc, dir, name string) error {
+	if err := b.waitLazy(ctx); err != nil {
+		return err
+	}
 	_, err := engine.Checkpoint(ctx, engine.CheckpointOptions{
 		PID: p.PID, Output: dir + "/" + name, HookBudget: b.o.HookBudget, RequireDrained: true,
 		CRIU: b.o.CRIU, Logger: b.log,
@@ -83,11 +106,26 @@ func (b *engineBackend) checkpoint(ctx context.Context, p proc, dir, name string
 }
 
 func (b *engineBackend) restore(ctx context.Context, dir, name string) (proc, error) {
-	res, err := engine.Restore(ctx, engine.RestoreOptions{Image: dir + "/" + name, CRIU: b.o.CRIU, Logger: b.log})
+	var res *engine.RestoreResult
+	var err error
+	pr := b.takePrepared(name)
+	b.lastPrepared = pr != nil
+	if pr != nil {
+		var rs []*engine.RestoreResult
+		if rs, err = pr.Restore(ctx); err == nil {
+			res = rs[0]
+		}
+	} else {
+		res, err = engine.Restore(ctx, b.restoreOptions(dir, name))
+	}
 	if err != nil {
 		return proc{}, err
 	}
-	b.socket = nil
+	b.forgetSocket()
+	b.lastRestore = res.Timings
+	if res.LazyPID > 0 {
+		b.noteLazy(res.LazyPID, lazyWorkDir(dir, name))
+	}
 	if res.HookErr != nil {
 		b.log.Warn("restored, but the after-restore hooks failed; the service runs", "pid", res.PID, "err", res.HookErr)
 	}
@@ -99,6 +137,8 @@ func (b *engineBackend) restore(ctx context.Context, dir, name string) (proc, er
 }
 
 func (b *engineBackend) activity(ctx context.Context, p proc) (notify.Activity, error) {
+	b.sockMu.Lock()
+	defer b.sockMu.Unlock()
 	if b.socket == nil || b.socket.PID != p.PID {
 		s, err := client.Find(p.PID)
 		if err != nil {

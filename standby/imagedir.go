@@ -42,6 +42,8 @@ type persisted struct {
 	// may be in the group: a kcr standby killed meanwhile left it there,
 	// and the next one removes it first.
 	HoldMember string `json:"hold_member,omitempty"`
+	// LastWake is the breakdown of the last wake (WakePhases).
+	LastWake *WakePhases `json:"last_wake,omitempty"`
 }
 
 // openImageDir creates (0700) or opens dir, checks that nobody but the

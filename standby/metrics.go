@@ -19,6 +19,7 @@ type Metrics struct {
 	coldStarts  *prometheus.CounterVec
 	requests    prometheus.Counter
 	holds       *prometheus.CounterVec
+	phases      *prometheus.HistogramVec
 }
 
 var allStates = []State{StateStarting, StateRunning, StateCheckpointing, StateStandby, StateRestoring, StateBackoff, StateStopped}
@@ -49,7 +50,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		holds: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kcr_standby_group_holds_total",
 			Help: "Group holds by result: held (the placeholder joined), skipped (nothing to hold), released (it left: a member joined), failed."}, []string{"result"}),
 	}
-	reg.MustRegister(m.state, m.wakes, m.wakeLatency, m.checkpoint, m.restore, m.failures, m.imageBytes, m.coldStarts, m.requests, m.holds)
+	m.phases = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kcr_standby_wake_phase_seconds",
+		Help:    "Time from the wake signal to each phase of a wake: restored (CRIU done), hooks_done (after-restore hooks), first_activity (the service's first record handed or request answered).",
+		Buckets: latency}, []string{"phase"})
+	reg.MustRegister(m.state, m.wakes, m.wakeLatency, m.checkpoint, m.restore, m.failures, m.imageBytes, m.coldStarts, m.requests, m.holds, m.phases)
 	return m
 }
 
@@ -101,3 +105,8 @@ func (m *Metrics) BrokerRequests(n int) {
 
 // GroupHold implements Observer.
 func (m *Metrics) GroupHold(result string) { m.holds.WithLabelValues(result).Inc() }
+
+// WakePhase implements PhaseObserver.
+func (m *Metrics) WakePhase(phase string, d time.Duration) {
+	m.phases.WithLabelValues(phase).Observe(d.Seconds())
+}

@@ -96,6 +96,21 @@ type Options struct {
 
 	// CRIU is an explicit CRIU path ("": $KCR_CRIU, then PATH).
 	CRIU string
+	// NoKdatCache turns off the cache of CRIU's kernel probe. Where /run
+	// is not a tmpfs (most containers), CRIU probes the kernel at every
+	// run (25-30 ms); by default the supervisor keeps one probe for its
+	// lifetime (criu.CacheKdat).
+	NoKdatCache bool
+	// Lazy restores the service's memory on demand (userfaultfd, CRIU's
+	// lazy-pages daemon), so that a wake does not grow with its RSS; the
+	// service pays a page fault served by the daemon at the first touch of
+	// each page not copied yet, and the next checkpoint waits until the
+	// daemon has copied them all.
+	Lazy bool
+	// NoPrepare turns off the restore prepared ahead. By default, while
+	// the service sleeps, its image is verified and opened and CRIU
+	// started, so that a wake pays for the restore only.
+	NoPrepare bool
 	// Logger receives the JSON transitions (default slog.Default()).
 	Logger *slog.Logger
 	// Observer, if set, is told every transition (metrics).

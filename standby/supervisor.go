@@ -45,6 +45,9 @@ type Supervisor struct {
 	stateMu    sync.Mutex
 	saved      persisted // the last state written, without HoldMember
 	holdMember string
+
+	lastWake wakeLog        // the last wake's phases (wakephases.go)
+	bg       sync.WaitGroup // goroutines that outlive a state: close waits
 }
 
 // New checks the options and everything the supervisor needs before it
@@ -92,10 +95,11 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 			return nil, err
 		}
 	}
+	criuPath := ""
 	if b == nil {
 		// A CRIU that cannot work would be found at the first checkpoint,
 		// and then again at every idle period: find it now.
-		if _, _, err := engine.CRIU(ctx, o.CRIU); err != nil {
+		if criuPath, _, err = engine.CRIU(ctx, o.CRIU); err != nil {
 			return nil, err
 		}
 	}
@@ -111,6 +115,8 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 	s.b = eb
 	if b != nil {
 		s.b = b
+	} else {
+		eb.cacheKdat(ctx, criuPath, s.dir.path)
 	}
 	if s.ctl, err = startControl(s.dir.path, s); err != nil {
 		return nil, err
@@ -120,6 +126,7 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 }
 
 func (s *Supervisor) close() {
+	s.bg.Wait()
 	if s.ctl != nil {
 		s.ctl.close()
 	}
@@ -130,6 +137,7 @@ func (s *Supervisor) close() {
 		w.close()
 	}
 	if eb, ok := s.b.(*engineBackend); ok {
+		eb.close()
 		for _, f := range eb.extra {
 			f.Close()
 		}
@@ -192,13 +200,15 @@ type Status struct {
 	State State  `json:"state"`
 	PID   int    `json:"pid,omitempty"`
 	Image string `json:"image,omitempty"`
+	// LastWake is the breakdown of the last wake (nil before one).
+	LastWake *WakePhases `json:"last_wake,omitempty"`
 }
 
 // Status returns the state, the service's PID and the newest image.
 func (s *Supervisor) Status() Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := Status{State: s.state, Image: s.image}
+	st := Status{State: s.state, Image: s.image, LastWake: s.lastWake.get()}
 	if s.state == StateRunning || s.state == StateCheckpointing {
 		st.PID = s.cur.PID
 	}
@@ -280,6 +290,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 				s.log.Warn("standby: state file", "err", err)
 			}
 			s.startHold(ctx)
+			s.prepareRestore(ctx)
 			src, at, ok := s.waitWake(ctx)
 			if !ok {
 				break
@@ -367,6 +378,7 @@ func (s *Supervisor) loadWakeStates(states map[string]json.RawMessage) {
 func (s *Supervisor) writeState(p persisted) error {
 	s.stateMu.Lock()
 	defer s.stateMu.Unlock()
+	p.LastWake = s.lastWake.get()
 	s.saved = p
 	p.HoldMember = s.holdMember
 	return s.dir.writeState(p)
@@ -519,6 +531,7 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc) State {
 			return StateRunning
 		}
 	}
+	s.noteSleepActivity(ctx, p)
 	s.setState(StateCheckpointing, "pid", p.PID, "image", name)
 	t := time.Now()
 	err = s.b.checkpoint(ctx, p, s.dir.path, name)
@@ -608,7 +621,9 @@ func (s *Supervisor) restore(ctx context.Context, source string, wokeAt time.Tim
 	}
 	latency := time.Since(wokeAt)
 	s.o.Observer.Wake(source, latency)
+	w := s.noteWake(source, wokeAt, t.Add(d))
 	s.running(p, "source", source, "image", s.image, "wake_latency_ms", ms(latency), "restore_ms", ms(d))
+	s.bg.Go(func() { s.watchFirstActivity(ctx, p, w, wokeAt) })
 	return p, nil
 }
 

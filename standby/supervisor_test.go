@@ -33,6 +33,9 @@ type fake struct {
 	checkpoints []string
 	failRestore map[string]bool
 	refuse      int // checkpoints to refuse (hooks veto) before one succeeds
+	// touchOnRestore counts activity in a restored process before its
+	// restore returns (a record handed before the supervisor looks).
+	touchOnRestore bool
 }
 
 func newFake() *fake {
@@ -77,7 +80,11 @@ func (f *fake) restore(ctx context.Context, dir, name string) (proc, error) {
 	if f.failRestore[name] {
 		return proc{}, errors.New("criu restore: bad image")
 	}
-	return f.spawn(), nil
+	p := f.spawn()
+	if f.touchOnRestore {
+		f.count[p.PID]++
+	}
+	return p, nil
 }
 
 func (f *fake) activity(ctx context.Context, p proc) (notify.Activity, error) {

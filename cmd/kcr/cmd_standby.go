@@ -25,6 +25,8 @@ type standbyOpts struct {
 	o         standby.Options
 	metrics   string
 	holdGroup bool
+	kdatCache bool
+	prepare   bool
 }
 
 func standbyCmd(g *globals) *cobra.Command {
@@ -56,6 +58,9 @@ or checkpointed with its image in --image-dir; a new kcr standby with the same
 	f.StringSliceVar(&o.Topics, "topics", nil, "topics whose lag counts (default: those the group committed)")
 	f.DurationVar(&o.Poll, "poll", 0, "fetch the group's records every this long while the service sleeps (default 0: a long-polling fetch, answered when a record lands)")
 	f.BoolVar(&opts.holdGroup, "hold-group", true, "keep a placeholder member in --group while the service sleeps, so that its wake does not wait for the broker's initial rebalance delay (classic groups)")
+	f.BoolVar(&opts.kdatCache, "kdat-cache", true, "keep CRIU's kernel probe for kcr standby's lifetime where /run is not a tmpfs (else CRIU probes at every checkpoint and restore)")
+	f.BoolVar(&o.Lazy, "lazy", false, "restore memory on demand (userfaultfd): the wake does not grow with the service's RSS; see docs/benchmarks.md for what the service pays")
+	f.BoolVar(&opts.prepare, "prepare-restore", true, "while the service sleeps, verify its image and start CRIU, so that a wake pays for the restore only")
 	f.StringVar(&o.Listen, "listen", "", "TCP address kcr listens on and hands to the service (LISTEN_FDS); a connection wakes it")
 	f.StringVar(&opts.metrics, "metrics", "", "serve Prometheus metrics on this address (/metrics)")
 	f.StringVar(&o.Log, "log", "", "file for the service's output, appended (default IMAGE_DIR/service.log)")
@@ -75,6 +80,8 @@ func runStandby(ctx context.Context, opts *standbyOpts, out *output) error {
 	o.Args = opts.args
 	o.CRIU = opts.criu
 	o.NoHoldGroup = !opts.holdGroup
+	o.NoKdatCache = !opts.kdatCache
+	o.NoPrepare = !opts.prepare
 	lvl := slog.LevelInfo
 	if opts.verbose {
 		lvl = slog.LevelDebug
@@ -157,6 +164,12 @@ func runStandbyCtl(ctx context.Context, opts *standbyCtlOpts, out *output) error
 	}
 	if r.Status.Image != "" {
 		fmt.Fprintf(out.stdout, " image %s", r.Status.Image)
+	}
+	if w := r.Status.LastWake; w != nil {
+		fmt.Fprintf(out.stdout, "; last wake (%s): restored %.1f ms, hooks done %.1f ms", w.Source, w.RestoredMS, w.HooksDoneMS)
+		if w.FirstActivityMS > 0 {
+			fmt.Fprintf(out.stdout, ", first activity %.1f ms", w.FirstActivityMS)
+		}
 	}
 	fmt.Fprintln(out.stdout)
 	return nil

@@ -19,10 +19,7 @@ const maxFuncLines = 100
 // longFuncAllowed names the functions over maxFuncLines that are known and
 // being mended, as "dir.Recv.Name" (or "dir.Name"); it must hold no function
 // that is short enough, so that it empties as they are split.
-var longFuncAllowed = map[string]bool{
-	// Being split into named steps, as kgohooks' core.BeforeCheckpoint was.
-	"kafkahooks.Reader.BeforeCheckpoint": true,
-}
+var longFuncAllowed = map[string]bool{}
 
 // TestFunctionLength fails for a function of the product (not tests, not
 // examples/, not test/) over maxFuncLines lines, naming each one.

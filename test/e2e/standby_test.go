@@ -91,9 +91,36 @@ func (s *sbRun) statePID() int {
 }
 
 type sbStatus struct {
-	State string `json:"state"`
-	PID   int    `json:"pid"`
-	Image string `json:"image"`
+	State    string       `json:"state"`
+	PID      int          `json:"pid"`
+	Image    string       `json:"image"`
+	LastWake *sbWakePhase `json:"last_wake"`
+}
+
+type sbWakePhase struct {
+	Source          string             `json:"source"`
+	RestoredMS      float64            `json:"restored_ms"`
+	HooksDoneMS     float64            `json:"hooks_done_ms"`
+	FirstActivityMS float64            `json:"first_activity_ms"`
+	Prepared        bool               `json:"prepared"`
+	Restore         map[string]float64 `json:"restore"`
+}
+
+// checkWakePhases checks the last wake's breakdown: woken by Kafka, from a
+// restore prepared while the service slept, its phases in order, and the
+// service's first record handed.
+func (s *sbRun) checkWakePhases(cycle int) {
+	s.t.Helper()
+	st, err := s.status()
+	if err != nil {
+		s.t.Fatalf("cycle %d: status: %v", cycle, err)
+	}
+	w := st.LastWake
+	if w == nil || w.Source != "kafka" || !w.Prepared || w.RestoredMS <= 0 || w.HooksDoneMS < w.RestoredMS || w.FirstActivityMS < w.HooksDoneMS {
+		s.t.Errorf("cycle %d: last wake %+v: want a Kafka wake, prepared ahead, restored, hooks done, first activity, in that order", cycle, w)
+	} else if _, ok := w.Restore["verify"]; ok {
+		s.t.Errorf("cycle %d: the wake verified the image (%v): it was prepared ahead", cycle, w.Restore)
+	}
 }
 
 func (s *sbRun) status() (sbStatus, error) {
@@ -278,6 +305,7 @@ func TestStandbyCycles(t *testing.T) {
 				}
 				k.produceN(topic, 5)
 				s.waitAllProcessed(topic, 60*time.Second)
+				s.checkWakePhases(cycle)
 			}
 			s.waitState("standby", 60*time.Second)
 			if n := s.countLogs("standby: starting"); n != 1 {

@@ -8,6 +8,9 @@
 // bad counts pages whose content differs from what the seed dictates (a
 // page restored as zeros, say). sum is a checksum of the whole heap.
 //
+// With -notify it opens kcr's control socket, so that kcr standby can run
+// it; each request counts as activity.
+//
 // With -daemon it starts a detached copy of itself (setsid, stdin
 // /dev/null, output appended to -out), waits until that copy has filled its
 // heap and listens, and prints the copy's PID and address.
@@ -24,6 +27,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kcr-dev/kcr/notify"
 	"github.com/kcr-dev/kcr/test/apps/svckit"
 )
 
@@ -40,6 +44,7 @@ func main() {
 	seed := flag.Uint64("seed", 1, "pattern seed")
 	listen := flag.String("listen", "127.0.0.1:0", "TCP address to listen on")
 	portFile := flag.String("portfile", "", "write the listening address here once the heap is filled")
+	withNotify := flag.Bool("notify", false, "open kcr's control socket (for kcr standby); each request counts as activity")
 	flag.Parse()
 
 	if *daemon {
@@ -63,6 +68,13 @@ func main() {
 			fatal(err)
 		}
 	}
+	if *withNotify {
+		srv, err := notify.Start()
+		if err != nil {
+			fatal(err)
+		}
+		defer srv.Close()
+	}
 	fmt.Printf("ready pid %d addr %s\n", os.Getpid(), ln.Addr())
 	var mu sync.Mutex // one checksum at a time
 	svckit.Serve(ln, func(c net.Conn) {
@@ -73,6 +85,7 @@ func main() {
 			if err != nil {
 				return
 			}
+			notify.Default.Touch(1)
 			switch strings.TrimSpace(line) {
 			case "ping":
 				fmt.Fprintf(c, "pong %d\n", os.Getpid())

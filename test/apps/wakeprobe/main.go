@@ -103,6 +103,7 @@ func main() {
 
 	var lat []time.Duration
 	var ids []string
+	phases := map[string][]time.Duration{} // per wake phase, with -status
 	for i := range *cycles {
 		if *status != "" {
 			if err := waitAsleep(*status, *timeout); err != nil {
@@ -160,7 +161,11 @@ func main() {
 		}
 		d := first.Sub(t0)
 		lat = append(lat, d)
-		line(map[string]any{"cycle": i + 1, "order": burstIDs[0], "orders": len(burstIDs), "latency_ms": ms(d), "last_ms": ms(last.Sub(t0))})
+		l := map[string]any{"cycle": i + 1, "order": burstIDs[0], "orders": len(burstIDs), "latency_ms": ms(d), "last_ms": ms(last.Sub(t0))}
+		if *status != "" {
+			addPhases(l, phases, *status, t0, d)
+		}
+		line(l)
 		if *stop != "" {
 			if out, err := exec.Command("sh", "-c", *stop).CombinedOutput(); err != nil {
 				fail(fmt.Sprintf("cycle %d: -stop: %v: %s", i+1, err, out))
@@ -180,8 +185,74 @@ func main() {
 	}
 	mu.Unlock()
 	slices.Sort(lat)
-	line(map[string]any{"cycles": len(lat), "p50_ms": ms(pct(lat, 50)), "p95_ms": ms(pct(lat, 95)), "max_ms": ms(lat[len(lat)-1]),
-		"missing": missing, "duplicated": dup})
+	sum := map[string]any{"cycles": len(lat), "p50_ms": ms(pct(lat, 50)), "p95_ms": ms(pct(lat, 95)), "max_ms": ms(lat[len(lat)-1]),
+		"missing": missing, "duplicated": dup}
+	if len(phases) > 0 {
+		sum["phases_p50_ms"] = p50s(phases)
+	}
+	line(sum)
+}
+
+// p50s returns the median of each phase, in ms.
+func p50s(phases map[string][]time.Duration) map[string]float64 {
+	p50 := map[string]float64{}
+	for k, v := range phases {
+		slices.Sort(v)
+		p50[k] = ms(pct(v, 50))
+	}
+	return p50
+}
+
+// addPhases adds the cycle's wake phases (wakePhases, and its result at d)
+// to its line l and to all.
+func addPhases(l map[string]any, all map[string][]time.Duration, status string, t0 time.Time, d time.Duration) {
+	ph := wakePhases(status, t0)
+	if ph == nil {
+		return
+	}
+	ph["result"] = d
+	pm := map[string]float64{}
+	for k, v := range ph {
+		all[k] = append(all[k], v)
+		pm[k] = ms(v)
+	}
+	l["phases_ms"] = pm
+}
+
+// wakePhases reads the last wake's phases from kcr standby's status and
+// returns them as times from the order's send (t0): detect (the wake
+// signal), restored, hooks_done, first_handed (the service's first
+// activity: the order handed to it, so its group joined). It waits a
+// little for the first activity, which the supervisor polls; nil if the
+// status has no wake.
+func wakePhases(cmd string, t0 time.Time) map[string]time.Duration {
+	deadline := time.Now().Add(500 * time.Millisecond)
+	for {
+		out, err := exec.Command("sh", "-c", cmd).Output()
+		var st struct {
+			LastWake *struct {
+				At              time.Time `json:"at"`
+				RestoredMS      float64   `json:"restored_ms"`
+				HooksDoneMS     float64   `json:"hooks_done_ms"`
+				FirstActivityMS float64   `json:"first_activity_ms"`
+			} `json:"last_wake"`
+		}
+		if err != nil || json.Unmarshal(out, &st) != nil || st.LastWake == nil || st.LastWake.At.Before(t0.Add(-time.Second)) {
+			return nil
+		}
+		w := st.LastWake
+		if w.FirstActivityMS == 0 && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		detect := w.At.Sub(t0)
+		msd := func(x float64) time.Duration { return detect + time.Duration(x*float64(time.Millisecond)) }
+		ph := map[string]time.Duration{"detect": detect, "restored": msd(w.RestoredMS), "hooks_done": msd(w.HooksDoneMS)}
+		if w.FirstActivityMS > 0 {
+			ph["first_handed"] = msd(w.FirstActivityMS)
+		}
+		return ph
+	}
 }
 
 // createTopics creates the topics and waits until their partitions have

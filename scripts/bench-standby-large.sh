@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# The wake of a large service under kcr standby, plain and lazy (--lazy,
+# userfaultfd), as root:
+#
+#   sudo scripts/bench-standby-large.sh [sizes-in-MiB] [wakes]   # default: 64,512,2048 3
+#
+# For each heap size and mode it runs test/apps/lazyheap -notify (a service
+# holding that much touched memory, each page stamped) under kcr standby,
+# lets it go to sleep, and wakes it `wakes` times with
+# "kcr standby wake". Per wake it takes: kcr standby's own wake (signal →
+# restored, signal → hooks done, from status --json), the time from the wake
+# command to the service's first answer ("ping", touching little memory),
+# and then what the service pays after the wake: a checksum of its whole
+# heap ("sum", every page read and checked; lazy pages not copied yet fault
+# in from the lazy-pages daemon). Every page must check out (bad 0). It
+# prints medians per size and mode, with lazy/plain ratios.
+#
+# KCR_BENCH_IDLE is --idle (default 2s). KCR_BENCH_FLAGS adds kcr standby flags (e.g. "--kdat-cache=false
+# --prepare-restore=false" to measure what they save); KCR_BENCH_MODES
+# (default "plain lazy") picks the modes.
+#
+# Images go under /var/tmp and stay in the
+# page cache (warm: the machine that dumped restores). KCR_BENCH_KEEP=1 keeps
+# the work directory.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+need_root
+need_go
+need_jq
+
+sizes="${1:-64,512,2048}"
+wakes="${2:-3}"
+read -r -a extra <<<"${KCR_BENCH_FLAGS:-}"
+modes="${KCR_BENCH_MODES:-plain lazy}"
+idle="${KCR_BENCH_IDLE:-2s}"
+sb_pid=""
+stop_all() { stop_standby "$sb_pid" "$work"/*/img; }
+start_work kcr-bench-standby-large "${KCR_BENCH_KEEP:-}" stop_all
+bin="$work/bin"
+mkdir -p "$bin"
+for p in cmd/kcr test/apps/lazyheap; do
+	GOFLAGS=-buildvcs=false go build -o "$bin/$(basename "$p")" "./$p"
+done
+
+# ask PORT CMD: send CMD to lazyheap on PORT and print its answer line.
+ask() {
+	local l
+	{ exec 3<>"/dev/tcp/127.0.0.1/$1"; } 2>/dev/null || return 1
+	echo "$2" >&3
+	read -r l <&3 || true
+	exec 3<&-
+	echo "$l"
+}
+
+rows=()
+IFS=',' read -r -a mbs <<<"$sizes"
+for mb in "${mbs[@]}"; do
+	for mode in $modes; do
+		run="$work/$mb-$mode"
+		mkdir -p "$run"
+		port=$((20000 + RANDOM % 20000))
+		lazy=false
+		[ "$mode" = lazy ] && lazy=true
+		status="$bin/kcr standby status --image-dir $run/img --json"
+		setsid "$bin/kcr" standby --image-dir "$run/img" --idle "$idle" --lazy="$lazy" "${extra[@]}" \
+			-- "$bin/lazyheap" -notify -mb "$mb" -listen "127.0.0.1:$port" </dev/null >"$run/standby.log" 2>&1 &
+		sb_pid=$!
+		sigs=() hooks=() pings=() sums=() starts=()
+		for ((w = 0; w <= wakes; w++)); do
+			for ((i = 0; i < 3000; i++)); do
+				[ "$($status 2>/dev/null | jq -r .state)" = standby ] && break
+				sleep 0.2
+			done
+			[ "$i" -lt 3000 ] || { tail -n 20 "$run/standby.log" >&2; die "kcr standby ($mb MiB, $mode) did not put the service to sleep within 600 s"; }
+			[ "$w" -lt "$wakes" ] || break
+			t0=$(now_ns)
+			"$bin/kcr" standby wake --image-dir "$run/img" >/dev/null
+			until ans=$(ask "$port" ping) && [[ $ans == pong* ]]; do sleep 0.001; done
+			t1=$(now_ns)
+			# At once: the service must not go back to sleep first.
+			sum=$(ask "$port" sum)
+			pings+=("$(elapsed_us "$t0" "$t1")")
+			[[ $sum =~ bad\ 0\ ms\ ([0-9]+) ]] || die "$mb MiB $mode wake $w: heap check failed: $sum"
+			sums+=("$((BASH_REMATCH[1] * 1000))")
+			st=$($status)
+			sigs+=("$(jq '.last_wake.restored_ms * 1000 | floor' <<<"$st")")
+			hooks+=("$(jq '.last_wake.hooks_done_ms * 1000 | floor' <<<"$st")")
+			starts+=("$(jq '.last_wake.restore["criu: start"] // 0 | . * 1000 | floor' <<<"$st")")
+			echo "$mb MiB $mode wake $((w + 1)): signal → restored $((${sigs[-1]} / 1000)) ms, wake → first answer $((${pings[-1]} / 1000)) ms, whole heap read $((${sums[-1]} / 1000)) ms" >&2
+		done
+		mapfile -t cl < <(jq -r 'select(.msg == "standby: checkpointed") | .duration_ms' "$run/standby.log")
+		stop_standby "$sb_pid" "$run/img"
+		sb_pid=""
+		rss=$(jq -r 'select(.msg == "standby: checkpointed") | .image_bytes' "$run/standby.log" | tail -n1)
+		rows+=("$mb|$mode|$(median "${sigs[@]}")|$(median "${hooks[@]}")|$(median "${pings[@]}")|$(median "${sums[@]}")|$(median "${cl[@]%.*}")|$rss|$(median "${starts[@]}")")
+	done
+done
+
+echo "kcr standby ${extra[*]}, large services: $(date -u +%F), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), load $(cut -d' ' -f1-3 /proc/loadavg); medians of $wakes wakes (ms)"
+echo "  → restored, → hooks: kcr standby's wake signal to CRIU done / after-restore hooks done; → 1st answer: the wake command to the first ping answered;"
+echo "  heap read after: the service's first read of its whole heap after the wake; checkpoint: kcr standby's checkpoint (after a lazy wake it waits for the daemon);"
+echo "  criu start: CRIU's start to its first notification (its kernel probe, reading the image), inside → restored"
+printf '%-9s %-6s %12s %12s %14s %16s %12s %10s %11s\n' heap mode "→ restored" "→ hooks" "→ 1st answer" "heap read after" checkpoint "image MiB" "criu start"
+for r in "${rows[@]}"; do
+	IFS='|' read -r mb mode sig hook ping sum ck img cs <<<"$r"
+	awk -v mb="$mb MiB" -v mode="$mode" -v a="$sig" -v b="$hook" -v c="$ping" -v d="$sum" -v e="${ck:-0}" -v f="${img:-0}" -v g="${cs:-0}" \
+		'BEGIN { printf "%-9s %-6s %12.0f %12.0f %14.0f %16.0f %12.0f %10.0f %11.1f\n", mb, mode, a/1000, b/1000, c/1000, d/1000, e, f/1048576, g/1000 }'
+done
+for mb in "${mbs[@]}"; do
+	p="" l=""
+	for r in "${rows[@]}"; do
+		IFS='|' read -r m mode sig hook ping sum ck img cs <<<"$r"
+		[ "$m" = "$mb" ] || continue
+		[ "$mode" = plain ] && p="$ping|$sum" || l="$ping|$sum"
+	done
+	[ -n "$p" ] && [ -n "$l" ] || continue
+	awk -v mb="$mb" -v p="$p" -v l="$l" 'BEGIN { split(p, a, "|"); split(l, b, "|");
+		printf "%s MiB lazy/plain: wake → 1st answer %.2f, heap read after %.2f\n", mb, b[1]/a[1], b[2]/a[2] }'
+done

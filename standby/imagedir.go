@@ -40,10 +40,7 @@ type persisted struct {
 	// lands there, or past offsets that vanished, while no kcr standby
 	// runs still wakes the service.
 	LagBase map[string]map[int32]int64 `json:"lag_base,omitempty"`
-	// HoldMember is the member id of the group hold's placeholder while it
-	// may be in the group: a kcr standby killed meanwhile left it there,
-	// and the next one removes it first.
-	HoldMember string `json:"hold_member,omitempty"`
+	holdSaved // the group hold's
 }
 
 // openImageDir creates (0700) or opens dir, checks that nobody but the

@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -43,8 +42,8 @@ type Supervisor struct {
 	// stateMu serializes the writes of the state file: the group hold
 	// records its member id from its own goroutine.
 	stateMu    sync.Mutex
-	saved      persisted // the last state written, without HoldMember
-	holdMember string
+	saved     persisted // the last state written, without the hold's
+	holdSaved holdSaved
 }
 
 // New checks the options and everything the supervisor needs before it
@@ -86,7 +85,7 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 		if s.lag, err = newLagWatcher(ctx, &s.o, s.log); err != nil {
 			return nil, err
 		}
-		if s.hold, err = newGroupHold(&s.o, s.log, s.setHoldMember); err != nil {
+		if s.hold, err = newGroupHold(&s.o, s.log, s.setHoldSaved); err != nil {
 			return nil, err
 		}
 	}
@@ -277,7 +276,6 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			if err := s.writeState(persisted{State: StateStandby, Image: s.image, LagBase: s.lagBase()}); err != nil {
 				s.log.Warn("standby: state file", "err", err)
 			}
-			s.startHold(ctx)
 			src, at, ok := s.waitWake(ctx)
 			if !ok {
 				break
@@ -349,26 +347,26 @@ func (s *Supervisor) lagBase() map[string]map[int32]int64 {
 	return base
 }
 
-// writeState writes the state file with p and the group hold's member.
+// writeState writes the state file with p and the group hold's record.
 func (s *Supervisor) writeState(p persisted) error {
 	s.stateMu.Lock()
 	defer s.stateMu.Unlock()
 	s.saved = p
-	p.HoldMember = s.holdMember
+	p.holdSaved = s.holdSaved
 	return s.dir.writeState(p)
 }
 
-// setHoldMember records the placeholder's member id ("": none) in the
+// setHoldSaved records the group hold's placeholder and protocol in the
 // state file.
-func (s *Supervisor) setHoldMember(id string) {
+func (s *Supervisor) setHoldSaved(h holdSaved) {
 	s.stateMu.Lock()
 	defer s.stateMu.Unlock()
-	if s.holdMember == id {
+	if s.holdSaved == h {
 		return
 	}
-	s.holdMember = id
+	s.holdSaved = h
 	p := s.saved
-	p.HoldMember = id
+	p.holdSaved = h
 	if err := s.dir.writeState(p); err != nil {
 		s.log.Warn("standby: state file", "err", err)
 	}
@@ -379,13 +377,19 @@ func (s *Supervisor) setHoldMember(id string) {
 // wait) until its session times out.
 func (s *Supervisor) sweepHold() {
 	st, err := s.dir.readState()
-	if err != nil || st.HoldMember == "" {
+	if err != nil {
 		return
 	}
 	s.stateMu.Lock()
-	s.saved, s.holdMember = st, st.HoldMember
-	s.saved.HoldMember = ""
+	s.saved, s.holdSaved = st, st.holdSaved
+	s.saved.holdSaved = holdSaved{}
 	s.stateMu.Unlock()
+	if s.hold != nil {
+		s.hold.load(st.holdSaved)
+	}
+	if st.HoldMember == "" {
+		return
+	}
 	if s.hold == nil {
 		s.log.Warn("standby: an earlier kcr standby left a placeholder in its group; without --group it stays until its session times out", "member_id", st.HoldMember)
 		return
@@ -395,20 +399,6 @@ func (s *Supervisor) sweepHold() {
 		return
 	}
 	s.log.Info("standby: removed the placeholder an earlier kcr standby left in the group", "group", s.o.Group, "member_id", st.HoldMember)
-}
-
-// startHold starts holding the group while the service sleeps.
-func (s *Supervisor) startHold(ctx context.Context) {
-	if s.hold == nil || s.o.NoHoldGroup {
-		return
-	}
-	topics := s.o.Topics
-	if len(topics) == 0 {
-		// The placeholder's subscription: the topics the watcher
-		// watches (it does not run yet).
-		topics = slices.Sorted(maps.Keys(s.lag.base))
-	}
-	s.hold.start(ctx, topics)
 }
 
 func (s *Supervisor) setImage(name string) {
@@ -514,9 +504,16 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc) State {
 	}
 	s.setState(StateCheckpointing, "pid", p.PID, "image", name)
 	t := time.Now()
+	if s.hold != nil && !s.o.NoHoldGroup {
+		// In before the service's member leaves: the group is never empty.
+		s.hold.arm(ctx)
+	}
 	err = s.b.checkpoint(ctx, p, s.dir.path, name)
 	d := time.Since(t)
 	if err != nil {
+		if s.hold != nil {
+			s.hold.stop()
+		}
 		s.o.Observer.Checkpoint(d, 0, err)
 		if !s.b.alive(p) {
 			s.log.Error("standby: checkpoint failed and the service is gone", "pid", p.PID, "err", err)
@@ -525,6 +522,9 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc) State {
 		s.log.Warn("standby: checkpoint refused or failed; the service resumed and runs on", "pid", p.PID, "err", err, "duration_ms", ms(d))
 		s.running(p, "after", "failed checkpoint")
 		return StateRunning
+	}
+	if s.hold != nil {
+		s.hold.asleep()
 	}
 	size := s.dir.size(name)
 	s.o.Observer.Checkpoint(d, size, nil)

@@ -33,6 +33,9 @@ type fake struct {
 	checkpoints []string
 	failRestore map[string]bool
 	refuse      int // checkpoints to refuse (hooks veto) before one succeeds
+	// onCheckpoint runs in a successful checkpoint: the service's hooks
+	// (its member leaves its group, say).
+	onCheckpoint func()
 }
 
 func newFake() *fake {
@@ -64,6 +67,9 @@ func (f *fake) checkpoint(ctx context.Context, p proc, dir, name string) error {
 	}
 	if err := os.WriteFile(filepath.Join(dir, name, images.ManifestName), []byte("{}"), 0o600); err != nil {
 		return err
+	}
+	if f.onCheckpoint != nil {
+		f.onCheckpoint()
 	}
 	f.checkpoints = append(f.checkpoints, name)
 	delete(f.live, p.PID)

@@ -39,8 +39,8 @@ type persisted struct {
 	// never committed when they were first seen, so that a record that
 	// lands there, or past offsets that vanished, while no kcr standby
 	// runs still wakes the service.
-	LagBase map[string]map[int32]int64 `json:"lag_base,omitempty"`
-	holdSaved // the group hold's
+	LagBase   map[string]map[int32]int64 `json:"lag_base,omitempty"`
+	holdSaved                            // the group hold's
 }
 
 // openImageDir creates (0700) or opens dir, checks that nobody but the

@@ -41,7 +41,7 @@ type Supervisor struct {
 
 	// stateMu serializes the writes of the state file: the group hold
 	// records its member id from its own goroutine.
-	stateMu    sync.Mutex
+	stateMu   sync.Mutex
 	saved     persisted // the last state written, without the hold's
 	holdSaved holdSaved
 }

@@ -225,3 +225,31 @@ func TestStandbyHoldGroupSkipsKIP848(t *testing.T) {
 		t.Errorf("%d restores woken by Kafka lag, want 2", n)
 	}
 }
+
+// The broker restarts while the group is held (a rolling restart does
+// this): a reloaded classic group keeps, for each member, only the
+// protocol it selected. The placeholder offers the service's own
+// (cooperative-sticky, franz-go's), so the restored member can join and
+// is assigned at once. On the broker of scripts/kafka-up.sh, which the
+// test restarts: the fault needs no initial delay.
+func TestStandbyHoldGroupBrokerRestart(t *testing.T) {
+	k := needKafka(t)
+	k.restartsBroker()
+	topic, group := k.newTopic("standby-holdrestart", 2), uniqueName("standby-holdrestart")
+	k.produceN(topic, 4)
+	flags := []string{"--idle", "1s", "--group", group, "--poll", "100ms"}
+	s := k.startStandby(filepath.Join(t.TempDir(), "img"), flags, consumerArgs(kgoBin, k.brokers, topic, group)...)
+	s.waitAllProcessed(topic, 60*time.Second)
+	s.waitState("standby", 60*time.Second)
+	eventually(t, 20*time.Second, "the group held", func() (bool, string) {
+		d, err := k.describe(group)
+		return err == nil && d.State == "Stable" && len(d.Members) == 1 && d.Members[0].ClientID == "kcr-standby-hold", d.State
+	})
+	script(t, "kafka-down.sh")
+	script(t, "kafka-up.sh", "KCR_KAFKA_KEEP_DATA=1")
+	d := s.orderAfter(topic, 5, 0)
+	t.Logf("orders after the broker restarted → first processed: %v", d.Round(time.Millisecond))
+	if d >= 10*time.Second {
+		t.Errorf("the first record took %v: the restored member could not join the held group", d)
+	}
+}

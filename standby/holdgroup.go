@@ -81,6 +81,9 @@ const (
 	// Armed: how long the checkpoint waits for the placeholder to be a
 	// member.
 	holdArmBound = 3 * time.Second
+	// Armed: how long the checkpoint waits for a rebalancing group to
+	// settle (the service's first join waits out the initial delay).
+	holdSettle = 10 * time.Second
 	// Woken: how often the group is looked at until the restored member
 	// joined (fast for holdWakeFast, then slower), and for how long.
 	holdWakePoll    = 5 * time.Millisecond
@@ -389,7 +392,7 @@ func (h *groupHold) serviceProtocol(ctx context.Context) (proto, skip string, er
 	if kip848 {
 		return "", "a KIP-848 group (no initial rebalance delay)", nil
 	}
-	for range 10 {
+	for deadline := time.Now().Add(holdSettle); time.Now().Before(deadline); {
 		g, err := h.describe(ctx)
 		switch {
 		case err != nil:
@@ -405,7 +408,8 @@ func (h *groupHold) serviceProtocol(ctx context.Context) (proto, skip string, er
 		case g.protocol != "":
 			return g.protocol, "", nil
 		}
-		// Rebalancing: the protocol is chosen when it completes.
+		// Rebalancing (the service's first join waits out the initial
+		// delay, say): the protocol is chosen when it completes.
 		select {
 		case <-ctx.Done():
 			return "", "", ctx.Err()

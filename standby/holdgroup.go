@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,70 +13,98 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
-// groupHold keeps a placeholder member in the service's classic consumer
-// group while the service sleeps.
+// groupHold keeps the service's classic consumer group from ever being
+// empty while the service sleeps.
 //
 // A broker holds the first join of an empty classic group for
-// group.initial.rebalance.delay.ms (3 s by default), and the service's
-// hooks leave the group at every checkpoint: so every wake would pay the
-// delay before the first record. With the placeholder in the group, the
-// restored member's join is an ordinary rebalance. The placeholder pays the
-// delay itself, in the background, right after the checkpoint; when the
-// restored member joins, the placeholder sees the rebalance on its next
-// heartbeat and leaves instead of rejoining, and the rebalance completes
-// with the real members at once.
+// group.initial.rebalance.delay.ms (3 s by default), and re-arms that
+// delay for every member that joins inside it. The service's hooks leave
+// the group at every checkpoint, so without a hold every wake pays the
+// delay; a placeholder that joined the empty group after the checkpoint
+// would pay it itself, and a wake inside it would pay it twice.
 //
-// The placeholder subscribes to the group's topics, is never assigned a
-// partition, and commits nothing: the lag the watcher reads is the
-// service's.
+// So the placeholder joins before the checkpoint, while the service's
+// member is still in the group: its join is an ordinary rebalance, and
+// when the service's member leaves, the placeholder stays alone. It offers
+// the protocol the service's group uses (recorded before the join, and
+// kept in the state file), subscribes to no topic (an assignor gives it
+// no partition) and commits nothing. At the wake, kcr standby watches the
+// group; as soon as the restored member's join has started a rebalance,
+// it removes every placeholder in the group (its own, and those of other
+// kcr standby of the same service): the rebalance completes with the real
+// members at once.
+//
+// The hold never creates a group and never joins a KIP-848 group, nor an
+// empty one: that join would start the very delay it avoids.
 type groupHold struct {
-	o   *Options
-	log *slog.Logger
-	cl  *kgo.Client
-	adm *kadm.Client
-	// setMember records the placeholder's member id in the state file, so
-	// that a later kcr standby can remove it ("" once it left).
-	setMember func(id string)
-	reqs      atomic.Int64 // requests written, for Observer.BrokerRequests
+	o    *Options
+	log  *slog.Logger
+	cl   *kgo.Client
+	adm  *kadm.Client
+	save func(holdSaved) // records the hold in the state file
+	reqs atomic.Int64    // requests written, for Observer.BrokerRequests
 
 	mu     sync.Mutex
+	saved  holdSaved
 	cancel context.CancelFunc // of the running hold; nil when none runs
 	done   chan struct{}      // closed when it returned
+	slept  chan struct{}      // closed by asleep
 	woken  chan struct{}      // closed by wake
 }
 
-// The placeholder's timing. Its heartbeats are slow while the service
-// sleeps, and fast once a wake is pending: the restored member's join
-// waits for the placeholder's next heartbeat.
+// holdSaved is what the hold keeps in the state file.
+type holdSaved struct {
+	// HoldMember is the placeholder's member id while it may be in the
+	// group: a kcr standby killed meanwhile left it there, and the next
+	// one removes it first.
+	HoldMember string `json:"hold_member,omitempty"`
+	// HoldProtocol is the assignor the service's group used, which the
+	// placeholder offers: the only protocol a classic group keeps for a
+	// member across a coordinator change is its selected one, so the
+	// placeholder's must be the service's.
+	HoldProtocol string `json:"hold_protocol,omitempty"`
+}
+
+// The placeholder's timing.
 const (
-	holdSession     = 10 * time.Second // session and rebalance timeout
-	holdBeatAsleep  = time.Second
-	holdBeatWake    = 100 * time.Millisecond
-	holdEmptyPoll   = time.Second
-	holdWakeBound   = 30 * time.Second // the service may not use the group at all
+	// holdSession outlasts a broker restart: the placeholder stays a
+	// member while its coordinator moves or reloads.
+	holdSession   = 30 * time.Second
+	holdRebalance = 10 * time.Second
+	// Heartbeats while the service checkpoints (the placeholder rejoins
+	// as soon as the service's member left) and while it sleeps.
+	holdBeatArmed  = 200 * time.Millisecond
+	holdBeatAsleep = 2 * time.Second
+	holdRetry      = time.Second
+	// Armed: how long the checkpoint waits for the placeholder to be a
+	// member.
+	holdArmBound = 3 * time.Second
+	// Armed: how long the checkpoint waits for a rebalancing group to
+	// settle (the service's first join waits out the initial delay).
+	holdSettle = 10 * time.Second
+	// Woken: how often the group is looked at until the restored member
+	// joined (fast for holdWakeFast, then slower), and for how long.
+	holdWakePoll    = 5 * time.Millisecond
+	holdWakeFast    = 3 * time.Second
+	holdWakeSlow    = 100 * time.Millisecond
+	holdWakeBound   = 30 * time.Second
 	holdLeaveBudget = 5 * time.Second
 	holdClientID    = "kcr-standby-hold"
 	holdReason      = "kcr standby holds the group while the service sleeps"
 )
 
-// holdProtocols are the assignors the placeholder offers: a member can join
-// only a group that has a protocol in common with every member's, so these
-// are those of kafka-go, franz-go and the Java client.
-var holdProtocols = []string{"range", "roundrobin", "sticky", "cooperative-sticky", "rack-affinity"}
-
 // Results of a hold, for Observer.GroupHold.
 const (
 	HoldHeld     = "held"     // the placeholder is in the group
-	HoldSkipped  = "skipped"  // nothing to hold: a KIP-848 group, or a wake came first
+	HoldSkipped  = "skipped"  // nothing to hold: a KIP-848 group, no group, an empty one
 	HoldReleased = "released" // the placeholder left: the service (or another member) joined
 	HoldFailed   = "failed"   // a request failed; the group may be empty
 )
 
-func newGroupHold(o *Options, log *slog.Logger, setMember func(string)) (*groupHold, error) {
-	h := &groupHold{o: o, log: log, setMember: setMember}
+func newGroupHold(o *Options, log *slog.Logger, save func(holdSaved)) (*groupHold, error) {
+	h := &groupHold{o: o, log: log, save: save}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(o.Brokers...), kgo.ClientID(holdClientID),
 		kgo.WithHooks(requestCounter{&h.reqs}))
 	if err != nil {
@@ -92,31 +120,111 @@ func (h *groupHold) close() {
 	h.cl.Close()
 }
 
-// start starts holding the group with a placeholder subscribed to topics,
-// in the background; a hold still running (its wake pending) is stopped
-// first.
-func (h *groupHold) start(ctx context.Context, topics []string) {
-	h.stop()
-	ctx, cancel := context.WithCancel(ctx)
-	done, woken := make(chan struct{}), make(chan struct{})
+// load takes what an earlier kcr standby recorded.
+func (h *groupHold) load(s holdSaved) {
 	h.mu.Lock()
-	h.cancel, h.done, h.woken = cancel, done, woken
+	h.saved = s
+	h.mu.Unlock()
+}
+
+// setMember and setProtocol record the hold in the state file.
+func (h *groupHold) setMember(id string) {
+	h.mu.Lock()
+	h.saved.HoldMember = id
+	s := h.saved
+	h.mu.Unlock()
+	h.save(s)
+}
+
+func (h *groupHold) setProtocol(p string) {
+	h.mu.Lock()
+	h.saved.HoldProtocol = p
+	s := h.saved
+	h.mu.Unlock()
+	h.save(s)
+}
+
+func (h *groupHold) protocol() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.saved.HoldProtocol
+}
+
+// arm puts a placeholder in the group before the checkpoint, while the
+// service's member is in it, and returns once the broker lists it (or the
+// hold is skipped): the service's member may leave then. ctx bounds the
+// whole hold.
+func (h *groupHold) arm(ctx context.Context) {
+	h.stop()
+	defer h.report()
+	proto, skip, err := h.serviceProtocol(ctx)
+	switch {
+	case ctx.Err() != nil:
+		return
+	case err != nil:
+		h.result(HoldFailed, "err", err)
+		return
+	case skip != "":
+		h.result(HoldSkipped, "reason", skip)
+		return
+	}
+	if proto != h.protocol() {
+		h.setProtocol(proto)
+	}
+	m := &holdMember{}
+	if err := h.memberID(ctx, m); err != nil {
+		h.result(HoldFailed, "err", err)
+		return
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done, slept, woken := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	h.mu.Lock()
+	h.cancel, h.done, h.slept, h.woken = cancel, done, slept, woken
 	h.mu.Unlock()
 	go func() {
 		defer close(done)
 		defer h.report()
-		h.run(ctx, slices.Clone(topics), woken)
+		h.run(ctx, m, slept, woken)
 	}()
+	h.waitListed(ctx, m.id, done)
 }
 
-// wake tells the running hold that the service is being restored: it
-// leaves once the restored member joined.
-func (h *groupHold) wake() {
+// waitListed waits until the broker lists member in the group (its join
+// made it a member), the hold ended, or holdArmBound passed.
+func (h *groupHold) waitListed(ctx context.Context, member string, done <-chan struct{}) {
+	bound := time.After(holdArmBound)
+	for {
+		g, err := h.describe(ctx)
+		if err == nil && g.has(member) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-done:
+			return
+		case <-bound:
+			h.log.Warn("standby: group hold: the placeholder is not listed in the group yet; checkpointing anyway", "group", h.o.Group, "member_id", member)
+			return
+		case <-time.After(holdWakePoll):
+		}
+	}
+}
+
+// asleep tells the running hold that the checkpoint is done: the
+// service's member left.
+func (h *groupHold) asleep() { h.closeOnce(func() *chan struct{} { return &h.slept }) }
+
+// wake tells the running hold that the service is being restored: the
+// placeholders leave once the restored member's join started a rebalance.
+func (h *groupHold) wake() { h.closeOnce(func() *chan struct{} { return &h.woken }) }
+
+func (h *groupHold) closeOnce(ch func() *chan struct{}) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.woken != nil {
-		close(h.woken)
-		h.woken = nil
+	if c := ch(); *c != nil {
+		close(*c)
+		*c = nil
 	}
 }
 
@@ -124,11 +232,82 @@ func (h *groupHold) wake() {
 func (h *groupHold) stop() {
 	h.mu.Lock()
 	cancel, done := h.cancel, h.done
-	h.cancel, h.done, h.woken = nil, nil, nil
+	h.cancel, h.done, h.slept, h.woken = nil, nil, nil, nil
 	h.mu.Unlock()
 	if cancel != nil {
 		cancel()
 		<-done
+	}
+}
+
+// run keeps m in the group until the wake (then releases the group) or
+// until ctx ends (then m leaves).
+func (h *groupHold) run(ctx context.Context, m *holdMember, slept, woken <-chan struct{}) {
+	mctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-woken:
+			cancel()
+		case <-mctx.Done():
+		}
+	}()
+	h.hold(mctx, m, slept)
+	cancel()
+	select {
+	case <-woken:
+		h.release(ctx, m.id)
+		return
+	default:
+	}
+	if m.id != "" {
+		h.leave(m.id)
+	}
+}
+
+// release waits, the service woken, until a member other than the
+// placeholders is in the group (the restored one joined), and then
+// removes every placeholder: the rebalance the join started completes
+// without them. own is the placeholder of this hold ("": none).
+func (h *groupHold) release(ctx context.Context, own string) {
+	start := time.Now()
+	for {
+		g, err := h.describe(ctx)
+		h.report()
+		switch {
+		case ctx.Err() != nil:
+			if own != "" {
+				h.leave(own)
+			}
+			return
+		case err != nil:
+		case len(g.placeholders) == 0:
+			// Nothing to release (another kcr standby did, or none held).
+			h.setMember("")
+			return
+		case len(g.real) > 0:
+			err := h.leaveGroup(g.placeholders...)
+			if err == nil {
+				h.setMember("")
+				h.result(HoldReleased, "reason", "a member joined", "woken", true, "placeholders", len(g.placeholders), "after_ms", ms(time.Since(start)))
+				return
+			}
+			h.log.Warn("standby: group hold: removing the placeholders failed; trying again", "group", h.o.Group, "err", err)
+		}
+		if time.Since(start) > holdWakeBound {
+			if own != "" {
+				h.leave(own)
+			}
+			h.result(HoldReleased, "reason", "no member joined within "+holdWakeBound.String()+" of the wake")
+			return
+		}
+		every := holdWakePoll
+		if time.Since(start) > holdWakeFast {
+			every = holdWakeSlow
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(every):
+		}
 	}
 }
 
@@ -148,360 +327,113 @@ func (h *groupHold) result(r string, attrs ...any) {
 	h.log.Log(context.Background(), lvl, "standby: group hold "+r, append([]any{"group", h.o.Group}, attrs...)...)
 }
 
-// isWoken reports whether woken is closed.
-func isWoken(woken <-chan struct{}) bool {
-	select {
-	case <-woken:
-		return true
-	default:
-		return false
-	}
+// holdGroup is the group as the hold sees it.
+type holdGroup struct {
+	kip848       bool
+	exists       bool   // false: no group, or a dead one
+	state        string // the classic group's state
+	protocolType string
+	protocol     string
+	placeholders []string // member ids of kcr standby placeholders
+	real         []string // member ids of the others
 }
 
-// run holds the group until the service woke and joined, or ctx ends. A
-// placeholder that leaves because another member joined while the service
-// sleeps holds the group again once it is empty.
-func (h *groupHold) run(ctx context.Context, topics []string, woken <-chan struct{}) {
-	for ctx.Err() == nil {
-		if ok := h.waitEmpty(ctx, woken); !ok {
-			return
-		}
-		if done := h.holdOnce(ctx, topics, woken); done {
-			return
-		}
-	}
-}
-
-// waitEmpty waits until the group is an empty classic group: members
-// keep it from being empty by themselves (an old member of the service
-// that stays until its session times out, another instance of the
-// service), and a KIP-848 group has no initial delay to avoid. It reports
-// whether to join.
-func (h *groupHold) waitEmpty(ctx context.Context, woken <-chan struct{}) bool {
-	loggedErr, loggedMembers := false, false
-	for {
-		if isWoken(woken) {
-			h.result(HoldSkipped, "reason", "woken before the group was empty")
-			return false
-		}
-		empty, skip, err := h.groupEmpty(ctx)
-		h.report()
-		switch {
-		case ctx.Err() != nil:
-			return false
-		case skip != "":
-			h.result(HoldSkipped, "reason", skip)
-			return false
-		case err != nil:
-			if !loggedErr {
-				h.log.Warn("standby: group hold: describing the group failed; trying again", "group", h.o.Group, "err", err)
-				loggedErr = true
-			}
-		case empty:
+func (g holdGroup) has(member string) bool {
+	for _, id := range g.placeholders {
+		if id == member {
 			return true
-		case !loggedMembers:
-			h.log.Info("standby: group hold: the group has members; holding it once it is empty", "group", h.o.Group)
-			loggedMembers = true
-		}
-		select {
-		case <-ctx.Done():
-			return false
-		case <-woken:
-		case <-time.After(holdEmptyPoll):
 		}
 	}
+	return false
 }
 
-// groupEmpty describes the group: empty, or a reason not to hold it at all.
-func (h *groupHold) groupEmpty(ctx context.Context) (empty bool, skip string, err error) {
-	rctx, cancel := context.WithTimeout(ctx, holdSession)
+// describe describes the group.
+func (h *groupHold) describe(ctx context.Context) (holdGroup, error) {
+	rctx, cancel := context.WithTimeout(ctx, holdLeaveBudget)
 	defer cancel()
-	// A KIP-848 group has no initial delay; the classic protocol does not
-	// describe it (or describes it as an empty classic group).
-	kip848, err := h.isKIP848(rctx)
-	if err != nil {
-		return false, "", err
-	}
-	if kip848 {
-		return false, "a KIP-848 group (no initial rebalance delay)", nil
-	}
+	var g holdGroup
 	ds, err := h.adm.DescribeGroups(rctx, h.o.Group)
 	if err != nil {
-		return false, "", fmt.Errorf("describe group %q: %w", h.o.Group, err)
+		return g, fmt.Errorf("describe group %q: %w", h.o.Group, err)
 	}
 	d := ds[h.o.Group]
 	switch {
-	case errors.Is(d.Err, kerr.GroupIDNotFound), d.Err == nil && (d.State == "Dead" || d.State == ""):
-		// No group: the placeholder makes it.
-		return true, "", nil
+	case errors.Is(d.Err, kerr.GroupIDNotFound):
+		return g, nil
 	case d.Err != nil:
-		return false, "", fmt.Errorf("describe group %q: %w", h.o.Group, d.Err)
-	case d.ProtocolType != "consumer" && d.ProtocolType != "":
-		return false, fmt.Sprintf("protocol type %q is not that of a consumer group", d.ProtocolType), nil
-	case d.Protocol != "" && !slices.Contains(holdProtocols, d.Protocol):
-		// The placeholder must share it, or the service could not
-		// join after it.
-		return false, fmt.Sprintf("the group's assignor %q is not one the placeholder offers", d.Protocol), nil
+		return g, fmt.Errorf("describe group %q: %w", h.o.Group, d.Err)
 	}
-	return d.State == "Empty", "", nil
+	g.exists = d.State != "Dead" && d.State != ""
+	g.state, g.protocolType, g.protocol = d.State, d.ProtocolType, d.Protocol
+	for _, m := range d.Members {
+		if isPlaceholder(m.ClientID, m.MemberID) {
+			g.placeholders = append(g.placeholders, m.MemberID)
+		} else {
+			g.real = append(g.real, m.MemberID)
+		}
+	}
+	return g, nil
+}
+
+// isPlaceholder tells a placeholder by its client id, or (where the
+// client id is not known: in a JoinGroup response) by its member id, which
+// a broker makes from the client id.
+func isPlaceholder(clientID, memberID string) bool {
+	return clientID == holdClientID || strings.HasPrefix(memberID, holdClientID+"-")
+}
+
+// serviceProtocol describes the group before the checkpoint: the
+// protocol its members use, or why not to hold it at all.
+func (h *groupHold) serviceProtocol(ctx context.Context) (proto, skip string, err error) {
+	kip848, err := h.isKIP848(ctx)
+	if err != nil {
+		return "", "", err
+	}
+	if kip848 {
+		return "", "a KIP-848 group (no initial rebalance delay)", nil
+	}
+	for deadline := time.Now().Add(holdSettle); time.Now().Before(deadline); {
+		g, err := h.describe(ctx)
+		switch {
+		case err != nil:
+			return "", "", err
+		case !g.exists:
+			// Joining would create it.
+			return "", "no group: the service is not in one", nil
+		case g.protocolType != "consumer":
+			return "", fmt.Sprintf("protocol type %q is not that of a consumer group", g.protocolType), nil
+		case g.state == "Empty" || len(g.real) == 0:
+			// Joining an empty group starts the initial delay.
+			return "", "the group is empty: the service is not in it", nil
+		case g.protocol != "":
+			return g.protocol, "", nil
+		}
+		// Rebalancing (the service's first join waits out the initial
+		// delay, say): the protocol is chosen when it completes.
+		select {
+		case <-ctx.Done():
+			return "", "", ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if p := h.protocol(); p != "" {
+		return p, "", nil
+	}
+	return "", "the group's protocol is not known: it is rebalancing", nil
 }
 
 // isKIP848 reports whether the group is a KIP-848 ("consumer" type) group.
 // A broker without KIP-848 ignores the type filter and leaves the type
 // empty.
 func (h *groupHold) isKIP848(ctx context.Context) (bool, error) {
-	lg, err := h.adm.ListGroupsByType(ctx, []string{"consumer"})
+	rctx, cancel := context.WithTimeout(ctx, holdLeaveBudget)
+	defer cancel()
+	lg, err := h.adm.ListGroupsByType(rctx, []string{"consumer"})
 	if err != nil {
 		return false, fmt.Errorf("list the KIP-848 groups: %w", err)
 	}
 	g, ok := lg[h.o.Group]
 	return ok && g.GroupType == "consumer", nil
-}
-
-// joined is the placeholder in one generation of the group.
-type joined struct {
-	member     string
-	generation int32
-	protocol   string
-}
-
-// holdOnce joins the group, and heartbeats until a rebalance, the wake
-// bound or ctx: then it leaves. done is false when the placeholder left
-// while the service sleeps (another member joined): the caller holds the
-// group again once it is empty.
-func (h *groupHold) holdOnce(ctx context.Context, topics []string, woken <-chan struct{}) (done bool) {
-	j, others, err := h.join(ctx, topics)
-	if err != nil {
-		if j.member != "" {
-			h.leave(j.member)
-		}
-		if ctx.Err() != nil {
-			return true
-		}
-		h.result(HoldFailed, "err", err)
-		return isWoken(woken) || h.pause(ctx, woken)
-	}
-	if others {
-		// Not empty without the placeholder: syncing would hand the
-		// others empty assignments (as leader), or take partitions
-		// from them (as follower).
-		h.leave(j.member)
-		h.result(HoldReleased, "reason", "other members joined with the placeholder", "woken", isWoken(woken))
-		return isWoken(woken)
-	}
-	if err := h.sync(ctx, j); err != nil {
-		h.leave(j.member)
-		if ctx.Err() != nil {
-			return true
-		}
-		if errors.Is(err, kerr.RebalanceInProgress) {
-			h.result(HoldReleased, "reason", "a member joined", "woken", isWoken(woken))
-			return isWoken(woken)
-		}
-		h.result(HoldFailed, "err", err)
-		return isWoken(woken) || h.pause(ctx, woken)
-	}
-	h.result(HoldHeld, "member_id", j.member, "generation", j.generation, "protocol", j.protocol)
-	return h.heartbeat(ctx, j, woken)
-}
-
-// pause waits a heartbeat interval after a failure; it reports whether
-// the hold is over.
-func (h *groupHold) pause(ctx context.Context, woken <-chan struct{}) bool {
-	select {
-	case <-ctx.Done():
-		return true
-	case <-woken:
-		return true
-	case <-time.After(holdEmptyPoll):
-		return false
-	}
-}
-
-// join joins the group; others tells whether members other than the
-// placeholder are in the generation it joined.
-func (h *groupHold) join(ctx context.Context, topics []string) (j joined, others bool, err error) {
-	meta := kmsg.NewConsumerMemberMetadata()
-	meta.Topics = topics
-	mb := meta.AppendTo(nil)
-	req := kmsg.NewPtrJoinGroupRequest()
-	req.Group = h.o.Group
-	req.SessionTimeoutMillis = int32(holdSession.Milliseconds())
-	req.RebalanceTimeoutMillis = int32(holdSession.Milliseconds())
-	req.ProtocolType = "consumer"
-	reason := holdReason
-	req.Reason = &reason
-	for _, name := range holdProtocols {
-		p := kmsg.NewJoinGroupRequestProtocol()
-		p.Name, p.Metadata = name, mb
-		req.Protocols = append(req.Protocols, p)
-	}
-	for attempt := 0; ; attempt++ {
-		req.MemberID = j.member
-		resp, err := req.RequestWith(ctx, h.cl)
-		h.report()
-		if err != nil {
-			return j, false, fmt.Errorf("join group %q: %w", h.o.Group, err)
-		}
-		err = kerr.ErrorForCode(resp.ErrorCode)
-		switch {
-		case err == nil:
-			j.generation = resp.Generation
-			if resp.Protocol != nil {
-				j.protocol = *resp.Protocol
-			}
-			others = resp.LeaderID != j.member || slices.ContainsFunc(resp.Members, func(m kmsg.JoinGroupResponseMember) bool {
-				return m.MemberID != j.member
-			})
-			return j, others, nil
-		case attempt >= 5:
-			return j, false, fmt.Errorf("join group %q: %w", h.o.Group, err)
-		case errors.Is(err, kerr.MemberIDRequired):
-			// Recorded before the join that makes it a member, so that
-			// a kcr standby killed meanwhile leaves a trace to sweep.
-			j.member = resp.MemberID
-			h.setMember(j.member)
-		case errors.Is(err, kerr.UnknownMemberID):
-			j.member = ""
-		case errors.Is(err, kerr.RebalanceInProgress):
-		default:
-			return j, false, fmt.Errorf("join group %q: %w", h.o.Group, err)
-		}
-	}
-}
-
-// sync completes the placeholder's generation as its leader: an empty
-// assignment for every member (the placeholder alone).
-func (h *groupHold) sync(ctx context.Context, j joined) error {
-	assign := kmsg.NewConsumerMemberAssignment()
-	ab := assign.AppendTo(nil)
-	req := kmsg.NewPtrSyncGroupRequest()
-	req.Group, req.Generation, req.MemberID = h.o.Group, j.generation, j.member
-	ptype := "consumer"
-	req.ProtocolType, req.Protocol = &ptype, &j.protocol
-	a := kmsg.NewSyncGroupRequestGroupAssignment()
-	a.MemberID, a.MemberAssignment = j.member, ab
-	req.GroupAssignment = append(req.GroupAssignment, a)
-	resp, err := req.RequestWith(ctx, h.cl)
-	h.report()
-	if err == nil {
-		err = kerr.ErrorForCode(resp.ErrorCode)
-	}
-	if err != nil {
-		return fmt.Errorf("sync group %q: %w", h.o.Group, err)
-	}
-	return nil
-}
-
-// heartbeat keeps the placeholder in the group until a rebalance begins
-// (a member joins: the placeholder leaves instead of rejoining), the wake
-// bound passes, or ctx ends. It reports whether the hold is over.
-func (h *groupHold) heartbeat(ctx context.Context, j joined, woken <-chan struct{}) bool {
-	every := holdBeatAsleep
-	var bound <-chan time.Time
-	if isWoken(woken) {
-		every, woken = holdBeatWake, nil
-		bound = time.After(holdWakeBound)
-	}
-	t := time.NewTimer(every)
-	defer t.Stop()
-	failing := false
-	for {
-		select {
-		case <-ctx.Done():
-			h.leave(j.member)
-			return true
-		case <-woken:
-			every, woken = holdBeatWake, nil
-			bound = time.After(holdWakeBound)
-			t.Reset(every)
-			continue
-		case <-bound:
-			h.leave(j.member)
-			h.result(HoldReleased, "reason", "no member joined within "+holdWakeBound.String()+" of the wake")
-			return true
-		case <-t.C:
-		}
-		req := kmsg.NewPtrHeartbeatRequest()
-		req.Group, req.Generation, req.MemberID = h.o.Group, j.generation, j.member
-		rctx, cancel := context.WithTimeout(ctx, holdSession/2)
-		resp, err := req.RequestWith(rctx, h.cl)
-		cancel()
-		h.report()
-		if err == nil {
-			err = kerr.ErrorForCode(resp.ErrorCode)
-		}
-		awake := bound != nil
-		switch {
-		case ctx.Err() != nil:
-			h.leave(j.member)
-			return true
-		case err == nil:
-			if failing {
-				h.log.Info("standby: group hold: heartbeats work again", "group", h.o.Group)
-			}
-			failing = false
-		case errors.Is(err, kerr.RebalanceInProgress):
-			// A member joined: the service, restored, or another one.
-			// Leaving now lets the rebalance complete without the
-			// placeholder, and the group is not empty without it.
-			h.leave(j.member)
-			h.result(HoldReleased, "reason", "a member joined", "woken", awake)
-			return awake
-		case errors.Is(err, kerr.UnknownMemberID), errors.Is(err, kerr.IllegalGeneration), errors.Is(err, kerr.FencedInstanceID):
-			h.setMember("")
-			h.result(HoldFailed, "reason", "the placeholder was removed from the group", "err", err)
-			return awake
-		default:
-			if !failing {
-				h.log.Warn("standby: group hold: heartbeat failed; trying again", "group", h.o.Group, "err", err)
-			}
-			failing = true
-		}
-		t.Reset(every)
-	}
-}
-
-// leave removes member from the group, whatever ctx the hold had: a
-// placeholder left behind would keep the group from being empty until its
-// session times out.
-func (h *groupHold) leave(member string) {
-	if err := h.leaveGroup(member); err != nil {
-		h.log.Warn("standby: group hold: leaving the group failed; the placeholder stays until its session times out", "group", h.o.Group, "member_id", member, "err", err)
-		return
-	}
-	h.setMember("")
-}
-
-// leaveGroup sends a LeaveGroup for member; a member the group does not
-// know (any more) has left.
-func (h *groupHold) leaveGroup(member string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), holdLeaveBudget)
-	defer cancel()
-	req := kmsg.NewPtrLeaveGroupRequest()
-	req.Group, req.MemberID = h.o.Group, member
-	m := kmsg.NewLeaveGroupRequestMember()
-	m.MemberID = member
-	reason := holdReason
-	m.Reason = &reason
-	req.Members = append(req.Members, m)
-	resp, err := req.RequestWith(ctx, h.cl)
-	h.report()
-	if err == nil {
-		err = kerr.ErrorForCode(resp.ErrorCode)
-		for _, m := range resp.Members {
-			if err == nil {
-				err = kerr.ErrorForCode(m.ErrorCode)
-			}
-		}
-	}
-	if errors.Is(err, kerr.UnknownMemberID) || errors.Is(err, kerr.GroupIDNotFound) {
-		err = nil
-	}
-	if err != nil {
-		return fmt.Errorf("leave group %q as %s: %w", h.o.Group, member, err)
-	}
-	return nil
 }
 
 // sweep removes the placeholder an earlier kcr standby left in the group

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -121,11 +122,12 @@ func (e *holdEnv) member(clientID string, opts ...kgo.Opt) (*kgo.Client, <-chan 
 	e.t.Helper()
 	all := make(chan struct{})
 	var n atomic.Int32
+	var once sync.Once
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(e.addrs...), kgo.ClientID(clientID),
 		kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t"),
 		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, a map[string][]int32) {
-			if n.Add(int32(len(a["t"]))) == 3 {
-				close(all)
+			if n.Add(int32(len(a["t"]))) >= 3 {
+				once.Do(func() { close(all) })
 			}
 		})}, opts...)...)
 	if err != nil {
@@ -157,151 +159,252 @@ func assigned(t *testing.T, all <-chan struct{}, start time.Time, d time.Duratio
 
 func hasResult(r *rig, res string) bool { return slices.Contains(r.rec.holdResults(), res) }
 
-// The service sleeps: the placeholder joins its group (paying the broker's
-// initial delay itself), the lag of a new record wakes the service, the
-// restored member joins, the placeholder leaves, and the member has all
-// partitions well before the initial delay would have passed.
+// service starts the service's member of group "g" (it pays the initial
+// delay: the group is empty) and makes the fake's checkpoint close it, as
+// the service's hooks make it leave the group.
+func (e *holdEnv) service(f *fake, clientID string, opts ...kgo.Opt) {
+	e.t.Helper()
+	cl, all := e.member(clientID, opts...)
+	assigned(e.t, all, time.Now(), 3*initialDelay)
+	f.onCheckpoint = cl.Close
+}
+
+// renamedRange is a custom assignor: range under another protocol name.
+type renamedRange struct{ kgo.GroupBalancer }
+
+func (renamedRange) ProtocolName() string { return "kcr-test-range" }
+
+// The placeholder joins while the service's member is still in the group,
+// and stays alone in it when that member leaves: whenever the wake comes
+// (at once, or after the hold settled), the restored member's join is an
+// ordinary rebalance, the placeholder is removed as soon as it started,
+// and no join after the service's first ever waits for the initial delay.
+// The placeholder offers the service's own protocol, a custom one
+// included.
 func TestGroupHold(t *testing.T) {
-	e := newHoldEnv(t, true)
-	r := startRig(t, newFake(), filepath.Join(t.TempDir(), "img"), e.withGroup(nil))
-	r.waitState(StateStandby)
-	id := e.waitPlaceholder(initialDelay + 5*time.Second)
-	wait.For(t, 5*time.Second, "the hold held", func() bool { return hasResult(r, HoldHeld) })
-	if st, _ := r.s.dir.readState(); st.HoldMember != id {
-		t.Errorf("state file hold_member %q, want the placeholder's %q", st.HoldMember, id)
-	}
-	// The documented cost: a held group cannot be deleted.
-	if _, err := e.adm.DeleteGroup(t.Context(), "g"); !errors.Is(err, kerr.NonEmptyGroup) {
-		t.Errorf("deleting the held group: %v, want NON_EMPTY_GROUP", err)
-	}
-	produce(t, e.addrs, "t", 1) // held, the group's lag still wakes the service
-	r.waitState(StateRunning)
-	if !strings.Contains(r.log.String(), `"source":"kafka"`) {
-		t.Fatalf("not woken by Kafka lag:\n%s", r.log.String())
-	}
-	start := time.Now()
-	_, all := e.member("svc")
-	took := assigned(t, all, start, 2*initialDelay)
-	t.Logf("restored member assigned all partitions %v after joining (initial delay %v)", took, initialDelay)
-	if took >= initialDelay*2/3 {
-		t.Errorf("the member took %v to get its partitions: the initial delay (%v) was not avoided", took, initialDelay)
-	}
-	e.waitOnly(5*time.Second, "svc")
-	wait.For(t, 5*time.Second, "the hold released", func() bool { return hasResult(r, HoldReleased) })
-	if st, _ := r.s.dir.readState(); st.HoldMember != "" {
-		t.Errorf("state file hold_member %q after the placeholder left", st.HoldMember)
+	for _, c := range []struct {
+		name     string
+		opts     []kgo.Opt
+		protocol string
+		settle   bool // wake once the hold settled; else at once
+	}{
+		{"settled", nil, "cooperative-sticky", true},
+		{"at-once", nil, "cooperative-sticky", false},
+		{"custom-assignor", []kgo.Opt{kgo.Balancers(renamedRange{kgo.RangeBalancer()})}, "kcr-test-range", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newHoldEnv(t, true)
+			f := newFake()
+			e.service(f, "svc", c.opts...)
+			r := startRig(t, f, filepath.Join(t.TempDir(), "img"), e.withGroup(nil))
+			r.waitState(StateStandby)
+			if c.settle {
+				wait.For(t, 10*time.Second, "the hold held", func() bool { return hasResult(r, HoldHeld) })
+				e.waitOnly(10*time.Second, holdClientID)
+				st, _ := r.s.dir.readState()
+				if _, id := e.members(); st.HoldMember != id || st.HoldProtocol != c.protocol {
+					t.Errorf("state file hold %+v, want member %q protocol %q", st.holdSaved, id, c.protocol)
+				}
+				// The documented cost: a held group cannot be deleted.
+				if _, err := e.adm.DeleteGroup(t.Context(), "g"); !errors.Is(err, kerr.NonEmptyGroup) {
+					t.Errorf("deleting the held group: %v, want NON_EMPTY_GROUP", err)
+				}
+				produce(t, e.addrs, "t", 1) // held, the group's lag still wakes the service
+				r.waitState(StateRunning)
+			} else if !r.s.Wake("manual") {
+				t.Fatal("the supervisor is not asleep")
+			}
+			start := time.Now()
+			_, all := e.member("svc", c.opts...)
+			took := assigned(t, all, start, 4*initialDelay)
+			t.Logf("restored member assigned all partitions %v after joining (initial delay %v)", took, initialDelay)
+			if n := e.delay.Held(); n != 1 {
+				t.Errorf("the initial delay held %d joins, want 1 (the service's first)", n)
+			}
+			e.waitOnly(5*time.Second, "svc")
+			wait.For(t, 5*time.Second, "the hold released", func() bool { return hasResult(r, HoldReleased) })
+			if st, _ := r.s.dir.readState(); st.HoldMember != "" {
+				t.Errorf("state file hold_member %q after the placeholder left", st.HoldMember)
+			}
+		})
 	}
 }
 
-// The wake comes while the placeholder's own join is held by the initial
-// delay: the restored member joins into the same delay, the placeholder
-// leaves as soon as its join returns, and the member gets every partition
-// within about one delay.
-func TestGroupHoldWokenDuringJoin(t *testing.T) {
+// Two instances of the service in one group, each under its kcr standby,
+// sleep together: their placeholders settle in the group at once, with no
+// initial delay; the first wake removes them.
+func TestGroupHoldTwoHolds(t *testing.T) {
 	e := newHoldEnv(t, true)
-	r := startRig(t, newFake(), filepath.Join(t.TempDir(), "img"), e.withGroup(nil))
+	f1, f2 := newFake(), newFake()
+	e.service(f1, "svc1")
+	cl2, _ := e.member("svc2") // shares the partitions with svc1
+	f2.onCheckpoint = cl2.Close
+	wait.For(t, 20*time.Second, "both services in the group", func() bool {
+		ds, err := e.adm.DescribeGroups(t.Context(), "g")
+		return err == nil && ds["g"].State == "Stable" && len(ds["g"].Members) == 2
+	})
+	r1 := startRig(t, f1, filepath.Join(t.TempDir(), "img"), e.withGroup(nil))
+	r2 := startRig(t, f2, filepath.Join(t.TempDir(), "img"), e.withGroup(nil))
+	r1.waitState(StateStandby)
+	r2.waitState(StateStandby)
+	// One placeholder or both: a placeholder that leads the group while
+	// the other service's member is still in leaves it to that member,
+	// whose own placeholder joins before it leaves.
+	wait.For(t, 10*time.Second, "only placeholders in the group", func() bool {
+		clients, _ := e.members()
+		return len(clients) > 0 && !slices.ContainsFunc(clients, func(c string) bool { return c != holdClientID })
+	})
+	if !r1.s.Wake("manual") {
+		t.Fatal("the first supervisor is not asleep")
+	}
+	_, all := e.member("svc1")
+	select {
+	case <-all:
+	case <-time.After(4 * initialDelay):
+		t.Fatalf("not assigned\n%s\n%s", r1.log.String(), r2.log.String())
+	}
+	e.waitOnly(5*time.Second, "svc1")
+	if n := e.delay.Held(); n != 1 {
+		t.Errorf("the initial delay held %d joins, want 1 (the first service's first)", n)
+	}
+	for _, r := range []*rig{r1, r2} {
+		if hasResult(r, HoldFailed) {
+			t.Errorf("a hold failed:\n%s", r.log.String())
+		}
+	}
+}
+
+// No group (a KIP-848 group that expired, or was deleted, while the
+// service ran), or a KIP-848 one: the hold never joins, so it never
+// creates a group nor turns one classic.
+func TestGroupHoldSkips(t *testing.T) {
+	t.Run("no-group", func(t *testing.T) {
+		e := newHoldEnv(t, false)
+		r := startRig(t, newFake(), filepath.Join(t.TempDir(), "img"), e.withGroup(func(o *Options) { o.Group = "gone" }))
+		r.waitState(StateStandby)
+		wait.For(t, 5*time.Second, "the hold skipped", func() bool { return hasResult(r, HoldSkipped) })
+		if n := e.joins.Load(); n != 0 {
+			t.Fatalf("%d joins into a missing group", n)
+		}
+		if lg, err := e.adm.ListGroups(t.Context()); err != nil || slices.Contains(lg.Groups(), "gone") {
+			t.Fatalf("groups %v (%v): the hold created one", lg.Groups(), err)
+		}
+	})
+	t.Run("kip848", func(t *testing.T) {
+		e := newHoldEnv(t, false)
+		f := newFake()
+		e.service(f, "svc848", kgo.ServerSideBalancer())
+		r := startRig(t, f, filepath.Join(t.TempDir(), "img"), e.withGroup(nil))
+		r.waitState(StateStandby)
+		wait.For(t, 5*time.Second, "the hold skipped", func() bool { return hasResult(r, HoldSkipped) })
+		if !strings.Contains(r.log.String(), "KIP-848") {
+			t.Errorf("the skip does not say why:\n%s", r.log.String())
+		}
+		if n := e.joins.Load(); n != 0 {
+			t.Fatalf("%d classic joins into a KIP-848 group", n)
+		}
+	})
+}
+
+// The coordinator fails the placeholder's heartbeats for a while (it
+// moves, or its broker restarts): the placeholder stays in the group, and
+// the restored member still finds it held.
+func TestGroupHoldCoordinatorErrors(t *testing.T) {
+	e := newHoldEnv(t, true)
+	f := newFake()
+	e.service(f, "svc")
+	var failing atomic.Int32
+	e.c.ControlKey(int16(kmsg.Heartbeat), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		e.c.KeepControl()
+		if failing.Load() <= 0 {
+			return nil, nil, false
+		}
+		failing.Add(-1)
+		resp := kr.ResponseKind().(*kmsg.HeartbeatResponse)
+		resp.ErrorCode = kerr.NotCoordinator.Code
+		return resp, nil, true
+	})
+	r := startRig(t, f, filepath.Join(t.TempDir(), "img"), e.withGroup(nil))
 	r.waitState(StateStandby)
-	wait.For(t, 5*time.Second, "the placeholder's join held by the delay", func() bool { return e.delay.Holding() > 0 })
-	if !r.s.Wake("manual") {
-		t.Fatal("the supervisor is not asleep")
+	e.waitOnly(10*time.Second, holdClientID)
+	_, id := e.members()
+	failing.Store(3)
+	wait.For(t, 20*time.Second, "the failed heartbeats", func() bool { return failing.Load() <= 0 })
+	time.Sleep(2 * holdBeatAsleep) // heartbeats go on
+	if _, now := e.members(); now != id {
+		t.Fatalf("placeholder %q in the group, want %q, which stayed:\n%s", now, id, r.log.String())
 	}
-	start := time.Now()
-	_, all := e.member("svc", kgo.Balancers(kgo.RangeBalancer()))
-	took := assigned(t, all, start, 4*initialDelay)
-	t.Logf("restored member assigned all partitions %v after joining (initial delay %v)", took, initialDelay)
-	if took >= 2*initialDelay {
-		t.Errorf("the member took %v to get its partitions, two initial delays", took)
+	r.s.Wake("manual")
+	_, all := e.member("svc")
+	assigned(t, all, time.Now(), 4*initialDelay)
+	if n := e.delay.Held(); n != 1 {
+		t.Errorf("the initial delay held %d joins, want 1", n)
 	}
-	e.waitOnly(5*time.Second, "svc")
-	wait.For(t, 5*time.Second, "the hold released", func() bool { return hasResult(r, HoldReleased) })
 }
 
 // kcr standby killed while holding the group left its placeholder there:
 // the next kcr standby removes it first (it would otherwise stay until its
-// session times out, 10 s), then holds the group with a new one. And a
-// kcr standby that stops leaves the group.
+// session times out). And a kcr standby that stops leaves the group.
 func TestGroupHoldSweepsLeftPlaceholder(t *testing.T) {
 	e := newHoldEnv(t, false)
 	dir := filepath.Join(t.TempDir(), "img")
-	r := startRig(t, newFake(), dir, e.withGroup(nil))
+	f := newFake()
+	e.service(f, "svc")
+	r := startRig(t, f, dir, e.withGroup(nil))
 	r.waitState(StateStandby)
-	e.waitPlaceholder(5 * time.Second)
+	e.waitOnly(5*time.Second, holdClientID)
 	r.end()
 	e.waitOnly(time.Second) // left on stop: no member
 
 	// A placeholder whose kcr standby was killed: in the group, no
 	// heartbeats, no leave, its member id in the state file.
 	o := Options{Brokers: e.addrs, Group: "g", Observer: nopObserver{}}
-	h, err := newGroupHold(&o, slog.New(slog.DiscardHandler), func(string) {})
+	h, err := newGroupHold(&o, slog.New(slog.DiscardHandler), func(holdSaved) {})
 	if err != nil {
 		t.Fatal(err)
 	}
-	j, others, err := h.join(t.Context(), []string{"t"})
-	if err == nil && !others {
-		err = h.sync(t.Context(), j)
+	h.saved.HoldProtocol = "range"
+	m := &holdMember{}
+	if err = h.memberID(t.Context(), m); err == nil {
+		err = h.joinSync(t.Context(), m, true)
 	}
 	h.cl.Close()
-	if err != nil || others {
-		t.Fatalf("joining a placeholder by hand: %v (others %v)", err, others)
+	if err != nil {
+		t.Fatalf("joining a placeholder by hand: %v", err)
 	}
 	d := &imageDir{path: dir}
 	st, err := d.readState()
 	if err != nil {
 		t.Fatal(err)
 	}
-	st.HoldMember = j.member
+	st.HoldMember = m.id
 	if err := d.writeState(st); err != nil {
 		t.Fatal(err)
 	}
-	if _, id := e.members(); id != j.member {
-		t.Fatalf("placeholder %q in the group, want the left one %q", id, j.member)
+	if _, id := e.members(); id != m.id {
+		t.Fatalf("placeholder %q in the group, want the left one %q", id, m.id)
 	}
-
 	r2 := startRig(t, newFake(), dir, e.withGroup(nil))
 	r2.waitState(StateStandby)
-	var id string
-	wait.For(t, 5*time.Second, "a new placeholder instead of the left one", func() bool {
-		clients, p := e.members()
-		id = p
-		return len(clients) == 1 && p != "" && p != j.member
-	})
+	e.waitOnly(5 * time.Second)
 	if !strings.Contains(r2.log.String(), "removed the placeholder an earlier kcr standby left") {
 		t.Errorf("the sweep is not logged:\n%s", r2.log.String())
 	}
-	wait.For(t, 5*time.Second, "the new placeholder in the state file", func() bool {
-		st, _ := d.readState()
-		return st.HoldMember == id
-	})
-}
-
-// Another member keeps the group from being empty while the service
-// sleeps: the placeholder does not join until it has left.
-func TestGroupHoldWaitsForEmptyGroup(t *testing.T) {
-	e := newHoldEnv(t, false)
-	other, all := e.member("other")
-	assigned(t, all, time.Now(), 10*time.Second)
-	r := startRig(t, newFake(), filepath.Join(t.TempDir(), "img"), e.withGroup(nil))
-	r.waitState(StateStandby)
-	wait.For(t, 5*time.Second, "the hold waiting", func() bool {
-		return strings.Contains(r.log.String(), "the group has members; holding it once it is empty")
-	})
-	if clients, _ := e.members(); !slices.Equal(clients, []string{"other"}) || e.joins.Load() != 1 {
-		t.Fatalf("members %v after %d joins, want only the other member", clients, e.joins.Load())
+	if st, _ := d.readState(); st.HoldMember != "" {
+		t.Errorf("state file hold_member %q after the sweep", st.HoldMember)
 	}
-	other.Close() // leaves the group
-	e.waitPlaceholder(5 * time.Second)
-	e.waitOnly(time.Second, holdClientID)
-	wait.For(t, 5*time.Second, "the hold held", func() bool { return hasResult(r, HoldHeld) })
 }
 
 // --hold-group=false: no placeholder, and the restored member pays the
 // initial delay (which shows that the emulated delay is real).
 func TestGroupHoldOff(t *testing.T) {
 	e := newHoldEnv(t, true)
-	r := startRig(t, newFake(), filepath.Join(t.TempDir(), "img"), e.withGroup(func(o *Options) { o.NoHoldGroup = true }))
+	f := newFake()
+	e.service(f, "svc")
+	joins := e.joins.Load()
+	r := startRig(t, f, filepath.Join(t.TempDir(), "img"), e.withGroup(func(o *Options) { o.NoHoldGroup = true }))
 	r.waitState(StateStandby)
-	time.Sleep(holdEmptyPoll + 500*time.Millisecond) // a hold would have joined by now
-	if n := e.joins.Load(); n != 0 {
+	if n := e.joins.Load() - joins; n != 0 {
 		t.Fatalf("%d joins with the hold off", n)
 	}
 	if res := r.rec.holdResults(); len(res) != 0 {
@@ -318,39 +421,21 @@ func TestGroupHoldOff(t *testing.T) {
 	}
 }
 
-// A KIP-848 group has no initial delay: nothing to hold, and the
-// placeholder never joins.
-func TestGroupHoldSkipsKIP848(t *testing.T) {
-	e := newHoldEnv(t, false)
-	m, all := e.member("svc848", kgo.ServerSideBalancer())
-	assigned(t, all, time.Now(), 10*time.Second)
-	m.Close()
-	r := startRig(t, newFake(), filepath.Join(t.TempDir(), "img"), e.withGroup(nil))
-	r.waitState(StateStandby)
-	wait.For(t, 5*time.Second, "the hold skipped", func() bool { return hasResult(r, HoldSkipped) })
-	if !strings.Contains(r.log.String(), "KIP-848") {
-		t.Errorf("the skip does not say why:\n%s", r.log.String())
-	}
-	if n := e.joins.Load(); n != 0 {
-		t.Fatalf("%d classic joins into a KIP-848 group", n)
-	}
-	produce(t, e.addrs, "t", 1)
-	r.waitState(StateRunning)
-}
-
 // The load the hold adds to the broker while the service sleeps: a
-// heartbeat a second.
+// heartbeat every two seconds.
 func TestGroupHoldLoad(t *testing.T) {
 	for _, hold := range []bool{false, true} {
 		t.Run(map[bool]string{false: "off", true: "on"}[hold], func(t *testing.T) {
 			e := newHoldEnv(t, false)
+			f := newFake()
+			e.service(f, "svc")
 			obs := &countingObserver{}
-			r := startRig(t, newFake(), filepath.Join(t.TempDir(), "img"), e.withGroup(func(o *Options) {
+			r := startRig(t, f, filepath.Join(t.TempDir(), "img"), e.withGroup(func(o *Options) {
 				o.NoHoldGroup, o.Poll, o.Observer = !hold, 100*time.Millisecond, obs
 			}))
 			r.waitState(StateStandby)
 			if hold {
-				e.waitPlaceholder(5 * time.Second)
+				e.waitOnly(5*time.Second, holdClientID)
 			}
 			n0, t0 := obs.requests(), time.Now()
 			time.Sleep(3 * time.Second)

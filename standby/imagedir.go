@@ -38,12 +38,9 @@ type persisted struct {
 	// Kafka wake needs so that a record that lands while no kcr standby
 	// runs still wakes the service.
 	Wake map[string]json.RawMessage `json:"wake,omitempty"`
-	// HoldMember is the member id of the group hold's placeholder while it
-	// may be in the group: a kcr standby killed meanwhile left it there,
-	// and the next one removes it first.
-	HoldMember string `json:"hold_member,omitempty"`
 	// LastWake is the breakdown of the last wake (WakePhases).
-	LastWake *WakePhases `json:"last_wake,omitempty"`
+	LastWake  *WakePhases `json:"last_wake,omitempty"`
+	holdSaved             // the group hold's
 }
 
 // openImageDir creates (0700) or opens dir, checks that nobody but the

@@ -22,9 +22,6 @@ type Supervisor struct {
 	dir   *imageDir
 	b     backend
 	wakes []wakeSource // besides manual wakes and --listen
-	// holdTopics are the topics the group hold subscribes to (nil without
-	// Options.Group).
-	holdTopics func() []string
 	// hold keeps the group from being empty while the service sleeps;
 	// nil without Options.Group. With Options.NoHoldGroup it only sweeps
 	// a placeholder an earlier kcr standby left.
@@ -42,9 +39,9 @@ type Supervisor struct {
 
 	// stateMu serializes the writes of the state file: the group hold
 	// records its member id from its own goroutine.
-	stateMu    sync.Mutex
-	saved      persisted // the last state written, without HoldMember
-	holdMember string
+	stateMu   sync.Mutex
+	saved     persisted // the last state written, without the hold's
+	holdSaved holdSaved
 
 	lastWake wakeLog        // the last wake's phases (wakephases.go)
 	bg       sync.WaitGroup // goroutines that outlive a state: close waits
@@ -90,8 +87,8 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 		if err != nil {
 			return nil, err
 		}
-		s.wakes, s.holdTopics = append(s.wakes, k), k.topics
-		if s.hold, err = newGroupHold(&s.o, s.log, s.setHoldMember); err != nil {
+		s.wakes = append(s.wakes, k)
+		if s.hold, err = newGroupHold(&s.o, s.log, s.setHoldSaved); err != nil {
 			return nil, err
 		}
 	}
@@ -289,7 +286,6 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			if err := s.writeState(persisted{State: StateStandby, Image: s.image, Wake: s.wakeStates()}); err != nil {
 				s.log.Warn("standby: state file", "err", err)
 			}
-			s.startHold(ctx)
 			s.prepareRestore(ctx)
 			src, at, ok := s.waitWake(ctx)
 			if !ok {
@@ -374,27 +370,27 @@ func (s *Supervisor) loadWakeStates(states map[string]json.RawMessage) {
 	}
 }
 
-// writeState writes the state file with p and the group hold's member.
+// writeState writes the state file with p and the group hold's record.
 func (s *Supervisor) writeState(p persisted) error {
 	s.stateMu.Lock()
 	defer s.stateMu.Unlock()
 	p.LastWake = s.lastWake.get()
 	s.saved = p
-	p.HoldMember = s.holdMember
+	p.holdSaved = s.holdSaved
 	return s.dir.writeState(p)
 }
 
-// setHoldMember records the placeholder's member id ("": none) in the
+// setHoldSaved records the group hold's placeholder and protocol in the
 // state file.
-func (s *Supervisor) setHoldMember(id string) {
+func (s *Supervisor) setHoldSaved(h holdSaved) {
 	s.stateMu.Lock()
 	defer s.stateMu.Unlock()
-	if s.holdMember == id {
+	if s.holdSaved == h {
 		return
 	}
-	s.holdMember = id
+	s.holdSaved = h
 	p := s.saved
-	p.HoldMember = id
+	p.holdSaved = h
 	if err := s.dir.writeState(p); err != nil {
 		s.log.Warn("standby: state file", "err", err)
 	}
@@ -405,13 +401,19 @@ func (s *Supervisor) setHoldMember(id string) {
 // wait) until its session times out.
 func (s *Supervisor) sweepHold() {
 	st, err := s.dir.readState()
-	if err != nil || st.HoldMember == "" {
+	if err != nil {
 		return
 	}
 	s.stateMu.Lock()
-	s.saved, s.holdMember = st, st.HoldMember
-	s.saved.HoldMember = ""
+	s.saved, s.holdSaved = st, st.holdSaved
+	s.saved.holdSaved = holdSaved{}
 	s.stateMu.Unlock()
+	if s.hold != nil {
+		s.hold.load(st.holdSaved)
+	}
+	if st.HoldMember == "" {
+		return
+	}
 	if s.hold == nil {
 		s.log.Warn("standby: an earlier kcr standby left a placeholder in its group; without --group it stays until its session times out", "member_id", st.HoldMember)
 		return
@@ -421,20 +423,6 @@ func (s *Supervisor) sweepHold() {
 		return
 	}
 	s.log.Info("standby: removed the placeholder an earlier kcr standby left in the group", "group", s.o.Group, "member_id", st.HoldMember)
-}
-
-// startHold starts holding the group while the service sleeps.
-func (s *Supervisor) startHold(ctx context.Context) {
-	if s.hold == nil || s.o.NoHoldGroup {
-		return
-	}
-	topics := s.o.Topics
-	if len(topics) == 0 {
-		// The placeholder's subscription: the topics the Kafka wake
-		// watches (it does not run yet).
-		topics = s.holdTopics()
-	}
-	s.hold.start(ctx, topics)
 }
 
 func (s *Supervisor) setImage(name string) {
@@ -534,9 +522,16 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc) State {
 	s.noteSleepActivity(ctx, p)
 	s.setState(StateCheckpointing, "pid", p.PID, "image", name)
 	t := time.Now()
+	if s.hold != nil && !s.o.NoHoldGroup {
+		// In before the service's member leaves: the group is never empty.
+		s.hold.arm(ctx)
+	}
 	err = s.b.checkpoint(ctx, p, s.dir.path, name)
 	d := time.Since(t)
 	if err != nil {
+		if s.hold != nil {
+			s.hold.stop()
+		}
 		s.o.Observer.Checkpoint(d, 0, err)
 		if !s.b.alive(p) {
 			s.log.Error("standby: checkpoint failed and the service is gone", "pid", p.PID, "err", err)
@@ -545,6 +540,9 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc) State {
 		s.log.Warn("standby: checkpoint refused or failed; the service resumed and runs on", "pid", p.PID, "err", err, "duration_ms", ms(d))
 		s.running(p, "after", "failed checkpoint")
 		return StateRunning
+	}
+	if s.hold != nil {
+		s.hold.asleep()
 	}
 	size := s.dir.size(name)
 	s.o.Observer.Checkpoint(d, size, nil)

@@ -36,6 +36,9 @@ type fake struct {
 	// touchOnRestore counts activity in a restored process before its
 	// restore returns (a record handed before the supervisor looks).
 	touchOnRestore bool
+	// onCheckpoint runs in a successful checkpoint: the service's hooks
+	// (its member leaves its group, say).
+	onCheckpoint func()
 }
 
 func newFake() *fake {
@@ -67,6 +70,9 @@ func (f *fake) checkpoint(ctx context.Context, p proc, dir, name string) error {
 	}
 	if err := os.WriteFile(filepath.Join(dir, name, images.ManifestName), []byte("{}"), 0o600); err != nil {
 		return err
+	}
+	if f.onCheckpoint != nil {
+		f.onCheckpoint()
 	}
 	f.checkpoints = append(f.checkpoints, name)
 	delete(f.live, p.PID)

@@ -80,9 +80,6 @@ func (k *kafkaSource) loadState(b json.RawMessage) error {
 
 func (k *kafkaSource) close() { k.w.Close() }
 
-// topics are the topics the Kafka wake watches (for the group hold).
-func (k *kafkaSource) topics() []string { return k.w.Topics() }
-
 // requestCounter counts the requests the group hold's client writes.
 type requestCounter struct{ n *atomic.Int64 }
 

@@ -150,10 +150,13 @@ func ReadValues(t testing.TB, addrs []string, topic string, want int, opts ...kg
 
 // RebalanceDelay is what InitialRebalanceDelay installed: it counts the
 // joins it holds.
-type RebalanceDelay struct{ holding atomic.Int32 }
+type RebalanceDelay struct{ holding, held atomic.Int32 }
 
 // Holding is the number of joins the delay holds now.
 func (r *RebalanceDelay) Holding() int { return int(r.holding.Load()) }
+
+// Held is the number of joins the delay held so far.
+func (r *RebalanceDelay) Held() int { return int(r.held.Load()) }
 
 // InitialRebalanceDelay makes c hold the join of an empty classic group
 // for d, as a broker does with group.initial.rebalance.delay.ms (kfake has
@@ -186,6 +189,7 @@ func InitialRebalanceDelay(t testing.TB, c *kfake.Cluster, d time.Duration) *Reb
 				return
 			}
 			r.holding.Add(1)
+			r.held.Add(1)
 			time.Sleep(d)
 			r.holding.Add(-1)
 		})

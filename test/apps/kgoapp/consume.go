@@ -47,8 +47,10 @@ func runConsume(brokers []string, topic, group, clientID, balancer, instanceID s
 	case "":
 	case "server":
 		opts = append(opts, kgo.ServerSideBalancer())
+	case "custom":
+		opts = append(opts, kgo.Balancers(customRange{kgo.RangeBalancer()}))
 	default:
-		return errors.New("-balancer must be empty (classic) or server (KIP-848)")
+		return errors.New("-balancer must be empty (classic), server (KIP-848) or custom (classic, a custom assignor)")
 	}
 	if instanceID != "" {
 		opts = append(opts, kgo.InstanceID(instanceID))
@@ -103,3 +105,9 @@ func runConsume(brokers []string, topic, group, clientID, balancer, instanceID s
 	emit("exit", "processed", procd.Load())
 	return nil
 }
+
+// customRange is a custom assignor, as an application may have: range
+// under a protocol name of its own.
+type customRange struct{ kgo.GroupBalancer }
+
+func (customRange) ProtocolName() string { return "kgoapp-custom-range" }

@@ -68,7 +68,7 @@ func main() {
 	holdTxn := flag.Bool("hold-txn", false, "with -transform-from: leave a transaction with records open across the first checkpoint")
 	keepTxnID := flag.Bool("keep-txn-id", false, "with -transform-from: kgohooks.KeepTxnID (a restored copy keeps the transactional id)")
 	consume := flag.Bool("consume", false, "consume -topic as a member of -group, committing after processing, instead of producing")
-	balancer := flag.String("balancer", "", `with -consume: "server" for a KIP-848 group (kgo.ServerSideBalancer), "" for classic`)
+	balancer := flag.String("balancer", "", `with -consume: "server" for a KIP-848 group (kgo.ServerSideBalancer), "" for classic, "custom" for classic with a custom assignor`)
 	instanceID := flag.String("instance-id", "", "with -consume: the static member's kgo.InstanceID")
 	flag.BoolVar(&readCommitted, "read-committed", false, "with -consume or -transform-from: fetch read_committed (kgo.FetchIsolationLevel)")
 	kgoLog := flag.Bool("kgo-log", false, `log kgo's warnings and errors as events "kgo-log"`)

@@ -1,0 +1,338 @@
+package standby
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// holdMember is the placeholder: one member of the group.
+type holdMember struct {
+	id         string // "" before its first join, and once it left
+	generation int32
+	protocol   string
+	held       bool // HoldHeld reported
+}
+
+var (
+	// errRejoin: a rebalance began, or the placeholder missed one.
+	errRejoin = errors.New("the group rebalances")
+	// errLeft: the placeholder left, for the real members lead the group.
+	errLeft = errors.New("the placeholder left: other members lead the group")
+)
+
+// removed reports whether err says the placeholder is no longer a member.
+func removed(err error) bool {
+	return errors.Is(err, kerr.UnknownMemberID) || errors.Is(err, kerr.FencedInstanceID) || errors.Is(err, kerr.GroupIDNotFound)
+}
+
+// hold keeps m in the group through every rebalance until ctx ends or
+// the group no longer needs it.
+func (h *groupHold) hold(ctx context.Context, m *holdMember, slept <-chan struct{}) {
+	failing := false
+	for ctx.Err() == nil {
+		if m.id == "" {
+			if !h.canRejoin(ctx, !isClosed(slept)) {
+				return
+			}
+			if err := h.memberID(ctx, m); err != nil {
+				h.result(HoldFailed, "err", err)
+				if !sleepCtx(ctx, holdRetry) {
+					return
+				}
+				continue
+			}
+		}
+		err := h.joinSync(ctx, m, isClosed(slept))
+		if err == nil {
+			failing = false
+			if !m.held {
+				m.held = true
+				h.result(HoldHeld, "member_id", m.id, "generation", m.generation, "protocol", m.protocol)
+			}
+			err = h.heartbeat(ctx, m, slept)
+		}
+		h.report()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, errRejoin):
+		case errors.Is(err, errLeft):
+			if isClosed(slept) {
+				h.result(HoldReleased, "reason", "other members lead the group")
+				return
+			}
+			// The service's member is still in: join again, as a
+			// follower, before it leaves.
+		case removed(err):
+			h.log.Info("standby: group hold: the placeholder was removed from the group", "group", h.o.Group, "member_id", m.id, "err", err)
+			m.id = ""
+			h.setMember("")
+		default:
+			if !failing {
+				h.log.Warn("standby: group hold: the placeholder's requests fail; trying again", "group", h.o.Group, "err", err)
+				failing = true
+			}
+			if !sleepCtx(ctx, holdRetry) {
+				return
+			}
+		}
+	}
+}
+
+// canRejoin decides, the placeholder removed (its session expired while
+// the broker was down, another kcr standby released the group), whether
+// a new one joins: while the service checkpoints (armed), into a group
+// with members; asleep, only into an empty classic group, which would be
+// left empty otherwise (a group with members is held by them). A missing
+// group is not created; a KIP-848 group has no delay.
+func (h *groupHold) canRejoin(ctx context.Context, armed bool) bool {
+	for ctx.Err() == nil {
+		kip848, err := h.isKIP848(ctx)
+		var g holdGroup
+		if err == nil {
+			g, err = h.describe(ctx)
+		}
+		h.report()
+		switch {
+		case ctx.Err() != nil:
+			return false
+		case err != nil:
+			if !sleepCtx(ctx, holdRetry) {
+				return false
+			}
+			continue
+		case kip848:
+			h.result(HoldSkipped, "reason", "a KIP-848 group (no initial rebalance delay)")
+		case !g.exists:
+			h.result(HoldSkipped, "reason", "the group is gone; the hold does not create it")
+		case armed && len(g.real) > 0:
+			return true
+		case len(g.real)+len(g.placeholders) > 0:
+			h.result(HoldReleased, "reason", "other members hold the group")
+		case g.protocolType != "" && g.protocolType != "consumer":
+			h.result(HoldSkipped, "reason", fmt.Sprintf("protocol type %q is not that of a consumer group", g.protocolType))
+		default:
+			h.log.Info("standby: group hold: the group is empty; the placeholder joins it again", "group", h.o.Group)
+			return true
+		}
+		return false
+	}
+	return false
+}
+
+// memberID makes m's first join: the broker answers with the member id
+// the next join makes a member (MEMBER_ID_REQUIRED), and creates nothing.
+func (h *groupHold) memberID(ctx context.Context, m *holdMember) error {
+	m.id, m.held = "", false
+	resp, err := h.joinRequest(m).RequestWith(ctx, h.cl)
+	h.report()
+	if err == nil {
+		err = kerr.ErrorForCode(resp.ErrorCode)
+	}
+	if !errors.Is(err, kerr.MemberIDRequired) {
+		if err == nil {
+			// A broker before MEMBER_ID_REQUIRED: the join made the
+			// member; the next join is a rejoin.
+			m.id = resp.MemberID
+			h.setMember(m.id)
+			return nil
+		}
+		return fmt.Errorf("join group %q: %w", h.o.Group, err)
+	}
+	// Recorded before the join that makes it a member, so that a kcr
+	// standby killed meanwhile leaves a trace to sweep.
+	m.id = resp.MemberID
+	h.setMember(m.id)
+	return nil
+}
+
+// joinRequest is the placeholder's JoinGroup: the service's protocol,
+// with a subscription to no topic.
+func (h *groupHold) joinRequest(m *holdMember) *kmsg.JoinGroupRequest {
+	meta := kmsg.NewConsumerMemberMetadata()
+	req := kmsg.NewPtrJoinGroupRequest()
+	req.Group, req.MemberID = h.o.Group, m.id
+	req.SessionTimeoutMillis = int32(holdSession.Milliseconds())
+	req.RebalanceTimeoutMillis = int32(holdRebalance.Milliseconds())
+	req.ProtocolType = "consumer"
+	reason := holdReason
+	req.Reason = &reason
+	p := kmsg.NewJoinGroupRequestProtocol()
+	p.Name, p.Metadata = h.protocol(), meta.AppendTo(nil)
+	req.Protocols = append(req.Protocols, p)
+	return req
+}
+
+// joinSync makes m a member of the next generation: it joins, and syncs.
+// As the leader it gives every member an empty assignment when all are
+// placeholders; with real members it cannot run their assignor, so it
+// leaves (errLeft) and they rebalance without it.
+func (h *groupHold) joinSync(ctx context.Context, m *holdMember, asleep bool) error {
+	resp, err := h.joinRequest(m).RequestWith(ctx, h.cl)
+	h.report()
+	if err == nil {
+		err = kerr.ErrorForCode(resp.ErrorCode)
+	}
+	if errors.Is(err, kerr.RebalanceInProgress) {
+		return errRejoin
+	}
+	if err != nil {
+		return fmt.Errorf("join group %q: %w", h.o.Group, err)
+	}
+	m.generation = resp.Generation
+	if resp.Protocol != nil {
+		m.protocol = *resp.Protocol
+	}
+	sreq := kmsg.NewPtrSyncGroupRequest()
+	sreq.Group, sreq.Generation, sreq.MemberID = h.o.Group, m.generation, m.id
+	ptype := "consumer"
+	sreq.ProtocolType, sreq.Protocol = &ptype, &m.protocol
+	if resp.LeaderID == m.id {
+		empty := kmsg.NewConsumerMemberAssignment()
+		for _, mem := range resp.Members {
+			if !isPlaceholder("", mem.MemberID) {
+				h.leave(m.id)
+				m.id = ""
+				return errLeft
+			}
+			a := kmsg.NewSyncGroupRequestGroupAssignment()
+			a.MemberID, a.MemberAssignment = mem.MemberID, empty.AppendTo(nil)
+			sreq.GroupAssignment = append(sreq.GroupAssignment, a)
+		}
+	}
+	sresp, err := sreq.RequestWith(ctx, h.cl)
+	h.report()
+	if err == nil {
+		err = kerr.ErrorForCode(sresp.ErrorCode)
+	}
+	switch {
+	case errors.Is(err, kerr.RebalanceInProgress), errors.Is(err, kerr.IllegalGeneration):
+		return errRejoin
+	case err != nil:
+		return fmt.Errorf("sync group %q: %w", h.o.Group, err)
+	}
+	return nil
+}
+
+// heartbeat keeps m in its generation until a rebalance begins (errRejoin),
+// m is removed, or ctx ends. Heartbeats are fast while the service
+// checkpoints, so that m rejoins as soon as the service's member left.
+func (h *groupHold) heartbeat(ctx context.Context, m *holdMember, slept <-chan struct{}) error {
+	every := holdBeatArmed
+	if isClosed(slept) {
+		every, slept = holdBeatAsleep, nil
+	}
+	t := time.NewTimer(every)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-slept:
+			every, slept = holdBeatAsleep, nil
+			t.Reset(every)
+			continue
+		case <-t.C:
+		}
+		req := kmsg.NewPtrHeartbeatRequest()
+		req.Group, req.Generation, req.MemberID = h.o.Group, m.generation, m.id
+		rctx, cancel := context.WithTimeout(ctx, holdSession/2)
+		resp, err := req.RequestWith(rctx, h.cl)
+		cancel()
+		h.report()
+		if err == nil {
+			err = kerr.ErrorForCode(resp.ErrorCode)
+		}
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case err == nil:
+			if failing {
+				h.log.Info("standby: group hold: heartbeats work again", "group", h.o.Group)
+			}
+			failing = false
+		case errors.Is(err, kerr.RebalanceInProgress), errors.Is(err, kerr.IllegalGeneration):
+			return errRejoin
+		case removed(err):
+			return err
+		default:
+			// The coordinator moves or restarts: the session outlasts it.
+			if !failing {
+				h.log.Warn("standby: group hold: heartbeat failed; trying again", "group", h.o.Group, "err", err)
+			}
+			failing = true
+		}
+		t.Reset(every)
+	}
+}
+
+// leave removes member from the group, whatever ctx the hold had: a
+// placeholder left behind would stay until its session times out.
+func (h *groupHold) leave(member string) {
+	if err := h.leaveGroup(member); err != nil {
+		h.log.Warn("standby: group hold: leaving the group failed; the placeholder stays until its session times out", "group", h.o.Group, "member_id", member, "err", err)
+		return
+	}
+	h.setMember("")
+}
+
+// leaveGroup removes members from the group; a member the group does not
+// know (any more) has left.
+func (h *groupHold) leaveGroup(members ...string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), holdLeaveBudget)
+	defer cancel()
+	req := kmsg.NewPtrLeaveGroupRequest()
+	req.Group = h.o.Group
+	reason := holdReason
+	for _, id := range members {
+		m := kmsg.NewLeaveGroupRequestMember()
+		m.MemberID, m.Reason = id, &reason
+		req.Members = append(req.Members, m)
+	}
+	resp, err := req.RequestWith(ctx, h.cl)
+	h.report()
+	if err == nil {
+		err = kerr.ErrorForCode(resp.ErrorCode)
+		for _, m := range resp.Members {
+			if e := kerr.ErrorForCode(m.ErrorCode); err == nil && !errors.Is(e, kerr.UnknownMemberID) {
+				err = e
+			}
+		}
+	}
+	if errors.Is(err, kerr.UnknownMemberID) || errors.Is(err, kerr.GroupIDNotFound) {
+		err = nil
+	}
+	if err != nil {
+		return fmt.Errorf("leave group %q as %v: %w", h.o.Group, members, err)
+	}
+	return nil
+}
+
+// isClosed reports whether ch is closed (a nil ch is not).
+func isClosed(ch <-chan struct{}) bool {
+	if ch == nil {
+		return false
+	}
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// sleepCtx waits d; false if ctx ended first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
+	}
+}

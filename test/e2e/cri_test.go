@@ -300,6 +300,9 @@ func TestCRIContainerd(t *testing.T) {
 	}
 	t.Logf("CRI CheckpointContainer took %v", time.Since(t0).Round(time.Millisecond))
 	checkHookReports(t, tarMember(t, archive, "checkpoint/"+criuaction.ReportsFile), topic, group)
+	if !toldLeaveRunning(t, a.since(n0)) {
+		t.Error("CRI CheckpointContainer leaves the container running, but its before-checkpoint hooks saw notify.LeaveRunning false")
+	}
 	// The kubelet's checkpoint leaves the container running: the same
 	// instance resumes, under its old client id.
 	resumed := a.waitAfter(n0, 30*time.Second)

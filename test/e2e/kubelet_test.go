@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -140,6 +142,10 @@ func TestKubeletCheckpoint(t *testing.T) {
 	}
 	n1 := len(a.events())
 	a.waitProcessed(n1, 20, 30*time.Second)
+	if n, _ := strconv.Atoi(os.Getenv("KCR_KUBELET_BENCH")); n > 0 {
+		benchKubeletCheckpoint(t, pod, n)
+		n1 = len(a.events())
+	}
 
 	// The pod goes with its manifest: the kubelet stops the container.
 	os.Remove(filepath.Join(manifests, strings.TrimSuffix(pod, "-"+kubeletNode)+".yaml"))
@@ -193,4 +199,19 @@ func TestKubeletRestorePod(t *testing.T) {
 	os.Remove(filepath.Join(manifests, strings.TrimSuffix(restored, "-"+kubeletNode)+".yaml"))
 	a.waitExit(n)
 	k.checkAcked(topic, acked(a.events()))
+}
+
+// benchKubeletCheckpoint (KCR_KUBELET_BENCH=N, for docs/benchmarks.md)
+// logs the median of N checkpoint API calls on pod, whose hooks run.
+func benchKubeletCheckpoint(t *testing.T, pod string, n int) {
+	t.Helper()
+	var ds []time.Duration
+	for range n {
+		t0 := time.Now()
+		archive := kubeletCheckpoint(t, "kcr-e2e", pod, "kafkaapp")
+		ds = append(ds, time.Since(t0))
+		os.Remove(archive)
+	}
+	slices.Sort(ds)
+	t.Logf("kubelet checkpoint API with kcr's hooks: median %v of %d (min %v, max %v)", ds[len(ds)/2].Round(time.Millisecond), n, ds[0].Round(time.Millisecond), ds[len(ds)-1].Round(time.Millisecond))
 }

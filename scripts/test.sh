@@ -21,16 +21,16 @@ scripts/install-runc.sh
 # Podman 5 and containerd 2 for test/e2e's runtime tests (docs/runtimes.md).
 scripts/install-podman.sh
 scripts/install-containerd.sh
-# The kubelet for test/e2e/kubelet_test.go: built from the Go module proxy
-# once (minutes), then cached by version.
+# The kubelet for test/e2e/kubelet_test.go, which starts and stops it
+# (kubelet-up.sh, kubelet-down.sh): built from the Go module proxy once
+# (minutes), then cached by version.
 scripts/install-kubelet.sh >/dev/null
 prod_port=${KCR_KAFKA_PROD_PORT:-9094}
 prod_env=(KCR_KAFKA_PROD=1 KCR_KAFKA_PORT="$prod_port"
 	KCR_KAFKA_CONTROLLER_PORT="${KCR_KAFKA_PROD_CONTROLLER_PORT:-9095}"
 	KCR_KAFKA_HOME="${KCR_KAFKA_PROD_HOME:-/var/tmp/kcr-kafka-prod}")
-trap 'scripts/kafka-down.sh >/dev/null 2>&1 || true; env "${prod_env[@]}" scripts/kafka-down.sh >/dev/null 2>&1 || true; scripts/kubelet-down.sh || true; scripts/containerd-down.sh || true' EXIT
+trap 'scripts/kafka-down.sh >/dev/null 2>&1 || true; env "${prod_env[@]}" scripts/kafka-down.sh >/dev/null 2>&1 || true; scripts/containerd-down.sh || true' EXIT
 scripts/containerd-up.sh >/dev/null
-scripts/kubelet-up.sh >/dev/null
 # Both brokers start at once (each JVM takes 256-512 MiB of heap).
 scripts/kafka-up.sh &
 fast=$!

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -26,31 +27,48 @@ const (
 	kubeletAPI  = "https://127.0.0.1:10250"
 )
 
-// kubeletManifests returns the kubelet's static pod directory, or fails
-// (skips outside CI) when no kubelet runs.
+// kubeletManifests starts the kubelet (scripts/kubelet-up.sh), stopped
+// with everything it created when the test ends (kubelet-down.sh), and
+// returns its static pod directory. It runs only during a kubelet test: a
+// kubelet removes every pod sandbox of containerd's CRI namespace that is
+// not one of its pods, those of the CRI tests included.
 func kubeletManifests(t *testing.T) string {
 	t.Helper()
-	dir := os.Getenv("KCR_KUBELET_MANIFESTS")
-	if dir == "" {
-		dir = "/var/tmp/kcr-kubelet-run/manifests"
+	if _, err := os.Stat("/var/tmp/kcr-kubelet"); err != nil && os.Getenv("KCR_E2E") == "" {
+		skipOrFail(t, "no kubelet built (%v): run scripts/install-kubelet.sh", err)
 	}
-	if _, err := os.Stat(dir); err != nil {
-		skipOrFail(t, "no kubelet (%v): run scripts/kubelet-up.sh", err)
+	out, err := exec.Command("../../scripts/kubelet-up.sh").Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("scripts/kubelet-up.sh: %v\n%s", err, stderr)
 	}
-	return dir
+	t.Cleanup(func() {
+		if out, err := exec.Command("../../scripts/kubelet-down.sh").CombinedOutput(); err != nil {
+			t.Errorf("scripts/kubelet-down.sh: %v\n%s", err, out)
+		}
+	})
+	return strings.TrimSpace(string(out))
 }
 
 // staticPod writes deploy/kubelet/kafka-service-pod.yaml, filled in, as a
 // static pod and removes it when the test ends; it returns the pod's name
 // as the kubelet names it.
 func staticPod(t *testing.T, manifests, name, image, criuConf string, args []string) string {
+	return staticPodOf(t, manifests, name, image, criuConf, "/kafkaapp", args)
+}
+
+// staticPodOf is staticPod with the container's command.
+func staticPodOf(t *testing.T, manifests, name, image, criuConf, command string, args []string) string {
 	t.Helper()
 	tmpl, err := os.ReadFile("../../deploy/kubelet/kafka-service-pod.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
 	a, _ := json.Marshal(args)
-	y := strings.NewReplacer("${NAME}", name, "${IMAGE}", image, "${CRIU_CONFIG}", criuConf, "${ARGS}", string(a)).Replace(string(tmpl))
+	y := strings.NewReplacer("${NAME}", name, "${IMAGE}", image, "${CRIU_CONFIG}", criuConf, "${ARGS}", string(a), "${COMMAND}", command).Replace(string(tmpl))
 	if strings.Contains(y, "${") {
 		t.Fatalf("deploy/kubelet/kafka-service-pod.yaml has a placeholder the test does not fill:\n%s", y)
 	}
@@ -214,4 +232,49 @@ func benchKubeletCheckpoint(t *testing.T, pod string, n int) {
 	}
 	slices.Sort(ds)
 	t.Logf("kubelet checkpoint API with kcr's hooks: median %v of %d (min %v, max %v)", ds[len(ds)/2].Round(time.Millisecond), n, ds[0].Round(time.Millisecond), ds[len(ds)-1].Round(time.Millisecond))
+}
+
+// TestKubeletCheckpointKgo: the kubelet's checkpoint API on a static pod
+// of a kgohooks group consumer (kgoapp -consume): told that the checkpoint
+// leaves it running, the member stays in the group (the broker lists the
+// same member ids after as before: no leave, no rejoin) and resumes.
+func TestKubeletCheckpointKgo(t *testing.T) {
+	manifests := kubeletManifests(t)
+	c := newCRI(t)
+	k := needKafka(t)
+	topic, group := k.newTopic("kcr-kubelet-kgo", 1), uniqueName("kubelet-kgo-group")
+	image := c.registryImage()
+	pod := staticPodOf(t, manifests, uniqueName("kgo"), image, c.conf, "/kgoapp",
+		[]string{"-brokers", k.brokers, "-topic", topic, "-group", group, "-consume", "-client-id", "kubelet-kgo"})
+	st := c.kubeletContainer(pod)
+	a := &kapp{app: &app{t: t, out: filepath.Join(c.dir, "app.log"), done: make(chan struct{})}, k: k}
+	k.keepLog(a)
+	c.follow(st.LogPath, a.out)
+	if ev := a.waitEvent(60*time.Second, func(e event) bool { return e["ev"] == "ready" || e["ev"] == "fatal" }); ev["ev"] == "fatal" {
+		t.Fatalf("kgoapp failed to start in the kubelet's pod: %v", ev)
+	}
+	members := func() ([]string, error) {
+		g, err := k.describe(group)
+		var ids []string
+		for _, m := range g.Members {
+			ids = append(ids, m.MemberID)
+		}
+		return ids, err
+	}
+	var members0 []string
+	eventually(t, 60*time.Second, "kgoapp in its group", func() (bool, string) {
+		var err error
+		members0, err = members() // the group exists once kgoapp joins
+		return err == nil && len(members0) == 1, fmt.Sprintf("members %v (%v)", members0, err)
+	})
+
+	n0 := len(a.events())
+	archive := kubeletCheckpoint(t, "kcr-e2e", pod, "kafkaapp")
+	t.Cleanup(func() { os.Remove(archive) })
+	if after := a.waitAfter(n0, 30*time.Second); after.str("kind") != "resume" || after.str("reason") != "leave-running" {
+		t.Errorf("after the kubelet's checkpoint: %v, want a resume (leave-running)", after)
+	}
+	if now, err := members(); err != nil || !slices.Equal(now, members0) {
+		t.Errorf("group members before the kubelet's checkpoint %v, after %v (%v): want the same member (it left the group)", members0, now, err)
+	}
 }

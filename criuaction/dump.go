@@ -79,7 +79,7 @@ func preDump(ctx context.Context, env Env, o Options, res *Result) (rerr error) 
 	for i := range ts {
 		wg.Go(func() {
 			t := time.Now()
-			m, err := ts[i].sock().Checkpoint(hctx, client.CheckpointRequest{HookBudget: o.HookBudget, ResumeAfter: o.ResumeAfter, RequireDrained: o.RequireDrained})
+			m, err := ts[i].sock().Checkpoint(hctx, client.CheckpointRequest{HookBudget: o.HookBudget, ResumeAfter: o.ResumeAfter, LeaveRunning: env.LeaveRunning, RequireDrained: o.RequireDrained})
 			ts[i].Reports = m.Reports
 			if err != nil {
 				ts[i].Error = err.Error()
@@ -94,7 +94,7 @@ func preDump(ctx context.Context, env Env, o Options, res *Result) (rerr error) 
 				return
 			}
 			ready[i] = true
-			log.Info("pre-dump: before-checkpoint hooks done", "pid", ts[i].PID, "socket", ts[i].Socket, "took", time.Since(t).Round(time.Microsecond), "hooks", len(m.Reports))
+			log.Info("pre-dump: before-checkpoint hooks done", "pid", ts[i].PID, "socket", ts[i].Socket, "took", time.Since(t).Round(time.Microsecond), "hooks", len(m.Reports), "leave_running", env.LeaveRunning)
 		})
 	}
 	wg.Wait()

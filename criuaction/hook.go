@@ -53,11 +53,16 @@ type Env struct {
 	InitPID  int    // CRTOOLS_INIT_PID: host PID of the tree's root (0 if CRIU did not set it)
 	ImageDir string // CRTOOLS_IMAGE_DIR: CRIU's images, as /proc/<criu>/fd/<n>
 	CRIUPID  int    // the process that ran the script: CRIU
+	// LeaveRunning: the tree goes on after the dump, so the apps' hooks
+	// are told (notify.LeaveRunning). EnvFromOS sets it from
+	// EnvLeaveRunning or from the runtime's command line (leaveRunning).
+	LeaveRunning bool
 }
 
 // EnvFromOS reads Env from this process's environment.
 func EnvFromOS() (Env, error) {
 	e := Env{Action: os.Getenv("CRTOOLS_SCRIPT_ACTION"), ImageDir: os.Getenv("CRTOOLS_IMAGE_DIR"), CRIUPID: os.Getppid()}
+	e.LeaveRunning = os.Getenv(EnvLeaveRunning) == "1" || leaveRunning("/proc", e.CRIUPID)
 	if e.Action == "" {
 		return e, errors.New("CRTOOLS_SCRIPT_ACTION is not set: kcr criu-hook is run by CRIU as its action script (install it with kcr install-runtime-hook)")
 	}

@@ -22,6 +22,10 @@ const (
 	// --require-drained), sets Options.RequireDrained.
 	EnvRequireDrained = "KCR_HOOK_REQUIRE_DRAINED"
 	EnvDebug          = "KCR_HOOK_DEBUG" // log at debug level
+	// EnvLeaveRunning, set to 1, tells the hook that the tree goes on
+	// after the dump (Env.LeaveRunning), for a caller of CRIU whose
+	// command line does not say so.
+	EnvLeaveRunning = "KCR_HOOK_LEAVE_RUNNING"
 )
 
 // OptionsFromEnv returns the options the environment sets; unset ones

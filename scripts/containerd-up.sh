@@ -6,8 +6,10 @@
 # (/run/kcr-containerd/containerd.sock): a system containerd, if any, is not
 # touched. The CRI plugin is configured for kcr's tests:
 #   - runc (the system's, install-runc.sh) through the runc v2 shim, and the
-#     container annotation org.criu.config passed to it, so that a pod can
-#     name the CRIU configuration that runs kcr's hook (kcr install-runtime-hook);
+#     container or pod annotation org.criu.config passed to it, so that a
+#     pod can name the CRIU configuration that runs kcr's hook (kcr
+#     install-runtime-hook): the kubelet passes a pod's annotations, not a
+#     container's;
 #   - no registry: the sandbox ("pause") image is $KCR_CONTAINERD_SANDBOX_IMAGE
 #     (default kcr.local/e2e:1), which the tests import themselves;
 #   - restrict_oom_score_adj: the sandbox's default oom_score_adj (-998) would
@@ -78,6 +80,7 @@ state = "$STATE/state"
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
       container_annotations = ["org.criu.config"]
+      pod_annotations = ["org.criu.config"]
       [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
         BinaryName = "$RUNC"
         SystemdCgroup = false

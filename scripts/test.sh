@@ -25,6 +25,10 @@ scripts/install-runc.sh
 # Podman 5 and containerd 2 for test/e2e's runtime tests (docs/runtimes.md).
 scripts/install-podman.sh
 scripts/install-containerd.sh
+# The kubelet for test/e2e/kubelet_test.go, which starts and stops it
+# (kubelet-up.sh, kubelet-down.sh): built from the Go module proxy once
+# (minutes), then cached by version.
+scripts/install-kubelet.sh >/dev/null
 prod_port=${KCR_KAFKA_PROD_PORT:-9094}
 prod_env=(KCR_KAFKA_PROD=1 KCR_KAFKA_PORT="$prod_port"
 	KCR_KAFKA_CONTROLLER_PORT="${KCR_KAFKA_PROD_CONTROLLER_PORT:-9095}"

@@ -16,8 +16,9 @@ import (
 // exportOpts are export's arguments and flags.
 type exportOpts struct {
 	cmdline
-	output string
-	format string
+	output    string
+	format    string
+	baseImage string
 }
 
 // stdio is the file name that means stdin or stdout.
@@ -38,7 +39,8 @@ temporary file and renamed into place, so FILE is never a partial archive.
 		RunE: runE(g, &opts, runExport),
 	}
 	cmd.Flags().StringVarP(&opts.output, "output", "o", "", "archive file to create, or - for stdout (default ./IMAGE"+images.ArchiveExt+")")
-	cmd.Flags().StringVar(&opts.format, "format", "kcr", "kcr; for a container image (kcr checkpoint --container): cri-o, a CRI-O checkpoint archive (config.dump, spec.dump, checkpoint/), or oci, an OCI image layout with CRI-O's checkpoint annotation")
+	cmd.Flags().StringVar(&opts.format, "format", "kcr", "kcr; for a container image (kcr checkpoint --container): cri-o, a checkpoint archive (config.dump, spec.dump, status.dump, checkpoint/) that CRI-O and containerd restore, or oci, an OCI image layout of it with CRI-O's and containerd's checkpoint annotations")
+	cmd.Flags().StringVar(&opts.baseImage, "base-image", "", "with --format cri-o or oci: the image the container ran (NAME:TAG or NAME@DIGEST), which containerd and CRI-O restore the checkpoint onto (default: the one containerd or CRI-O recorded in the container's spec)")
 	return cmd
 }
 
@@ -85,7 +87,10 @@ func runExport(ctx context.Context, opts *exportOpts, out *output) error {
 	if output == stdio && isTerminalWriter(out.stdout) {
 		return &exitError{exitUsage, errors.New("refusing to write a binary archive to a terminal: redirect stdout or use -o FILE")}
 	}
-	o := container.ExportOptions{Image: dir, Format: format, Output: output}
+	if opts.baseImage != "" && format == container.FormatKCR {
+		return &exitError{exitUsage, errors.New("--base-image is for --format cri-o or oci (a container runtime's restore): kcr restore needs none")}
+	}
+	o := container.ExportOptions{Image: dir, Format: format, Output: output, BaseImage: opts.baseImage}
 	name := output
 	if output == stdio {
 		o.Output, o.Stdout, name = "", out.stdout, "stdout"
@@ -99,7 +104,7 @@ func runExport(ctx context.Context, opts *exportOpts, out *output) error {
 	case container.FormatCRIO:
 		name += " (CRI-O checkpoint archive; checkpointctl show reads it)"
 	case container.FormatOCI:
-		name = "the OCI layout " + name + " (CRI-O checkpoint image, annotation " + oci.CheckpointAnnotation + ")"
+		name = "the OCI layout " + name + " (checkpoint image for CRI-O and containerd, annotations " + oci.CheckpointAnnotation + ", " + oci.CRIUAnnotation + ")"
 		written = "layout"
 	}
 	fmt.Fprintf(out.stderr, "exported %s to %s in %s\n", dir, name, fmtDur(res.Duration))

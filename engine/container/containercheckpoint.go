@@ -62,6 +62,13 @@ func CheckpointContainer(ctx context.Context, o CheckpointOptions) (*engine.Chec
 			return nil, err
 		}
 	}
+	// The spec is signed with the image: as root, only from a bundle no
+	// other user can write. Read before the dump: once the container
+	// exits, its manager (containerd's shim) may delete the bundle.
+	spec, err := images.ReadTrustedFile(filepath.Join(st.Bundle, "config.json"), images.MaxManifestSize, bundleFix)
+	if err != nil {
+		return nil, fmt.Errorf("container %s: bundle: %w", o.ID, err)
+	}
 	proc, b, err := startImage(st.PID, o.Output, o.SignKey)
 	if err != nil {
 		return nil, err
@@ -93,12 +100,6 @@ func CheckpointContainer(ctx context.Context, o CheckpointOptions) (*engine.Chec
 		return nil, fmt.Errorf("container %s: %w (CRIU: %s)", o.ID, err, logTail(filepath.Join(b.CRIUDir(), "dump.log"), "Error"))
 	}
 
-	// The spec is signed with the image: as root, only from a bundle no
-	// other user can write.
-	spec, err := images.ReadTrustedFile(filepath.Join(st.Bundle, "config.json"), images.MaxManifestSize, bundleFix)
-	if err != nil {
-		return nil, fmt.Errorf("container %s: bundle: %w", o.ID, err)
-	}
 	if err := b.WriteFile(containerSpecFile, spec); err != nil {
 		return nil, err
 	}

@@ -27,11 +27,16 @@ import (
 // checkpoint image; its value is the checkpointed container's name.
 const CheckpointAnnotation = "io.kubernetes.cri-o.annotations.checkpoint.name"
 
+// CRIUAnnotation is the one by which containerd (checkpointctl's
+// CheckpointAnnotationName) recognises a checkpoint image, with the same
+// value.
+const CRIUAnnotation = "org.criu.checkpoint.container.name"
+
 // WriteLayout writes the new directory dir as an OCI image layout: one
 // image, whose one layer holds the files of the CRI-O checkpoint archive
 // that writeArchive writes to the path it is given ([images.WriteCRIOFile]), and
-// whose manifest carries CheckpointAnnotation with the name writeArchive
-// returns. Push it with any OCI tool (skopeo copy oci:DIR
+// whose manifest carries CheckpointAnnotation and CRIUAnnotation with the
+// name writeArchive returns. Push it with any OCI tool (skopeo copy oci:DIR
 // docker://REGISTRY/NAME). Nothing is left at dir unless the layout is
 // complete. It returns the size of the layout's files.
 func WriteLayout(dir string, writeArchive func(archive string) (name string, err error)) (int64, error) {
@@ -62,7 +67,7 @@ func WriteLayout(dir string, writeArchive func(archive string) (name string, err
 	if err != nil {
 		return 0, fmt.Errorf("export: image: %w", err)
 	}
-	img = mutate.Annotations(img, map[string]string{CheckpointAnnotation: name}).(v1.Image)
+	img = mutate.Annotations(img, map[string]string{CheckpointAnnotation: name, CRIUAnnotation: name}).(v1.Image)
 	out := filepath.Join(tmp, "oci")
 	p, err := layout.Write(out, empty.Index)
 	if err != nil {
@@ -115,7 +120,7 @@ func OpenLayout(dir string) (func() (io.ReadCloser, error), error) {
 		return nil, fmt.Errorf("OCI layout %s: %w", dir, err)
 	}
 	layers, err := img.Layers()
-	if err != nil || len(layers) != 1 || m.Annotations[CheckpointAnnotation] == "" {
+	if err != nil || len(layers) != 1 || (m.Annotations[CheckpointAnnotation] == "" && m.Annotations[CRIUAnnotation] == "") {
 		return nil, fmt.Errorf("OCI layout %s is not a checkpoint image of kcr export --format oci (want one layer and the %s annotation)", dir, CheckpointAnnotation)
 	}
 	return func() (io.ReadCloser, error) {

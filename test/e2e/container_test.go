@@ -321,7 +321,10 @@ func TestContainerRuncCheckpointRestore(t *testing.T) {
 	}
 }
 
-// TestContainerRuncLeaveRunning: --leave-running resumes the same instance.
+// TestContainerRuncLeaveRunning: --leave-running resumes the same instance,
+// and the before-checkpoint hooks are told that the process goes on
+// (notify.LeaveRunning), through runc checkpoint and through kcr
+// checkpoint --container, both of which run kcr's CRIU action script.
 func TestContainerRuncLeaveRunning(t *testing.T) {
 	topic, c := producingContainer(t, "runc-leave", "-client-id", "ctr")
 	before := c.state()
@@ -332,11 +335,42 @@ func TestContainerRuncLeaveRunning(t *testing.T) {
 	if after.str("kind") != "resume" || after.str("reason") != "leave-running" {
 		t.Fatalf("after runc checkpoint --leave-running: kind %q reason %q, want resume, leave-running", after.str("kind"), after.str("reason"))
 	}
+	if !toldLeaveRunning(t, c.since(n0)) {
+		t.Error("runc checkpoint --leave-running: the before-checkpoint hooks saw notify.LeaveRunning false")
+	}
 	if w := after.str("writer_client"); w != before.WriterClient {
 		t.Errorf("writer client id changed on resume: %q, before %q", w, before.WriterClient)
 	}
 	c.mustRun("--leave-running")
+
+	n1 := len(c.events())
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "--container", c.id, "--runc-root", c.root, "--leave-running", "-o", filepath.Join(t.TempDir(), "img2"))
+	if after := c.waitAfter(n1, 20*time.Second); after.str("kind") != "resume" {
+		t.Fatalf("after kcr checkpoint --container --leave-running: %v, want a resume", after)
+	}
+	if !toldLeaveRunning(t, c.since(n1)) {
+		t.Error("kcr checkpoint --container --leave-running: the before-checkpoint hooks saw notify.LeaveRunning false")
+	}
+	c.mustRun("kcr checkpoint --container --leave-running")
 	c.finish(topic, c.pid, len(acked(c.events())))
+}
+
+// toldLeaveRunning returns what the first before-checkpoint hook in evs
+// was told (notify.LeaveRunning), from kafkaapp's or kgoapp's "pending"
+// event.
+func toldLeaveRunning(t *testing.T, evs []event) bool {
+	t.Helper()
+	for _, e := range evs {
+		if e["ev"] == "pending" {
+			b, ok := e["leave_running"].(bool)
+			if !ok {
+				t.Fatalf("pending event without leave_running: %v", e)
+			}
+			return b
+		}
+	}
+	t.Fatal("no pending event: the before-checkpoint hooks did not run")
+	return false
 }
 
 // TestContainerRuncFailingHook: a failing hook makes runc checkpoint fail;

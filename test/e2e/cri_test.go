@@ -20,6 +20,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
@@ -266,6 +267,117 @@ func (c *criEnv) stop(id string) {
 	}
 }
 
+// startService runs kafkaapp as a service (serviceArgs) in a new pod from
+// image, and waits until it serves in its group. It returns the
+// container's id, the app and its state.
+func (c *criEnv) startService(k *kafkaEnv, image, topic, group, base string) (string, *kapp, appState) {
+	t := c.t
+	t.Helper()
+	podID, podCfg := c.pod(uniqueName("cri-pod"))
+	ctrID := c.container(podID, podCfg, image, serviceArgs(k, topic, group, base))
+	a := &kapp{app: &app{t: t, out: filepath.Join(c.dir, "app.log"), done: make(chan struct{})}, k: k}
+	k.keepLog(a)
+	c.follow(filepath.Join(podCfg.LogDirectory, "kafkaapp.log"), a.out)
+	ev := a.waitEvent(30*time.Second, func(e event) bool { return e["ev"] == "ready" || e["ev"] == "fatal" })
+	if ev["ev"] == "fatal" {
+		t.Fatalf("kafkaapp failed to start in the CRI container: %v", ev)
+	}
+	a.listen = ev.str("listen")
+	return ctrID, a, k.waitServing(a, topic, group, base)
+}
+
+// restoreService creates and starts a container from image (a checkpoint)
+// in a new pod, follows its log into a's, and checks that a new instance
+// serves and that no acked record is missing once it stops. It returns the
+// new pod's id.
+func (c *criEnv) restoreService(k *kafkaEnv, a *kapp, image string, before appState, topic, group, base string) string {
+	t := c.t
+	t.Helper()
+	n1 := len(a.events())
+	pod2, pod2Cfg := c.pod(uniqueName("cri-pod-restored"))
+	t0 := time.Now()
+	c.container(pod2, pod2Cfg, image, nil)
+	t.Logf("CRI CreateContainer+StartContainer from %s took %v", image, time.Since(t0).Round(time.Millisecond))
+	a.followInto(filepath.Join(c.dir, "copy.log"))
+	c.follow(filepath.Join(pod2Cfg.LogDirectory, "kafkaapp.log"), a.out)
+	checkNewInstance(t, a, n1, before, base, group, topic)
+	a.waitProcessed(n1, 50, 30*time.Second)
+	ackedBefore := len(acked(a.events()))
+	a.waitAcked(ackedBefore+100, 30*time.Second)
+
+	ids, err := c.rt.ListContainers(c.ctx(), &cri.ListContainersRequest{Filter: &cri.ContainerFilter{PodSandboxId: pod2}})
+	if err != nil || len(ids.Containers) != 1 {
+		t.Fatalf("CRI ListContainers in the restored pod: %v, %v", ids, err)
+	}
+	n := len(a.events())
+	c.stop(ids.Containers[0].Id)
+	a.waitExit(n)
+	k.checkAcked(topic, acked(a.events()))
+	return pod2
+}
+
+// criRuncRoot is runc's state directory of the containers of containerd's
+// CRI namespace (the runc shim's default root).
+const criRuncRoot = "/run/containerd/runc/k8s.io"
+
+// TestCRIContainerdOCIImage: a pod restores from the OCI checkpoint image
+// that "kcr export --format oci" writes of "kcr checkpoint --container" of
+// a CRI container, pushed to a registry with go-containerregistry and
+// pulled with CRI PullImage, as the kubelet pulls a pod's image: containerd
+// recognises it (org.criu.checkpoint.container.name), reads its
+// status.dump and config.dump, restores the copy onto the base image, and
+// the copy serves as a new instance; no acked record is missing.
+func TestCRIContainerdOCIImage(t *testing.T) {
+	c := newCRI(t)
+	k := needKafka(t)
+	topic, group, base := k.newTopic("kcr-cri-oci", 1), uniqueName("cri-oci-group"), "cri-oci"
+	image := c.registryImage()
+	ctrID, a, before := c.startService(k, image, topic, group, base)
+
+	img := filepath.Join(c.dir, "img")
+	runKCR(t, kcrOpts{must: true}, "checkpoint", "--container", ctrID, "--runc-root", criRuncRoot, "-o", img)
+	layoutDir := filepath.Join(c.dir, "oci")
+	r := runKCR(t, kcrOpts{must: true}, "export", "--format", "oci", "-o", layoutDir, img)
+	if strings.Contains(r.stderr, "--base-image") {
+		t.Errorf("kcr export of a CRI container warns of no base image: its spec names it\n%s", r.stderr)
+	}
+	ref := pushLayout(t, layoutDir, strings.Split(image, "/")[0]+"/kcr-e2e-checkpoint:1")
+	pulled, err := c.img.PullImage(c.ctx(), &cri.PullImageRequest{Image: &cri.ImageSpec{Image: ref}})
+	if err != nil {
+		t.Fatalf("CRI PullImage %s: %v", ref, err)
+	}
+	t.Cleanup(func() {
+		c.img.RemoveImage(context.Background(), &cri.RemoveImageRequest{Image: &cri.ImageSpec{Image: pulled.ImageRef}})
+	})
+	c.restoreService(k, a, ref, before, topic, group, base)
+}
+
+// pushLayout pushes the one image of an OCI layout to ref, a registry on
+// loopback, and returns ref.
+func pushLayout(t *testing.T, dir, ref string) string {
+	t.Helper()
+	idx, err := layout.ImageIndexFromPath(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	im, err := idx.IndexManifest()
+	if err != nil || len(im.Manifests) != 1 {
+		t.Fatalf("OCI layout %s: %v images (%v), want one", dir, im, err)
+	}
+	img, err := idx.Image(im.Manifests[0].Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(r, img); err != nil {
+		t.Fatalf("push %s: %v", ref, err)
+	}
+	return ref
+}
+
 // TestCRIContainerd: the kubelet's checkpoint API and a restore, as CRI
 // calls to containerd 2: RunPodSandbox, CreateContainer and StartContainer
 // with the hooked service, CheckpointContainer to an archive (what POST
@@ -279,18 +391,7 @@ func TestCRIContainerd(t *testing.T) {
 	k := needKafka(t)
 	topic, group, base := k.newTopic("kcr-cri", 1), uniqueName("cri-group"), "cri"
 
-	podID, podCfg := c.pod(uniqueName("cri-pod"))
-	image := c.registryImage()
-	ctrID := c.container(podID, podCfg, image, serviceArgs(k, topic, group, base))
-	a := &kapp{app: &app{t: t, out: filepath.Join(c.dir, "app.log"), done: make(chan struct{})}, k: k}
-	k.keepLog(a)
-	c.follow(filepath.Join(podCfg.LogDirectory, "kafkaapp.log"), a.out)
-	ev := a.waitEvent(30*time.Second, func(e event) bool { return e["ev"] == "ready" || e["ev"] == "fatal" })
-	if ev["ev"] == "fatal" {
-		t.Fatalf("kafkaapp failed to start in the CRI container: %v", ev)
-	}
-	a.listen = ev.str("listen")
-	before := k.waitServing(a, topic, group, base)
+	ctrID, a, before := c.startService(k, c.registryImage(), topic, group, base)
 
 	archive := filepath.Join(c.dir, "checkpoint.tar")
 	n0 := len(a.events())
@@ -300,6 +401,9 @@ func TestCRIContainerd(t *testing.T) {
 	}
 	t.Logf("CRI CheckpointContainer took %v", time.Since(t0).Round(time.Millisecond))
 	checkHookReports(t, tarMember(t, archive, "checkpoint/"+criuaction.ReportsFile), topic, group)
+	if !toldLeaveRunning(t, a.since(n0)) {
+		t.Error("CRI CheckpointContainer leaves the container running, but its before-checkpoint hooks saw notify.LeaveRunning false")
+	}
 	// The kubelet's checkpoint leaves the container running: the same
 	// instance resumes, under its old client id.
 	resumed := a.waitAfter(n0, 30*time.Second)
@@ -313,32 +417,13 @@ func TestCRIContainerd(t *testing.T) {
 	a.waitExit(n)
 	k.waitLeft(group, topic, time.Since(t0))
 
-	n1 := len(a.events())
-	pod2, pod2Cfg := c.pod(uniqueName("cri-pod-restored"))
-	t0 = time.Now()
-	c.container(pod2, pod2Cfg, archive, nil)
-	t.Logf("CRI CreateContainer+StartContainer from the checkpoint took %v", time.Since(t0).Round(time.Millisecond))
-	a.followInto(filepath.Join(c.dir, "copy.log"))
-	c.follow(filepath.Join(pod2Cfg.LogDirectory, "kafkaapp.log"), a.out)
-	checkNewInstance(t, a, n1, before, base, group, topic)
-	a.waitProcessed(n1, 50, 30*time.Second)
-	ackedBefore := len(acked(a.events()))
-	a.waitAcked(ackedBefore+100, 30*time.Second)
+	pod2 := c.restoreService(k, a, archive, before, topic, group, base)
 
 	// Pod-level checkpoint (KEP-5823) is not in containerd 2.1.
 	_, err := c.rt.CheckpointPod(c.ctx(), &cri.CheckpointPodRequest{PodSandboxId: pod2, OutputPath: filepath.Join(c.dir, "pod.tar")})
 	if status.Code(err) != codes.Unimplemented {
 		t.Errorf("CRI CheckpointPod: %v; containerd 2.1 has no pod checkpoint (want Unimplemented): cover it now", err)
 	}
-
-	ids, err := c.rt.ListContainers(c.ctx(), &cri.ListContainersRequest{Filter: &cri.ContainerFilter{PodSandboxId: pod2}})
-	if err != nil || len(ids.Containers) != 1 {
-		t.Fatalf("CRI ListContainers in the restored pod: %v, %v", ids, err)
-	}
-	n = len(a.events())
-	c.stop(ids.Containers[0].Id)
-	a.waitExit(n)
-	k.checkAcked(topic, acked(a.events()))
 }
 
 // criuLogOf returns the kcr and error lines of the CRIU log that a failed

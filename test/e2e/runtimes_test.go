@@ -51,7 +51,7 @@ func imageTar(t *testing.T) string {
 		t.Fatal(err)
 	}
 	tw := tar.NewWriter(f)
-	for name, src := range map[string]string{"kafkaapp": staticKafkaapp(t), "pause": staticPause(t)} {
+	for name, src := range map[string]string{"kafkaapp": staticKafkaapp(t), "kgoapp": staticKgoapp(t), "pause": staticPause(t)} {
 		b, err := os.ReadFile(src)
 		if err != nil {
 			t.Fatal(err)
@@ -80,6 +80,25 @@ func imageTar(t *testing.T) string {
 var pauseBin string
 
 // staticPause builds test/apps/pause without cgo.
+// staticKgoapp builds kgoapp without cgo, for the images of the CRI and
+// kubelet tests.
+func staticKgoapp(t *testing.T) string {
+	t.Helper()
+	if kgoStaticBin == "" {
+		p := filepath.Join(binDir, "kgoapp-static")
+		cmd := exec.Command("go", "build", "-o", p, "../apps/kgoapp")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("build kgoapp: %v\n%s", err, out)
+		}
+		kgoStaticBin = p
+	}
+	return kgoStaticBin
+}
+
+// kgoStaticBin is staticKgoapp's binary once built.
+var kgoStaticBin string
+
 func staticPause(t *testing.T) string {
 	t.Helper()
 	if pauseBin == "" {

@@ -554,7 +554,7 @@ func (a *app) beforeLast(ctx context.Context) error {
 	if a.w != nil {
 		rep = a.w.CheckpointReport()
 	}
-	emit("pending", "records", a.pending.Runs(), "writer", rep)
+	emit("pending", "records", a.pending.Runs(), "writer", rep, "leave_running", notify.LeaveRunning(ctx))
 	return nil
 }
 

@@ -225,7 +225,7 @@ func (a *app) produce(ctx context.Context, n int) {
 
 func (a *app) beforeLast(ctx context.Context) error {
 	// Last before the dump: the kernel's count of sockets to the brokers.
-	emit("pending", "records", a.pending.Runs(), "writer", a.cl.CheckpointReport(), "broker_sockets", appkit.SocketsTo(a.ports))
+	emit("pending", "records", a.pending.Runs(), "writer", a.cl.CheckpointReport(), "broker_sockets", appkit.SocketsTo(a.ports), "leave_running", notify.LeaveRunning(ctx))
 	return nil
 }
 

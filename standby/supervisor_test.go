@@ -95,6 +95,21 @@ func (f *fake) alive(p proc) bool {
 	return f.live[p.PID]
 }
 
+// copies are the fake's live processes: it models one service.
+func (f *fake) copies() []proc {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []proc
+	for pid := range f.live {
+		out = append(out, proc{PID: pid, Start: uint64(pid)})
+	}
+	return out
+}
+
+func (f *fake) ready(ctx context.Context, p proc) error { return nil }
+
+func (f *fake) killCopy(p proc) { f.kill(p.PID) }
+
 func (f *fake) kill(pid int) {
 	f.mu.Lock()
 	delete(f.live, pid)

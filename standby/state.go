@@ -3,12 +3,15 @@ package standby
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
 	"strconv"
+	"syscall"
 	"time"
 
+	"github.com/kcr-dev/kcr/criu"
 	"github.com/kcr-dev/kcr/internal/procfs"
 )
 
@@ -203,6 +206,15 @@ func offer(ch chan request, r request) {
 // at most max(Idle, CheckpointBackoffMax).
 func ckptBackoff(o *Options, fails int) time.Duration {
 	return backoff(o.Idle, max(o.Idle, o.CheckpointBackoffMax), fails+1)
+}
+
+// costly reports a failed checkpoint that froze the service for nothing,
+// or will fail again until someone acts: CRIU's dump failed, or the disk
+// is full. Those back off; a refusal by the hooks (records in flight, a
+// restore still finishing) is tried again after the next --idle.
+func costly(err error) bool {
+	var ce *criu.Error
+	return errors.As(err, &ce) || errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
 }
 
 // waitGone polls until p is gone, for at most d.

@@ -557,7 +557,9 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc) State {
 			return StateBackoff
 		}
 		s.mu.Lock()
-		s.ckptFails++
+		if costly(err) {
+			s.ckptFails++
+		}
 		next := ckptBackoff(&s.o, s.ckptFails)
 		s.mu.Unlock()
 		s.log.Warn("standby: checkpoint refused or failed; the service resumed and runs on", "pid", p.PID, "err", err,

@@ -48,6 +48,7 @@ func main() {
 	listenFDs := flag.Bool("listen-fds", false, "serve the state on the socket of LISTEN_FDS (kcr standby --listen) instead of -listen; every connection counts as activity (notify.Touch)")
 	startDelay := flag.Duration("start-delay", 0, "wait this long before opening the control socket (a slow cold start)")
 	afterDelay := flag.Duration("after-delay", 0, "an after-restore hook that takes this long (a slow restore)")
+	beforeDelay := flag.Duration("before-delay", 0, "a before-checkpoint hook that takes this long (a slow checkpoint)")
 	flag.Parse()
 	if *dial != "" {
 		os.Exit(dialMode(*dial))
@@ -118,8 +119,11 @@ func main() {
 		return nil
 	}, func(notify.Event) error { return connect() })
 	hook("worker", nil, nil)
-	if *afterDelay > 0 {
-		hook("slow", nil, func(notify.Event) error {
+	if *afterDelay > 0 || *beforeDelay > 0 {
+		hook("slow", func() error {
+			time.Sleep(*beforeDelay)
+			return nil
+		}, func(notify.Event) error {
 			time.Sleep(*afterDelay)
 			emit("slow-done")
 			return nil

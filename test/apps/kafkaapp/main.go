@@ -35,7 +35,9 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"net"
+	"os"
 	"os/signal"
 	"runtime"
 	"strconv"
@@ -65,6 +67,7 @@ type config struct {
 	handover       bool
 	heartbeat      time.Duration
 	slowHook       time.Duration
+	slowHookFile   string
 	reproduce      int
 	startLast      bool
 	partition      int
@@ -98,6 +101,8 @@ func main() {
 	flag.DurationVar(&c.heartbeat, "heartbeat", time.Second, "consumer group heartbeat interval")
 	flag.BoolVar(&c.handover, "group-handover", false, "with -consume and -group: keep the membership across a checkpoint (kafkahooks.WithGroupHandover)")
 	listen := flag.String("listen", "127.0.0.1:0", "address of the state listener")
+	listenFDs := flag.Bool("listen-fds", false, "serve the state on the socket of LISTEN_FDS (kcr standby --listen) instead of -listen; every connection counts as activity (notify.Touch)")
+	flag.StringVar(&c.slowHookFile, "slow-hook-file", "", "while this file exists, the slow before-checkpoint hook takes the duration it holds (a fault to inject)")
 	flag.DurationVar(&c.slowHook, "slow-hook", 0, "a before-checkpoint hook that runs last and takes this long (or until its deadline)")
 	failCheckpoint := flag.Bool("fail-checkpoint", false, "register a resource whose before-checkpoint hook fails")
 	logLevel := flag.String("log-level", "info", "level of the slog records logged as ev=log (debug, info, warn)")
@@ -117,6 +122,9 @@ func main() {
 	}
 	if *failCheckpoint {
 		notify.Register("failing", notify.Func(func(context.Context) error { return errors.New("refusing the checkpoint (-fail-checkpoint)") }, nil))
+	}
+	if *listenFDs {
+		*listen = ""
 	}
 	if err := run(c, *listen); err != nil {
 		appkit.Fatal(1, err.Error())
@@ -143,10 +151,14 @@ func run(c config, listen string) error {
 
 	a := &app{cfg: c, next: make(chan int, 4096), retry: make(chan []int, 1024)}
 
-	if c.slowHook > 0 {
+	if c.slowHook > 0 || c.slowHookFile != "" {
 		notify.Register("kafkaapp-slow", notify.Func(func(ctx context.Context) error {
+			d := c.slowHook
+			if b, err := os.ReadFile(c.slowHookFile); c.slowHookFile != "" && err == nil {
+				d, _ = time.ParseDuration(strings.TrimSpace(string(b)))
+			}
 			select {
-			case <-time.After(c.slowHook):
+			case <-time.After(d):
 				return nil
 			case <-ctx.Done():
 				return context.Cause(ctx)
@@ -210,7 +222,20 @@ func run(c config, listen string) error {
 	// the Reader have their new client ids.
 	notify.Register("kafkaapp", notify.Func(nil, a.afterLast))
 
-	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", listen)
+	var ln net.Listener
+	var err error
+	if listen == "" {
+		// kcr standby --listen: its socket, and every connection is work.
+		var lns []net.Listener
+		if lns, err = notify.Listeners(); err == nil && len(lns) != 1 {
+			err = fmt.Errorf("%d sockets in LISTEN_FDS, want 1", len(lns))
+		}
+		if err == nil {
+			ln = touchListener{lns[0]}
+		}
+	} else {
+		ln, err = (&net.ListenConfig{}).Listen(ctx, "tcp", listen)
+	}
 	if err != nil {
 		return err
 	}
@@ -550,3 +575,14 @@ var (
 	runs      = appkit.Runs
 	errString = appkit.ErrString
 )
+
+// touchListener counts every accepted connection as activity.
+type touchListener struct{ net.Listener }
+
+func (l touchListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		notify.Touch()
+	}
+	return c, err
+}

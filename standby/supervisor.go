@@ -92,7 +92,12 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 	lf.Close()
 	if o.Listen != "" {
 		if s.ln, err = listen(o.Listen); err != nil {
-			return nil, err
+			ln, terr := takeListener(s.dir.path, o.Listen)
+			if terr != nil {
+				return nil, err
+			}
+			s.log.Info("standby: took the --listen socket back from the running service", "listen", o.Listen)
+			s.ln = ln
 		}
 	}
 	if o.Group != "" {

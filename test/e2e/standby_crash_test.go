@@ -392,3 +392,49 @@ func TestStandbyWakeDuringCheckpointAndBadLog(t *testing.T) {
 		t.Errorf("kcr standby --log /nonexistent-kcr-dir/svc.log: %v, %q; want one line naming --log and a non-zero exit", err, out)
 	}
 }
+
+// Killed while a socket-activated service runs (--listen): the service
+// holds the only copy of the listening socket, so the next kcr standby
+// takes it back from the service instead of failing to bind the address;
+// connections are then answered, and still wake the service after its
+// next checkpoint.
+func TestStandbyKilledWithListen(t *testing.T) {
+	need(t)
+	probe, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := probe.Addr().String()
+	probe.Close()
+	k := &kafkaEnv{t: t}
+	r := newCrashRig(t, k, []string{"--idle", "1h", "--listen", addr}, appBin, "-listen-fds")
+	first := r.s.waitState("running", 60*time.Second)
+	r.restart()
+	if st := r.s.waitState("running", 60*time.Second); st.PID != first.PID {
+		t.Fatalf("running PID %d after the restart, want %d adopted", st.PID, first.PID)
+	}
+	answer := func() string {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(60 * time.Second))
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			t.Fatalf("no answer on %s: %v", addr, err)
+		}
+		return line
+	}
+	answer()
+	r.ctl("sleep")
+	r.s.waitState("standby", 60*time.Second)
+	if f := strings.Fields(answer()); len(f) != 3 || f[1] == "0" {
+		t.Fatalf("answer %q after the wake, want one from a restored copy", f)
+	}
+	eventually(t, 30*time.Second, "the wake by connection logged", func() (bool, string) {
+		n := r.s.countLogs("standby: running", "source", "connection")
+		return n == 1, fmt.Sprint(n)
+	})
+	r.w.check(t)
+}

@@ -247,19 +247,6 @@ func (sv *service) signal(sig syscall.Signal) {
 	}
 }
 
-// status asks sv's kcr standby for its state ("" if none answers).
-func (s *soak) status(sv *service) string {
-	out, err := exec.Command(s.c.kcr, "standby", "status", "--image-dir", sv.dir, "--json").Output()
-	if err != nil {
-		return ""
-	}
-	var st struct {
-		State string `json:"state"`
-	}
-	json.Unmarshal(out, &st)
-	return st.State
-}
-
 func (s *soak) ctl(sv *service, verb string) {
 	exec.Command(s.c.kcr, "standby", verb, "--image-dir", sv.dir).Run()
 }
@@ -581,18 +568,31 @@ func (s *soak) inject(ctx context.Context, n int) {
 	s.recovered(ctx, kind, sv, t)
 }
 
-// killStandby SIGKILLs kcr standby: at a random moment, or a random time
-// into a checkpoint or a restore it asked for, to reach every state.
+// killStandby SIGKILLs kcr standby in a state picked at random: it asks
+// for the step that leads there (a sleep, a wake, a crash of the service)
+// and kills kcr standby as soon as it is seen in that state, or at a
+// random moment.
 func (s *soak) killStandby(ctx context.Context, sv *service) {
-	switch s.rnd.IntN(3) {
-	case 1:
+	targets := []string{"", "running", "checkpointing", "standby", "restoring", "starting"}
+	want := targets[s.rnd.IntN(len(targets))]
+	switch want {
+	case "checkpointing":
 		s.ctl(sv, "sleep")
-	case 2:
-		s.order(ctx, sv, 1)
-		s.ctl(sv, "wake")
+	case "restoring":
+		if s.waitState(ctx, sv, "standby", 10*time.Second) {
+			s.order(ctx, sv, 1)
+		}
+	case "starting":
+		if pids := copies(sv); len(pids) > 0 {
+			syscall.Kill(pids[0], syscall.SIGKILL)
+		}
+	case "":
+		sleep(ctx, time.Duration(s.rnd.IntN(1500))*time.Millisecond)
 	}
-	sleep(ctx, time.Duration(s.rnd.IntN(1200))*time.Millisecond)
-	st := s.status(sv)
+	st := want
+	if want == "" || !s.waitState(ctx, sv, want, 10*time.Second) {
+		st = s.state(sv)
+	}
 	sv.signal(syscall.SIGKILL)
 	if st == "" {
 		st = "(not answering)"
@@ -600,6 +600,39 @@ func (s *soak) killStandby(ctx context.Context, sv *service) {
 	s.mu.Lock()
 	s.killStates[st]++
 	s.mu.Unlock()
+}
+
+// waitState polls sv's state every 2 ms until it is want.
+func (s *soak) waitState(ctx context.Context, sv *service, want string, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for ctx.Err() == nil && time.Now().Before(deadline) {
+		if s.state(sv) == want {
+			return true
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return false
+}
+
+// state asks sv's kcr standby for its state on its control socket (""
+// if none answers).
+func (s *soak) state(sv *service) string {
+	c, err := net.DialTimeout("unix", filepath.Join(sv.dir, "standby.sock"), time.Second)
+	if err != nil {
+		return ""
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	fmt.Fprintln(c, "status")
+	var r struct {
+		Status struct {
+			State string `json:"state"`
+		} `json:"status"`
+	}
+	if json.NewDecoder(c).Decode(&r) != nil {
+		return ""
+	}
+	return r.Status.State
 }
 
 // wakeStorm wakes sv in every way at once: lag, connections, kcr standby

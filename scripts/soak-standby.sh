@@ -6,7 +6,7 @@
 # --listen address) come at random; faults are injected at random moments:
 # SIGKILL of kcr standby (at random, or a random time into a checkpoint or a
 # restore it was asked for), SIGKILL of the service, the broker paused
-# (SIGSTOP) and, in the long mode, stopped and started, a full image
+# (SIGSTOP) and, in the long mode, stopped and started (its data kept), a full image
 # directory (a 96 MiB tmpfs filled up), a slow before-checkpoint hook (8 s),
 # and wake storms (lag, connections, kcr standby wake and SIGUSR1 at once).
 # An independent reader (test/soak) checks, all along and at the end: never
@@ -42,7 +42,7 @@ for p in cmd/kcr test/apps/kgoapp test/apps/kafkaapp test/soak; do
 	GOFLAGS=-buildvcs=false go build -o "$bin/$(basename "$p")" "./$p"
 done
 kenv="KCR_KAFKA_HOME=${KCR_KAFKA_HOME:-/var/tmp/kcr-kafka},KCR_KAFKA_PORT=${KCR_KAFKA_PORT:-9092}"
-kenv+=",KCR_KAFKA_CONTROLLER_PORT=${KCR_KAFKA_CONTROLLER_PORT:-9093}"
+kenv+=",KCR_KAFKA_CONTROLLER_PORT=${KCR_KAFKA_CONTROLLER_PORT:-9093},KCR_KAFKA_KEEP_DATA=1"
 "$bin/soak" -kcr "$bin/kcr" -kgoapp "$bin/kgoapp" -kafkaapp "$bin/kafkaapp" -repo "$PWD" \
 	-brokers "$brokers" -kafka-env "$kenv" -work "$work/run" -seed "${KCR_SOAK_SEED:-0}" \
 	-bound "${KCR_SOAK_BOUND:-90s}" "${args[@]}"

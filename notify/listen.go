@@ -33,8 +33,9 @@ const ListenFDsSocketEnv = "KCR_LISTEN_FDS_SOCKET"
 // in checkpoints (registered with the default registry as "listen-fds"):
 // before a checkpoint they close this process's copies, and Accept waits;
 // after the restore (or resume) they fetch the sockets again from the
-// supervisor, with the connections that queued meanwhile, and Accept goes
-// on. Register the hooks that drain in-flight requests after calling
+// supervisor, with the connections that queued meanwhile (asking again
+// every 500 ms while it does not answer: it may be restarting), and Accept
+// goes on. Register the hooks that drain in-flight requests after calling
 // Listeners, so that they run before the listeners close.
 //
 // Serve the listeners as usual and call Touch for every request handled,

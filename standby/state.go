@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -214,7 +215,13 @@ func ckptBackoff(o *Options, fails int) time.Duration {
 // restore still finishing) is tried again after the next --idle.
 func costly(err error) bool {
 	var ce *criu.Error
-	return errors.As(err, &ce) || errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+	return errors.As(err, &ce) || diskFull(err)
+}
+
+// diskFull reports an error of a full disk or quota.
+func diskFull(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) ||
+		strings.Contains(err.Error(), syscall.ENOSPC.Error())
 }
 
 // waitGone polls until p is gone, for at most d.

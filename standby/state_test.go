@@ -1,8 +1,10 @@
 package standby
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -119,5 +121,24 @@ func TestCheckpointBackoff(t *testing.T) {
 		if got := ckptBackoff(o, n); got != want {
 			t.Errorf("ckptBackoff(%d) = %v, want %v", n, got, want)
 		}
+	}
+}
+
+// A restore that fails on a full disk does not set the image aside as bad:
+// the service starts cold, and the image stays the one to restore.
+func TestRestoreDiskFullKeepsImage(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "img")
+	leaveState(t, dir, persisted{State: StateStandby, Image: imageName(1)}, imageName(1))
+	f := newFake()
+	f.restoreErr = fmt.Errorf("write restore counter: %w", &os.PathError{Op: "write", Path: "restores", Err: syscall.ENOSPC})
+	r := startRig(t, f, dir, func(o *Options) { o.Idle = time.Hour })
+	r.waitState(StateStandby)
+	r.s.Wake("manual")
+	r.waitState(StateRunning)
+	if _, err := os.Stat(filepath.Join(dir, imageName(1), images.ManifestName)); err != nil {
+		t.Fatalf("the image was set aside: %v", err)
+	}
+	if bad, _ := filepath.Glob(filepath.Join(dir, badPrefix+"*")); len(bad) != 0 {
+		t.Fatalf("images set aside: %v", bad)
 	}
 }

@@ -647,6 +647,11 @@ func (s *Supervisor) restore(ctx context.Context, source string, wokeAt time.Tim
 		if ctx.Err() != nil {
 			return proc{}, err
 		}
+		if diskFull(err) {
+			// Not the image's fault: it stays the one to restore.
+			s.log.Error("standby: restore failed on a full disk; starting the service cold, the image is kept", "image", s.image, "err", err)
+			return proc{}, err
+		}
 		aside, aerr := s.dir.setAside(s.image)
 		s.log.Error("standby: restore failed; starting the service cold", "image", s.image, "kept_as", aside, "err", err, "aside_err", aerr)
 		next := ""

@@ -32,7 +32,8 @@ type fake struct {
 	restores    []string
 	checkpoints []string
 	failRestore map[string]bool
-	refuse      int // checkpoints to refuse (hooks veto) before one succeeds
+	refuse      int   // checkpoints to refuse (hooks veto) before one succeeds
+	restoreErr  error // every restore fails with it
 }
 
 func newFake() *fake {
@@ -74,6 +75,9 @@ func (f *fake) restore(ctx context.Context, dir, name string) (proc, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.restores = append(f.restores, name)
+	if f.restoreErr != nil {
+		return proc{}, f.restoreErr
+	}
 	if f.failRestore[name] {
 		return proc{}, errors.New("criu restore: bad image")
 	}

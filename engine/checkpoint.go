@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"time"
 
@@ -58,6 +59,10 @@ type CheckpointOptions struct {
 	AfterDump func()
 	// SignKey, if set, signs the image's manifest (images.SignatureName).
 	SignKey ed25519.PrivateKey
+	// KeepFailedLog, if set, is where CRIU's log of a failed dump is moved
+	// (replacing what is there) before the unfinished image is removed; the
+	// error then names it. Default: the log goes with the image.
+	KeepFailedLog string
 }
 
 // CheckpointResult describes a written image.
@@ -336,7 +341,7 @@ func (r *checkpointRun) dump(ctx context.Context) error {
 	r.res.Timings.Add(PhaseFreezeDump, time.Since(t))
 	if err != nil {
 		r.abort("dump failed: " + err.Error())
-		return err
+		return r.keepFailedLog(err)
 	}
 	r.dr = dr
 	if r.o.AfterDump != nil {
@@ -360,6 +365,22 @@ func (r *checkpointRun) dump(ctx context.Context) error {
 		r.res.Timings.Add(PhaseExit, time.Since(t))
 	}
 	return nil
+}
+
+// keepFailedLog moves CRIU's log of a failed dump to KeepFailedLog (a
+// rename: it needs no space on a full disk) and names it in err.
+func (r *checkpointRun) keepFailedLog(err error) error {
+	var ce *criu.Error
+	if r.o.KeepFailedLog == "" || !errors.As(err, &ce) || ce.Log == "" {
+		return err
+	}
+	if rerr := os.Rename(ce.Log, r.o.KeepFailedLog); rerr != nil {
+		r.log.Warn("keeping CRIU's log of the failed dump", "err", rerr)
+		ce.Log = ""
+		return err
+	}
+	ce.Log = r.o.KeepFailedLog
+	return err
 }
 
 // draftManifest is the manifest of the image so far: everything but CRIU's

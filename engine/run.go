@@ -74,22 +74,9 @@ func Run(ctx context.Context, o RunOptions) (*RunResult, error) {
 	if logPath, err = filepath.Abs(logPath); err != nil {
 		return nil, err
 	}
-	// Not through a symlink, in the log's name or in any directory above
-	// it, and as root only in directories no other user can write: kcr
-	// runs as root, the log's directory may not be root's. A FIFO or
-	// device is refused too.
-	logf, err := images.OpenOutput(logPath, true, logFix)
-	if errors.Is(err, syscall.ELOOP) {
-		return nil, fmt.Errorf("open log %s: it is a symlink: give the real path (kcr does not follow links for its logs)", logPath)
-	}
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("open log %s: directory %s: %w: create it first, or give another --log", logPath, filepath.Dir(logPath), syscall.ENOENT)
-	}
-	if errors.Is(err, images.ErrUntrusted) {
-		return nil, fmt.Errorf("open log: %w", err)
-	}
+	logf, err := OpenRunLog(logPath)
 	if err != nil {
-		return nil, fmt.Errorf("open log %s: %w: give a regular file's path", logPath, err)
+		return nil, err
 	}
 	defer logf.Close()
 	null, err := os.Open(os.DevNull)
@@ -144,6 +131,32 @@ func Run(ctx context.Context, o RunOptions) (*RunResult, error) {
 			}
 		}
 	}
+}
+
+// OpenRunLog opens (creating it) the log of a service for appending, as
+// Run does: not through a symlink, in the log's name or in any directory
+// above it, and as root only in directories no other user can write (kcr
+// runs as root, the log's directory may not be root's); a FIFO or device
+// is refused too. Its errors are one line naming the fix.
+func OpenRunLog(logPath string) (*os.File, error) {
+	logPath, err := filepath.Abs(logPath)
+	if err != nil {
+		return nil, err
+	}
+	logf, err := images.OpenOutput(logPath, true, logFix)
+	if errors.Is(err, syscall.ELOOP) {
+		return nil, fmt.Errorf("open log %s: it is a symlink: give the real path (kcr does not follow links for its logs)", logPath)
+	}
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("open log %s: directory %s: %w: create it first, or give another --log", logPath, filepath.Dir(logPath), syscall.ENOENT)
+	}
+	if errors.Is(err, images.ErrUntrusted) {
+		return nil, fmt.Errorf("open log: %w", err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open log %s: %w: give a regular file's path", logPath, err)
+	}
+	return logf, nil
 }
 
 func lastValue(env []string, key string) string {

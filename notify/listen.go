@@ -33,8 +33,9 @@ const ListenFDsSocketEnv = "KCR_LISTEN_FDS_SOCKET"
 // in checkpoints (registered with the default registry as "listen-fds"):
 // before a checkpoint they close this process's copies, and Accept waits;
 // after the restore (or resume) they fetch the sockets again from the
-// supervisor, with the connections that queued meanwhile, and Accept goes
-// on. Register the hooks that drain in-flight requests after calling
+// supervisor, with the connections that queued meanwhile (asking again
+// every 500 ms while it does not answer: it may be restarting), and Accept
+// goes on. Register the hooks that drain in-flight requests after calling
 // Listeners, so that they run before the listeners close.
 //
 // Serve the listeners as usual and call Touch for every request handled,
@@ -99,11 +100,24 @@ func handOver(g *Registry, files []*os.File, sock string) ([]net.Listener, error
 type handedSet struct {
 	sock string
 	lns  []*handedListener
+
+	// mu orders a background fetch (see AfterRestore) with the next
+	// checkpoint: epoch counts the checkpoints, and a fetch made for an
+	// earlier one attaches nothing.
+	mu    sync.Mutex
+	epoch uint64
 }
+
+// fetchRetry is the pause between two fetches of the sockets from a
+// supervisor that does not answer (it is being restarted).
+var fetchRetry = 500 * time.Millisecond
 
 // BeforeCheckpoint closes this process's copies of the sockets, once no
 // Accept is inside them, so that the image holds none.
 func (s *handedSet) BeforeCheckpoint(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.epoch++
 	for _, h := range s.lns {
 		if err := h.detach(ctx); err != nil {
 			return err
@@ -112,22 +126,68 @@ func (s *handedSet) BeforeCheckpoint(ctx context.Context) error {
 	return nil
 }
 
-// AfterRestore fetches the sockets from the supervisor again.
+// AfterRestore fetches the sockets from the supervisor again. A supervisor
+// that does not answer (killed, and restarted by its service manager) is
+// asked again in the background until it does, while Accept waits: the
+// sockets are its, and it is the only one that can hand them back.
 func (s *handedSet) AfterRestore(ctx context.Context, ev Event) error {
+	s.mu.Lock()
+	epoch := s.epoch
+	s.mu.Unlock()
+	if s.fetch(ctx, epoch) == nil {
+		return nil
+	}
+	go func() {
+		for {
+			time.Sleep(fetchRetry)
+			if err := s.fetch(context.Background(), epoch); err == nil || errors.Is(err, errStale) {
+				return
+			}
+		}
+	}()
+	return fmt.Errorf("notify: the listening sockets could not be fetched from %s yet; asking again every %v", s.sock, fetchRetry)
+}
+
+func (s *handedSet) allClosed() bool {
+	for _, h := range s.lns {
+		h.mu.Lock()
+		closed := h.closed
+		h.mu.Unlock()
+		if !closed {
+			return false
+		}
+	}
+	return true
+}
+
+// errStale is fetch's answer once a checkpoint came after the restore it
+// fetched for, or every listener was closed.
+var errStale = errors.New("stale fetch")
+
+// fetch fetches the sockets for the restore after checkpoint epoch and
+// attaches them, unless another checkpoint came meanwhile.
+func (s *handedSet) fetch(ctx context.Context, epoch uint64) error {
+	if s.allClosed() {
+		return errStale
+	}
 	files, err := fetchFDs(ctx, s.sock, len(s.lns))
 	if err != nil {
-		err = fmt.Errorf("notify: fetch the listening sockets from %s: %w", s.sock, err)
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.epoch != epoch {
+		for _, f := range files {
+			f.Close()
+		}
+		return errStale
 	}
 	for i, h := range s.lns {
-		if err != nil {
-			h.attach(nil, err)
-			continue
-		}
 		ln, lerr := net.FileListener(files[i])
 		files[i].Close()
 		h.attach(ln, lerr)
 	}
-	return err
+	return nil
 }
 
 // handedListener is a net.Listener whose socket is taken away during a

@@ -133,3 +133,82 @@ func TestListenersHandBack(t *testing.T) {
 		t.Fatalf("Accept after Close: %v, want net.ErrClosed", err)
 	}
 }
+
+// A supervisor that does not answer when the service is restored (it was
+// killed, and its service manager restarts it) is asked again until it
+// does: Accept waits meanwhile instead of failing for good, and accepts
+// once the sockets are back.
+func TestListenersFetchAgain(t *testing.T) {
+	defer func(d time.Duration) { fetchRetry = d }(fetchRetry)
+	fetchRetry = 20 * time.Millisecond
+	kcrLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kcrLn.Close()
+	kcrFile, err := kcrLn.(*net.TCPListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kcrFile.Close()
+	dup, err := kcrLn.(*net.TCPListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(t.TempDir(), "sup.sock") // nobody listens yet
+	g := NewRegistry()
+	lns, err := handOver(g, []*os.File{dup}, sock)
+	if err != nil || len(lns) != 1 {
+		t.Fatalf("handOver: %v, %d listeners", err, len(lns))
+	}
+	ln := lns[0]
+	defer ln.Close()
+	res, err := g.Simulate(context.Background(), SimRestore, 5*time.Second)
+	if err != nil || res.BeforeErr != nil || res.AfterErr == nil {
+		t.Fatalf("simulate: %v, before %v, after %v; want the fetch reported as pending", err, res.BeforeErr, res.AfterErr)
+	}
+	accepted := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			c.Close()
+		}
+		accepted <- err
+	}()
+	c0, err := net.Dial("tcp", kcrLn.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c0.Close()
+	select {
+	case err := <-accepted:
+		t.Fatalf("Accept returned (%v) before the supervisor answered", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	// The supervisor is back.
+	sup, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sup.Close()
+	go func() {
+		for {
+			c, err := sup.AcceptUnix()
+			if err != nil {
+				return
+			}
+			if line, _ := bufio.NewReader(c).ReadString('\n'); line == "fds\n" {
+				c.WriteMsgUnix([]byte("{}\n"), unix.UnixRights(int(kcrFile.Fd())), nil)
+			}
+			c.Close()
+		}
+	}()
+	select {
+	case err := <-accepted:
+		if err != nil {
+			t.Fatalf("Accept: %v, want the queued connection", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the queued connection was not accepted after the supervisor came back")
+	}
+}

@@ -38,6 +38,13 @@ type backend interface {
 	activity(ctx context.Context, p proc) (notify.Activity, error)
 	// alive reports whether p still runs.
 	alive(p proc) bool
+	// copies lists the copies of the service that run now, whoever
+	// started or restored them.
+	copies() []proc
+	// ready waits for p's control socket (Options.ReadyTimeout).
+	ready(ctx context.Context, p proc) error
+	// killCopy kills p and waits until it is gone.
+	killCopy(p proc)
 }
 
 // engineBackend drives the service through package engine.
@@ -49,6 +56,7 @@ type engineBackend struct {
 	// fdsSocket hands extra back to the service after a checkpoint
 	// (notify.ListenFDsSocketEnv).
 	fdsSocket string
+	dir       string // the image directory (absolute): markerEnv's value
 
 	kdat          *criu.KdatCache              // CRIU's kernel probe, kept (ahead.go)
 	preparing     chan *engine.PreparedRestore // the restore of preparedImage, prepared ahead (nil on failure)
@@ -64,6 +72,7 @@ type engineBackend struct {
 
 func (b *engineBackend) start(ctx context.Context) (proc, error) {
 	env := append([]string{}, b.o.Env...)
+	env = append(env, markerEnv+"="+b.dir)
 	if len(b.extra) > 0 {
 		// The service is init of its PID namespace: PID 1 is its getpid().
 		env = append(env, fmt.Sprintf("LISTEN_FDS=%d", len(b.extra)), "LISTEN_PID=1", "LISTEN_FDNAMES=kcr-standby",
@@ -100,7 +109,7 @@ func (b *engineBackend) checkpoint(ctx context.Context, p proc, dir, name string
 	}
 	_, err := engine.Checkpoint(ctx, engine.CheckpointOptions{
 		PID: p.PID, Output: dir + "/" + name, HookBudget: b.o.HookBudget, RequireDrained: true,
-		CRIU: b.o.CRIU, Logger: b.log,
+		CRIU: b.o.CRIU, Logger: b.log, KeepFailedLog: dir + "/" + failedDumpLogName,
 	})
 	return err
 }
@@ -160,6 +169,37 @@ func (b *engineBackend) activity(ctx context.Context, p proc) (notify.Activity, 
 }
 
 func (b *engineBackend) alive(p proc) bool { return alive(p) }
+
+func (b *engineBackend) copies() []proc { return findCopies(b.dir) }
+
+func (b *engineBackend) ready(ctx context.Context, p proc) error {
+	deadline := time.Now().Add(b.o.ReadyTimeout)
+	for {
+		if _, err := client.Find(p.PID); err == nil {
+			return nil
+		}
+		if !alive(p) {
+			return fmt.Errorf("PID %d exited", p.PID)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("PID %d opened no control socket within %v", p.PID, b.o.ReadyTimeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func (b *engineBackend) killCopy(p proc) {
+	if alive(p) {
+		killTree(p.PID)
+	}
+	if err := waitGone(func() bool { return alive(p) }, 10*time.Second); err != nil {
+		b.log.Error("standby: killed the service, which does not exit", "pid", p.PID, "err", err)
+	}
+}
 
 func alive(p proc) bool {
 	st, err := procfs.ReadStat(p.PID)

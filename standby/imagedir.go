@@ -191,6 +191,13 @@ func (d *imageDir) removeOlder(keep string) error {
 	return errors.Join(errs...)
 }
 
+// discard removes an image (complete or not) that must never be restored.
+func (d *imageDir) discard(name string) {
+	if _, ok := imageNumber(name); ok {
+		os.RemoveAll(filepath.Join(d.path, name))
+	}
+}
+
 // setAside renames a bad image to bad-NAME-UNIXTIME, kept for inspection.
 func (d *imageDir) setAside(name string) (string, error) {
 	to := fmt.Sprintf("%s%s-%d", badPrefix, name, time.Now().Unix())

@@ -38,6 +38,10 @@ const (
 	imagePrefix           = "img-"
 	badPrefix             = "bad-"
 	defaultServiceLogName = "service.log"
+	failedDumpLogName     = "last-failed-dump.log"
+	// DefaultCheckpointBackoffMax bounds the idle time asked for before a
+	// checkpoint after failed ones.
+	DefaultCheckpointBackoffMax = 10 * time.Minute
 )
 
 // Options configures a Supervisor. Zero values take the documented
@@ -70,6 +74,11 @@ type Options struct {
 	// the service crashed: it doubles from BackoffMin at every crash in a
 	// row, up to BackoffMax (defaults 500 ms and 30 s).
 	BackoffMin, BackoffMax time.Duration
+	// CheckpointBackoffMax bounds the wait after failed checkpoints (a
+	// full disk, say): after n in a row the service must be idle for
+	// Idle doubled n times, at most this long (default 10 min, and never
+	// less than Idle). A manual sleep is tried at once.
+	CheckpointBackoffMax time.Duration
 
 	// Brokers, Group and Topics configure the Kafka wake: the service
 	// does not sleep while records past the commits of Group on Topics
@@ -131,7 +140,7 @@ func (o *Options) check() error {
 		return bad("--image-dir is required: the directory that keeps the service's image while it sleeps")
 	case o.Idle <= 0:
 		return bad("--idle %v: give a positive duration such as 60s", o.Idle)
-	case o.Poll < 0, o.ActivityPoll < 0, o.HookBudget < 0, o.ReadyTimeout < 0, o.BackoffMin < 0, o.BackoffMax < 0, o.BrokerTimeout < 0:
+	case o.Poll < 0, o.ActivityPoll < 0, o.HookBudget < 0, o.ReadyTimeout < 0, o.BackoffMin < 0, o.BackoffMax < 0, o.CheckpointBackoffMax < 0, o.BrokerTimeout < 0:
 		return bad("a negative duration: give positive durations such as 100ms")
 	case o.Group != "" && len(o.Brokers) == 0:
 		return bad("--group %q needs --brokers", o.Group)
@@ -154,6 +163,9 @@ func (o *Options) check() error {
 		o.BackoffMax = DefaultBackoffMax
 	}
 	o.BackoffMax = max(o.BackoffMax, o.BackoffMin)
+	if o.CheckpointBackoffMax == 0 {
+		o.CheckpointBackoffMax = DefaultCheckpointBackoffMax
+	}
 	if o.BrokerTimeout == 0 {
 		o.BrokerTimeout = DefaultBrokerTimeout
 	}

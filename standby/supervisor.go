@@ -29,13 +29,19 @@ type Supervisor struct {
 	ln   *net.TCPListener // nil without Options.Listen
 	ctl  *controlServer
 
-	wakeCh  chan string   // wake sources; buffered, sends never block
-	sleepCh chan struct{} // manual sleep
+	wakeCh  chan string  // wake sources while checkpointed; buffered, sends never block
+	manual  chan request // manual wakes (kcr standby wake, SIGUSR1)
+	sleepCh chan request // manual sleeps
 
 	mu    sync.Mutex
 	state State
 	cur   proc
 	image string // the newest image's base name
+	// cycle counts the times the service began to run (again): a request
+	// is for the cycle it was made in.
+	cycle uint64
+	// ckptFails counts the failed checkpoints in a row (ckptBackoff).
+	ckptFails int
 
 	// stateMu serializes the writes of the state file: the group hold
 	// records its member id from its own goroutine.
@@ -63,7 +69,7 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 	if _, err := exec.LookPath(o.Args[0]); err != nil {
 		return nil, fmt.Errorf("%w: command %q: %v: give its path, or a name found in $PATH", ErrBadOption, o.Args[0], err)
 	}
-	s := &Supervisor{o: o, log: o.Logger, wakeCh: make(chan string, 1), sleepCh: make(chan struct{}, 1)}
+	s := &Supervisor{o: o, log: o.Logger, wakeCh: make(chan string, 1), manual: make(chan request, 1), sleepCh: make(chan request, 1)}
 	ok := false
 	defer func() {
 		if !ok {
@@ -77,9 +83,21 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 	if s.o.Log == "" {
 		s.o.Log = s.dir.path + "/" + defaultServiceLogName
 	}
+	// Found now, not at the first cold start (which would retry it
+	// forever).
+	lf, err := engine.OpenRunLog(s.o.Log)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --log: %v", ErrBadOption, err)
+	}
+	lf.Close()
 	if o.Listen != "" {
 		if s.ln, err = listen(o.Listen); err != nil {
-			return nil, err
+			ln, terr := takeListener(s.dir.path, o.Listen)
+			if terr != nil {
+				return nil, err
+			}
+			s.log.Info("standby: took the --listen socket back from the running service", "listen", o.Listen)
+			s.ln = ln
 		}
 	}
 	if o.Group != "" {
@@ -100,7 +118,7 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 			return nil, err
 		}
 	}
-	eb := &engineBackend{o: &s.o, log: s.log}
+	eb := &engineBackend{o: &s.o, log: s.log, dir: s.dir.path}
 	if s.ln != nil {
 		f, err := s.ln.File() // a dup, handed to every cold start
 		if err != nil {
@@ -160,29 +178,39 @@ func (s *Supervisor) listenFiles() []*os.File {
 func (s *Supervisor) ControlSocket() string { return s.dir.path + "/" + controlSocketName }
 
 // Wake asks the supervisor to restore the service now; it reports whether
-// the service is checkpointed (a wake of a running service does nothing).
+// the service is checkpointed or being checkpointed (a wake of a running
+// service does nothing). A wake during a checkpoint restores the service
+// as soon as its image is complete.
 func (s *Supervisor) Wake(source string) bool {
-	if s.State() != StateStandby {
+	s.mu.Lock()
+	st, c := s.state, s.cycle
+	s.mu.Unlock()
+	if st != StateStandby && st != StateCheckpointing {
 		return false
 	}
-	select {
-	case s.wakeCh <- source:
-	default:
-	}
+	offer(s.manual, request{cycle: c, source: source})
 	return true
 }
 
 // Sleep asks the supervisor to checkpoint the service now, as if it had
-// been idle; it reports whether the service runs.
+// been idle; it reports whether the service runs. The request is for this
+// run of the service only: once it was checkpointed, it is spent.
 func (s *Supervisor) Sleep() bool {
-	if s.State() != StateRunning {
+	s.mu.Lock()
+	st, c := s.state, s.cycle
+	s.mu.Unlock()
+	if st != StateRunning {
 		return false
 	}
-	select {
-	case s.sleepCh <- struct{}{}:
-	default:
-	}
+	offer(s.sleepCh, request{cycle: c})
 	return true
+}
+
+// currentCycle is the service's current cycle.
+func (s *Supervisor) currentCycle() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cycle
 }
 
 // State returns the current state.
@@ -223,87 +251,23 @@ func (s *Supervisor) setState(st State, attrs ...any) {
 
 // Run supervises the service until ctx ends. It then returns nil and
 // leaves the service as it is: running, or checkpointed with its image
-// kept; a new Supervisor on the same image directory goes on from there.
+// kept; a new Supervisor on the same image directory goes on from there
+// (see state.go).
 func (s *Supervisor) Run(ctx context.Context) error {
 	defer s.close()
 	defer s.setState(StateStopped)
 	// Before the hold may start, and before the service may join.
 	s.sweepHold()
-	if done, err := s.dir.recoverPending(ctx); err != nil {
-		s.log.Warn("standby: an interrupted checkpoint could not be finished", "err", err)
-	} else if len(done) > 0 {
-		s.log.Info("standby: finished the image of an interrupted checkpoint", "images", done)
+	r := s.resolve(ctx)
+	c := &run{next: r.next, p: r.p, reason: r.reason, src: "resume", at: time.Now()}
+	switch r.next {
+	case StateRunning:
+		s.running(r.p, "adopted", true, "why", r.reason)
+	case StateStandby, StateRestoring:
+		s.log.Info("standby: resuming from an image", "image", s.image, "why", r.reason)
 	}
-	next, p := s.resumePoint()
-	crashes := 0
-	reason := "first start"
 	for ctx.Err() == nil {
-		switch next {
-		case StateStarting:
-			s.setState(StateStarting, "reason", reason)
-			s.o.Observer.ColdStart(reason)
-			t := time.Now()
-			np, err := s.b.start(ctx)
-			if err != nil {
-				if ctx.Err() != nil {
-					break
-				}
-				crashes++
-				s.log.Error("standby: cold start failed", "err", err, "failures_in_a_row", crashes)
-				reason, next = "cold start failed", StateBackoff
-				continue
-			}
-			p = np
-			s.running(p, "cold_start_ms", ms(time.Since(t)))
-			next = StateRunning
-		case StateBackoff:
-			d := backoff(s.o.BackoffMin, s.o.BackoffMax, crashes)
-			s.setState(StateBackoff, "wait_ms", ms(d), "failures_in_a_row", crashes)
-			select {
-			case <-ctx.Done():
-			case <-time.After(d):
-			}
-			next = StateStarting
-		case StateRunning:
-			switch s.watch(ctx, p) {
-			case outCrashed:
-				crashes++
-				s.log.Error("standby: the service exited by itself; restarting it cold", "pid", p.PID, "failures_in_a_row", crashes)
-				reason, next = "the service exited", StateBackoff
-			case outIdle, outSleep:
-				next = StateCheckpointing
-			}
-		case StateCheckpointing:
-			next = s.checkpoint(ctx, p)
-			if next == StateStandby {
-				crashes = 0
-			} else if next == StateBackoff {
-				crashes++
-				reason = "the service died during its checkpoint"
-			}
-		case StateStandby:
-			s.setState(StateStandby, "image", s.image)
-			if err := s.writeState(persisted{State: StateStandby, Image: s.image, Wake: s.wakeStates()}); err != nil {
-				s.log.Warn("standby: state file", "err", err)
-			}
-			s.prepareRestore(ctx)
-			src, at, ok := s.waitWake(ctx)
-			if !ok {
-				break
-			}
-			if s.hold != nil {
-				s.hold.wake()
-			}
-			var err error
-			if p, err = s.restore(ctx, src, at); err != nil {
-				if ctx.Err() != nil {
-					break
-				}
-				reason, next = "restore failed", StateStarting
-				continue
-			}
-			next = StateRunning
-		}
+		s.step(ctx, c)
 	}
 	if s.hold != nil {
 		s.hold.stop()
@@ -313,36 +277,99 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	return nil
 }
 
-// resumePoint decides where Run begins: a running service left by an
-// earlier supervisor is adopted, a checkpointed one waits for its wake,
-// anything else starts cold.
-func (s *Supervisor) resumePoint() (State, proc) {
-	st, err := s.dir.readState()
+// run is where Run is in the cycle.
+type run struct {
+	next    State
+	p       proc
+	crashes int
+	reason  string    // of the next cold start
+	src     string    // of the next restore
+	at      time.Time // when that wake came
+}
+
+// step does one step of the cycle: what c.next says.
+func (s *Supervisor) step(ctx context.Context, c *run) {
+	switch c.next {
+	case StateStarting:
+		s.coldStart(ctx, c)
+	case StateBackoff:
+		d := backoff(s.o.BackoffMin, s.o.BackoffMax, c.crashes)
+		s.setState(StateBackoff, "wait_ms", ms(d), "failures_in_a_row", c.crashes)
+		select {
+		case <-ctx.Done():
+		case <-time.After(d):
+		}
+		c.next = StateStarting
+	case StateRunning:
+		switch s.watch(ctx, c.p) {
+		case outCrashed:
+			c.crashes++
+			s.log.Error("standby: the service exited by itself; restarting it cold", "pid", c.p.PID, "failures_in_a_row", c.crashes)
+			c.reason, c.next = "the service exited", StateBackoff
+		case outIdle, outSleep:
+			c.next = StateCheckpointing
+		}
+	case StateCheckpointing:
+		c.next = s.checkpoint(ctx, c.p)
+		if c.next == StateStandby {
+			c.crashes = 0
+		} else if c.next == StateBackoff {
+			c.crashes++
+			c.reason = "the service died during its checkpoint"
+		}
+	case StateStandby:
+		s.setState(StateStandby, "image", s.image)
+		if err := s.writeState(persisted{State: StateStandby, Image: s.image, Wake: s.wakeStates()}); err != nil {
+			s.log.Warn("standby: state file", "err", err)
+		}
+		s.prepareRestore(ctx)
+		src, at, ok := s.waitWake(ctx)
+		if !ok {
+			return
+		}
+		if s.hold != nil {
+			s.hold.wake()
+		}
+		c.src, c.at, c.next = src, at, StateRestoring
+	case StateRestoring:
+		p, err := s.restore(ctx, c.src, c.at)
+		if err != nil {
+			if ctx.Err() == nil {
+				c.reason, c.next = "restore failed", StateStarting
+			}
+			return
+		}
+		c.p, c.next = p, StateRunning
+	}
+}
+
+// coldStart starts the service cold, unless a copy of it runs already
+// (an earlier kcr standby's, found by its marker): that one is adopted.
+func (s *Supervisor) coldStart(ctx context.Context, c *run) {
+	if p, ok := s.liveCopy(ctx); ok {
+		s.running(p, "adopted", true, "why", "a copy of the service runs already")
+		c.p, c.next = p, StateRunning
+		return
+	}
+	s.setState(StateStarting, "reason", c.reason)
+	if err := s.writeState(persisted{State: StateStarting}); err != nil {
+		s.log.Warn("standby: state file", "err", err)
+	}
+	s.o.Observer.ColdStart(c.reason)
+	t := time.Now()
+	np, err := s.b.start(ctx)
 	if err != nil {
-		s.log.Warn("standby: ignoring the state file", "err", err)
+		if ctx.Err() != nil {
+			return
+		}
+		c.crashes++
+		s.log.Error("standby: cold start failed", "err", err, "failures_in_a_row", c.crashes)
+		c.reason, c.next = "cold start failed", StateBackoff
+		return
 	}
-	imgs, err := s.dir.imagesNewestFirst()
-	if err != nil {
-		s.log.Warn("standby: listing images", "err", err)
-	}
-	if len(imgs) > 0 {
-		s.setImage(imgs[0])
-	}
-	if st.State == StateStandby {
-		s.loadWakeStates(st.Wake)
-	}
-	switch p := (proc{PID: st.PID, Start: st.Start}); {
-	case st.State == StateRunning && p.PID > 0 && alive(p):
-		s.running(p, "adopted", true)
-		return StateRunning, p
-	case st.State == StateRunning:
-		s.log.Info("standby: the service an earlier kcr standby ran is gone; starting it cold", "pid", st.PID)
-		return StateStarting, proc{}
-	case len(imgs) > 0:
-		s.log.Info("standby: resuming from the image an earlier kcr standby kept", "image", s.image)
-		return StateStandby, proc{}
-	}
-	return StateStarting, proc{}
+	c.p = np
+	s.running(np, "cold_start_ms", ms(time.Since(t)))
+	c.next = StateRunning
 }
 
 // wakeStates are the wake sources' states, for the state file.
@@ -431,10 +458,11 @@ func (s *Supervisor) setImage(name string) {
 	s.mu.Unlock()
 }
 
-// running records that p runs now.
+// running records that p runs now: a new cycle.
 func (s *Supervisor) running(p proc, attrs ...any) {
 	s.mu.Lock()
 	s.cur = p
+	s.cycle++
 	s.mu.Unlock()
 	if err := s.writeState(persisted{State: StateRunning, PID: p.PID, Start: p.Start}); err != nil {
 		s.log.Warn("standby: state file", "err", err)
@@ -459,14 +487,22 @@ func (s *Supervisor) watch(ctx context.Context, p proc) outcome {
 	lastActive := time.Now()
 	var count uint64
 	seen, warned := false, false
+	cycle := s.currentCycle()
+	s.mu.Lock()
+	idleFor := ckptBackoff(&s.o, s.ckptFails)
+	s.mu.Unlock()
 	for {
 		select {
 		case <-ctx.Done():
 			return outStopped
-		case <-s.sleepCh:
+		case r := <-s.sleepCh:
+			if r.cycle != cycle {
+				s.log.Info("standby: ignoring a sleep asked for in an earlier cycle", "pid", p.PID)
+				continue
+			}
 			s.log.Info("standby: sleep asked for", "pid", p.PID)
 			return outSleep
-		case <-s.wakeCh: // already awake
+		case <-s.manual: // already awake
 		case <-tick.C:
 			if !s.b.alive(p) {
 				return outCrashed
@@ -489,7 +525,7 @@ func (s *Supervisor) watch(ctx context.Context, p proc) outcome {
 				lastActive = time.Now()
 			}
 			seen, count = true, a.Count
-			if idle := time.Since(lastActive); idle >= s.o.Idle {
+			if idle := time.Since(lastActive); idle >= idleFor {
 				s.log.Info("standby: the service is idle", "pid", p.PID, "idle_ms", ms(idle), "activity", a.Count)
 				return outIdle
 			}
@@ -521,6 +557,9 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc) State {
 	}
 	s.noteSleepActivity(ctx, p)
 	s.setState(StateCheckpointing, "pid", p.PID, "image", name)
+	if err := s.writeState(persisted{State: StateCheckpointing, PID: p.PID, Start: p.Start, Image: name, Wake: s.wakeStates()}); err != nil {
+		s.log.Warn("standby: state file", "err", err)
+	}
 	t := time.Now()
 	if s.hold != nil && !s.o.NoHoldGroup {
 		// In before the service's member leaves: the group is never empty.
@@ -537,13 +576,23 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc) State {
 			s.log.Error("standby: checkpoint failed and the service is gone", "pid", p.PID, "err", err)
 			return StateBackoff
 		}
-		s.log.Warn("standby: checkpoint refused or failed; the service resumed and runs on", "pid", p.PID, "err", err, "duration_ms", ms(d))
+		s.mu.Lock()
+		if costly(err) {
+			s.ckptFails++
+		}
+		next := ckptBackoff(&s.o, s.ckptFails)
+		s.mu.Unlock()
+		s.log.Warn("standby: checkpoint refused or failed; the service resumed and runs on", "pid", p.PID, "err", err,
+			"duration_ms", ms(d), "next_after_idle_ms", ms(next))
 		s.running(p, "after", "failed checkpoint")
 		return StateRunning
 	}
 	if s.hold != nil {
 		s.hold.asleep()
 	}
+	s.mu.Lock()
+	s.ckptFails = 0
+	s.mu.Unlock()
 	size := s.dir.size(name)
 	s.o.Observer.Checkpoint(d, size, nil)
 	// The new image is complete: it is the one to restore from now on,
@@ -567,14 +616,18 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc) State {
 // on the broker, a connection on the listening socket. ok is false if ctx
 // ended first.
 func (s *Supervisor) waitWake(ctx context.Context) (source string, at time.Time, ok bool) {
-	// Wakes are sent only in StateStandby (and watch drains the rest),
-	// so one waiting here is for this sleep.
 	wctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() {
 		cancel()
 		wg.Wait()
 	}()
+	// A source's wake left from an earlier sleep is spent (the one that
+	// woke the service then, or one that came with it).
+	select {
+	case <-s.wakeCh:
+	default:
+	}
 	for _, w := range s.wakes {
 		wg.Go(func() {
 			if w.wait(wctx) == nil {
@@ -588,11 +641,19 @@ func (s *Supervisor) waitWake(ctx context.Context) (source string, at time.Time,
 	if s.ln != nil {
 		wg.Go(func() { watchListener(wctx, s.ln, s.wakeCh, s.log) })
 	}
-	select {
-	case <-ctx.Done():
-		return "", time.Time{}, false
-	case src := <-s.wakeCh:
-		return src, time.Now(), true
+	cycle := s.currentCycle()
+	for {
+		select {
+		case <-ctx.Done():
+			return "", time.Time{}, false
+		case src := <-s.wakeCh:
+			return src, time.Now(), true
+		case r := <-s.manual:
+			// Asked for during this sleep or the checkpoint before it.
+			if r.cycle == cycle {
+				return r.source, time.Now(), true
+			}
+		}
 	}
 }
 
@@ -600,12 +661,20 @@ func (s *Supervisor) waitWake(ctx context.Context) (source string, at time.Time,
 // aside and returns the error: the caller starts the service cold.
 func (s *Supervisor) restore(ctx context.Context, source string, wokeAt time.Time) (proc, error) {
 	s.setState(StateRestoring, "source", source, "image", s.image)
+	if err := s.writeState(persisted{State: StateRestoring, Image: s.image, Wake: s.wakeStates()}); err != nil {
+		s.log.Warn("standby: state file", "err", err)
+	}
 	t := time.Now()
 	p, err := s.b.restore(ctx, s.dir.path, s.image)
 	d := time.Since(t)
 	s.o.Observer.Restore(d, err)
 	if err != nil {
 		if ctx.Err() != nil {
+			return proc{}, err
+		}
+		if diskFull(err) {
+			// Not the image's fault: it stays the one to restore.
+			s.log.Error("standby: restore failed on a full disk; starting the service cold, the image is kept", "image", s.image, "err", err)
 			return proc{}, err
 		}
 		aside, aerr := s.dir.setAside(s.image)

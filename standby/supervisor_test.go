@@ -32,7 +32,8 @@ type fake struct {
 	restores    []string
 	checkpoints []string
 	failRestore map[string]bool
-	refuse      int // checkpoints to refuse (hooks veto) before one succeeds
+	refuse      int   // checkpoints to refuse (hooks veto) before one succeeds
+	restoreErr  error // every restore fails with it
 	// touchOnRestore counts activity in a restored process before its
 	// restore returns (a record handed before the supervisor looks).
 	touchOnRestore bool
@@ -83,6 +84,9 @@ func (f *fake) restore(ctx context.Context, dir, name string) (proc, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.restores = append(f.restores, name)
+	if f.restoreErr != nil {
+		return proc{}, f.restoreErr
+	}
 	if f.failRestore[name] {
 		return proc{}, errors.New("criu restore: bad image")
 	}
@@ -107,6 +111,21 @@ func (f *fake) alive(p proc) bool {
 	defer f.mu.Unlock()
 	return f.live[p.PID]
 }
+
+// copies are the fake's live processes: it models one service.
+func (f *fake) copies() []proc {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []proc
+	for pid := range f.live {
+		out = append(out, proc{PID: pid, Start: uint64(pid)})
+	}
+	return out
+}
+
+func (f *fake) ready(ctx context.Context, p proc) error { return nil }
+
+func (f *fake) killCopy(p proc) { f.kill(p.PID) }
 
 func (f *fake) kill(pid int) {
 	f.mu.Lock()

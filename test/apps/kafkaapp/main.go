@@ -37,6 +37,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"os"
 	"os/signal"
 	"runtime"
 	"strconv"
@@ -68,6 +69,7 @@ type config struct {
 	handover       bool
 	heartbeat      time.Duration
 	slowHook       time.Duration
+	slowHookFile   string
 	reproduce      int
 	startLast      bool
 	partition      int
@@ -77,7 +79,6 @@ type config struct {
 	noRetry        bool
 	offsetsCheck   time.Duration
 	sec            *appkit.Security
-	listenFDs      bool
 }
 
 func main() {
@@ -103,7 +104,8 @@ func main() {
 	flag.DurationVar(&c.heartbeat, "heartbeat", time.Second, "consumer group heartbeat interval")
 	flag.BoolVar(&c.handover, "group-handover", false, "with -consume and -group: keep the membership across a checkpoint (kafkahooks.WithGroupHandover)")
 	listen := flag.String("listen", "127.0.0.1:0", "address of the state listener")
-	flag.BoolVar(&c.listenFDs, "listen-fds", false, "serve the state on the socket of LISTEN_FDS (kcr standby --listen) instead of -listen")
+	listenFDs := flag.Bool("listen-fds", false, "serve the state on the socket of LISTEN_FDS (kcr standby --listen) instead of -listen; every connection counts as activity (notify.Touch)")
+	flag.StringVar(&c.slowHookFile, "slow-hook-file", "", "while this file exists, the slow before-checkpoint hook takes the duration it holds (a fault to inject)")
 	flag.DurationVar(&c.slowHook, "slow-hook", 0, "a before-checkpoint hook that runs last and takes this long (or until its deadline)")
 	failCheckpoint := flag.Bool("fail-checkpoint", false, "register a resource whose before-checkpoint hook fails")
 	logLevel := flag.String("log-level", "info", "level of the slog records logged as ev=log (debug, info, warn)")
@@ -132,6 +134,9 @@ func main() {
 	if *failCheckpoint {
 		notify.Register("failing", notify.Func(func(context.Context) error { return errors.New("refusing the checkpoint (-fail-checkpoint)") }, nil))
 	}
+	if *listenFDs {
+		*listen = ""
+	}
 	if err := run(c, *listen); err != nil {
 		appkit.Fatal(1, err.Error())
 	}
@@ -157,10 +162,14 @@ func run(c config, listen string) error {
 
 	a := &app{cfg: c, next: make(chan int, 4096), retry: make(chan []int, 1024)}
 
-	if c.slowHook > 0 {
+	if c.slowHook > 0 || c.slowHookFile != "" {
 		notify.Register("kafkaapp-slow", notify.Func(func(ctx context.Context) error {
+			d := c.slowHook
+			if b, err := os.ReadFile(c.slowHookFile); c.slowHookFile != "" && err == nil {
+				d, _ = time.ParseDuration(strings.TrimSpace(string(b)))
+			}
 			select {
-			case <-time.After(c.slowHook):
+			case <-time.After(d):
 				return nil
 			case <-ctx.Done():
 				return context.Cause(ctx)
@@ -243,16 +252,19 @@ func run(c config, listen string) error {
 	notify.Register("kafkaapp", notify.Func(nil, a.afterLast))
 
 	var ln net.Listener
-	if c.listenFDs {
-		lns, err := notify.Listeners()
-		if err == nil && len(lns) != 1 {
+	if listen == "" {
+		// kcr standby --listen: its socket, and every connection is work.
+		var lns []net.Listener
+		if lns, err = notify.Listeners(); err == nil && len(lns) != 1 {
 			err = fmt.Errorf("%d sockets in LISTEN_FDS, want 1", len(lns))
 		}
-		if err != nil {
-			return err
+		if err == nil {
+			ln = touchListener{lns[0]}
 		}
-		ln = lns[0]
-	} else if ln, err = (&net.ListenConfig{}).Listen(ctx, "tcp", listen); err != nil {
+	} else {
+		ln, err = (&net.ListenConfig{}).Listen(ctx, "tcp", listen)
+	}
+	if err != nil {
 		return err
 	}
 	srv, err := notify.Start()
@@ -591,3 +603,14 @@ var (
 	runs      = appkit.Runs
 	errString = appkit.ErrString
 )
+
+// touchListener counts every accepted connection as activity.
+type touchListener struct{ net.Listener }
+
+func (l touchListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		notify.Touch()
+	}
+	return c, err
+}

@@ -46,6 +46,9 @@ func main() {
 	dial := flag.String("dial", "", "connect to this control socket, send hello, print the answer and exit")
 	heapMB := flag.Int("heap-mb", 0, "keep this many MiB of filled memory (warm state for benchmarks)")
 	listenFDs := flag.Bool("listen-fds", false, "serve the state on the socket of LISTEN_FDS (kcr standby --listen) instead of -listen; every connection counts as activity (notify.Touch)")
+	startDelay := flag.Duration("start-delay", 0, "wait this long before opening the control socket (a slow cold start)")
+	afterDelay := flag.Duration("after-delay", 0, "an after-restore hook that takes this long (a slow restore)")
+	beforeDelay := flag.Duration("before-delay", 0, "a before-checkpoint hook that takes this long (a slow checkpoint)")
 	flag.Parse()
 	if *dial != "" {
 		os.Exit(dialMode(*dial))
@@ -116,6 +119,16 @@ func main() {
 		return nil
 	}, func(notify.Event) error { return connect() })
 	hook("worker", nil, nil)
+	if *afterDelay > 0 || *beforeDelay > 0 {
+		hook("slow", func() error {
+			time.Sleep(*beforeDelay)
+			return nil
+		}, func(notify.Event) error {
+			time.Sleep(*afterDelay)
+			emit("slow-done")
+			return nil
+		})
+	}
 
 	if *unhooked != "" {
 		c, err := net.Dial("tcp", *unhooked)
@@ -146,6 +159,7 @@ func main() {
 		emit("fatal", "err", err.Error())
 		os.Exit(1)
 	}
+	time.Sleep(*startDelay)
 	srv, err := notify.Start()
 	if err != nil {
 		emit("fatal", "err", err.Error())

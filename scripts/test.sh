@@ -27,8 +27,9 @@ scripts/install-podman.sh
 scripts/install-containerd.sh
 # The kubelet for test/e2e/kubelet_test.go, which starts and stops it
 # (kubelet-up.sh, kubelet-down.sh): built from the Go module proxy once
-# (minutes), then cached by version.
-scripts/install-kubelet.sh >/dev/null
+# (minutes), then cached by version; it builds while the brokers start.
+scripts/install-kubelet.sh >/dev/null &
+kubelet=$!
 prod_port=${KCR_KAFKA_PROD_PORT:-9094}
 prod_env=(KCR_KAFKA_PROD=1 KCR_KAFKA_PORT="$prod_port"
 	KCR_KAFKA_CONTROLLER_PORT="${KCR_KAFKA_PROD_CONTROLLER_PORT:-9095}"
@@ -47,6 +48,7 @@ cluster=$!
 wait "$fast"
 wait "$prod"
 wait "$cluster"
+wait "$kubelet" || die "the kubelet did not build (scripts/install-kubelet.sh)"
 export KCR_KAFKA_BROKERS="${KCR_KAFKA_BROKERS:-127.0.0.1:${KCR_KAFKA_PORT:-9092}}"
 export KCR_KAFKA_PROD_BROKERS="${KCR_KAFKA_PROD_BROKERS:-127.0.0.1:$prod_port}"
 export KCR_KAFKA_CLUSTER_HOME="${KCR_KAFKA_CLUSTER_HOME:-/var/tmp/kcr-kafka-cluster}"
@@ -55,3 +57,9 @@ export KCR_KAFKA_CLUSTER_HOME="${KCR_KAFKA_CLUSTER_HOME:-/var/tmp/kcr-kafka-clus
 # original PIDs, and parallel packages would compete for CPU and PIDs.
 go vet ./...
 go test -race -p 1 -count=1 -timeout 25m "$@" ./...
+# The fault-injection soak of kcr standby, short mode (~3 min), on the fast
+# broker (which it pauses): with a fixed seed, so that a failure can be
+# replayed (KCR_SOAK_SEED).
+if (($# == 0)); then
+	KCR_SOAK_SEED="${KCR_SOAK_SEED:-20261206}" scripts/soak-standby.sh
+fi

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"os"
 	"sync"
+	"time"
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -101,6 +103,11 @@ func kgoOpts(c config) (in, out []kgo.Opt) {
 	}
 	out = []kgo.Opt{kgo.SeedBrokers(c.brokers...), kgo.ClientID(c.clientID), kgo.DefaultProduceTopic(c.out),
 		kgo.ProducerLinger(0)}
+	if c.kgoDebug {
+		// Timestamped, to line kgo's requests up with the broker's log.
+		lg := kgo.WithLogger(kgo.BasicLogger(os.Stderr, kgo.LogLevelDebug, func() string { return time.Now().UTC().Format("15:04:05.000000 ") }))
+		in, out = append(in, lg), append(out, lg)
+	}
 	sec, _ := c.sec.kgo() // its only error, a bad CA file, stopped main
 	return append(in, sec...), append(out, sec...)
 }

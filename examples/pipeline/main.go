@@ -30,7 +30,8 @@
 //	after-restore the after-restore hook ran (kind, generation, instance)
 //	exit          after SIGTERM, once the clients are closed
 //
-// kafkahooks' and notify's logs go to stderr as JSON.
+// kafkahooks' and notify's logs go to stderr as JSON; with -kgo-debug, so
+// does kgo's debug log (franz-go), one timestamped line per event.
 package main
 
 import (
@@ -80,6 +81,7 @@ type config struct {
 	batch      int
 	client     string
 	balancer   string // franz-go: "client" or "server" (KIP-848)
+	kgoDebug   bool   // franz-go: kgo's debug log to stderr
 	handover   bool   // kafka-go: kafkahooks.WithGroupHandover
 	sec        security
 }
@@ -98,6 +100,7 @@ func main() {
 	flag.IntVar(&c.batch, "batch", 64, "most orders per produce and commit")
 	flag.StringVar(&c.client, "client", "kafka-go", "Kafka client library: kafka-go or franz (franz-go)")
 	flag.StringVar(&c.balancer, "kgo-balancer", "client", "franz-go group protocol: client (classic, cooperative-sticky) or server (KIP-848, kgo.ServerSideBalancer; Kafka 4.0+)")
+	flag.BoolVar(&c.kgoDebug, "kgo-debug", false, "franz-go: write kgo's debug log (every request) to stderr")
 	flag.BoolVar(&c.handover, "group-handover", false, "kafka-go: keep the group membership across a checkpoint (kafkahooks.WithGroupHandover)")
 	flag.StringVar(&c.sec.ca, "tls-ca", "", "PEM file of the CA to trust: connect with TLS")
 	flag.StringVar(&c.sec.user, "scram-user", "", "SASL SCRAM-SHA-512 user (none: no SASL)")

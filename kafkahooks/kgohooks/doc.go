@@ -65,7 +65,11 @@
 //     polled, or polled and not committed): kgohooks resolves those start
 //     offsets itself in kgo's AdjustFetchOffsetsFn (the user's runs first),
 //     so the next member does not resolve AtEnd again past the records
-//     produced meanwhile. It then records the group's committed offsets:
+//     produced meanwhile. A pin carries the leader's current epoch, as a
+//     commit of polled records does: kgo validates committed epochs before
+//     it fetches and sends one fetch per broker at a time, so a pin without
+//     one would be long-polled alone (FetchMaxWait) while the records of the
+//     other partitions wait. It then records the group's committed offsets:
 //     a restored member that finds a partition without a commit (expired by
 //     offsets.retention.minutes while the group was empty, or deleted)
 //     continues from the recorded offset, logs it, and counts it in its

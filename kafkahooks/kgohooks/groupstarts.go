@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -161,16 +162,16 @@ func (c *core) pinStarts(ctx context.Context, cl *kgo.Client, g *groupStarts) (i
 			committed[tp{o.Topic, o.Partition}] = o.At
 		}
 	})
-	pin := map[string]map[int32]kgo.EpochOffset{}
-	n := 0
-	for k, at := range g.snapshot() {
-		if _, ok := committed[k]; ok {
-			continue
+	pins := g.snapshot()
+	var unpinned []tp
+	for k := range pins {
+		if _, ok := committed[k]; !ok {
+			unpinned = append(unpinned, k)
 		}
-		put(pin, k, epochAt(at))
-		n++
 	}
+	n := len(unpinned)
 	if n > 0 {
+		pin := c.pinOffsets(ctx, adm, pins, unpinned)
 		if _, err := c.retry(ctx, "commit the start offsets of partitions without a commit", func(ctx context.Context) error {
 			var cerr error
 			cl.CommitOffsetsSync(ctx, pin, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
@@ -196,4 +197,34 @@ func (c *core) pinStarts(ctx context.Context, cl *kgo.Client, g *groupStarts) (i
 		}
 	}
 	return n, committed, nil
+}
+
+// pinOffsets returns the offsets pinStarts commits for the partitions ks,
+// each with its leader's current epoch. A commit with an epoch is validated
+// by the next member (OffsetForLeaderEpoch) before it fetches; one without
+// is fetched at once. kgo sends one fetch per broker at a time, so a member
+// restored with both kinds long-polls the partitions without an epoch
+// (kgo.FetchMaxWait, 5 s by default) while the others, whose records woke
+// it, wait for that fetch to end. Commits of polled records carry their
+// epoch, so the pins carry one too. Without metadata, they carry none.
+func (c *core) pinOffsets(ctx context.Context, adm *kadm.Client, pins map[tp]int64, ks []tp) map[string]map[int32]kgo.EpochOffset {
+	var topics []string
+	for _, k := range ks {
+		if !slices.Contains(topics, k.topic) {
+			topics = append(topics, k.topic)
+		}
+	}
+	md, err := adm.Metadata(ctx, topics...)
+	if err != nil {
+		c.cfg.log.Debug("leader epochs for the pinned start offsets", "err", err)
+	}
+	pin := map[string]map[int32]kgo.EpochOffset{}
+	for _, k := range ks {
+		eo := epochAt(pins[k])
+		if pd, ok := md.Topics[k.topic].Partitions[k.partition]; ok && err == nil && pd.Err == nil {
+			eo.Epoch = pd.LeaderEpoch
+		}
+		put(pin, k, eo)
+	}
+	return pin
 }

@@ -124,6 +124,41 @@ func TestGroupAtEndUnpolledPartitionKeepsDowntime(t *testing.T) {
 	}
 }
 
+// A member checkpointed with one partition committed from polled records
+// (with their leader epoch) and one pinned at its start: the pin carries the
+// leader epoch too, so the restored member validates both before its first
+// fetch and a record produced to the committed partition after the restore
+// is not held behind a long poll of the pinned one (kgo sends one fetch per
+// broker at a time; FetchMaxWait here outlasts the poll's deadline).
+func TestPinnedStartCarriesLeaderEpoch(t *testing.T) {
+	addrs, reg := newRig(t, 2, "ep")
+	producePart(t, addrs, "ep", 0, vals("old", 3))
+	c := newHooked(t, reg, []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumerGroup("ep"), kgo.ConsumeTopics("ep"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(time.Minute)})
+	ctx := testCtx(t, 40*time.Second)
+	got := kafkatest.PollValues(ctx, c, nil, 3)
+	if !slices.Equal(got, vals("old", 3)) {
+		t.Fatalf("before the checkpoint delivered %v, want %v", got, vals("old", 3))
+	}
+	hooktest.SimulateOK(t, ctx, reg, notify.SimRestore, 5*time.Second)
+	fetched, err := kadm.NewClient(mustClient(t, addrs)).FetchOffsets(ctx, "ep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[int32]int64{0: 3, 1: 0} {
+		o, ok := fetched.Lookup("ep", p)
+		if !ok || o.At != want || o.LeaderEpoch < 0 {
+			t.Errorf("partition %d committed %+v: want offset %d with the leader's epoch (not -1)", p, o, want)
+		}
+	}
+	producePart(t, addrs, "ep", 0, []string{"new"})
+	pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if after := kafkatest.PollValues(pctx, c, nil, 1); !slices.Equal(after, []string{"new"}) {
+		t.Errorf("after the restore delivered %v within 20 s, want [new] (held behind a long poll of the pinned partition?)", after)
+	}
+}
+
 // H8. The group's committed offsets are gone when the member is restored
 // (offsets.retention.minutes expired them while the group was empty; here
 // the group is deleted during the checkpoint, which is what expiry does):

@@ -69,11 +69,19 @@ func listenPrivate(path string) (*net.UnixListener, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(tmp)
-	bound := filepath.Join(tmp, filepath.Base(path))
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: bound, Net: "unix"})
+	d, err := os.Open(tmp)
 	if err != nil {
 		return nil, err
 	}
+	defer d.Close()
+	// Bound through the directory's fd: a socket's path is limited to 107
+	// bytes, and the temporary directory would push a path that fits
+	// beyond it.
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: fmt.Sprintf("/proc/self/fd/%d/%s", d.Fd(), filepath.Base(path)), Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	bound := filepath.Join(tmp, filepath.Base(path))
 	// Go would unlink the bound name on Close, which the rename moves.
 	ln.SetUnlinkOnClose(false)
 	if err := os.Chmod(bound, 0o600); err != nil {

@@ -190,7 +190,30 @@ func (pr *PreparedRestore) Restore(ctx context.Context) ([]*RestoreResult, error
 	pr.start = time.Now()
 	pr.pre = nil
 	defer pr.Close()
+	if err := pr.img.Unchanged(); err != nil {
+		// Changed while it waited (a disk, an operator): what is
+		// restored must be what is verified, so verify it again.
+		logger(pr.o.Logger).Warn("the prepared image changed; verifying it again", "err", err)
+		if err := pr.reopen(ctx); err != nil {
+			return nil, err
+		}
+	}
 	return pr.restore(ctx)
+}
+
+// reopen verifies and opens the image again, and checks it as
+// prepareRestore did.
+func (pr *PreparedRestore) reopen(ctx context.Context) error {
+	pr.img.Close()
+	pr.img = nil
+	t := time.Now()
+	img, err := images.OpenWith(ctx, pr.o.Image, OpenOptions(pr.o.Rehash, pr.o.AllowUntrusted, pr.o.VerifyKeys))
+	if err != nil {
+		return err
+	}
+	pr.img = img
+	pr.pre.Add(PhaseVerify, time.Since(t))
+	return pr.s.checkImage(pr.o, img.Manifest)
 }
 
 // Close releases the image and the CRIU started ahead; a no-op after

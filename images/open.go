@@ -29,6 +29,8 @@ type Image struct {
 	// Cached counts the files that were not hashed again because they are
 	// unchanged since they were last verified.
 	Cached int
+	// verified identifies each file as it was verified (Unchanged).
+	verified map[string]fileID
 	// Signer is the key whose signature of the manifest was verified (see
 	// OpenOptions.VerifyKeys); nil when no key was asked for.
 	Signer ed25519.PublicKey

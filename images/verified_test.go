@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -120,5 +121,33 @@ func TestVerifiedCacheKeyHasDevice(t *testing.T) {
 	writeVerified(root, ids)
 	if im, err := Open(ctx, img); err != nil || im.Cached != 0 {
 		t.Fatalf("Open with entries of another device: cached %d, %v", im.Cached, err)
+	}
+}
+
+// An image held open reports a file written after it was verified, even
+// one written in place with its times put back.
+func TestUnchanged(t *testing.T) {
+	ctx := context.Background()
+	img := build(t)
+	im, err := Open(ctx, img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer im.Close()
+	if err := im.Unchanged(); err != nil {
+		t.Fatalf("Unchanged right after Open: %v", err)
+	}
+	p := filepath.Join(img, "criu", "pages-1.img")
+	fi, _ := os.Stat(p)
+	time.Sleep(10 * time.Millisecond)
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt([]byte{0x00}, 7)
+	f.Close()
+	os.Chtimes(p, fi.ModTime(), fi.ModTime())
+	if err := im.Unchanged(); err == nil || !strings.Contains(err.Error(), "criu/pages-1.img changed") {
+		t.Fatalf("Unchanged after a write: %v, want criu/pages-1.img changed", err)
 	}
 }

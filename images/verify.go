@@ -119,8 +119,17 @@ func (im *Image) checkContents(ctx context.Context, root *os.Root, onDisk map[st
 	hashed, ids := 0, make(map[string]fileID, len(im.Manifest.Files))
 	hs := newHasher()
 	now := time.Now()
+	seen := make(map[string]fileID, len(im.Manifest.Files))
+	defer func() {
+		if len(seen) == len(im.Manifest.Files) {
+			im.verified = seen
+		}
+	}()
 	for _, f := range im.Manifest.Files {
 		before, ok := idOf(onDisk[f.Path], f.SHA256)
+		if ok {
+			seen[f.Path] = before
+		}
 		if ok && cache[f.Path] == before {
 			im.Cached++
 			ids[f.Path] = before
@@ -239,4 +248,21 @@ func sizeError(dir string, f FileEntry, got int64) error {
 	}
 	return newError(dir, f.Path, kind, nil,
 		fmt.Sprintf("%s is %s: %d bytes, manifest says %d; %s", f.Path, what, got, f.Size, damaged))
+}
+
+// Unchanged reports an error unless every file of the manifest is, by its
+// inode, size and times, the file that was verified when the image was
+// opened: an image held open for a while (a restore prepared ahead) is
+// verified again before use if it is not.
+func (im *Image) Unchanged() error {
+	if im.verified == nil {
+		return fmt.Errorf("images: %s: not all files were identified when verified", im.Dir)
+	}
+	for _, f := range im.Manifest.Files {
+		now, ok := statID(im.Dir, f.Path, f.SHA256)
+		if !ok || now != im.verified[f.Path] {
+			return fmt.Errorf("images: %s: %s changed since it was verified", im.Dir, f.Path)
+		}
+	}
+	return nil
 }

@@ -143,6 +143,9 @@ func New(ctx context.Context, cfg Config) (*Watcher, error) {
 		// A broker that is down must not hold a round long: the next
 		// round asks again.
 		kgo.RequestRetries(0), kgo.RetryTimeout(time.Second), kgo.DialTimeout(time.Second),
+		// Nor one that hangs (paused, overloaded): a request fails 2 s
+		// past its own wait instead of kgo's default 10 s.
+		kgo.RequestTimeoutOverhead(2*time.Second),
 		// Every reading of the group asks for the leaders and topic ids
 		// afresh (kadm answers from a cache that is younger).
 		kgo.MetadataMinAge(10*time.Millisecond),

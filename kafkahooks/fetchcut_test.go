@@ -3,15 +3,9 @@ package kafkahooks
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/binary"
 	"io"
-	"math/big"
 	"net"
 	"strconv"
 	"testing"
@@ -20,6 +14,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kcr-dev/kcr/internal/testkit/hooktest"
+	"github.com/kcr-dev/kcr/internal/testkit/tlstest"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -214,22 +209,8 @@ func writeValues(addrs []string, topic string, from, to int) error {
 // watch, which then sees the requests in the clear, and the server name
 // defaults to the address's host, as kafka-go's Dialer does it.
 func TestFetchCutTLS(t *testing.T) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "broker"},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}})
+	server, pool := tlstest.SelfSigned(t)
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", server)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,8 +226,6 @@ func TestFetchCutTLS(t *testing.T) {
 		n, _ := io.ReadFull(c, b)
 		got <- b[:n]
 	}()
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
 	f := newFetchCut()
 	c, err := f.wrap((&net.Dialer{}).DialContext, &tls.Config{RootCAs: pool})(context.Background(), "tcp", ln.Addr().String())
 	if err != nil {

@@ -120,6 +120,25 @@ func kubeletCheckpoint(t *testing.T, ns, pod, ctr string) string {
 	return r.Items[0]
 }
 
+// kubeletService runs kafkaapp (serviceArgs) in a static pod of the kubelet
+// from image and waits until it serves: its pod, container,
+// app and state.
+func (c *criEnv) kubeletService(t *testing.T, k *kafkaEnv, manifests, image, topic, group, base string) (string, *cri.ContainerStatus, *kapp, appState) {
+	t.Helper()
+	pod := staticPod(t, manifests, uniqueName("svc"), image, c.conf, serviceArgs(k, topic, group, base))
+	st := c.kubeletContainer(pod)
+	a := &kapp{app: &app{t: t, out: filepath.Join(c.dir, "app.log"), done: make(chan struct{})}, k: k}
+	k.keepLog(a)
+	c.follow(st.LogPath, a.out)
+	ev := a.waitEvent(60*time.Second, func(e event) bool { return e["ev"] == "ready" || e["ev"] == "fatal" })
+	if ev["ev"] == "fatal" {
+		t.Fatalf("kafkaapp failed to start in the kubelet's pod: %v", ev)
+	}
+	a.listen = ev.str("listen")
+	before := k.waitServing(a, topic, group, base)
+	return pod, st, a, before
+}
+
 // TestKubeletCheckpoint: the kubelet's checkpoint API (POST
 // /checkpoint/NS/POD/CONTAINER) on a static pod of the real kubelet, whose
 // image it pulled from a registry: kcr's hooks run, told that the
@@ -131,19 +150,7 @@ func TestKubeletCheckpoint(t *testing.T) {
 	c := newCRI(t)
 	k := needKafka(t)
 	topic, group, base := k.newTopic("kcr-kubelet", 1), uniqueName("kubelet-group"), "kubelet"
-	image := c.registryImage()
-	pod := staticPod(t, manifests, uniqueName("svc"), image, c.conf, serviceArgs(k, topic, group, base))
-	st := c.kubeletContainer(pod)
-
-	a := &kapp{app: &app{t: t, out: filepath.Join(c.dir, "app.log"), done: make(chan struct{})}, k: k}
-	k.keepLog(a)
-	c.follow(st.LogPath, a.out)
-	ev := a.waitEvent(60*time.Second, func(e event) bool { return e["ev"] == "ready" || e["ev"] == "fatal" })
-	if ev["ev"] == "fatal" {
-		t.Fatalf("kafkaapp failed to start in the kubelet's pod: %v", ev)
-	}
-	a.listen = ev.str("listen")
-	before := k.waitServing(a, topic, group, base)
+	pod, _, a, before := c.kubeletService(t, k, manifests, c.registryImage(), topic, group, base)
 
 	n0 := len(a.events())
 	t0 := time.Now()
@@ -182,17 +189,7 @@ func TestKubeletRestorePod(t *testing.T) {
 	k := needKafka(t)
 	topic, group, base := k.newTopic("kcr-kubelet-restore", 1), uniqueName("kubelet-restore-group"), "kubelet-restore"
 	image := c.registryImage()
-	pod := staticPod(t, manifests, uniqueName("svc"), image, c.conf, serviceArgs(k, topic, group, base))
-	st := c.kubeletContainer(pod)
-	a := &kapp{app: &app{t: t, out: filepath.Join(c.dir, "app.log"), done: make(chan struct{})}, k: k}
-	k.keepLog(a)
-	c.follow(st.LogPath, a.out)
-	ev := a.waitEvent(60*time.Second, func(e event) bool { return e["ev"] == "ready" || e["ev"] == "fatal" })
-	if ev["ev"] == "fatal" {
-		t.Fatalf("kafkaapp failed to start in the kubelet's pod: %v", ev)
-	}
-	a.listen = ev.str("listen")
-	before := k.waitServing(a, topic, group, base)
+	_, st, a, before := c.kubeletService(t, k, manifests, image, topic, group, base)
 
 	img := filepath.Join(c.dir, "img")
 	runKCR(t, kcrOpts{must: true}, "checkpoint", "--container", st.Id, "--runc-root", criRuncRoot, "-o", img)

@@ -1,13 +1,10 @@
 package standby
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -151,29 +148,9 @@ func containsProc(ps []proc, p proc) bool {
 // findCopies lists the processes that are init of their own PID namespace
 // and carry markerEnv=dir in their environment.
 func findCopies(dir string) []proc {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	want := []byte(markerEnv + "=" + dir + "\x00")
 	var out []proc
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		if st, err := procfs.ReadStatus(pid); err != nil || !st.OwnPIDNamespace() {
-			continue
-		}
-		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
-		if err != nil || !bytes.Contains(append(env, 0), want) {
-			continue
-		}
-		stat, err := procfs.ReadStat(pid)
-		if err != nil || stat.Zombie() {
-			continue
-		}
-		out = append(out, proc{PID: pid, Start: stat.StartTime})
+	for _, m := range procfs.NamespaceInitsWith(markerEnv + "=" + dir) {
+		out = append(out, proc{PID: m.PID, Start: m.Start})
 	}
 	return out
 }

@@ -7,14 +7,12 @@ package e2e
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -80,24 +78,9 @@ func (w *copyWatch) check(t *testing.T) {
 }
 
 func taggedCopies(tag string) []int {
-	ents, _ := os.ReadDir("/proc")
-	want := []byte("KCR_E2E_TAG=" + tag + "\x00")
 	var pids []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if st, err := procfs.ReadStatus(pid); err != nil || !st.OwnPIDNamespace() {
-			continue
-		}
-		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
-		if err != nil || !bytes.Contains(env, want) {
-			continue
-		}
-		if st, err := procfs.ReadStat(pid); err == nil && !st.Zombie() {
-			pids = append(pids, pid)
-		}
+	for _, m := range procfs.NamespaceInitsWith("KCR_E2E_TAG=" + tag) {
+		pids = append(pids, m.PID)
 	}
 	return pids
 }

@@ -254,24 +254,9 @@ func (s *soak) ctl(sv *service, verb string) {
 // copies are the processes that are init of a PID namespace and carry
 // SOAK_TAG=sv.dir: every copy of the service, cold or restored.
 func copies(sv *service) []int {
-	ents, _ := os.ReadDir("/proc")
-	want := []byte("SOAK_TAG=" + sv.dir + "\x00")
 	var pids []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if st, err := procfs.ReadStatus(pid); err != nil || !st.OwnPIDNamespace() {
-			continue
-		}
-		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
-		if err != nil || !bytes.Contains(env, want) {
-			continue
-		}
-		if st, err := procfs.ReadStat(pid); err == nil && !st.Zombie() {
-			pids = append(pids, pid)
-		}
+	for _, m := range procfs.NamespaceInitsWith("SOAK_TAG=" + sv.dir) {
+		pids = append(pids, m.PID)
 	}
 	return pids
 }

@@ -56,7 +56,16 @@ export KCR_KAFKA_CLUSTER_HOME="${KCR_KAFKA_CLUSTER_HOME:-/var/tmp/kcr-kafka-clus
 # One package at a time: the end-to-end tests restore processes at their
 # original PIDs, and parallel packages would compete for CPU and PIDs.
 go vet ./...
-go test -race -p 1 -count=1 -timeout 40m "$@" ./...
+# Without -v, go test prints only failing tests' output; its assertions
+# are repeated at the end (a CI summary shows the log's head and tail, and a
+# failing test's dumps would push them out of it).
+log=$(mktemp /var/tmp/kcr-test.XXXXXX.log)
+if ! go test -race -p 1 -count=1 -timeout 40m "$@" ./... 2>&1 | tee "$log"; then
+	echo "test.sh: the failures, again (full output in $log):"
+	grep -E -e '--- FAIL|^(FAIL|panic:)' -e '_test\.go:[0-9]+: ' "$log" | grep -v -e '-> exit 0$' | cut -c1-400 | tail -n 60
+	exit 1
+fi
+rm -f "$log"
 # The fault-injection soak of kcr standby, short mode (~3 min), on the fast
 # broker (which it pauses): with a fixed seed, so that a failure can be
 # replayed (KCR_SOAK_SEED).

@@ -550,7 +550,7 @@ func (k *kafkaEnv) keepLog(a *kapp) {
 		}
 		if k.t.Failed() {
 			var lines []string
-			for _, e := range tail(a.events(), 30) {
+			for _, e := range tail(a.events(), 8) {
 				b, _ := json.Marshal(e)
 				lines = append(lines, string(b))
 			}

@@ -31,7 +31,9 @@
 # on the broker above and again on the cluster, the pipeline over SASL_SSL
 # (SCRAM-SHA-512), kcr standby and the measuring client over its PLAINTEXT
 # listeners: what TLS, SASL and three brokers add to a wake. KCR_BENCH_KDAT and
-# KCR_BENCH_PREPARE (--kdat-cache, --prepare-restore, default true).
+# KCR_BENCH_PREPARE (--kdat-cache, --prepare-restore, default true),
+# KCR_BENCH_LAZY (--lazy, default false), KCR_BENCH_CACHE_MB (the service's
+# warm cache, default 64: what CRIU's restore copies grows with it).
 #
 # The wake's phases (from the order's send: the wake signal, restored, hooks
 # done, first record handed, first result) come from kcr standby's status
@@ -54,7 +56,8 @@ hold="${KCR_BENCH_HOLD:-true}"
 cluster_home="${KCR_BENCH_CLUSTER:-}"
 kdat="${KCR_BENCH_KDAT:-true}"
 prepare="${KCR_BENCH_PREPARE:-true}"
-for v in hold kdat prepare; do
+lazy="${KCR_BENCH_LAZY:-false}"
+for v in hold kdat prepare lazy; do
 	[[ ${!v} == true || ${!v} == false ]] || die "KCR_BENCH_${v^^} must be true or false (got '${!v}')"
 done
 
@@ -119,7 +122,7 @@ for target in "${targets[@]}"; do
 		port=$((20000 + RANDOM % 20000))
 		metrics="127.0.0.1:$port"
 		setsid "$bin/kcr" standby --image-dir "$run/img" --idle "$idle" --poll "$poll" --brokers "$pbrokers" \
-			--hold-group="$hold" --kdat-cache="$kdat" --prepare-restore="$prepare" --group "$group" --topics "$orders" --metrics "$metrics" -- "${svc[@]}" \
+			--hold-group="$hold" --kdat-cache="$kdat" --prepare-restore="$prepare" --lazy="$lazy" --group "$group" --topics "$orders" --metrics "$metrics" -- "${svc[@]}" \
 			</dev/null >"$run/standby.log" 2>&1 &
 		sb_pid=$!
 		status="$bin/kcr standby status --image-dir $run/img --json"
@@ -175,7 +178,7 @@ done
 
 where="$brokers"
 [[ -n $cluster_home ]] && where+=" (the broker) and the cluster $KCR_KAFKA_CLUSTER_SCRAM_BROKERS (SASL_SSL, SCRAM-SHA-512)"
-echo "kcr standby on $where, $(date -u +%F), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'): $cycles idle → wake cycles (--idle $idle, --poll $poll, --hold-group=$hold, --kdat-cache=$kdat, --prepare-restore=$prepare, asleep $asleep, load $(cut -d' ' -f1-3 /proc/loadavg)), $cold_cycles cold starts"
+echo "kcr standby on $where, $(date -u +%F), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'): $cycles idle → wake cycles (--idle $idle, --poll $poll, --hold-group=$hold, --kdat-cache=$kdat, --prepare-restore=$prepare, --lazy=$lazy, cache $cache_mb MiB, asleep $asleep, load $(cut -d' ' -f1-3 /proc/loadavg)), $cold_cycles cold starts"
 for r in "${results[@]}"; do
 	IFS='|' read -r c w k rss cpu rps kwake <<<"$r"
 	echo "$c:"

@@ -56,16 +56,27 @@ export KCR_KAFKA_CLUSTER_HOME="${KCR_KAFKA_CLUSTER_HOME:-/var/tmp/kcr-kafka-clus
 # One package at a time: the end-to-end tests restore processes at their
 # original PIDs, and parallel packages would compete for CPU and PIDs.
 go vet ./...
-# Without -v, go test prints only failing tests' output; its assertions
-# are repeated at the end (a CI summary shows the log's head and tail, and a
-# failing test's dumps would push them out of it).
-log=$(mktemp /var/tmp/kcr-test.XXXXXX.log)
-if ! go test -race -p 1 -count=1 -timeout 40m "$@" ./... 2>&1 | tee "$log"; then
-	echo "test.sh: the failures, again (full output in $log):"
-	grep -E -e '--- FAIL|^(FAIL|panic:)' -e '_test\.go:[0-9]+: ' "$log" | grep -v -e '-> exit 0$' | cut -c1-400 | tail -n 60
-	exit 1
+# go test -json: the console shows each package's result and each failed
+# test's name as they come; at the end, the slowest tests (where the time
+# goes) and, after a failure, the failed tests' output, their assertions
+# last (a CI summary shows only the head and tail of a log).
+json=$(mktemp /var/tmp/kcr-test.XXXXXX.json)
+rc=0
+go test -json -race -p 1 -count=1 -timeout 40m "$@" ./... | tee "$json" |
+	jq -j --unbuffered 'select((.Action == "output" and (.Test == null or (.Output | test("^\\s*--- FAIL")))) or .Action == "build-output") | .Output' ||
+	rc=$?
+echo "test.sh: the slowest tests (s):"
+jq -r 'select((.Action == "pass" or .Action == "fail") and .Test != null and (.Test | contains("/") | not)) | "\(.Elapsed)\t\(.Package | sub(".*/kcr/"; ""))\t\(.Test)"' "$json" |
+	sort -rn | head -n 15
+if ((rc != 0)); then
+	failed='(map(select(.Action == "fail" and .Test != null) | "\(.Package) \(.Test)") | unique) as $f | .[] | select(.Action == "output" and .Test != null) | select("\(.Package) \(.Test)" as $k | $f | index($k)) | .Output'
+	echo "test.sh: the failed tests' output (the whole run's in $json):"
+	jq -j -s "$failed" "$json" | grep -v -e '^=== ' | cut -c1-400 | tail -n 300
+	echo "test.sh: the failed tests' assertions and logs:"
+	jq -j -s "$failed" "$json" | grep -E -e '--- FAIL|_test\.go:[0-9]+: |^panic:' | grep -v -e '-> exit 0$' | cut -c1-400 | tail -n 60
+	exit "$rc"
 fi
-rm -f "$log"
+rm -f "$json"
 # The fault-injection soak of kcr standby, short mode (~3 min), on the fast
 # broker (which it pauses): with a fixed seed, so that a failure can be
 # replayed (KCR_SOAK_SEED).

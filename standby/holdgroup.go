@@ -228,6 +228,18 @@ func (h *groupHold) closeOnce(ch func() *chan struct{}) {
 	}
 }
 
+// releaseOthers removes, this replica woken without a hold of its own,
+// the placeholders other replicas left in the group once a member is in
+// it: they would rejoin every rebalance of the live members.
+func (h *groupHold) releaseOthers(ctx context.Context) {
+	h.mu.Lock()
+	running := h.cancel != nil
+	h.mu.Unlock()
+	if !running {
+		h.release(ctx, "")
+	}
+}
+
 // stop stops the running hold and waits until the placeholder left.
 func (h *groupHold) stop() {
 	h.mu.Lock()
@@ -405,6 +417,9 @@ func (h *groupHold) serviceProtocol(ctx context.Context) (proto, skip string, er
 		case g.state == "Empty" || len(g.real) == 0:
 			// Joining an empty group starts the initial delay.
 			return "", "the group is empty: the service is not in it", nil
+		case h.o.Replicas && len(g.real) > 1:
+			// Only a group that would be left empty is held.
+			return "", "other replicas keep the group", nil
 		case g.protocol != "":
 			return g.protocol, "", nil
 		}

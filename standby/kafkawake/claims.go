@@ -84,7 +84,7 @@ func OpenClaims(ctx context.Context, brokers []string, topic, group, self, versi
 	c := &Claims{topic: topic, group: group, self: self, log: log, last: -1, changed: make(chan struct{})}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ClientID("kcr-standby-claims"),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {0: kgo.NewOffset().AfterMilli(time.Now().Add(-claimsKeep).UnixMilli())}}),
-		kgo.FetchMaxWait(time.Second), kgo.ProducerLinger(0))
+		kgo.ProducerLinger(0))
 	if err != nil {
 		return nil, fmt.Errorf("%w: --brokers %v: %v", ErrConfig, brokers, err)
 	}

@@ -151,6 +151,11 @@ func (r *replicaSource) busy(ctx context.Context) (string, error) {
 // live members than --min-wake and work waits, or its live members do not
 // keep up. ctx ends it.
 func (r *replicaSource) wait(ctx context.Context) error {
+	// The claim that woke it last (if any) is spent, however briefly it
+	// was a member.
+	if err := r.claims.Asleep(ctx); err != nil && ctx.Err() == nil {
+		r.o.Logger.Warn("standby: replicas: recording the sleep in the claims topic failed", "err", err)
+	}
 	for ctx.Err() == nil {
 		live, err := r.members(ctx)
 		if err != nil {

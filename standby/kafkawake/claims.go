@@ -25,7 +25,10 @@ import (
 // applies the same rule to the same log, so all agree on who won.
 //
 // Each replica writes a hello record when it opens the log, so that its
-// first claim names a record every reader has read.
+// first claim names a record every reader has read, and an asleep record
+// each time it goes to sleep: a claim is pending from its writing until
+// the group has the live members it wanted, its replica wrote again, or
+// a bound passed.
 type Claims struct {
 	cl    *kgo.Client
 	topic string
@@ -51,6 +54,8 @@ type Claim struct {
 	Live   int    `json:"live"`
 	Want   int    `json:"want"`
 	Reason string `json:"reason"`
+	// Spent: its replica went back to sleep (or started again) since.
+	Spent bool `json:"spent,omitempty"`
 }
 
 // claimRecord is a record of the claims topic, keyed by group.
@@ -58,7 +63,7 @@ type claimRecord struct {
 	// V is the format; a reader applies the compare-and-swap to every
 	// record of its group, whatever its V.
 	V       int    `json:"v"`
-	Kind    string `json:"kind"` // "hello" or "claim"
+	Kind    string `json:"kind"` // "hello", "claim" or "asleep"
 	Replica string `json:"replica"`
 	Prev    int64  `json:"prev"`
 	Live    int    `json:"live,omitempty"`
@@ -169,7 +174,17 @@ func (c *Claims) apply(r *kgo.Record) {
 	}
 	prev := c.last
 	c.last = r.Offset
-	if cr.Kind != "claim" || cr.Prev != prev {
+	if cr.Kind != "claim" {
+		// A replica asleep again, or started again: its claims are
+		// spent, however briefly it was a member.
+		for i := range c.valid {
+			if c.valid[i].Replica == cr.Replica {
+				c.valid[i].Spent = true
+			}
+		}
+		return
+	}
+	if cr.Prev != prev {
 		return
 	}
 	c.valid = append(c.valid, Claim{Offset: r.Offset, At: r.Timestamp, Replica: cr.Replica, Live: cr.Live, Want: cr.Want, Reason: cr.Reason})
@@ -230,6 +245,16 @@ func (c *Claims) Claim(ctx context.Context, prev int64, live, want int, reason s
 	return false, nil
 }
 
+// Asleep records that this replica sleeps: its claims are spent. It
+// returns once it read the record back.
+func (c *Claims) Asleep(ctx context.Context) error {
+	off, err := c.write(ctx, claimRecord{Kind: "asleep", Prev: -1})
+	if err != nil {
+		return err
+	}
+	return c.readTo(ctx, off)
+}
+
 // Pending are the valid claims not spent at now with live members: the
 // group has fewer than they want, and they are younger than bound (a
 // replica that won and then failed to join is given up after bound).
@@ -238,7 +263,7 @@ func (c *Claims) Pending(now time.Time, live int, bound time.Duration) (pending 
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, v := range c.valid {
-		if live < v.Want && now.Sub(v.At) < bound {
+		if !v.Spent && live < v.Want && now.Sub(v.At) < bound {
 			pending = append(pending, v)
 		}
 	}

@@ -14,7 +14,7 @@ import (
 // the log, settle with one winner, and every reader (a replica that opens
 // the log later too) agrees on it. A claim made on a stale reading loses.
 // The winner's claim is pending until the group has the members it
-// wanted, or it is older than the bound.
+// wanted, its replica sleeps again, or it is older than the bound.
 func TestClaimsOneWinner(t *testing.T) {
 	_, addrs := kafkatest.Cluster(t, kfake.SeedTopics(1, "claims"))
 	openGroup := func(group, self string) *Claims {
@@ -68,6 +68,22 @@ func TestClaimsOneWinner(t *testing.T) {
 	}
 	if p, _ := late.Pending(time.Now().Add(2*time.Minute), 0, time.Minute); len(p) != 0 {
 		t.Errorf("pending past the bound: %v, want none", p)
+	}
+	// The winner goes back to sleep: its claim is spent, even if no
+	// reader saw it a member.
+	winner := a
+	if won[1] {
+		winner = b
+	}
+	if err := winner.Asleep(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	_, last := winner.Pending(time.Now(), 0, time.Minute)
+	if err := late.readTo(t.Context(), last); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := late.Pending(time.Now(), 0, time.Minute); len(p) != 0 {
+		t.Errorf("pending once the winner sleeps again: %v, want none", p)
 	}
 	// The loser claims again on its stale reading: it loses again.
 	loser := b

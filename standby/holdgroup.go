@@ -233,7 +233,7 @@ func (h *groupHold) closeOnce(ch func() *chan struct{}) {
 // it: they would rejoin every rebalance of the live members.
 func (h *groupHold) releaseOthers(ctx context.Context) {
 	h.mu.Lock()
-	running := h.cancel != nil
+	running := h.done != nil && !isClosed(h.done)
 	h.mu.Unlock()
 	if !running {
 		h.release(ctx, "")

@@ -104,7 +104,7 @@ func OpenClaims(ctx context.Context, brokers []string, topic, group, self, versi
 		cl.Close()
 		return nil, err
 	}
-	if err := c.readTo(ctx, off); err != nil {
+	if err := c.ReadTo(ctx, off); err != nil {
 		cl.Close()
 		return nil, fmt.Errorf("read the claims topic %q up to this replica's hello: %w", topic, err)
 	}
@@ -206,8 +206,9 @@ func (c *Claims) Changed() <-chan struct{} {
 	return c.changed
 }
 
-// readTo waits until the record at off was read.
-func (c *Claims) readTo(ctx context.Context, off int64) error {
+// ReadTo waits until the record at off (an offset of the claims topic)
+// was read.
+func (c *Claims) ReadTo(ctx context.Context, off int64) error {
 	for {
 		c.mu.Lock()
 		done, ch := c.next > off, c.changed
@@ -232,7 +233,7 @@ func (c *Claims) Claim(ctx context.Context, prev int64, live, want int, reason s
 	if err != nil {
 		return false, err
 	}
-	if err := c.readTo(ctx, off); err != nil {
+	if err := c.ReadTo(ctx, off); err != nil {
 		return false, err
 	}
 	c.mu.Lock()
@@ -252,7 +253,7 @@ func (c *Claims) Asleep(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.readTo(ctx, off)
+	return c.ReadTo(ctx, off)
 }
 
 // Pending are the valid claims not spent at now with live members: the

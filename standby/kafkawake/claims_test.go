@@ -31,7 +31,7 @@ func TestClaimsOneWinner(t *testing.T) {
 	openGroup("h", "other-group-replica")
 	// Both have read each other's hello.
 	_, pa := a.Pending(time.Now(), 0, time.Minute)
-	if err := b.readTo(t.Context(), pa); err != nil {
+	if err := b.ReadTo(t.Context(), pa); err != nil {
 		t.Fatal(err)
 	}
 	_, pb := b.Pending(time.Now(), 0, time.Minute)
@@ -79,7 +79,7 @@ func TestClaimsOneWinner(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, last := winner.Pending(time.Now(), 0, time.Minute)
-	if err := late.readTo(t.Context(), last); err != nil {
+	if err := late.ReadTo(t.Context(), last); err != nil {
 		t.Fatal(err)
 	}
 	if p, _ := late.Pending(time.Now(), 0, time.Minute); len(p) != 0 {

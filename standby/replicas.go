@@ -77,9 +77,12 @@ type replicaSource struct {
 func newReplicaSource(ctx context.Context, o *Options, k *kafkaSource, version string) (*replicaSource, error) {
 	host, _ := os.Hostname()
 	id := fmt.Sprintf("%s:%s", host, o.ImageDir)
-	c, err := kafkawake.OpenClaims(ctx, o.Brokers, o.ReplicasTopic, o.Group, id, version, o.Logger)
+	// Bounded: a broker that stops answering now must not hang the start.
+	octx, cancel := context.WithTimeout(ctx, max(2*o.BrokerTimeout, 10*time.Second))
+	defer cancel()
+	c, err := kafkawake.OpenClaims(octx, o.Brokers, o.ReplicasTopic, o.Group, id, version, o.Logger)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("--replicas: %w", err)
 	}
 	r := &replicaSource{kafkaSource: k, claims: c, o: o, changedAt: time.Now(), live: -1}
 	r.st = ReplicaStatus{ID: id, Decision: DecisionStarted, Why: "started", At: time.Now()}

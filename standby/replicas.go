@@ -117,6 +117,11 @@ func (r *replicaSource) note(decision, why string, live int, b kafkawake.Backlog
 	}
 }
 
+// started records that the replica runs for another reason than a claim.
+func (r *replicaSource) started(why string) {
+	r.note(DecisionStarted, why, 0, kafkawake.Backlog{})
+}
+
 // members reads the group's live members, and notes when their number
 // changed.
 func (r *replicaSource) members(ctx context.Context) (int, error) {

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/kcr-dev/kcr/engine"
-	"github.com/kcr-dev/kcr/standby/kafkawake"
 )
 
 // Supervisor runs one service through the standby cycle. Create it with
@@ -390,7 +389,7 @@ func (s *Supervisor) coldStart(ctx context.Context, c *run) {
 	}
 	c.p = np
 	if s.replica != nil {
-		s.replica.note(DecisionStarted, "started cold: "+c.reason, 0, kafkawake.Backlog{})
+		s.replica.started("started cold: " + c.reason)
 	}
 	s.running(np, "cold_start_ms", ms(time.Since(t)))
 	c.next = StateRunning
@@ -713,7 +712,7 @@ func (s *Supervisor) restore(ctx context.Context, source string, wokeAt time.Tim
 	latency := time.Since(wokeAt)
 	s.o.Observer.Wake(source, latency)
 	if s.replica != nil && source != "kafka" {
-		s.replica.note(DecisionStarted, "woken by "+source, 0, kafkawake.Backlog{})
+		s.replica.started("woken by " + source)
 	}
 	w := s.noteWake(source, wokeAt, t.Add(d))
 	s.running(p, "source", source, "image", s.image, "wake_latency_ms", ms(latency), "restore_ms", ms(d))

@@ -34,6 +34,7 @@ type Claims struct {
 	topic string
 	group string
 	self  string
+	ver   string // this kcr's version
 	log   *slog.Logger
 
 	mu      sync.Mutex
@@ -86,7 +87,7 @@ func OpenClaims(ctx context.Context, brokers []string, topic, group, self, versi
 	if log == nil {
 		log = slog.Default()
 	}
-	c := &Claims{topic: topic, group: group, self: self, log: log, last: -1, changed: make(chan struct{})}
+	c := &Claims{topic: topic, group: group, self: self, ver: version, log: log, last: -1, changed: make(chan struct{})}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ClientID("kcr-standby-claims"),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {0: kgo.NewOffset().AfterMilli(time.Now().Add(-claimsKeep).UnixMilli())}}),
 		kgo.ProducerLinger(0))
@@ -174,6 +175,9 @@ func (c *Claims) apply(r *kgo.Record) {
 	}
 	prev := c.last
 	c.last = r.Offset
+	if cr.Kind == "hello" && cr.Replica != c.self && cr.Version != c.ver {
+		c.log.Info("standby: replicas: a replica of another kcr version; they still coordinate", "replica", cr.Replica, "kcr_version", cr.Version)
+	}
 	if cr.Kind != "claim" {
 		// A replica asleep again, or started again: its claims are
 		// spent, however briefly it was a member.

@@ -137,22 +137,28 @@ func (r *replicaSource) members(ctx context.Context) (int, error) {
 	return n, nil
 }
 
-// busy: pending work keeps the replica awake only if it is the group's
-// last live member; other members take the work of the partitions it
-// gives up.
+// busy: pending work keeps the replica awake if it is the group's last
+// live member, or if the live members do not keep up (it would be woken
+// again at once: a replica just woken to help is idle while its join
+// waits for the group). Otherwise the others take the work of the
+// partitions it gives up.
 func (r *replicaSource) busy(ctx context.Context) (string, error) {
 	why, err := r.kafkaSource.busy(ctx)
 	if why == "" || err != nil {
 		return why, err
 	}
 	live, err := r.members(ctx)
+	if err != nil || live <= 1 {
+		return why, nil
+	}
+	b, err := r.w.Backlog(ctx)
 	if err != nil {
 		return why, nil
 	}
-	if live > 1 {
-		return "", nil
+	if age := b.Age(time.Now()); age > r.o.ScaleUpAfter {
+		return fmt.Sprintf("the %d live members do not keep up: oldest unprocessed record %v old (--scale-up-after %v)", live, age.Round(time.Millisecond), r.o.ScaleUpAfter), nil
 	}
-	return why, nil
+	return "", nil
 }
 
 // wait returns once this replica won a claim to wake: the group has fewer

@@ -7,6 +7,7 @@ package e2e
 import (
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -42,6 +43,11 @@ func newReplicaRig(t *testing.T) *replicaRig {
 		r.dirs = append(r.dirs, dir)
 		r.runs = append(r.runs, k.startStandby(dir, r.flags, r.svc...))
 	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			r.timeline()
+		}
+	})
 	return r
 }
 
@@ -216,6 +222,19 @@ func TestStandbyReplicas(t *testing.T) {
 	for i, s := range r.runs {
 		if n := s.countLogs("standby: group hold failed"); n != 0 {
 			t.Errorf("replica %d: %d failed holds", i, n)
+		}
+	}
+}
+
+// timeline logs the replicas' decisions and transitions: what a failure
+// needs to be read.
+func (r *replicaRig) timeline() {
+	for i, s := range r.runs {
+		for _, m := range s.logs() {
+			msg := fmt.Sprint(m["msg"])
+			if strings.Contains(msg, "replica") || strings.Contains(msg, "standby: running") || strings.Contains(msg, "standby: standby") || strings.Contains(msg, "hold") || strings.Contains(msg, "kafka work") {
+				r.t.Logf("replica %d %v %s why=%v source=%v live=%v oldest_ms=%v", i, m["time"], msg, m["why"], m["source"], m["live_members"], m["oldest_age_ms"])
+			}
 		}
 	}
 }

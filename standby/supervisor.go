@@ -611,7 +611,7 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc) State {
 		return StateRunning
 	}
 	if s.hold != nil {
-		s.hold.asleep()
+		s.hold.asleep(ctx)
 	}
 	s.mu.Lock()
 	s.ckptFails = 0

@@ -118,7 +118,8 @@ func sum(ns []int) int {
 	return n
 }
 
-// Three replicas under kcr standby --replicas: idle, all sleep; a burst
+// Three replicas under kcr standby --replicas: idle, all sleep, and the
+// group is held for the next wake; a burst
 // wakes exactly one; a replica killed (kcr standby and its service, as a
 // host that is gone) while work waits is replaced by a sleeping one; a
 // sustained load at 2.5× one replica's capacity wakes the other two, one
@@ -128,6 +129,16 @@ func sum(ns []int) int {
 func TestStandbyReplicas(t *testing.T) {
 	r := newReplicaRig(t)
 	r.allAsleep("idle")
+	// They went idle together (all started together): the group is held
+	// all the same, by one placeholder or more, and nothing else.
+	eventually(t, 30*time.Second, "the group held by a placeholder", func() (bool, string) {
+		d, err := r.k.describe(r.group)
+		held := err == nil && len(d.Members) > 0
+		for _, m := range d.Members {
+			held = held && m.ClientID == "kcr-standby-hold"
+		}
+		return held, fmt.Sprintf("state %s, %d members, err %v", d.State, len(d.Members), err)
+	})
 
 	// One burst: one replica wakes, the others stay asleep.
 	r.k.produceN(r.topic, 20)

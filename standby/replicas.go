@@ -122,15 +122,16 @@ func (r *replicaSource) started(why string) {
 	r.note(DecisionStarted, why, 0, kafkawake.Backlog{})
 }
 
-// members reads the group's live members, and notes when their number
-// changed.
+// members reads the group's live members, and notes when they last
+// changed: their number, or a rebalance (the last replica added has no
+// partitions yet: its effect is not seen).
 func (r *replicaSource) members(ctx context.Context) (int, error) {
-	n, err := r.w.Members(ctx, func(clientID string) bool { return clientID == holdClientID })
+	n, stable, err := r.w.Members(ctx, func(clientID string) bool { return clientID == holdClientID })
 	if err != nil {
 		return 0, err
 	}
 	r.mu.Lock()
-	if n != r.live {
+	if n != r.live || !stable {
 		r.live, r.changedAt = n, time.Now()
 	}
 	r.mu.Unlock()
@@ -259,7 +260,7 @@ func (r *replicaSource) scaleUp(ctx context.Context, live int) (bool, error) {
 	case age <= r.o.ScaleUpAfter:
 		r.note(DecisionKeptAsleep, fmt.Sprintf("%d live members keep up: oldest unprocessed record %v old (--scale-up-after %v)", live, age.Round(time.Millisecond), r.o.ScaleUpAfter), live, b)
 	case !settled:
-		r.note(DecisionWaitingForOther, "the group's members changed less than --scale-up-after ago: waiting to see the effect", live, b)
+		r.note(DecisionWaitingForOther, "the group's members changed or rebalanced less than --scale-up-after ago: waiting to see the effect", live, b)
 	default:
 		why = fmt.Sprintf("%d live members do not keep up: oldest unprocessed record %v old (> --scale-up-after %v), lag %d", live, age.Round(time.Millisecond), r.o.ScaleUpAfter, b.Records)
 	}

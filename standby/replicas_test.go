@@ -142,7 +142,7 @@ func TestReplicaScaleUp(t *testing.T) {
 			}
 			won, err := a.scaleUp(t.Context(), live)
 			wantDecision(t, a, won, err, c.wake, c.decide)
-			if st := a.status(); st.Lag != 6 || st.OldestAgeMS < float64((c.age - time.Second/2).Milliseconds()) {
+			if st := a.status(); st.Lag != 6 || st.OldestAgeMS < float64((c.age-time.Second/2).Milliseconds()) {
 				t.Errorf("status %+v: want lag 6, oldest %v old at least", st, c.age)
 			}
 			if !c.wake {

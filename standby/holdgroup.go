@@ -52,7 +52,14 @@ type groupHold struct {
 	done   chan struct{}      // closed when it returned
 	slept  chan struct{}      // closed by asleep
 	woken  chan struct{}      // closed by wake
+	// others: the last arm was skipped because other replicas were in the
+	// group (Options.Replicas); asleep then holds the group if they all
+	// left with this replica.
+	others bool
 }
+
+// skipReplicas is why arm skips a group that other replicas keep.
+const skipReplicas = "other replicas keep the group"
 
 // holdSaved is what the hold keeps in the state file.
 type holdSaved struct {
@@ -165,9 +172,18 @@ func (h *groupHold) arm(ctx context.Context) {
 		h.result(HoldFailed, "err", err)
 		return
 	case skip != "":
+		if skip == skipReplicas && proto != "" && proto != h.protocol() {
+			h.setProtocol(proto)
+		}
+		h.mu.Lock()
+		h.others = skip == skipReplicas
+		h.mu.Unlock()
 		h.result(HoldSkipped, "reason", skip)
 		return
 	}
+	h.mu.Lock()
+	h.others = false
+	h.mu.Unlock()
 	if proto != h.protocol() {
 		h.setProtocol(proto)
 	}
@@ -212,8 +228,47 @@ func (h *groupHold) waitListed(ctx context.Context, member string, done <-chan s
 }
 
 // asleep tells the running hold that the checkpoint is done: the
-// service's member left.
-func (h *groupHold) asleep() { h.closeOnce(func() *chan struct{} { return &h.slept }) }
+// service's member left. If arm skipped the group for other replicas,
+// and they left too (they slept at the same moment), a placeholder joins
+// the group, empty now: later wakes do not pay the initial delay.
+func (h *groupHold) asleep(ctx context.Context) {
+	h.closeOnce(func() *chan struct{} { return &h.slept })
+	h.mu.Lock()
+	others := h.others
+	h.others = false
+	h.mu.Unlock()
+	if !others || h.protocol() == "" {
+		return
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done, slept, woken := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	close(slept)
+	h.mu.Lock()
+	h.cancel, h.done, h.woken = cancel, done, woken
+	h.mu.Unlock()
+	go func() {
+		defer close(done)
+		defer h.report()
+		// The others' leaves settle first: a group still rebalancing may
+		// lose its last members yet.
+		h.settled(ctx)
+		// With no member left, canRejoin joins the empty group.
+		h.run(ctx, &holdMember{}, slept, woken)
+	}()
+}
+
+// settled waits, up to holdSettle, until the group is not rebalancing.
+func (h *groupHold) settled(ctx context.Context) {
+	for deadline := time.Now().Add(holdSettle); time.Now().Before(deadline); {
+		g, err := h.describe(ctx)
+		if err == nil && g.state != "PreparingRebalance" && g.state != "CompletingRebalance" {
+			return
+		}
+		if !sleepCtx(ctx, 50*time.Millisecond) {
+			return
+		}
+	}
+}
 
 // wake tells the running hold that the service is being restored: the
 // placeholders leave once the restored member's join started a rebalance.
@@ -225,6 +280,18 @@ func (h *groupHold) closeOnce(ch func() *chan struct{}) {
 	if c := ch(); *c != nil {
 		close(*c)
 		*c = nil
+	}
+}
+
+// releaseOthers removes, this replica woken without a hold of its own,
+// the placeholders other replicas left in the group once a member is in
+// it: they would rejoin every rebalance of the live members.
+func (h *groupHold) releaseOthers(ctx context.Context) {
+	h.mu.Lock()
+	running := h.done != nil && !isClosed(h.done)
+	h.mu.Unlock()
+	if !running {
+		h.release(ctx, "")
 	}
 }
 
@@ -405,6 +472,9 @@ func (h *groupHold) serviceProtocol(ctx context.Context) (proto, skip string, er
 		case g.state == "Empty" || len(g.real) == 0:
 			// Joining an empty group starts the initial delay.
 			return "", "the group is empty: the service is not in it", nil
+		case h.o.Replicas && len(g.real) > 1 && g.protocol != "":
+			// Only a group that would be left empty is held.
+			return g.protocol, skipReplicas, nil
 		case g.protocol != "":
 			return g.protocol, "", nil
 		}

@@ -20,6 +20,7 @@ type Metrics struct {
 	requests    prometheus.Counter
 	holds       *prometheus.CounterVec
 	phases      *prometheus.HistogramVec
+	replicas    *prometheus.CounterVec
 }
 
 var allStates = []State{StateStarting, StateRunning, StateCheckpointing, StateStandby, StateRestoring, StateBackoff, StateStopped}
@@ -53,7 +54,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.phases = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kcr_standby_wake_phase_seconds",
 		Help:    "Time from the wake signal to each phase of a wake: restored (CRIU done), hooks_done (after-restore hooks), first_activity (the service's first record handed or request answered).",
 		Buckets: latency}, []string{"phase"})
-	reg.MustRegister(m.state, m.wakes, m.wakeLatency, m.checkpoint, m.restore, m.failures, m.imageBytes, m.coldStarts, m.requests, m.holds, m.phases)
+	m.replicas = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kcr_standby_replica_decisions_total",
+		Help: "Changes of a replica's decision (--replicas): started, woken_by_lag, scaled_up, kept_asleep_others_keep_up, kept_asleep_other_waking, asleep_no_work."}, []string{"decision"})
+	reg.MustRegister(m.replicas, m.state, m.wakes, m.wakeLatency, m.checkpoint, m.restore, m.failures, m.imageBytes, m.coldStarts, m.requests, m.holds, m.phases)
 	return m
 }
 
@@ -110,3 +113,6 @@ func (m *Metrics) GroupHold(result string) { m.holds.WithLabelValues(result).Inc
 func (m *Metrics) WakePhase(phase string, d time.Duration) {
 	m.phases.WithLabelValues(phase).Observe(d.Seconds())
 }
+
+// ReplicaDecision implements ReplicaObserver.
+func (m *Metrics) ReplicaDecision(decision string) { m.replicas.WithLabelValues(decision).Inc() }

@@ -30,6 +30,8 @@ const (
 	DefaultBackoffMin     = 500 * time.Millisecond
 	DefaultBackoffMax     = 30 * time.Second
 	DefaultBrokerTimeout  = 5 * time.Second
+	DefaultReplicasTopic  = "kcr-standby-replicas"
+	DefaultScaleUpAfter   = 10 * time.Second
 	minActivityPoll       = 20 * time.Millisecond
 	maxActivityPoll       = time.Second
 	stateFileName         = "standby.json"
@@ -98,6 +100,26 @@ type Options struct {
 	// what it changes for the group's administration).
 	NoHoldGroup bool
 
+	// Replicas makes this kcr standby one of several replicas of the
+	// service, each under its own kcr standby with the same Group
+	// (possibly on other hosts), which coordinate through Kafka alone
+	// (docs/standby.md, "Replicas"): a sleeping replica wakes when the
+	// group has fewer than MinWake live members and work waits, or when
+	// the live members do not keep up (ScaleUpAfter); one replica at a
+	// time, elected by a claim in ReplicasTopic. It needs Group.
+	Replicas bool
+	// ReplicasTopic is the claims topic, shared by every replicated
+	// group (default "kcr-standby-replicas"; created with one partition
+	// if missing).
+	ReplicasTopic string
+	// MinWake is how many replicas the first records wake in a group
+	// without live members (default 1).
+	MinWake int
+	// ScaleUpAfter: a sleeping replica wakes when the oldest record the
+	// live members have not processed (committed) is older than this
+	// (default 10 s; above the members' commit interval).
+	ScaleUpAfter time.Duration
+
 	// Listen, if set, is a TCP address the supervisor listens on and hands
 	// to the service as LISTEN_FDS=1 (fd 3); a connection that arrives
 	// while the service is checkpointed wakes it.
@@ -144,6 +166,10 @@ func (o *Options) check() error {
 		return bad("a negative duration: give positive durations such as 100ms")
 	case o.Group != "" && len(o.Brokers) == 0:
 		return bad("--group %q needs --brokers", o.Group)
+	case o.Replicas && o.Group == "":
+		return bad("--replicas needs --group: the replicas coordinate through their consumer group")
+	case o.MinWake < 0 || o.ScaleUpAfter < 0:
+		return bad("--min-wake and --scale-up-after must not be negative")
 	case len(o.Topics) > 0 && o.Group == "":
 		return bad("--topics needs --group: the records watched are those the service's consumer group has not committed")
 	}
@@ -168,6 +194,15 @@ func (o *Options) check() error {
 	}
 	if o.BrokerTimeout == 0 {
 		o.BrokerTimeout = DefaultBrokerTimeout
+	}
+	if o.ReplicasTopic == "" {
+		o.ReplicasTopic = DefaultReplicasTopic
+	}
+	if o.MinWake == 0 {
+		o.MinWake = 1
+	}
+	if o.ScaleUpAfter == 0 {
+		o.ScaleUpAfter = DefaultScaleUpAfter
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()

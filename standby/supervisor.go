@@ -26,8 +26,11 @@ type Supervisor struct {
 	// nil without Options.Group. With Options.NoHoldGroup it only sweeps
 	// a placeholder an earlier kcr standby left.
 	hold *groupHold
-	ln   *net.TCPListener // nil without Options.Listen
-	ctl  *controlServer
+	// replica is the Kafka wake among replicas (Options.Replicas), also
+	// in wakes; nil without.
+	replica *replicaSource
+	ln      *net.TCPListener // nil without Options.Listen
+	ctl     *controlServer
 
 	wakeCh  chan string  // wake sources while checkpointed; buffered, sends never block
 	manual  chan request // manual wakes (kcr standby wake, SIGUSR1)
@@ -105,7 +108,14 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 		if err != nil {
 			return nil, err
 		}
-		s.wakes = append(s.wakes, k)
+		if !o.Replicas {
+			s.wakes = append(s.wakes, k)
+		} else if s.replica, err = newReplicaSource(ctx, &s.o, k, engine.Version); err != nil {
+			k.close()
+			return nil, err
+		} else {
+			s.wakes = append(s.wakes, s.replica)
+		}
 		if s.hold, err = newGroupHold(&s.o, s.log, s.setHoldSaved); err != nil {
 			return nil, err
 		}
@@ -227,6 +237,9 @@ type Status struct {
 	Image string `json:"image,omitempty"`
 	// LastWake is the breakdown of the last wake (nil before one).
 	LastWake *WakePhases `json:"last_wake,omitempty"`
+	// Replica is why this replica is awake or asleep (Options.Replicas;
+	// nil without).
+	Replica *ReplicaStatus `json:"replica,omitempty"`
 }
 
 // Status returns the state, the service's PID and the newest image.
@@ -234,6 +247,10 @@ func (s *Supervisor) Status() Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := Status{State: s.state, Image: s.image, LastWake: s.lastWake.get()}
+	if s.replica != nil {
+		r := s.replica.status()
+		st.Replica = &r
+	}
 	if s.state == StateRunning || s.state == StateCheckpointing {
 		st.PID = s.cur.PID
 	}
@@ -329,6 +346,9 @@ func (s *Supervisor) step(ctx context.Context, c *run) {
 		}
 		if s.hold != nil {
 			s.hold.wake()
+			if s.replica != nil {
+				s.bg.Go(func() { s.hold.releaseOthers(ctx) })
+			}
 		}
 		c.src, c.at, c.next = src, at, StateRestoring
 	case StateRestoring:
@@ -368,6 +388,9 @@ func (s *Supervisor) coldStart(ctx context.Context, c *run) {
 		return
 	}
 	c.p = np
+	if s.replica != nil {
+		s.replica.started("started cold: " + c.reason)
+	}
 	s.running(np, "cold_start_ms", ms(time.Since(t)))
 	c.next = StateRunning
 }
@@ -588,7 +611,7 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc) State {
 		return StateRunning
 	}
 	if s.hold != nil {
-		s.hold.asleep()
+		s.hold.asleep(ctx)
 	}
 	s.mu.Lock()
 	s.ckptFails = 0
@@ -688,6 +711,9 @@ func (s *Supervisor) restore(ctx context.Context, source string, wokeAt time.Tim
 	}
 	latency := time.Since(wokeAt)
 	s.o.Observer.Wake(source, latency)
+	if s.replica != nil && source != "kafka" {
+		s.replica.started("woken by " + source)
+	}
 	w := s.noteWake(source, wokeAt, t.Add(d))
 	s.running(p, "source", source, "image", s.image, "wake_latency_ms", ms(latency), "restore_ms", ms(d))
 	s.bg.Go(func() { s.watchFirstActivity(ctx, p, w, wokeAt) })

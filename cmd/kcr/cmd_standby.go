@@ -58,6 +58,10 @@ or checkpointed with its image in --image-dir; a new kcr standby with the same
 	f.StringSliceVar(&o.Topics, "topics", nil, "topics whose lag counts (default: those the group committed)")
 	f.DurationVar(&o.Poll, "poll", 0, "fetch the group's records every this long while the service sleeps (default 0: a long-polling fetch, answered when a record lands)")
 	f.BoolVar(&opts.holdGroup, "hold-group", true, "keep a placeholder member in --group while the service sleeps, so that its wake does not wait for the broker's initial rebalance delay (classic groups)")
+	f.BoolVar(&o.Replicas, "replicas", false, "this is one of several replicas of the service, each under its own kcr standby with the same --group: wake only when the group lacks one (see docs/standby.md, Replicas)")
+	f.StringVar(&o.ReplicasTopic, "replicas-topic", standby.DefaultReplicasTopic, "with --replicas: the topic where a sleeping replica claims its wake (one partition; created if missing)")
+	f.IntVar(&o.MinWake, "min-wake", 1, "with --replicas: how many replicas the first records wake when none runs")
+	f.DurationVar(&o.ScaleUpAfter, "scale-up-after", standby.DefaultScaleUpAfter, "with --replicas: wake a sleeping replica when the oldest record the running ones have not processed is older than this")
 	f.BoolVar(&opts.kdatCache, "kdat-cache", true, "keep CRIU's kernel probe for kcr standby's lifetime where /run is not a tmpfs (else CRIU probes at every checkpoint and restore)")
 	f.BoolVar(&o.Lazy, "lazy", false, "restore memory on demand (userfaultfd): the wake does not grow with the service's RSS; see docs/benchmarks.md for what the service pays")
 	f.BoolVar(&opts.prepare, "prepare-restore", true, "while the service sleeps, verify its image and start CRIU, so that a wake pays for the restore only")
@@ -170,6 +174,9 @@ func runStandbyCtl(ctx context.Context, opts *standbyCtlOpts, out *output) error
 		if w.FirstActivityMS > 0 {
 			fmt.Fprintf(out.stdout, ", first activity %.1f ms", w.FirstActivityMS)
 		}
+	}
+	if rp := r.Status.Replica; rp != nil {
+		fmt.Fprintf(out.stdout, "; replica %s: %s (%s)", rp.ID, rp.Decision, rp.Why)
 	}
 	fmt.Fprintln(out.stdout)
 	return nil

@@ -79,6 +79,7 @@ type config struct {
 	drain      bool
 	statsEvery time.Duration
 	batch      int
+	orderCost  time.Duration
 	client     string
 	balancer   string // franz-go: "client" or "server" (KIP-848)
 	kgoDebug   bool   // franz-go: kgo's debug log to stderr
@@ -98,6 +99,7 @@ func main() {
 	flag.BoolVar(&c.drain, "drain", true, "finish the orders in hand before a checkpoint (no second results)")
 	flag.DurationVar(&c.statsEvery, "stats-every", time.Second, "how often to log a stats event (0: never)")
 	flag.IntVar(&c.batch, "batch", 64, "most orders per produce and commit")
+	flag.DurationVar(&c.orderCost, "order-cost", 0, "time spent on each order before its result (a pipeline of known capacity: 1/order-cost orders per second)")
 	flag.StringVar(&c.client, "client", "kafka-go", "Kafka client library: kafka-go or franz (franz-go)")
 	flag.StringVar(&c.balancer, "kgo-balancer", "client", "franz-go group protocol: client (classic, cooperative-sticky) or server (KIP-848, kgo.ServerSideBalancer; Kafka 4.0+)")
 	flag.BoolVar(&c.kgoDebug, "kgo-debug", false, "franz-go: write kgo's debug log (every request) to stderr")
@@ -111,9 +113,9 @@ func main() {
 		fmt.Fprintln(os.Stderr, "pipeline: -tls-ca:", err)
 		os.Exit(2)
 	}
-	if c.cacheMB < 0 || c.warmup < 0 || c.batch < 1 || c.group == "" || c.in == "" || c.out == "" ||
+	if c.cacheMB < 0 || c.warmup < 0 || c.orderCost < 0 || c.batch < 1 || c.group == "" || c.in == "" || c.out == "" ||
 		(c.client != "kafka-go" && c.client != "franz") || (c.balancer != "client" && c.balancer != "server") {
-		fmt.Fprintln(os.Stderr, "pipeline: need -group, -in, -out, -batch ≥ 1, -client kafka-go or franz, -kgo-balancer client or server, and no negative -warmup or -cache-mb")
+		fmt.Fprintln(os.Stderr, "pipeline: need -group, -in, -out, -batch ≥ 1, -client kafka-go or franz, -kgo-balancer client or server, and no negative -warmup, -cache-mb or -order-cost")
 		os.Exit(2)
 	}
 	slog.SetDefault(slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("src", "pipeline"))
@@ -179,7 +181,7 @@ func run(c config) error {
 		}
 	}
 
-	p := &Pipeline{In: in, Out: out, Cache: cache, Emit: emit, Batch: c.batch}
+	p := &Pipeline{In: in, Out: out, Cache: cache, Emit: emit, Batch: c.batch, OrderCost: c.orderCost}
 	p.init()
 	var before func(context.Context) error
 	if c.drain {

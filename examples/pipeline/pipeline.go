@@ -52,6 +52,9 @@ type Pipeline struct {
 	Log   *slog.Logger
 	// Batch is the most orders taken into one produce and commit.
 	Batch int
+	// OrderCost is the time spent on each order (zero: none), for a
+	// pipeline of known capacity.
+	OrderCost time.Duration
 	// Registry is the one the pipeline's hook is registered with: its
 	// identity is that of the results until the first restore. Default:
 	// notify.Default.
@@ -165,6 +168,13 @@ func (p *Pipeline) idle() {
 // handle produces the batch's results and commits its orders, retrying
 // until both succeed or ctx ends: an order is never skipped.
 func (p *Pipeline) handle(ctx context.Context, batch []kafka.Message) error {
+	if p.OrderCost > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Duration(len(batch)) * p.OrderCost):
+		}
+	}
 	out := make([]kafka.Message, len(batch))
 	inst := *p.instance.Load()
 	for i, m := range batch {

@@ -39,28 +39,7 @@ func (v *view) fetchAll(ctx context.Context, w *Watcher) (work int64, caughtUp b
 // last stable offset. The broker holds the request up to maxWait for a
 // first byte.
 func (w *Watcher) fetch(ctx context.Context, v *view, leader int32, parts []*part, maxWait time.Duration) (int64, bool, error) {
-	req := kmsg.NewPtrFetchRequest()
-	req.ReplicaID = -1
-	req.MaxWaitMillis = int32(maxWait.Milliseconds())
-	req.MinBytes = 1
-	req.MaxBytes = 1 << 20
-	req.IsolationLevel = 1 // read_committed
-	req.SessionEpoch = -1  // no fetch session: every request is whole
-	byKey := map[string]*part{}
-	for _, pt := range parts {
-		i := slices.IndexFunc(req.Topics, func(t kmsg.FetchRequestTopic) bool { return t.Topic == pt.topic })
-		if i < 0 {
-			rt := kmsg.NewFetchRequestTopic()
-			rt.Topic, rt.TopicID = pt.topic, pt.id
-			req.Topics = append(req.Topics, rt)
-			i = len(req.Topics) - 1
-		}
-		rp := kmsg.NewFetchRequestTopicPartition()
-		rp.Partition, rp.CurrentLeaderEpoch, rp.FetchOffset = pt.p, pt.epoch, pt.from
-		rp.LogStartOffset, rp.PartitionMaxBytes = -1, partitionMaxBytes
-		req.Topics[i].Partitions = append(req.Topics[i].Partitions, rp)
-		byKey[partKey(pt.topic, pt.p)] = pt
-	}
+	req, byKey := fetchRequest(parts, maxWait)
 	resp, err := req.RequestWith(ctx, w.cl.Broker(int(leader)))
 	if err != nil {
 		return 0, false, fmt.Errorf("fetch from broker %d: %w", leader, err)
@@ -97,6 +76,35 @@ func (w *Watcher) fetch(ctx context.Context, v *view, leader int32, parts []*par
 		}
 	}
 	return work, caughtUp, nil
+}
+
+// fetchRequest is a read_committed Fetch for parts, each from its
+// position, held at the broker up to maxWait for a first byte; byKey finds
+// the part of an answered partition (partKey).
+func fetchRequest(parts []*part, maxWait time.Duration) (req *kmsg.FetchRequest, byKey map[string]*part) {
+	req = kmsg.NewPtrFetchRequest()
+	req.ReplicaID = -1
+	req.MaxWaitMillis = int32(maxWait.Milliseconds())
+	req.MinBytes = 1
+	req.MaxBytes = 1 << 20
+	req.IsolationLevel = 1 // read_committed
+	req.SessionEpoch = -1  // no fetch session: every request is whole
+	byKey = map[string]*part{}
+	for _, pt := range parts {
+		i := slices.IndexFunc(req.Topics, func(t kmsg.FetchRequestTopic) bool { return t.Topic == pt.topic })
+		if i < 0 {
+			rt := kmsg.NewFetchRequestTopic()
+			rt.Topic, rt.TopicID = pt.topic, pt.id
+			req.Topics = append(req.Topics, rt)
+			i = len(req.Topics) - 1
+		}
+		rp := kmsg.NewFetchRequestTopicPartition()
+		rp.Partition, rp.CurrentLeaderEpoch, rp.FetchOffset = pt.p, pt.epoch, pt.from
+		rp.LogStartOffset, rp.PartitionMaxBytes = -1, partitionMaxBytes
+		req.Topics[i].Partitions = append(req.Topics[i].Partitions, rp)
+		byKey[partKey(pt.topic, pt.p)] = pt
+	}
+	return req, byKey
 }
 
 func partKey(topic string, p int32) string { return fmt.Sprintf("%s\x00%d", topic, p) }

@@ -25,6 +25,11 @@
 // Broker errors (a broker down, a leader that moved, a topic gone) are
 // logged once per outage and never wake the service: the watcher reads the
 // leaders again and goes on.
+//
+// For replicas of one service (kcr standby --replicas), Members counts the
+// group's live members, Backlog reads its lag and the age of its oldest
+// unprocessed record, and Claims elects, through a topic, the one sleeping
+// replica that wakes.
 package kafkawake
 
 import (

@@ -95,6 +95,10 @@ type sbStatus struct {
 	PID      int          `json:"pid"`
 	Image    string       `json:"image"`
 	LastWake *sbWakePhase `json:"last_wake"`
+	Replica  *struct {
+		Decision string `json:"decision"`
+		Why      string `json:"why"`
+	} `json:"replica"`
 }
 
 type sbWakePhase struct {

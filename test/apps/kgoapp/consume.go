@@ -28,6 +28,9 @@ import (
 // "block-rebalance" (kgo.BlockRebalanceOnPoll; the loop calls
 // AllowRebalance after each commit), "reset-end" (ConsumeResetOffset
 // AtEnd instead of AtStart).
+// procDelay is the time -consume spends on each record (-proc-delay).
+var procDelay time.Duration
+
 func runConsume(brokers []string, topic, group, clientID, balancer, instanceID string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -70,8 +73,14 @@ func runConsume(brokers []string, topic, group, clientID, balancer, instanceID s
 	defer srv.Close()
 	emit("ready", "listen", "", "socket", srv.Path())
 	var procd atomic.Int64
+	// With -proc-delay, at most 200 ms of records per poll: the service
+	// stays active (every poll is activity) and its commits frequent.
+	maxRecs := -1
+	if procDelay > 0 {
+		maxRecs = max(1, int(200*time.Millisecond/procDelay))
+	}
 	for ctx.Err() == nil {
-		fs := cl.PollFetches(ctx)
+		fs := cl.PollRecords(ctx, maxRecs)
 		fs.EachError(func(_ string, _ int32, err error) {
 			if !errors.Is(err, context.Canceled) {
 				emit("fetch-error", "err", err.Error())
@@ -87,6 +96,7 @@ func runConsume(brokers []string, topic, group, clientID, balancer, instanceID s
 			cl.AllowRebalance()
 			continue
 		}
+		time.Sleep(time.Duration(len(recs)) * procDelay)
 		// Logged before the commit: whatever was committed was logged.
 		procd.Add(int64(len(recs)))
 		for p, offs := range byPart {

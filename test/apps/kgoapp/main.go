@@ -71,6 +71,7 @@ func main() {
 	balancer := flag.String("balancer", "", `with -consume: "server" for a KIP-848 group (kgo.ServerSideBalancer), "" for classic, "custom" for classic with a custom assignor`)
 	instanceID := flag.String("instance-id", "", "with -consume: the static member's kgo.InstanceID")
 	flag.BoolVar(&readCommitted, "read-committed", false, "with -consume or -transform-from: fetch read_committed (kgo.FetchIsolationLevel)")
+	flag.DurationVar(&procDelay, "proc-delay", 0, "with -consume: time spent on each record (a service of known capacity: 1/proc-delay records per second)")
 	kgoLog := flag.Bool("kgo-log", false, `log kgo's warnings and errors as events "kgo-log"`)
 	var sec appkit.Security
 	sec.Flags(flag.CommandLine)

@@ -1,0 +1,194 @@
+package standby
+
+import (
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// replicaRig is a kfake broker with topic "t" (2 partitions).
+type replicaRig struct {
+	t     *testing.T
+	addrs []string
+	cl    *kgo.Client
+}
+
+func newReplicaRig(t *testing.T) *replicaRig {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "t"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return &replicaRig{t: t, addrs: c.ListenAddrs(), cl: cl}
+}
+
+// produce writes n records to each partition, written at ts.
+func (r *replicaRig) produce(n int, ts time.Time) {
+	r.t.Helper()
+	for p := range int32(2) {
+		for range n {
+			if err := r.cl.ProduceSync(r.t.Context(), &kgo.Record{Topic: "t", Partition: p, Value: []byte("x"), Timestamp: ts}).FirstErr(); err != nil {
+				r.t.Fatal(err)
+			}
+		}
+	}
+}
+
+// member puts a live member (that processes nothing) in group.
+func (r *replicaRig) member(group string) {
+	r.t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(r.addrs...), kgo.ConsumerGroup(group), kgo.ConsumeTopics("t"),
+		kgo.DisableAutoCommit(), kgo.ClientID("service"))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(cl.Close)
+	adm := kadm.NewClient(r.cl)
+	for {
+		ds, err := adm.DescribeGroups(r.t.Context(), group)
+		if err == nil && ds[group].State == "Stable" && len(ds[group].Members) == 1 {
+			return
+		}
+		select {
+		case <-r.t.Context().Done():
+			r.t.Fatal("the member did not join")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// replica is one replica's Kafka wake, as its kcr standby has it.
+func (r *replicaRig) replica(group, name string) *replicaSource {
+	r.t.Helper()
+	o := Options{Args: []string{"true"}, ImageDir: filepath.Join(r.t.TempDir(), name), Idle: time.Second, Brokers: r.addrs,
+		Group: group, Topics: []string{"t"}, Replicas: true, ReplicasTopic: "claims", ScaleUpAfter: 10 * time.Second}
+	if err := o.check(); err != nil {
+		r.t.Fatal(err)
+	}
+	k, err := newKafkaSource(r.t.Context(), &o)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	rs, err := newReplicaSource(r.t.Context(), &o, k, "test")
+	if err != nil {
+		k.close()
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(rs.close)
+	// The watcher's first reading: records from now on are work (a
+	// partition never committed counts from there).
+	if _, _, err := rs.w.Pending(r.t.Context()); err != nil {
+		r.t.Fatal(err)
+	}
+	return rs
+}
+
+// settle makes rs see the group's members as unchanged for longer than
+// --scale-up-after.
+func settle(t *testing.T, rs *replicaSource) int {
+	t.Helper()
+	live, err := rs.members(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs.mu.Lock()
+	rs.changedAt = time.Now().Add(-time.Hour)
+	rs.mu.Unlock()
+	return live
+}
+
+func wantDecision(t *testing.T, rs *replicaSource, won bool, err error, wantWon bool, want string) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := rs.status(); won != wantWon || st.Decision != want {
+		t.Errorf("%s: won %v, decision %s (%s); want won %v, %s", st.ID, won, st.Decision, st.Why, wantWon, want)
+	}
+}
+
+// A sleeping replica whose group has a live member that keeps up (its
+// oldest unprocessed record is younger than --scale-up-after) stays
+// asleep; one whose live member does not keep up wakes, and another
+// sleeping replica then waits for it instead of waking too.
+func TestReplicaScaleUp(t *testing.T) {
+	r := newReplicaRig(t)
+	for _, c := range []struct {
+		age    time.Duration
+		wake   bool
+		decide string
+	}{
+		{time.Second, false, DecisionKeptAsleep},
+		{time.Minute, true, DecisionScaledUp},
+	} {
+		t.Run(fmt.Sprint(c.age), func(t *testing.T) {
+			group := "g-" + c.age.String()
+			r.member(group)
+			a, b := r.replica(group, "a"), r.replica(group, "b")
+			r.produce(3, time.Now().Add(-c.age))
+			live := settle(t, a)
+			if live != 1 {
+				t.Fatalf("%d live members, want 1", live)
+			}
+			won, err := a.scaleUp(t.Context(), live)
+			wantDecision(t, a, won, err, c.wake, c.decide)
+			if st := a.status(); st.Lag != 6 || st.OldestAgeMS < float64((c.age-time.Second/2).Milliseconds()) {
+				t.Errorf("status %+v: want lag 6, oldest %v old at least", st, c.age)
+			}
+			if !c.wake {
+				return
+			}
+			settle(t, b)
+			if err := b.claims.ReadTo(t.Context(), lastClaim(t, a)); err != nil {
+				t.Fatal(err)
+			}
+			won, err = b.scaleUp(t.Context(), live)
+			wantDecision(t, b, won, err, false, DecisionWaitingForOther)
+		})
+	}
+}
+
+func lastClaim(t *testing.T, rs *replicaSource) int64 {
+	t.Helper()
+	c, ok := rs.claims.Last()
+	if !ok {
+		t.Fatal("no valid claim")
+	}
+	return c.Offset
+}
+
+// In a group without live members, the first records wake one replica: it
+// claims and wins; another replica that sees its claim stays asleep until
+// the winner sleeps again, and then the next records wake it.
+func TestReplicaFromZero(t *testing.T) {
+	r := newReplicaRig(t)
+	a, b := r.replica("h", "a"), r.replica("h", "b")
+	r.produce(1, time.Now())
+	won, err := a.fromZero(t.Context(), 0)
+	wantDecision(t, a, won, err, true, DecisionWokenByLag)
+	if err := b.claims.ReadTo(t.Context(), lastClaim(t, a)); err != nil {
+		t.Fatal(err)
+	}
+	won, err = b.fromZero(t.Context(), 0)
+	wantDecision(t, b, won, err, false, DecisionWaitingForOther)
+	// a processed nothing (no member committed), slept again: b wakes.
+	if err := a.claims.Asleep(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	_, last := a.claims.Pending(time.Now(), 0, claimBound)
+	if err := b.claims.ReadTo(t.Context(), last); err != nil {
+		t.Fatal(err)
+	}
+	won, err = b.fromZero(t.Context(), 0)
+	wantDecision(t, b, won, err, true, DecisionWokenByLag)
+}

@@ -20,6 +20,7 @@ type Metrics struct {
 	requests    prometheus.Counter
 	holds       *prometheus.CounterVec
 	phases      *prometheus.HistogramVec
+	probes      *prometheus.CounterVec
 }
 
 var allStates = []State{StateStarting, StateRunning, StateCheckpointing, StateStandby, StateRestoring, StateBackoff, StateStopped}
@@ -53,7 +54,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.phases = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kcr_standby_wake_phase_seconds",
 		Help:    "Time from the wake signal to each phase of a wake: restored (CRIU done), hooks_done (after-restore hooks), first_activity (the service's first record handed or request answered).",
 		Buckets: latency}, []string{"phase"})
-	reg.MustRegister(m.state, m.wakes, m.wakeLatency, m.checkpoint, m.restore, m.failures, m.imageBytes, m.coldStarts, m.requests, m.holds, m.phases)
+	m.probes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kcr_standby_probes_total",
+		Help: "Liveness (healthz) and readiness (readyz) probes kcr standby answered itself, by result (ok, failed): none reached the service."}, []string{"probe", "result"})
+	reg.MustRegister(m.state, m.wakes, m.wakeLatency, m.checkpoint, m.restore, m.failures, m.imageBytes, m.coldStarts, m.requests, m.holds, m.phases, m.probes)
 	return m
 }
 
@@ -109,4 +112,13 @@ func (m *Metrics) GroupHold(result string) { m.holds.WithLabelValues(result).Inc
 // WakePhase implements PhaseObserver.
 func (m *Metrics) WakePhase(phase string, d time.Duration) {
 	m.phases.WithLabelValues(phase).Observe(d.Seconds())
+}
+
+// Probe implements ProbeObserver.
+func (m *Metrics) Probe(probe string, ok bool) {
+	r := "ok"
+	if !ok {
+		r = "failed"
+	}
+	m.probes.WithLabelValues(probe, r).Inc()
 }

@@ -63,14 +63,26 @@ func staticPod(t *testing.T, manifests, name, image, criuConf string, args []str
 // staticPodOf is staticPod with the container's command.
 func staticPodOf(t *testing.T, manifests, name, image, criuConf, command string, args []string) string {
 	t.Helper()
-	tmpl, err := os.ReadFile("../../deploy/kubelet/kafka-service-pod.yaml")
+	a, _ := json.Marshal(args)
+	return staticPodFrom(t, manifests, "../../deploy/kubelet/kafka-service-pod.yaml", name, map[string]string{
+		"${IMAGE}": image, "${CRIU_CONFIG}": criuConf, "${ARGS}": string(a), "${COMMAND}": command})
+}
+
+// staticPodFrom writes the manifest file, its placeholders (${NAME} and
+// vars) filled in, as the static pod name, removed when the test ends; it
+// returns the pod's name as the kubelet names it.
+func staticPodFrom(t *testing.T, manifests, file, name string, vars map[string]string) string {
+	t.Helper()
+	tmpl, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, _ := json.Marshal(args)
-	y := strings.NewReplacer("${NAME}", name, "${IMAGE}", image, "${CRIU_CONFIG}", criuConf, "${ARGS}", string(a), "${COMMAND}", command).Replace(string(tmpl))
+	y := strings.ReplaceAll(string(tmpl), "${NAME}", name)
+	for k, v := range vars {
+		y = strings.ReplaceAll(y, k, v)
+	}
 	if strings.Contains(y, "${") {
-		t.Fatalf("deploy/kubelet/kafka-service-pod.yaml has a placeholder the test does not fill:\n%s", y)
+		t.Fatalf("%s has a placeholder the test does not fill:\n%s", file, y)
 	}
 	p := filepath.Join(manifests, name+".yaml")
 	if err := os.WriteFile(p, []byte(y), 0o600); err != nil {

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -288,6 +289,9 @@ func TestKubeletStandbyPod(t *testing.T) {
 	if now := c.kubeletContainer(p.name); now.Id != p.ctr.Id || now.Metadata.Attempt != 0 {
 		t.Errorf("the pod's container is %s (attempt %d), was %s: the kubelet restarted it", now.Id, now.Metadata.Attempt, p.ctr.Id)
 	}
+	if n, _ := strconv.Atoi(os.Getenv("KCR_KUBELET_BENCH")); n > 0 {
+		benchStandbyPodAndHost(t, k, p.sbRun, orders, results, group, args, n)
+	}
 
 	// The pod goes while its service sleeps; a new one on the same volume
 	// restores the service from its image.
@@ -316,8 +320,10 @@ func TestKubeletStandbyPod(t *testing.T) {
 			t.Errorf("order %s has %d results, want 1", id, counts[id])
 		}
 	}
-	if len(counts) != len(ids) {
-		t.Errorf("results for %d orders, %d were sent: %v", len(counts), len(ids), counts)
+	for id := range counts {
+		if strings.HasPrefix(id, group) && !slices.Contains(ids, id) {
+			t.Errorf("a result for order %s, which was never sent", id)
+		}
 	}
 }
 
@@ -387,4 +393,45 @@ func TestKubeletStandbyManifests(t *testing.T) {
 	if dep.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType || dep.Spec.Replicas == nil || *dep.Spec.Replicas != 1 {
 		t.Errorf("the Deployment: strategy %q, replicas %v; want Recreate and 1 (one kcr standby per image directory)", dep.Spec.Strategy.Type, dep.Spec.Replicas)
 	}
+}
+
+// benchStandbyPodAndHost (KCR_KUBELET_BENCH=N, for docs/benchmarks.md)
+// logs wakeprobe's N cycles (order produced while the service sleeps →
+// its result read back) against the pod's kcr standby, then against the
+// same kcr standby and pipeline on the host, in a group and topics of
+// their own.
+func benchStandbyPodAndHost(t *testing.T, k *kafkaEnv, pod *sbRun, orders, results, group string, args []string, n int) {
+	t.Helper()
+	probe := filepath.Join(binDir, "wakeprobe")
+	if out, err := exec.Command("go", "build", "-o", probe, "../apps/wakeprobe").CombinedOutput(); err != nil {
+		t.Fatalf("build wakeprobe: %v\n%s", err, out)
+	}
+	run := func(where, dir, orders, results, prefix string) {
+		cmd := exec.Command(probe, "-brokers", k.brokers, "-orders", orders, "-results", results, "-cycles", strconv.Itoa(n),
+			"-status", kcrBin+" standby status --json --image-dir "+dir, "-timeout", "60s", "-prefix", prefix)
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("wakeprobe (%s): %v\n%s", where, err, out)
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		t.Logf("kcr standby %s, order → result over %d wakes: %s", where, n, lines[len(lines)-1])
+	}
+	run("in the kubelet's pod", pod.dir, orders, results, uniqueName("bench-pod"))
+	hOrders, hResults, hGroup := k.newTopic("host-standby-orders", 2), k.newTopic("host-standby-results", 2), uniqueName("host-standby")
+	hArgs := slices.Clone(args)
+	for i, a := range hArgs {
+		switch a {
+		case orders:
+			hArgs[i] = hOrders
+		case results:
+			hArgs[i] = hResults
+		case group:
+			hArgs[i] = hGroup
+		case "/usr/local/bin/pipeline":
+			hArgs[i] = staticPipeline(t)
+		}
+	}
+	dash := slices.Index(hArgs, "--")
+	h := k.startStandbyNoKafka(filepath.Join(t.TempDir(), "img"), hArgs[:dash], hArgs[dash+1:]...)
+	run("on the host", h.dir, hOrders, hResults, uniqueName("bench-host"))
 }

@@ -38,7 +38,7 @@ mkdir -p "$ctx/root/run" "$ctx/root/tmp" "$ctx/root/var/lib/kcr-standby" "$ctx/r
 chmod 1777 "$ctx/root/tmp"
 chmod 0700 "$ctx/root/var/lib/kcr-standby"
 out=$(chroot "$ctx/root" /usr/sbin/criu --version 2>&1) || die "CRIU does not run in the staged root: $out"
-CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -buildvcs=false" go build -trimpath -o "$ctx/kcr" ./cmd/kcr
+CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -buildvcs=false" go build -o "$ctx/kcr" ./cmd/kcr
 podman build --quiet -f deploy/image/Containerfile -t "$IMAGE" "$ctx" >/dev/null
 if [ -n "${KCR_IMAGE_ARCHIVE:-}" ]; then
 	rm -f "$KCR_IMAGE_ARCHIVE"

@@ -155,7 +155,8 @@ func (c *criEnv) runStandbyPod(k *kafkaEnv, manifests, image, hostDir string, ar
 	t.Cleanup(func() {
 		if t.Failed() {
 			b, _ := os.ReadFile(p.errLog)
-			t.Logf("kcr standby in pod %s:\n%s", name, tailLines(string(b), 30))
+			svc, _ := os.ReadFile(p.svcLog)
+			t.Logf("kcr standby in pod %s:\n%s\nits service:\n%s", name, tailLines(string(b), 30), tailLines(string(svc), 10))
 		}
 	})
 	return p
@@ -325,6 +326,8 @@ func TestKubeletStandbyPod(t *testing.T) {
 			t.Errorf("a result for order %s, which was never sent", id)
 		}
 	}
+	os.Remove(p2.file)
+	c.waitNoContainer(p2.name)
 }
 
 // waitNoContainer waits until the kubelet has stopped every container of

@@ -17,6 +17,7 @@
 #   KCR_IMAGE_ARCHIVE  also write the image there as a docker-archive tar
 #                      (what the e2e tests push to their registry)
 #   KCR_CRIU_PREFIX    as for install-criu.sh (default /opt/kcr/criu)
+#   KCR_PODMAN_PREFIX  as for install-podman.sh (default /opt/kcr/podman)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -39,9 +40,13 @@ chmod 1777 "$ctx/root/tmp"
 chmod 0700 "$ctx/root/var/lib/kcr-standby"
 out=$(chroot "$ctx/root" /usr/sbin/criu --version 2>&1) || die "CRIU does not run in the staged root: $out"
 CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -buildvcs=false" go build -o "$ctx/kcr" ./cmd/kcr
-podman build --quiet -f deploy/image/Containerfile -t "$IMAGE" "$ctx" >/dev/null
+# The private Podman of install-podman.sh reads its policy only when named.
+policy=()
+pol=${KCR_PODMAN_PREFIX:-/opt/kcr/podman}/etc/policy.json
+[ -r "$pol" ] && policy=(--signature-policy "$pol")
+podman build --quiet "${policy[@]}" -f deploy/image/Containerfile -t "$IMAGE" "$ctx" >/dev/null
 if [ -n "${KCR_IMAGE_ARCHIVE:-}" ]; then
 	rm -f "$KCR_IMAGE_ARCHIVE"
-	podman save --quiet --format docker-archive -o "$KCR_IMAGE_ARCHIVE" "$IMAGE"
+	podman save --quiet "${policy[@]}" --format docker-archive -o "$KCR_IMAGE_ARCHIVE" "$IMAGE"
 fi
 echo "$IMAGE"

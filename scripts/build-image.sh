@@ -14,8 +14,6 @@
 #
 # Environment:
 #   KCR_IMAGE          image name (default localhost/kcr:dev)
-#   KCR_IMAGE_ARCHIVE  also write the image there as a docker-archive tar
-#                      (what the e2e tests push to their registry)
 #   KCR_CRIU_PREFIX    as for install-criu.sh (default /opt/kcr/criu)
 #   KCR_PODMAN_PREFIX  as for install-podman.sh (default /opt/kcr/podman)
 set -euo pipefail
@@ -45,8 +43,4 @@ policy=()
 pol=${KCR_PODMAN_PREFIX:-/opt/kcr/podman}/etc/policy.json
 [ -r "$pol" ] && policy=(--signature-policy "$pol")
 podman build --quiet "${policy[@]}" -f deploy/image/Containerfile -t "$IMAGE" "$ctx" >/dev/null
-if [ -n "${KCR_IMAGE_ARCHIVE:-}" ]; then
-	rm -f "$KCR_IMAGE_ARCHIVE"
-	podman save --quiet "${policy[@]}" --format docker-archive -o "$KCR_IMAGE_ARCHIVE" "$IMAGE"
-fi
 echo "$IMAGE"

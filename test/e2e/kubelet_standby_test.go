@@ -1,9 +1,7 @@
 package e2e
 
 import (
-	"archive/tar"
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -19,10 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/twmb/franz-go/pkg/kgo"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -40,71 +34,44 @@ const (
 )
 
 // standbyImage builds kcr's image with Podman (scripts/build-image.sh:
-// deploy/image/Containerfile, kcr and CRIU), adds a layer with the demo
-// pipeline (what deploy/image/Containerfile.service does), and pushes it to
-// a registry on loopback; it returns its name.
+// deploy/image/Containerfile, kcr and CRIU), the service's image on it
+// with the demo pipeline (deploy/image/Containerfile.service), and pushes
+// that to a registry on loopback; it returns its name. Podman compresses
+// the layers (go-containerregistry would, in this race-instrumented test,
+// in about a minute).
 func (c *criEnv) standbyImage() string {
 	t := c.t
-	archive := filepath.Join(c.dir, "kcr-image.tar")
-	local := "localhost/kcr:" + uniqueName("e2e")
-	cmd := exec.Command("../../scripts/build-image.sh")
-	cmd.Env = append(os.Environ(), "KCR_IMAGE="+local, "KCR_IMAGE_ARCHIVE="+archive)
+	base, svc := "localhost/kcr:"+uniqueName("e2e"), "localhost/kcr-standby-e2e:"+uniqueName("svc")
+	t.Cleanup(func() { exec.Command("podman", "rmi", "-f", svc, base).Run() })
+	build := exec.Command("../../scripts/build-image.sh")
+	build.Env = append(os.Environ(), "KCR_IMAGE="+base)
 	t0 := time.Now()
-	if out, err := cmd.CombinedOutput(); err != nil {
+	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("scripts/build-image.sh: %v\n%s", err, out)
 	}
 	t.Logf("scripts/build-image.sh (podman build): %v", time.Since(t0).Round(time.Millisecond))
-	t.Cleanup(func() { exec.Command("podman", "rmi", "-f", local).Run() })
-	tag, err := name.NewTag(local)
-	if err != nil {
+	ctx := t.TempDir()
+	if err := os.Link(staticPipeline(t), filepath.Join(ctx, "pipeline")); err != nil {
 		t.Fatal(err)
 	}
-	base, err := tarball.ImageFromPath(archive, &tag)
-	if err != nil {
-		t.Fatalf("the image podman saved: %v", err)
+	ref := c.serveRegistry() + "/kcr-standby-e2e:1"
+	policy := []string{"--signature-policy", "/opt/kcr/podman/etc/policy.json"}
+	if p := os.Getenv("KCR_PODMAN_PREFIX"); p != "" {
+		policy[1] = filepath.Join(p, "etc", "policy.json")
 	}
-	layer, err := tarball.LayerFromFile(fileLayer(t, "usr/local/bin/pipeline", staticPipeline(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := mutate.AppendLayers(base, layer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ref, err := name.ParseReference(c.serveRegistry() + "/kcr-standby-e2e:1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := remote.Write(ref, img); err != nil {
-		t.Fatalf("push %s: %v", ref, err)
+	for _, args := range [][]string{
+		append([]string{"build", "--quiet", "-f", "../../deploy/image/Containerfile.service", "--build-arg", "KCR_IMAGE=" + base,
+			"--build-arg", "SERVICE=pipeline", "-t", svc, ctx}, policy...),
+		append([]string{"push", "--quiet", "--tls-verify=false", svc, ref}, policy...),
+	} {
+		if out, err := exec.Command("podman", args...).CombinedOutput(); err != nil {
+			t.Fatalf("podman %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
 	}
 	t.Cleanup(func() {
-		c.img.RemoveImage(context.Background(), &cri.RemoveImageRequest{Image: &cri.ImageSpec{Image: ref.String()}})
+		c.img.RemoveImage(context.Background(), &cri.RemoveImageRequest{Image: &cri.ImageSpec{Image: ref}})
 	})
-	return ref.String()
-}
-
-// fileLayer writes a layer tar holding the file src at path (mode 0755).
-func fileLayer(t *testing.T, path, src string) string {
-	t.Helper()
-	b, err := os.ReadFile(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	if err := tw.WriteHeader(&tar.Header{Name: path, Mode: 0o755, Size: int64(len(b)), Typeflag: tar.TypeReg, ModTime: time.Unix(0, 0)}); err != nil {
-		t.Fatal(err)
-	}
-	tw.Write(b)
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	p := filepath.Join(t.TempDir(), "layer.tar")
-	if err := os.WriteFile(p, buf.Bytes(), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return ref
 }
 
 // staticPipeline builds examples/pipeline without cgo.
@@ -248,10 +215,14 @@ func resultCounts(t *testing.T, k *kafkaEnv, results string) map[string]int {
 // volume restores it from its image when the next order comes (a warm
 // wake, no cold start). Every order has exactly one result.
 func TestKubeletStandbyPod(t *testing.T) {
+	t0 := time.Now()
+	mark := func(what string) { t.Logf("%v: %s", time.Since(t0).Round(100*time.Millisecond), what) }
 	manifests := kubeletManifests(t)
+	mark("kubelet up")
 	c := newCRI(t)
 	k := needKafka(t)
 	image := c.standbyImage()
+	mark("image built and pushed")
 	orders, results := k.newTopic("kubelet-standby-orders", 2), k.newTopic("kubelet-standby-results", 2)
 	group := uniqueName("kubelet-standby")
 	hostDir := filepath.Join(c.dir, "standby")
@@ -263,6 +234,7 @@ func TestKubeletStandbyPod(t *testing.T) {
 		"-client", "franz", "-kgo-balancer", "server", "-warmup", "1s", "-cache-mb", "16", "-stats-every", "0"}
 	var ids []string
 	p := c.runStandbyPod(k, manifests, image, hostDir, args)
+	mark("pod 1 runs")
 	for i := range 3 {
 		p.waitState("standby", 90*time.Second)
 		id := fmt.Sprintf("%s-1-%d", group, i)
@@ -270,6 +242,7 @@ func TestKubeletStandbyPod(t *testing.T) {
 		t.Logf("pod 1, order %d: result after %v", i, k.order(orders, results, id).Round(time.Millisecond))
 	}
 	p.waitState("standby", 60*time.Second)
+	mark("pod 1: 3 orders answered, asleep")
 	m0 := p.metrics()
 	// The kubelet probes every second: its probes of the sleeping service
 	// are answered, and wake nothing.
@@ -296,10 +269,13 @@ func TestKubeletStandbyPod(t *testing.T) {
 
 	// The pod goes while its service sleeps; a new one on the same volume
 	// restores the service from its image.
+	mark("pod 1: probed while asleep")
 	os.Remove(p.file)
 	c.waitNoContainer(p.name)
+	mark("pod 1 deleted")
 	p2 := c.runStandbyPod(k, manifests, image, hostDir, args)
 	p2.waitState("standby", 90*time.Second)
+	mark("pod 2 runs, waiting with the image")
 	id := group + "-2-0"
 	ids = append(ids, id)
 	t.Logf("pod 2, order: result after %v", k.order(orders, results, id).Round(time.Millisecond))
@@ -328,6 +304,7 @@ func TestKubeletStandbyPod(t *testing.T) {
 	}
 	os.Remove(p2.file)
 	c.waitNoContainer(p2.name)
+	mark("pod 2 deleted")
 }
 
 // waitNoContainer waits until the kubelet has stopped every container of

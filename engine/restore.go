@@ -326,9 +326,6 @@ func (pr *PreparedRestore) restore(ctx context.Context) ([]*RestoreResult, error
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("restore %s: %w", o.Image, err)
 	}
-	if err := makeSocketDir(img.Manifest.ControlSocket, img.Manifest.Process.UID); err != nil {
-		return nil, err
-	}
 	early := pr.early
 	pr.early = nil
 	defer early.Close() // a no-op once a restore took it

@@ -21,6 +21,7 @@ type Metrics struct {
 	holds       *prometheus.CounterVec
 	phases      *prometheus.HistogramVec
 	replicas    *prometheus.CounterVec
+	probes      *prometheus.CounterVec
 }
 
 var allStates = []State{StateStarting, StateRunning, StateCheckpointing, StateStandby, StateRestoring, StateBackoff, StateStopped}
@@ -56,7 +57,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Buckets: latency}, []string{"phase"})
 	m.replicas = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kcr_standby_replica_decisions_total",
 		Help: "Changes of a replica's decision (--replicas): started, woken_by_lag, scaled_up, kept_asleep_others_keep_up, kept_asleep_other_waking, asleep_no_work."}, []string{"decision"})
-	reg.MustRegister(m.replicas, m.state, m.wakes, m.wakeLatency, m.checkpoint, m.restore, m.failures, m.imageBytes, m.coldStarts, m.requests, m.holds, m.phases)
+	m.probes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kcr_standby_probes_total",
+		Help: "Liveness (healthz) and readiness (readyz) probes kcr standby answered itself, by result (ok, failed): none reached the service."}, []string{"probe", "result"})
+	reg.MustRegister(m.state, m.wakes, m.wakeLatency, m.checkpoint, m.restore, m.failures, m.imageBytes, m.coldStarts, m.requests, m.holds, m.phases, m.replicas, m.probes)
 	return m
 }
 
@@ -116,3 +119,12 @@ func (m *Metrics) WakePhase(phase string, d time.Duration) {
 
 // ReplicaDecision implements ReplicaObserver.
 func (m *Metrics) ReplicaDecision(decision string) { m.replicas.WithLabelValues(decision).Inc() }
+
+// Probe implements ProbeObserver.
+func (m *Metrics) Probe(probe string, ok bool) {
+	r := "ok"
+	if !ok {
+		r = "failed"
+	}
+	m.probes.WithLabelValues(probe, r).Inc()
+}

@@ -66,7 +66,7 @@ or checkpointed with its image in --image-dir; a new kcr standby with the same
 	f.BoolVar(&o.Lazy, "lazy", false, "restore memory on demand (userfaultfd): the wake does not grow with the service's RSS; see docs/benchmarks.md for what the service pays")
 	f.BoolVar(&opts.prepare, "prepare-restore", true, "while the service sleeps, verify its image and start CRIU, so that a wake pays for the restore only")
 	f.StringVar(&o.Listen, "listen", "", "TCP address kcr listens on and hands to the service (LISTEN_FDS); a connection wakes it")
-	f.StringVar(&opts.metrics, "metrics", "", "serve Prometheus metrics on this address (/metrics)")
+	f.StringVar(&opts.metrics, "metrics", "", "serve Prometheus metrics (/metrics) and the liveness and readiness probes (/healthz, /readyz) on this address; a probe never wakes the service")
 	f.StringVar(&o.Log, "log", "", "file for the service's output, appended (default IMAGE_DIR/service.log)")
 	f.StringArrayVarP(&o.Env, "env", "e", nil, "add KEY=VALUE to the service's environment")
 	f.DurationVar(&o.HookBudget, "hook-budget", standby.DefaultHookBudget, "deadline of the before-checkpoint hooks")
@@ -113,6 +113,10 @@ func runStandby(ctx context.Context, opts *standbyOpts, out *output) error {
 	if metricsLn != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		// The kubelet's probes: answered by kcr standby from its state,
+		// so that they never wake a sleeping service.
+		mux.Handle("/healthz", sup.HealthHandler())
+		mux.Handle("/readyz", sup.HealthHandler())
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go srv.Serve(metricsLn)
 		defer srv.Close()

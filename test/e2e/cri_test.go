@@ -136,14 +136,7 @@ func (c *criEnv) importImage(sock string) {
 // the checkpoint's base image by NAME@DIGEST, even when it holds it.
 func (c *criEnv) registryImage() string {
 	t := c.t
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: registry.New(registry.Logger(log.New(io.Discard, "", 0)))}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	ref, err := name.ParseReference(ln.Addr().String() + "/kcr-e2e:1")
+	ref, err := name.ParseReference(c.serveRegistry() + "/kcr-e2e:1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,6 +155,19 @@ func (c *criEnv) registryImage() string {
 		c.img.RemoveImage(context.Background(), &cri.RemoveImageRequest{Image: &cri.ImageSpec{Image: r.ImageRef}})
 	})
 	return ref.String()
+}
+
+// serveRegistry serves a registry on loopback (in this process) until the
+// test ends and returns its host:port.
+func (c *criEnv) serveRegistry() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	srv := &http.Server{Handler: registry.New(registry.Logger(log.New(io.Discard, "", 0)))}
+	go srv.Serve(ln)
+	c.t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String()
 }
 
 // pod runs a pod sandbox on the host network (the broker is on loopback).

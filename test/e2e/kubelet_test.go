@@ -63,14 +63,26 @@ func staticPod(t *testing.T, manifests, name, image, criuConf string, args []str
 // staticPodOf is staticPod with the container's command.
 func staticPodOf(t *testing.T, manifests, name, image, criuConf, command string, args []string) string {
 	t.Helper()
-	tmpl, err := os.ReadFile("../../deploy/kubelet/kafka-service-pod.yaml")
+	a, _ := json.Marshal(args)
+	return staticPodFrom(t, manifests, "../../deploy/kubelet/kafka-service-pod.yaml", name, map[string]string{
+		"${IMAGE}": image, "${CRIU_CONFIG}": criuConf, "${ARGS}": string(a), "${COMMAND}": command})
+}
+
+// staticPodFrom writes the manifest file, its placeholders (${NAME} and
+// vars) filled in, as the static pod name, removed when the test ends; it
+// returns the pod's name as the kubelet names it.
+func staticPodFrom(t *testing.T, manifests, file, name string, vars map[string]string) string {
+	t.Helper()
+	tmpl, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, _ := json.Marshal(args)
-	y := strings.NewReplacer("${NAME}", name, "${IMAGE}", image, "${CRIU_CONFIG}", criuConf, "${ARGS}", string(a), "${COMMAND}", command).Replace(string(tmpl))
+	y := strings.ReplaceAll(string(tmpl), "${NAME}", name)
+	for k, v := range vars {
+		y = strings.ReplaceAll(y, k, v)
+	}
 	if strings.Contains(y, "${") {
-		t.Fatalf("deploy/kubelet/kafka-service-pod.yaml has a placeholder the test does not fill:\n%s", y)
+		t.Fatalf("%s has a placeholder the test does not fill:\n%s", file, y)
 	}
 	p := filepath.Join(manifests, name+".yaml")
 	if err := os.WriteFile(p, []byte(y), 0o600); err != nil {
@@ -168,8 +180,9 @@ func TestKubeletCheckpoint(t *testing.T) {
 	n1 := len(a.events())
 	a.waitProcessed(n1, 20, 30*time.Second)
 	if n, _ := strconv.Atoi(os.Getenv("KCR_KUBELET_BENCH")); n > 0 {
-		benchKubeletCheckpoint(t, pod, n)
+		benchKubeletCheckpoint(t, pod, n, "with kcr's hooks")
 		n1 = len(a.events())
+		defer c.benchKubeletNoHooks(t, k, manifests, n)
 	}
 
 	// The pod goes with its manifest: the kubelet stops the container.
@@ -217,8 +230,8 @@ func TestKubeletRestorePod(t *testing.T) {
 }
 
 // benchKubeletCheckpoint (KCR_KUBELET_BENCH=N, for docs/benchmarks.md)
-// logs the median of N checkpoint API calls on pod, whose hooks run.
-func benchKubeletCheckpoint(t *testing.T, pod string, n int) {
+// logs the median of N checkpoint API calls on pod.
+func benchKubeletCheckpoint(t *testing.T, pod string, n int, what string) {
 	t.Helper()
 	var ds []time.Duration
 	for range n {
@@ -228,7 +241,28 @@ func benchKubeletCheckpoint(t *testing.T, pod string, n int) {
 		os.Remove(archive)
 	}
 	slices.Sort(ds)
-	t.Logf("kubelet checkpoint API with kcr's hooks: median %v of %d (min %v, max %v)", ds[len(ds)/2].Round(time.Millisecond), n, ds[0].Round(time.Millisecond), ds[len(ds)-1].Round(time.Millisecond))
+	t.Logf("kubelet checkpoint API %s: median %v of %d (min %v, max %v)", what, ds[len(ds)/2].Round(time.Millisecond), n, ds[0].Round(time.Millisecond), ds[len(ds)-1].Round(time.Millisecond))
+}
+
+// benchKubeletNoHooks logs the median of n checkpoint API calls on the
+// same service without kcr's action script: CRIU leaves its broker
+// connections alone (tcp-close) instead of the hooks closing them.
+func (c *criEnv) benchKubeletNoHooks(t *testing.T, k *kafkaEnv, manifests string, n int) {
+	t.Helper()
+	noHooks := filepath.Join(c.dir, "criu-no-hooks.conf")
+	if err := os.WriteFile(noHooks, []byte("tcp-close\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := serviceArgs(k, k.newTopic("kcr-kubelet-nohooks", 1), uniqueName("kubelet-nohooks"), "kubelet-nohooks")
+	pod := staticPod(t, manifests, uniqueName("svc-nohooks"), c.registryImage(), noHooks, args)
+	st := c.kubeletContainer(pod)
+	a := &kapp{app: &app{t: t, out: filepath.Join(c.dir, "app-nohooks.log"), done: make(chan struct{})}, k: k}
+	c.follow(st.LogPath, a.out)
+	if ev := a.waitEvent(60*time.Second, func(e event) bool { return e["ev"] == "ready" || e["ev"] == "fatal" }); ev["ev"] == "fatal" {
+		t.Fatalf("kafkaapp failed to start in the kubelet's pod: %v", ev)
+	}
+	a.waitProcessed(0, 20, 30*time.Second)
+	benchKubeletCheckpoint(t, pod, n, "without kcr's hooks (CRIU tcp-close)")
 }
 
 // TestKubeletCheckpointKgo: the kubelet's checkpoint API on a static pod

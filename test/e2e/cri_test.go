@@ -83,11 +83,7 @@ func (c *criEnv) ctx() context.Context {
 // /pause) with go-containerregistry; labels make its ID differ.
 func (c *criEnv) buildImage(labels map[string]string) v1.Image {
 	t := c.t
-	layer, err := tarball.LayerFromFile(imageTar(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := mutate.AppendLayers(empty.Image, layer)
+	img, err := mutate.AppendLayers(empty.Image, imageLayer(t))
 	if err != nil {
 		t.Fatal(err)
 	}

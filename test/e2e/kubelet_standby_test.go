@@ -156,7 +156,7 @@ func (p *standbyPod) metrics() map[string]float64 {
 }
 
 // sum adds the samples of metric, all labels.
-func sum(m map[string]float64, metric string) float64 {
+func sumMetric(m map[string]float64, metric string) float64 {
 	s := 0.0
 	for k, v := range m {
 		if k == metric || strings.HasPrefix(k, metric+"{") {
@@ -254,8 +254,8 @@ func TestKubeletStandbyPod(t *testing.T) {
 	if st, err := p.status(); err != nil || st.State != "standby" {
 		t.Errorf("after %v probes of the sleeping service: state %q (%v), want standby", m[healthOK]+m[readyOK]-m0[healthOK]-m0[readyOK], st.State, err)
 	}
-	if sum(m, "kcr_standby_wakes_total") != 3 || m[kafkaWoke] != 3 || sum(m, "kcr_standby_cold_starts_total") != 1 {
-		t.Errorf("wakes %v (kafka %v), cold starts %v: want 3 Kafka wakes and 1 cold start", sum(m, "kcr_standby_wakes_total"), m[kafkaWoke], sum(m, "kcr_standby_cold_starts_total"))
+	if sumMetric(m, "kcr_standby_wakes_total") != 3 || m[kafkaWoke] != 3 || sumMetric(m, "kcr_standby_cold_starts_total") != 1 {
+		t.Errorf("wakes %v (kafka %v), cold starts %v: want 3 Kafka wakes and 1 cold start", sumMetric(m, "kcr_standby_wakes_total"), m[kafkaWoke], sumMetric(m, "kcr_standby_cold_starts_total"))
 	}
 	if n := m[`kcr_standby_probes_total{probe="healthz",result="failed"}`]; n != 0 {
 		t.Errorf("%v liveness probes failed", n)
@@ -286,8 +286,8 @@ func TestKubeletStandbyPod(t *testing.T) {
 	if n := p2.countLogs("standby: running", "source", "kafka"); n != 1 {
 		t.Errorf("the new pod restored the service %d times on Kafka lag, want 1", n)
 	}
-	if m := p2.metrics(); m[kafkaWoke] != 1 || sum(m, "kcr_standby_cold_starts_total") != 0 {
-		t.Errorf("the new pod: %v Kafka wakes, %v cold starts; want 1 and 0", m[kafkaWoke], sum(m, "kcr_standby_cold_starts_total"))
+	if m := p2.metrics(); m[kafkaWoke] != 1 || sumMetric(m, "kcr_standby_cold_starts_total") != 0 {
+		t.Errorf("the new pod: %v Kafka wakes, %v cold starts; want 1 and 0", m[kafkaWoke], sumMetric(m, "kcr_standby_cold_starts_total"))
 	}
 	// Asleep, the service committed everything it took: no result can
 	// come after this read.

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"archive/tar"
+	"compress/gzip"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -13,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/kcr-dev/kcr/criuaction"
 )
 
@@ -42,10 +45,14 @@ func (k *kafkaEnv) waitServing(a *kapp, topic, group, base string) appState {
 }
 
 // imageTar writes a one-layer root filesystem holding kafkaapp (static) and
-// pause, for runtimes that start containers from images.
+// pause, for runtimes that start containers from images, once per run (in
+// binDir; the tests only read it).
 func imageTar(t *testing.T) string {
 	t.Helper()
-	p := filepath.Join(t.TempDir(), "rootfs.tar")
+	if rootfsTar != "" {
+		return rootfsTar
+	}
+	p := filepath.Join(binDir, "rootfs.tar")
 	f, err := os.Create(p)
 	if err != nil {
 		t.Fatal(err)
@@ -74,7 +81,46 @@ func imageTar(t *testing.T) string {
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
+	rootfsTar = p
 	return p
+}
+
+var rootfsTar, rootfsLayer string
+
+// imageLayer is imageTar's file as an image layer, compressed once per run:
+// go-containerregistry would gzip the tar at each use otherwise, ~30 s
+// under -race.
+func imageLayer(t *testing.T) v1.Layer {
+	t.Helper()
+	if rootfsLayer == "" {
+		p := filepath.Join(binDir, "rootfs.tar.gz")
+		in, err := os.Open(imageTar(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer in.Close()
+		out, err := os.Create(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		zw, _ := gzip.NewWriterLevel(out, gzip.BestSpeed)
+		if _, err := io.Copy(zw, in); err != nil {
+			t.Fatal(err)
+		}
+		if err := zw.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := out.Close(); err != nil {
+			t.Fatal(err)
+		}
+		rootfsLayer = p
+	}
+	// A gzip file is taken as the compressed layer as it is.
+	l, err := tarball.LayerFromFile(rootfsLayer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
 
 var pauseBin string

@@ -178,21 +178,74 @@ func EmitAfter(ev notify.Event, kv ...any) {
 
 // Pending is the set of record numbers handed to a client and not yet
 // acknowledged.
+//
+// A program that numbers records takes their identity and marks them
+// with Start, reports them from its last before-checkpoint hook with Hold,
+// and calls Release from its last after-restore hook. Between Hold and
+// Release, Start waits: a record whose identity was taken after the hook
+// reported what was pending (the program runs on until CRIU freezes it)
+// would be sent by every copy of the image under the checkpointed
+// process's identity, and reported by none.
 type Pending struct {
-	mu sync.Mutex
-	m  map[int]struct{}
+	mu   sync.Mutex
+	m    map[int]struct{}
+	hold chan struct{} // non-nil from Hold to Release; closed by Release
 }
 
-// Add records the numbers b as pending.
+// Start waits while the set is held (Hold), then marks the numbers b
+// pending and returns the identity to write them under: the instance id
+// and the host PID of the moment, taken with the mark.
+func (p *Pending) Start(b ...int) (inst string, hpid int) {
+	p.mu.Lock()
+	for p.hold != nil {
+		h := p.hold
+		p.mu.Unlock()
+		<-h
+		p.mu.Lock()
+	}
+	_, inst = notify.Identity()
+	hpid = HostPID()
+	p.addLocked(b)
+	p.mu.Unlock()
+	return inst, hpid
+}
+
+// Hold returns the pending numbers as runs (see Runs), and makes Start
+// wait until Release.
+func (p *Pending) Hold() [][2]int {
+	p.mu.Lock()
+	if p.hold == nil {
+		p.hold = make(chan struct{})
+	}
+	p.mu.Unlock()
+	return p.Runs()
+}
+
+// Release lets Start go on.
+func (p *Pending) Release() {
+	p.mu.Lock()
+	if p.hold != nil {
+		close(p.hold)
+		p.hold = nil
+	}
+	p.mu.Unlock()
+}
+
+// Add records the numbers b as pending (records whose identity is
+// already set; see Start).
 func (p *Pending) Add(b ...int) {
 	p.mu.Lock()
+	p.addLocked(b)
+	p.mu.Unlock()
+}
+
+func (p *Pending) addLocked(b []int) {
 	if p.m == nil {
 		p.m = map[int]struct{}{}
 	}
 	for _, n := range b {
 		p.m[n] = struct{}{}
 	}
-	p.mu.Unlock()
 }
 
 // Done removes the numbers b.

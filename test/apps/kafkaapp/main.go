@@ -365,14 +365,13 @@ func (a *app) writeLoop(ctx, wctx context.Context) {
 		}
 		// The records say who built them: the instance id (changed by the
 		// after-restore hooks) and the host PID (changed by the restore).
-		_, inst := notify.Identity()
-		hpid := strconv.Itoa(hostPID())
+		inst, h := a.pending.Start(b...)
+		hpid := strconv.Itoa(h)
 		msgs := make([]kafka.Message, len(b))
 		for i, n := range b {
 			msgs[i] = kafka.Message{Key: []byte(strconv.Itoa(n)), Value: []byte(strconv.Itoa(n)),
 				Headers: []kafka.Header{{Key: "inst", Value: []byte(inst)}, {Key: "hpid", Value: []byte(hpid)}}}
 		}
-		a.pending.Add(b...)
 		// wctx ends only after every writer returned: records handed to
 		// the Writer are never abandoned by the app.
 		err := a.w.WriteMessages(wctx, msgs...)
@@ -566,11 +565,12 @@ func (a *app) beforeLast(ctx context.Context) error {
 	if a.w != nil {
 		rep = a.w.CheckpointReport()
 	}
-	emit("pending", "records", a.pending.Runs(), "writer", rep, "leave_running", notify.LeaveRunning(ctx))
+	emit("pending", "records", a.pending.Hold(), "writer", rep, "leave_running", notify.LeaveRunning(ctx))
 	return nil
 }
 
 func (a *app) afterLast(ctx context.Context, ev notify.Event) error {
+	a.pending.Release()
 	appkit.EmitAfter(ev, "writer_client", a.writerClient(), "reader_client", a.readerClient())
 	return nil
 }

@@ -200,12 +200,10 @@ func (a *app) produceLoop(ctx context.Context, rate int) {
 func (a *app) produce(ctx context.Context, n int) {
 	// The record says who built it: the instance id (changed by the
 	// after-restore hooks) and the host PID (changed by the restore).
-	_, inst := notify.Identity()
-	hpid := appkit.HostPID()
+	inst, hpid := a.pending.Start(n)
 	v := []byte(strconv.Itoa(n))
 	rec := &kgo.Record{Key: v, Value: v, Headers: []kgo.RecordHeader{
 		{Key: "inst", Value: []byte(inst)}, {Key: "hpid", Value: []byte(strconv.Itoa(hpid))}}}
-	a.pending.Add(n)
 	// Not ctx: records handed to the client are never abandoned by the app;
 	// a Produce waiting at the checkpoint gate waits for the restore.
 	a.cl.Produce(context.Background(), rec, func(_ *kgo.Record, err error) {
@@ -225,11 +223,12 @@ func (a *app) produce(ctx context.Context, n int) {
 
 func (a *app) beforeLast(ctx context.Context) error {
 	// Last before the dump: the kernel's count of sockets to the brokers.
-	emit("pending", "records", a.pending.Runs(), "writer", a.cl.CheckpointReport(), "broker_sockets", appkit.SocketsTo(a.ports), "leave_running", notify.LeaveRunning(ctx))
+	emit("pending", "records", a.pending.Hold(), "writer", a.cl.CheckpointReport(), "broker_sockets", appkit.SocketsTo(a.ports), "leave_running", notify.LeaveRunning(ctx))
 	return nil
 }
 
 func (a *app) afterLast(ctx context.Context, ev notify.Event) error {
+	a.pending.Release()
 	appkit.EmitAfter(ev, "writer_client", a.cl.ClientID())
 	go a.reportProducer()
 	return nil

@@ -6,6 +6,7 @@ package appkit
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -297,6 +298,31 @@ func Pace(ctx context.Context, rate int, next func() bool) {
 			}
 		}
 	}
+}
+
+// HandedListener returns the one socket of LISTEN_FDS (kcr standby
+// --listen), on which every accepted connection counts as activity
+// (notify.Touch): a connection is work.
+func HandedListener() (net.Listener, error) {
+	lns, err := notify.Listeners()
+	if err == nil && len(lns) != 1 {
+		err = fmt.Errorf("%d sockets in LISTEN_FDS, want 1", len(lns))
+	}
+	if err != nil {
+		return nil, err
+	}
+	return touchListener{lns[0]}, nil
+}
+
+// touchListener counts every accepted connection as activity.
+type touchListener struct{ net.Listener }
+
+func (l touchListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		notify.Touch()
+	}
+	return c, err
 }
 
 // ServeState answers every connection on ln with one JSON line: goroutine

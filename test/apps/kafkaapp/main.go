@@ -35,7 +35,6 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
 	"net"
 	"os"
 	"os/signal"
@@ -254,13 +253,7 @@ func run(c config, listen string) error {
 	var ln net.Listener
 	if listen == "" {
 		// kcr standby --listen: its socket, and every connection is work.
-		var lns []net.Listener
-		if lns, err = notify.Listeners(); err == nil && len(lns) != 1 {
-			err = fmt.Errorf("%d sockets in LISTEN_FDS, want 1", len(lns))
-		}
-		if err == nil {
-			ln = touchListener{lns[0]}
-		}
+		ln, err = appkit.HandedListener()
 	} else {
 		ln, err = (&net.ListenConfig{}).Listen(ctx, "tcp", listen)
 	}
@@ -603,14 +596,3 @@ var (
 	runs      = appkit.Runs
 	errString = appkit.ErrString
 )
-
-// touchListener counts every accepted connection as activity.
-type touchListener struct{ net.Listener }
-
-func (l touchListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err == nil {
-		notify.Touch()
-	}
-	return c, err
-}

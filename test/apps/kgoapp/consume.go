@@ -27,8 +27,9 @@ import (
 // shared group test runs unchanged) varies the kgo options:
 // "block-rebalance" (kgo.BlockRebalanceOnPoll; the loop calls
 // AllowRebalance after each commit), "reset-end" (ConsumeResetOffset
-// AtEnd instead of AtStart).
-func runConsume(brokers []string, topic, group, clientID, balancer, instanceID string) error {
+// AtEnd instead of AtStart). With listenFDs it serves its state on the
+// socket of kcr standby --listen.
+func runConsume(brokers []string, topic, group, clientID, balancer, instanceID string, listenFDs bool) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	extra := strings.Split(os.Getenv("KGOAPP_CONSUME_OPTS"), ",")
@@ -63,13 +64,24 @@ func runConsume(brokers []string, topic, group, clientID, balancer, instanceID s
 		appkit.EmitAfter(ev, "reader_client", cl.ClientID(), "instance_id", cl.InstanceID())
 		return nil
 	}))
+	var procd atomic.Int64
+	addr := ""
+	if listenFDs {
+		ln, err := appkit.HandedListener()
+		if err != nil {
+			return err
+		}
+		addr = ln.Addr().String()
+		go appkit.ServeState(ln, func() map[string]any {
+			return map[string]any{"reader_client": cl.ClientID(), "processed": procd.Load()}
+		})
+	}
 	srv, err := notify.Start()
 	if err != nil {
 		return err
 	}
 	defer srv.Close()
-	emit("ready", "listen", "", "socket", srv.Path())
-	var procd atomic.Int64
+	emit("ready", "listen", addr, "socket", srv.Path())
 	for ctx.Err() == nil {
 		fs := cl.PollFetches(ctx)
 		fs.EachError(func(_ string, _ int32, err error) {

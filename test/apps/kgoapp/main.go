@@ -72,6 +72,7 @@ func main() {
 	instanceID := flag.String("instance-id", "", "with -consume: the static member's kgo.InstanceID")
 	flag.BoolVar(&readCommitted, "read-committed", false, "with -consume or -transform-from: fetch read_committed (kgo.FetchIsolationLevel)")
 	kgoLog := flag.Bool("kgo-log", false, `log kgo's warnings and errors as events "kgo-log"`)
+	listenFDs := flag.Bool("listen-fds", false, "with -consume: serve the state on the socket of LISTEN_FDS (kcr standby --listen); every connection counts as activity (notify.Touch)")
 	var sec appkit.Security
 	sec.Flags(flag.CommandLine)
 	flag.Parse()
@@ -86,7 +87,7 @@ func main() {
 		appkit.Fatal(2, err.Error())
 	}
 	if *consume {
-		if err := runConsume(strings.Split(*brokers, ","), *topic, *group, *clientID, *balancer, *instanceID); err != nil {
+		if err := runConsume(strings.Split(*brokers, ","), *topic, *group, *clientID, *balancer, *instanceID, *listenFDs); err != nil {
 			appkit.Fatal(1, err.Error())
 		}
 		return

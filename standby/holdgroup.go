@@ -112,8 +112,8 @@ const (
 
 func newGroupHold(o *Options, log *slog.Logger, save func(holdSaved)) (*groupHold, error) {
 	h := &groupHold{o: o, log: log, save: save}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(o.Brokers...), kgo.ClientID(holdClientID),
-		kgo.WithHooks(requestCounter{&h.reqs}))
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(o.Brokers...), kgo.ClientID(holdClientID),
+		kgo.WithHooks(requestCounter{&h.reqs})}, o.kafkaOpts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: --brokers %v: %v", ErrBadOption, o.Brokers, err)
 	}

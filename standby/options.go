@@ -20,6 +20,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -99,6 +101,11 @@ type Options struct {
 	// hold": what it does for a classic Group while the service sleeps, and
 	// what it changes for the group's administration).
 	NoHoldGroup bool
+	// Kafka is how the Kafka wake and the group hold reach Brokers: TLS
+	// and SASL (default: PLAINTEXT).
+	Kafka KafkaSecurity
+	// kafkaOpts are Kafka's kgo options, read by New.
+	kafkaOpts []kgo.Opt
 
 	// Replicas makes this kcr standby one of several replicas of the
 	// service, each under its own kcr standby with the same Group
@@ -172,6 +179,11 @@ func (o *Options) check() error {
 		return bad("--min-wake and --scale-up-after must not be negative")
 	case len(o.Topics) > 0 && o.Group == "":
 		return bad("--topics needs --group: the records watched are those the service's consumer group has not committed")
+	case o.Kafka.set() && o.Group == "":
+		return bad("the --kafka-tls-* and --kafka-sasl-* options need --group: they configure kcr standby's own Kafka clients")
+	}
+	if err := o.Kafka.check(); err != nil {
+		return bad("%v", err)
 	}
 	if o.ActivityPoll == 0 {
 		o.ActivityPoll = min(max(o.Idle/10, minActivityPoll), maxActivityPoll)

@@ -104,6 +104,9 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 		}
 	}
 	if o.Group != "" {
+		if s.o.kafkaOpts, err = s.o.Kafka.kgoOpts(s.log); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrBadOption, err)
+		}
 		k, err := newKafkaSource(ctx, &s.o)
 		if err != nil {
 			return nil, err

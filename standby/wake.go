@@ -40,7 +40,7 @@ type kafkaSource struct{ w *kafkawake.Watcher }
 
 func newKafkaSource(ctx context.Context, o *Options) (*kafkaSource, error) {
 	w, err := kafkawake.New(ctx, kafkawake.Config{Brokers: o.Brokers, Group: o.Group, Topics: o.Topics, Poll: o.Poll,
-		BrokerTimeout: o.BrokerTimeout, Logger: o.Logger, Requests: o.Observer.BrokerRequests})
+		BrokerTimeout: o.BrokerTimeout, Logger: o.Logger, Requests: o.Observer.BrokerRequests, Opts: o.kafkaOpts})
 	if errors.Is(err, kafkawake.ErrConfig) {
 		return nil, fmt.Errorf("%w: %v", ErrBadOption, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -65,6 +66,7 @@ or checkpointed with its image in --image-dir; a new kcr standby with the same
 	f.BoolVar(&opts.kdatCache, "kdat-cache", true, "keep CRIU's kernel probe for kcr standby's lifetime where /run is not a tmpfs (else CRIU probes at every checkpoint and restore)")
 	f.BoolVar(&o.Lazy, "lazy", false, "restore memory on demand (userfaultfd): the wake does not grow with the service's RSS; see docs/benchmarks.md for what the service pays")
 	f.BoolVar(&opts.prepare, "prepare-restore", true, "while the service sleeps, verify its image and start CRIU, so that a wake pays for the restore only")
+	kafkaSecurityFlags(cmd, &o.Kafka)
 	f.StringVar(&o.Listen, "listen", "", "TCP address kcr listens on and hands to the service (LISTEN_FDS); a connection wakes it")
 	f.StringVar(&opts.metrics, "metrics", "", "serve Prometheus metrics (/metrics) and the liveness and readiness probes (/healthz, /readyz) on this address; a probe never wakes the service")
 	f.StringVar(&o.Log, "log", "", "file for the service's output, appended (default IMAGE_DIR/service.log)")
@@ -82,6 +84,7 @@ or checkpointed with its image in --image-dir; a new kcr standby with the same
 func runStandby(ctx context.Context, opts *standbyOpts, out *output) error {
 	o := opts.o
 	o.Args = opts.args
+	kafkaPasswordFromEnv(&o.Kafka)
 	o.CRIU = opts.criu
 	o.NoHoldGroup = !opts.holdGroup
 	o.NoKdatCache = !opts.kdatCache
@@ -134,6 +137,39 @@ func runStandby(ctx context.Context, opts *standbyOpts, out *output) error {
 		}
 	}()
 	return sup.Run(ctx)
+}
+
+// kafkaPasswordEnv holds the SASL password of kcr standby's Kafka clients
+// when --kafka-sasl-password-file does not.
+const kafkaPasswordEnv = "KCR_KAFKA_SASL_PASSWORD"
+
+// kafkaSecurityFlags adds the TLS and SASL flags of kcr standby's own Kafka
+// clients. No secret is a flag: a command line is visible to every user.
+func kafkaSecurityFlags(cmd *cobra.Command, k *standby.KafkaSecurity) {
+	f := cmd.Flags()
+	f.BoolVar(&k.TLS, "kafka-tls", false, "kcr's own Kafka clients (lag watch, group hold) connect with TLS; implied by --kafka-tls-ca, --kafka-tls-cert and --kafka-tls-server-name")
+	f.StringVar(&k.TLSCA, "kafka-tls-ca", "", "PEM file of the CAs of the brokers' certificates (default: the system's)")
+	f.StringVar(&k.TLSCert, "kafka-tls-cert", "", "PEM file of a client certificate for the brokers, with --kafka-tls-key")
+	f.StringVar(&k.TLSKey, "kafka-tls-key", "", "PEM file of the client certificate's key")
+	f.StringVar(&k.TLSServerName, "kafka-tls-server-name", "", "name to check in the brokers' certificates (default: the host of each broker's address)")
+	f.StringVar(&k.SASLMechanism, "kafka-sasl-mechanism", "", `SASL mechanism of kcr's own Kafka clients: plain, scram-sha-256, scram-sha-512 or oauthbearer (default "": none)`)
+	f.StringVar(&k.SASLUser, "kafka-sasl-user", "", "SASL user (plain, SCRAM)")
+	f.StringVar(&k.SASLPasswordFile, "kafka-sasl-password-file", "", "file holding the SASL password (plain, SCRAM); without it, $"+kafkaPasswordEnv+", which the service does not inherit")
+	f.StringVar(&k.SASLTokenFile, "kafka-sasl-token-file", "", "file holding the OAUTHBEARER token, read at every authentication (renew it in place)")
+}
+
+// kafkaPasswordFromEnv takes the SASL password from the environment when
+// plain or SCRAM has no password file, and removes it from the environment
+// the service inherits.
+func kafkaPasswordFromEnv(k *standby.KafkaSecurity) {
+	pass, ok := os.LookupEnv(kafkaPasswordEnv)
+	if !ok {
+		return
+	}
+	os.Unsetenv(kafkaPasswordEnv)
+	if k.SASLPasswordFile == "" && k.SASLMechanism != "" && !strings.EqualFold(k.SASLMechanism, standby.SASLOAuthBearer) {
+		k.SASLPassword = pass
+	}
 }
 
 // standbyCtlOpts are the arguments and flags of standby wake|sleep|status.

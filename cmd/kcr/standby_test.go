@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"net"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -37,6 +38,19 @@ func TestRunStandbyBadInput(t *testing.T) {
 	o = opts("true")
 	o.o.Brokers, o.o.Group, o.o.BrokerTimeout = []string{"127.0.0.1:1"}, "g", 300*time.Millisecond
 	wantCode(t, runStandby(ctx, o, out), exitErr, "no broker answered")
+	o = opts("true")
+	o.o.Brokers, o.o.Group, o.o.Kafka.SASLMechanism, o.o.Kafka.SASLUser = []string{"127.0.0.1:1"}, "g", "scram-sha-512", "u"
+	wantCode(t, runStandby(ctx, o, out), exitUsage, "needs the password")
+	// The password from the environment: taken (the broker check is
+	// reached), and kept from the service's environment.
+	t.Setenv(kafkaPasswordEnv, "pw")
+	o = opts("true")
+	o.o.Brokers, o.o.Group, o.o.BrokerTimeout = []string{"127.0.0.1:1"}, "g", 300*time.Millisecond
+	o.o.Kafka.SASLMechanism, o.o.Kafka.SASLUser = "scram-sha-512", "u"
+	wantCode(t, runStandby(ctx, o, out), exitErr, "no broker answered")
+	if v, ok := os.LookupEnv(kafkaPasswordEnv); ok {
+		t.Errorf("$%s=%q left in the environment the service inherits", kafkaPasswordEnv, v)
+	}
 	wantCode(t, runStandbyCtl(ctx, &standbyCtlOpts{verb: "wake"}, out), exitUsage, "--image-dir is required")
 	wantCode(t, runStandbyCtl(ctx, &standbyCtlOpts{verb: "wake", imageDir: t.TempDir()}, out), exitErr, "no kcr standby answers")
 	if stdout.Len() != 0 {

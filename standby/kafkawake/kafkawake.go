@@ -68,6 +68,9 @@ type Config struct {
 	// since it was last told: every second while Wait runs, and when it
 	// returns.
 	Requests func(n int)
+	// Opts are added to the watcher's own kgo options: how to reach the
+	// brokers (kgo.DialTLSConfig, kgo.SASL). None: PLAINTEXT.
+	Opts []kgo.Opt
 }
 
 // State is what a Watcher keeps across restarts of its process: without
@@ -143,19 +146,19 @@ func New(ctx context.Context, cfg Config) (*Watcher, error) {
 		cfg.Logger = slog.Default()
 	}
 	w := &Watcher{cfg: cfg, log: cfg.Logger, state: State{}.clone()}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(cfg.Brokers...), kgo.ClientID("kcr-standby"),
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...), kgo.ClientID("kcr-standby"),
 		kgo.WithHooks(requestCounter{&w.reqs}),
 		// A broker that is down must not hold a round long: the next
 		// round asks again.
 		kgo.RequestRetries(0), kgo.RetryTimeout(time.Second), kgo.DialTimeout(time.Second),
 		// Nor one that hangs (paused, overloaded): a request fails 2 s
 		// past its own wait instead of kgo's default 10 s.
-		kgo.RequestTimeoutOverhead(2*time.Second),
+		kgo.RequestTimeoutOverhead(2 * time.Second),
 		// Every reading of the group asks for the leaders and topic ids
 		// afresh (kadm answers from a cache that is younger).
-		kgo.MetadataMinAge(10*time.Millisecond),
+		kgo.MetadataMinAge(10 * time.Millisecond),
 		// The group is read every refreshEvery: its connections stay.
-		kgo.ConnIdleTimeout(2*refreshEvery))
+		kgo.ConnIdleTimeout(2 * refreshEvery)}, cfg.Opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: --brokers %v: %v", ErrConfig, cfg.Brokers, err)
 	}

@@ -7,6 +7,8 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -62,6 +64,37 @@ func (c *clusterEnv) clientArgs(mech string) []string {
 	}
 	return []string{"-brokers", brokers, "-sasl", mech, "-tls-ca", c.env["KCR_KAFKA_CLUSTER_CA"],
 		"-sasl-user", c.env["KCR_KAFKA_CLUSTER_SCRAM_USER"], "-sasl-password", c.env["KCR_KAFKA_CLUSTER_SCRAM_PASSWORD"]}
+}
+
+// standbyKafkaArgs are kcr standby's flags to reach the cluster over
+// SASL_SSL with mech, its own Kafka clients as the service's: SCRAM's
+// password, or an OAUTHBEARER token good for an hour, in a file.
+func (c *clusterEnv) standbyKafkaArgs(mech string) []string {
+	t := c.t
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "kafka-secret")
+	secret := c.env["KCR_KAFKA_CLUSTER_SCRAM_PASSWORD"] + "\n"
+	args := []string{"--brokers", c.env["KCR_KAFKA_CLUSTER_SCRAM_BROKERS"], "--kafka-tls-ca", c.env["KCR_KAFKA_CLUSTER_CA"], "--kafka-sasl-mechanism", mech}
+	if mech == "oauthbearer" {
+		secret = unsecuredJWT("kcr-standby", time.Hour)
+		args[1] = c.env["KCR_KAFKA_CLUSTER_OAUTH_BROKERS"]
+		args = append(args, "--kafka-sasl-token-file", file)
+	} else {
+		args = append(args, "--kafka-sasl-user", c.env["KCR_KAFKA_CLUSTER_SCRAM_USER"], "--kafka-sasl-password-file", file)
+	}
+	if err := os.WriteFile(file, []byte(secret), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return args
+}
+
+// unsecuredJWT is a token for the cluster's unsecured OAUTHBEARER
+// validator (alg none), valid for life from now.
+func unsecuredJWT(sub string, life time.Duration) string {
+	now := time.Now().Unix()
+	claims, _ := json.Marshal(map[string]any{"sub": sub, "iat": now, "exp": now + int64(life/time.Second)})
+	enc := base64.RawURLEncoding
+	return enc.EncodeToString([]byte(`{"alg":"none"}`)) + "." + enc.EncodeToString(claims) + "."
 }
 
 // scriptEnv makes scripts/kafka-up.sh and kafka-down.sh act on node (0: all).

@@ -11,50 +11,47 @@ import (
 	"time"
 )
 
-// kcr standby on the cluster, the service over SASL_SSL, kcr's lag watch
-// and group hold over PLAINTEXT. The service sleeps through three
-// disruptions, each followed by records that wake it:
+// kcr standby on the cluster, the service and kcr's own lag watch and
+// group hold over SASL_SSL with the same mechanism. The service sleeps
+// through three disruptions, each followed by records that wake it:
 //  1. the broker that coordinates its group stopped (and still down at the
 //     wake);
-//  2. every partition leader of its topic moved; with kafka-go the wake is a
-//     connection to --listen (socket activation), then records;
-//  3. a rolling restart of the three brokers (kafka-go).
+//  2. every partition leader of its topic moved; the wake is a connection
+//     to --listen (socket activation), then records;
+//  3. a rolling restart of the three brokers.
 //
 // One cold start, every wake a restore, every record processed exactly
 // once (the test's own producer and end offsets). kafka-go over
-// SCRAM-SHA-512; franz-go over OAUTHBEARER with 5 s tokens, which expire
-// while it sleeps.
+// SCRAM-SHA-512 (kcr standby's password in a file); franz-go over
+// OAUTHBEARER with 5 s tokens, which expire while it sleeps (kcr standby's
+// token in a file, renewed by reauthentication every 30 s).
 func TestClusterStandby(t *testing.T) {
 	for _, tc := range []struct {
 		name, bin, mech string
-		listen, roll    bool
 		extra           []string
 	}{
-		{"kafka-go-scram", kafkaBin, "scram-sha-512", true, true, nil},
-		{"franz-go-oauthbearer", kgoBin, "oauthbearer", false, false, []string{"-token-lifetime", "5s", "-kgo-log"}},
+		{"kafka-go-scram", kafkaBin, "scram-sha-512", nil},
+		{"franz-go-oauthbearer", kgoBin, "oauthbearer", []string{"-token-lifetime", "5s", "-kgo-log"}},
 	} {
-		t.Run(tc.name, func(t *testing.T) { testClusterStandby(t, tc.bin, tc.mech, tc.listen, tc.roll, tc.extra) })
+		t.Run(tc.name, func(t *testing.T) { testClusterStandby(t, tc.bin, tc.mech, tc.extra) })
 	}
 }
 
-func testClusterStandby(t *testing.T, bin, mech string, listen, roll bool, extra []string) {
+func testClusterStandby(t *testing.T, bin, mech string, extra []string) {
 	c := needCluster(t)
 	start := time.Now()
 	topic, group := c.newTopic("cluster-sb", 3), uniqueName("cluster-sb")
-	flags := []string{"--idle", "1s", "--group", group, "--topics", topic, "--poll", "100ms"}
+	flags := append(c.standbyKafkaArgs(mech), "--idle", "1s", "--group", group, "--topics", topic, "--poll", "100ms")
 	svc := append(append(consumerArgs(bin, c.brokers, topic, group), c.clientArgs(mech)...), extra...)
-	addr := ""
-	if listen {
-		probe, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr = probe.Addr().String()
-		probe.Close()
-		flags = append(flags, "--listen", addr)
-		svc = append(svc, "-listen-fds")
+	probe, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
 	}
-	s := c.startStandby(filepath.Join(t.TempDir(), "img"), flags, svc...)
+	addr := probe.Addr().String()
+	probe.Close()
+	flags = append(flags, "--listen", addr)
+	svc = append(svc, "-listen-fds")
+	s := c.startStandbyNoKafka(filepath.Join(t.TempDir(), "img"), flags, svc...)
 	wakes := 0
 	wake := func(what string) {
 		t.Helper()
@@ -74,42 +71,37 @@ func testClusterStandby(t *testing.T, bin, mech string, listen, roll bool, extra
 	// 2. The partition leaders moved.
 	s.waitState("standby", 90*time.Second)
 	moved := c.moveLeaders(topic)
-	if listen {
-		conn, err := net.DialTimeout("tcp", addr, 10*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		conn.SetDeadline(time.Now().Add(60 * time.Second))
-		line, err := bufio.NewReader(conn).ReadBytes('\n')
-		conn.Close()
-		var st appState
-		if err != nil || json.Unmarshal(line, &st) != nil || st.Gen == 0 {
-			t.Fatalf("the service's answer through --listen: %q, %v: want the state of a restored instance", line, err)
-		}
+	conn, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.SetDeadline(time.Now().Add(60 * time.Second))
+	line, err := bufio.NewReader(conn).ReadBytes('\n')
+	conn.Close()
+	var st appState
+	if err != nil || json.Unmarshal(line, &st) != nil || st.Gen == 0 {
+		t.Fatalf("the service's answer through --listen: %q, %v: want the state of a restored instance", line, err)
 	}
 	wake("leaders moved to " + itoa(len(moved)) + " other brokers")
 
-	// 3. A rolling restart (kafka-go only: it is kcr standby's lag watch
-	// and group hold that live through it; a restored client of either
-	// library opens new connections anyway).
-	if roll {
-		s.waitState("standby", 90*time.Second)
-		for n := 1; n <= 3; n++ {
-			c.nodeDown(n)
-			c.nodeUp(n)
-		}
-		wake("rolling restart")
+	// 3. A rolling restart: kcr standby's lag watch and group hold live
+	// through it.
+	s.waitState("standby", 90*time.Second)
+	for n := 1; n <= 3; n++ {
+		c.nodeDown(n)
+		c.nodeUp(n)
 	}
+	wake("rolling restart")
 	s.waitState("standby", 90*time.Second)
 
 	if n := s.countLogs("standby: starting"); n != 1 {
 		t.Errorf("%d cold starts, want 1", n)
 	}
-	kafka, conn := s.countLogs("standby: running", "source", "kafka"), s.countLogs("standby: running", "source", "connection")
+	kafka, byConn := s.countLogs("standby: running", "source", "kafka"), s.countLogs("standby: running", "source", "connection")
 	// At least one restore per wake: a service restored by a connection may
 	// go idle again before the records arrive, and lag wakes it once more.
-	if kafka+conn < wakes || (listen && conn != 1) {
-		t.Errorf("restores woken by lag %d, by a connection %d; want %d or more in all (1 by a connection with --listen)", kafka, conn, wakes)
+	if kafka+byConn < wakes || byConn != 1 {
+		t.Errorf("restores woken by lag %d, by a connection %d; want %d or more in all, 1 by a connection", kafka, byConn, wakes)
 	}
 	if n := s.countLogs("standby: restore failed; starting the service cold"); n != 0 {
 		t.Errorf("%d failed restores", n)

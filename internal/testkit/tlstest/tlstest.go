@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/pem"
 	"math/big"
 	"net"
 	"testing"
@@ -36,4 +37,12 @@ func SelfSigned(t testing.TB) (*tls.Config, *x509.CertPool) {
 	roots := x509.NewCertPool()
 	roots.AddCert(cert)
 	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}, roots
+}
+
+// SelfSignedPEM is SelfSigned with the certificate to trust in PEM, for
+// programs that read a CA file.
+func SelfSignedPEM(t testing.TB) (*tls.Config, []byte) {
+	t.Helper()
+	server, _ := SelfSigned(t)
+	return server, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: server.Certificates[0].Certificate[0]})
 }

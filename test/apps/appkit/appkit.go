@@ -6,6 +6,7 @@ package appkit
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -178,21 +179,74 @@ func EmitAfter(ev notify.Event, kv ...any) {
 
 // Pending is the set of record numbers handed to a client and not yet
 // acknowledged.
+//
+// A program that numbers records takes their identity and marks them
+// with Start, reports them from its last before-checkpoint hook with Hold,
+// and calls Release from its last after-restore hook. Between Hold and
+// Release, Start waits: a record whose identity was taken after the hook
+// reported what was pending (the program runs on until CRIU freezes it)
+// would be sent by every copy of the image under the checkpointed
+// process's identity, and reported by none.
 type Pending struct {
-	mu sync.Mutex
-	m  map[int]struct{}
+	mu   sync.Mutex
+	m    map[int]struct{}
+	hold chan struct{} // non-nil from Hold to Release; closed by Release
 }
 
-// Add records the numbers b as pending.
+// Start waits while the set is held (Hold), then marks the numbers b
+// pending and returns the identity to write them under: the instance id
+// and the host PID of the moment, taken with the mark.
+func (p *Pending) Start(b ...int) (inst string, hpid int) {
+	p.mu.Lock()
+	for p.hold != nil {
+		h := p.hold
+		p.mu.Unlock()
+		<-h
+		p.mu.Lock()
+	}
+	_, inst = notify.Identity()
+	hpid = HostPID()
+	p.addLocked(b)
+	p.mu.Unlock()
+	return inst, hpid
+}
+
+// Hold returns the pending numbers as runs (see Runs), and makes Start
+// wait until Release.
+func (p *Pending) Hold() [][2]int {
+	p.mu.Lock()
+	if p.hold == nil {
+		p.hold = make(chan struct{})
+	}
+	p.mu.Unlock()
+	return p.Runs()
+}
+
+// Release lets Start go on.
+func (p *Pending) Release() {
+	p.mu.Lock()
+	if p.hold != nil {
+		close(p.hold)
+		p.hold = nil
+	}
+	p.mu.Unlock()
+}
+
+// Add records the numbers b as pending (records whose identity is
+// already set; see Start).
 func (p *Pending) Add(b ...int) {
 	p.mu.Lock()
+	p.addLocked(b)
+	p.mu.Unlock()
+}
+
+func (p *Pending) addLocked(b []int) {
 	if p.m == nil {
 		p.m = map[int]struct{}{}
 	}
 	for _, n := range b {
 		p.m[n] = struct{}{}
 	}
-	p.mu.Unlock()
 }
 
 // Done removes the numbers b.
@@ -244,6 +298,31 @@ func Pace(ctx context.Context, rate int, next func() bool) {
 			}
 		}
 	}
+}
+
+// HandedListener returns the one socket of LISTEN_FDS (kcr standby
+// --listen), on which every accepted connection counts as activity
+// (notify.Touch): a connection is work.
+func HandedListener() (net.Listener, error) {
+	lns, err := notify.Listeners()
+	if err == nil && len(lns) != 1 {
+		err = fmt.Errorf("%d sockets in LISTEN_FDS, want 1", len(lns))
+	}
+	if err != nil {
+		return nil, err
+	}
+	return touchListener{lns[0]}, nil
+}
+
+// touchListener counts every accepted connection as activity.
+type touchListener struct{ net.Listener }
+
+func (l touchListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		notify.Touch()
+	}
+	return c, err
 }
 
 // ServeState answers every connection on ln with one JSON line: goroutine

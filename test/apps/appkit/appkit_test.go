@@ -2,6 +2,7 @@ package appkit
 
 import (
 	"net"
+	"runtime"
 	"slices"
 	"testing"
 )
@@ -45,4 +46,38 @@ func TestPending(t *testing.T) {
 	if p.Len() != 4 {
 		t.Errorf("Len() = %d, want 4", p.Len())
 	}
+}
+
+// A record numbered while the last before-checkpoint hook holds the set
+// takes its mark and identity only after Release: what Hold reported is
+// all an image holds under the checkpointed identity.
+func TestPendingHold(t *testing.T) {
+	var p Pending
+	p.Start(1)
+	if got := p.Hold(); !slices.Equal(got, [][2]int{{1, 1}}) {
+		t.Fatalf("Hold = %v, want [[1 1]]", got)
+	}
+	started := make(chan struct{})
+	go func() {
+		p.Start(2)
+		close(started)
+	}()
+	// Start(2) waits: nothing it does can be seen until Release.
+	for range 100 {
+		runtime.Gosched()
+	}
+	select {
+	case <-started:
+		t.Fatal("Start returned while the set was held")
+	default:
+	}
+	if got := p.Runs(); !slices.Equal(got, [][2]int{{1, 1}}) {
+		t.Fatalf("pending %v while held, want [[1 1]]", got)
+	}
+	p.Release()
+	<-started
+	if got := p.Runs(); !slices.Equal(got, [][2]int{{1, 2}}) {
+		t.Fatalf("pending %v after Release, want [[1 2]]", got)
+	}
+	p.Release() // without Hold: nothing to do
 }

@@ -35,7 +35,6 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
 	"net"
 	"os"
 	"os/signal"
@@ -254,13 +253,7 @@ func run(c config, listen string) error {
 	var ln net.Listener
 	if listen == "" {
 		// kcr standby --listen: its socket, and every connection is work.
-		var lns []net.Listener
-		if lns, err = notify.Listeners(); err == nil && len(lns) != 1 {
-			err = fmt.Errorf("%d sockets in LISTEN_FDS, want 1", len(lns))
-		}
-		if err == nil {
-			ln = touchListener{lns[0]}
-		}
+		ln, err = appkit.HandedListener()
 	} else {
 		ln, err = (&net.ListenConfig{}).Listen(ctx, "tcp", listen)
 	}
@@ -365,14 +358,13 @@ func (a *app) writeLoop(ctx, wctx context.Context) {
 		}
 		// The records say who built them: the instance id (changed by the
 		// after-restore hooks) and the host PID (changed by the restore).
-		_, inst := notify.Identity()
-		hpid := strconv.Itoa(hostPID())
+		inst, h := a.pending.Start(b...)
+		hpid := strconv.Itoa(h)
 		msgs := make([]kafka.Message, len(b))
 		for i, n := range b {
 			msgs[i] = kafka.Message{Key: []byte(strconv.Itoa(n)), Value: []byte(strconv.Itoa(n)),
 				Headers: []kafka.Header{{Key: "inst", Value: []byte(inst)}, {Key: "hpid", Value: []byte(hpid)}}}
 		}
-		a.pending.Add(b...)
 		// wctx ends only after every writer returned: records handed to
 		// the Writer are never abandoned by the app.
 		err := a.w.WriteMessages(wctx, msgs...)
@@ -566,11 +558,12 @@ func (a *app) beforeLast(ctx context.Context) error {
 	if a.w != nil {
 		rep = a.w.CheckpointReport()
 	}
-	emit("pending", "records", a.pending.Runs(), "writer", rep, "leave_running", notify.LeaveRunning(ctx))
+	emit("pending", "records", a.pending.Hold(), "writer", rep, "leave_running", notify.LeaveRunning(ctx))
 	return nil
 }
 
 func (a *app) afterLast(ctx context.Context, ev notify.Event) error {
+	a.pending.Release()
 	appkit.EmitAfter(ev, "writer_client", a.writerClient(), "reader_client", a.readerClient())
 	return nil
 }
@@ -603,14 +596,3 @@ var (
 	runs      = appkit.Runs
 	errString = appkit.ErrString
 )
-
-// touchListener counts every accepted connection as activity.
-type touchListener struct{ net.Listener }
-
-func (l touchListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err == nil {
-		notify.Touch()
-	}
-	return c, err
-}

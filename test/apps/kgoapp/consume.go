@@ -18,6 +18,9 @@ import (
 	"github.com/kcr-dev/kcr/test/apps/appkit"
 )
 
+// procDelay is the time -consume spends on each record (-proc-delay).
+var procDelay time.Duration
+
 // runConsume is the group consumer mode (-consume): poll, log what was
 // processed ("proc", as kafkaapp), then commit it (at-least-once). With
 // balancer "server" the group is a KIP-848 one (kgo.ServerSideBalancer);
@@ -27,11 +30,9 @@ import (
 // shared group test runs unchanged) varies the kgo options:
 // "block-rebalance" (kgo.BlockRebalanceOnPoll; the loop calls
 // AllowRebalance after each commit), "reset-end" (ConsumeResetOffset
-// AtEnd instead of AtStart).
-// procDelay is the time -consume spends on each record (-proc-delay).
-var procDelay time.Duration
-
-func runConsume(brokers []string, topic, group, clientID, balancer, instanceID string) error {
+// AtEnd instead of AtStart). With listenFDs it serves its state on the
+// socket of kcr standby --listen.
+func runConsume(brokers []string, topic, group, clientID, balancer, instanceID string, listenFDs bool) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	extra := strings.Split(os.Getenv("KGOAPP_CONSUME_OPTS"), ",")
@@ -66,13 +67,24 @@ func runConsume(brokers []string, topic, group, clientID, balancer, instanceID s
 		appkit.EmitAfter(ev, "reader_client", cl.ClientID(), "instance_id", cl.InstanceID())
 		return nil
 	}))
+	var procd atomic.Int64
+	addr := ""
+	if listenFDs {
+		ln, err := appkit.HandedListener()
+		if err != nil {
+			return err
+		}
+		addr = ln.Addr().String()
+		go appkit.ServeState(ln, func() map[string]any {
+			return map[string]any{"reader_client": cl.ClientID(), "processed": procd.Load()}
+		})
+	}
 	srv, err := notify.Start()
 	if err != nil {
 		return err
 	}
 	defer srv.Close()
-	emit("ready", "listen", "", "socket", srv.Path())
-	var procd atomic.Int64
+	emit("ready", "listen", addr, "socket", srv.Path())
 	// With -proc-delay, at most 200 ms of records per poll: the service
 	// stays active (every poll is activity) and its commits frequent.
 	maxRecs := -1

@@ -73,6 +73,7 @@ func main() {
 	flag.BoolVar(&readCommitted, "read-committed", false, "with -consume or -transform-from: fetch read_committed (kgo.FetchIsolationLevel)")
 	flag.DurationVar(&procDelay, "proc-delay", 0, "with -consume: time spent on each record (a service of known capacity: 1/proc-delay records per second)")
 	kgoLog := flag.Bool("kgo-log", false, `log kgo's warnings and errors as events "kgo-log"`)
+	listenFDs := flag.Bool("listen-fds", false, "with -consume: serve the state on the socket of LISTEN_FDS (kcr standby --listen); every connection counts as activity (notify.Touch)")
 	var sec appkit.Security
 	sec.Flags(flag.CommandLine)
 	flag.Parse()
@@ -87,7 +88,7 @@ func main() {
 		appkit.Fatal(2, err.Error())
 	}
 	if *consume {
-		if err := runConsume(strings.Split(*brokers, ","), *topic, *group, *clientID, *balancer, *instanceID); err != nil {
+		if err := runConsume(strings.Split(*brokers, ","), *topic, *group, *clientID, *balancer, *instanceID, *listenFDs); err != nil {
 			appkit.Fatal(1, err.Error())
 		}
 		return
@@ -201,12 +202,10 @@ func (a *app) produceLoop(ctx context.Context, rate int) {
 func (a *app) produce(ctx context.Context, n int) {
 	// The record says who built it: the instance id (changed by the
 	// after-restore hooks) and the host PID (changed by the restore).
-	_, inst := notify.Identity()
-	hpid := appkit.HostPID()
+	inst, hpid := a.pending.Start(n)
 	v := []byte(strconv.Itoa(n))
 	rec := &kgo.Record{Key: v, Value: v, Headers: []kgo.RecordHeader{
 		{Key: "inst", Value: []byte(inst)}, {Key: "hpid", Value: []byte(strconv.Itoa(hpid))}}}
-	a.pending.Add(n)
 	// Not ctx: records handed to the client are never abandoned by the app;
 	// a Produce waiting at the checkpoint gate waits for the restore.
 	a.cl.Produce(context.Background(), rec, func(_ *kgo.Record, err error) {
@@ -226,11 +225,12 @@ func (a *app) produce(ctx context.Context, n int) {
 
 func (a *app) beforeLast(ctx context.Context) error {
 	// Last before the dump: the kernel's count of sockets to the brokers.
-	emit("pending", "records", a.pending.Runs(), "writer", a.cl.CheckpointReport(), "broker_sockets", appkit.SocketsTo(a.ports), "leave_running", notify.LeaveRunning(ctx))
+	emit("pending", "records", a.pending.Hold(), "writer", a.cl.CheckpointReport(), "broker_sockets", appkit.SocketsTo(a.ports), "leave_running", notify.LeaveRunning(ctx))
 	return nil
 }
 
 func (a *app) afterLast(ctx context.Context, ev notify.Event) error {
+	a.pending.Release()
 	appkit.EmitAfter(ev, "writer_client", a.cl.ClientID())
 	go a.reportProducer()
 	return nil

@@ -22,7 +22,9 @@ type offsetsGoneRig struct {
 	adm   *kadm.Client
 }
 
-func newOffsetsGoneRig(t *testing.T) *offsetsGoneRig {
+// fakeKafka starts a one-broker kfake cluster with topic "t" (2
+// partitions) and a client that writes to the partition a record names.
+func fakeKafka(t *testing.T) ([]string, *kgo.Client) {
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "t"))
 	if err != nil {
 		t.Fatal(err)
@@ -33,7 +35,12 @@ func newOffsetsGoneRig(t *testing.T) *offsetsGoneRig {
 		t.Fatal(err)
 	}
 	t.Cleanup(cl.Close)
-	g := &offsetsGoneRig{t: t, addrs: c.ListenAddrs(), cl: cl, adm: kadm.NewClient(cl)}
+	return c.ListenAddrs(), cl
+}
+
+func newOffsetsGoneRig(t *testing.T) *offsetsGoneRig {
+	addrs, cl := fakeKafka(t)
+	g := &offsetsGoneRig{t: t, addrs: addrs, cl: cl, adm: kadm.NewClient(cl)}
 	offs := kadm.Offsets{}
 	for p := range int32(2) {
 		g.produce(p)

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -19,17 +18,8 @@ type replicaRig struct {
 }
 
 func newReplicaRig(t *testing.T) *replicaRig {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "t"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
-	return &replicaRig{t: t, addrs: c.ListenAddrs(), cl: cl}
+	addrs, cl := fakeKafka(t)
+	return &replicaRig{t: t, addrs: addrs, cl: cl}
 }
 
 // produce writes n records to each partition, written at ts.

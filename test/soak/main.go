@@ -463,7 +463,7 @@ func (s *soak) traffic(ctx context.Context, sv *service, rnd *rand.Rand) {
 		if sv.listen != "" && rnd.IntN(2) == 0 {
 			go s.ask(sv, 60*time.Second)
 		}
-		sleep(ctx, time.Duration(1500+rnd.IntN(3000))*time.Millisecond)
+		sleep(ctx, time.Duration(1000+rnd.IntN(2000))*time.Millisecond)
 	}
 }
 
@@ -497,7 +497,7 @@ func (s *soak) run() bool {
 		n++
 		s.inject(ctx, n)
 		s.logf("faults %d, cycles %d, elapsed %v", s.totalFaults(), s.totalCycles(), time.Since(start).Round(time.Second))
-		sleep(ctx, time.Duration(1000+s.rnd.IntN(4000))*time.Millisecond)
+		sleep(ctx, time.Duration(500+s.rnd.IntN(2000))*time.Millisecond)
 	}
 	tstop()
 	s.logf("injection over: %d faults, %d cycles in %v; draining", s.totalFaults(), s.totalCycles(), time.Since(start).Round(time.Second))

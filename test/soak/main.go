@@ -852,7 +852,7 @@ func (s *soak) report(d time.Duration) bool {
 	}
 	sort.Strings(s.overBound)
 	for _, o := range s.overBound {
-		fmt.Printf("  over the %v bound: %s\n", s.c.bound, o)
+		fmt.Printf("  over its bound: %s\n", o)
 	}
 	for _, n := range s.notes {
 		fmt.Printf("  note: %s\n", n)

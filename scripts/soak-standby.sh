@@ -12,8 +12,10 @@
 # An independent reader (test/soak) checks, all along and at the end: never
 # two copies of a service alive (processes; group members for longer than a
 # session timeout), every order answered exactly once (duplicates counted),
-# the service answering again within the bound after each fault, and nothing
-# left behind (copies, images, temporaries, group members).
+# the service answering again within the bound after each fault (after a
+# broker restart, counted from when the broker answers again; the broker's
+# own restart time is reported apart), and nothing left behind (copies,
+# images, temporaries, more bad images than --keep-bad, group members).
 #
 #   sudo scripts/soak-standby.sh          short mode, ~3 min (CI)
 #   sudo scripts/soak-standby.sh long     1,000 cycles and >= 200 faults
@@ -23,7 +25,8 @@
 # and, in the long mode, its restarts with scripts/kafka-down.sh and
 # kafka-up.sh), KCR_SOAK_SEED (random seed), KCR_SOAK_MAX_TIME (long mode's
 # time limit, default 4h), KCR_SOAK_BOUND (recovery bound, default 90s),
-# KCR_SOAK_KEEP=1 keeps the work directory.
+# KCR_SOAK_BROKER_BOUND (recovery bound after a broker restart, from when the
+# broker answers again, default 30s), KCR_SOAK_KEEP=1 keeps the work directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -45,4 +48,4 @@ kenv="KCR_KAFKA_HOME=${KCR_KAFKA_HOME:-/var/tmp/kcr-kafka},KCR_KAFKA_PORT=${KCR_
 kenv+=",KCR_KAFKA_CONTROLLER_PORT=${KCR_KAFKA_CONTROLLER_PORT:-9093},KCR_KAFKA_KEEP_DATA=1"
 "$bin/soak" -kcr "$bin/kcr" -kgoapp "$bin/kgoapp" -kafkaapp "$bin/kafkaapp" -repo "$PWD" \
 	-brokers "$brokers" -kafka-env "$kenv" -work "$work/run" -seed "${KCR_SOAK_SEED:-0}" \
-	-bound "${KCR_SOAK_BOUND:-90s}" "${args[@]}"
+	-bound "${KCR_SOAK_BOUND:-90s}" -broker-bound "${KCR_SOAK_BROKER_BOUND:-30s}" "${args[@]}"

@@ -1,6 +1,7 @@
 package standby
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -205,6 +206,100 @@ func (d *imageDir) setAside(name string) (string, error) {
 		return "", fmt.Errorf("set the bad image %s aside: %w", name, err)
 	}
 	return to, nil
+}
+
+// badImage is an image set aside after a failed restore:
+// bad-img-NNNNNN-UNIXTIME (setAside).
+type badImage struct {
+	name string
+	n    int
+	at   int64
+}
+
+// parseBad parses a bad image's name; ok is false for anything else.
+func parseBad(name string) (badImage, bool) {
+	rest, ok := strings.CutPrefix(name, badPrefix)
+	i := strings.LastIndexByte(rest, '-')
+	if !ok || i < 0 {
+		return badImage{}, false
+	}
+	n, ok := imageNumber(rest[:i])
+	at, err := strconv.ParseInt(rest[i+1:], 10, 64)
+	if !ok || err != nil {
+		return badImage{}, false
+	}
+	return badImage{name, n, at}, true
+}
+
+// removingMarker ends the hidden name a bad image is renamed to before it
+// is removed: the rename is atomic, so no half-removed image is ever left
+// under a bad image's name, and the next pruneBad finishes a removal that
+// was cut short.
+const removingMarker = ".kcr-rm"
+
+// pruneBad keeps the newest keep images set aside (by the time they were
+// set aside, then by number; keep < 0 keeps none), removes the others and
+// finishes the removals cut short, and returns the names it removed.
+func (d *imageDir) pruneBad(keep int) ([]string, error) {
+	ents, err := os.ReadDir(d.path)
+	if err != nil {
+		return nil, fmt.Errorf("read --image-dir %s: %w", d.path, err)
+	}
+	var bad []badImage
+	var errs []error
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "."+badPrefix) && strings.HasSuffix(e.Name(), removingMarker) {
+			errs = append(errs, d.removeOwned(e.Name()))
+		} else if b, ok := parseBad(e.Name()); ok {
+			bad = append(bad, b)
+		}
+	}
+	slices.SortFunc(bad, func(a, b badImage) int { return cmp.Or(cmp.Compare(b.at, a.at), cmp.Compare(b.n, a.n)) })
+	var removed []string
+	for _, b := range bad[min(max(keep, 0), len(bad)):] {
+		if err := d.checkOwned(b.name); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		hidden := "." + b.name + removingMarker
+		if err := os.Rename(filepath.Join(d.path, b.name), filepath.Join(d.path, hidden)); err != nil {
+			errs = append(errs, fmt.Errorf("remove the bad image %s: %w", b.name, err))
+			continue
+		}
+		if err := d.removeOwned(hidden); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, b.name)
+	}
+	return removed, errors.Join(errs...)
+}
+
+// checkOwned refuses to remove an entry of the directory that is a
+// directory another uid owns: the supervisor's own bad images are its
+// own. A symlink is fine: removing it unlinks the link, never its target.
+func (d *imageDir) checkOwned(name string) error {
+	fi, err := os.Lstat(filepath.Join(d.path, name))
+	if err != nil {
+		return fmt.Errorf("remove %s: %w", name, err)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); fi.IsDir() && ok && int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("remove %s in --image-dir %s: owned by uid %d, not by kcr (uid %d): left as it is; remove it by hand", name, d.path, st.Uid, os.Geteuid())
+	}
+	return nil
+}
+
+// removeOwned removes an entry of the directory after checkOwned.
+// os.RemoveAll opens each directory below with O_NOFOLLOW and unlinks
+// relative to it, so it never follows a symlink, wherever it points.
+func (d *imageDir) removeOwned(name string) error {
+	if err := d.checkOwned(name); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(filepath.Join(d.path, name)); err != nil {
+		return fmt.Errorf("remove %s: %w", name, err)
+	}
+	return nil
 }
 
 // readState reads the state file; a missing one is the zero value.

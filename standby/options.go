@@ -43,6 +43,9 @@ const (
 	badPrefix             = "bad-"
 	defaultServiceLogName = "service.log"
 	failedDumpLogName     = "last-failed-dump.log"
+	// DefaultKeepBad is how many images set aside after failed restores
+	// are kept.
+	DefaultKeepBad = 3
 	// DefaultCheckpointBackoffMax bounds the idle time asked for before a
 	// checkpoint after failed ones.
 	DefaultCheckpointBackoffMax = 10 * time.Minute
@@ -83,6 +86,11 @@ type Options struct {
 	// Idle doubled n times, at most this long (default 10 min, and never
 	// less than Idle). A manual sleep is tried at once.
 	CheckpointBackoffMax time.Duration
+	// KeepBad is how many images set aside after a failed restore
+	// (bad-img-N-TIME, for inspection) are kept: the newest; older ones
+	// are removed, since each holds a copy of the service's memory
+	// (default 3; negative keeps none).
+	KeepBad int
 
 	// Brokers, Group and Topics configure the Kafka wake: the service
 	// does not sleep while records past the commits of Group on Topics
@@ -203,6 +211,9 @@ func (o *Options) check() error {
 	o.BackoffMax = max(o.BackoffMax, o.BackoffMin)
 	if o.CheckpointBackoffMax == 0 {
 		o.CheckpointBackoffMax = DefaultCheckpointBackoffMax
+	}
+	if o.KeepBad == 0 {
+		o.KeepBad = DefaultKeepBad
 	}
 	if o.BrokerTimeout == 0 {
 		o.BrokerTimeout = DefaultBrokerTimeout

@@ -278,6 +278,9 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	defer s.setState(StateStopped)
 	// Before the hold may start, and before the service may join.
 	s.sweepHold()
+	// What an earlier kcr standby set aside beyond Options.KeepBad, or
+	// left half-removed.
+	s.pruneBad()
 	r := s.resolve(ctx)
 	c := &run{next: r.next, p: r.p, reason: r.reason, src: "resume", at: time.Now()}
 	switch r.next {
@@ -705,6 +708,7 @@ func (s *Supervisor) restore(ctx context.Context, source string, wokeAt time.Tim
 		}
 		aside, aerr := s.dir.setAside(s.image)
 		s.log.Error("standby: restore failed; starting the service cold", "image", s.image, "kept_as", aside, "err", err, "aside_err", aerr)
+		s.pruneBad()
 		next := ""
 		if imgs, _ := s.dir.imagesNewestFirst(); len(imgs) > 0 {
 			next = imgs[0]
@@ -721,6 +725,17 @@ func (s *Supervisor) restore(ctx context.Context, source string, wokeAt time.Tim
 	s.running(p, "source", source, "image", s.image, "wake_latency_ms", ms(latency), "restore_ms", ms(d))
 	s.bg.Go(func() { s.watchFirstActivity(ctx, p, w, wokeAt) })
 	return p, nil
+}
+
+// pruneBad removes the images set aside beyond Options.KeepBad.
+func (s *Supervisor) pruneBad() {
+	removed, err := s.dir.pruneBad(s.o.KeepBad)
+	if len(removed) > 0 {
+		s.log.Info("standby: removed older images set aside", "images", removed, "keep", max(s.o.KeepBad, 0))
+	}
+	if err != nil {
+		s.log.Warn("standby: removing older images set aside", "err", err)
+	}
 }
 
 // backoff is the wait before the n-th restart in a row: min doubled n-1

@@ -28,6 +28,7 @@ type standbyOpts struct {
 	holdGroup bool
 	kdatCache bool
 	prepare   bool
+	keepBad   int
 }
 
 func standbyCmd(g *globals) *cobra.Command {
@@ -74,6 +75,7 @@ or checkpointed with its image in --image-dir; a new kcr standby with the same
 	f.DurationVar(&o.HookBudget, "hook-budget", standby.DefaultHookBudget, "deadline of the before-checkpoint hooks")
 	f.DurationVar(&o.ReadyTimeout, "ready-timeout", standby.DefaultReadyTimeout, "how long a cold start may take to open its control socket")
 	f.DurationVar(&o.BackoffMax, "max-backoff", standby.DefaultBackoffMax, "longest wait before restarting a service that keeps crashing")
+	f.IntVar(&opts.keepBad, "keep-bad", standby.DefaultKeepBad, "how many images set aside after failed restores (bad-img-*) to keep for inspection, the newest; older ones are removed (0 keeps none)")
 	cmd.AddCommand(standbyCtlCmd(g, "wake", "Restore the service of --image-dir now"),
 		standbyCtlCmd(g, "sleep", "Checkpoint the service of --image-dir now"),
 		standbyCtlCmd(g, "status", "Show the state of the kcr standby of --image-dir"))
@@ -89,6 +91,14 @@ func runStandby(ctx context.Context, opts *standbyOpts, out *output) error {
 	o.NoHoldGroup = !opts.holdGroup
 	o.NoKdatCache = !opts.kdatCache
 	o.NoPrepare = !opts.prepare
+	switch {
+	case opts.keepBad < 0:
+		return &exitError{exitUsage, fmt.Errorf("--keep-bad %d: give 0 (keep none) or more", opts.keepBad)}
+	case opts.keepBad == 0:
+		o.KeepBad = -1 // standby.Options: negative keeps none, zero is the default
+	default:
+		o.KeepBad = opts.keepBad
+	}
 	lvl := slog.LevelInfo
 	if opts.verbose {
 		lvl = slog.LevelDebug

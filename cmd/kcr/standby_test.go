@@ -36,6 +36,9 @@ func TestRunStandbyBadInput(t *testing.T) {
 	o.metrics = ln.Addr().String()
 	wantCode(t, runStandby(ctx, o, out), exitUsage, "--metrics")
 	o = opts("true")
+	o.keepBad = -1
+	wantCode(t, runStandby(ctx, o, out), exitUsage, "--keep-bad -1")
+	o = opts("true")
 	o.o.Brokers, o.o.Group, o.o.BrokerTimeout = []string{"127.0.0.1:1"}, "g", 300*time.Millisecond
 	wantCode(t, runStandby(ctx, o, out), exitErr, "no broker answered")
 	o = opts("true")

@@ -37,6 +37,10 @@ import (
 	"github.com/kcr-dev/kcr/internal/procfs"
 )
 
+// keepBad is the services' --keep-bad: how many images set aside after a
+// failed restore may be left.
+const keepBad = 2
+
 type config struct {
 	kcr, kgoapp, kafkaapp, repo string
 	brokers                     string
@@ -46,6 +50,7 @@ type config struct {
 	maxTime                     time.Duration
 	seed                        uint64
 	bound                       time.Duration // recovery bound after a fault
+	brokerBound                 time.Duration // after a broker restart, from when the broker answers again
 	brokerRestarts              bool
 }
 
@@ -64,6 +69,7 @@ func main() {
 	flag.DurationVar(&c.maxTime, "max-time", 3*time.Minute, "stop injecting after this long whatever the counts")
 	flag.Uint64Var(&c.seed, "seed", 0, "random seed (0: from the clock)")
 	flag.DurationVar(&c.bound, "bound", 90*time.Second, "recovery bound: after a fault, the service answers again within this long")
+	flag.DurationVar(&c.brokerBound, "broker-bound", 30*time.Second, "recovery bound after a broker restart, counted from when the broker answers again (its own restart is reported apart)")
 	flag.BoolVar(&c.brokerRestarts, "broker-restarts", false, "also stop and start the broker (slow: one in 25 faults)")
 	flag.Parse()
 	if env != "" {
@@ -118,6 +124,7 @@ type soak struct {
 	maxCopies  map[string]int
 	maxMembers map[string]int
 	longDouble map[string]time.Duration
+	brokerOwn  time.Duration // the longest broker restart itself, stop to answering
 	notes      []string
 }
 
@@ -154,7 +161,7 @@ func newSoak(c config) (*soak, error) {
 		if err := s.createTopic(sv.topic); err != nil {
 			return nil, err
 		}
-		flags := []string{"standby", "--image-dir", sv.dir, "--log", sv.svcLog, "--idle", "1s", "--brokers", c.brokers,
+		flags := []string{"standby", "--image-dir", sv.dir, "--log", sv.svcLog, "--idle", "1s", "--keep-bad", strconv.Itoa(keepBad), "--brokers", c.brokers,
 			"--group", sv.group, "--topics", sv.topic, "--poll", "100ms", "--max-backoff", "5s", "-e", "SOAK_TAG=" + sv.dir}
 		var svc []string
 		if name == "kgo" {
@@ -386,9 +393,9 @@ func (s *soak) ask(sv *service, timeout time.Duration) error {
 }
 
 // recovered waits until an order made now to sv is answered, and records
-// how long that took for fault kind.
-func (s *soak) recovered(ctx context.Context, kind string, sv *service, from time.Time) {
-	ctx, cancel := context.WithTimeout(ctx, s.c.bound+30*time.Second)
+// how long that took for fault kind, from from; it must be within bound.
+func (s *soak) recovered(ctx context.Context, kind string, sv *service, from time.Time, bound time.Duration) {
+	ctx, cancel := context.WithTimeout(ctx, bound+30*time.Second)
 	defer cancel()
 	var ords []po
 	for len(ords) == 0 && ctx.Err() == nil {
@@ -410,8 +417,8 @@ func (s *soak) recovered(ctx context.Context, kind string, sv *service, from tim
 	d := time.Since(from)
 	s.mu.Lock()
 	s.recovery[kind] = max(s.recovery[kind], d)
-	if d > s.c.bound || ctx.Err() != nil {
-		s.overBound = append(s.overBound, fmt.Sprintf("%s on %s: %v", kind, sv.name, d.Round(time.Millisecond)))
+	if d > bound || ctx.Err() != nil {
+		s.overBound = append(s.overBound, fmt.Sprintf("%s on %s: %v (bound %v)", kind, sv.name, d.Round(time.Millisecond), bound))
 	}
 	s.mu.Unlock()
 }
@@ -446,17 +453,17 @@ func (s *soak) count(kind string) {
 	s.mu.Unlock()
 }
 
-// traffic makes orders at random: a few records, now and then a
-// connection, with pauses long enough (--idle 1s) for the services to
-// sleep between them.
-func (s *soak) traffic(ctx context.Context) {
+// traffic makes orders to sv at random: a few records, now and then a
+// connection, with pauses long enough (--idle 1s) for it to sleep between
+// them. Each service's traffic has a random source of its own: a
+// rand.Rand is not safe for concurrent use.
+func (s *soak) traffic(ctx context.Context, sv *service, rnd *rand.Rand) {
 	for ctx.Err() == nil {
-		sv := s.svcs[s.rnd.IntN(len(s.svcs))]
-		s.order(ctx, sv, 1+s.rnd.IntN(4))
-		if sv.listen != "" && s.rnd.IntN(2) == 0 {
+		s.order(ctx, sv, 1+rnd.IntN(4))
+		if sv.listen != "" && rnd.IntN(2) == 0 {
 			go s.ask(sv, 60*time.Second)
 		}
-		sleep(ctx, time.Duration(1500+s.rnd.IntN(3000))*time.Millisecond)
+		sleep(ctx, time.Duration(1000+rnd.IntN(2000))*time.Millisecond)
 	}
 }
 
@@ -479,7 +486,10 @@ func (s *soak) run() bool {
 	var wg sync.WaitGroup
 	wg.Go(func() { s.watchCopies(wctx) })
 	tctx, tstop := context.WithCancel(ctx)
-	wg.Go(func() { s.traffic(tctx) })
+	for i, sv := range s.svcs {
+		rnd := rand.New(rand.NewPCG(s.c.seed+uint64(i)+1, s.c.seed^0x7aff1c))
+		wg.Go(func() { s.traffic(tctx, sv, rnd) })
+	}
 	start := time.Now()
 	sleep(ctx, 10*time.Second) // the cold starts
 	n := 0
@@ -487,7 +497,7 @@ func (s *soak) run() bool {
 		n++
 		s.inject(ctx, n)
 		s.logf("faults %d, cycles %d, elapsed %v", s.totalFaults(), s.totalCycles(), time.Since(start).Round(time.Second))
-		sleep(ctx, time.Duration(1000+s.rnd.IntN(4000))*time.Millisecond)
+		sleep(ctx, time.Duration(500+s.rnd.IntN(2000))*time.Millisecond)
 	}
 	tstop()
 	s.logf("injection over: %d faults, %d cycles in %v; draining", s.totalFaults(), s.totalCycles(), time.Since(start).Round(time.Second))
@@ -512,7 +522,7 @@ func (s *soak) inject(ctx context.Context, n int) {
 	case "slow-hook":
 		sv = s.svcs[1]
 	}
-	t := time.Now()
+	t, bound := time.Now(), s.c.bound
 	switch kind {
 	case "kill-standby":
 		s.killStandby(ctx, sv)
@@ -529,9 +539,9 @@ func (s *soak) inject(ctx context.Context, n int) {
 		sleep(ctx, time.Duration(2000+s.rnd.IntN(6000))*time.Millisecond)
 		syscall.Kill(pid, syscall.SIGCONT)
 	case "broker-restart":
-		s.script("kafka-down.sh")
-		sleep(ctx, time.Duration(s.rnd.IntN(3000))*time.Millisecond)
-		s.script("kafka-up.sh")
+		// Its recovery counts from when the broker answers again: the
+		// broker's own restart (a minute or more) is reported apart.
+		t, bound = s.restartBroker(ctx), s.c.brokerBound
 	case "disk-full":
 		s.fillDisk(ctx)
 	case "slow-hook":
@@ -544,13 +554,48 @@ func (s *soak) inject(ctx context.Context, n int) {
 	}
 	s.count(kind)
 	s.logf("fault %d: %s on %s", n, kind, sv.name)
+	hit := []*service{sv}
 	if strings.HasPrefix(kind, "broker") {
-		for _, x := range s.svcs {
-			s.recovered(ctx, kind, x, t)
-		}
-		return
+		hit = s.svcs
 	}
-	s.recovered(ctx, kind, sv, t)
+	var wg sync.WaitGroup
+	for _, x := range hit {
+		wg.Go(func() { s.recovered(ctx, kind, x, t, bound) })
+	}
+	wg.Wait()
+}
+
+// restartBroker stops the broker and starts it again (its data kept),
+// and returns when it answers again; the broker's own restart time is
+// recorded apart.
+func (s *soak) restartBroker(ctx context.Context) time.Time {
+	t := time.Now()
+	s.script("kafka-down.sh")
+	sleep(ctx, time.Duration(s.rnd.IntN(3000))*time.Millisecond)
+	s.script("kafka-up.sh")
+	back := s.brokerAnswers(ctx, 3*time.Minute)
+	s.mu.Lock()
+	s.brokerOwn = max(s.brokerOwn, back.Sub(t))
+	s.mu.Unlock()
+	s.logf("broker restarted: answering %v after its stop", back.Sub(t).Round(time.Millisecond))
+	return back
+}
+
+// brokerAnswers waits until the broker answers a metadata request, at
+// most limit, and returns when it did.
+func (s *soak) brokerAnswers(ctx context.Context, limit time.Duration) time.Time {
+	deadline := time.Now().Add(limit)
+	for ctx.Err() == nil && time.Now().Before(deadline) {
+		c, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := s.adm.BrokerMetadata(c)
+		cancel()
+		if err == nil {
+			return time.Now()
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	s.note("the broker did not answer within %v of its start", limit)
+	return time.Now()
 }
 
 // killStandby SIGKILLs kcr standby in a state picked at random: it asks
@@ -672,9 +717,12 @@ func (s *soak) brokerPID() int {
 func (s *soak) script(name string) {
 	cmd := exec.Command(filepath.Join(s.c.repo, "scripts", name))
 	cmd.Env = append(os.Environ(), s.c.kafkaEnv...)
-	if out, err := cmd.CombinedOutput(); err != nil {
+	out, err := cmd.CombinedOutput()
+	if err != nil {
 		s.note("%s: %v: %s", name, err, lastLine(string(out)))
+		return
 	}
+	s.logf("%s: %s", name, lastLine(string(out)))
 }
 
 func lastLine(s string) string {
@@ -713,18 +761,18 @@ func (s *soak) finish(ctx context.Context) bool {
 			switch n := e.Name(); {
 			case strings.HasPrefix(n, "img-"):
 				imgs = append(imgs, n)
-			case strings.Contains(n, ".kcr-tmp-"):
+			case strings.Contains(n, ".kcr-tmp-"), strings.Contains(n, ".kcr-rm"):
 				tmps = append(tmps, n)
 			case strings.HasPrefix(n, "bad-"):
 				bad = append(bad, n)
 			}
 		}
-		if len(imgs) > 1 || len(tmps) > 0 {
-			s.note("%s: leaked in %s: images %v, temporaries %v", sv.name, sv.dir, imgs, tmps)
+		if len(imgs) > 1 || len(tmps) > 0 || len(bad) > keepBad {
+			s.note("%s: leaked in %s: images %v, temporaries %v, bad images %v (kept: at most %d)", sv.name, sv.dir, imgs, tmps, bad, keepBad)
 			ok = false
 		}
 		if len(bad) > 0 {
-			s.note("%s: images set aside after failed restores: %v", sv.name, bad)
+			s.note("%s: images set aside after failed restores (the newest %d kept): %v", sv.name, keepBad, bad)
 		}
 	}
 	// The last copies' members leave when their sessions time out.
@@ -768,6 +816,10 @@ func (s *soak) report(d time.Duration) bool {
 		fmt.Printf("  fault %-15s %4d  longest recovery %v\n", k, s.faults[k], s.recovery[k].Round(time.Millisecond))
 	}
 	fmt.Printf("  faults total %d\n", total)
+	if s.faults["broker-restart"] > 0 {
+		fmt.Printf("  broker restarts themselves: longest %v from the stop until the broker answered (broker-restart recoveries count from then, bound %v)\n",
+			s.brokerOwn.Round(time.Millisecond), s.c.brokerBound)
+	}
 	states := slices.Sorted(maps.Keys(s.killStates))
 	var ks []string
 	for _, st := range states {
@@ -800,7 +852,7 @@ func (s *soak) report(d time.Duration) bool {
 	}
 	sort.Strings(s.overBound)
 	for _, o := range s.overBound {
-		fmt.Printf("  over the %v bound: %s\n", s.c.bound, o)
+		fmt.Printf("  over its bound: %s\n", o)
 	}
 	for _, n := range s.notes {
 		fmt.Printf("  note: %s\n", n)

@@ -45,6 +45,8 @@ env "${prod_env[@]}" scripts/kafka-up.sh &
 prod=$!
 env "${cluster_env[@]}" scripts/kafka-up.sh &
 cluster=$!
+# go vet needs no broker: it runs while they start.
+go vet ./...
 wait "$fast"
 wait "$prod"
 wait "$cluster"
@@ -55,7 +57,6 @@ export KCR_KAFKA_CLUSTER_HOME="${KCR_KAFKA_CLUSTER_HOME:-/var/tmp/kcr-kafka-clus
 
 # One package at a time: the end-to-end tests restore processes at their
 # original PIDs, and parallel packages would compete for CPU and PIDs.
-go vet ./...
 # go test -json: the console shows each package's result and each failed
 # test's name as they come; at the end, the slowest tests (where the time
 # goes) and, after a failure, the failed tests' output, their assertions
@@ -67,7 +68,7 @@ go test -json -race -p 1 -count=1 -timeout 40m "$@" ./... | tee "$json" |
 	rc=$?
 echo "test.sh: the slowest tests (s):"
 jq -r 'select((.Action == "pass" or .Action == "fail") and .Test != null and (.Test | contains("/") | not)) | "\(.Elapsed)\t\(.Package | sub(".*/kcr/"; ""))\t\(.Test)"' "$json" |
-	sort -rn | head -n 15
+	sort -rn | awk 'NR <= 15'
 if ((rc != 0)); then
 	failed='(map(select(.Action == "fail" and .Test != null) | "\(.Package) \(.Test)") | unique) as $f | .[] | select(.Action == "output" and .Test != null) | select("\(.Package) \(.Test)" as $k | $f | index($k)) | .Output'
 	echo "test.sh: the failed tests' output (the whole run's in $json):"
@@ -80,6 +81,7 @@ rm -f "$json"
 # The fault-injection soak of kcr standby, short mode (~3 min), on the fast
 # broker (which it pauses): with a fixed seed, so that a failure can be
 # replayed (KCR_SOAK_SEED).
+echo "test.sh: go test done, $SECONDS s into test.sh"
 if (($# == 0)); then
 	KCR_SOAK_SEED="${KCR_SOAK_SEED:-20261206}" scripts/soak-standby.sh
 fi

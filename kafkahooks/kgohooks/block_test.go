@@ -2,8 +2,12 @@ package kgohooks
 
 import (
 	"context"
+	"encoding/binary"
+	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -327,4 +331,126 @@ func TestBlockRebalanceProduceWhileHeld(t *testing.T) {
 	if got := kafkatest.ReadValues(t, addrs, "bp-out", 1); !slices.Equal(got, []string{"x"}) {
 		t.Errorf("output %v, want [x]", got)
 	}
+}
+
+// H1 with the broker gone. The broker becomes unreachable as the member
+// leaves (connections closed, dials refused), so the member is still in the
+// group when the next client starts. With kgo's Close done, the checkpoint
+// goes on and a copy is restored; with a Close that goes on until the broker
+// is back (an OnPartitionsRevoked that retries its commit), the checkpoint
+// is refused and the resume does not wait for that Close. Either way, once the broker answers again, the new
+// client removes the old member, whose session (45 s) would otherwise hold
+// up the group's rebalance.
+func TestLeaveFailedBrokerGone(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		at     kmsg.Key // the broker goes away when this request is written
+		revoke bool
+		want   notify.Kind
+	}{
+		{"restored", kmsg.LeaveGroup, false, notify.Restore},
+		// The group is described (leavesGroupEmpty) just before the leave.
+		{"refused", kmsg.DescribeGroups, true, notify.Resume},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			kf := newKfake(t, 1, "tg")
+			addrs := kf.ListenAddrs()
+			producePlain(t, addrs, "tg", vals("a", 3))
+			o := &outage{at: tc.at}
+			extra := []kgo.Opt{kgo.Dialer(o.dial)}
+			if tc.revoke {
+				// A revoke that retries until the broker answers again.
+				extra = append(extra, kgo.OnPartitionsRevoked(func(ctx context.Context, cl *kgo.Client, _ map[string][]int32) {
+					for o.down.Load() && ctx.Err() == nil {
+						time.Sleep(10 * time.Millisecond)
+					}
+					cl.CommitUncommittedOffsets(ctx)
+				}))
+			}
+			reg := notify.NewRegistry()
+			c := newHooked(t, reg, groupOpts(addrs, "tg", "tg", extra...))
+			ctx := testCtx(t, 60*time.Second)
+			got := kafkatest.PollValues(ctx, c, nil, 3)
+			member, _ := c.Underlying().GroupMetadata()
+			o.armed.Store(true)
+			const budget = 3 * time.Second
+			res, err := reg.Simulate(ctx, notify.SimRestore, budget)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Event.Kind != tc.want {
+				t.Fatalf("before error %v, event %v: want %v", res.BeforeErr, res.Event.Kind, tc.want)
+			}
+			rep, _ := c.Report()
+			if rep.Restore == nil || !rep.NewClient || time.Duration(rep.DurationMS)*time.Millisecond > budget/2 {
+				t.Errorf("after-restore report %+v: want a new client, well within the %v budget", rep, budget)
+			}
+			o.down.Store(false)
+			back := time.Now()
+			producePlain(t, addrs, "tg", vals("b", 3))
+			pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			got = kafkatest.PollValues(pctx, c, got, 6)
+			t.Logf("broker back → records polled: %v", time.Since(back).Round(time.Millisecond))
+			if want := append(vals("a", 3), vals("b", 3)...); !slices.Equal(got, want) {
+				t.Errorf("delivered %v, want %v (a member nobody removed holds up the rebalance)", got, want)
+			}
+			gs, err := kadm.NewClient(mustClient(t, addrs)).DescribeGroups(ctx, "tg")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range gs["tg"].Members {
+				if m.MemberID == member {
+					t.Errorf("the old member %s is still in the group", member)
+				}
+			}
+		})
+	}
+}
+
+// outage is a kgo.Dialer whose broker goes away, once armed, when a request
+// of kind at is written: every connection closes and dials are refused
+// until down is cleared.
+type outage struct {
+	at          kmsg.Key
+	armed, down atomic.Bool
+	mu          sync.Mutex
+	conns       []net.Conn
+}
+
+func (o *outage) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	if o.down.Load() {
+		return nil, &net.OpError{Op: "dial", Net: network, Err: syscall.ECONNREFUSED}
+	}
+	conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	o.mu.Lock()
+	o.conns = append(o.conns, conn)
+	o.mu.Unlock()
+	return &outageConn{conn, o}, nil
+}
+
+type outageConn struct {
+	net.Conn
+	o *outage
+}
+
+// Write sees whole requests: kgo writes each in one call (size, then
+// api key).
+func (c *outageConn) Write(b []byte) (int, error) {
+	if len(b) >= 6 && int16(binary.BigEndian.Uint16(b[4:6])) == int16(c.o.at) && c.o.armed.Swap(false) {
+		c.o.down.Store(true)
+		c.o.mu.Lock()
+		for _, conn := range c.o.conns {
+			conn.Close()
+		}
+		c.o.conns = nil
+		c.o.mu.Unlock()
+	}
+	if c.o.down.Load() {
+		return 0, net.ErrClosed
+	}
+	return c.Conn.Write(b)
 }

@@ -85,7 +85,10 @@ type core struct {
 	closing <-chan struct{}
 	// cut is set when the before hook of this cycle closed the kgo
 	// client's connections and kept the client, for a resume.
-	cut      bool
+	cut bool
+	// unleft is the member the before hook could not remove from its
+	// group (the broker was unreachable); the next client removes it.
+	unleft   *groupMember
 	dialFn   func(context.Context, string, string) (net.Conn, error) // kgo's, from the user's options
 	gen      uint64
 	clientID string

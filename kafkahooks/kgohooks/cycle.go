@@ -351,12 +351,17 @@ func (r *checkpointRun) leaveAndClose(ctx context.Context) error {
 	if r.instanceID != "" {
 		// kgo leaves a static member in the group, or fails to leave it
 		// (static.go).
-		err = c.leaveStatic(lctx, s.cl, memberID, r.instanceID)
+		err = c.leaveMember(lctx, s.cl, groupMember{memberID, r.instanceID})
 	}
 	cancel()
 	cp.LeftGroup = err == nil
 	if err != nil {
 		c.cfg.log.Warn("leaving the group before the checkpoint", "err", err)
+		if memberID != "" {
+			c.mu.Lock()
+			c.unleft = &groupMember{memberID, r.instanceID}
+			c.mu.Unlock()
+		}
 	}
 	closing := startClose(s)
 	if err := waitClosed(ctx, closing); err != nil {
@@ -556,22 +561,33 @@ func (c *core) replaceClient(ctx context.Context, s *state, rs *Restore) (*state
 		}
 	case !c.shut:
 		// The member began leaving but its client did not close
-		// within the budget (the checkpoint was refused): close it
-		// before building the next, so that it neither stays in the
-		// group nor lives beside the new one.
+		// within the budget (the checkpoint was refused). Its
+		// connections are cut, so that it cannot act beside the new
+		// client, which then ends a request it waited on; its Close is
+		// waited for a moment, not for as long as the broker is gone
+		// (kgo retries, an OnPartitionsRevoked waits). A member it
+		// failed to remove is removed by the new client.
+		s.dial.CloseAll(true)
 		s.cl.AllowRebalance()
 		closing := c.closing
 		if closing == nil {
 			closing = startClose(s)
 		}
-		if cerr := waitClosed(ctx, closing); cerr != nil {
-			c.cfg.log.Warn("closing the kgo client that left the group", "err", cerr)
+		wctx, cancel := context.WithTimeout(ctx, time.Second)
+		if waitClosed(wctx, closing) != nil {
+			c.cfg.log.Info("not waiting for the kgo client that left the group to close; its connections are closed")
 		}
+		cancel()
 	}
 	c.recordedRestored.Store(0)
 	cl, sess, dial, err := c.build()
 	if err != nil {
 		return s, err
+	}
+	if m := c.unleft; m != nil {
+		c.unleft = nil
+		rs.RemovesMember = m.memberID
+		go c.removeUnleft(cl, *m)
 	}
 	c.gen++
 	if c.marks != nil {

@@ -46,7 +46,13 @@
 //     Then it leaves the group (LeaveGroupContext), so the other members
 //     take its partitions at once, unless the checkpoint is a
 //     --leave-running one (notify.LeaveRunning): the process goes on, so
-//     it stays in the group.
+//     it stays in the group. A leave that cannot reach the broker (it went
+//     away during the hook) leaves the member in the group: the next
+//     client, restored or resumed, removes it as soon as the broker
+//     answers (Restore.RemovesMember), so that its session does not hold
+//     up the group. On a refused checkpoint, the client that began leaving
+//     has its connections cut and its Close is waited for one second at
+//     most, not for as long as the broker is gone.
 //   - Without a consumer group (producers, transactional or not, and direct
 //     partitions), or with one that stays in its group, the kgo client is
 //     kept: its connections are closed and new dials wait, so no

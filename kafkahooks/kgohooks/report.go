@@ -84,4 +84,9 @@ type Restore struct {
 	// the image recorded. It is updated when the member joins, after the
 	// hook returned.
 	RecordedOffsetsRestored int `json:"recorded_offsets_restored,omitempty"`
+	// RemovesMember is the member id the checkpoint could not remove from
+	// its group (the broker was unreachable); the new client removes it
+	// in the background once the broker answers, so that its session
+	// does not hold up the group.
+	RemovesMember string `json:"removes_member,omitempty"`
 }

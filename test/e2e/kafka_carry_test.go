@@ -14,7 +14,7 @@ import (
 	"github.com/kcr-dev/kcr/notify/client"
 )
 
-// Issue 9, hole 6, on real CRIU and Kafka: an async Writer (kafkaapp under
+// Carried records under RequireDrained, on real CRIU and Kafka: an async Writer (kafkaapp under
 // kcr run) holds accepted records that a frozen broker (SIGSTOP) does not
 // acknowledge within the budget.
 //   - kcr checkpoint --require-drained fails with exit 10 naming the Writer

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"github.com/kcr-dev/kcr/internal/testkit/wait"
 )
 
@@ -72,6 +73,8 @@ func TestClassifyLines(t *testing.T) {
 		{"(00.100000) Error (criu/uffd.c:9): uffd: Restorer unexpectedly closed the connection", CauseRestoreGone},
 		{"(00.267623)      1: Error (criu/util.c:1087): Unable to change [-100]//run/kcr/kcr-7.sock ownership to (0, 0): Operation not permitted", CausePermission},
 		{"(00.100000) Error (criu/sk-unix.c:1651): unix: Can't bind id 0xb: Permission denied", CausePermission},
+		{"(00.052123)      1: Error (criu/image.c:402): Unable to open pstree.img: No space left on device", CauseDiskFull},
+		{"(00.052123) Error (criu/log.c:100): Can't write log: Disk quota exceeded", CauseDiskFull},
 	} {
 		if _, got := parseLog(strings.NewReader(tc.line + "\n")); got != tc.want {
 			t.Errorf("%q: cause %q, want %q", tc.line, got, tc.want)
@@ -570,3 +573,26 @@ func TestDumpRestoreErrorsWithoutCRIU(t *testing.T) {
 		}
 	}
 }
+
+// TestRespErrorDiskFull: a CRIU that reports a full disk only over RPC (its
+// log could not be written) still gives CauseDiskFull, by errno or message.
+func TestRespErrorDiskFull(t *testing.T) {
+	fail := false
+	for _, tc := range []struct {
+		resp *rpc.CriuResp
+		want Cause
+	}{
+		{&rpc.CriuResp{Success: &fail, CrErrno: ptr(int32(syscall.ENOSPC))}, CauseDiskFull},
+		{&rpc.CriuResp{Success: &fail, CrErrno: ptr(int32(syscall.EDQUOT))}, CauseDiskFull},
+		{&rpc.CriuResp{Success: &fail, CrErrmsg: ptr("Can't write pages: No space left on device")}, CauseDiskFull},
+		{&rpc.CriuResp{Success: &fail, CrErrno: ptr(int32(syscall.EIO))}, CauseUnknown},
+	} {
+		err := respError(context.Background(), "restore", tc.resp, nil, "", nil, filepath.Join(t.TempDir(), "none.log"))
+		var e *Error
+		if !errors.As(err, &e) || e.Cause != tc.want || errors.Is(err, CauseDiskFull) != (tc.want == CauseDiskFull) {
+			t.Errorf("errno %d, %q: %v, want cause %q", tc.resp.GetCrErrno(), tc.resp.GetCrErrmsg(), err, tc.want)
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
@@ -369,13 +370,18 @@ func respError(ctx context.Context, op string, resp *rpc.CriuResp, callErr error
 	if callErr != nil {
 		errs = append(errs, callErr)
 	}
+	rpcCause := CauseUnknown
 	if resp != nil && !resp.GetSuccess() {
 		msg := resp.GetCrErrmsg()
 		if msg == "" {
 			msg = "CRIU reported failure"
 		}
-		if no := resp.GetCrErrno(); no != 0 {
+		rpcCause, _ = classify(msg, CauseUnknown, len(causePatterns()))
+		if no := syscall.Errno(resp.GetCrErrno()); no != 0 {
 			msg = fmt.Sprintf("%s (errno %d)", msg, no)
+			if no == syscall.ENOSPC || no == syscall.EDQUOT {
+				rpcCause = CauseDiskFull
+			}
 		}
 		errs = append(errs, errors.New(msg))
 	}
@@ -386,6 +392,9 @@ func respError(ctx context.Context, op string, resp *rpc.CriuResp, callErr error
 		errs = append(errs, fmt.Errorf("criu said: %s", strings.Join(strings.Fields(output), " ")))
 	}
 	e := newError(op, logPath, output, joinErrors(errs))
+	if e.Cause == CauseUnknown && rpcCause != CauseUnknown {
+		e.Cause, e.Hint = rpcCause, rpcCause.Hint()
+	}
 	var he *hookError
 	if errors.As(callErr, &he) {
 		e.First = he.Error() // CRIU only says "RPC client reported script error"

@@ -33,6 +33,9 @@ const (
 	// CauseRestoreGone: a lazy-pages daemon lost the restore it served,
 	// which failed for reasons of its own.
 	CauseRestoreGone Cause = "restore-gone"
+	// CauseDiskFull: CRIU could not write (its image, log or work files)
+	// because the disk or the quota is full: not the image's fault.
+	CauseDiskFull Cause = "disk-full"
 )
 
 // Error returns the cause's name.
@@ -50,6 +53,7 @@ var hints = map[Cause]string{
 	CauseUnixBindInUse:  "a Unix socket path the image binds is in use: stop the process that holds it, or remove the stale socket file",
 	CauseFileVanished:   "another process removed a file CRIU had just restored (clones of one image restoring at once?): try again",
 	CauseRestoreGone:    "the restore failed first: see its error",
+	CauseDiskFull:       "the disk (or quota) of the image or CRIU's work directory is full: free space and try again",
 }
 
 // Hint returns the advice kcr gives for c ("" for CauseUnknown).
@@ -61,6 +65,8 @@ func (c Cause) Hint() string { return hints[c] }
 // compiling at init would slow each start for the few that read a log.
 var causePatterns = sync.OnceValue(func() []causePattern {
 	return []causePattern{
+		// First: a full disk explains the errors that follow it.
+		{CauseDiskFull, regexp.MustCompile(`No space left on device|Disk quota exceeded`)},
 		{CauseMPTCP, regexp.MustCompile(`Unsupported proto 262|IPPROTO_MPTCP|proto 262`)},
 		{CauseTCPCloseNeeded, regexp.MustCompile(`Need to set the --tcp-close option`)},
 		{CauseTCPEstablished, regexp.MustCompile(`(?i)connected TCP socket|tcp-established|TCP connection`)},

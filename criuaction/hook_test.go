@@ -217,3 +217,24 @@ func TestTakeGenerationFromEnv(t *testing.T) {
 		t.Errorf("post-restore counted in CRIU's directory too: %v", ents)
 	}
 }
+
+// The hook budget comes from $KCR_HOOK_BUDGET, the name of --hook-budget;
+// $KCR_HOOK_TIMEOUT, its former name, is read only when it is unset.
+func TestOptionsFromEnvHookBudget(t *testing.T) {
+	for _, tc := range []struct {
+		budget, timeout string
+		want            time.Duration
+	}{
+		{"3s", "", 3 * time.Second},
+		{"", "4s", 4 * time.Second},
+		{"3s", "4s", 3 * time.Second},
+		{"", "", 0},
+		{"nonsense", "", 0},
+	} {
+		t.Setenv(EnvHookBudget, tc.budget)
+		t.Setenv(EnvTimeout, tc.timeout)
+		if got := OptionsFromEnv().HookBudget; got != tc.want {
+			t.Errorf("%s=%q %s=%q: HookBudget %v, want %v", EnvHookBudget, tc.budget, EnvTimeout, tc.timeout, got, tc.want)
+		}
+	}
+}

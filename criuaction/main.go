@@ -1,6 +1,7 @@
 package criuaction
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -14,7 +15,7 @@ import (
 // Environment variables of the action script: CRIU passes a script no
 // arguments, but the runtime's environment.
 const (
-	EnvTimeout     = "KCR_HOOK_TIMEOUT"      // Options.HookBudget
+	EnvHookBudget  = "KCR_HOOK_BUDGET"       // Options.HookBudget
 	EnvResumeAfter = "KCR_HOOK_RESUME_AFTER" // Options.ResumeAfter
 	EnvAfterWait   = "KCR_HOOK_AFTER_WAIT"   // Options.AfterWait
 	EnvStateDir    = "KCR_HOOK_STATE_DIR"    // Options.StateDir
@@ -26,6 +27,9 @@ const (
 	// after the dump (Env.LeaveRunning), for a caller of CRIU whose
 	// command line does not say so.
 	EnvLeaveRunning = "KCR_HOOK_LEAVE_RUNNING"
+	// EnvTimeout is EnvHookBudget's former name, read when EnvHookBudget is
+	// unset, so that runtime configurations that set it keep working.
+	EnvTimeout = "KCR_HOOK_TIMEOUT"
 )
 
 // OptionsFromEnv returns the options the environment sets; unset ones
@@ -37,7 +41,7 @@ func OptionsFromEnv() Options {
 		}
 		return 0
 	}
-	return Options{HookBudget: d(EnvTimeout), ResumeAfter: d(EnvResumeAfter), AfterWait: d(EnvAfterWait), StateDir: os.Getenv(EnvStateDir), RequireDrained: os.Getenv(EnvRequireDrained) == "1"}
+	return Options{HookBudget: cmp.Or(d(EnvHookBudget), d(EnvTimeout)), ResumeAfter: d(EnvResumeAfter), AfterWait: d(EnvAfterWait), StateDir: os.Getenv(EnvStateDir), RequireDrained: os.Getenv(EnvRequireDrained) == "1"}
 }
 
 // Logger logs to stderr, which is CRIU's log (dump.log, restore.log), the

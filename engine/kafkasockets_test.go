@@ -21,7 +21,7 @@ func openTCP(port uint16) criu.Problem {
 		Desc: "TCP 127.0.0.1:40000 -> " + peer.String() + " established"}
 }
 
-// H7: a connection to a Kafka broker left open after the hooks refuses the
+// A connection to a Kafka broker left open after the hooks refuses the
 // checkpoint with advice that never suggests --tcp-close; other connections
 // keep the --tcp-close advice unless the binary links a Kafka client.
 func TestCheckpointKafkaSocketNoTCPCloseHint(t *testing.T) {
@@ -82,7 +82,7 @@ func kafkaTCPCloseImage(t *testing.T, leaveRunning bool) (*restoreFixture, *Chec
 	return f, res
 }
 
-// H7: --tcp-close over a Kafka connection dumps (the user asked for it) with
+// --tcp-close over a Kafka connection dumps (the user asked for it) with
 // a warning and records the connection; restoring more than one copy of
 // that image (clones, or one beside the --leave-running original) is
 // refused unless --allow-duplicates; one copy restores.

@@ -14,7 +14,7 @@ import (
 	"github.com/kcr-dev/kcr/notify"
 )
 
-// Issue 9, hole 6: under RequireDrained a Writer whose accepted records
+// Under RequireDrained a Writer whose accepted records
 // cannot be acknowledged within the budget vetoes the checkpoint
 // (notify.CarryError with the count); every resource resumes, and the
 // records are delivered once the broker answers, each exactly once to its

@@ -14,7 +14,7 @@ import (
 	"github.com/kcr-dev/kcr/notify"
 )
 
-// Issue 9, hole 5: with MaxAttempts 1, records whose produce request a
+// With MaxAttempts 1, records whose produce request a
 // checkpoint cuts off fail with the interruption. The Writer's report
 // counts them (records_interrupted) beside the requests
 // (requests_interrupted): exactly the records callers were told failed

@@ -33,7 +33,7 @@ func committedAt(t *testing.T, adm *kadm.Client, group, topic string, partition 
 	return -1
 }
 
-// TestGroupOffsetsExpiredRestored (H8): the group's committed offsets are
+// TestGroupOffsetsExpiredRestored: the group's committed offsets are
 // deleted while the service is checkpointed, as offsets.retention.minutes
 // does to a group left empty. After the restore the Reader must go on from
 // the position the image recorded, not from StartOffset, and report it.

@@ -73,7 +73,7 @@ func carryTopicCase(t *testing.T, k *fake, topic string, n int, tmplSet func(*ka
 	return w, ok, failed, lastErr
 }
 
-// TestCarriedPartitionGone (H6): the topic is recreated with fewer
+// TestCarriedPartitionGone: the topic is recreated with fewer
 // partitions while records for its last partition are carried. They must
 // fail with a CarriedFailedError (the partition no longer exists; they are
 // not moved to another partition) instead of being resent forever with the
@@ -103,7 +103,7 @@ func TestCarriedPartitionGone(t *testing.T) {
 	}
 }
 
-// TestCarriedAutoCreate (H6): with AllowAutoTopicCreation (and a broker that
+// TestCarriedAutoCreate: with AllowAutoTopicCreation (and a broker that
 // allows it), a topic deleted while records are carried is created again by
 // the resend, as kafka-go does for new writes: the carried records are
 // delivered, not failed.

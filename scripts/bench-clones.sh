@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 4's figures in one run: the restore time of 1, 3 and 8 clones of one
+# The clones' figures in one run: the restore time of 1, 3 and 8 clones of one
 # image (kcr run + kcr restore --count N); image and archive size against
 # RSS; and restore time against RSS, plain and lazy (scripts/bench-lazy.sh).
 # Medians over several rounds.

@@ -96,13 +96,9 @@ for c in $clients; do
 	stop_standby "" "${dirs[@]}"
 
 	# The same pipeline cold, one order per start.
-	"$probe" -brokers "$brokers" -create 2 -orders "$orders-cold" -results "$res-cold"
-	cold_cmd="$bin/kcr run --log $run/cold.log -- $bin/pipeline -brokers $brokers -group $group-cold -in $orders-cold -out $res-cold"
-	cold_cmd+=" ${cargs[*]} -warmup 3s -cache-mb 64 -stats-every 0 -order-cost $cost > $work/cold.pid"
-	stop_cmd="p=\$(cat $work/cold.pid); kill -TERM \$p; while [ -e /proc/\$p ]; do sleep 0.05; done"
-	"$probe" -brokers "$brokers" -orders "$orders-cold" -results "$res-cold" -cycles "$cold_cycles" -cold "$cold_cmd" -stop "$stop_cmd" \
-		-prefix "$tag-cold" >"$run/cold.jsonl" || die "cold cycles failed ($c)"
-	rm -f "$work/cold.pid"
+	bench_cold_starts "$probe" "$brokers" "$orders-cold" "$res-cold" "$cold_cycles" "$tag-cold" "$run" "$bin/kcr" \
+		"$bin/pipeline" -brokers "$brokers" -group "$group-cold" -in "$orders-cold" -out "$res-cold" "${cargs[@]}" \
+		-warmup 3s -cache-mb 64 -stats-every 0 -order-cost "$cost" || die "cold cycles failed ($c)"
 	results+=("$c|$(cat "$run/replicas.json")|$(tail -n1 "$run/cold.jsonl")")
 done
 

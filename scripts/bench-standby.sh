@@ -160,15 +160,9 @@ for target in "${targets[@]}"; do
 		kwake=$(median "${wl[@]}")
 		# The image it left is not needed for the cold runs: the service
 		# starts from nothing, in a group of its own.
-		# Topics of their own: the cold service must not start with the
-		# standby runs' orders.
-		"$probe" -brokers "$pbrokers" -create 2 -orders "$orders-cold" -results "$res-cold"
-		cold_cmd="$bin/kcr run --log $run/cold.log -- $bin/pipeline -brokers $sbrokers -group $group-cold -in $orders-cold -out $res-cold"
-		cold_cmd+=" ${cargs[*]} -warmup $warmup -cache-mb $cache_mb -stats-every 0 > $work/cold.pid"
-		stop_cmd="p=\$(cat $work/cold.pid); kill -TERM \$p; while [ -e /proc/\$p ]; do sleep 0.05; done"
-		"$probe" -brokers "$pbrokers" -orders "$orders-cold" -results "$res-cold" -cycles "$cold_cycles" -cold "$cold_cmd" -stop "$stop_cmd" \
-			-prefix "$tag-cold" >"$run/cold.jsonl" || die "cold cycles failed ($c)"
-		rm -f "$work/cold.pid"
+		bench_cold_starts "$probe" "$pbrokers" "$orders-cold" "$res-cold" "$cold_cycles" "$tag-cold" "$run" "$bin/kcr" \
+			"$bin/pipeline" -brokers "$sbrokers" -group "$group-cold" -in "$orders-cold" -out "$res-cold" "${cargs[@]}" \
+			-warmup "$warmup" -cache-mb "$cache_mb" -stats-every 0 || die "cold cycles failed ($c)"
 
 		w=$(tail -n1 "$run/warm.jsonl")
 		k=$(tail -n1 "$run/cold.jsonl")

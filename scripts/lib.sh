@@ -235,6 +235,27 @@ stop_standby() {
 	done
 }
 
+# bench_cold_starts PROBE BROKERS ORDERS RESULTS CYCLES PREFIX RUN KCR CMD...:
+# the cold-start side of the standby benchmarks (bench-standby.sh,
+# bench-standby-replicas.sh). wakeprobe (PROBE) creates the topics ORDERS
+# and RESULTS on BROKERS (topics of their own: a cold service must not start
+# with the standby runs' orders), then for each of CYCLES cycles produces
+# one order (ids PREFIX-…), starts the service cold with
+# `KCR run --log RUN/cold.log -- CMD...` (its PID in $work/cold.pid, for the
+# script's stop function), times the order's result and stops the service.
+# wakeprobe's JSON lines go to RUN/cold.jsonl, its summary last.
+bench_cold_starts() {
+	local probe=$1 brokers=$2 orders=$3 results=$4 cycles=$5 prefix=$6 run=$7 kcr=$8 pidfile cold stop
+	shift 8
+	pidfile=$(printf '%q' "$work/cold.pid")
+	"$probe" -brokers "$brokers" -create 2 -orders "$orders" -results "$results" || return 1
+	cold="$(printf '%q ' "$kcr" run --log "$run/cold.log" -- "$@")> $pidfile"
+	stop="p=\$(cat $pidfile); kill -TERM \$p; while [ -e /proc/\$p ]; do sleep 0.05; done"
+	"$probe" -brokers "$brokers" -orders "$orders" -results "$results" -cycles "$cycles" -cold "$cold" -stop "$stop" \
+		-prefix "$prefix" >"$run/cold.jsonl" || return 1
+	rm -f "$work/cold.pid"
+}
+
 # --- the demos' output (demo.sh, demo-standby.sh)
 
 lib_t0=$(now_ns)

@@ -145,6 +145,43 @@ kill "$other"
 stop_standby "" "$tmp/img" || fail "stop_standby without kcr standby failed"
 wait 2>/dev/null || true
 
+# bench_cold_starts has the probe create the topics, then start the service
+# through `kcr run` (its arguments intact, its PID in $work/cold.pid) and
+# stop it again. A fake probe runs its -cold and -stop commands as wakeprobe
+# does (sh -c); a fake kcr records its arguments and starts a sleep.
+work=$tmp
+mkdir -p "$tmp/cold"
+cat >"$tmp/probe" <<'PROBE'
+#!/usr/bin/env bash
+echo "$*" >>"${0%/*}/probe.calls"
+while [ $# -gt 0 ]; do
+	case $1 in -cold) cold=$2 ;; -stop) stop=$2 ;; esac
+	shift
+done
+[ -n "${cold:-}" ] || exit 0
+sh -c "$cold" || exit 1
+echo "started $(cat "${0%/*}/cold.pid")"
+sh -c "$stop" || exit 1
+echo '{"p50_ms":1}'
+PROBE
+cat >"$tmp/kcr" <<'KCR'
+#!/usr/bin/env bash
+printf '%s\n' "$@" >"${0%/*}/kcr.args"
+setsid sleep 30 </dev/null >/dev/null 2>&1 &
+echo $!
+KCR
+chmod +x "$tmp/probe" "$tmp/kcr"
+bench_cold_starts "$tmp/probe" b:9 o-cold r-cold 1 t-cold "$tmp/cold" "$tmp/kcr" svc -name "two words" -n 3 ||
+	fail "bench_cold_starts failed"
+check "$(printf '%s\n' run --log "$tmp/cold/cold.log" -- svc -name "two words" -n 3)" cat "$tmp/kcr.args"
+grep -qx -- "-brokers b:9 -create 2 -orders o-cold -results r-cold" "$tmp/probe.calls" || fail "bench_cold_starts: no -create call: $(cat "$tmp/probe.calls")"
+grep -q -- "-cycles 1 .*-prefix t-cold" "$tmp/probe.calls" || fail "bench_cold_starts: no -cold call: $(cat "$tmp/probe.calls")"
+pid=$(awk '/^started/{print $2}' "$tmp/cold/cold.jsonl")
+[[ $pid =~ ^[0-9]+$ ]] && ! alive "$pid" || fail "bench_cold_starts: the service '$pid' was not started and stopped"
+check '{"p50_ms":1}' tail -n1 "$tmp/cold/cold.jsonl"
+[ -e "$tmp/cold.pid" ] && fail "bench_cold_starts left $tmp/cold.pid"
+work=
+
 # say prefixes the time since lib_t0; detail indents; fail_logs says FAIL,
 # shows the tail of the non-empty logs it is given, and exits 1.
 lib_t0=$(($(now_ns) - 2500000000))

@@ -16,28 +16,12 @@ import (
 )
 
 // groupHold keeps the service's classic consumer group from ever being
-// empty while the service sleeps.
-//
-// A broker holds the first join of an empty classic group for
-// group.initial.rebalance.delay.ms (3 s by default), and re-arms that
-// delay for every member that joins inside it. The service's hooks leave
-// the group at every checkpoint, so without a hold every wake pays the
-// delay; a placeholder that joined the empty group after the checkpoint
-// would pay it itself, and a wake inside it would pay it twice.
-//
-// So the placeholder joins before the checkpoint, while the service's
-// member is still in the group: its join is an ordinary rebalance, and
-// when the service's member leaves, the placeholder stays alone. It offers
-// the protocol the service's group uses (recorded before the join, and
-// kept in the state file), subscribes to no topic (an assignor gives it
-// no partition) and commits nothing. At the wake, kcr standby watches the
-// group; as soon as the restored member's join has started a rebalance,
-// it removes every placeholder in the group (its own, and those of other
-// kcr standby of the same service): the rebalance completes with the real
-// members at once.
-//
-// The hold never creates a group and never joins a KIP-848 group, nor an
-// empty one: that join would start the very delay it avoids.
+// empty while the service sleeps, so that a wake does not wait out the
+// broker's group.initial.rebalance.delay.ms: a placeholder member joins
+// before the checkpoint and is removed once the restored member's join has
+// started a rebalance. Why it works this way, step by step: docs/standby.md,
+// "The group hold". It never creates a group, nor joins a KIP-848 or an
+// empty one (that join would start the very delay it avoids).
 type groupHold struct {
 	o    *Options
 	log  *slog.Logger

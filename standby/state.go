@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"syscall"
 	"time"
 
@@ -195,10 +194,10 @@ func costly(err error) bool {
 	return errors.As(err, &ce) || diskFull(err)
 }
 
-// diskFull reports an error of a full disk or quota.
+// diskFull reports an error of a full disk or quota: kcr's own, or CRIU's
+// (which says so in its log).
 func diskFull(err error) bool {
-	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) ||
-		strings.Contains(err.Error(), syscall.ENOSPC.Error())
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) || errors.Is(err, criu.CauseDiskFull)
 }
 
 // waitGone polls until p is gone, for at most d.

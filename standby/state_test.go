@@ -1,6 +1,7 @@
 package standby
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kcr-dev/kcr/criu"
 	"github.com/kcr-dev/kcr/images"
 )
 
@@ -140,5 +142,24 @@ func TestRestoreDiskFullKeepsImage(t *testing.T) {
 	}
 	if bad, _ := filepath.Glob(filepath.Join(dir, badPrefix+"*")); len(bad) != 0 {
 		t.Fatalf("images set aside: %v", bad)
+	}
+}
+
+// diskFull knows a full disk by its error, kcr's own or CRIU's (from its
+// log), never by a message's text.
+func TestDiskFull(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{fmt.Errorf("write restore counter: %w", &os.PathError{Op: "write", Path: "restores", Err: syscall.ENOSPC}), true},
+		{fmt.Errorf("restore: %w", &os.PathError{Op: "write", Path: "x", Err: syscall.EDQUOT}), true},
+		{fmt.Errorf("restore img-000001: %w", &criu.Error{Op: "restore", First: "Unable to open pstree.img: No space left on device", Cause: criu.CauseDiskFull}), true},
+		{&criu.Error{Op: "restore", First: "Can't fork for 77: File exists", Cause: criu.CausePIDInUse}, false},
+		{errors.New("restored PID 7, which exited already: the app said: no space left on device"), false},
+	} {
+		if got := diskFull(tc.err); got != tc.want {
+			t.Errorf("diskFull(%v) = %v, want %v", tc.err, got, tc.want)
+		}
 	}
 }

@@ -41,7 +41,7 @@ func criuHookCmd(g *globals) *cobra.Command {
 		Long: `CRIU runs this (as the link ` + criuaction.DefaultHook + `, see kcr install-runtime-hook) at every
 stage of a dump or restore. At pre-dump it runs the before-checkpoint hooks of every process of
 the tree of $CRTOOLS_INIT_PID that has a kcr control socket and fails (so that CRIU aborts) if one
-fails; at post-resume it sends the after-restore message. Defaults come from $KCR_HOOK_TIMEOUT,
+fails; at post-resume it sends the after-restore message. Defaults come from $KCR_HOOK_BUDGET,
 $KCR_HOOK_RESUME_AFTER and $KCR_HOOK_AFTER_WAIT. It logs to stderr, which is CRIU's log.`,
 		Args: cobra.NoArgs,
 		RunE: runE(g, &opts, runCRIUHook),

@@ -25,15 +25,9 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-)
 
-// Order is the value of a record in the orders topic.
-type Order struct {
-	ID string `json:"id"`
-	N  int64  `json:"n"`
-	// TS is when the order was produced, in Unix nanoseconds.
-	TS int64 `json:"ts"`
-}
+	"github.com/kcr-dev/kcr/examples/order"
+)
 
 func main() {
 	brokers := flag.String("brokers", "127.0.0.1:19092", "comma-separated bootstrap brokers")
@@ -114,7 +108,7 @@ func (g *gen) run(ctx context.Context, every time.Duration) error {
 			now := time.Now().UnixNano()
 			for i := range msgs {
 				n := g.next + int64(i)
-				o := Order{ID: "order-" + strconv.FormatInt(n, 10), N: n, TS: now}
+				o := order.Order{ID: "order-" + strconv.FormatInt(n, 10), N: n, TS: now}
 				v, _ := json.Marshal(o)
 				msgs[i] = kafka.Message{Key: []byte(o.ID), Value: v}
 			}

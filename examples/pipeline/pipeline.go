@@ -15,6 +15,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kcr-dev/kcr/examples/order"
 	"github.com/kcr-dev/kcr/notify"
 )
 
@@ -178,10 +179,7 @@ func (p *Pipeline) handle(ctx context.Context, batch []kafka.Message) error {
 	out := make([]kafka.Message, len(batch))
 	inst := *p.instance.Load()
 	for i, m := range batch {
-		var o struct {
-			ID string `json:"id"`
-			N  int64  `json:"n"`
-		}
+		var o order.Order
 		if err := json.Unmarshal(m.Value, &o); err != nil || o.ID == "" {
 			o.ID = string(m.Key)
 		}

@@ -129,7 +129,7 @@ func runMember(t *testing.T, addrs []string, topic string, release chan struct{}
 	return a, reg, ctx
 }
 
-// H1. A group member with kgo.BlockRebalanceOnPoll, in kgo's documented
+// A group member with kgo.BlockRebalanceOnPoll, in kgo's documented
 // loop, is checkpointed: the checkpoint succeeds and the member leaves the
 // group, the other member takes its partitions during the checkpoint, the
 // restored member consumes again, and never are two kgo clients of one
@@ -194,7 +194,7 @@ func TestBlockRebalanceOnPollCheckpoint(t *testing.T) {
 	}
 }
 
-// H1, refused. The application holds records it polled with
+// BlockRebalanceOnPoll, refused. The application holds records it polled with
 // BlockRebalanceOnPoll and does not call AllowRebalance within the budget:
 // the checkpoint is refused with ErrRebalanceBlocked before anything is torn
 // down, the member goes on with the same kgo client (no zombie member, no
@@ -227,7 +227,7 @@ func TestBlockRebalanceOnPollHeldRefuses(t *testing.T) {
 	}
 }
 
-// H1, --leave-running copy. A copy restored from a --leave-running image of
+// BlockRebalanceOnPoll, --leave-running copy. A copy restored from a --leave-running image of
 // a BlockRebalanceOnPoll member closes the image's kgo client without
 // waiting for an AllowRebalance that the image's poll never got, and
 // consumes.
@@ -252,7 +252,7 @@ func TestBlockRebalanceOnPollLeaveRunningCopy(t *testing.T) {
 	}
 }
 
-// H1, torn resume. The member's LeaveGroup gets no answer within the budget
+// BlockRebalanceOnPoll, torn resume. The member's LeaveGroup gets no answer within the budget
 // (the coordinator hangs): the checkpoint is refused after the member began
 // leaving, and the resume closes that kgo client before it builds the next,
 // so that the old one neither stays in the group nor lives beside the new.
@@ -300,7 +300,7 @@ func TestTornResumeClosesOldClient(t *testing.T) {
 	}
 }
 
-// H1, consume-transform-produce. The application holds polled records when
+// BlockRebalanceOnPoll, consume-transform-produce. The application holds polled records when
 // the checkpoint begins and produces while processing them: its Produce
 // passes the gate while the hook waits for its AllowRebalance, the record
 // is flushed before the dump, and the checkpoint succeeds.

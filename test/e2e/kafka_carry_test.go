@@ -14,7 +14,7 @@ import (
 	"github.com/kcr-dev/kcr/notify/client"
 )
 
-// Issue 9, hole 6, on real CRIU and Kafka: an async Writer (kafkaapp under
+// Carried records under RequireDrained, on real CRIU and Kafka: an async Writer (kafkaapp under
 // kcr run) holds accepted records that a frozen broker (SIGSTOP) does not
 // acknowledge within the budget.
 //   - kcr checkpoint --require-drained fails with exit 10 naming the Writer
@@ -159,7 +159,7 @@ func lastLine(s string) string {
 func TestContainerRequireDrained(t *testing.T) {
 	k := needKafka(t)
 	k.brokerPID()
-	t.Setenv("KCR_HOOK_TIMEOUT", "1s") // the action script's hook budget
+	t.Setenv("KCR_HOOK_BUDGET", "1s") // the action script's hook budget
 	topic := k.newTopic("kcr-ctr-drained", 1)
 	c := newContainer(t, k, nil, "-topic", topic, "-produce-rate", "200", "-async")
 	c.waitAcked(100, 30*time.Second)

@@ -11,7 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 )
 
-// Issue 22, H8 (kafka-go): a checkpoint makes the group Reader leave, so a
+// Group offsets gone (kafka-go): a checkpoint makes the group Reader leave, so a
 // sole member's group is empty while the image sits on disk, and the
 // broker deletes its committed offsets after offsets.retention.minutes.
 // The test deletes them with kadm while the service is checkpointed (what

@@ -41,8 +41,8 @@ func TestStandbyDemoScript(t *testing.T) {
 // expiry does to an empty group). kcr standby neither wakes the service for
 // it nor stops watching (without --topics the topics came from those
 // commits); the next records wake it, and the restored consumer goes on
-// from the offsets its image recorded (rule H8 of kgohooks, and of
-// kafkahooks with a WithOffsetsCheckAfter shorter than the sleep): every
+// from the offsets its image recorded (kgohooks' rule for offsets gone, and
+// kafkahooks' with a WithOffsetsCheckAfter shorter than the sleep): every
 // record processed once, none twice. Then it sleeps and wakes as before.
 func TestStandbyOffsetsGone(t *testing.T) {
 	for _, c := range []struct {

@@ -33,13 +33,9 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
-)
 
-type order struct {
-	ID string `json:"id"`
-	N  int64  `json:"n"`
-	TS int64  `json:"ts"`
-}
+	"github.com/kcr-dev/kcr/examples/order"
+)
 
 // bench is one run.
 type bench struct {
@@ -134,7 +130,7 @@ func (b *bench) read(cons *kgo.Client) {
 // send produces one order; sync waits for its acknowledgement.
 func (b *bench) send(id string, n int64, sync bool) {
 	now := time.Now()
-	v, _ := json.Marshal(order{ID: id, N: n, TS: now.UnixNano()})
+	v, _ := json.Marshal(order.Order{ID: id, N: n, TS: now.UnixNano()})
 	b.mu.Lock()
 	b.sent[id] = now
 	b.mu.Unlock()

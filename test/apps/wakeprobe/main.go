@@ -34,13 +34,9 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
-)
 
-type order struct {
-	ID string `json:"id"`
-	N  int64  `json:"n"`
-	TS int64  `json:"ts"`
-}
+	"github.com/kcr-dev/kcr/examples/order"
+)
 
 func main() {
 	brokers := flag.String("brokers", "127.0.0.1:9092", "comma-separated bootstrap brokers")
@@ -120,7 +116,7 @@ func main() {
 				id = fmt.Sprintf("%s-%d.%d", *prefix, i, j)
 			}
 			burstIDs = append(burstIDs, id)
-			v, _ := json.Marshal(order{ID: id, N: int64(i**burst + j), TS: t0.UnixNano()})
+			v, _ := json.Marshal(order.Order{ID: id, N: int64(i**burst + j), TS: t0.UnixNano()})
 			rs = append(rs, &kgo.Record{Topic: *orders, Key: []byte(id), Value: v})
 		}
 		ids = append(ids, burstIDs...)

@@ -1,8 +1,9 @@
 package e2e
 
-// franz-go end-to-end cases of docs/franz-go-options.md (H1, H5, H8): kgoapp's group
-// consumer (-consume, kgohooks.Client) checkpointed and restored by kcr on
-// real CRIU against the real broker. KGOAPP_CONSUME_OPTS varies its kgo
+// franz-go end-to-end cases of docs/franz-go-options.md's rules
+// (BlockRebalanceOnPoll, a group at AtEnd, group offsets gone): kgoapp's
+// group consumer (-consume, kgohooks.Client) checkpointed and restored by
+// kcr on real CRIU against the real broker. KGOAPP_CONSUME_OPTS varies its kgo
 // options (see kgoapp/consume.go).
 
 import (
@@ -17,7 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// H1. TestKgoConsumerGroup with kgo.BlockRebalanceOnPoll: the checkpointed
+// TestKgoConsumerGroup with kgo.BlockRebalanceOnPoll: the checkpointed
 // member leaves the group (the other takes its partitions within seconds),
 // nothing is lost, no committed offset goes back, and the restored member
 // rejoins.
@@ -59,7 +60,7 @@ func (k *kafkaEnv) consumerAlone(prefix string) (a *kapp, topic, group string) {
 	return a, topic, group
 }
 
-// H5. A group member at AtEnd that polled from partition 0 only is
+// A group member at AtEnd that polled from partition 0 only is
 // checkpointed; the records produced meanwhile to partitions 1 and 2, which
 // it never polled from, are processed after the restore (the checkpoint
 // pinned where it had started them).
@@ -104,7 +105,7 @@ func TestKgoGroupAtEndKeepsDowntime(t *testing.T) {
 	})
 }
 
-// H8. The group's committed offsets are gone when the member is restored:
+// The group's committed offsets are gone when the member is restored:
 // offsets.retention.minutes expires the offsets of an empty group, and the
 // checkpoint emptied it; the test deletes the group while the member is
 // checkpointed, which is what expiry does. The restored member continues

@@ -46,7 +46,7 @@ func producePart(t *testing.T, addrs []string, topic string, part int32, values 
 	}
 }
 
-// H4. Direct partitions with read_committed and AtEnd start at the last
+// Direct partitions with read_committed and AtEnd start at the last
 // stable offset, as kgo resolves it, not at the high watermark: the records
 // of a transaction open at the checkpoint and committed after the restore
 // are delivered.
@@ -88,7 +88,7 @@ func TestDirectReadCommittedAtEndIsLSO(t *testing.T) {
 	}
 }
 
-// H5. A group member at AtEnd with a partition it never polled from is
+// A group member at AtEnd with a partition it never polled from is
 // checkpointed; records produced to that partition during the checkpoint
 // are delivered after the restore (the partition's start was pinned), and
 // nothing is delivered twice.
@@ -159,7 +159,7 @@ func TestPinnedStartCarriesLeaderEpoch(t *testing.T) {
 	}
 }
 
-// H8. The group's committed offsets are gone when the member is restored
+// The group's committed offsets are gone when the member is restored
 // (offsets.retention.minutes expired them while the group was empty; here
 // the group is deleted during the checkpoint, which is what expiry does):
 // the restored member continues from the offsets the image recorded, not
@@ -246,7 +246,7 @@ func TestFailedAbortRefusesCheckpoint(t *testing.T) {
 	}
 }
 
-// H3. A direct consumer of whole topics (ConsumeTopics, no group) continues
+// A direct consumer of whole topics (ConsumeTopics, no group) continues
 // after a restore where the application stopped: with AtStart nothing is
 // delivered again, with AtEnd the records produced during the checkpoint
 // (also on a partition it never polled from) and after it are delivered.
@@ -290,7 +290,7 @@ func TestTopicConsumerAcrossRestore(t *testing.T) {
 	}
 }
 
-// H3, resume. The checkpoint drains what kgo buffered for a topic consumer
+// Topic consumers, resume. The checkpoint drains what kgo buffered for a topic consumer
 // (to learn its positions); a resume with the same kgo client hands those
 // records out, in order, none twice.
 func TestTopicConsumerResumeAfterDrain(t *testing.T) {

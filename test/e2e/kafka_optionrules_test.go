@@ -15,7 +15,7 @@ import (
 // derivedBase is what kafkaapp -reproduce adds to a record's number.
 const derivedBase = 1000000
 
-// Issue 9, hole 1: an async Writer whose Completion writes to the same
+// A Completion that writes: an async Writer whose Completion writes to the same
 // Writer (the retry or dead-letter pattern) is checkpointed under load. The
 // checkpoint does not wedge, the Writer acknowledges again within 10 s of
 // the restore, and every record acknowledged, and every record the
@@ -89,7 +89,7 @@ func TestKafkaCompletionReproduces(t *testing.T) {
 	}
 }
 
-// Issue 9, holes 2 and 3: tailing readers. A partition Reader after
+// Tailing readers. A partition Reader after
 // SetOffset(LastOffset), and a new group at StartOffset LastOffset, read a
 // topic the test produces to before, during and after a checkpoint→restore.
 // Every offset from the one the Reader resolved its start to (the first it
@@ -189,7 +189,7 @@ func TestKafkaTailingReaders(t *testing.T) {
 	}
 }
 
-// Issue 9, hole 4: a group Reader with CommitInterval 1s is checkpointed
+// Batched commits across a broker restart: a group Reader with CommitInterval 1s is checkpointed
 // while the broker restarts, so its hook starts with batched commits that
 // cannot reach the broker (gone, then its coordinator loading) and retries
 // them until they land. The committed offset (kadm) covers everything
@@ -288,7 +288,7 @@ func TestKafkaCommitIntervalFailingCommit(t *testing.T) {
 	a.stop(pid)
 }
 
-// Issue 9, hole 5: a sync Writer with MaxAttempts 1 is checkpointed while
+// Interrupted requests: a sync Writer with MaxAttempts 1 is checkpointed while
 // the broker is frozen (SIGSTOP) past the hook budget, so requests on the
 // wire are interrupted. kafkaapp does not write failed records again. What
 // the callers were told is compared with what is on the topic: every
@@ -345,7 +345,7 @@ func TestKafkaMaxAttemptsOneBrokerStopped(t *testing.T) {
 	if len(toldOn) > 0 && num(rep["requests_interrupted"]) == 0 {
 		t.Errorf("%d records told failed are on the topic, but the Writer reports no interrupted request", len(toldOn))
 	}
-	// Hole 5: the records, not only the requests, are counted: exactly the
+	// The records, not only the requests, are counted: exactly the
 	// records whose write failed with the interruption (kafkaapp logs a
 	// call's failed records apart, per kafka.WriteErrors).
 	interrupted := 0

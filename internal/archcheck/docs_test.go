@@ -1,0 +1,127 @@
+package archcheck
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"unicode"
+)
+
+// userDocs are the Markdown pages users read: the README, CONTRIBUTING and
+// every page under docs/.
+func userDocs(t *testing.T, root string) []string {
+	t.Helper()
+	pages, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages = append(pages, filepath.Join(root, "README.md"), filepath.Join(root, "CONTRIBUTING.md"))
+	return pages
+}
+
+// history matches what a page would say about how it came to be: an issue
+// or a review round by number, a "what changed" section. Git keeps that.
+var history = regexp.MustCompile(`(?i)\bissue #?[0-9]|\bround [0-9]|\breview round|^#+ .*what changed`)
+
+// TestDocsSayWhatIs fails for a line of a user page that tells history
+// instead of what is.
+func TestDocsSayWhatIs(t *testing.T) {
+	root := repoRoot(t)
+	for _, page := range userDocs(t, root) {
+		b, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			if history.MatchString(line) {
+				t.Errorf("%s:%d tells history (%q): say what is; the commit message keeps how it came to be", page[len(root)+1:], i+1, line)
+			}
+		}
+	}
+}
+
+// link is a Markdown link's target; fenced code is skipped before.
+var link = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+
+// TestDocLinks fails for a relative link of a user page to a file that does
+// not exist, or to a heading that a Markdown page does not have, so that
+// moving a page or renaming a section cannot leave a link behind.
+func TestDocLinks(t *testing.T) {
+	root := repoRoot(t)
+	headings := map[string]map[string]bool{} // page → anchors
+	anchors := func(page string) map[string]bool {
+		if h, ok := headings[page]; ok {
+			return h
+		}
+		h := map[string]bool{}
+		if b, err := os.ReadFile(page); err == nil {
+			for _, line := range prose(string(b)) {
+				if title, ok := strings.CutPrefix(strings.TrimLeft(line, "#"), " "); ok && strings.HasPrefix(line, "#") {
+					h[anchor(title)] = true
+				}
+			}
+		}
+		headings[page] = h
+		return h
+	}
+	for _, page := range userDocs(t, root) {
+		b, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range prose(string(b)) {
+			for _, m := range link.FindAllStringSubmatch(line, -1) {
+				target := m[1]
+				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+					continue
+				}
+				file, frag, _ := strings.Cut(target, "#")
+				dest := page
+				if file != "" {
+					dest = filepath.Join(filepath.Dir(page), file)
+				}
+				name := page[len(root)+1:]
+				if _, err := os.Stat(dest); err != nil {
+					t.Errorf("%s links to %s, which does not exist", name, target)
+					continue
+				}
+				if frag != "" && strings.HasSuffix(dest, ".md") && !anchors(dest)[frag] {
+					t.Errorf("%s links to %s, but %s has no heading with that anchor", name, target, filepath.Base(dest))
+				}
+			}
+		}
+	}
+}
+
+// prose is a page's lines outside fenced code blocks.
+func prose(page string) []string {
+	var out []string
+	fenced := false
+	for _, line := range strings.Split(page, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			fenced = !fenced
+			continue
+		}
+		if !fenced {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// anchor is the fragment GitHub gives a heading: lower case, punctuation
+// other than hyphens and underscores dropped, spaces turned into hyphens.
+func anchor(title string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(title)) {
+		switch {
+		case r == ' ':
+			b.WriteRune('-')
+		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}

@@ -16,8 +16,16 @@ import (
 // users holds it; the last Release leaves /run without it. A stale probe
 // left mounted (by a kcr that was killed) is replaced. Where /run is a
 // tmpfs the cache does nothing.
+//
+// The test mounts on KdatPath and takes its lock, which every kcr on the
+// host shares: it runs in a mount namespace of its own whose /run is a
+// private directory, so that it neither disturbs a kcr running beside it
+// (the e2e tests, a kcr standby) nor is disturbed by one.
 func TestCacheKdat(t *testing.T) {
 	criuPath := needCRIU(t)
+	if !privateRun(t) {
+		return
+	}
 	var st unix.Statfs_t
 	if err := unix.Statfs("/run", &st); err != nil {
 		t.Fatal(err)
@@ -85,4 +93,39 @@ func TestCacheKdat(t *testing.T) {
 	if _, err := os.Lstat(KdatPath); err == nil {
 		t.Errorf("%s left behind", KdatPath)
 	}
+}
+
+// privateRun re-runs the calling test in a mount namespace of its own with a
+// private directory on /run, and reports false in the caller, whose run
+// ended; in that re-run it mounts the directory and reports true.
+func privateRun(t *testing.T) bool {
+	const env = "KCR_TEST_PRIVATE_RUN"
+	if dir := os.Getenv(env); dir != "" {
+		// The host's mounts on KdatPath, copied into this namespace,
+		// would still be listed under the new /run: detach them here
+		// (only here: the file under them is the host's).
+		for unix.Unmount(KdatPath, unix.MNT_DETACH) == nil {
+		}
+		if err := unix.Mount(dir, "/run", "", unix.MS_BIND, ""); err != nil {
+			t.Fatalf("bind-mounting %s on /run: %v", dir, err)
+		}
+		return true
+	}
+	dir, err := os.MkdirTemp("/var/tmp", "kcr-test-run-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private",
+		os.Args[0], "-test.run", "^"+t.Name()+"$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), env+"="+dir)
+	out, err := cmd.CombinedOutput()
+	t.Logf("in a mount namespace of its own:\n%s", out)
+	if err != nil {
+		t.Fatalf("%s in a mount namespace of its own: %v", t.Name(), err)
+	}
+	if !strings.Contains(string(out), "--- PASS: "+t.Name()) {
+		t.Fatalf("%s did not pass in a mount namespace of its own", t.Name())
+	}
+	return false
 }

@@ -337,7 +337,12 @@ func (r *checkpointRun) dump(ctx context.Context) error {
 	r.res.Timings.Add(PhaseDraft, time.Since(t))
 
 	t = time.Now()
+	unlock := func() {}
+	if r.proc.PIDNamespace {
+		unlock = lockDumpCwd(ctx, r.o.PID, r.log)
+	}
 	dr, err := r.pd.Go(ctx)
+	unlock()
 	r.res.Timings.Add(PhaseFreezeDump, time.Since(t))
 	if err != nil {
 		r.abort("dump failed: " + err.Error())

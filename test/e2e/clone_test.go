@@ -13,9 +13,16 @@ import (
 // runApp starts testapp with kcr run and returns its host PID and log.
 func runApp(t *testing.T, args ...string) (pid int, a *app) {
 	t.Helper()
+	return runAppIn(t, "", args...)
+}
+
+// runAppIn is runApp with the service's working directory cwd ("": the
+// test's).
+func runAppIn(t *testing.T, cwd string, args ...string) (pid int, a *app) {
+	t.Helper()
 	dir := t.TempDir()
 	log := filepath.Join(dir, "app.log")
-	r := runKCR(t, kcrOpts{must: true}, append([]string{"run", "--json", "--log", log, "-e", "KCR_SOCKET_DIR=" + filepath.Join(dir, "sock"), "--", appBin}, args...)...)
+	r := runKCR(t, kcrOpts{must: true, dir: cwd}, append([]string{"run", "--json", "--log", log, "-e", "KCR_SOCKET_DIR=" + filepath.Join(dir, "sock"), "--", appBin}, args...)...)
 	var out struct {
 		PID    int    `json:"pid"`
 		Socket string `json:"socket"`
@@ -136,5 +143,37 @@ func TestRestoreClones(t *testing.T) {
 	runKCR(t, kcrOpts{must: true}, "checkpoint", "--leave-running", "-o", img2, strconv.Itoa(b.pid))
 	if r := runKCR(t, kcrOpts{log: logAll}, "restore", "--count", "2", img2); r.code != 5 || !strings.Contains(r.stderr, "kcr run") {
 		t.Fatalf("clone of a plain image: exit %d %q, want 5 pointing to kcr run", r.code, r.stderr)
+	}
+}
+
+// Two services of kcr run (init of their PID namespaces) share a working
+// directory, where CRIU's parasite mounts their proc for the dump
+// (proc.crtools), and a dump killed there left that directory behind. Both
+// are checkpointed at once: kcr removes the leftover and serializes the two
+// dumps (CRIU otherwise fails with "Can't create a directory (-17)").
+func TestDumpSharedCwd(t *testing.T) {
+	need(t)
+	cwd := t.TempDir()
+	var pids []int
+	for range 2 {
+		pid, _ := runAppIn(t, cwd)
+		pids = append(pids, pid)
+	}
+	if err := os.Mkdir(filepath.Join(cwd, "proc.crtools"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	res := make(chan kcrResult, len(pids))
+	for _, pid := range pids {
+		go func() {
+			res <- runKCR(t, kcrOpts{log: logFailed}, "checkpoint", "-o", filepath.Join(t.TempDir(), "img"), strconv.Itoa(pid))
+		}()
+	}
+	for range pids {
+		if r := <-res; r.code != 0 {
+			t.Errorf("kcr checkpoint of a service sharing its working directory exited %d: %s", r.code, r.stderr)
+		}
+	}
+	if _, err := os.Lstat(filepath.Join(cwd, "proc.crtools")); err == nil {
+		t.Error("proc.crtools is left in the services' working directory")
 	}
 }

@@ -328,6 +328,7 @@ type kcrResult struct {
 // kcrOpts says how an e2e test runs the kcr binary: runKCR for a run to its
 // end, kcrOpts.cmd for one the test starts, pipes or kills itself.
 type kcrOpts struct {
+	dir  string   // kcr's working directory ("": the test's)
 	env  []string // added to the test's environment
 	log  kcrLog   // when runKCR logs what kcr printed
 	must bool     // fail the test unless kcr exits 0; the run is logged
@@ -344,6 +345,7 @@ const (
 // cmd is kcr with args, not started.
 func (o kcrOpts) cmd(args ...string) *exec.Cmd {
 	cmd := exec.Command(kcrBin, args...)
+	cmd.Dir = o.dir
 	if o.env != nil {
 		cmd.Env = append(os.Environ(), o.env...)
 	}

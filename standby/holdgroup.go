@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kcr-dev/kcr/standby/kafkawake"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -97,7 +98,7 @@ const (
 func newGroupHold(o *Options, log *slog.Logger, save func(holdSaved)) (*groupHold, error) {
 	h := &groupHold{o: o, log: log, save: save}
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(o.Brokers...), kgo.ClientID(holdClientID),
-		kgo.WithHooks(requestCounter{&h.reqs})}, o.kafkaOpts...)...)
+		kgo.WithHooks(kafkawake.RequestCounter{N: &h.reqs})}, o.kafkaOpts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: --brokers %v: %v", ErrBadOption, o.Brokers, err)
 	}

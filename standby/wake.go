@@ -6,10 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"sync/atomic"
-	"time"
-
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kcr-dev/kcr/standby/kafkawake"
 )
@@ -79,17 +75,6 @@ func (k *kafkaSource) loadState(b json.RawMessage) error {
 }
 
 func (k *kafkaSource) close() { k.w.Close() }
-
-// requestCounter counts the requests the group hold's client writes.
-type requestCounter struct{ n *atomic.Int64 }
-
-func (r requestCounter) OnBrokerWrite(_ kgo.BrokerMetadata, _ int16, _ int, _ time.Duration, _ time.Duration, err error) {
-	if err == nil {
-		r.n.Add(1)
-	}
-}
-
-var _ kgo.HookBrokerWrite = requestCounter{}
 
 // listen opens --listen, which must be free.
 func listen(addr string) (*net.TCPListener, error) {

@@ -147,7 +147,7 @@ func New(ctx context.Context, cfg Config) (*Watcher, error) {
 	}
 	w := &Watcher{cfg: cfg, log: cfg.Logger, state: State{}.clone()}
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...), kgo.ClientID("kcr-standby"),
-		kgo.WithHooks(requestCounter{&w.reqs}),
+		kgo.WithHooks(RequestCounter{&w.reqs}),
 		// A broker that is down must not hold a round long: the next
 		// round asks again.
 		kgo.RequestRetries(0), kgo.RetryTimeout(time.Second), kgo.DialTimeout(time.Second),
@@ -216,13 +216,15 @@ func (w *Watcher) Pending(ctx context.Context) (int64, []string, error) {
 	return 0, v.topics, fmt.Errorf("group %q: more than %d fetches of transaction markers and aborted batches", w.cfg.Group, scanRounds)
 }
 
-// requestCounter counts the requests written to brokers.
-type requestCounter struct{ n *atomic.Int64 }
+// RequestCounter is a kgo hook that counts, in N, the requests a client
+// wrote to brokers (for the broker-requests metric).
+type RequestCounter struct{ N *atomic.Int64 }
 
-func (r requestCounter) OnBrokerWrite(_ kgo.BrokerMetadata, _ int16, _ int, _ time.Duration, _ time.Duration, err error) {
+// OnBrokerWrite implements kgo.HookBrokerWrite.
+func (r RequestCounter) OnBrokerWrite(_ kgo.BrokerMetadata, _ int16, _ int, _ time.Duration, _ time.Duration, err error) {
 	if err == nil {
-		r.n.Add(1)
+		r.N.Add(1)
 	}
 }
 
-var _ kgo.HookBrokerWrite = requestCounter{}
+var _ kgo.HookBrokerWrite = RequestCounter{}

@@ -26,7 +26,9 @@
 # kafka-up.sh), KCR_SOAK_SEED (random seed), KCR_SOAK_MAX_TIME (long mode's
 # time limit, default 4h), KCR_SOAK_BOUND (recovery bound, default 90s),
 # KCR_SOAK_BROKER_BOUND (recovery bound after a broker restart, from when the
-# broker answers again, default 30s), KCR_SOAK_KEEP=1 keeps the work directory.
+# broker answers again, default 30s), KCR_SOAK_RESTART_EVERY (long mode: one
+# fault in this many is a broker restart, default 25), KCR_SOAK_KEEP=1 keeps
+# the work directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -35,7 +37,8 @@ mode="${1:-short}"
 brokers="${KCR_KAFKA_BROKERS:-127.0.0.1:9092}"
 case "$mode" in
 short) args=(-cycles 40 -faults 20 -max-time 150s) ;;
-long) args=(-cycles 1000 -faults 200 -max-time "${KCR_SOAK_MAX_TIME:-4h}" -broker-restarts) ;;
+long) args=(-cycles 1000 -faults 200 -max-time "${KCR_SOAK_MAX_TIME:-4h}" -broker-restarts
+	-broker-restart-every "${KCR_SOAK_RESTART_EVERY:-25}") ;;
 *) die "unknown mode '$mode': short or long" ;;
 esac
 start_work kcr-soak-standby "${KCR_SOAK_KEEP:-}"

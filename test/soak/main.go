@@ -52,6 +52,7 @@ type config struct {
 	bound                       time.Duration // recovery bound after a fault
 	brokerBound                 time.Duration // after a broker restart, from when the broker answers again
 	brokerRestarts              bool
+	restartEvery                int // with brokerRestarts, one fault in this many
 }
 
 func main() {
@@ -70,7 +71,8 @@ func main() {
 	flag.Uint64Var(&c.seed, "seed", 0, "random seed (0: from the clock)")
 	flag.DurationVar(&c.bound, "bound", 90*time.Second, "recovery bound: after a fault, the service answers again within this long")
 	flag.DurationVar(&c.brokerBound, "broker-bound", 30*time.Second, "recovery bound after a broker restart, counted from when the broker answers again (its own restart is reported apart)")
-	flag.BoolVar(&c.brokerRestarts, "broker-restarts", false, "also stop and start the broker (slow: one in 25 faults)")
+	flag.BoolVar(&c.brokerRestarts, "broker-restarts", false, "also stop and start the broker (slow: one in -broker-restart-every faults)")
+	flag.IntVar(&c.restartEvery, "broker-restart-every", 25, "with -broker-restarts, one fault in this many is a broker restart")
 	flag.Parse()
 	if env != "" {
 		c.kafkaEnv = strings.Split(env, ",")
@@ -415,6 +417,9 @@ func (s *soak) recovered(ctx context.Context, kind string, sv *service, from tim
 		}
 	}
 	d := time.Since(from)
+	if strings.HasPrefix(kind, "broker") || d > 10*time.Second {
+		s.logf("%s on %s: answered again after %v", kind, sv.name, d.Round(time.Millisecond))
+	}
 	s.mu.Lock()
 	s.recovery[kind] = max(s.recovery[kind], d)
 	if d > bound || ctx.Err() != nil {
@@ -513,7 +518,7 @@ func (s *soak) inject(ctx context.Context, n int) {
 	sv := s.svcs[s.rnd.IntN(len(s.svcs))]
 	kinds := []string{"kill-standby", "kill-standby", "kill-standby", "kill-service", "broker-pause", "disk-full", "slow-hook", "wake-storm"}
 	kind := kinds[s.rnd.IntN(len(kinds))]
-	if s.c.brokerRestarts && n%25 == 0 {
+	if s.c.brokerRestarts && n%max(1, s.c.restartEvery) == 0 {
 		kind = "broker-restart"
 	}
 	switch kind {

@@ -83,8 +83,10 @@ const (
 	holdWakeSlow    = 100 * time.Millisecond
 	holdWakeBound   = 30 * time.Second
 	holdLeaveBudget = 5 * time.Second
-	holdClientID    = "kcr-standby-hold"
-	holdReason      = "kcr standby holds the group while the service sleeps"
+	// holdLeaveRetry spaces the tries of a leave that failed.
+	holdLeaveRetry = 500 * time.Millisecond
+	holdClientID   = "kcr-standby-hold"
+	holdReason     = "kcr standby holds the group while the service sleeps"
 )
 
 // Results of a hold, for Observer.GroupHold.

@@ -395,6 +395,50 @@ func TestGroupHoldSweepsLeftPlaceholder(t *testing.T) {
 	}
 }
 
+// The placeholder's leave fails (the broker is unreachable for longer than
+// the leave's budget): it is tried again until it succeeds, so that the
+// placeholder does not stay in the group for its whole session (30 s),
+// holding up the rebalance of the restored member's join.
+func TestGroupHoldLeaveRetried(t *testing.T) {
+	e := newHoldEnv(t, false)
+	var down atomic.Bool
+	e.c.ControlKey(int16(kmsg.LeaveGroup), func(kmsg.Request) (kmsg.Response, error, bool) {
+		e.c.KeepControl()
+		if down.Load() {
+			return nil, errors.New("broker down"), true
+		}
+		return nil, nil, false
+	})
+	o := Options{Brokers: e.addrs, Group: "g", Observer: nopObserver{}}
+	h, err := newGroupHold(&o, slog.New(slog.DiscardHandler), func(holdSaved) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.cl.Close()
+	h.saved.HoldProtocol = "range"
+	m := &holdMember{}
+	if err = h.memberID(t.Context(), m); err == nil {
+		err = h.joinSync(t.Context(), m, true)
+	}
+	if err != nil {
+		t.Fatalf("joining a placeholder: %v", err)
+	}
+	h.setMember(m.id)
+	down.Store(true)
+	h.leave(m.id) // fails within holdLeaveBudget
+	if _, id := e.members(); id != m.id {
+		t.Fatalf("placeholder %q in the group, want %q (its leave failed)", id, m.id)
+	}
+	down.Store(false)
+	e.waitOnly(holdSession/3)
+	h.mu.Lock()
+	saved := h.saved.HoldMember
+	h.mu.Unlock()
+	if saved != "" {
+		t.Errorf("hold_member %q recorded after the placeholder left", saved)
+	}
+}
+
 // --hold-group=false: no placeholder, and the restored member pays the
 // initial delay (which shows that the emulated delay is real).
 func TestGroupHoldOff(t *testing.T) {

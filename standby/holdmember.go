@@ -273,13 +273,46 @@ func (h *groupHold) heartbeat(ctx context.Context, m *holdMember, slept <-chan s
 }
 
 // leave removes member from the group, whatever ctx the hold had: a
-// placeholder left behind would stay until its session times out.
+// placeholder left behind would stay until its session times out, and the
+// rebalance a restored member's join starts would wait for it. A leave
+// that fails (the broker is unreachable) is tried again in the background.
 func (h *groupHold) leave(member string) {
 	if err := h.leaveGroup(member); err != nil {
-		h.log.Warn("standby: group hold: leaving the group failed; the placeholder stays until its session times out", "group", h.o.Group, "member_id", member, "err", err)
+		h.log.Warn("standby: group hold: leaving the group failed; trying again until its session ends", "group", h.o.Group, "member_id", member, "err", err)
+		go h.leaveLater(member)
 		return
 	}
-	h.setMember("")
+	h.clearMember(member)
+}
+
+// leaveLater tries member's leave again until it succeeds, its session has
+// surely ended, or the hold's client is closed (kcr standby stops: the state
+// file keeps the member for the next one's sweep).
+func (h *groupHold) leaveLater(member string) {
+	end := time.Now().Add(holdSession + holdLeaveBudget)
+	for time.Now().Before(end) {
+		select {
+		case <-h.cl.Context().Done():
+			return
+		case <-time.After(holdLeaveRetry):
+		}
+		if err := h.leaveGroup(member); err == nil {
+			h.log.Info("standby: group hold: the placeholder left the group", "group", h.o.Group, "member_id", member)
+			h.clearMember(member)
+			return
+		}
+	}
+}
+
+// clearMember forgets member in the state file, unless another placeholder
+// was recorded since.
+func (h *groupHold) clearMember(member string) {
+	h.mu.Lock()
+	other := h.saved.HoldMember != member
+	h.mu.Unlock()
+	if !other {
+		h.setMember("")
+	}
 }
 
 // leaveGroup removes members from the group; a member the group does not

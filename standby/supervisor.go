@@ -475,7 +475,8 @@ func (s *Supervisor) sweepHold() {
 		return
 	}
 	if err := s.hold.sweep(st.HoldMember); err != nil {
-		s.log.Warn("standby: removing the placeholder an earlier kcr standby left in the group failed; it stays until its session times out", "group", s.o.Group, "member_id", st.HoldMember, "err", err)
+		s.log.Warn("standby: removing the placeholder an earlier kcr standby left in the group failed; trying again until its session ends", "group", s.o.Group, "member_id", st.HoldMember, "err", err)
+		go s.hold.leaveLater(st.HoldMember)
 		return
 	}
 	s.log.Info("standby: removed the placeholder an earlier kcr standby left in the group", "group", s.o.Group, "member_id", st.HoldMember)

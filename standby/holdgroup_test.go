@@ -430,7 +430,7 @@ func TestGroupHoldLeaveRetried(t *testing.T) {
 		t.Fatalf("placeholder %q in the group, want %q (its leave failed)", id, m.id)
 	}
 	down.Store(false)
-	e.waitOnly(holdSession/3)
+	e.waitOnly(holdSession / 3)
 	h.mu.Lock()
 	saved := h.saved.HoldMember
 	h.mu.Unlock()

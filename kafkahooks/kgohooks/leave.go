@@ -60,9 +60,10 @@ func (c *core) leaveMember(ctx context.Context, cl *kgo.Client, m groupMember) e
 }
 
 // removeUnleft removes m, the member a checkpoint could not remove, with
-// the new client cl, retrying until the broker answers, cl is closed, or m's
-// session has surely expired (Kafka caps session timeouts at 30 min; the
-// defaults are 45 s).
+// the new client cl. It tries again while the broker cannot be reached or
+// answers with a retriable error, until cl is closed or 5 minutes have
+// passed (the default sessions end m within 45 s). Copies restored from one
+// image all try: the first removes m, the others find it unknown.
 func (c *core) removeUnleft(cl *kgo.Client, m groupMember) {
 	ctx, cancel := context.WithTimeout(cl.Context(), 5*time.Minute)
 	defer cancel()
@@ -73,6 +74,11 @@ func (c *core) removeUnleft(cl *kgo.Client, m groupMember) {
 		rcancel()
 		if err == nil {
 			c.cfg.log.Info("removed the group member the checkpoint could not remove", "group", c.group, "member", m.memberID)
+			return
+		}
+		if ke := (*kerr.Error)(nil); errors.As(err, &ke) && !ke.Retriable {
+			// The broker answered, and no retry changes its answer.
+			c.cfg.log.Warn("could not remove the group member the checkpoint left behind; its session ends it", "group", c.group, "member", m.memberID, "err", err)
 			return
 		}
 		select {

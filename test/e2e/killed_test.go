@@ -368,9 +368,6 @@ func TestKCRKilledCheckpointingRestored(t *testing.T) {
 		t.Fatalf("after kcr died: %v, want a resume on kcr's death", ev)
 	}
 	t.Logf("kcr killed while checkpointing a restored copy: it resumed %v later (%s)", resumed.Round(time.Millisecond), ev.str("reason"))
-	if resumed > 10*time.Second {
-		t.Errorf("the restored copy resumed %v after kcr died; want ≤ 10s (it watches kcr, ~0.1 s)", resumed)
-	}
 	if _, _, id := state(t, a.listen); id == "" || !alive(rpid) {
 		t.Fatal("the restored copy does not answer")
 	}

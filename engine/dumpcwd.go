@@ -19,8 +19,9 @@ import (
 const parasiteProcDir = "proc.crtools"
 
 // cwdLockWait bounds how long a dump waits for another dump of a process
-// with the same working directory.
-const cwdLockWait = 2 * time.Minute
+// with the same working directory (seconds at most); the app is quiesced
+// meanwhile, so past it the dump goes on without the lock.
+const cwdLockWait = 10 * time.Second
 
 // lockDumpCwd serializes the dumps of processes that share a working
 // directory and run in PID namespaces of their own: two at once collide on

@@ -79,7 +79,24 @@ func openImageDir(dir string) (*imageDir, error) {
 		}
 		return nil, fmt.Errorf("--image-dir %s: lock: %w", abs, err)
 	}
-	return &imageDir{path: abs, lock: lf}, nil
+	d := &imageDir{path: abs, lock: lf}
+	d.removeStateTemps()
+	return d, nil
+}
+
+// removeStateTemps removes the state file's temporaries a killed kcr
+// standby left (writeState's, between their creation and their rename).
+// The lock is held: no other writer makes them.
+func (d *imageDir) removeStateTemps() {
+	ents, err := os.ReadDir(d.path)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if e.Type().IsRegular() && strings.HasPrefix(e.Name(), "."+stateFileName+"-") {
+			os.Remove(filepath.Join(d.path, e.Name()))
+		}
+	}
 }
 
 func (d *imageDir) close() { d.lock.Close() }

@@ -147,3 +147,32 @@ func TestRestoreFailsKeepsNewestBad(t *testing.T) {
 		t.Errorf("the removal is not logged:\n%s", r.log.String())
 	}
 }
+
+// A kcr standby killed while it wrote its state file leaves the file's
+// temporary: the next one removes it, and keeps the state file.
+func TestOpenImageDirRemovesStateTemps(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "img")
+	d, err := openImageDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.writeState(persisted{State: StateStandby}); err != nil {
+		t.Fatal(err)
+	}
+	left := filepath.Join(dir, "."+stateFileName+"-123456")
+	if err := os.WriteFile(left, []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d.close()
+	d, err = openImageDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.close()
+	if got := entriesIn(t, dir, "."+stateFileName+"-"); len(got) != 0 {
+		t.Errorf("state temporaries left: %v", got)
+	}
+	if p, err := d.readState(); err != nil || p.State != StateStandby {
+		t.Errorf("state file after the reopen: %+v, %v", p, err)
+	}
+}

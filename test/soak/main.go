@@ -766,7 +766,7 @@ func (s *soak) finish(ctx context.Context) bool {
 			switch n := e.Name(); {
 			case strings.HasPrefix(n, "img-"):
 				imgs = append(imgs, n)
-			case strings.Contains(n, ".kcr-tmp-"), strings.Contains(n, ".kcr-rm"):
+			case strings.Contains(n, ".kcr-tmp-"), strings.Contains(n, ".kcr-rm"), strings.HasPrefix(n, ".standby.json-"):
 				tmps = append(tmps, n)
 			case strings.HasPrefix(n, "bad-"):
 				bad = append(bad, n)

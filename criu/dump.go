@@ -310,6 +310,9 @@ func (p *PendingDump) run(ctx context.Context, notify NotifyFunc) (*DumpResult, 
 	defer p.dir.Close()
 	var resp *rpc.CriuResp
 	callErr := p.sendErr
+	stop := make(chan struct{})
+	killed := watchDeadTarget(p.opts.PID, s.cmd.Process, stop)
+	defer close(stop)
 	if _, err := s.readVersion(); err != nil && callErr == nil {
 		// The version answer comes first; without it the dump's is lost too.
 		callErr = err
@@ -347,6 +350,9 @@ func (p *PendingDump) run(ctx context.Context, notify NotifyFunc) (*DumpResult, 
 	} else {
 		output, waitErr := s.close()
 		if err := respError(ctx, "dump", resp, callErr, output, waitErr, p.logPath); err != nil {
+			if killed.Load() {
+				err = fmt.Errorf("%w: process %d died during the dump and CRIU had not finished %v later: killed it", err, p.opts.PID, deadTargetGrace)
+			}
 			return nil, err
 		}
 	}

@@ -127,6 +127,7 @@ type soak struct {
 	maxMembers map[string]int
 	longDouble map[string]time.Duration
 	brokerOwn  time.Duration // the longest broker restart itself, stop to answering
+	criuBefore map[int]bool  // CRIU processes running before the soak began
 	notes      []string
 }
 
@@ -496,6 +497,7 @@ func (s *soak) run() bool {
 		wg.Go(func() { s.traffic(tctx, sv, rnd) })
 	}
 	start := time.Now()
+	s.criuBefore = criuPIDs()
 	sleep(ctx, 10*time.Second) // the cold starts
 	n := 0
 	for time.Since(start) < s.c.maxTime && (s.totalCycles() < s.c.cycles || s.totalFaults() < s.c.faults) {
@@ -788,8 +790,49 @@ func (s *soak) finish(ctx context.Context) bool {
 			ok = false
 		}
 	}
+	// A CRIU the soak's kcr standbys started must have ended with them
+	// (a dump or restore of their services; a few seconds of teardown).
+	var left []int
+	wait := time.Now().Add(15 * time.Second)
+	for {
+		left = left[:0]
+		for pid := range criuPIDs() {
+			if !s.criuBefore[pid] {
+				left = append(left, pid)
+			}
+		}
+		if len(left) == 0 || time.Now().After(wait) {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if len(left) > 0 {
+		s.note("CRIU processes left running: %v", left)
+		ok = false
+		for _, pid := range left {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
 	exec.Command("umount", "-l", s.tmp).Run()
 	return ok
+}
+
+// criuPIDs lists the CRIU processes on the host: CRIU names itself
+// "criu: <request>" once it runs a request.
+func criuPIDs() map[int]bool {
+	out := map[int]bool{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err == nil && (bytes.HasPrefix(b, []byte("criu")) || bytes.Contains(b, []byte("/sbin/criu\x00"))) {
+			out[pid] = true
+		}
+	}
+	return out
 }
 
 // pending counts the orders without a result yet.

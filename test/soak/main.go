@@ -790,14 +790,15 @@ func (s *soak) finish(ctx context.Context) bool {
 			ok = false
 		}
 	}
-	// A CRIU the soak's kcr standbys started must have ended with them
-	// (a dump or restore of their services; a few seconds of teardown).
+	// A CRIU the soak's kcr standbys started (it holds an image directory
+	// of the soak's) must have ended with them (a few seconds of teardown).
 	var left []int
+	work, _ := filepath.Abs(s.c.work)
 	wait := time.Now().Add(15 * time.Second)
 	for {
 		left = left[:0]
 		for pid := range criuPIDs() {
-			if !s.criuBefore[pid] {
+			if !s.criuBefore[pid] && usesDir(pid, work) {
 				left = append(left, pid)
 			}
 		}
@@ -815,6 +816,19 @@ func (s *soak) finish(ctx context.Context) bool {
 	}
 	exec.Command("umount", "-l", s.tmp).Run()
 	return ok
+}
+
+// usesDir reports whether process pid has a file open under dir (CRIU
+// holds its images directory): another CRIU on the host (a test beside the
+// soak) is not the soak's.
+func usesDir(pid int, dir string) bool {
+	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	for _, fd := range fds {
+		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil && strings.HasPrefix(l, dir+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 // criuPIDs lists the CRIU processes on the host: CRIU names itself

@@ -818,10 +818,13 @@ func (s *soak) finish(ctx context.Context) bool {
 	return ok
 }
 
-// usesDir reports whether process pid has a file open under dir (CRIU
-// holds its images directory): another CRIU on the host (a test beside the
-// soak) is not the soak's.
+// usesDir reports whether process pid works in dir or has a file open
+// under it (CRIU works in its images directory): another CRIU on the host
+// (a test beside the soak) is not the soak's.
 func usesDir(pid int, dir string) bool {
+	if l, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid)); err == nil && strings.HasPrefix(l, dir+"/") {
+		return true
+	}
 	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 	for _, fd := range fds {
 		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil && strings.HasPrefix(l, dir+"/") {

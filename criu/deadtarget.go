@@ -1,11 +1,11 @@
 package criu
 
 import (
-	"bytes"
-	"fmt"
 	"os"
 	"sync/atomic"
 	"time"
+
+	"github.com/kcr-dev/kcr/internal/procfs"
 )
 
 // deadTargetGrace is how long a dump may go on after its target died
@@ -50,11 +50,9 @@ func watchDeadTarget(pid int, proc *os.Process, stop <-chan struct{}) (killed *a
 
 // deadOrZombie reports whether pid is gone or a zombie.
 func deadOrZombie(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	st, err := procfs.ReadStat(pid)
 	if err != nil {
 		return os.IsNotExist(err)
 	}
-	// "pid (comm) S ...": the state follows the last ')'.
-	i := bytes.LastIndexByte(b, ')')
-	return i >= 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X')
+	return st.Zombie()
 }

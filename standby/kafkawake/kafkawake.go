@@ -105,9 +105,15 @@ const (
 	// refreshEvery is how often a Wait reads the commits, topics and
 	// leaders again (offsets reset by an admin, partitions added).
 	refreshEvery = 30 * time.Second
-	// retryMin and retryMax bound the wait after a failed round.
+	// retryMin and retryMax bound the wait after a failed round. A round
+	// against a broker that is down costs a refused dial, so retrying every
+	// second is cheap, and a longer wait only delays the wake after the
+	// broker is back (by up to 5 s, when this was 5 s).
 	retryMin = 200 * time.Millisecond
-	retryMax = 5 * time.Second
+	retryMax = time.Second
+	// incompleteEvery is how soon the group is read again when a topic or
+	// a leader was missing from the last reading.
+	incompleteEvery = 5 * time.Second
 	// scanRounds bounds the fetches that skip markers and aborted batches
 	// in one Pending.
 	scanRounds = 100

@@ -3,6 +3,7 @@ package kafkawake
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"log/slog"
 	"strings"
 	"sync"
@@ -11,8 +12,10 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 )
@@ -379,5 +382,45 @@ func TestLeaderMoves(t *testing.T) {
 		}
 	case <-time.After(15 * time.Second):
 		t.Fatalf("no wake after a record on the new leader; log:\n%s", log.String())
+	}
+}
+
+// A run of failed rounds ends in one log line that says how many rounds
+// failed and what failed last: the record that lands meanwhile wakes the
+// service once the broker answers again.
+func TestWaitOutageLogged(t *testing.T) {
+	r := newRig(t)
+	r.produce(0, 1)
+	r.commitEnds()
+	var fenced atomic.Int32
+	r.c.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		r.c.KeepControl()
+		if fenced.Add(1) > 3 {
+			return nil, nil, false
+		}
+		resp := req.ResponseKind().(*kmsg.FetchResponse)
+		resp.ErrorCode = kerr.FencedLeaderEpoch.Code
+		return resp, nil, true
+	})
+	w, log := r.watcher(nil)
+	r.produce(1, 1)
+	if err := w.Wait(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	var line struct {
+		Msg          string  `json:"msg"`
+		FailedRounds int     `json:"failed_rounds"`
+		FailingMS    float64 `json:"failing_ms"`
+		LastErr      string  `json:"last_err"`
+	}
+	for l := range strings.Lines(log.String()) {
+		if strings.Contains(l, "the brokers answer again") {
+			if err := json.Unmarshal([]byte(l), &line); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if line.FailedRounds != 3 || !strings.Contains(line.LastErr, "FENCED_LEADER_EPOCH") || line.FailingMS <= 0 {
+		t.Fatalf("outage logged as %+v, want 3 failed rounds, the last FENCED_LEADER_EPOCH; log:\n%s", line, log.String())
 	}
 }

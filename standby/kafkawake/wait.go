@@ -12,7 +12,7 @@ import (
 func (w *Watcher) Wait(ctx context.Context) error {
 	stop := w.reportRequests()
 	defer stop()
-	failing := false
+	var out outage
 	retry := retryMin
 	for {
 		work, topics, err := w.round(ctx)
@@ -22,10 +22,12 @@ func (w *Watcher) Wait(ctx context.Context) error {
 		case errors.Is(err, errMoved):
 			continue
 		case err != nil:
-			if !failing {
+			if out.rounds == 0 {
+				out.since = time.Now()
 				w.log.Warn("standby: kafka wake: broker request failed; watching on, no wake on errors", "group", w.cfg.Group, "err", err)
 			}
-			failing = true
+			out.rounds++
+			out.last = err
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
@@ -34,10 +36,13 @@ func (w *Watcher) Wait(ctx context.Context) error {
 			retry = min(2*retry, retryMax)
 			continue
 		}
-		if failing {
-			w.log.Info("standby: kafka wake: the brokers answer again", "group", w.cfg.Group)
+		if out.rounds > 0 {
+			// What failed last tells why a wake came late after the
+			// broker was back (a coordinator loading, a stale leader).
+			w.log.Info("standby: kafka wake: the brokers answer again", "group", w.cfg.Group,
+				"failed_rounds", out.rounds, "failing_ms", msSince(out.since), "last_err", out.last)
 		}
-		failing, retry = false, retryMin
+		out, retry = outage{}, retryMin
 		if work > 0 {
 			w.log.Info("standby: kafka work", "group", w.cfg.Group, "records", work, "topics", topics)
 			return nil
@@ -45,8 +50,17 @@ func (w *Watcher) Wait(ctx context.Context) error {
 	}
 }
 
+// outage is a run of failed rounds.
+type outage struct {
+	rounds int
+	since  time.Time
+	last   error
+}
+
+func msSince(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1000 }
+
 // round reads the group (setup), then fetches from every leader until one
-// finds work, one fails, or the reading is old (refreshEvery, or retryMax
+// finds work, one fails, or the reading is old (refreshEvery, or incompleteEvery
 // when a topic or leader was missing): then it returns no work and no
 // error, and Wait reads the group again.
 func (w *Watcher) round(ctx context.Context) (int64, []string, error) {
@@ -56,7 +70,7 @@ func (w *Watcher) round(ctx context.Context) (int64, []string, error) {
 	}
 	until := time.Now().Add(refreshEvery)
 	if v.incomplete {
-		until = time.Now().Add(retryMax)
+		until = time.Now().Add(incompleteEvery)
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -11,7 +11,9 @@
 # and wake storms (lag, connections, kcr standby wake and SIGUSR1 at once).
 # An independent reader (test/soak) checks, all along and at the end: never
 # two copies of a service alive (processes; group members for longer than a
-# session timeout), every order answered exactly once (duplicates counted),
+# session timeout), every order answered exactly once (a duplicate passes
+# only when a fault that loses commits explains it: the service killed, or
+# the broker paused or restarted, overlapping its two processings),
 # the service answering again within the bound after each fault (after a
 # broker restart, counted from when the broker answers again; the broker's
 # own restart time is reported apart), and nothing left behind (copies,

@@ -13,6 +13,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -102,7 +103,15 @@ type service struct {
 	stopping bool
 	done     chan struct{}
 	produced map[po]time.Time // orders: offset → when produced
+	faultLog []faultSpan      // the faults that hit this service
 	conns    struct{ sent, answered, failed int }
+}
+
+// faultSpan is one fault injected: from its start to the end of its
+// injection (not of its recovery).
+type faultSpan struct {
+	kind     string
+	from, to time.Time
 }
 
 type po struct {
@@ -349,8 +358,8 @@ func (s *soak) order(ctx context.Context, sv *service, n int) []po {
 
 // results counts the service's "proc" lines per offset: the service's
 // own output, read here, not through kcr.
-func results(sv *service) map[po]int {
-	m := map[po]int{}
+func results(sv *service) map[po][]time.Time {
+	m := map[po][]time.Time{}
 	f, err := os.Open(sv.svcLog)
 	if err != nil {
 		return m
@@ -363,15 +372,36 @@ func results(sv *service) map[po]int {
 			Ev       string `json:"ev"`
 			P        int32  `json:"p"`
 			From, To int64
+			T        int64 `json:"t"`
 		}
 		if json.Unmarshal(sc.Bytes(), &e) != nil || e.Ev != "proc" {
 			continue
 		}
 		for o := e.From; o <= e.To; o++ {
-			m[po{e.P, o}]++
+			m[po{e.P, o}] = append(m[po{e.P, o}], time.Unix(0, e.T))
 		}
 	}
 	return m
+}
+
+// atLeastOnce are the faults after which an order may be processed twice:
+// the service processed it and then lost it before its commit landed (it
+// was killed, or the broker was gone when it committed). The services
+// commit after processing, as most do.
+var atLeastOnce = []string{"kill-service", "kill-standby in starting", "broker-pause", "broker-restart"}
+
+// explain names the fault that explains an order processed at each of at:
+// an at-least-once fault on sv that overlaps the time from a little
+// before the first processing (a commit may have been cut short by a fault
+// that began just before) to the last; "" when none does.
+func (sv *service) explain(at []time.Time) string {
+	first, last := slices.MinFunc(at, time.Time.Compare), slices.MaxFunc(at, time.Time.Compare)
+	for _, f := range sv.faultLog {
+		if slices.Contains(atLeastOnce, f.kind) && !f.to.Before(first.Add(-10*time.Second)) && !f.from.After(last) {
+			return f.kind
+		}
+	}
+	return ""
 }
 
 // ask makes one connection order to sv's --listen address.
@@ -407,7 +437,7 @@ func (s *soak) recovered(ctx context.Context, kind string, sv *service, from tim
 		}
 	}
 	for ctx.Err() == nil {
-		if results(sv)[ords[0]] > 0 {
+		if len(results(sv)[ords[0]]) > 0 {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -529,10 +559,17 @@ func (s *soak) inject(ctx context.Context, n int) {
 	case "slow-hook":
 		sv = s.svcs[1]
 	}
-	t, bound := time.Now(), s.c.bound
+	t0 := time.Now()
+	t, bound := t0, s.c.bound
+	spanKind := kind
 	switch kind {
 	case "kill-standby":
-		s.killStandby(ctx, sv)
+		if s.killStandby(ctx, sv) == "starting" {
+			// The service was killed too: by the soak, to get a cold
+			// start, or by the next kcr standby, which ends an unready
+			// one.
+			spanKind = "kill-standby in starting"
+		}
 	case "kill-service":
 		if pids := copies(sv); len(pids) > 0 {
 			syscall.Kill(pids[0], syscall.SIGKILL)
@@ -565,8 +602,12 @@ func (s *soak) inject(ctx context.Context, n int) {
 	if strings.HasPrefix(kind, "broker") {
 		hit = s.svcs
 	}
+	span := faultSpan{spanKind, t0, time.Now()}
 	var wg sync.WaitGroup
 	for _, x := range hit {
+		x.mu.Lock()
+		x.faultLog = append(x.faultLog, span)
+		x.mu.Unlock()
 		wg.Go(func() { s.recovered(ctx, kind, x, t, bound) })
 	}
 	wg.Wait()
@@ -609,7 +650,7 @@ func (s *soak) brokerAnswers(ctx context.Context, limit time.Duration) time.Time
 // for the step that leads there (a sleep, a wake, a crash of the service)
 // and kills kcr standby as soon as it is seen in that state, or at a
 // random moment.
-func (s *soak) killStandby(ctx context.Context, sv *service) {
+func (s *soak) killStandby(ctx context.Context, sv *service) (state string) {
 	targets := []string{"", "running", "checkpointing", "standby", "restoring", "starting"}
 	want := targets[s.rnd.IntN(len(targets))]
 	switch want {
@@ -637,6 +678,7 @@ func (s *soak) killStandby(ctx context.Context, sv *service) {
 	s.mu.Lock()
 	s.killStates[st]++
 	s.mu.Unlock()
+	return st
 }
 
 // waitState polls sv's state every 2 ms until it is want.
@@ -859,7 +901,7 @@ func (s *soak) pending() int {
 		got := results(sv)
 		sv.mu.Lock()
 		for o := range sv.produced {
-			if got[o] == 0 {
+			if len(got[o]) == 0 {
 				n++
 			}
 		}
@@ -895,14 +937,16 @@ func (s *soak) report(d time.Duration, finished bool) bool {
 	for _, sv := range s.svcs {
 		got := results(sv)
 		lost, dup, extra := 0, 0, 0
+		after := map[string]int{} // duplicates by the fault that explains them
 		sv.mu.Lock()
 		for o := range sv.produced {
-			switch n := got[o]; {
+			switch n := len(got[o]); {
 			case n == 0:
 				lost++
 			case n > 1:
 				dup++
 				extra += n - 1
+				after[cmp.Or(sv.explain(got[o]), "nothing")]++
 			}
 		}
 		fmt.Printf("  %s: %d orders, %d lost, %d duplicated (%d extra results); %d kcr standby starts; most copies at once %d; most group members %d (longest >1: %v)",
@@ -911,8 +955,16 @@ func (s *soak) report(d time.Duration, finished bool) bool {
 			fmt.Printf("; connections %d sent, %d answered, %d failed", sv.conns.sent, sv.conns.answered, sv.conns.failed)
 		}
 		fmt.Println()
+		if dup > 0 {
+			var by []string
+			for _, k := range slices.Sorted(maps.Keys(after)) {
+				by = append(by, fmt.Sprintf("%s %d", k, after[k]))
+			}
+			fmt.Printf("    duplicates after a fault that loses commits (%s): %s\n", strings.Join(atLeastOnce, ", "), strings.Join(by, ", "))
+		}
 		sv.mu.Unlock()
-		if lost > 0 || s.maxCopies[sv.name] > 1 || s.longDouble[sv.name] > 15*time.Second {
+		// A duplicate no such fault explains is a bug, not at-least-once.
+		if lost > 0 || after["nothing"] > 0 || s.maxCopies[sv.name] > 1 || s.longDouble[sv.name] > 15*time.Second {
 			ok = false
 		}
 	}

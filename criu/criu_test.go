@@ -596,3 +596,17 @@ func TestRespErrorDiskFull(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// "Run as root" is advice for a user who is not root; as root the hint
+// names what else refuses CRIU.
+func TestPermissionHintAsRoot(t *testing.T) {
+	defer func(f func() int) { geteuid = f }(geteuid)
+	geteuid = func() int { return 1000 }
+	if h := CausePermission.Hint(); !strings.HasPrefix(h, "run as root") {
+		t.Errorf("hint as uid 1000: %q, want it to say run as root", h)
+	}
+	geteuid = func() int { return 0 }
+	if h := CausePermission.Hint(); strings.Contains(h, "run as root") || !strings.Contains(h, "seccomp") {
+		t.Errorf("hint as root: %q, want no \"run as root\" and the other refusers named", h)
+	}
+}

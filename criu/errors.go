@@ -56,8 +56,20 @@ var hints = map[Cause]string{
 	CauseDiskFull:       "the disk (or quota) of the image or CRIU's work directory is full: free space and try again",
 }
 
+// rootPermissionHint replaces "run as root" when kcr already runs as root:
+// then something between CRIU and the kernel refused it.
+const rootPermissionHint = "CRIU was refused an operation although kcr runs as root: a container without CAP_SYS_ADMIN (or CAP_CHECKPOINT_RESTORE, CAP_SYS_PTRACE), a seccomp filter, an AppArmor or SELinux profile, or a user namespace: see the log line named above"
+
 // Hint returns the advice kcr gives for c ("" for CauseUnknown).
-func (c Cause) Hint() string { return hints[c] }
+func (c Cause) Hint() string {
+	if c == CausePermission && geteuid() == 0 {
+		return rootPermissionHint
+	}
+	return hints[c]
+}
+
+// geteuid is os.Geteuid; tests change it.
+var geteuid = os.Geteuid
 
 // causePatterns are tried in order on every error line of a log; the first
 // cause found anywhere in the log wins over later ones in this list. They

@@ -4,10 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"log/slog"
+	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -422,5 +427,25 @@ func TestWaitOutageLogged(t *testing.T) {
 	}
 	if line.FailedRounds != 3 || !strings.Contains(line.LastErr, "FENCED_LEADER_EPOCH") || line.FailingMS <= 0 {
 		t.Fatalf("outage logged as %+v, want 3 failed rounds, the last FENCED_LEADER_EPOCH; log:\n%s", line, log.String())
+	}
+}
+
+// The wait after a failed round doubles up to retryMax while the failures
+// are of one kind, and starts over when the broker takes connections again
+// (or stops taking them).
+func TestNextRetry(t *testing.T) {
+	refused := fmt.Errorf("unable to dial: %w", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED})
+	cut := fmt.Errorf("fetch from broker 1: %w", io.EOF)
+	var retry time.Duration
+	var prev error
+	var got []time.Duration
+	for _, err := range []error{refused, refused, refused, refused, refused, cut, cut, cut, refused} {
+		retry = nextRetry(retry, prev, err)
+		prev = err
+		got = append(got, retry)
+	}
+	want := []time.Duration{retryMin, 2 * retryMin, 4 * retryMin, retryMax, retryMax, retryMin, 2 * retryMin, 4 * retryMin, retryMin}
+	if !slices.Equal(got, want) {
+		t.Errorf("waits %v, want %v", got, want)
 	}
 }

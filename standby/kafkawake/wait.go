@@ -3,6 +3,7 @@ package kafkawake
 import (
 	"context"
 	"errors"
+	"net"
 	"time"
 )
 
@@ -13,7 +14,7 @@ func (w *Watcher) Wait(ctx context.Context) error {
 	stop := w.reportRequests()
 	defer stop()
 	var out outage
-	retry := retryMin
+	var retry time.Duration
 	for {
 		work, topics, err := w.round(ctx)
 		switch {
@@ -26,6 +27,7 @@ func (w *Watcher) Wait(ctx context.Context) error {
 				out.since = time.Now()
 				w.log.Warn("standby: kafka wake: broker request failed; watching on, no wake on errors", "group", w.cfg.Group, "err", err)
 			}
+			retry = nextRetry(retry, out.last, err)
 			out.rounds++
 			out.last = err
 			select {
@@ -33,7 +35,6 @@ func (w *Watcher) Wait(ctx context.Context) error {
 				return ctx.Err()
 			case <-time.After(retry):
 			}
-			retry = min(2*retry, retryMax)
 			continue
 		}
 		if out.rounds > 0 {
@@ -42,7 +43,7 @@ func (w *Watcher) Wait(ctx context.Context) error {
 			w.log.Info("standby: kafka wake: the brokers answer again", "group", w.cfg.Group,
 				"failed_rounds", out.rounds, "failing_ms", msSince(out.since), "last_err", out.last)
 		}
-		out, retry = outage{}, retryMin
+		out, retry = outage{}, 0
 		if work > 0 {
 			w.log.Info("standby: kafka work", "group", w.cfg.Group, "records", work, "topics", topics)
 			return nil
@@ -55,6 +56,25 @@ type outage struct {
 	rounds int
 	since  time.Time
 	last   error
+}
+
+// nextRetry is the wait after a round failed with err, the one before
+// with prev (nil: the first failure of an outage), after a wait of retry:
+// retryMin, doubled each time up to retryMax. A failure of another kind
+// starts over from retryMin: when the broker takes connections again,
+// what fails then (a connection it cut as it stopped, a coordinator still
+// loading) passes within moments.
+func nextRetry(retry time.Duration, prev, err error) time.Duration {
+	if prev == nil || dialFailed(prev) != dialFailed(err) {
+		return retryMin
+	}
+	return min(2*retry, retryMax)
+}
+
+// dialFailed reports whether err is a failure to connect to a broker.
+func dialFailed(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 func msSince(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1000 }

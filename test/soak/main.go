@@ -564,7 +564,10 @@ func (s *soak) inject(ctx context.Context, n int) {
 	spanKind := kind
 	switch kind {
 	case "kill-standby":
-		if s.killStandby(ctx, sv) == "starting" {
+		// Its recovery counts from the kill, not from the wait for the
+		// state it was to be killed in.
+		var st string
+		if st, t = s.killStandby(ctx, sv); st == "starting" {
 			// The service was killed too: by the soak, to get a cold
 			// start, or by the next kcr standby, which ends an unready
 			// one.
@@ -650,7 +653,7 @@ func (s *soak) brokerAnswers(ctx context.Context, limit time.Duration) time.Time
 // for the step that leads there (a sleep, a wake, a crash of the service)
 // and kills kcr standby as soon as it is seen in that state, or at a
 // random moment.
-func (s *soak) killStandby(ctx context.Context, sv *service) (state string) {
+func (s *soak) killStandby(ctx context.Context, sv *service) (state string, at time.Time) {
 	targets := []string{"", "running", "checkpointing", "standby", "restoring", "starting"}
 	want := targets[s.rnd.IntN(len(targets))]
 	switch want {
@@ -671,6 +674,7 @@ func (s *soak) killStandby(ctx context.Context, sv *service) (state string) {
 	if want == "" || !s.waitState(ctx, sv, want, 10*time.Second) {
 		st = s.state(sv)
 	}
+	at = time.Now()
 	sv.signal(syscall.SIGKILL)
 	if st == "" {
 		st = "(not answering)"
@@ -678,7 +682,7 @@ func (s *soak) killStandby(ctx context.Context, sv *service) (state string) {
 	s.mu.Lock()
 	s.killStates[st]++
 	s.mu.Unlock()
-	return st
+	return st, at
 }
 
 // waitState polls sv's state every 2 ms until it is want.

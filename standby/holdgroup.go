@@ -28,7 +28,7 @@ type groupHold struct {
 	log  *slog.Logger
 	cl   *kgo.Client
 	adm  *kadm.Client
-	save func(holdSaved) // records the hold in the state file
+	save func(holdSaved) error // records the hold in the state file
 	reqs atomic.Int64    // requests written, for Observer.BrokerRequests
 
 	mu     sync.Mutex
@@ -97,7 +97,7 @@ const (
 	HoldFailed   = "failed"   // a request failed; the group may be empty
 )
 
-func newGroupHold(o *Options, log *slog.Logger, save func(holdSaved)) (*groupHold, error) {
+func newGroupHold(o *Options, log *slog.Logger, save func(holdSaved) error) (*groupHold, error) {
 	h := &groupHold{o: o, log: log, save: save}
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(o.Brokers...), kgo.ClientID(holdClientID),
 		kgo.WithHooks(kafkawake.RequestCounter{N: &h.reqs})}, o.kafkaOpts...)...)
@@ -121,13 +121,14 @@ func (h *groupHold) load(s holdSaved) {
 	h.mu.Unlock()
 }
 
-// setMember and setProtocol record the hold in the state file.
-func (h *groupHold) setMember(id string) {
+// setMember and setProtocol record the hold in the state file; the
+// error says the record failed (a full disk).
+func (h *groupHold) setMember(id string) error {
 	h.mu.Lock()
 	h.saved.HoldMember = id
 	s := h.saved
 	h.mu.Unlock()
-	h.save(s)
+	return h.save(s)
 }
 
 func (h *groupHold) setProtocol(p string) {

@@ -359,7 +359,7 @@ func TestGroupHoldSweepsLeftPlaceholder(t *testing.T) {
 	// A placeholder whose kcr standby was killed: in the group, no
 	// heartbeats, no leave, its member id in the state file.
 	o := Options{Brokers: e.addrs, Group: "g", Observer: nopObserver{}}
-	h, err := newGroupHold(&o, slog.New(slog.DiscardHandler), func(holdSaved) {})
+	h, err := newGroupHold(&o, slog.New(slog.DiscardHandler), func(holdSaved) error { return nil })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -410,7 +410,7 @@ func TestGroupHoldLeaveRetried(t *testing.T) {
 		return nil, nil, false
 	})
 	o := Options{Brokers: e.addrs, Group: "g", Observer: nopObserver{}}
-	h, err := newGroupHold(&o, slog.New(slog.DiscardHandler), func(holdSaved) {})
+	h, err := newGroupHold(&o, slog.New(slog.DiscardHandler), func(holdSaved) error { return nil })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -489,5 +489,47 @@ func TestGroupHoldLoad(t *testing.T) {
 				t.Errorf("%.1f requests/s", rate)
 			}
 		})
+	}
+}
+
+// The state file cannot record the placeholder (a full disk): it does not
+// join, and the member id the broker handed out is removed, so that no
+// placeholder a later kcr standby could not find is left in the group.
+func TestGroupHoldUnrecordedPlaceholder(t *testing.T) {
+	e := newHoldEnv(t, false)
+	var left sync.Map // member ids named by a LeaveGroup
+	e.c.ControlKey(int16(kmsg.LeaveGroup), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		e.c.KeepControl()
+		for _, m := range kr.(*kmsg.LeaveGroupRequest).Members {
+			left.Store(m.MemberID, true)
+		}
+		return nil, nil, false
+	})
+	full := errors.New("write the state file: no space left on device")
+	o := Options{Brokers: e.addrs, Group: "g", Observer: nopObserver{}}
+	var tries []holdSaved
+	h, err := newGroupHold(&o, slog.New(slog.DiscardHandler), func(s holdSaved) error {
+		tries = append(tries, s)
+		return full
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.cl.Close()
+	h.saved.HoldProtocol = "range"
+	m := &holdMember{}
+	err = h.memberID(t.Context(), m)
+	if !errors.Is(err, full) || m.id != "" {
+		t.Fatalf("memberID with the state file full: id %q, err %v; want no member and the write's error", m.id, err)
+	}
+	if len(tries) == 0 || tries[0].HoldMember == "" {
+		t.Fatalf("state file writes %+v: the placeholder's member id was never offered", tries)
+	}
+	id := tries[0].HoldMember
+	if _, ok := left.Load(id); !ok {
+		t.Errorf("member id %q the broker handed out was not removed", id)
+	}
+	if _, ph := e.members(); ph != "" {
+		t.Errorf("placeholder %q in the group", ph)
 	}
 }

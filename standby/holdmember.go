@@ -138,16 +138,31 @@ func (h *groupHold) memberID(ctx context.Context, m *holdMember) error {
 		if err == nil {
 			// A broker before MEMBER_ID_REQUIRED: the join made the
 			// member; the next join is a rejoin.
-			m.id = resp.MemberID
-			h.setMember(m.id)
-			return nil
+			return h.record(m, resp.MemberID)
 		}
 		return fmt.Errorf("join group %q: %w", h.o.Group, err)
 	}
 	// Recorded before the join that makes it a member, so that a kcr
 	// standby killed meanwhile leaves a trace to sweep.
-	m.id = resp.MemberID
-	h.setMember(m.id)
+	return h.record(m, resp.MemberID)
+}
+
+// record writes the placeholder's member id id in the state file before
+// it becomes m's. A placeholder the state file does not name is one no
+// later kcr standby could remove: if a kcr standby killed meanwhile left
+// it, it would hold up every rebalance of the group until its session
+// ends (30 s, counted again from a broker restart). So when the record
+// fails (a full disk), the broker's pending member is removed and the
+// group is not held.
+func (h *groupHold) record(m *holdMember, id string) error {
+	if err := h.setMember(id); err != nil {
+		if lerr := h.leaveGroup(id); lerr != nil {
+			h.log.Warn("standby: group hold: removing the placeholder the state file could not record failed; its session ends it", "group", h.o.Group, "member_id", id, "err", lerr)
+		}
+		h.clearMember(id)
+		return fmt.Errorf("the placeholder is not recorded, so it does not join: %w", err)
+	}
+	m.id = id
 	return nil
 }
 

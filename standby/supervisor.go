@@ -438,18 +438,20 @@ func (s *Supervisor) writeState(p persisted) error {
 
 // setHoldSaved records the group hold's placeholder and protocol in the
 // state file.
-func (s *Supervisor) setHoldSaved(h holdSaved) {
+func (s *Supervisor) setHoldSaved(h holdSaved) error {
 	s.stateMu.Lock()
 	defer s.stateMu.Unlock()
 	if s.holdSaved == h {
-		return
+		return nil
 	}
 	s.holdSaved = h
 	p := s.saved
 	p.holdSaved = h
 	if err := s.dir.writeState(p); err != nil {
 		s.log.Warn("standby: state file", "err", err)
+		return err
 	}
+	return nil
 }
 
 // sweepHold removes the placeholder a killed kcr standby left in the

@@ -29,7 +29,7 @@ type groupHold struct {
 	cl   *kgo.Client
 	adm  *kadm.Client
 	save func(holdSaved) error // records the hold in the state file
-	reqs atomic.Int64    // requests written, for Observer.BrokerRequests
+	reqs atomic.Int64          // requests written, for Observer.BrokerRequests
 
 	mu     sync.Mutex
 	saved  holdSaved

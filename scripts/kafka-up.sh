@@ -43,7 +43,7 @@
 #                              start instead of wiping it; tests use it to restart
 #                              the broker. Formats as usual when there is none.
 #
-# Files: $KCR_KAFKA_HOME/broker.log (broker output), kafka.pid, server.properties,
+# Files: $KCR_KAFKA_HOME/broker.log (broker output; the previous one in broker.log.1, or appended to on a restart with KCR_KAFKA_KEEP_DATA=1), kafka.pid, server.properties,
 #        data/ (log.dirs, wiped on every start unless KCR_KAFKA_KEEP_DATA=1),
 #        dist/kafka-<version>/lib (jars).
 # Stop with scripts/kafka-down.sh (same environment).
@@ -312,7 +312,13 @@ if ((!keep_data)); then
 fi
 
 # --- start -------------------------------------------------------------------------
-[[ -f $LOGFILE ]] && mv -f "$LOGFILE" "$LOGFILE.1"
+# A restart that keeps the data appends to the log: what the broker did
+# before it (a group's members, their sessions) explains what follows.
+if ((keep_data)); then
+	echo "--- kafka-up.sh: restarted $(date -u +%FT%TZ) ---" >>"$LOGFILE"
+else
+	[[ -f $LOGFILE ]] && mv -f "$LOGFILE" "$LOGFILE.1"
+fi
 # shellcheck disable=SC2206 # KCR_KAFKA_HEAP_OPTS holds several flags
 JVM_OPTS=($HEAP_OPTS -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35
 	-XX:+ExplicitGCInvokesConcurrent -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true
@@ -321,7 +327,7 @@ JVM_OPTS=($HEAP_OPTS -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccu
 # shellcheck disable=SC2016 # $$ is the child's, expanded by the child
 setsid bash -c 'echo $$ >"$0"; exec nohup "$@"' "$PIDFILE" \
 	"$JAVA" "${JVM_OPTS[@]}" -cp "$CP" kafka.Kafka "$CONF" \
-	</dev/null >"$LOGFILE" 2>&1 9>&- &
+	</dev/null >>"$LOGFILE" 2>&1 9>&- &
 for ((i = 0; i < 100; i++)); do
 	[[ -s $PIDFILE ]] && break
 	sleep 0.05

@@ -300,15 +300,24 @@ func (s *soak) watchCopies(ctx context.Context) {
 				n := s.members(ctx, sv.group)
 				s.mu.Lock()
 				s.maxMembers[sv.name] = max(s.maxMembers[sv.name], n)
+				var ended time.Duration
 				if n > 1 {
 					if since[sv.name].IsZero() {
 						since[sv.name] = time.Now()
 					}
 					s.longDouble[sv.name] = max(s.longDouble[sv.name], time.Since(since[sv.name]))
 				} else {
+					if !since[sv.name].IsZero() {
+						ended = time.Since(since[sv.name])
+					}
 					since[sv.name] = time.Time{}
 				}
 				s.mu.Unlock()
+				if ended > 7*time.Second {
+					// Longer than the services' sessions (6 s): say when,
+					// for the logs to explain it.
+					s.logf("%s: more than one member in its group for %v, until now", sv.name, ended.Round(time.Second))
+				}
 			}
 		}
 		time.Sleep(25 * time.Millisecond)

@@ -271,9 +271,14 @@ func (h *groupHold) closeOnce(ch func() *chan struct{}) {
 	}
 }
 
-// releaseOthers removes, this replica woken without a hold of its own,
-// the placeholders other replicas left in the group once a member is in
-// it: they would rejoin every rebalance of the live members.
+// releaseOthers removes, the service woken without a hold of its own,
+// the placeholders in the group once a member is in it: other replicas'
+// (they would rejoin every rebalance of the live members), and those a
+// restarted broker brought back. A coordinator that reloads a group whose
+// rebalance its stop cut short restores the members of the last completed
+// generation, placeholders that had left included; such a placeholder
+// never heartbeats again, and held up the restored member's join for its
+// whole session (30 s from the reload).
 func (h *groupHold) releaseOthers(ctx context.Context) {
 	h.mu.Lock()
 	running := h.done != nil && !isClosed(h.done)

@@ -533,3 +533,50 @@ func TestGroupHoldUnrecordedPlaceholder(t *testing.T) {
 		t.Errorf("placeholder %q in the group", ph)
 	}
 }
+
+// The service woken while no hold of this kcr standby runs (it was
+// skipped: the group was empty at the checkpoint), and a placeholder is in
+// the group that nobody heartbeats (a restarted broker restored it from
+// the last completed generation): it is removed once the restored member
+// joined, instead of holding up that member's rebalance for its session.
+func TestGroupHoldReleasesRestoredPlaceholder(t *testing.T) {
+	e := newHoldEnv(t, false)
+	var left sync.Map
+	e.c.ControlKey(int16(kmsg.LeaveGroup), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		e.c.KeepControl()
+		for _, m := range kr.(*kmsg.LeaveGroupRequest).Members {
+			left.Store(m.MemberID, true)
+		}
+		return nil, nil, false
+	})
+	r := startRig(t, newFake(), filepath.Join(t.TempDir(), "img"), e.withGroup(nil))
+	r.waitState(StateStandby)
+	if !slices.Contains(r.rec.holdResults(), HoldSkipped) {
+		t.Fatalf("hold results %v, want it skipped (no member at the checkpoint)", r.rec.holdResults())
+	}
+
+	// The zombie: in the group, never heartbeating, in no state file.
+	o := Options{Brokers: e.addrs, Group: "g", Observer: nopObserver{}}
+	h, err := newGroupHold(&o, slog.New(slog.DiscardHandler), func(holdSaved) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.saved.HoldProtocol = "cooperative-sticky"
+	m := &holdMember{}
+	if err = h.memberID(t.Context(), m); err == nil {
+		err = h.joinSync(t.Context(), m, true)
+	}
+	h.cl.Close()
+	if err != nil {
+		t.Fatalf("joining a placeholder by hand: %v", err)
+	}
+
+	r.s.Wake("manual")
+	r.waitState(StateRunning)
+	_, all := e.member("svc") // the restored service's member
+	assigned(t, all, time.Now(), holdSession)
+	if _, ok := left.Load(m.id); !ok {
+		t.Errorf("the placeholder nobody heartbeats (%s) was not removed; hold results %v", m.id, r.rec.holdResults())
+	}
+	e.waitOnly(5*time.Second, "svc")
+}

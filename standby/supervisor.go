@@ -352,7 +352,7 @@ func (s *Supervisor) step(ctx context.Context, c *run) {
 		}
 		if s.hold != nil {
 			s.hold.wake()
-			if s.replica != nil {
+			if s.replica != nil || !s.o.NoHoldGroup {
 				s.bg.Go(func() { s.hold.releaseOthers(ctx) })
 			}
 		}

@@ -255,3 +255,55 @@ func TestHandedInAppWaiting(t *testing.T) {
 		t.Fatalf("inApp with commits of 15 and 5 waiting = %d, want 4 (16..19)", n)
 	}
 }
+
+// A commit that reaches the gate as the checkpoint begins (its records
+// fetched before, processed, committed a moment late) is flushed before
+// the kafka.Reader closes: the restored copy goes on after those records
+// instead of being handed them again, and the waiting call returns nil.
+func TestReaderWaitingCommitFlushed(t *testing.T) {
+	const topic, group = "waitc", "waitcg"
+	k := newFake(t, 1, topic)
+	reg := notify.NewRegistry()
+	log, _ := newLog(t)
+	writeBatch(t, k.addrs, topic, log, 10)
+	r := NewReader(groupConfig(k.addrs, group, topic, "waitc"), WithRegistry(reg), WithLogger(log))
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	fetchCommitInOrder(t, ctx, r, 2)
+	var late []kafka.Message
+	for range 3 {
+		m, err := r.FetchMessage(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		late = append(late, m)
+	}
+	committed := make(chan error, 1)
+	defer func(f func(*Reader)) { beforeFlushWaiting = f }(beforeFlushWaiting)
+	beforeFlushWaiting = func(r *Reader) {
+		go func() { committed <- r.CommitMessages(ctx, late...) }()
+		for {
+			r.mu.Lock()
+			n := len(r.waiting)
+			r.mu.Unlock()
+			if n > 0 {
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	res := hooktest.SimulateOK(t, context.Background(), reg, notify.SimRestore, 5*time.Second)
+	if rep := decodeReport[ReaderReport](t, res.Before[0].Details); rep.ReaderCheckpoint == nil || rep.CommitError != "" || rep.RecordsInApp != 0 {
+		t.Fatalf("before report %v: want no commit error and nothing in the application's hands", res.Before[0].Details)
+	}
+	if err := <-committed; err != nil {
+		t.Fatalf("the commit waiting at the gate: %v", err)
+	}
+	if at := committedAt(t, admin(t, k.addrs), group, topic, 0); at != 5 {
+		t.Fatalf("committed offset %d after the restore, want 5 (the waiting commit flushed)", at)
+	}
+	if m, err := r.FetchMessage(ctx); err != nil || m.Offset != 5 {
+		t.Fatalf("first fetch after the restore: offset %d, %v; want 5", m.Offset, err)
+	}
+}

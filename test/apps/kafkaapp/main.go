@@ -546,10 +546,15 @@ func (a *app) commit(batch []kafka.Message) {
 		return // a partition Reader has nothing to commit
 	}
 	cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t := time.Now()
 	err := a.r.CommitMessages(cctx, batch...)
 	cancel()
 	if err != nil {
 		emit("commit-error", "err", err.Error(), "records", len(batch))
+	} else if d := time.Since(t); d > 50*time.Millisecond {
+		// A commit that met a checkpoint (it waited at the gate): the
+		// soak's duplicates are traced through these.
+		emit("commit-slow", "ms", d.Milliseconds(), "records", len(batch), "last", batch[len(batch)-1].Offset)
 	}
 }
 
@@ -558,7 +563,13 @@ func (a *app) beforeLast(ctx context.Context) error {
 	if a.w != nil {
 		rep = a.w.CheckpointReport()
 	}
-	emit("pending", "records", a.pending.Hold(), "writer", rep, "leave_running", notify.LeaveRunning(ctx))
+	var reader any
+	if a.r != nil {
+		if rr, ok := a.r.Report(); ok {
+			reader = rr // ran before this hook: records in the app's hands, stale commits
+		}
+	}
+	emit("pending", "records", a.pending.Hold(), "writer", rep, "reader", reader, "leave_running", notify.LeaveRunning(ctx))
 	return nil
 }
 

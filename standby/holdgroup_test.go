@@ -104,6 +104,29 @@ func (e *holdEnv) waitPlaceholder(d time.Duration) string {
 	return id
 }
 
+// placeholder joins a placeholder offering protocol to group "g" by hand,
+// as a kcr standby's hold does, and returns its hold (whose client the
+// caller closes: closed, the placeholder stays without heartbeats until its
+// session ends) and member.
+func (e *holdEnv) placeholder(protocol string) (*groupHold, *holdMember) {
+	e.t.Helper()
+	o := Options{Brokers: e.addrs, Group: "g", Observer: nopObserver{}}
+	h, err := newGroupHold(&o, slog.New(slog.DiscardHandler), func(holdSaved) error { return nil })
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	h.saved.HoldProtocol = protocol
+	m := &holdMember{}
+	if err = h.memberID(e.t.Context(), m); err == nil {
+		err = h.joinSync(e.t.Context(), m, true)
+	}
+	if err != nil {
+		h.cl.Close()
+		e.t.Fatalf("joining a placeholder by hand: %v", err)
+	}
+	return h, m
+}
+
 // waitOnly waits until the group's members are exactly clients.
 func (e *holdEnv) waitOnly(d time.Duration, clients ...string) {
 	e.t.Helper()
@@ -358,20 +381,8 @@ func TestGroupHoldSweepsLeftPlaceholder(t *testing.T) {
 
 	// A placeholder whose kcr standby was killed: in the group, no
 	// heartbeats, no leave, its member id in the state file.
-	o := Options{Brokers: e.addrs, Group: "g", Observer: nopObserver{}}
-	h, err := newGroupHold(&o, slog.New(slog.DiscardHandler), func(holdSaved) error { return nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.saved.HoldProtocol = "range"
-	m := &holdMember{}
-	if err = h.memberID(t.Context(), m); err == nil {
-		err = h.joinSync(t.Context(), m, true)
-	}
+	h, m := e.placeholder("range")
 	h.cl.Close()
-	if err != nil {
-		t.Fatalf("joining a placeholder by hand: %v", err)
-	}
 	d := &imageDir{path: dir}
 	st, err := d.readState()
 	if err != nil {
@@ -409,20 +420,8 @@ func TestGroupHoldLeaveRetried(t *testing.T) {
 		}
 		return nil, nil, false
 	})
-	o := Options{Brokers: e.addrs, Group: "g", Observer: nopObserver{}}
-	h, err := newGroupHold(&o, slog.New(slog.DiscardHandler), func(holdSaved) error { return nil })
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, m := e.placeholder("range")
 	defer h.cl.Close()
-	h.saved.HoldProtocol = "range"
-	m := &holdMember{}
-	if err = h.memberID(t.Context(), m); err == nil {
-		err = h.joinSync(t.Context(), m, true)
-	}
-	if err != nil {
-		t.Fatalf("joining a placeholder: %v", err)
-	}
 	h.setMember(m.id)
 	down.Store(true)
 	h.leave(m.id) // fails within holdLeaveBudget
@@ -556,20 +555,8 @@ func TestGroupHoldReleasesRestoredPlaceholder(t *testing.T) {
 	}
 
 	// The zombie: in the group, never heartbeating, in no state file.
-	o := Options{Brokers: e.addrs, Group: "g", Observer: nopObserver{}}
-	h, err := newGroupHold(&o, slog.New(slog.DiscardHandler), func(holdSaved) error { return nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.saved.HoldProtocol = "cooperative-sticky"
-	m := &holdMember{}
-	if err = h.memberID(t.Context(), m); err == nil {
-		err = h.joinSync(t.Context(), m, true)
-	}
+	h, m := e.placeholder("cooperative-sticky")
 	h.cl.Close()
-	if err != nil {
-		t.Fatalf("joining a placeholder by hand: %v", err)
-	}
 
 	r.s.Wake("manual")
 	r.waitState(StateRunning)

@@ -3,6 +3,7 @@ package standby
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -161,5 +162,51 @@ func TestDiskFull(t *testing.T) {
 		if got := diskFull(tc.err); got != tc.want {
 			t.Errorf("diskFull(%v) = %v, want %v", tc.err, got, tc.want)
 		}
+	}
+}
+
+// A placeholder's record that could not be written is written when the
+// hold hands it in again: the skip of a repeated record counts only what
+// reached the state file.
+func TestHoldSavedRetriedAfterFailedWrite(t *testing.T) {
+	dir := t.TempDir()
+	d, err := openImageDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.close()
+	s := &Supervisor{dir: d, log: slog.New(slog.DiscardHandler)}
+	h := holdSaved{HoldMember: "kcr-hold-1", HoldProtocol: "range"}
+	// A directory where the state file goes makes its rename fail.
+	block := filepath.Join(dir, stateFileName)
+	if err := os.Mkdir(block, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.setHoldSaved(h); err == nil {
+		t.Fatal("setHoldSaved: no error with the state file blocked")
+	}
+	if err := os.Remove(block); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.setHoldSaved(h); err != nil {
+		t.Fatalf("setHoldSaved again: %v", err)
+	}
+	st, err := d.readState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.holdSaved != h {
+		t.Fatalf("state file hold %+v, want %+v", st.holdSaved, h)
+	}
+	// Written once: the same record again does not write (the state
+	// file, removed, stays away).
+	if err := os.Remove(block); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.setHoldSaved(h); err != nil {
+		t.Fatalf("setHoldSaved a third time: %v", err)
+	}
+	if _, err := os.Stat(block); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the same record was written again (state file: %v)", err)
 	}
 }

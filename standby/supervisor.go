@@ -51,6 +51,9 @@ type Supervisor struct {
 	stateMu   sync.Mutex
 	saved     persisted // the last state written, without the hold's
 	holdSaved holdSaved
+	// holdOnDisk is the hold's record in the state file as last written
+	// successfully: setHoldSaved skips only a write that would repeat it.
+	holdOnDisk holdSaved
 
 	lastWake wakeLog        // the last wake's phases (wakephases.go)
 	bg       sync.WaitGroup // goroutines that outlive a state: close waits
@@ -433,7 +436,11 @@ func (s *Supervisor) writeState(p persisted) error {
 	p.LastWake = s.lastWake.get()
 	s.saved = p
 	p.holdSaved = s.holdSaved
-	return s.dir.writeState(p)
+	if err := s.dir.writeState(p); err != nil {
+		return err
+	}
+	s.holdOnDisk = p.holdSaved
+	return nil
 }
 
 // setHoldSaved records the group hold's placeholder and protocol in the
@@ -441,16 +448,17 @@ func (s *Supervisor) writeState(p persisted) error {
 func (s *Supervisor) setHoldSaved(h holdSaved) error {
 	s.stateMu.Lock()
 	defer s.stateMu.Unlock()
-	if s.holdSaved == h {
+	s.holdSaved = h
+	if s.holdOnDisk == h {
 		return nil
 	}
-	s.holdSaved = h
 	p := s.saved
 	p.holdSaved = h
 	if err := s.dir.writeState(p); err != nil {
 		s.log.Warn("standby: state file", "err", err)
 		return err
 	}
+	s.holdOnDisk = h
 	return nil
 }
 
@@ -463,7 +471,7 @@ func (s *Supervisor) sweepHold() {
 		return
 	}
 	s.stateMu.Lock()
-	s.saved, s.holdSaved = st, st.holdSaved
+	s.saved, s.holdSaved, s.holdOnDisk = st, st.holdSaved, st.holdSaved
 	s.saved.holdSaved = holdSaved{}
 	s.stateMu.Unlock()
 	if s.hold != nil {

@@ -1,6 +1,7 @@
 package kafkahooks
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 
@@ -33,6 +34,9 @@ type tpMark struct {
 	first     int64
 	last      atomic.Int64
 	committed atomic.Int64 // highest committed offset + 1; 0 if none
+	// dropped is the lowest offset fetched but not handed to the
+	// application (a checkpoint began under the fetch); MaxInt64 if none.
+	dropped atomic.Int64
 }
 
 func newHandedTable(before map[tpKey]int64) *handedTable {
@@ -81,9 +85,25 @@ func (h *handedTable) note(topic string, partition int, offset int64) {
 	}
 	mk := &tpMark{key: k, first: offset}
 	mk.last.Store(offset)
+	mk.dropped.Store(math.MaxInt64)
 	m[k] = mk
 	h.m.Store(&m)
 	h.hint.Store(mk)
+}
+
+// drop notes that the record at offset, noted, was not handed to the
+// application after all.
+func (h *handedTable) drop(topic string, partition int, offset int64) {
+	mk := (*h.m.Load())[tpKey{topic, partition}]
+	if mk == nil {
+		return
+	}
+	for {
+		cur := mk.dropped.Load()
+		if offset >= cur || mk.dropped.CompareAndSwap(cur, offset) {
+			return
+		}
+	}
 }
 
 // current returns the messages to commit: all of them, except those that
@@ -118,6 +138,19 @@ func (h *handedTable) current(msgs []kafka.Message) []kafka.Message {
 	return msgs
 }
 
+// uncommitted returns the messages whose commit would move their
+// partition past what this generation committed.
+func (h *handedTable) uncommitted(msgs []kafka.Message) []kafka.Message {
+	m := *h.m.Load()
+	var keep []kafka.Message
+	for i := range msgs {
+		if mk := m[tpKey{msgs[i].Topic, msgs[i].Partition}]; mk == nil || msgs[i].Offset+1 > mk.committed.Load() {
+			keep = append(keep, msgs[i])
+		}
+	}
+	return keep
+}
+
 func (h *handedTable) committed(msgs []kafka.Message) {
 	m := *h.m.Load()
 	for i := range msgs {
@@ -146,7 +179,9 @@ func (h *handedTable) inApp(waiting map[tpKey]int64) int64 {
 		if w, ok := waiting[k]; ok {
 			from = max(from, w+1)
 		}
-		if last := mk.last.Load(); last >= from {
+		// Nothing after a dropped record was handed out: the checkpoint
+		// had begun.
+		if last := min(mk.last.Load(), mk.dropped.Load()-1); last >= from {
 			n += last - from + 1
 		}
 	}

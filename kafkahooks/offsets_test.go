@@ -3,6 +3,7 @@ package kafkahooks
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -222,7 +223,7 @@ func TestReaderRecordsInApp(t *testing.T) {
 	reg := notify.NewRegistry()
 	log, _ := newLog(t)
 	writeBatch(t, k.addrs, topic, log, 10)
-	r := NewReader(groupConfig(k.addrs, group, topic, "inapp"), WithRegistry(reg), WithLogger(log))
+	r := NewReader(groupConfig(k.addrs, group, topic, "inapp"), WithRegistry(reg), WithLogger(log), WithCommitWait(100*time.Millisecond))
 	defer r.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
@@ -236,6 +237,9 @@ func TestReaderRecordsInApp(t *testing.T) {
 	rep := decodeReport[ReaderReport](t, res.Before[0].Details)
 	if rep.ReaderCheckpoint == nil || rep.RecordsInApp != 3 {
 		t.Fatalf("before report %v: want records_in_app 3 (offsets 2..4 handed, not committed)", res.Before[0].Details)
+	}
+	if rep.CommitWaitMS < 100 {
+		t.Fatalf("before report %v: want commit_wait_ms >= 100 (the hook waits WithCommitWait for their commits)", res.Before[0].Details)
 	}
 }
 
@@ -253,6 +257,64 @@ func TestHandedInAppWaiting(t *testing.T) {
 	}
 	if n := h.inApp(map[tpKey]int64{{"t", 0}: 15, {"t", 1}: 5}); n != 4 {
 		t.Fatalf("inApp with commits of 15 and 5 waiting = %d, want 4 (16..19)", n)
+	}
+	// A record fetched as the checkpoint began is dropped, not handed
+	// out: neither it nor anything after it is in the application's hands.
+	h.drop("t", 0, 18)
+	h.drop("t", 0, 19)
+	if n := h.inApp(map[tpKey]int64{{"t", 0}: 15, {"t", 1}: 5}); n != 2 {
+		t.Fatalf("inApp with 18 and 19 dropped = %d, want 2 (16, 17)", n)
+	}
+}
+
+// A commit that reaches the gate after the hook looked at the commits
+// waiting there (its records fetched just before the gate closed) is
+// awaited and sent before the kafka.Reader leaves: the soak's kafka-go
+// service processed such records twice, as its restored copy was handed
+// them again.
+func TestReaderLateCommitAwaited(t *testing.T) {
+	const topic, group = "latec", "latecg"
+	k := newFake(t, 1, topic)
+	reg := notify.NewRegistry()
+	log, _ := newLog(t)
+	writeBatch(t, k.addrs, topic, log, 10)
+	r := NewReader(groupConfig(k.addrs, group, topic, "latec"), WithRegistry(reg), WithLogger(log))
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	fetchCommitInOrder(t, ctx, r, 2)
+	var late []kafka.Message
+	for range 3 {
+		m, err := r.FetchMessage(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		late = append(late, m)
+	}
+	committed := make(chan error, 1)
+	var once sync.Once
+	defer func(f func(*Reader)) { beforeFlushWaiting = f }(beforeFlushWaiting)
+	beforeFlushWaiting = func(r *Reader) {
+		once.Do(func() {
+			go func() {
+				time.Sleep(150 * time.Millisecond) // the application still processing
+				committed <- r.CommitMessages(ctx, late...)
+			}()
+		})
+	}
+	res := hooktest.SimulateOK(t, context.Background(), reg, notify.SimRestore, 5*time.Second)
+	rep := decodeReport[ReaderReport](t, res.Before[0].Details)
+	if rep.ReaderCheckpoint == nil || rep.CommitError != "" || rep.RecordsInApp != 0 || rep.CommitWaitMS < 100 {
+		t.Fatalf("before report %v: want the late commit awaited (commit_wait_ms >= 100), no commit error, nothing in the application's hands", res.Before[0].Details)
+	}
+	if err := <-committed; err != nil {
+		t.Fatalf("the late commit: %v", err)
+	}
+	if at := committedAt(t, admin(t, k.addrs), group, topic, 0); at != 5 {
+		t.Fatalf("committed offset %d after the restore, want 5 (the late commit sent before the reader left)", at)
+	}
+	if m, err := r.FetchMessage(ctx); err != nil || m.Offset != 5 {
+		t.Fatalf("first fetch after the restore: offset %d, %v; want 5", m.Offset, err)
 	}
 }
 

@@ -52,6 +52,8 @@ type config struct {
 	handover bool
 	// offsetsCheckAfter: WithOffsetsCheckAfter.
 	offsetsCheckAfter time.Duration
+	// commitWait: WithCommitWait.
+	commitWait time.Duration
 }
 
 // newConfig returns the configuration named defaultName unless an option
@@ -63,6 +65,7 @@ func newConfig[O any](defaultName string, opts []O, apply func(O, *config)) conf
 		backoffMax: 5 * time.Second,
 
 		offsetsCheckAfter: time.Minute,
+		commitWait:        time.Second,
 	}
 	hookopt.Apply(&c, opts, apply)
 	c.registry, c.log = hookopt.Defaults(c.registry, c.log)
@@ -113,4 +116,18 @@ func WithRetryBackoff(lo, hi time.Duration) WriterOpt {
 // reported (GroupRestore). 0 checks on every restore.
 func WithOffsetsCheckAfter(d time.Duration) ReaderOpt {
 	return readerOpt(func(c *config) { c.offsetsCheckAfter = d })
+}
+
+// WithCommitWait sets how long a group Reader's before-checkpoint hook
+// waits for the application to commit records it was handed before the
+// checkpoint began (default 1s; 0 does not wait). Their CommitMessages
+// calls meet the closed gate; the hook sends them before the kafka.Reader
+// leaves the group, so that no copy is handed those records again. The
+// wait ends as soon as every record handed out is committed or waiting at
+// the gate, so it costs nothing to an application that holds no
+// uncommitted records; one that never commits some (or batches them until
+// its next FetchMessage returns) pays it at every checkpoint, and those
+// records are delivered again after it (RecordsInApp in the report).
+func WithCommitWait(d time.Duration) ReaderOpt {
+	return readerOpt(func(c *config) { c.commitWait = max(d, 0) })
 }

@@ -115,6 +115,7 @@ type Reader struct {
 	// application has processed (see handedTable.inApp).
 	waiting    map[tpKey]int64
 	waitingRef map[tpKey]int
+	waitingCh  chan struct{} // closed when a commit is noted waiting
 	recorded   map[tpKey]int64
 	recordedAt time.Time // wall clock: a restore's monotonic clock does not count the downtime
 
@@ -297,6 +298,10 @@ func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 			// not handed out; it is fetched again later.
 			if err == nil {
 				r.drop(m.Offset)
+				if r.group {
+					s.handed.drop(m.Topic, m.Partition, m.Offset)
+					r.pokeWaiters()
+				}
 			}
 			return kafka.Message{}, true, nil
 		}
@@ -343,47 +348,70 @@ func (r *Reader) CommitMessages(ctx context.Context, msgs ...kafka.Message) erro
 	if !r.group {
 		return r.state.Load().r.CommitMessages(ctx, msgs...) // kafka-go's error
 	}
-	if s := r.state.Load(); s.gate != nil && len(msgs) > 0 {
-		// Only calls that meet a checkpoint pay for this.
-		r.noteWaiting(msgs, 1)
-		defer r.noteWaiting(msgs, -1)
+	// A call that waits at the gate is noted there (only calls that meet a
+	// checkpoint pay for it): the hook commits its records before the
+	// kafka.Reader leaves (flushWaiting).
+	noted := false
+	defer func() {
+		if noted {
+			r.noteWaiting(msgs, -1)
+		}
+	}()
+	for {
+		s := r.state.Load()
+		if ch, closed := s.blocking(); ch != nil || closed {
+			if !noted && !closed && len(msgs) > 0 {
+				noted = true
+				r.noteWaiting(msgs, 1)
+			}
+			if err := r.wait(ctx, s, io.ErrClosedPipe); err != nil {
+				return err
+			}
+			continue
+		}
+		again, err := r.commitOnce(ctx, s, msgs)
+		if !again {
+			return err
+		}
 	}
-	_, err := gatedCall(ctx, &r.gate, io.ErrClosedPipe, func(s *readerState) (struct{}, bool, error) {
-		keep := s.handed.current(msgs)
-		r.cfg.registry.Touch(len(keep)) // notify.Activity
-		if n := len(msgs) - len(keep); n > 0 {
-			r.staleCommits.Add(int64(n))
-			r.cfg.log.Debug("dropped commits of records fetched before a checkpoint", "records", n)
-		}
-		if len(keep) == 0 {
-			return struct{}{}, false, nil
-		}
-		if r.stash != nil {
-			r.stash.add(keep) // sent by intervalLoop or the checkpoint
-			return struct{}{}, false, nil
-		}
-		r.committing.Add(1)
-		if r.state.Load() != s {
-			r.committing.Add(-1)
-			return struct{}{}, true, nil // a checkpoint began: decide again after it
-		}
-		// A call that reaches kafka-go after its final commit would wait
-		// for an answer forever: retiring the generation cancels it.
-		cctx, cancel := context.WithCancel(ctx)
-		stop := context.AfterFunc(s.retired, cancel)
-		err := s.r.CommitMessages(cctx, keep...)
-		stop()
-		cancel()
+}
+
+// commitOnce commits msgs through the generation of s; again says that a
+// checkpoint began under it and the call is decided afresh after it.
+func (r *Reader) commitOnce(ctx context.Context, s *readerState, msgs []kafka.Message) (again bool, err error) {
+	keep := s.handed.current(msgs)
+	r.cfg.registry.Touch(len(keep)) // notify.Activity
+	if n := len(msgs) - len(keep); n > 0 {
+		r.staleCommits.Add(int64(n))
+		r.cfg.log.Debug("dropped commits of records fetched before a checkpoint", "records", n)
+	}
+	if len(keep) == 0 {
+		return false, nil
+	}
+	if r.stash != nil {
+		r.stash.add(keep) // sent by intervalLoop or the checkpoint
+		return false, nil
+	}
+	r.committing.Add(1)
+	if r.state.Load() != s {
 		r.committing.Add(-1)
-		if err != nil && r.state.Load() != s && ctx.Err() == nil {
-			return struct{}{}, true, nil // closed for a checkpoint: decide again after it
-		}
-		if err == nil {
-			s.handed.committed(keep)
-		}
-		return struct{}{}, false, err
-	})
-	return err
+		return true, nil
+	}
+	// A call that reaches kafka-go after its final commit would wait
+	// for an answer forever: retiring the generation cancels it.
+	cctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(s.retired, cancel)
+	err = s.r.CommitMessages(cctx, keep...)
+	stop()
+	cancel()
+	r.committing.Add(-1)
+	if err != nil && r.state.Load() != s && ctx.Err() == nil {
+		return true, nil // closed for a checkpoint
+	}
+	if err == nil {
+		s.handed.committed(keep)
+	}
+	return false, err
 }
 
 // noteWaiting adds (d 1) or removes (d -1) msgs as commits waiting at the
@@ -406,6 +434,24 @@ func (r *Reader) noteWaiting(msgs []kafka.Message, d int) {
 				r.waiting[k] = msgs[i].Offset
 			}
 		}
+	}
+	if d > 0 {
+		r.pokeLocked()
+	}
+}
+
+// pokeWaiters tells awaitCommits to look at the records in the
+// application's hands again.
+func (r *Reader) pokeWaiters() {
+	r.mu.Lock()
+	r.pokeLocked()
+	r.mu.Unlock()
+}
+
+func (r *Reader) pokeLocked() {
+	if r.waitingCh != nil {
+		close(r.waitingCh)
+		r.waitingCh = nil
 	}
 }
 

@@ -88,7 +88,10 @@ type GroupCheckpoint struct {
 	// every restored copy finishes them. kcr restore counts them like
 	// carried records (--count > 1 or a --leave-running image needs
 	// --allow-duplicates).
-	RecordsInApp       int64  `json:"records_in_app"`
+	RecordsInApp int64 `json:"records_in_app"`
+	// CommitWaitMS is how long the hook waited for the application to
+	// commit records it held (WithCommitWait).
+	CommitWaitMS       int64  `json:"commit_wait_ms,omitempty"`
 	OffsetsRecordError string `json:"offsets_record_error,omitempty"` // why none were recorded
 	// MemberKept is, with WithGroupHandover, the member id left in the
 	// group across the checkpoint; a restore or resume within

@@ -55,6 +55,7 @@ type config struct {
 	brokerRestarts              bool
 	restartEvery                int // with brokerRestarts, one fault in this many
 	strictDuplicates            bool
+	kinds                       string // fault kinds to draw from; "" for all
 }
 
 func main() {
@@ -74,6 +75,7 @@ func main() {
 	flag.DurationVar(&c.bound, "bound", 90*time.Second, "recovery bound: after a fault, the service answers again within this long")
 	flag.DurationVar(&c.brokerBound, "broker-bound", 30*time.Second, "recovery bound after a broker restart, counted from when the broker answers again (its own restart is reported apart)")
 	flag.BoolVar(&c.strictDuplicates, "strict-duplicates", true, "fail on a duplicated order that no fault losing commits explains (false: count them only)")
+	flag.StringVar(&c.kinds, "kinds", "", "comma-separated fault kinds to inject (default: all but broker-restart; \"none\": traffic only, to study clean cycles)")
 	flag.BoolVar(&c.brokerRestarts, "broker-restarts", false, "also stop and start the broker (slow: one in -broker-restart-every faults)")
 	flag.IntVar(&c.restartEvery, "broker-restart-every", 25, "with -broker-restarts, one fault in this many is a broker restart")
 	flag.Parse()
@@ -560,7 +562,13 @@ func (s *soak) run() bool {
 func (s *soak) inject(ctx context.Context, n int) {
 	sv := s.svcs[s.rnd.IntN(len(s.svcs))]
 	kinds := []string{"kill-standby", "kill-standby", "kill-standby", "kill-service", "broker-pause", "disk-full", "slow-hook", "wake-storm"}
+	if s.c.kinds != "" {
+		kinds = strings.Split(s.c.kinds, ",")
+	}
 	kind := kinds[s.rnd.IntN(len(kinds))]
+	if kind == "none" {
+		return
+	}
 	if s.c.brokerRestarts && n%max(1, s.c.restartEvery) == 0 {
 		kind = "broker-restart"
 	}

@@ -31,6 +31,10 @@ var ErrConnsClosed = conntrack.ErrClosed
 // restored, or until their own ctx ends. They never fail because a
 // checkpoint happened.
 //
+// A group Reader first sends the commits in flight or waiting at the gate,
+// and waits up to WithCommitWait for the commits of records the
+// application was handed just before the gate closed.
+//
 // It then closes the kafka.Reader, without waiting out the fetch kafka-go
 // has in flight (up to MaxWait, 10 s by default): the connections that
 // carry fetches are closed, the group coordinator's stays. Fetch calls in

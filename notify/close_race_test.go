@@ -35,7 +35,7 @@ func TestCloseRacesSocketMove(t *testing.T) {
 		g := notify.NewRegistry()
 		g.Register("a", notify.Func(nil, nil))
 		s, err := g.Start(notify.WithSocketPath(filepath.Join(dir, "kcr-test.sock")),
-			notify.WithStartTimeFunc(st.read), notify.WithHostPIDFunc(pid),
+			notify.WithInstanceFunc(st.read), notify.WithHostPIDFunc(pid),
 			notify.WithPollEvery(100*time.Microsecond), notify.WithRestoreGrace(time.Minute),
 			notify.WithLogger(slog.New(slog.DiscardHandler)))
 		if err != nil {

@@ -8,10 +8,11 @@ import (
 
 // Test seams, compiled only into this package's tests.
 
-// WithStartTimeFunc replaces the /proc/<pid>/stat start-time reader, so that
-// a test can fake the restore of the process, which otherwise needs CRIU.
-func WithStartTimeFunc(f func(pid int) (uint64, error)) Opt {
-	return serverOpt{func(c *serverConfig) { c.startTime = f }}
+// WithInstanceFunc replaces what names the process instance (instanceKey),
+// so that a test can fake the restore of the process, which otherwise needs
+// CRIU.
+func WithInstanceFunc(f func(pid int) (uint64, error)) Opt {
+	return serverOpt{func(c *serverConfig) { c.instance = f }}
 }
 
 // WithHostPIDFunc replaces the host PID reader, so that a test can fake the
@@ -34,3 +35,9 @@ func ParseStartTime(b []byte) (uint64, error) {
 }
 
 const HookGrace = hookGrace
+
+// InstanceKey is instanceKey.
+func InstanceKey() (uint64, error) { return instanceKey(0) }
+
+// PeerGone is gone of a peer with PID pid.
+func PeerGone(pid int) bool { return peer{pid: pid}.gone() }

@@ -24,9 +24,9 @@ type serverConfig struct {
 	pollEvery   time.Duration
 	restoreWait time.Duration
 	afterBudget time.Duration
-	// startTime reads a task's start time; a field so that tests can fake a
-	// restore, which needs CRIU otherwise.
-	startTime func(pid int) (uint64, error)
+	// instance names this process instance (instanceKey); a field so that
+	// tests can fake a restore, which needs CRIU otherwise.
+	instance func(pid int) (uint64, error)
 	// hostPID reads the process's host PID; a field so that tests can fake
 	// the new PID of a restored copy.
 	hostPID func() int
@@ -43,7 +43,7 @@ func defaultServerConfig() serverConfig {
 		pollEvery:   25 * time.Millisecond,
 		restoreWait: defaultRestoreGrace,
 		afterBudget: DefaultAfterBudget,
-		startTime:   startTime,
+		instance:    instanceKey,
 		hostPID:     hostPID,
 	}
 }

@@ -1,6 +1,8 @@
 package notify
 
 import (
+	"errors"
+	"io/fs"
 	"net"
 	"os"
 	"runtime"
@@ -14,12 +16,10 @@ import (
 	"github.com/kcr-dev/kcr/notify/proto"
 )
 
-// peer identifies the kcr process on the other end of a control connection:
-// its PID (in our /proc) and its start time, so that a PID reused by another
-// process is not taken for kcr.
+// peer identifies the kcr process on the other end of a control connection
+// by its PID in our /proc.
 type peer struct {
-	pid   int
-	start uint64
+	pid int
 }
 
 // newPeer identifies kcr by SO_PEERCRED's PID. That is 0 when kcr is
@@ -30,10 +30,6 @@ type peer struct {
 // named must match, which fails in a restored copy, whose time namespace
 // shifts every start time it reads. The process must be owned by the
 // peer's uid. A peer it cannot identify is not watched (pid 0).
-//
-// The start time kept is the one we read, in our own time namespace, as
-// gone reads it later; no fd is kept, so CRIU may dump the app while it
-// watches.
 func newPeer(cred *unix.Ucred, m proto.Message, pidfd int) peer {
 	p := peer{pid: int(cred.Pid)}
 	vouched := p.pid != 0
@@ -59,8 +55,6 @@ func newPeer(cred *unix.Ucred, m proto.Message, pidfd int) peer {
 			// The start time read may be another process's that took
 			// the PID since.
 			p.pid = 0
-		default:
-			p.start = st
 		}
 	}
 	return p
@@ -114,17 +108,20 @@ func pidfdExited(pidfd int) bool {
 func (p peer) watchable() bool { return p.pid > 0 }
 
 // gone reports whether the peer process has exited (or is a zombie). It
-// reads /proc and holds no file descriptor, so CRIU may dump the app at any
-// moment of the watch.
+// opens no file: it is polled while kcr dumps the app, and an fd open at
+// the freeze would be in the image, where a restore fails to open
+// /proc/<kcr>/stat again once that kcr is gone. A PID that another process
+// took is not told apart; within the wait for kcr (at most the resume
+// timeout) that needs the PIDs to wrap around.
 func (p peer) gone() bool {
 	if p.pid <= 0 {
 		return false
 	}
-	st, err := procfs.ReadStat(p.pid)
-	if err != nil {
-		return os.IsNotExist(err)
-	}
-	return st.StartTime != p.start || st.Zombie()
+	// Through /proc, not kill(2): kcr's PID is in /proc's namespace, which
+	// need not be ours. A zombie has no executable left; another uid's
+	// process answers EACCES (alive, as far as this can tell).
+	_, err := os.Readlink("/proc/" + strconv.Itoa(p.pid) + "/exe")
+	return errors.Is(err, fs.ErrNotExist)
 }
 
 // hangup returns a channel closed when the peer of c closes its end (kcr

@@ -47,8 +47,8 @@ func TestNewPeerNamed(t *testing.T) {
 		{"pidfd, other uid", unix.Ucred{Pid: 0, Uid: uid + 1}, proto.Message{KCRPID: pid, KCRStart: start}, self, 0},
 	} {
 		p := newPeer(&c.cred, c.m, c.pidfd)
-		if p.pid != c.want || (c.want > 0 && p.start != start) {
-			t.Errorf("%s: peer %+v, want pid %d start %d", c.name, p, c.want, start)
+		if p.pid != c.want {
+			t.Errorf("%s: peer %+v, want pid %d", c.name, p, c.want)
 		}
 	}
 }
@@ -100,10 +100,35 @@ func TestIdentifyPeerPIDFD(t *testing.T) {
 	}
 	defer c.Close()
 	cred := &unix.Ucred{Pid: 0, Uid: uint32(os.Geteuid())}
-	if p := identifyPeer(c, cred, proto.Message{KCRPID: pid, KCRStart: start + 1}); p.pid != pid || p.start != start {
-		t.Errorf("peer %+v, want pid %d start %d (vouched for by its pidfd)", p, pid, start)
+	if p := identifyPeer(c, cred, proto.Message{KCRPID: pid, KCRStart: start + 1}); p.pid != pid {
+		t.Errorf("peer %+v, want pid %d (vouched for by its pidfd)", p, pid)
 	}
 	if p := identifyPeer(c, cred, proto.Message{KCRPID: os.Getppid(), KCRStart: start}); p.watchable() {
 		t.Errorf("peer %+v: a PID other than the peer's was taken", p)
+	}
+}
+
+// TestPeerGone: gone tells a live peer from one that exited, a zombie
+// included.
+func TestPeerGone(t *testing.T) {
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := peer{pid: cmd.Process.Pid}
+	if p.gone() {
+		t.Fatal("a running process is gone")
+	}
+	cmd.Process.Kill()
+	var info unix.Siginfo
+	if err := unix.Waitid(unix.P_PID, p.pid, &info, unix.WEXITED|unix.WNOWAIT, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !p.gone() {
+		t.Error("a zombie is not gone")
+	}
+	cmd.Wait()
+	if !p.gone() {
+		t.Error("a reaped process is not gone")
 	}
 }

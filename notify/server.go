@@ -46,7 +46,7 @@ type Server struct {
 	closed    bool
 	// draining is set by Shutdown: new checkpoints are refused.
 	draining bool
-	// knownStart is the start time of the instance the hooks last saw;
+	// knownStart is the key (instanceKey) of the instance the hooks last saw;
 	// watch runs a restore when it changes outside a cycle.
 	knownStart uint64
 	quit       chan struct{} // closed by Close
@@ -87,7 +87,7 @@ func (g *Registry) Start(opts ...Opt) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, _ := cfg.startTime(pid)
+	st, _ := cfg.instance(pid)
 	s := &Server{g: g, cfg: cfg, ln: ln, path: path, pid: pid, uid: os.Geteuid(), state: "idle", knownStart: st, quit: make(chan struct{})}
 	s.wg.Add(2)
 	go s.serve(ln)

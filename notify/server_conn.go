@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kcr-dev/kcr/internal/procfs"
 	"github.com/kcr-dev/kcr/notify/proto"
 )
 
@@ -189,7 +190,7 @@ func (s *Server) reply(c *net.UnixConn, m proto.Message) error {
 }
 
 func (s *Server) info() proto.Message {
-	st, _ := s.cfg.startTime(s.hostPID())
+	_, st, _ := procfs.Self()
 	gen, id := s.g.Identity()
 	s.mu.Lock()
 	state := s.state

@@ -40,7 +40,7 @@ func (s *Server) checkpoint(c *net.UnixConn, m proto.Message, kcr peer) {
 		return
 	}
 	budget, resumeAfter := s.limits(m)
-	st0, _ := s.cfg.startTime(s.pid)
+	st0, _ := s.cfg.instance(s.pid)
 	s.setState("checkpointing")
 	reports, berr := s.runBefore(cyc, c, m, budget)
 	switch {
@@ -209,7 +209,7 @@ func (s *Server) finish(cyc *cycle, ev Event, f *followup) {
 	cancel()
 	if ev.Kind == Restore {
 		// Before end, so that watch does not take this restore for another.
-		st, _ := s.cfg.startTime(s.pid)
+		st, _ := s.cfg.instance(s.pid)
 		s.mu.Lock()
 		s.knownStart = st
 		s.mu.Unlock()
@@ -264,7 +264,7 @@ func (s *Server) await(ch chan followup, st0 uint64, resumeAfter time.Duration, 
 	poll := time.NewTicker(s.cfg.pollEvery)
 	defer poll.Stop()
 	restored := func() bool {
-		st, err := s.cfg.startTime(s.pid)
+		st, err := s.cfg.instance(s.pid)
 		return err == nil && st != st0
 	}
 	// graceWait runs once the process knows it was restored but kcr's

@@ -55,6 +55,8 @@ func TestMain(m *testing.M) {
 			client.CheckpointRequest{HookBudget: 30 * time.Second, ResumeAfter: 2 * time.Minute})
 		fmt.Println("ANSWER", m.Type, err)
 		select {}
+	case "nofd":
+		nofdHelper()
 	case "app":
 		// An app (started in a PID namespace of its own): serves its
 		// control socket and prints each after-restore event.
@@ -531,7 +533,7 @@ func TestMaxSuspendCapsResumeAfter(t *testing.T) {
 func TestSelfDetectedRestore(t *testing.T) {
 	st := newFakeStart()
 	const grace = 200 * time.Millisecond
-	f := newFixture(t, notify.WithStartTimeFunc(st.read), notify.WithPollEvery(10*time.Millisecond), notify.WithRestoreGrace(grace))
+	f := newFixture(t, notify.WithInstanceFunc(st.read), notify.WithPollEvery(10*time.Millisecond), notify.WithRestoreGrace(grace))
 	gen0, id0 := f.g.Identity()
 	f.checkpoint(client.CheckpointRequest{HookBudget: time.Second, ResumeAfter: 10 * time.Second})
 	f.noAfter(50 * time.Millisecond)
@@ -551,7 +553,7 @@ func TestSelfDetectedRestore(t *testing.T) {
 
 func TestSelfDetectedRestoreThenLateMessage(t *testing.T) {
 	st := newFakeStart()
-	f := newFixture(t, notify.WithStartTimeFunc(st.read), notify.WithPollEvery(10*time.Millisecond), notify.WithRestoreGrace(3*time.Second))
+	f := newFixture(t, notify.WithInstanceFunc(st.read), notify.WithPollEvery(10*time.Millisecond), notify.WithRestoreGrace(3*time.Second))
 	_, id0 := f.g.Identity()
 	f.checkpoint(client.CheckpointRequest{HookBudget: time.Second, ResumeAfter: 10 * time.Second})
 	st.restore()
@@ -572,7 +574,7 @@ func TestSelfDetectedRestoreThenLateMessage(t *testing.T) {
 // app must still wait the grace for kcr's message and its generation.
 func TestRestoreDetectedByDeadline(t *testing.T) {
 	st := newFakeStart()
-	f := newFixture(t, notify.WithStartTimeFunc(st.read), notify.WithPollEvery(time.Hour), notify.WithRestoreGrace(3*time.Second))
+	f := newFixture(t, notify.WithInstanceFunc(st.read), notify.WithPollEvery(time.Hour), notify.WithRestoreGrace(3*time.Second))
 	f.checkpoint(client.CheckpointRequest{HookBudget: time.Second, ResumeAfter: 100 * time.Millisecond})
 	st.restore()
 	st.waitSeen(t) // when the deadline fired (the poll is an hour away)
@@ -589,7 +591,7 @@ func TestRestoreDetectedByDeadline(t *testing.T) {
 // that reaches a restored copy still makes it a new instance.
 func TestResumeToRestoredCopy(t *testing.T) {
 	st := newFakeStart()
-	f := newFixture(t, notify.WithStartTimeFunc(st.read), notify.WithPollEvery(time.Hour))
+	f := newFixture(t, notify.WithInstanceFunc(st.read), notify.WithPollEvery(time.Hour))
 	_, id0 := f.g.Identity()
 	f.checkpoint(client.CheckpointRequest{HookBudget: time.Second, ResumeAfter: 10 * time.Second})
 	st.restore()

@@ -36,10 +36,10 @@ func (s *Server) watch() {
 	}
 }
 
-// startChanged returns the process's start time and whether it differs
+// startChanged returns the process's instance key and whether it differs
 // from the known one: the process is a restored copy.
 func (s *Server) startChanged() (uint64, bool) {
-	st, err := s.cfg.startTime(s.hostPID())
+	st, err := s.cfg.instance(s.hostPID())
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return st, err == nil && st != s.knownStart

@@ -16,7 +16,7 @@ import (
 // instance, with its before hooks run first.
 func TestRestoreAfterSelfResume(t *testing.T) {
 	st := newFakeStart()
-	f := newFixture(t, notify.WithStartTimeFunc(st.read), notify.WithPollEvery(10*time.Millisecond))
+	f := newFixture(t, notify.WithInstanceFunc(st.read), notify.WithPollEvery(10*time.Millisecond))
 	_, id0 := f.g.Identity()
 	f.checkpoint(client.CheckpointRequest{HookBudget: time.Second, ResumeAfter: 100 * time.Millisecond})
 	if ev := f.waitAfter(3 * time.Second); ev.Kind != notify.Resume {
@@ -40,7 +40,7 @@ func TestRestoreAfterSelfResume(t *testing.T) {
 // not taken for a second one by the idle watch.
 func TestRestoreDetectedOnceAfterCycle(t *testing.T) {
 	st := newFakeStart()
-	f := newFixture(t, notify.WithStartTimeFunc(st.read), notify.WithPollEvery(10*time.Millisecond))
+	f := newFixture(t, notify.WithInstanceFunc(st.read), notify.WithPollEvery(10*time.Millisecond))
 	f.checkpoint(client.CheckpointRequest{HookBudget: time.Second, ResumeAfter: 10 * time.Second})
 	st.restore()
 	if _, err := client.Restored(ctx(t), f.path, 3, 5*time.Second); err != nil {
@@ -57,7 +57,7 @@ func TestRestoreDetectedOnceAfterCycle(t *testing.T) {
 // generation instead of being refused.
 func TestRestoredMessageAfterSelfResume(t *testing.T) {
 	st := newFakeStart()
-	f := newFixture(t, notify.WithStartTimeFunc(st.read), notify.WithPollEvery(time.Hour))
+	f := newFixture(t, notify.WithInstanceFunc(st.read), notify.WithPollEvery(time.Hour))
 	f.checkpoint(client.CheckpointRequest{HookBudget: time.Second, ResumeAfter: time.Nanosecond})
 	if ev := f.waitAfter(3 * time.Second); ev.Kind != notify.Resume {
 		t.Fatalf("self-resume event = %+v", ev)

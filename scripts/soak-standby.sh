@@ -38,11 +38,7 @@ need_build_run
 mode="${1:-short}"
 brokers="${KCR_KAFKA_BROKERS:-127.0.0.1:9092}"
 case "$mode" in
-# The short mode (CI) counts the duplicates no fault explains without
-# failing on them: kafka-go's Reader still processes a record again, about
-# once in 200 cycles, when its commit meets the start of a checkpoint
-# (docs/benchmarks-standby.md, "Runs 3–5"). The long mode fails on them.
-short) args=(-cycles 40 -faults 20 -max-time 150s -strict-duplicates=false) ;;
+short) args=(-cycles 40 -faults 20 -max-time 150s) ;;
 long) args=(-cycles 1000 -faults 200 -max-time "${KCR_SOAK_MAX_TIME:-4h}" -broker-restarts
 	-broker-restart-every "${KCR_SOAK_RESTART_EVERY:-25}") ;;
 *) die "unknown mode '$mode': short or long" ;;

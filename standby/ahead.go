@@ -76,6 +76,16 @@ func (b *engineBackend) close() {
 
 func (b *engineBackend) restoreOptions(dir, name string) engine.RestoreOptions {
 	o := engine.RestoreOptions{Image: dir + "/" + name, CRIU: b.o.CRIU, Logger: b.log}
+	if !b.o.Lazy {
+		// CRIU's log, kept after a failed restore with the image set
+		// aside; not in /tmp, where each would stay for good.
+		o.WorkDir = restoreWorkDir(dir, name)
+		os.RemoveAll(o.WorkDir) // a killed kcr standby's
+		if err := os.Mkdir(o.WorkDir, 0o700); err != nil {
+			b.log.Warn("standby: restore work directory", "err", err)
+			o.WorkDir = ""
+		}
+	}
 	if b.o.Lazy {
 		// Kept until the daemon is done (waitLazy); in the image
 		// directory, which is the caller's alone.

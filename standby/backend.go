@@ -130,6 +130,9 @@ func (b *engineBackend) restore(ctx context.Context, dir, name string) (proc, er
 	if err != nil {
 		return proc{}, err
 	}
+	if !b.o.Lazy {
+		os.RemoveAll(restoreWorkDir(dir, name))
+	}
 	b.forgetSocket()
 	b.lastRestore = res.Timings
 	if res.LazyPID > 0 {

@@ -225,6 +225,33 @@ func (d *imageDir) setAside(name string) (string, error) {
 	return to, nil
 }
 
+// keepRestoreLog moves the work directory of the failed restore of name
+// into its bad image aside, and returns the path of CRIU's log there ("" if
+// there is none).
+func (d *imageDir) keepRestoreLog(name, aside string) string {
+	to := filepath.Join(d.path, aside, restoreLogDir)
+	if err := os.Rename(restoreWorkDir(d.path, name), to); err != nil {
+		return ""
+	}
+	return filepath.Join(to, "restore.log")
+}
+
+// sweepRestoreWork removes the restore work directories that a killed kcr
+// standby left.
+func (d *imageDir) sweepRestoreWork() error {
+	ents, err := os.ReadDir(d.path)
+	if err != nil {
+		return fmt.Errorf("read --image-dir %s: %w", d.path, err)
+	}
+	var errs []error
+	for _, e := range ents {
+		if _, ok := imageNumber(strings.TrimPrefix(e.Name(), restoreWorkPrefix)); ok && e.IsDir() && strings.HasPrefix(e.Name(), restoreWorkPrefix) {
+			errs = append(errs, d.removeOwned(e.Name()))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // badImage is an image set aside after a failed restore:
 // bad-img-NNNNNN-UNIXTIME (setAside).
 type badImage struct {

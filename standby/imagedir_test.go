@@ -1,6 +1,8 @@
 package standby
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -174,5 +176,59 @@ func TestOpenImageDirRemovesStateTemps(t *testing.T) {
 	}
 	if p, err := d.readState(); err != nil || p.State != StateStandby {
 		t.Errorf("state file after the reopen: %+v, %v", p, err)
+	}
+}
+
+// A failed restore's work directory goes into its bad image aside; those of
+// restores a killed kcr standby left are swept, and nothing else is.
+func TestRestoreWorkKeptAndSwept(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "img")
+	d, err := openImageDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.close()
+	name := imageName(3)
+	writeImage(t, dir, name)
+	work := restoreWorkDir(dir, name)
+	if err := os.Mkdir(work, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(work, "restore.log"), []byte("Error (criu/files-reg.c:2353): ...\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	aside, err := d.setAside(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := d.keepRestoreLog(name, aside)
+	if b, err := os.ReadFile(log); err != nil || !strings.Contains(string(b), "Error") {
+		t.Fatalf("restore log %q in the bad image: %q, %v", log, b, err)
+	}
+	if _, err := os.Stat(work); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the work directory stayed: %v", err)
+	}
+	if got := d.keepRestoreLog(imageName(4), aside); got != "" {
+		t.Fatalf("keepRestoreLog without a work directory: %q, want \"\"", got)
+	}
+
+	left := restoreWorkDir(dir, imageName(5)) // a killed kcr standby's
+	if err := os.MkdirAll(filepath.Join(left, "sub"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(dir, "restore-notes") // not a restore's
+	if err := os.WriteFile(other, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.sweepRestoreWork(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(left); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the left work directory was not swept: %v", err)
+	}
+	for _, keep := range []string{other, filepath.Join(dir, aside, restoreLogDir)} {
+		if _, err := os.Stat(keep); err != nil {
+			t.Fatalf("%s was removed: %v", keep, err)
+		}
 	}
 }

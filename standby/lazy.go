@@ -18,6 +18,15 @@ import (
 // lazyWorkDir is the lazy-pages daemon's work directory for the image name.
 func lazyWorkDir(dir, name string) string { return filepath.Join(dir, "lazy-"+name) }
 
+// restoreWorkDir is the work directory of the image name's restore: it
+// holds CRIU's log, which a failed restore leaves and the image set aside
+// takes along (restoreLogDir).
+func restoreWorkDir(dir, name string) string { return filepath.Join(dir, restoreWorkPrefix+name) }
+
+// restoreLogDir is where a bad image keeps its failed restore's work
+// directory.
+const restoreLogDir = "restore-log"
+
 // noteLazy records the lazy-pages daemon a restore left running.
 func (b *engineBackend) noteLazy(pid int, work string) {
 	b.lazy, b.lazyWork = proc{}, work

@@ -41,6 +41,7 @@ const (
 	controlSocketName     = "standby.sock"
 	imagePrefix           = "img-"
 	badPrefix             = "bad-"
+	restoreWorkPrefix     = "restore-"
 	defaultServiceLogName = "service.log"
 	failedDumpLogName     = "last-failed-dump.log"
 	// DefaultKeepBad is how many images set aside after failed restores

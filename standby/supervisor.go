@@ -284,6 +284,9 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	// What an earlier kcr standby set aside beyond Options.KeepBad, or
 	// left half-removed.
 	s.pruneBad()
+	if err := s.dir.sweepRestoreWork(); err != nil {
+		s.log.Warn("standby: removing the work directories of interrupted restores", "err", err)
+	}
 	r := s.resolve(ctx)
 	c := &run{next: r.next, p: r.p, reason: r.reason, src: "resume", at: time.Now()}
 	switch r.next {
@@ -718,7 +721,11 @@ func (s *Supervisor) restore(ctx context.Context, source string, wokeAt time.Tim
 			return proc{}, err
 		}
 		aside, aerr := s.dir.setAside(s.image)
-		s.log.Error("standby: restore failed; starting the service cold", "image", s.image, "kept_as", aside, "err", err, "aside_err", aerr)
+		log := ""
+		if aerr == nil {
+			log = s.dir.keepRestoreLog(s.image, aside)
+		}
+		s.log.Error("standby: restore failed; starting the service cold", "image", s.image, "kept_as", aside, "restore_log", log, "err", err, "aside_err", aerr)
 		s.pruneBad()
 		next := ""
 		if imgs, _ := s.dir.imagesNewestFirst(); len(imgs) > 0 {

@@ -409,8 +409,20 @@ func TestStandbyFailures(t *testing.T) {
 	if n := s.countLogs("standby: restore failed; starting the service cold", "image", st.Image); n != 1 {
 		t.Fatalf("%d failed restores logged, want 1", n)
 	}
-	if bad, _ := filepath.Glob(filepath.Join(dir, "bad-"+st.Image+"-*")); len(bad) != 1 {
+	bad, _ := filepath.Glob(filepath.Join(dir, "bad-"+st.Image+"-*"))
+	if len(bad) != 1 {
 		t.Fatalf("the bad image was not kept aside: %v", bad)
+	}
+	// CRIU's log goes with it, not to /tmp, where every failed restore
+	// of months under kcr standby would leave one.
+	if b, err := os.ReadFile(filepath.Join(bad[0], "restore-log", "restore.log")); err != nil || !bytes.Contains(b, []byte("Error")) {
+		t.Fatalf("the bad image has no restore log with CRIU's error: %v", err)
+	}
+	if n := s.countLogs("standby: restore failed; starting the service cold", "restore_log", filepath.Join(bad[0], "restore-log", "restore.log")); n != 1 {
+		t.Fatalf("the failed restore's log line does not name the log kept (%d)", n)
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, "restore-*")); len(left) != 0 {
+		t.Fatalf("restore work directories left: %v", left)
 	}
 
 	// The service crashes.

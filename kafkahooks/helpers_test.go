@@ -367,3 +367,10 @@ func groupRig(t *testing.T, partitions int32, topic string, n int) (*fake, *kadm
 	writeBatch(t, k.addrs, topic, log, n)
 	return k, admin(t, k.addrs), notify.NewRegistry(), log, sink
 }
+
+// waitingLen returns how many partitions have commits waiting at the gate.
+func (r *Reader) waitingLen() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.waiting)
+}

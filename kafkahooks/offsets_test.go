@@ -2,6 +2,7 @@ package kafkahooks
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -267,105 +268,65 @@ func TestHandedInAppWaiting(t *testing.T) {
 	}
 }
 
-// A commit that reaches the gate after the hook looked at the commits
-// waiting there (its records fetched just before the gate closed) is
-// awaited and sent before the kafka.Reader leaves: the soak's kafka-go
-// service processed such records twice, as its restored copy was handed
-// them again.
-func TestReaderLateCommitAwaited(t *testing.T) {
-	const topic, group = "latec", "latecg"
-	k := newFake(t, 1, topic)
-	reg := notify.NewRegistry()
-	log, _ := newLog(t)
-	writeBatch(t, k.addrs, topic, log, 10)
-	r := NewReader(groupConfig(k.addrs, group, topic, "latec"), WithRegistry(reg), WithLogger(log))
-	defer r.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	fetchCommitInOrder(t, ctx, r, 2)
-	var late []kafka.Message
-	for range 3 {
-		m, err := r.FetchMessage(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		late = append(late, m)
-	}
-	committed := make(chan error, 1)
-	var once sync.Once
-	defer func(f func(*Reader)) { beforeFlushWaiting = f }(beforeFlushWaiting)
-	beforeFlushWaiting = func(r *Reader) {
-		once.Do(func() {
-			go func() {
-				time.Sleep(150 * time.Millisecond) // the application still processing
-				committed <- r.CommitMessages(ctx, late...)
-			}()
-		})
-	}
-	res := hooktest.SimulateOK(t, context.Background(), reg, notify.SimRestore, 5*time.Second)
-	rep := decodeReport[ReaderReport](t, res.Before[0].Details)
-	if rep.ReaderCheckpoint == nil || rep.CommitError != "" || rep.RecordsInApp != 0 || rep.CommitWaitMS < 100 {
-		t.Fatalf("before report %v: want the late commit awaited (commit_wait_ms >= 100), no commit error, nothing in the application's hands", res.Before[0].Details)
-	}
-	if err := <-committed; err != nil {
-		t.Fatalf("the late commit: %v", err)
-	}
-	if at := committedAt(t, admin(t, k.addrs), group, topic, 0); at != 5 {
-		t.Fatalf("committed offset %d after the restore, want 5 (the late commit sent before the reader left)", at)
-	}
-	if m, err := r.FetchMessage(ctx); err != nil || m.Offset != 5 {
-		t.Fatalf("first fetch after the restore: offset %d, %v; want 5", m.Offset, err)
-	}
-}
-
 // A commit that reaches the gate as the checkpoint begins (its records
 // fetched before, processed, committed a moment late) is flushed before
 // the kafka.Reader closes: the restored copy goes on after those records
 // instead of being handed them again, and the waiting call returns nil.
-func TestReaderWaitingCommitFlushed(t *testing.T) {
-	const topic, group = "waitc", "waitcg"
-	k := newFake(t, 1, topic)
-	reg := notify.NewRegistry()
-	log, _ := newLog(t)
-	writeBatch(t, k.addrs, topic, log, 10)
-	r := NewReader(groupConfig(k.addrs, group, topic, "waitc"), WithRegistry(reg), WithLogger(log))
-	defer r.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	fetchCommitInOrder(t, ctx, r, 2)
-	var late []kafka.Message
-	for range 3 {
-		m, err := r.FetchMessage(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		late = append(late, m)
-	}
-	committed := make(chan error, 1)
-	defer func(f func(*Reader)) { beforeFlushWaiting = f }(beforeFlushWaiting)
-	beforeFlushWaiting = func(r *Reader) {
-		go func() { committed <- r.CommitMessages(ctx, late...) }()
-		for {
-			r.mu.Lock()
-			n := len(r.waiting)
-			r.mu.Unlock()
-			if n > 0 {
-				return
+// "late": the commit comes after the hook looked at the gate (the app
+// still processing), and the hook waits for it (WithCommitWait); the soak's
+// kafka-go service processed such records twice, as its restored copy was
+// handed them again.
+func TestReaderCommitsAtTheGate(t *testing.T) {
+	for _, late := range []bool{false, true} {
+		t.Run(fmt.Sprintf("late=%v", late), func(t *testing.T) {
+			const topic, group = "waitc", "waitcg"
+			k := newFake(t, 1, topic)
+			reg := notify.NewRegistry()
+			log, _ := newLog(t)
+			writeBatch(t, k.addrs, topic, log, 10)
+			r := NewReader(groupConfig(k.addrs, group, topic, "waitc"), WithRegistry(reg), WithLogger(log))
+			defer r.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			fetchCommitInOrder(t, ctx, r, 2)
+			var held []kafka.Message
+			for range 3 {
+				m, err := r.FetchMessage(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				held = append(held, m)
 			}
-			time.Sleep(time.Millisecond)
-		}
-	}
-	res := hooktest.SimulateOK(t, context.Background(), reg, notify.SimRestore, 5*time.Second)
-	if rep := decodeReport[ReaderReport](t, res.Before[0].Details); rep.ReaderCheckpoint == nil || rep.CommitError != "" || rep.RecordsInApp != 0 {
-		t.Fatalf("before report %v: want no commit error and nothing in the application's hands", res.Before[0].Details)
-	}
-	if err := <-committed; err != nil {
-		t.Fatalf("the commit waiting at the gate: %v", err)
-	}
-	if at := committedAt(t, admin(t, k.addrs), group, topic, 0); at != 5 {
-		t.Fatalf("committed offset %d after the restore, want 5 (the waiting commit flushed)", at)
-	}
-	if m, err := r.FetchMessage(ctx); err != nil || m.Offset != 5 {
-		t.Fatalf("first fetch after the restore: offset %d, %v; want 5", m.Offset, err)
+			committed := make(chan error, 1)
+			var once sync.Once
+			defer func(f func(*Reader)) { beforeFlushWaiting = f }(beforeFlushWaiting)
+			beforeFlushWaiting = func(r *Reader) {
+				once.Do(func() {
+					go func() {
+						if late {
+							time.Sleep(150 * time.Millisecond) // the application still processing
+						}
+						committed <- r.CommitMessages(ctx, held...)
+					}()
+					for !late && r.waitingLen() == 0 {
+						time.Sleep(time.Millisecond)
+					}
+				})
+			}
+			res := hooktest.SimulateOK(t, context.Background(), reg, notify.SimRestore, 5*time.Second)
+			rep := decodeReport[ReaderReport](t, res.Before[0].Details)
+			if rep.ReaderCheckpoint == nil || rep.CommitError != "" || rep.RecordsInApp != 0 || late && rep.CommitWaitMS < 100 {
+				t.Fatalf("before report %v: want no commit error, nothing in the application's hands (and, late, commit_wait_ms >= 100)", res.Before[0].Details)
+			}
+			if err := <-committed; err != nil {
+				t.Fatalf("the commit at the gate: %v", err)
+			}
+			if at := committedAt(t, admin(t, k.addrs), group, topic, 0); at != 5 {
+				t.Fatalf("committed offset %d after the restore, want 5 (the commit sent before the reader left)", at)
+			}
+			if m, err := r.FetchMessage(ctx); err != nil || m.Offset != 5 {
+				t.Fatalf("first fetch after the restore: offset %d, %v; want 5", m.Offset, err)
+			}
+		})
 	}
 }

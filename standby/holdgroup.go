@@ -63,8 +63,11 @@ type holdSaved struct {
 const (
 	// holdSession outlasts a broker restart: the placeholder stays a
 	// member while its coordinator moves or reloads.
-	holdSession   = 30 * time.Second
-	holdRebalance = 10 * time.Second
+	holdSession = 30 * time.Second
+	// holdPendingSession is the first join's: how long the broker keeps
+	// the pending member that join creates (memberID).
+	holdPendingSession = 6 * time.Second
+	holdRebalance      = 10 * time.Second
 	// Heartbeats while the service checkpoints (the placeholder rejoins
 	// as soon as the service's member left) and while it sleeps.
 	holdBeatArmed  = 200 * time.Millisecond

@@ -3,6 +3,7 @@ package standby
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"slices"
@@ -566,4 +567,48 @@ func TestGroupHoldReleasesRestoredPlaceholder(t *testing.T) {
 		t.Errorf("the placeholder nobody heartbeats (%s) was not removed; hold results %v", m.id, r.rec.holdResults())
 	}
 	e.waitOnly(5*time.Second, "svc")
+}
+
+// The first join asks for a short session: its pending member is what a
+// kcr standby killed before it recorded the id leaves behind, and every
+// rebalance waits for it until that session ends. The join that makes the
+// member asks for holdSession; so does a first join again where the broker
+// refuses the short session.
+func TestGroupHoldPendingSession(t *testing.T) {
+	for _, refuse := range []bool{false, true} {
+		t.Run(fmt.Sprintf("refused=%v", refuse), func(t *testing.T) {
+			e := newHoldEnv(t, false)
+			var mu sync.Mutex
+			var first, second []int32
+			e.c.ControlKey(int16(kmsg.JoinGroup), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+				e.c.KeepControl()
+				req := kr.(*kmsg.JoinGroupRequest)
+				mu.Lock()
+				defer mu.Unlock()
+				if req.MemberID != "" {
+					second = append(second, req.SessionTimeoutMillis)
+					return nil, nil, false
+				}
+				first = append(first, req.SessionTimeoutMillis)
+				if refuse && req.SessionTimeoutMillis < int32(holdSession.Milliseconds()) {
+					resp := req.ResponseKind().(*kmsg.JoinGroupResponse)
+					resp.ErrorCode = kerr.InvalidSessionTimeout.Code
+					return resp, nil, true
+				}
+				return nil, nil, false
+			})
+			h, _ := e.placeholder("range")
+			defer h.cl.Close()
+			mu.Lock()
+			defer mu.Unlock()
+			short, long := int32(holdPendingSession.Milliseconds()), int32(holdSession.Milliseconds())
+			wantFirst := []int32{short}
+			if refuse {
+				wantFirst = append(wantFirst, long)
+			}
+			if !slices.Equal(first, wantFirst) || !slices.Equal(second, []int32{long}) {
+				t.Fatalf("session timeouts asked: first joins %v, member's join %v; want %v and [%d]", first, second, wantFirst, long)
+			}
+		})
+	}
 }

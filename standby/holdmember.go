@@ -126,13 +126,27 @@ func (h *groupHold) canRejoin(ctx context.Context, armed bool) bool {
 }
 
 // memberID makes m's first join: the broker answers with the member id
-// the next join makes a member (MEMBER_ID_REQUIRED), and creates nothing.
+// the next join makes a member (MEMBER_ID_REQUIRED).
+//
+// The broker keeps that id as a pending member for the first join's
+// session, and a rebalance waits for it. A kcr standby killed before it
+// recorded the id leaves one that no later one can remove (the soak: a
+// restored member's join waited 21 s for such a member). So the first join
+// asks for the shortest session a broker allows by default
+// (group.min.session.timeout.ms), and holdSession where that is refused.
 func (h *groupHold) memberID(ctx context.Context, m *holdMember) error {
 	m.id, m.held = "", false
-	resp, err := h.joinRequest(m).RequestWith(ctx, h.cl)
+	resp, err := h.joinRequest(m, holdPendingSession).RequestWith(ctx, h.cl)
 	h.report()
 	if err == nil {
 		err = kerr.ErrorForCode(resp.ErrorCode)
+	}
+	if errors.Is(err, kerr.InvalidSessionTimeout) {
+		resp, err = h.joinRequest(m, holdSession).RequestWith(ctx, h.cl)
+		h.report()
+		if err == nil {
+			err = kerr.ErrorForCode(resp.ErrorCode)
+		}
 	}
 	if !errors.Is(err, kerr.MemberIDRequired) {
 		if err == nil {
@@ -168,11 +182,11 @@ func (h *groupHold) record(m *holdMember, id string) error {
 
 // joinRequest is the placeholder's JoinGroup: the service's protocol,
 // with a subscription to no topic.
-func (h *groupHold) joinRequest(m *holdMember) *kmsg.JoinGroupRequest {
+func (h *groupHold) joinRequest(m *holdMember, session time.Duration) *kmsg.JoinGroupRequest {
 	meta := kmsg.NewConsumerMemberMetadata()
 	req := kmsg.NewPtrJoinGroupRequest()
 	req.Group, req.MemberID = h.o.Group, m.id
-	req.SessionTimeoutMillis = int32(holdSession.Milliseconds())
+	req.SessionTimeoutMillis = int32(session.Milliseconds())
 	req.RebalanceTimeoutMillis = int32(holdRebalance.Milliseconds())
 	req.ProtocolType = "consumer"
 	reason := holdReason
@@ -188,7 +202,7 @@ func (h *groupHold) joinRequest(m *holdMember) *kmsg.JoinGroupRequest {
 // placeholders; with real members it cannot run their assignor, so it
 // leaves (errLeft) and they rebalance without it.
 func (h *groupHold) joinSync(ctx context.Context, m *holdMember, asleep bool) error {
-	resp, err := h.joinRequest(m).RequestWith(ctx, h.cl)
+	resp, err := h.joinRequest(m, holdSession).RequestWith(ctx, h.cl)
 	h.report()
 	if err == nil {
 		err = kerr.ErrorForCode(resp.ErrorCode)

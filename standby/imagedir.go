@@ -226,11 +226,17 @@ func (d *imageDir) setAside(name string) (string, error) {
 }
 
 // keepRestoreLog moves the work directory of the failed restore of name
-// into its bad image aside, and returns the path of CRIU's log there ("" if
-// there is none).
+// into its bad image aside, and returns the path of CRIU's log there. A
+// restore that failed before CRIU ran (the image did not verify) has no
+// log: its work directory is removed, and the path is "".
 func (d *imageDir) keepRestoreLog(name, aside string) string {
+	work := restoreWorkDir(d.path, name)
+	if _, err := os.Lstat(filepath.Join(work, "restore.log")); err != nil {
+		os.RemoveAll(work)
+		return ""
+	}
 	to := filepath.Join(d.path, aside, restoreLogDir)
-	if err := os.Rename(restoreWorkDir(d.path, name), to); err != nil {
+	if err := os.Rename(work, to); err != nil {
 		return ""
 	}
 	return filepath.Join(to, "restore.log")

@@ -211,6 +211,17 @@ func TestRestoreWorkKeptAndSwept(t *testing.T) {
 	if got := d.keepRestoreLog(imageName(4), aside); got != "" {
 		t.Fatalf("keepRestoreLog without a work directory: %q, want \"\"", got)
 	}
+	// A restore that failed before CRIU ran: no log, nothing kept.
+	empty := restoreWorkDir(dir, imageName(4))
+	if err := os.Mkdir(empty, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if got := d.keepRestoreLog(imageName(4), aside); got != "" {
+		t.Fatalf("keepRestoreLog of a work directory without a log: %q, want \"\"", got)
+	}
+	if _, err := os.Stat(empty); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the empty work directory stayed: %v", err)
+	}
 
 	left := restoreWorkDir(dir, imageName(5)) // a killed kcr standby's
 	if err := os.MkdirAll(filepath.Join(left, "sub"), 0o700); err != nil {

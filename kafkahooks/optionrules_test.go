@@ -355,8 +355,8 @@ func TestCarriedFatalError(t *testing.T) {
 	tmpl.Async = true
 	tmpl.Completion = func(msgs []kafka.Message, err error) {
 		if err != nil {
+			lastErr.Store(err) // before the count a test waits on
 			failed.Add(int64(len(msgs)))
-			lastErr.Store(err)
 		}
 	}
 	w := NewWriter(tmpl, WithRegistry(reg), WithLogger(log), WithRetryBackoff(10*time.Millisecond, 50*time.Millisecond))

@@ -41,8 +41,10 @@ func carryTopicCase(t *testing.T, k *fake, topic string, n int, tmplSet func(*ka
 	tmpl.Async = true
 	tmpl.Completion = func(msgs []kafka.Message, err error) {
 		if err != nil {
-			failed.Add(int64(len(msgs)))
+			// Stored before the count a test waits on, so that it reads
+			// this error once the count is reached.
 			lastErr.Store(err)
+			failed.Add(int64(len(msgs)))
 			return
 		}
 		ok.Add(int64(len(msgs)))

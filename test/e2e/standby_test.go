@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kcr-dev/kcr/internal/procfs"
 )
 
 // sbRun is a running kcr standby.
@@ -65,6 +67,14 @@ func (k *kafkaEnv) startStandbyNoKafka(dir string, flags []string, svc ...string
 		<-s.done
 		if pid := s.statePID(); pid > 0 {
 			killWait(pid)
+		}
+		// Also a copy the state file does not name as running (kcr
+		// standby killed as it restored or checkpointed it): left
+		// running, it would consume for the rest of the suite.
+		if abs, err := filepath.Abs(s.dir); err == nil {
+			for _, m := range procfs.NamespaceInitsWith("KCR_STANDBY_DIR=" + abs) {
+				killWait(m.PID)
+			}
 		}
 		if t.Failed() {
 			b, _ := os.ReadFile(s.errLog)

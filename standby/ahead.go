@@ -85,8 +85,7 @@ func (b *engineBackend) restoreOptions(dir, name string) engine.RestoreOptions {
 			b.log.Warn("standby: restore work directory", "err", err)
 			o.WorkDir = ""
 		}
-	}
-	if b.o.Lazy {
+	} else {
 		// Kept until the daemon is done (waitLazy); in the image
 		// directory, which is the caller's alone.
 		o.Lazy, o.WorkDir = true, lazyWorkDir(dir, name)

@@ -100,9 +100,19 @@ func (c *watchedCount) Add(d int64) int64 {
 // and waits at it while it is closed; call returns again=true when a
 // checkpoint began under it and the call must be decided afresh after it.
 func gatedCall[T, S, R any, P gateView[S]](ctx context.Context, g *gate[S, P, R], closedErr error, call func(s P) (v T, again bool, err error)) (T, error) {
+	return gatedCallAt(ctx, g, closedErr, nil, call)
+}
+
+// gatedCallAt is gatedCall that runs atGate, when set, each time the call
+// is about to wait at a closed gate of a resource still open: a caller that
+// the checkpoint must know about (a commit) is noted before it blocks.
+func gatedCallAt[T, S, R any, P gateView[S]](ctx context.Context, g *gate[S, P, R], closedErr error, atGate func(), call func(s P) (v T, again bool, err error)) (T, error) {
 	for {
 		s := P(g.state.Load())
 		if ch, closed := s.blocking(); ch != nil || closed {
+			if atGate != nil && !closed {
+				atGate()
+			}
 			if err := g.wait(ctx, s, closedErr); err != nil {
 				var zero T
 				return zero, err

@@ -361,23 +361,17 @@ func (r *Reader) CommitMessages(ctx context.Context, msgs ...kafka.Message) erro
 			r.noteWaiting(msgs, -1)
 		}
 	}()
-	for {
-		s := r.state.Load()
-		if ch, closed := s.blocking(); ch != nil || closed {
-			if !noted && !closed && len(msgs) > 0 {
-				noted = true
-				r.noteWaiting(msgs, 1)
-			}
-			if err := r.wait(ctx, s, io.ErrClosedPipe); err != nil {
-				return err
-			}
-			continue
-		}
-		again, err := r.commitOnce(ctx, s, msgs)
-		if !again {
-			return err
+	atGate := func() {
+		if !noted && len(msgs) > 0 {
+			noted = true
+			r.noteWaiting(msgs, 1)
 		}
 	}
+	_, err := gatedCallAt(ctx, &r.gate, io.ErrClosedPipe, atGate, func(s *readerState) (struct{}, bool, error) {
+		again, err := r.commitOnce(ctx, s, msgs)
+		return struct{}{}, again, err
+	})
+	return err
 }
 
 // commitOnce commits msgs through the generation of s; again says that a

@@ -65,12 +65,11 @@ func (k *kafkaEnv) startStandbyNoKafka(dir string, flags []string, svc ...string
 	t.Cleanup(func() {
 		s.cmd.Process.Kill()
 		<-s.done
-		if pid := s.statePID(); pid > 0 {
-			killWait(pid)
-		}
-		// Also a copy the state file does not name as running (kcr
-		// standby killed as it restored or checkpointed it): left
-		// running, it would consume for the rest of the suite.
+		// Every copy of the service, as kcr standby finds them (the
+		// marker and a PID namespace of its own), not only one the state
+		// file names running: a kcr standby killed as it restored or
+		// checkpointed leaves one running, which would consume for the
+		// rest of the suite.
 		if abs, err := filepath.Abs(s.dir); err == nil {
 			for _, m := range procfs.NamespaceInitsWith("KCR_STANDBY_DIR=" + abs) {
 				killWait(m.PID)

@@ -17,7 +17,7 @@ import (
 // KdatPath is where CRIU, run as root, keeps its kernel probe (kerndat)
 // between runs. It reads that file wherever it is, but writes it only when
 // its directory is a tmpfs (so that a reboot drops it): elsewhere every
-// CRIU run probes the kernel again (25-30 ms).
+// CRIU run probes the kernel again (its cost: docs/benchmarks.md).
 const KdatPath = "/run/criu.kdat"
 
 // KdatCache is a kernel probe kept for CRIU at KdatPath, on a host whose

@@ -90,13 +90,13 @@ func Doctor(ctx context.Context, explicitCRIU string) []Check {
 
 // kdatCacheNote warns when CRIU cannot keep its kernel-feature cache
 // (/run/criu.kdat, kept only on tmpfs): every CRIU run then probes the
-// kernel again, about 30 ms of each dump and restore on the build machine.
+// kernel again, a cost docs/benchmarks.md measures.
 func kdatCacheNote(runFSType int64) (Check, bool) {
 	if runFSType == unix.TMPFS_MAGIC {
 		return Check{}, false
 	}
 	return Check{Name: "note: CRIU kernel cache", OK: true,
-		Detail: "/run is not tmpfs, so CRIU cannot keep /run/criu.kdat and probes the kernel on every run (about 30 ms of each dump and restore): make /run a tmpfs, as systemd does"}, true
+		Detail: "/run is not tmpfs, so CRIU cannot keep /run/criu.kdat and probes the kernel on every dump and restore: make /run a tmpfs, as systemd does"}, true
 }
 
 func fileExists(p string) bool {

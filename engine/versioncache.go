@@ -11,8 +11,8 @@ import (
 	"github.com/kcr-dev/kcr/criu"
 )
 
-// Running "criu --version" costs about 10 ms here (a wrapper, a private
-// loader, CRIU's libraries), on every restore and container checkpoint (a
+// Running "criu --version" starts a wrapper, a private loader and CRIU's
+// libraries, on every restore and container checkpoint (a
 // checkpoint asks its own swrk instead: criu.Session.Version). The answer is
 // remembered per binary, keyed by the identity of the file that kcr runs:
 // reinstalling or replacing CRIU changes its inode, size or times, and the

@@ -22,7 +22,7 @@ func (b *engineBackend) cacheKdat(ctx context.Context, criuPath, dir string) {
 	}
 	k, err := criu.CacheKdat(ctx, criuPath, dir)
 	if err != nil {
-		b.log.Warn("standby: CRIU's kernel probe is not cached; every checkpoint and restore probes again (25-30 ms)", "err", err)
+		b.log.Warn("standby: CRIU's kernel probe is not cached; every checkpoint and restore probes again", "err", err)
 		return
 	}
 	b.kdat = k

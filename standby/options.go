@@ -145,7 +145,7 @@ type Options struct {
 	CRIU string
 	// NoKdatCache turns off the cache of CRIU's kernel probe. Where /run
 	// is not a tmpfs (most containers), CRIU probes the kernel at every
-	// run (25-30 ms); by default the supervisor keeps one probe for its
+	// run (docs/benchmarks.md has its cost); by default the supervisor keeps one probe for its
 	// lifetime (criu.CacheKdat).
 	NoKdatCache bool
 	// Lazy restores the service's memory on demand (userfaultfd, CRIU's

@@ -12,8 +12,8 @@ import (
 // with its date, commit and command. Every other page quotes it with a link
 // there, or does not quote it.
 //
-// The rule, precisely. A figure is a number with a unit of time, size, rate
-// or share (figure below). In a user page other than the benchmark pages,
+// The rule, precisely. A figure is a number or a range ("28–34 ms") with a
+// unit of time, size, rate or share (figure below). In a user page other than the benchmark pages,
 // outside fenced code, code spans and link targets, every figure must be
 // one of:
 //
@@ -24,16 +24,17 @@ import (
 //   - a setting: a default, a limit or a configured value, which no run
 //     measures. Such a figure has a setting word (settingWord) among the six
 //     words before it or the three after it, within its clause (clauses end
-//     at . ; : and parentheses), e.g. "every 25 ms", "30 s by default",
+//     at . and ;), e.g. "every 25 ms", "30 s by default",
 //     "16 MiB at most", "the 30 s session", "(default 10 s)".
 //
 // A value the user types or the code sets may also be written as code
 // (`--idle 60s`, `10s` in a flag table), which the rule does not read.
-var figure = regexp.MustCompile(`(?:^|[^\p{L}\p{N}_.\-])(\d+(?:[.,]\d+)*)(?:[ \x{00a0}]?)(ns|µs|us|ms|min|h|s|KiB|MiB|GiB|TiB|kB|MB|GB|requests/s|records/s|req/s|%|x faster|× faster)(?:[^\p{L}\p{N}_]|$)`)
+var figure = regexp.MustCompile(`(?:^|[^\p{L}\p{N}_.\-])(\d+(?:[.,]\d+)*(?:[ \x{00a0}]?[–-][ \x{00a0}]?\d+(?:[.,]\d+)*)?)(?:[ \x{00a0}]?)(ns|µs|us|ms|milliseconds|seconds|minutes|hours|min|h|s|KiB|MiB|GiB|TiB|kB|MB|GB|requests/s|records/s|req/s|%|x faster|× faster)(?:[^\p{L}\p{N}_]|$)`)
 
 // settingWord names what a non-measured figure is: a default, a bound, a
-// period, or one of the timers a setting sets.
-var settingWord = regexp.MustCompile(`(?i)^(default|defaults|by default|at most|up to|at least|every|limit|limits|limited|cap|capped|bound|bounded|timeout|session|deadline|interval|delay|budget|backoff|maximum|minimum|max|min|most|least)$`)
+// period, or one of the timers a setting sets. Matched against single words
+// and pairs of words.
+var settingWord = regexp.MustCompile(`^(default|defaults|by default|at most|up to|at least|every|limit|limits|limited|cap|capped|clamped|bound|bounded|threshold|timeout|session|deadline|interval|delay|budget|backoff|maximum|minimum)$`)
 
 // benchmarkLink is a link to a benchmark page, relative to docs/ or to the root.
 var benchmarkLink = regexp.MustCompile(`\]\(((?:docs/)?benchmarks[a-z-]*\.md)(?:#[^)\s]*)?\)`)
@@ -131,7 +132,7 @@ func normalFigure(fig string) string {
 }
 
 // clauseEnd splits a clause from its neighbours.
-var clauseEnd = regexp.MustCompile(`[.;:()]\s|[();]`)
+var clauseEnd = regexp.MustCompile(`[.;]\s|;`)
 
 // isSetting reports whether a setting word is among the six words before the
 // figure or the three after it, within its clause.
@@ -154,9 +155,11 @@ func isSetting(before, after string) bool {
 	if len(a) > 3 {
 		a = a[:3]
 	}
-	for _, w := range append(b, a...) {
-		if settingWord.MatchString(w) {
-			return true
+	for _, ws := range [][]string{b, a} {
+		for i, w := range ws {
+			if settingWord.MatchString(w) || i > 0 && settingWord.MatchString(ws[i-1]+" "+w) {
+				return true
+			}
 		}
 	}
 	return false

@@ -157,3 +157,29 @@ func anchor(title string) string {
 	}
 	return b.String()
 }
+
+// TestHistoryRule holds the history rule to cases, in prose as in headings.
+func TestHistoryRule(t *testing.T) {
+	for _, c := range []struct {
+		text    string
+		commits bool
+		want    int
+	}{
+		{"kcr kills CRIU once the dumped process is gone.", true, 0},
+		{"### Run 7: the head after run 6's fixes", false, 1},
+		{"The leave is retried. Run 2's failure: CRIU hung.", false, 1},
+		{"Before this (commit 2060295), two things went\nwrong.", false, 1},
+		{"Before this (commit 2060295), two things went\nwrong.", true, 2},
+		{"The hook was slow; we\nfixed it.", false, 1},
+		{"Without the\nfix the member waited.", false, 1},
+		{"2026-12-06, commit a0c0fd8, `scripts/bench.sh`.", false, 0},
+		{"2026-12-06, commit a0c0fd8, `scripts/bench.sh`.", true, 1},
+		{"It came out of two reviews (issues 8 and 23).", false, 1},
+		{"## What changed", false, 1},
+		{"Each run of the soak restarts the broker.", false, 0},
+	} {
+		if got := len(historyIn(c.text, c.commits)); got != c.want {
+			t.Errorf("%q (commits %v): %d passages of history, want %d", c.text, c.commits, got, c.want)
+		}
+	}
+}

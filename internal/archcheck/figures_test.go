@@ -212,3 +212,38 @@ func blocks(page string) []block {
 }
 
 var listNumber = regexp.MustCompile(`^\d+\. `)
+
+// TestFigureRule holds the rule itself to cases, so that it cannot drift
+// into passing everything.
+func TestFigureRule(t *testing.T) {
+	bench := map[string]string{"benchmarks.md": normalFigures("| probe | 28–34 ms |\nwake p50 112 ms")}
+	for _, c := range []struct {
+		text string
+		bad  []string
+	}{
+		{"A checkpoint takes 42 ms here.", []string{"42 ms"}},
+		{"kcr standby holds a few MiB, 26.5 MiB here.", []string{"26.5 MiB"}},
+		{"It sends ~0.2 requests/s while asleep.", []string{"0.2 requests/s"}},
+		{"A range: 25–30 ms.", []string{"25–30 ms"}},
+		{"The probe costs [28–34 ms](benchmarks.md#probe).", nil},
+		{"The probe costs 28–34 ms\n([measured](benchmarks.md#probe)).", nil},
+		{"The probe costs [about 30 ms](benchmarks.md#probe).", []string{"30 ms"}},
+		{"The probe costs 28–34 ms ([elsewhere](kubernetes.md)).", []string{"28–34 ms"}},
+		{"The session lasts 30 s by default.", nil},
+		{"It reads at most 16 MiB.", nil},
+		{"It polls every 25 ms. It took 40 ms.", []string{"40 ms"}},
+		{"The placeholder's session (30 s) outlasts it.", nil},
+		{"Run `kcr standby --idle 60s`.", nil},
+		{"```\ncold start 3064 ms\n```", nil},
+		{"| a | 5.4 s |", []string{"5.4 s"}},
+		{"KIP-848 s and v1.2 are no figures.", nil},
+	} {
+		var got []string
+		for _, v := range figureViolations(c.text, bench) {
+			got = append(got, v.figure)
+		}
+		if strings.Join(got, ",") != strings.Join(c.bad, ",") {
+			t.Errorf("%q: flagged %q, want %q", c.text, got, c.bad)
+		}
+	}
+}

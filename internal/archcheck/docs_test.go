@@ -183,3 +183,29 @@ func TestHistoryRule(t *testing.T) {
 		}
 	}
 }
+
+// TestDocsIndexComplete fails for a page under docs/ that docs/README.md, the
+// index, does not link to: a page nobody can find from the index is lost.
+func TestDocsIndexComplete(t *testing.T) {
+	root := repoRoot(t)
+	b, err := os.ReadFile(filepath.Join(root, "docs", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	linked := map[string]bool{}
+	for _, line := range prose(string(b)) {
+		for _, m := range link.FindAllStringSubmatch(line, -1) {
+			file, _, _ := strings.Cut(m[1], "#")
+			linked[filepath.Clean(file)] = true
+		}
+	}
+	pages, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pages {
+		if name := filepath.Base(p); name != "README.md" && !linked[name] {
+			t.Errorf("docs/README.md does not link to %s: add it to the index, under the part it belongs to", name)
+		}
+	}
+}

@@ -156,6 +156,14 @@ func (e *Env) Topic(t *testing.T, partitions int32) string {
 	if _, err := e.Adm.CreateTopic(ctx, partitions, -1, nil, name); err != nil {
 		t.Fatalf("creating topic %s: %v", name, err)
 	}
+	// Cleanups run last first: this one after the clients' Close.
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := e.Adm.DeleteTopics(ctx, name); err != nil {
+			t.Logf("deleting topic %s: %v", name, err)
+		}
+	})
 	return name
 }
 

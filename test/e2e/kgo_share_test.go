@@ -86,6 +86,13 @@ func TestKgoShareCheckpointRestoreClones(t *testing.T) {
 	pid0, a := k.runBin(kgoBin, args...)
 	a.waitProcessed(0, 30, 60*time.Second)
 	img := checkpointGone(t, pid0)
+	var polls []string
+	for _, e := range tail(of(a.events(), pid0), 12) {
+		if e["ev"] == "polled" {
+			polls = append(polls, fmt.Sprintf("%v in %vms", e["records"], e["ms"]))
+		}
+	}
+	t.Logf("the last polls before the checkpoint: %v", polls)
 	rep := shareReport(t, img, "kgo-share/"+group)
 	t.Logf("first checkpoint: %+v", *rep.ShareCheckpoint)
 	if !rep.AcksFlushed || !rep.LeftGroup || rep.ConnectionsOpen != 0 || rep.RecordsHeld == 0 {
@@ -94,6 +101,7 @@ func TestKgoShareCheckpointRestoreClones(t *testing.T) {
 	released := rep.RecordsReleased
 
 	mark := len(a.events())
+	start := time.Now()
 	pid1, out := restore(t, img)
 	if c := a.waitAfter(mark, 30*time.Second); c.str("reader_client") != base+"-"+prefix8(out["instance_id"].(string)) {
 		t.Errorf("restored copy's client id %q: want the base suffixed with its instance id", c.str("reader_client"))
@@ -102,6 +110,7 @@ func TestKgoShareCheckpointRestoreClones(t *testing.T) {
 		n := len(processed(of(a.since(mark), pid1)))
 		return n >= 30, fmt.Sprintf("%d processed", n)
 	})
+	t.Logf("kcr restore started → first record processed: %v (not an assertion)", firstProc(a.since(mark), pid1).Sub(start).Round(time.Millisecond))
 	img2 := checkpointGone(t, pid1)
 	rep2 := shareReport(t, img2, "kgo-share/"+group)
 	t.Logf("second checkpoint: %+v", *rep2.ShareCheckpoint)

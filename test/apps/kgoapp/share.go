@@ -17,7 +17,7 @@ import (
 // runShare is the share-group consumer mode (-share): a kgohooks
 // ShareConsumer polls at most maxRecs records at a time (kgo.ShareMaxRecords,
 // strict), spends -proc-delay on each, logs it ("proc" with its delivery
-// count "dc"), and leaves its acknowledgement to the next poll (kgo's
+// count "dc"; "polled" for each poll: its records and time), and leaves its acknowledgement to the next poll (kgo's
 // auto-accept). heldWait is kgohooks.WithHeldWait (0: its default): a
 // checkpoint that catches a batch half done releases the rest after it.
 func runShare(brokers []string, topic, group, clientID string, maxRecs int, heldWait time.Duration) error {
@@ -45,7 +45,9 @@ func runShare(brokers []string, topic, group, clientID string, maxRecs int, held
 	emit("ready", "listen", "", "socket", srv.Path())
 	var procd int64
 	for ctx.Err() == nil {
+		t0 := time.Now()
 		fs := c.PollFetches(ctx)
+		emit("polled", "records", fs.NumRecords(), "ms", time.Since(t0).Milliseconds())
 		fs.EachError(func(_ string, _ int32, err error) {
 			if !errors.Is(err, context.Canceled) {
 				emit("fetch-error", "err", err.Error())

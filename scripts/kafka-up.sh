@@ -23,6 +23,14 @@
 #                    port 9094, controller 9095, home /var/tmp/kcr-kafka-prod.
 #                    scripts/test.sh starts both (KCR_KAFKA_PROD_BROKERS).
 #
+# Share groups (KIP-932): every flavour has them. Kafka 4.2+ formats its
+# storage with the share.version feature at 1 (the broker log says "setting
+# feature share.version to 1"); the share coordinator's state topic
+# (__share_group_state) gets 1 partition here (6 in the cluster) instead of
+# Kafka's 50, so that the first share group does not wait for 50 to be
+# created. A share group starts at the end of its topics unless its
+# share.auto.offset.reset group config is "earliest" (docs/share-groups.md).
+#
 # Cluster mode: KCR_KAFKA_BROKERS_N=3 starts three KRaft nodes in parallel on
 # 127.0.1.1-3 (RF 3, min.insync.replicas=2, Kafka's group settings) with
 # PLAINTEXT, SASL_SSL/SCRAM-SHA-512 and SASL_SSL/OAUTHBEARER listeners; see
@@ -278,6 +286,7 @@ transaction.state.log.replication.factor=1
 transaction.state.log.min.isr=1
 share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.num.partitions=1
 $GROUP_PROPS
 
 # small machine

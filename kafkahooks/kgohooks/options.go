@@ -29,6 +29,8 @@ type config struct {
 	openTxn    OpenTxnPolicy
 	backoffMin time.Duration
 	backoffMax time.Duration
+	held       HeldPolicy    // ShareConsumer only
+	heldWait   time.Duration // ShareConsumer only; 0: half the hook budget
 }
 
 func newConfig(opts []Opt) config {

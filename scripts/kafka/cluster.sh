@@ -106,6 +106,7 @@ transaction.state.log.replication.factor=3
 transaction.state.log.min.isr=2
 share.coordinator.state.topic.replication.factor=3
 share.coordinator.state.topic.min.isr=2
+share.coordinator.state.topic.num.partitions=6
 controlled.shutdown.enable=true
 
 # small machine

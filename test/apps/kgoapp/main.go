@@ -20,6 +20,8 @@
 //	             with the "partition/offset" of its inputs
 //	fenced       (-transform-from) kgo's fencing error, from End or from Begin
 //	             (op "begin"): the loop stops
+//	proc         (-consume, -share) records processed: {"p":P,"from":O,"to":O},
+//	             with -share one record and its delivery count "dc"
 //	exit         after SIGTERM, once everything was flushed and closed
 package main
 
@@ -73,6 +75,9 @@ func main() {
 	flag.BoolVar(&readCommitted, "read-committed", false, "with -consume or -transform-from: fetch read_committed (kgo.FetchIsolationLevel)")
 	flag.DurationVar(&procDelay, "proc-delay", 0, "with -consume: time spent on each record (a service of known capacity: 1/proc-delay records per second)")
 	kgoLog := flag.Bool("kgo-log", false, `log kgo's warnings and errors as events "kgo-log"`)
+	shareMode := flag.Bool("share", false, "consume -topic as a member of the share group -group (kgohooks.ShareConsumer), instead of producing")
+	shareMax := flag.Int("share-max", 10, "with -share: records per poll (kgo.ShareMaxRecords, strict)")
+	heldWait := flag.Duration("held-wait", 0, "with -share: kgohooks.WithHeldWait (0: its default)")
 	listenFDs := flag.Bool("listen-fds", false, "with -consume: serve the state on the socket of LISTEN_FDS (kcr standby --listen); every connection counts as activity (notify.Touch)")
 	var sec appkit.Security
 	sec.Flags(flag.CommandLine)
@@ -86,6 +91,15 @@ func main() {
 	var err error
 	if secOpts, err = securityOpts(&sec, *kgoLog); err != nil {
 		appkit.Fatal(2, err.Error())
+	}
+	if *shareMode {
+		if *group == "" || *shareMax < 1 {
+			appkit.Fatal(2, "need -group and a positive -share-max with -share")
+		}
+		if err := runShare(strings.Split(*brokers, ","), *topic, *group, *clientID, *shareMax, *heldWait); err != nil {
+			appkit.Fatal(1, err.Error())
+		}
+		return
 	}
 	if *consume {
 		if err := runConsume(strings.Split(*brokers, ","), *topic, *group, *clientID, *balancer, *instanceID, *listenFDs); err != nil {

@@ -130,9 +130,9 @@ func runStandby(ctx context.Context, opts *standbyOpts, out *output) error {
 		// so that they never wake a sleeping service.
 		mux.Handle("/healthz", sup.HealthHandler())
 		mux.Handle("/readyz", sup.HealthHandler())
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go srv.Serve(metricsLn)
-		defer srv.Close()
+		sctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go standby.ServeProbes(sctx, metricsLn, mux)
 	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGUSR2)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -38,6 +39,22 @@ type RunOptions struct {
 	// ExtraFiles are passed to the program as fds 3, 4, … (a listening
 	// socket for LISTEN_FDS).
 	ExtraFiles []*os.File
+	// Cred is the uid, gid and supplementary groups the program runs as
+	// (nil: kcr's own). ParseUser makes one.
+	Cred *syscall.Credential
+	// Caps are the capabilities the program keeps (ParseCaps): in its
+	// bounding set, and ambient, so that a non-root uid keeps them. Every
+	// other capability is dropped from its bounding set, its inheritable
+	// and ambient sets are otherwise empty, and it runs with
+	// no_new_privs: it can gain none by execve. CRIU restores a process's
+	// capabilities as they were dumped, so its restored copies keep these.
+	// In a PID namespace of its own the program always keeps
+	// CAP_SYS_ADMIN: CRIU's dump mounts a proc of that namespace from
+	// inside the program, with its credentials (docs/kubernetes.md).
+	Caps []uintptr
+	// AllCaps runs the program with kcr's own capabilities and without
+	// no_new_privs (Caps is then ignored).
+	AllCaps bool
 }
 
 // RunResult describes a started service.
@@ -86,6 +103,11 @@ func Run(ctx context.Context, o RunOptions) (*RunResult, error) {
 	defer null.Close()
 
 	env := append(os.Environ(), o.Env...)
+	if o.Cred != nil && int(o.Cred.Uid) != os.Getuid() {
+		// kcr's runtime directory is not the program's: its kcr control
+		// socket goes to its own (notify.WithSocketDir).
+		env = slices.DeleteFunc(env, func(kv string) bool { return strings.HasPrefix(kv, "XDG_RUNTIME_DIR=") })
+	}
 	if !strings.Contains(lastValue(env, "GODEBUG"), "multipathtcp=") {
 		godebug := lastValue(env, "GODEBUG")
 		if godebug != "" {
@@ -98,11 +120,16 @@ func Run(ctx context.Context, o RunOptions) (*RunResult, error) {
 	cmd.Env = env
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = null, logf, logf
 	cmd.ExtraFiles = o.ExtraFiles
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Credential: o.Cred}
 	if !o.NoPIDNamespace {
 		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWPID
 	}
-	if err := cmd.Start(); err != nil {
+	if o.AllCaps {
+		err = cmd.Start()
+	} else {
+		err = startConfined(cmd, serviceCaps(o.Caps, !o.NoPIDNamespace))
+	}
+	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", o.Args[0], err)
 	}
 	res := &RunResult{PID: cmd.Process.Pid, Log: logPath}

@@ -79,7 +79,7 @@ func (b *engineBackend) start(ctx context.Context) (proc, error) {
 			notify.ListenFDsSocketEnv+"="+b.fdsSocket)
 	}
 	res, err := engine.Run(ctx, engine.RunOptions{Args: b.o.Args, Log: b.o.Log, Env: env,
-		ReadyTimeout: b.o.ReadyTimeout, ExtraFiles: b.extra})
+		ReadyTimeout: b.o.ReadyTimeout, ExtraFiles: b.extra, Cred: b.o.Cred, Caps: b.o.Caps, AllCaps: b.o.AllCaps})
 	if err != nil {
 		if res != nil && res.PID > 0 {
 			// It runs but opened no control socket in time: it could

@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"syscall"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -59,6 +60,13 @@ type Options struct {
 	Args []string
 	// Env is added to the service's environment.
 	Env []string
+	// Cred, Caps and AllCaps are who the service runs as and the
+	// capabilities it keeps (engine.RunOptions: by default kcr's uid, no
+	// capability and no_new_privs). Its restored copies keep them: CRIU
+	// restores a process's credentials as they were dumped.
+	Cred    *syscall.Credential
+	Caps    []uintptr
+	AllCaps bool
 	// Log receives the service's stdout and stderr, appended (default
 	// IMAGE_DIR/service.log).
 	Log string

@@ -16,6 +16,7 @@ type runOpts struct {
 	cmdline
 	o     engine.RunOptions
 	ready time.Duration
+	cred  credFlags
 }
 
 func runCmd(g *globals) *cobra.Command {
@@ -34,7 +35,10 @@ its host PID and exits; the service keeps running.
 As init of its namespace, the service is the parent of every orphaned
 process in it, and Go does not reap orphans: a service that starts
 subprocesses which outlive their parent should reap them, or run with
---no-pid-namespace (and then cannot be cloned).`,
+--no-pid-namespace (and then cannot be cloned).
+
+The service runs with no capability and with no_new_privs, whatever its uid,
+unless --caps names the ones it keeps; --user runs it as another user.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: runE(g, &opts, runRun),
 	}
@@ -43,6 +47,7 @@ subprocesses which outlive their parent should reap them, or run with
 	f.BoolVar(&opts.o.NoPIDNamespace, "no-pid-namespace", false, "run in the host's PID namespace (no clones)")
 	f.StringArrayVarP(&opts.o.Env, "env", "e", nil, "add KEY=VALUE to the environment")
 	f.DurationVar(&opts.ready, "ready-timeout", 10*time.Second, "how long to wait for the service's control socket (0: do not wait)")
+	opts.cred.add(cmd)
 	return cmd
 }
 
@@ -62,6 +67,10 @@ func runRun(ctx context.Context, opts *runOpts, out *output) error {
 	}
 	o.Args = args
 	o.ReadyTimeout = ready
+	var err error
+	if o.Cred, o.Caps, o.AllCaps, err = opts.cred.resolve(); err != nil {
+		return err
+	}
 	res, err := engine.Run(ctx, *o)
 	if res != nil && errors.Is(err, engine.ErrNoSocketYet) {
 		fmt.Fprintln(out.stderr, "kcr: warning: "+err.Error())

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
+	"github.com/kcr-dev/kcr/internal/procfs"
 	"github.com/kcr-dev/kcr/standby"
 )
 
@@ -29,6 +30,7 @@ type standbyOpts struct {
 	kdatCache bool
 	prepare   bool
 	keepBad   int
+	cred      credFlags
 }
 
 func standbyCmd(g *globals) *cobra.Command {
@@ -72,6 +74,7 @@ or checkpointed with its image in --image-dir; a new kcr standby with the same
 	f.StringVar(&opts.metrics, "metrics", "", "serve Prometheus metrics (/metrics) and the liveness and readiness probes (/healthz, /readyz) on this address; a probe never wakes the service")
 	f.StringVar(&o.Log, "log", "", "file for the service's output, appended (default IMAGE_DIR/service.log)")
 	f.StringArrayVarP(&o.Env, "env", "e", nil, "add KEY=VALUE to the service's environment")
+	opts.cred.add(cmd)
 	f.DurationVar(&o.HookBudget, "hook-budget", standby.DefaultHookBudget, "deadline of the before-checkpoint hooks")
 	f.DurationVar(&o.ReadyTimeout, "ready-timeout", standby.DefaultReadyTimeout, "how long a cold start may take to open its control socket")
 	f.DurationVar(&o.BackoffMax, "max-backoff", standby.DefaultBackoffMax, "longest wait before restarting a service that keeps crashing")
@@ -86,11 +89,17 @@ or checkpointed with its image in --image-dir; a new kcr standby with the same
 func runStandby(ctx context.Context, opts *standbyOpts, out *output) error {
 	o := opts.o
 	o.Args = opts.args
-	kafkaPasswordFromEnv(&o.Kafka)
+	if err := kafkaPasswordFromEnv(&o.Kafka); err != nil {
+		return err
+	}
 	o.CRIU = opts.criu
 	o.NoHoldGroup = !opts.holdGroup
 	o.NoKdatCache = !opts.kdatCache
 	o.NoPrepare = !opts.prepare
+	var err error
+	if o.Cred, o.Caps, o.AllCaps, err = opts.cred.resolve(); err != nil {
+		return err
+	}
 	switch {
 	case opts.keepBad < 0:
 		return &exitError{exitUsage, fmt.Errorf("--keep-bad %d: give 0 (keep none) or more", opts.keepBad)}
@@ -130,9 +139,9 @@ func runStandby(ctx context.Context, opts *standbyOpts, out *output) error {
 		// so that they never wake a sleeping service.
 		mux.Handle("/healthz", sup.HealthHandler())
 		mux.Handle("/readyz", sup.HealthHandler())
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go srv.Serve(metricsLn)
-		defer srv.Close()
+		sctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go standby.ServeProbes(sctx, metricsLn, mux)
 	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGUSR2)
@@ -170,16 +179,21 @@ func kafkaSecurityFlags(cmd *cobra.Command, k *standby.KafkaSecurity) {
 
 // kafkaPasswordFromEnv takes the SASL password from the environment when
 // plain or SCRAM has no password file, and removes it from the environment
-// the service inherits.
-func kafkaPasswordFromEnv(k *standby.KafkaSecurity) {
+// the service inherits and from kcr's /proc/<pid>/environ (which
+// os.Unsetenv leaves as it was: in a pod, /proc/1/environ).
+func kafkaPasswordFromEnv(k *standby.KafkaSecurity) error {
 	pass, ok := os.LookupEnv(kafkaPasswordEnv)
 	if !ok {
-		return
+		return nil
 	}
 	os.Unsetenv(kafkaPasswordEnv)
+	if _, err := procfs.ScrubSelfEnv(kafkaPasswordEnv); err != nil {
+		return fmt.Errorf("$%s: cannot remove it from /proc/%d/environ (%v): give --kafka-sasl-password-file instead", kafkaPasswordEnv, os.Getpid(), err)
+	}
 	if k.SASLPasswordFile == "" && k.SASLMechanism != "" && !strings.EqualFold(k.SASLMechanism, standby.SASLOAuthBearer) {
 		k.SASLPassword = pass
 	}
+	return nil
 }
 
 // standbyCtlOpts are the arguments and flags of standby wake|sleep|status.

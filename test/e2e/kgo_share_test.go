@@ -69,7 +69,7 @@ func shareDeliveries(evs []event) map[po][]int {
 }
 
 // kgo share-1. A share consumer is checkpointed in the middle of a batch
-// (its handler spends 40 ms a record, 10 records a poll, and the hook
+// (its handler spends 100 ms a record, 20 records a poll, and the hook
 // waits 100 ms for it): the report counts the records it held, the member
 // leaves with every acknowledgement flushed and no connection open. The
 // image is restored, then the restored copy is checkpointed again and its
@@ -79,12 +79,14 @@ func shareDeliveries(evs []event) map[po][]int {
 // delivered again (delivery count 2 or more).
 func TestKgoShareCheckpointRestoreClones(t *testing.T) {
 	k := needKafka(t)
-	topic, group, prod := k.groupTopic("kshare", 2, 100)
+	topic, group, prod := k.groupTopic("kshare", 2, 15)
 	k.shareEarliest(group)
 	const base = "kshare"
-	args := []string{"-topic", topic, "-group", group, "-share", "-share-max", "10", "-proc-delay", "40ms", "-held-wait", "100ms", "-client-id", base}
+	args := []string{"-topic", topic, "-group", group, "-share", "-share-max", "20", "-proc-delay", "100ms", "-held-wait", "100ms", "-client-id", base}
 	pid0, a := k.runBin(kgoBin, args...)
-	a.waitProcessed(0, 30, 60*time.Second)
+	// 5 records into its third batch: the checkpoint catches it with
+	// records in hand (a batch takes 2 s).
+	a.waitProcessed(0, 45, 60*time.Second)
 	img := checkpointGone(t, pid0)
 	var polls []string
 	for _, e := range tail(of(a.events(), pid0), 12) {
@@ -108,14 +110,21 @@ func TestKgoShareCheckpointRestoreClones(t *testing.T) {
 	}
 	eventually(t, 60*time.Second, "the restored copy processing records", func() (bool, string) {
 		n := len(processed(of(a.since(mark), pid1)))
-		return n >= 30, fmt.Sprintf("%d processed", n)
+		return n >= 25, fmt.Sprintf("%d processed", n)
 	})
-	t.Logf("kcr restore started → first record processed: %v (not an assertion)", firstProc(a.since(mark), pid1).Sub(start).Round(time.Millisecond))
+	// The image's handler goes on with its released batch first; the new
+	// member's first record is that of its first poll with records.
+	for _, e := range of(a.since(mark), pid1) {
+		if e["ev"] == "polled" && num(e["records"]) > 0 {
+			t.Logf("kcr restore started → the new member's first records polled: %v (not an assertion)", time.Unix(0, int64(num(e["t"]))).Sub(start).Round(time.Millisecond))
+			break
+		}
+	}
 	img2 := checkpointGone(t, pid1)
 	rep2 := shareReport(t, img2, "kgo-share/"+group)
 	t.Logf("second checkpoint: %+v", *rep2.ShareCheckpoint)
-	if !rep2.AcksFlushed || !rep2.LeftGroup || rep2.ConnectionsOpen != 0 {
-		t.Errorf("report %+v: want acks flushed, the group left, no connection open", *rep2.ShareCheckpoint)
+	if !rep2.AcksFlushed || !rep2.LeftGroup || rep2.ConnectionsOpen != 0 || rep2.RecordsHeld == 0 {
+		t.Errorf("report %+v: want records held, acks flushed, the group left, no connection open", *rep2.ShareCheckpoint)
 	}
 	released += rep2.RecordsReleased
 
@@ -126,7 +135,7 @@ func TestKgoShareCheckpointRestoreClones(t *testing.T) {
 		ok := true
 		for _, c := range clones {
 			n := len(processed(of(a.since(mark), c.PID)))
-			ok = ok && n >= 10
+			ok = ok && n >= 5
 			s = append(s, fmt.Sprintf("%s: %d", c.Name, n))
 		}
 		return ok, strings.Join(s, ", ")

@@ -8,6 +8,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -182,4 +185,48 @@ func maxInt(xs []int) int {
 		m = max(m, x)
 	}
 	return m
+}
+
+// kgo share-2, and the measurement of docs/benchmarks-kafka.md (Share
+// groups). A share consumer that keeps up with its topic (no time spent on
+// a record) is checkpointed under load, left dead 2 s, and restored: it
+// hands its batch back in time (nothing released) and the restored copy,
+// a new member, processes records again (the assertion). The time from the
+// start of kcr restore to its first record is logged, with the median over
+// KCR_KGO_BENCH_RUNS rounds (default 1).
+func TestKgoShareRestoreFirstRecord(t *testing.T) {
+	k := needKafka(t)
+	runs := 1
+	if s := os.Getenv("KCR_KGO_BENCH_RUNS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			t.Fatalf("KCR_KGO_BENCH_RUNS=%q: want a positive number", s)
+		}
+		runs = n
+	}
+	var took []time.Duration
+	for i := range runs {
+		topic, group, prod := k.groupTopic("ksharefirst", 1, 100)
+		k.shareEarliest(group)
+		a := k.startBin(kgoBin, "-topic", topic, "-group", group, "-share", "-client-id", "ksharefirst")
+		a.waitProcessed(0, 100, 60*time.Second)
+		img := t.TempDir() + "/img"
+		runKCR(t, kcrOpts{must: true}, "checkpoint", "-o", img, strconv.Itoa(a.pid))
+		<-a.done
+		if rep := shareReport(t, img, "kgo-share/"+group); rep.RecordsReleased != 0 || !rep.LeftGroup {
+			t.Errorf("report %+v: want nothing released (the batch handed back) and the group left", *rep.ShareCheckpoint)
+		}
+		time.Sleep(2 * time.Second) // down for a while, under load (not an assertion)
+		na := len(a.events())
+		start := time.Now()
+		pid, _ := restore(t, img)
+		a.waitProcessed(na, 1, 60*time.Second)
+		d := firstProc(a.since(na), pid).Sub(start)
+		t.Logf("round %d: kcr restore started → first record processed %v", i+1, d.Round(time.Millisecond))
+		took = append(took, d)
+		prod.finish()
+		a.stop(pid)
+	}
+	slices.Sort(took)
+	t.Logf("share group: median %v over %d runs (all %v)", took[len(took)/2].Round(time.Millisecond), len(took), took)
 }

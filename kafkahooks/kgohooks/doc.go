@@ -153,6 +153,16 @@
 // beside an original that went on after --leave-running, never fence each
 // other. A resume keeps the instance id. InstanceID returns the current one.
 //
+// # Share groups
+//
+// A member of a share group (kgo.ShareGroup, KIP-932) is a ShareConsumer
+// (NewShareConsumer). Before a checkpoint it waits for the application to
+// poll again, which hands back the records of its last poll, releases those
+// it still holds when the wait ends (WithHeldWait, WithHeldPolicy), flushes
+// the acknowledgements and leaves the group: no acquired record is ever in
+// an image. After the dump, and after a resume, it joins as a new member
+// with a new kgo client. See docs/share-groups.md.
+//
 // Tests run whole cycles in-process with (*notify.Registry).Simulate:
 //
 //	reg := notify.NewRegistry()

@@ -303,3 +303,56 @@ func TestShareCheckpointWaitingPoll(t *testing.T) {
 		t.Fatalf("poll returned %d records", len(rs))
 	}
 }
+
+// A handler that watches Quiescing releases the rest of its batch and polls
+// again at once: the checkpoint does not wait out its held wait, releases
+// nothing itself, and the records the handler released come back to the
+// restored consumer, a new member, with a delivery count of 2.
+func TestShareQuiescingHandler(t *testing.T) {
+	const n = 10
+	addrs := shareCluster(t, 1, "sq2", "sg", n)
+	reg := notify.NewRegistry()
+	c, err := NewShareConsumer(shareOpts(addrs, "sq2", "sg", kgo.ShareMaxRecords(n), kgo.ShareMaxRecordsStrict()),
+		WithRegistry(reg), WithHeldWait(20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	inBatch := make(chan struct{})
+	next := make(chan []*kgo.Record, 1)
+	go func() {
+		fs := c.PollFetches(ctx)
+		q := c.Quiescing()
+		fs.Records()[0].Ack(kgo.AckAccept)
+		close(inBatch)
+		<-q
+		c.MarkAcks(kgo.AckRelease)           // the rest, unprocessed
+		next <- c.PollFetches(ctx).Records() // hands back, waits at the gate, then polls the new member
+	}()
+	<-inBatch
+	start := time.Now()
+	res, err := reg.Simulate(ctx, notify.SimRestore, 30*time.Second)
+	if err != nil || res.BeforeErr != nil {
+		t.Fatalf("simulate: %v, %v", err, res.BeforeErr)
+	}
+	if d := time.Since(start); d > 10*time.Second || res.Before[0].Details["records_released"].(int64) != 0 {
+		t.Fatalf("checkpoint took %v, report %v: want no wait for the held records and nothing released by the hook", d, res.Before[0].Details)
+	}
+	got := map[string]int32{}
+	for _, r := range <-next {
+		got[string(r.Value)] = r.DeliveryCount()
+	}
+	for len(got) < n-1 && ctx.Err() == nil {
+		c.PollFetches(ctx).EachRecord(func(r *kgo.Record) { got[string(r.Value)] = r.DeliveryCount() })
+	}
+	if len(got) != n-1 {
+		t.Errorf("%d records delivered again, want the %d released: %v", len(got), n-1, got)
+	}
+	for v, dc := range got {
+		if v == "v-0" || dc != 2 {
+			t.Errorf("%s delivered again with delivery count %d: want the released ones only, with 2", v, dc)
+		}
+	}
+}

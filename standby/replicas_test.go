@@ -2,7 +2,9 @@ package standby
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -181,4 +183,58 @@ func TestReplicaFromZero(t *testing.T) {
 	}
 	won, err = b.fromZero(t.Context(), 0)
 	wantDecision(t, b, won, err, true, DecisionWokenByLag)
+}
+
+// The replicas' claims reach a broker that speaks TLS and SCRAM only with
+// the same options as the lag watch and the hold: kcr standby --replicas
+// starts, and its claim wins.
+func TestReplicasOverTLSAndSCRAM(t *testing.T) {
+	addrs, _, ca := secureCluster(t)
+	o := testOptions(filepath.Join(t.TempDir(), "img"))
+	o.Brokers, o.Group, o.Topics, o.Replicas = addrs, "g", []string{"t"}, true
+	o.Kafka = KafkaSecurity{TLSCA: ca, SASLMechanism: "scram-sha-512", SASLUser: "kcr", SASLPassword: "s3cret"}
+	s, err := newSupervisor(t.Context(), o, newFake())
+	if err != nil {
+		t.Fatalf("kcr standby --replicas on TLS and SCRAM: %v", err)
+	}
+	defer s.close()
+	_, prev := s.replica.claims.Pending(time.Now(), 0, claimBound)
+	if won, err := s.replica.claims.Claim(t.Context(), prev, 0, 1, "test"); err != nil || !won {
+		t.Errorf("claim over TLS and SCRAM: won %v, err %v", won, err)
+	}
+}
+
+// Two starts of a replica with the same host and image directory (two
+// hostNetwork pods of one node) get different names, which readers count.
+func TestReplicaIDUnique(t *testing.T) {
+	a, err := replicaID("/var/lib/kcr/orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := replicaID("/var/lib/kcr/orders")
+	if a == b {
+		t.Errorf("two starts named %q", a)
+	}
+	odd, _ := replicaID("/var/lib/kcr/\x1b[2J\n" + strings.Repeat("x", 300))
+	if strings.ContainsAny(odd, "\x1b\n") || len(odd) > 200 {
+		t.Errorf("a replica name with control characters or too long: %q", odd)
+	}
+}
+
+// A replica's key file: 16 bytes at least, read under the owner rule.
+func TestReplicasKeyFile(t *testing.T) {
+	dir := t.TempDir()
+	short, good := filepath.Join(dir, "short"), filepath.Join(dir, "good")
+	os.WriteFile(short, []byte("tiny\n"), 0o600)
+	os.WriteFile(good, []byte("0123456789abcdef0123\n"), 0o600)
+	if _, err := readReplicasKey(short); err == nil || !strings.Contains(err.Error(), "16 at least") {
+		t.Errorf("a 4-byte key: err %v, want it refused", err)
+	}
+	if k, err := readReplicasKey(good); err != nil || string(k) != "0123456789abcdef0123" {
+		t.Errorf("a good key: %q, %v", k, err)
+	}
+	o := Options{Args: []string{"true"}, ImageDir: dir, Idle: time.Second, ReplicasKeyFile: good}
+	if err := o.check(); err == nil {
+		t.Error("--replicas-key-file without --replicas accepted")
+	}
 }

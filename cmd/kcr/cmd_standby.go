@@ -62,6 +62,7 @@ or checkpointed with its image in --image-dir; a new kcr standby with the same
 	f.BoolVar(&opts.holdGroup, "hold-group", true, "keep a placeholder member in --group while the service sleeps, so that its wake does not wait for the broker's initial rebalance delay (classic groups)")
 	f.BoolVar(&o.Replicas, "replicas", false, "this is one of several replicas of the service, each under its own kcr standby with the same --group: wake only when the group lacks one (see docs/standby.md, Replicas)")
 	f.StringVar(&o.ReplicasTopic, "replicas-topic", standby.DefaultReplicasTopic, "with --replicas: the topic where a sleeping replica claims its wake (one partition; created if missing)")
+	f.StringVar(&o.ReplicasKeyFile, "replicas-key-file", "", "with --replicas: a file holding a key the group's replicas share (16 bytes at least): claims not signed with it are ignored, so that others who can write --replicas-topic cannot steer the replicas")
 	f.IntVar(&o.MinWake, "min-wake", 1, "with --replicas: how many replicas the first records wake when none runs")
 	f.DurationVar(&o.ScaleUpAfter, "scale-up-after", standby.DefaultScaleUpAfter, "with --replicas: wake a sleeping replica when the oldest record the running ones have not processed is older than this")
 	f.BoolVar(&opts.kdatCache, "kdat-cache", true, "keep CRIU's kernel probe for kcr standby's lifetime where /run is not a tmpfs (else CRIU probes at every checkpoint and restore)")
@@ -226,7 +227,7 @@ func runStandbyCtl(ctx context.Context, opts *standbyCtlOpts, out *output) error
 		}
 	}
 	if rp := r.Status.Replica; rp != nil {
-		fmt.Fprintf(out.stdout, "; replica %s: %s (%s)", rp.ID, rp.Decision, rp.Why)
+		fmt.Fprintf(out.stdout, "; replica %q: %s (%q)", rp.ID, rp.Decision, rp.Why)
 	}
 	fmt.Fprintln(out.stdout)
 	return nil

@@ -158,7 +158,7 @@ const kafkaPasswordEnv = "KCR_KAFKA_SASL_PASSWORD"
 // clients. No secret is a flag: a command line is visible to every user.
 func kafkaSecurityFlags(cmd *cobra.Command, k *standby.KafkaSecurity) {
 	f := cmd.Flags()
-	f.BoolVar(&k.TLS, "kafka-tls", false, "kcr's own Kafka clients (lag watch, group hold) connect with TLS; implied by --kafka-tls-ca, --kafka-tls-cert and --kafka-tls-server-name")
+	f.BoolVar(&k.TLS, "kafka-tls", false, "kcr's own Kafka clients (lag watch, group hold, replicas' claims) connect with TLS; implied by --kafka-tls-ca, --kafka-tls-cert and --kafka-tls-server-name")
 	f.StringVar(&k.TLSCA, "kafka-tls-ca", "", "PEM file of the CAs of the brokers' certificates (default: the system's)")
 	f.StringVar(&k.TLSCert, "kafka-tls-cert", "", "PEM file of a client certificate for the brokers, with --kafka-tls-key")
 	f.StringVar(&k.TLSKey, "kafka-tls-key", "", "PEM file of the client certificate's key")

@@ -50,7 +50,6 @@ func (w *Watcher) Backlog(ctx context.Context) (Backlog, error) {
 	w.arr.mu.Lock()
 	defer w.arr.mu.Unlock()
 	w.arr.seenNow = map[string]bool{}
-	defer w.arr.forget()
 	for leader, parts := range v.byLeader {
 		req, byKey := fetchRequest(parts, 0)
 		resp, err := req.RequestWith(ctx, w.cl.Broker(int(leader)))
@@ -62,6 +61,7 @@ func (w *Watcher) Backlog(ctx context.Context) (Backlog, error) {
 		}
 		w.arr.add(&b, v, resp, byKey, now)
 	}
+	w.arr.forget() // a reading cut short by an error forgets nothing
 	return b, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -213,22 +214,28 @@ func runStandbyCtl(ctx context.Context, opts *standbyCtlOpts, out *output) error
 	if out.json {
 		return out.JSON(r.Status)
 	}
-	fmt.Fprintf(out.stdout, "%s", r.Status.State)
-	if r.Status.PID > 0 {
-		fmt.Fprintf(out.stdout, " pid %d", r.Status.PID)
+	printStandbyStatus(out.stdout, r.Status)
+	return nil
+}
+
+// printStandbyStatus prints st on one line. The replica's id and why may
+// carry names read from the claims topic: quoted.
+func printStandbyStatus(w io.Writer, st standby.Status) {
+	fmt.Fprintf(w, "%s", st.State)
+	if st.PID > 0 {
+		fmt.Fprintf(w, " pid %d", st.PID)
 	}
-	if r.Status.Image != "" {
-		fmt.Fprintf(out.stdout, " image %s", r.Status.Image)
+	if st.Image != "" {
+		fmt.Fprintf(w, " image %s", st.Image)
 	}
-	if w := r.Status.LastWake; w != nil {
-		fmt.Fprintf(out.stdout, "; last wake (%s): restored %.1f ms, hooks done %.1f ms", w.Source, w.RestoredMS, w.HooksDoneMS)
-		if w.FirstActivityMS > 0 {
-			fmt.Fprintf(out.stdout, ", first activity %.1f ms", w.FirstActivityMS)
+	if lw := st.LastWake; lw != nil {
+		fmt.Fprintf(w, "; last wake (%s): restored %.1f ms, hooks done %.1f ms", lw.Source, lw.RestoredMS, lw.HooksDoneMS)
+		if lw.FirstActivityMS > 0 {
+			fmt.Fprintf(w, ", first activity %.1f ms", lw.FirstActivityMS)
 		}
 	}
-	if rp := r.Status.Replica; rp != nil {
-		fmt.Fprintf(out.stdout, "; replica %q: %s (%q)", rp.ID, rp.Decision, rp.Why)
+	if rp := st.Replica; rp != nil {
+		fmt.Fprintf(w, "; replica %q: %s (%q)", rp.ID, rp.Decision, rp.Why)
 	}
-	fmt.Fprintln(out.stdout)
-	return nil
+	fmt.Fprintln(w)
 }

@@ -136,6 +136,11 @@ type Options struct {
 	// group (default "kcr-standby-replicas"; created with one partition
 	// if missing).
 	ReplicasTopic string
+	// ReplicasKeyFile, if set, holds a key the group's replicas share
+	// (16 bytes at least): they sign their claims with it and count no
+	// claim that is not signed with it, so that whoever else can write
+	// ReplicasTopic cannot steer them. Read as the Kafka files are.
+	ReplicasKeyFile string
 	// MinWake is how many replicas the first records wake in a group
 	// without live members (default 1).
 	MinWake int
@@ -194,6 +199,10 @@ func (o *Options) check() error {
 		return bad("--replicas needs --group: the replicas coordinate through their consumer group")
 	case o.MinWake < 0 || o.ScaleUpAfter < 0:
 		return bad("--min-wake and --scale-up-after must not be negative")
+	case o.MinWake > maxMinWake:
+		return bad("--min-wake %d: at most %d", o.MinWake, maxMinWake)
+	case o.ReplicasKeyFile != "" && !o.Replicas:
+		return bad("--replicas-key-file needs --replicas")
 	case len(o.Topics) > 0 && o.Group == "":
 		return bad("--topics needs --group: the records watched are those the service's consumer group has not committed")
 	case o.Kafka.set() && o.Group == "":

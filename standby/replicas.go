@@ -1,11 +1,15 @@
 package standby
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"github.com/kcr-dev/kcr/standby/kafkawake"
 )
@@ -57,6 +61,9 @@ const (
 	claimBound = 30 * time.Second
 	// replicaRetry: the wait after a failed reading of the group.
 	replicaRetry = time.Second
+	// maxMinWake bounds --min-wake: a claim wants that many replicas
+	// more at most.
+	maxMinWake = 64
 )
 
 // replicaSource is the Kafka wake of one replica among several of a
@@ -75,18 +82,61 @@ type replicaSource struct {
 }
 
 func newReplicaSource(ctx context.Context, o *Options, k *kafkaSource, version string) (*replicaSource, error) {
-	host, _ := os.Hostname()
-	id := fmt.Sprintf("%s:%s", host, o.ImageDir)
+	id, err := replicaID(o.ImageDir)
+	if err != nil {
+		return nil, err
+	}
+	var key []byte
+	if o.ReplicasKeyFile != "" {
+		if key, err = readReplicasKey(o.ReplicasKeyFile); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrBadOption, err)
+		}
+	}
 	// Bounded: a broker that stops answering now must not hang the start.
 	octx, cancel := context.WithTimeout(ctx, max(2*o.BrokerTimeout, 10*time.Second))
 	defer cancel()
-	c, err := kafkawake.OpenClaims(octx, o.Brokers, o.ReplicasTopic, o.Group, id, version, o.Logger)
+	c, err := kafkawake.OpenClaims(octx, kafkawake.ClaimsConfig{Brokers: o.Brokers, Topic: o.ReplicasTopic, Group: o.Group,
+		Self: id, Version: version, Key: key, Logger: o.Logger, Opts: o.kafkaOpts})
 	if err != nil {
 		return nil, fmt.Errorf("--replicas: %w", err)
 	}
 	r := &replicaSource{kafkaSource: k, claims: c, o: o, changedAt: time.Now(), live: -1}
 	r.st = ReplicaStatus{ID: id, Decision: DecisionStarted, Why: "started", At: time.Now()}
 	return r, nil
+}
+
+// replicaID names this start of the replica: host and image directory
+// for people, and a random nonce, so that two starts (two hostNetwork
+// pods of one node, which share the host name and the image directory's
+// path) never share a name, and nobody who cannot read the claims topic
+// can guess it to spend its claims.
+func replicaID(imageDir string) (string, error) {
+	host, _ := os.Hostname()
+	var nonce [8]byte
+	if _, err := rand.Read(nonce[:]); err != nil {
+		return "", err
+	}
+	id := fmt.Sprintf("%s:%s#%x", host, imageDir, nonce)
+	if len(id) > 200 || strings.ContainsFunc(id, func(r rune) bool { return !unicode.IsPrint(r) }) {
+		id = fmt.Sprintf("%.120q#%x", host+":"+imageDir, nonce) // readers count printable names only
+	}
+	return id, nil
+}
+
+// minReplicasKey is the shortest --replicas-key-file key.
+const minReplicasKey = 16
+
+// readReplicasKey reads the replicas' shared key (surrounding space
+// dropped), as the Kafka files are read.
+func readReplicasKey(file string) ([]byte, error) {
+	b, err := readKafkaFile("--replicas-key-file", file)
+	if err != nil {
+		return nil, err
+	}
+	if b = bytes.TrimSpace(b); len(b) < minReplicasKey {
+		return nil, fmt.Errorf("--replicas-key-file %s: %d bytes, want %d at least: write a random key into it (head -c 32 /dev/urandom | base64)", file, len(b), minReplicasKey)
+	}
+	return b, nil
 }
 
 func (r *replicaSource) close() {

@@ -1,8 +1,11 @@
 package standby
 
 import (
+	"cmp"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,9 +15,10 @@ import (
 
 // replicaRig is a kfake broker with topic "t" (2 partitions).
 type replicaRig struct {
-	t     *testing.T
-	addrs []string
-	cl    *kgo.Client
+	t       *testing.T
+	addrs   []string
+	cl      *kgo.Client
+	scaleUp time.Duration // the next replicas' --scale-up-after (default 10 s)
 }
 
 func newReplicaRig(t *testing.T) *replicaRig {
@@ -61,7 +65,7 @@ func (r *replicaRig) member(group string) {
 func (r *replicaRig) replica(group, name string) *replicaSource {
 	r.t.Helper()
 	o := Options{Args: []string{"true"}, ImageDir: filepath.Join(r.t.TempDir(), name), Idle: time.Second, Brokers: r.addrs,
-		Group: group, Topics: []string{"t"}, Replicas: true, ReplicasTopic: "claims", ScaleUpAfter: 10 * time.Second}
+		Group: group, Topics: []string{"t"}, Replicas: true, ReplicasTopic: "claims", ScaleUpAfter: cmp.Or(r.scaleUp, 10*time.Second)}
 	if err := o.check(); err != nil {
 		r.t.Fatal(err)
 	}
@@ -110,30 +114,45 @@ func wantDecision(t *testing.T, rs *replicaSource, won bool, err error, wantWon 
 // A sleeping replica whose group has a live member that keeps up (its
 // oldest unprocessed record is younger than --scale-up-after) stays
 // asleep; one whose live member does not keep up wakes, and another
-// sleeping replica then waits for it instead of waking too.
+// sleeping replica then waits for it instead of waking too. The age is
+// the time the replica saw the records wait: records stamped a year ago
+// (a replay) are not a year-old backlog.
 func TestReplicaScaleUp(t *testing.T) {
 	r := newReplicaRig(t)
 	for _, c := range []struct {
-		age    time.Duration
-		wake   bool
-		decide string
+		stamped time.Duration // how old the records' timestamps are
+		wake    bool
+		decide  string
 	}{
 		{time.Second, false, DecisionKeptAsleep},
+		{365 * 24 * time.Hour, false, DecisionKeptAsleep},
 		{time.Minute, true, DecisionScaledUp},
 	} {
-		t.Run(fmt.Sprint(c.age), func(t *testing.T) {
-			group := "g-" + c.age.String()
+		t.Run(fmt.Sprint(c.stamped), func(t *testing.T) {
+			group := "g-" + c.stamped.String()
 			r.member(group)
+			r.scaleUp = 10 * time.Second
+			if c.wake {
+				r.scaleUp = 500 * time.Millisecond
+			}
 			a, b := r.replica(group, "a"), r.replica(group, "b")
-			r.produce(3, time.Now().Add(-c.age))
+			r.produce(3, time.Now().Add(-c.stamped))
 			live := settle(t, a)
 			if live != 1 {
 				t.Fatalf("%d live members, want 1", live)
 			}
 			won, err := a.scaleUp(t.Context(), live)
+			if c.wake {
+				// Seen waiting longer than --scale-up-after: it wakes.
+				deadline := time.Now().Add(15 * time.Second)
+				for !won && err == nil && time.Now().Before(deadline) {
+					won, err = a.scaleUp(t.Context(), live)
+				}
+			}
 			wantDecision(t, a, won, err, c.wake, c.decide)
-			if st := a.status(); st.Lag != 6 || st.OldestAgeMS < float64((c.age-time.Second/2).Milliseconds()) {
-				t.Errorf("status %+v: want lag 6, oldest %v old at least", st, c.age)
+			st := a.status()
+			if st.Lag != 6 || (c.wake && st.OldestAgeMS < float64(r.scaleUp.Milliseconds())) || (!c.wake && st.OldestAgeMS > 5000) {
+				t.Errorf("status %+v: want lag 6, oldest past --scale-up-after %v if woken, else young", st, r.scaleUp)
 			}
 			if !c.wake {
 				return
@@ -181,4 +200,58 @@ func TestReplicaFromZero(t *testing.T) {
 	}
 	won, err = b.fromZero(t.Context(), 0)
 	wantDecision(t, b, won, err, true, DecisionWokenByLag)
+}
+
+// The replicas' claims reach a broker that speaks TLS and SCRAM only with
+// the same options as the lag watch and the hold: kcr standby --replicas
+// starts, and its claim wins.
+func TestReplicasOverTLSAndSCRAM(t *testing.T) {
+	addrs, _, ca := secureCluster(t)
+	o := testOptions(filepath.Join(t.TempDir(), "img"))
+	o.Brokers, o.Group, o.Topics, o.Replicas = addrs, "g", []string{"t"}, true
+	o.Kafka = KafkaSecurity{TLSCA: ca, SASLMechanism: "scram-sha-512", SASLUser: "kcr", SASLPassword: "s3cret"}
+	s, err := newSupervisor(t.Context(), o, newFake())
+	if err != nil {
+		t.Fatalf("kcr standby --replicas on TLS and SCRAM: %v", err)
+	}
+	defer s.close()
+	_, prev := s.replica.claims.Pending(time.Now(), 0, claimBound)
+	if won, err := s.replica.claims.Claim(t.Context(), prev, 0, 1, "test"); err != nil || !won {
+		t.Errorf("claim over TLS and SCRAM: won %v, err %v", won, err)
+	}
+}
+
+// Two starts of a replica with the same host and image directory (two
+// hostNetwork pods of one node) get different names, which readers count.
+func TestReplicaIDUnique(t *testing.T) {
+	a, err := replicaID("/var/lib/kcr/orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := replicaID("/var/lib/kcr/orders")
+	if a == b {
+		t.Errorf("two starts named %q", a)
+	}
+	odd, _ := replicaID("/var/lib/kcr/\x1b[2J\n" + strings.Repeat("x", 300))
+	if strings.ContainsAny(odd, "\x1b\n") || len(odd) > 200 {
+		t.Errorf("a replica name with control characters or too long: %q", odd)
+	}
+}
+
+// A replica's key file: 16 bytes at least, read under the owner rule.
+func TestReplicasKeyFile(t *testing.T) {
+	dir := t.TempDir()
+	short, good := filepath.Join(dir, "short"), filepath.Join(dir, "good")
+	os.WriteFile(short, []byte("tiny\n"), 0o600)
+	os.WriteFile(good, []byte("0123456789abcdef0123\n"), 0o600)
+	if _, err := readReplicasKey(short); err == nil || !strings.Contains(err.Error(), "16 at least") {
+		t.Errorf("a 4-byte key: err %v, want it refused", err)
+	}
+	if k, err := readReplicasKey(good); err != nil || string(k) != "0123456789abcdef0123" {
+		t.Errorf("a good key: %q, %v", k, err)
+	}
+	o := Options{Args: []string{"true"}, ImageDir: dir, Idle: time.Second, ReplicasKeyFile: good}
+	if err := o.check(); err == nil {
+		t.Error("--replicas-key-file without --replicas accepted")
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -64,6 +65,7 @@ or checkpointed with its image in --image-dir; a new kcr standby with the same
 	f.BoolVar(&opts.holdGroup, "hold-group", true, "keep a placeholder member in --group while the service sleeps, so that its wake does not wait for the broker's initial rebalance delay (classic groups)")
 	f.BoolVar(&o.Replicas, "replicas", false, "this is one of several replicas of the service, each under its own kcr standby with the same --group: wake only when the group lacks one (see docs/standby.md, Replicas)")
 	f.StringVar(&o.ReplicasTopic, "replicas-topic", standby.DefaultReplicasTopic, "with --replicas: the topic where a sleeping replica claims its wake (one partition; created if missing)")
+	f.StringVar(&o.ReplicasKeyFile, "replicas-key-file", "", "with --replicas: a file holding a key the group's replicas share (16 bytes at least): claims not signed with it are ignored, so that others who can write --replicas-topic cannot steer the replicas")
 	f.IntVar(&o.MinWake, "min-wake", 1, "with --replicas: how many replicas the first records wake when none runs")
 	f.DurationVar(&o.ScaleUpAfter, "scale-up-after", standby.DefaultScaleUpAfter, "with --replicas: wake a sleeping replica when the oldest record the running ones have not processed is older than this")
 	f.BoolVar(&opts.kdatCache, "kdat-cache", true, "keep CRIU's kernel probe for kcr standby's lifetime where /run is not a tmpfs (else CRIU probes at every checkpoint and restore)")
@@ -166,7 +168,7 @@ const kafkaPasswordEnv = "KCR_KAFKA_SASL_PASSWORD"
 // clients. No secret is a flag: a command line is visible to every user.
 func kafkaSecurityFlags(cmd *cobra.Command, k *standby.KafkaSecurity) {
 	f := cmd.Flags()
-	f.BoolVar(&k.TLS, "kafka-tls", false, "kcr's own Kafka clients (lag watch, group hold) connect with TLS; implied by --kafka-tls-ca, --kafka-tls-cert and --kafka-tls-server-name")
+	f.BoolVar(&k.TLS, "kafka-tls", false, "kcr's own Kafka clients (lag watch, group hold, replicas' claims) connect with TLS; implied by --kafka-tls-ca, --kafka-tls-cert and --kafka-tls-server-name")
 	f.StringVar(&k.TLSCA, "kafka-tls-ca", "", "PEM file of the CAs of the brokers' certificates (default: the system's)")
 	f.StringVar(&k.TLSCert, "kafka-tls-cert", "", "PEM file of a client certificate for the brokers, with --kafka-tls-key")
 	f.StringVar(&k.TLSKey, "kafka-tls-key", "", "PEM file of the client certificate's key")
@@ -226,22 +228,28 @@ func runStandbyCtl(ctx context.Context, opts *standbyCtlOpts, out *output) error
 	if out.json {
 		return out.JSON(r.Status)
 	}
-	fmt.Fprintf(out.stdout, "%s", r.Status.State)
-	if r.Status.PID > 0 {
-		fmt.Fprintf(out.stdout, " pid %d", r.Status.PID)
+	printStandbyStatus(out.stdout, r.Status)
+	return nil
+}
+
+// printStandbyStatus prints st on one line. The replica's id and why may
+// carry names read from the claims topic: quoted.
+func printStandbyStatus(w io.Writer, st standby.Status) {
+	fmt.Fprintf(w, "%s", st.State)
+	if st.PID > 0 {
+		fmt.Fprintf(w, " pid %d", st.PID)
 	}
-	if r.Status.Image != "" {
-		fmt.Fprintf(out.stdout, " image %s", r.Status.Image)
+	if st.Image != "" {
+		fmt.Fprintf(w, " image %s", st.Image)
 	}
-	if w := r.Status.LastWake; w != nil {
-		fmt.Fprintf(out.stdout, "; last wake (%s): restored %.1f ms, hooks done %.1f ms", w.Source, w.RestoredMS, w.HooksDoneMS)
-		if w.FirstActivityMS > 0 {
-			fmt.Fprintf(out.stdout, ", first activity %.1f ms", w.FirstActivityMS)
+	if lw := st.LastWake; lw != nil {
+		fmt.Fprintf(w, "; last wake (%s): restored %.1f ms, hooks done %.1f ms", lw.Source, lw.RestoredMS, lw.HooksDoneMS)
+		if lw.FirstActivityMS > 0 {
+			fmt.Fprintf(w, ", first activity %.1f ms", lw.FirstActivityMS)
 		}
 	}
-	if rp := r.Status.Replica; rp != nil {
-		fmt.Fprintf(out.stdout, "; replica %s: %s (%s)", rp.ID, rp.Decision, rp.Why)
+	if rp := st.Replica; rp != nil {
+		fmt.Fprintf(w, "; replica %q: %s (%q)", rp.ID, rp.Decision, rp.Why)
 	}
-	fmt.Fprintln(out.stdout)
-	return nil
+	fmt.Fprintln(w)
 }

@@ -5,8 +5,11 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/kcr-dev/kcr/standby"
 )
 
 // kcr standby refuses bad input with one line and a non-zero exit before
@@ -84,5 +87,17 @@ func TestStandbyHoldGroupFlag(t *testing.T) {
 	}
 	if on, err := cmd.Flags().GetBool("hold-group"); err != nil || on {
 		t.Fatalf("--hold-group=false parsed as %v (%v)", on, err)
+	}
+}
+
+// kcr standby status prints a replica's id and why quoted: a name with
+// control characters (read from the claims topic) reaches the terminal
+// escaped.
+func TestStandbyStatusQuotesReplica(t *testing.T) {
+	var b strings.Builder
+	printStandbyStatus(&b, standby.Status{State: "standby", Replica: &standby.ReplicaStatus{ID: "evil\x1b[2J", Decision: standby.DecisionWaitingForOther, Why: "replica evil\x1b]0;x\x07 won"}})
+	out := b.String()
+	if strings.ContainsAny(out, "\x1b\x07") || !strings.Contains(out, `"evil\x1b[2J"`) {
+		t.Errorf("status line %q: want the id and why quoted", out)
 	}
 }

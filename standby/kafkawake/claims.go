@@ -2,12 +2,16 @@ package kafkawake
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -26,27 +30,41 @@ import (
 //
 // Each replica writes a hello record when it opens the log, so that its
 // first claim names a record every reader has read, and an asleep record
-// each time it goes to sleep: a claim is pending from its writing until
+// each time it goes to sleep: a claim is pending from its reading until
 // the group has the live members it wanted, its replica wrote again, or
 // a bound passed.
+//
+// Only well-formed records of the group count in the compare-and-swap
+// (with a Key, only those it signed): junk, records of other groups and
+// records a writer without the key forged change nothing and wake no
+// waiting replica. A claim's time is when this reader read it (for the
+// records read when the log opens, its broker timestamp, never later than
+// now), so a writer's clock or a timestamp it chose cannot make a claim
+// last longer than the bound its readers give it.
 type Claims struct {
 	cl    *kgo.Client
 	topic string
 	group string
 	self  string
 	ver   string // this kcr's version
+	key   []byte
 	log   *slog.Logger
 
 	mu      sync.Mutex
-	last    int64   // offset of the last record of the group read; -1: none
+	last    int64   // offset of the last record of the group counted; -1: none
 	next    int64   // the next offset to read
-	valid   []Claim // the valid claims read, newest last (the last hour's)
-	changed chan struct{}
+	hello   int64   // offset of this replica's hello; -1 until known
+	valid   []Claim // the valid claims read, newest last (the last hour's, claimsMax at most)
+	junk    int     // records of the group that did not count
+	junkLog time.Time
+	changed chan struct{} // closed at a record that counts
+	read    chan struct{} // closed at every record
 }
 
 // Claim is a valid claim: a replica that won the right to wake.
 type Claim struct {
-	Offset  int64     `json:"offset"`
+	Offset int64 `json:"offset"`
+	// At is when the claim was read (see Claims).
 	At      time.Time `json:"at"`
 	Replica string    `json:"replica"`
 	// Live is how many members the group had, and Want how many it has
@@ -62,7 +80,7 @@ type Claim struct {
 // claimRecord is a record of the claims topic, keyed by group.
 type claimRecord struct {
 	// V is the format; a reader applies the compare-and-swap to every
-	// record of its group, whatever its V.
+	// well-formed record of its group, whatever its V.
 	V       int    `json:"v"`
 	Kind    string `json:"kind"` // "hello", "claim" or "asleep"
 	Replica string `json:"replica"`
@@ -76,23 +94,63 @@ type claimRecord struct {
 // claimsFormat is the format of the records this kcr writes.
 const claimsFormat = 1
 
-// claimsKeep is how far back a replica reads the claims when it opens
-// them: claims older than that are spent.
-const claimsKeep = time.Hour
+// Bounds of the claims.
+const (
+	// claimsKeep is how far back a replica reads the claims when it
+	// opens them: claims older than that are spent.
+	claimsKeep = time.Hour
+	// claimsMax bounds the valid claims kept (the newest).
+	claimsMax = 256
+	// claimsMaxRecord bounds a record's value; claimsMaxName a replica's
+	// name, claimsMaxText a reason or version.
+	claimsMaxRecord = 4096
+	claimsMaxName   = 256
+	claimsMaxText   = 1024
+	// claimsMaxStep bounds how many replicas one claim may want beyond
+	// the live members.
+	claimsMaxStep = 64
+	// macHeader carries a record's HMAC-SHA256 when the replicas share a
+	// key.
+	macHeader = "kcr-mac"
+)
+
+// ClaimsConfig configures OpenClaims.
+type ClaimsConfig struct {
+	// Brokers are the bootstrap brokers (required).
+	Brokers []string
+	// Topic is the claims topic; Group the service's consumer group,
+	// the key of its records (both required).
+	Topic, Group string
+	// Self is this replica's name, unique among the group's replicas.
+	Self string
+	// Version is this kcr's version, in its hello.
+	Version string
+	// Key, if set, signs the records written (HMAC-SHA256) and leaves
+	// out of the compare-and-swap every record not signed with it.
+	Key []byte
+	// Logger receives the claims' records (default slog.Default()).
+	Logger *slog.Logger
+	// Opts are added to the client's kgo options: how to reach the
+	// brokers (kgo.DialTLSConfig, kgo.SASL). None: PLAINTEXT.
+	Opts []kgo.Opt
+}
 
 // OpenClaims creates the claims topic if it is missing (one partition,
-// records kept a day), writes this replica's hello and reads the log up
-// to it.
-func OpenClaims(ctx context.Context, brokers []string, topic, group, self, version string, log *slog.Logger) (*Claims, error) {
+// records kept a day, stamped by the broker), writes this replica's hello
+// and reads the log up to it.
+func OpenClaims(ctx context.Context, cfg ClaimsConfig) (*Claims, error) {
+	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
 	}
-	c := &Claims{topic: topic, group: group, self: self, ver: version, log: log, last: -1, changed: make(chan struct{})}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ClientID("kcr-standby-claims"),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {0: kgo.NewOffset().AfterMilli(time.Now().Add(-claimsKeep).UnixMilli())}}),
-		kgo.ProducerLinger(0))
+	c := &Claims{topic: cfg.Topic, group: cfg.Group, self: cfg.Self, ver: cfg.Version, key: cfg.Key, log: log,
+		last: -1, hello: -1, changed: make(chan struct{}), read: make(chan struct{})}
+	opts := append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...), kgo.ClientID("kcr-standby-claims"),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{cfg.Topic: {0: kgo.NewOffset().AfterMilli(time.Now().Add(-claimsKeep).UnixMilli())}}),
+		kgo.ProducerLinger(0)}, cfg.Opts...)
+	cl, err := kgo.NewClient(opts...)
 	if err != nil {
-		return nil, fmt.Errorf("%w: --brokers %v: %v", ErrConfig, brokers, err)
+		return nil, fmt.Errorf("%w: --brokers %v: %v", ErrConfig, cfg.Brokers, err)
 	}
 	c.cl = cl
 	if err := c.create(ctx); err != nil {
@@ -100,23 +158,27 @@ func OpenClaims(ctx context.Context, brokers []string, topic, group, self, versi
 		return nil, err
 	}
 	go c.tail()
-	off, err := c.write(ctx, claimRecord{Kind: "hello", Prev: -1, Version: version})
+	off, err := c.write(ctx, claimRecord{Kind: "hello", Prev: -1, Version: cfg.Version})
 	if err != nil {
 		cl.Close()
 		return nil, err
 	}
+	c.mu.Lock()
+	c.hello = off
+	c.mu.Unlock()
 	if err := c.ReadTo(ctx, off); err != nil {
 		cl.Close()
-		return nil, fmt.Errorf("read the claims topic %q up to this replica's hello: %w", topic, err)
+		return nil, fmt.Errorf("read the claims topic %q up to this replica's hello: %w", cfg.Topic, err)
 	}
 	return c, nil
 }
 
-// create creates the claims topic if it is missing.
+// create creates the claims topic if it is missing: its records are
+// stamped by the broker (LogAppendTime), not by their writers.
 func (c *Claims) create(ctx context.Context) error {
 	adm := kadm.NewClient(c.cl)
-	day, seg := "86400000", "3600000"
-	_, err := adm.CreateTopic(ctx, 1, -1, map[string]*string{"retention.ms": &day, "segment.ms": &seg}, c.topic)
+	day, seg, stamp := "86400000", "3600000", "LogAppendTime"
+	_, err := adm.CreateTopic(ctx, 1, -1, map[string]*string{"retention.ms": &day, "segment.ms": &seg, "message.timestamp.type": &stamp}, c.topic)
 	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
 		return fmt.Errorf("create the replicas' claims topic %q: %w (create it with one partition, or give --replicas-topic)", c.topic, err)
 	}
@@ -133,12 +195,27 @@ func (c *Claims) write(ctx context.Context, r claimRecord) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	res := c.cl.ProduceSync(ctx, &kgo.Record{Topic: c.topic, Partition: 0, Key: []byte(c.group), Value: b})
-	rec, err := res.First()
+	rec := &kgo.Record{Topic: c.topic, Partition: 0, Key: []byte(c.group), Value: b}
+	if c.key != nil {
+		rec.Headers = []kgo.RecordHeader{{Key: macHeader, Value: c.mac(b)}}
+	}
+	res := c.cl.ProduceSync(ctx, rec)
+	out, err := res.First()
 	if err != nil {
 		return 0, fmt.Errorf("write to the claims topic %q: %w", c.topic, err)
 	}
-	return rec.Offset, nil
+	return out.Offset, nil
+}
+
+// mac is the HMAC of a record's value, bound to the topic and group.
+func (c *Claims) mac(value []byte) []byte {
+	h := hmac.New(sha256.New, c.key)
+	h.Write([]byte(c.topic))
+	h.Write([]byte{0})
+	h.Write([]byte(c.group))
+	h.Write([]byte{0})
+	h.Write(value)
+	return h.Sum(nil)
 }
 
 // tail reads the topic until the client closes.
@@ -155,21 +232,76 @@ func (c *Claims) tail() {
 	}
 }
 
+// parse returns the record of the group r is, or why it does not count:
+// another group's, unsigned, malformed or out of bounds.
+func (c *Claims) parse(r *kgo.Record) (claimRecord, string) {
+	var cr claimRecord
+	switch {
+	case string(r.Key) != c.group:
+		return cr, "other group"
+	case len(r.Value) > claimsMaxRecord:
+		return cr, "too long"
+	case c.key != nil && !c.signed(r):
+		return cr, "not signed with --replicas-key-file"
+	}
+	if err := json.Unmarshal(r.Value, &cr); err != nil {
+		return cr, "not a claim: " + err.Error()
+	}
+	switch {
+	case cr.Kind != "hello" && cr.Kind != "claim" && cr.Kind != "asleep":
+		return cr, "unknown kind"
+	case cr.Replica == "" || len(cr.Replica) > claimsMaxName || !printable(cr.Replica):
+		return cr, "bad replica name"
+	case len(cr.Reason) > claimsMaxText || len(cr.Version) > claimsMaxText || !printable(cr.Reason) || !printable(cr.Version):
+		return cr, "bad text"
+	case cr.Kind == "claim" && (cr.Live < 0 || cr.Want <= cr.Live || cr.Want > cr.Live+claimsMaxStep):
+		return cr, "wanted members out of bounds"
+	}
+	return cr, ""
+}
+
+func (c *Claims) signed(r *kgo.Record) bool {
+	for _, h := range r.Headers {
+		if h.Key == macHeader {
+			return hmac.Equal(h.Value, c.mac(r.Value))
+		}
+	}
+	return false
+}
+
+// printable: valid UTF-8 without control or invisible characters, so that
+// a name is shown as it is.
+func printable(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			return false
+		}
+	}
+	return true
+}
+
 // apply applies one record of the log: the compare-and-swap.
 func (c *Claims) apply(r *kgo.Record) {
+	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.next = r.Offset + 1
+	cr, bad := c.parse(r)
+	if bad != "" {
+		if string(r.Key) == c.group {
+			c.junk++
+			if now.Sub(c.junkLog) >= time.Minute {
+				c.junkLog = now
+				c.log.Warn("standby: replicas: records of the group in the claims topic that do not count (junk, forged or of another kcr); they change nothing", "topic", c.topic, "offset", r.Offset, "why", bad, "so_far", c.junk)
+			}
+		}
+		c.progressed() // nothing changed: only ReadTo is woken
+		return
+	}
 	defer c.notify()
-	if string(r.Key) != c.group {
-		return
-	}
-	var cr claimRecord
-	if err := json.Unmarshal(r.Value, &cr); err != nil {
-		c.log.Warn("standby: replicas: a record of the claims topic is not a claim; it counts as one that lost", "topic", c.topic, "offset", r.Offset, "err", err)
-		c.last = r.Offset
-		return
-	}
 	if cr.V > claimsFormat {
 		c.log.Warn("standby: replicas: a claim of a newer format (another kcr version); the compare-and-swap still holds", "replica", cr.Replica, "format", cr.V)
 	}
@@ -191,19 +323,49 @@ func (c *Claims) apply(r *kgo.Record) {
 	if cr.Prev != prev {
 		return
 	}
-	c.valid = append(c.valid, Claim{Offset: r.Offset, At: r.Timestamp, Replica: cr.Replica, Live: cr.Live, Want: cr.Want, Reason: cr.Reason})
-	for len(c.valid) > 0 && time.Since(c.valid[0].At) > claimsKeep {
-		c.valid = c.valid[1:]
+	c.valid = append(c.valid, Claim{Offset: r.Offset, At: c.readAt(r, now), Replica: cr.Replica, Live: cr.Live, Want: cr.Want, Reason: cr.Reason})
+	c.prune(now)
+}
+
+// readAt is a claim's time: now, or, read when the log opens (before this
+// replica's hello), its broker timestamp if that is earlier.
+func (c *Claims) readAt(r *kgo.Record, now time.Time) time.Time {
+	if (c.hello < 0 || r.Offset < c.hello) && r.Timestamp.Before(now) {
+		return r.Timestamp
+	}
+	return now
+}
+
+// prune drops the claims older than claimsKeep, and the oldest past
+// claimsMax; c.mu is held.
+func (c *Claims) prune(now time.Time) {
+	keep := c.valid[:0]
+	for _, v := range c.valid {
+		if now.Sub(v.At) <= claimsKeep {
+			keep = append(keep, v)
+		}
+	}
+	clear(c.valid[len(keep):])
+	c.valid = keep
+	if n := len(c.valid) - claimsMax; n > 0 {
+		c.valid = append(c.valid[:0], c.valid[n:]...)
 	}
 }
 
-// notify wakes those waiting for a change; c.mu is held.
+// notify wakes those waiting for a change, and ReadTo; c.mu is held.
 func (c *Claims) notify() {
 	close(c.changed)
 	c.changed = make(chan struct{})
+	c.progressed()
 }
 
-// Changed is closed at the next record read.
+// progressed wakes ReadTo; c.mu is held.
+func (c *Claims) progressed() {
+	close(c.read)
+	c.read = make(chan struct{})
+}
+
+// Changed is closed at the next record of the group that counts.
 func (c *Claims) Changed() <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -215,7 +377,7 @@ func (c *Claims) Changed() <-chan struct{} {
 func (c *Claims) ReadTo(ctx context.Context, off int64) error {
 	for {
 		c.mu.Lock()
-		done, ch := c.next > off, c.changed
+		done, ch := c.next > off, c.read
 		c.mu.Unlock()
 		if done {
 			return nil
@@ -233,6 +395,10 @@ func (c *Claims) ReadTo(ctx context.Context, off int64) error {
 // the Pending (its last record) the decision was made on: a record read
 // since makes the claim lose, and the caller decides again.
 func (c *Claims) Claim(ctx context.Context, prev int64, live, want int, reason string) (bool, error) {
+	want = min(max(want, live+1), live+claimsMaxStep) // what readers count
+	if len(reason) > claimsMaxText {
+		reason = reason[:claimsMaxText]
+	}
 	off, err := c.write(ctx, claimRecord{Kind: "claim", Prev: prev, Live: live, Want: want, Reason: reason})
 	if err != nil {
 		return false, err

@@ -1,11 +1,14 @@
 package kafkawake
 
 import (
+	"encoding/json"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 )
@@ -18,7 +21,7 @@ import (
 func TestClaimsOneWinner(t *testing.T) {
 	_, addrs := kafkatest.Cluster(t, kfake.SeedTopics(1, "claims"))
 	openGroup := func(group, self string) *Claims {
-		c, err := OpenClaims(t.Context(), addrs, "claims", group, self, "test", nil)
+		c, err := OpenClaims(t.Context(), ClaimsConfig{Brokers: addrs, Topic: "claims", Group: group, Self: self, Version: "test"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -57,6 +60,8 @@ func TestClaimsOneWinner(t *testing.T) {
 	la, _ := a.Last()
 	lb, _ := b.Last()
 	ll, _ := late.Last()
+	// Each reader times a claim by its own reading; the rest agrees.
+	lb.At, ll.At = la.At, la.At
 	if la != lb || la != ll || (la.Replica == "a") != won[0] {
 		t.Errorf("last valid claims differ: a %+v, b %+v, late %+v (a won %v)", la, lb, ll, won[0])
 	}
@@ -92,5 +97,198 @@ func TestClaimsOneWinner(t *testing.T) {
 	}
 	if ok, err := loser.Claim(t.Context(), pa, 0, 1, "stale"); err != nil || ok {
 		t.Errorf("a claim on a stale reading: won %v, err %v; want lost", ok, err)
+	}
+}
+
+// forger writes records of its choosing to the claims topic, as anyone
+// who can write it can.
+type forger struct {
+	t  *testing.T
+	cl *kgo.Client
+}
+
+func newForger(t *testing.T, addrs []string) *forger {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ProducerLinger(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return &forger{t, cl}
+}
+
+// write writes value keyed by group, stamped ts (zero: now), and returns
+// its offset.
+func (f *forger) write(group string, value any, ts time.Time) int64 {
+	f.t.Helper()
+	b, ok := value.([]byte)
+	if !ok {
+		var err error
+		if b, err = json.Marshal(value); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+	r, err := f.cl.ProduceSync(f.t.Context(), &kgo.Record{Topic: "claims", Key: []byte(group), Value: b, Timestamp: ts}).First()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return r.Offset
+}
+
+func openClaims(t *testing.T, addrs []string, group, self string, key []byte) *Claims {
+	t.Helper()
+	c, err := OpenClaims(t.Context(), ClaimsConfig{Brokers: addrs, Topic: "claims", Group: group, Self: self, Version: "test", Key: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// Junk keyed by the group (not JSON, an unknown kind, a control character
+// in a name, a wanted count out of bounds, a huge value) written between
+// a replica's reading and its claim does not make the claim lose, and
+// wakes no waiting replica.
+func TestClaimsJunkDoesNotCount(t *testing.T) {
+	_, addrs := kafkatest.Cluster(t, kfake.SeedTopics(1, "claims"))
+	a := openClaims(t, addrs, "g", "a", nil)
+	f := newForger(t, addrs)
+	_, prev := a.Pending(time.Now(), 0, time.Minute)
+	changed := a.Changed()
+	var last int64
+	for _, v := range []any{
+		[]byte("not json"),
+		claimRecord{V: 1, Kind: "vote", Replica: "x", Prev: prev},
+		claimRecord{V: 1, Kind: "claim", Replica: "evil\x1b[2J", Prev: prev, Want: 1},
+		claimRecord{V: 1, Kind: "claim", Replica: "x", Prev: prev, Live: 0, Want: 1 << 30},
+		claimRecord{V: 1, Kind: "hello", Replica: strings.Repeat("x", 5000), Prev: -1},
+	} {
+		last = f.write("g", v, time.Time{})
+	}
+	if err := a.ReadTo(t.Context(), last); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-changed:
+		t.Error("junk woke the replicas waiting for a change of the claims")
+	default:
+	}
+	if ok, err := a.Claim(t.Context(), prev, 0, 1, "work waits"); err != nil || !ok {
+		t.Errorf("a claim after junk: won %v, err %v; want won", ok, err)
+	}
+}
+
+// Records of another group on the same topic wake no waiting replica of
+// this one.
+func TestClaimsOtherGroupsQuiet(t *testing.T) {
+	_, addrs := kafkatest.Cluster(t, kfake.SeedTopics(1, "claims"))
+	a := openClaims(t, addrs, "g", "a", nil)
+	other := openClaims(t, addrs, "h", "b", nil)
+	changed := a.Changed()
+	var last int64
+	for range 20 {
+		_, prev := other.Pending(time.Now(), 0, time.Minute)
+		if _, err := other.Claim(t.Context(), prev, 0, 1, "other"); err != nil {
+			t.Fatal(err)
+		}
+		last = prev
+		if err := other.Asleep(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.ReadTo(t.Context(), last+1); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-changed:
+		t.Error("another group's claims woke the replicas waiting for a change")
+	default:
+	}
+}
+
+// A claim's time is when it was read: one stamped an hour ahead is given
+// up after the bound like any other, and one stamped 40 s behind (its
+// writer's clock) is pending as long as any other.
+func TestClaimsTimeIsTheReaders(t *testing.T) {
+	_, addrs := kafkatest.Cluster(t, kfake.SeedTopics(1, "claims"))
+	a := openClaims(t, addrs, "g", "a", nil)
+	f := newForger(t, addrs)
+	for _, skew := range []time.Duration{time.Hour, -40 * time.Second} {
+		_, prev := a.Pending(time.Now(), 0, time.Minute)
+		off := f.write("g", claimRecord{V: 1, Kind: "claim", Replica: "x" + skew.String(), Prev: prev, Live: 0, Want: 1}, time.Now().Add(skew))
+		if err := a.ReadTo(t.Context(), off); err != nil {
+			t.Fatal(err)
+		}
+		now := time.Now()
+		if p, _ := a.Pending(now, 0, 30*time.Second); len(p) == 0 || p[len(p)-1].Offset != off {
+			t.Errorf("stamped %v: pending now %v, want the claim", skew, p)
+		}
+		if p, _ := a.Pending(now.Add(31*time.Second), 0, 30*time.Second); len(p) != 0 {
+			t.Errorf("stamped %v: pending past the bound %v, want none", skew, p)
+		}
+	}
+}
+
+// The claims kept are bounded, whatever their timestamps: a claim dated
+// an hour ahead at their head does not stop the pruning.
+func TestClaimsBoundedState(t *testing.T) {
+	_, addrs := kafkatest.Cluster(t, kfake.SeedTopics(1, "claims"))
+	a := openClaims(t, addrs, "g", "a", nil)
+	f := newForger(t, addrs)
+	_, prev := a.Pending(time.Now(), 0, time.Minute)
+	for i := range claimsMax + 100 {
+		ts := time.Time{}
+		if i == 0 {
+			ts = time.Now().Add(time.Hour)
+		}
+		prev = f.write("g", claimRecord{V: 1, Kind: "claim", Replica: "x", Prev: prev, Want: 1}, ts)
+	}
+	if err := a.ReadTo(t.Context(), prev); err != nil {
+		t.Fatal(err)
+	}
+	a.mu.Lock()
+	n := len(a.valid)
+	a.mu.Unlock()
+	if n > claimsMax {
+		t.Errorf("%d valid claims kept, want %d at most", n, claimsMax)
+	}
+	if l, _ := a.Last(); l.Offset != prev {
+		t.Errorf("last claim %+v, want the newest (offset %d)", l, prev)
+	}
+}
+
+// With a key, records not signed with it count for nothing: a forged
+// claim (right previous offset, right group) neither wins nor blocks,
+// and a forged asleep does not spend the winner's claim. Signed claims
+// elect as before.
+func TestClaimsSigned(t *testing.T) {
+	_, addrs := kafkatest.Cluster(t, kfake.SeedTopics(1, "claims"))
+	key := []byte("0123456789abcdef-shared")
+	a, b := openClaims(t, addrs, "g", "a", key), openClaims(t, addrs, "g", "b", key)
+	f := newForger(t, addrs)
+	_, prev := b.Pending(time.Now(), 0, time.Minute)
+	if err := a.ReadTo(t.Context(), prev); err != nil {
+		t.Fatal(err)
+	}
+	off := f.write("g", claimRecord{V: 1, Kind: "claim", Replica: "forger", Prev: prev, Want: 1}, time.Time{})
+	if err := a.ReadTo(t.Context(), off); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := a.Pending(time.Now(), 0, time.Minute); len(p) != 0 {
+		t.Errorf("an unsigned claim is pending: %v", p)
+	}
+	if ok, err := a.Claim(t.Context(), prev, 0, 1, "work waits"); err != nil || !ok {
+		t.Fatalf("a signed claim after a forged one: won %v, err %v; want won", ok, err)
+	}
+	off = f.write("g", claimRecord{V: 1, Kind: "asleep", Replica: a.self, Prev: -1}, time.Time{})
+	if err := b.ReadTo(t.Context(), off); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := b.Pending(time.Now(), 0, time.Minute); len(p) != 1 || p[0].Replica != "a" {
+		t.Errorf("pending after a forged asleep of the winner: %v, want a's claim", p)
+	}
+	// A replica with another key (or none) does not count a's records.
+	c := openClaims(t, addrs, "g", "c", []byte("another key, 16 bytes+"))
+	if p, _ := c.Pending(time.Now(), 0, time.Minute); len(p) != 0 {
+		t.Errorf("a replica with another key counts %v", p)
 	}
 }

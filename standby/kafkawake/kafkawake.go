@@ -135,6 +135,7 @@ type Watcher struct {
 	// guards the writes of a Wait's fetches, which run in parallel.
 	mu    sync.Mutex
 	state State
+	arr   arrivals // Backlog's
 }
 
 // ErrConfig is wrapped by the errors of New that a Config causes.

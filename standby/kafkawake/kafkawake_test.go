@@ -449,3 +449,53 @@ func TestNextRetry(t *testing.T) {
 		t.Errorf("waits %v, want %v", got, want)
 	}
 }
+
+// The backlog's age is the time its oldest record is known to have
+// waited: a record stamped a year ago (a replay, a mirror that keeps
+// timestamps) is only as old as the watcher has seen it, and one stamped
+// an hour ahead ages from when it was seen, as any other.
+func TestBacklogAgeClamped(t *testing.T) {
+	r := newRig(t)
+	r.commit(0, 0)
+	r.commit(1, 0)
+	w, _ := r.watcher(func(c *Config) { c.Topics = []string{"t"} })
+	stamp := func(p int32, ts time.Time) {
+		if err := r.cl.ProduceSync(t.Context(), &kgo.Record{Topic: "t", Partition: p, Value: []byte("x"), Timestamp: ts}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	backlog := func() Backlog {
+		b, err := w.Backlog(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	for _, c := range []struct {
+		what string
+		ts   time.Time
+	}{
+		{"a year ago", time.Now().AddDate(-1, 0, 0)},
+		{"an hour ahead", time.Now().Add(time.Hour)},
+	} {
+		r.commitEnds()
+		stamp(0, c.ts)
+		seen := time.Now()
+		if b := backlog(); b.Records != 1 || b.Age(time.Now()) > time.Since(seen)+time.Second {
+			t.Errorf("stamped %s: backlog %+v, %v old; want 1 record, about 0 old", c.what, b, b.Age(time.Now()))
+		}
+		time.Sleep(300 * time.Millisecond)
+		b := backlog()
+		if age := b.Age(time.Now()); age < 300*time.Millisecond || age > time.Since(seen)+time.Second {
+			t.Errorf("stamped %s, seen %v ago: backlog %v old", c.what, time.Since(seen), age)
+		}
+	}
+	// A record stamped as it was written ages from its stamp.
+	r.commitEnds()
+	stamp(1, time.Now().Add(-time.Minute))
+	backlog()
+	time.Sleep(200 * time.Millisecond)
+	if age := backlog().Age(time.Now()); age > 2*time.Second {
+		t.Errorf("a record a minute old, seen 200 ms: backlog %v old, want the time seen", age)
+	}
+}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 	"github.com/kcr-dev/kcr/notify"
@@ -354,5 +355,50 @@ func TestShareQuiescingHandler(t *testing.T) {
 		if v == "v-0" || dc != 2 {
 			t.Errorf("%s delivered again with delivery count %d: want the released ones only, with 2", v, dc)
 		}
+	}
+}
+
+// Acknowledgements the broker does not confirm within the budget refuse the
+// checkpoint (ErrAcksNotFlushed): the consumer goes on, the same client and
+// member, and its acknowledgements reach the broker once it answers.
+func TestShareCheckpointAcksNotFlushed(t *testing.T) {
+	const n = 5
+	c, addrs := kafkatest.Cluster(t, kfake.SeedTopics(1, "sa"), kafkatest.FastGroups())
+	c.SetGroupConfigs("sg", map[string]string{"share.auto.offset.reset": "earliest"})
+	produceValues(t, addrs, "sa", vals("v", n))
+	reg := notify.NewRegistry()
+	cons, err := NewShareConsumer(shareOpts(addrs, "sa", "sg"), WithRegistry(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cons.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var rs []*kgo.Record
+	for len(rs) < n && ctx.Err() == nil {
+		rs = append(rs, cons.PollFetches(ctx).Records()...)
+	}
+	release := make(chan struct{})
+	for _, key := range []int16{78, 79} { // ShareFetch, ShareAcknowledge: both carry acknowledgements
+		c.ControlKey(key, func(kmsg.Request) (kmsg.Response, error, bool) {
+			c.KeepControl()
+			c.SleepControl(func() { <-release })
+			return nil, nil, false
+		})
+	}
+	for _, r := range rs { // only now: no request sent before could carry them
+		r.Ack(kgo.AckAccept)
+	}
+	first := cons.Underlying()
+	res, err := reg.Simulate(ctx, notify.SimRestore, time.Second)
+	close(release)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(res.BeforeErr, ErrAcksNotFlushed) || res.Event.Kind != notify.Resume || cons.Underlying() != first {
+		t.Fatalf("BeforeErr %v, event %v, same client %v: want ErrAcksNotFlushed and a resume of the same client", res.BeforeErr, res.Event.Kind, cons.Underlying() == first)
+	}
+	if err := cons.FlushAcks(ctx); err != nil {
+		t.Fatalf("acks after the refused checkpoint: %v", err)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kcr-dev/kcr/kafkahooks/kgohooks"
+	"github.com/kcr-dev/kcr/standby/kafkawake"
 )
 
 // shareEarliest makes the share group start at the earliest offset of its
@@ -79,7 +80,8 @@ func shareDeliveries(evs []event) map[po][]int {
 // image restored as 3 clones, which all process records of the 2-partition
 // topic as distinct members. Read by an independent reader, no record is
 // missing; a record processed twice was released by a checkpoint and
-// delivered again (delivery count 2 or more).
+// delivered again (delivery count 2 or more). The broker then reports the
+// share group's backlog at 0 (kafkawake.ShareBacklog).
 func TestKgoShareCheckpointRestoreClones(t *testing.T) {
 	k := needKafka(t)
 	topic, group, prod := k.groupTopic("kshare", 2, 15)
@@ -155,6 +157,22 @@ func TestKgoShareCheckpointRestoreClones(t *testing.T) {
 			}
 		}
 		return len(missing) == 0, fmt.Sprintf("%d of %v not processed, e.g. %v", len(missing), ends, missing[:min(10, len(missing))])
+	})
+	// What kcr standby would read of the share group while it sleeps.
+	eventually(t, 60*time.Second, "the share group's backlog at 0", func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		b, err := kafkawake.ShareBacklog(ctx, k.cl, group)
+		if err != nil {
+			return false, err.Error()
+		}
+		n := int64(0)
+		for _, ps := range b {
+			for _, lag := range ps {
+				n += lag
+			}
+		}
+		return len(b[topic]) == 2 && n == 0, fmt.Sprint(b)
 	})
 	var unexplained []string
 	dups := 0

@@ -45,6 +45,9 @@ type backend interface {
 	ready(ctx context.Context, p proc) error
 	// killCopy kills p and waits until it is gone.
 	killCopy(p proc)
+	// stop stops p gracefully (SIGTERM), killing it if it is still
+	// there when ctx ends; it reports whether it killed it.
+	stop(ctx context.Context, p proc) (killed bool)
 }
 
 // engineBackend drives the service through package engine.

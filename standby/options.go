@@ -158,6 +158,14 @@ type Options struct {
 	// the service sleeps, its image is verified and opened and CRIU
 	// started, so that a wake pays for the restore only.
 	NoPrepare bool
+	// OnTerm is what Run does with a running service once its context
+	// ends (SIGTERM): TermCheckpoint (default), TermStop or TermLeave.
+	OnTerm TermPolicy
+	// TermGrace bounds that shutdown (default 25 s): keep it below the
+	// time the service manager waits before SIGKILL (Kubernetes'
+	// terminationGracePeriodSeconds, systemd's TimeoutStopSec).
+	TermGrace time.Duration
+
 	// Logger receives the JSON transitions (default slog.Default()).
 	Logger *slog.Logger
 	// Observer, if set, is told every transition (metrics).
@@ -178,7 +186,7 @@ func (o *Options) check() error {
 		return bad("--image-dir is required: the directory that keeps the service's image while it sleeps")
 	case o.Idle <= 0:
 		return bad("--idle %v: give a positive duration such as 60s", o.Idle)
-	case o.Poll < 0, o.ActivityPoll < 0, o.HookBudget < 0, o.ReadyTimeout < 0, o.BackoffMin < 0, o.BackoffMax < 0, o.CheckpointBackoffMax < 0, o.BrokerTimeout < 0:
+	case o.Poll < 0, o.TermGrace < 0, o.ActivityPoll < 0, o.HookBudget < 0, o.ReadyTimeout < 0, o.BackoffMin < 0, o.BackoffMax < 0, o.CheckpointBackoffMax < 0, o.BrokerTimeout < 0:
 		return bad("a negative duration: give positive durations such as 100ms")
 	case o.Group != "" && len(o.Brokers) == 0:
 		return bad("--group %q needs --brokers", o.Group)
@@ -193,6 +201,15 @@ func (o *Options) check() error {
 	}
 	if err := o.Kafka.check(); err != nil {
 		return bad("%v", err)
+	}
+	if o.OnTerm == "" {
+		o.OnTerm = DefaultOnTerm
+	}
+	if err := o.OnTerm.check(); err != nil {
+		return bad("%v", err)
+	}
+	if o.TermGrace == 0 {
+		o.TermGrace = DefaultTermGrace
 	}
 	if o.ActivityPoll == 0 {
 		o.ActivityPoll = min(max(o.Idle/10, minActivityPoll), maxActivityPoll)

@@ -298,11 +298,12 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		s.step(ctx, c)
 	}
+	s.shutdown(context.WithoutCancel(ctx))
 	if s.hold != nil {
 		s.hold.stop()
 	}
 	st := s.State()
-	s.log.Info("standby: stopping; the service is left as it is", "state", string(st), "pid", s.cur.PID, "image", s.image)
+	s.log.Info("standby: stopping", "state", string(st), "pid", s.Status().PID, "image", s.Status().Image, "on_term", string(s.o.OnTerm))
 	return nil
 }
 
@@ -339,7 +340,7 @@ func (s *Supervisor) step(ctx context.Context, c *run) {
 			c.next = StateCheckpointing
 		}
 	case StateCheckpointing:
-		c.next = s.checkpoint(ctx, c.p)
+		c.next = s.checkpoint(ctx, c.p, false)
 		if c.next == StateStandby {
 			c.crashes = 0
 		} else if c.next == StateBackoff {
@@ -579,8 +580,9 @@ func (s *Supervisor) watch(ctx context.Context, p proc) outcome {
 // checkpoint checkpoints p into a new image, which then replaces the old
 // one. It returns the next state: StateStandby, StateRunning (the hooks
 // refused, or the dump failed: the service resumed) or StateBackoff (the
-// service is gone without an image).
-func (s *Supervisor) checkpoint(ctx context.Context, p proc) State {
+// service is gone without an image). atTerm is the shutdown's checkpoint
+// (shutdown.go): records waiting do not hold it back.
+func (s *Supervisor) checkpoint(ctx context.Context, p proc, atTerm bool) State {
 	name, err := s.dir.nextImage()
 	if err != nil {
 		s.log.Error("standby: cannot name the next image; the service runs on", "err", err)
@@ -588,7 +590,11 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc) State {
 	}
 	// Idle is not enough: work the service has not taken yet (it is still
 	// joining its group, say) keeps it awake.
-	for _, w := range s.wakes {
+	busy := s.wakes
+	if atTerm {
+		busy = nil
+	}
+	for _, w := range busy {
 		why, err := w.busy(ctx)
 		switch {
 		case err != nil:

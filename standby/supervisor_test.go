@@ -37,6 +37,11 @@ type fake struct {
 	// touchOnRestore counts activity in a restored process before its
 	// restore returns (a record handed before the supervisor looks).
 	touchOnRestore bool
+	stops     int  // stop calls
+	stopHangs bool // the service ignores SIGTERM
+	// ckptDelay delays every checkpoint (a slow dump); it ends early
+	// with ctx, failing the checkpoint.
+	ckptDelay time.Duration
 	// onCheckpoint runs in a successful checkpoint: the service's hooks
 	// (its member leaves its group, say).
 	onCheckpoint func()
@@ -60,6 +65,11 @@ func (f *fake) start(ctx context.Context) (proc, error) {
 }
 
 func (f *fake) checkpoint(ctx context.Context, p proc, dir, name string) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(f.ckptDelay):
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.refuse > 0 {
@@ -126,6 +136,20 @@ func (f *fake) copies() []proc {
 func (f *fake) ready(ctx context.Context, p proc) error { return nil }
 
 func (f *fake) killCopy(p proc) { f.kill(p.PID) }
+
+// stop stops p at once, unless f.stopHangs: then p is killed when ctx
+// ends.
+func (f *fake) stop(ctx context.Context, p proc) bool {
+	f.mu.Lock()
+	hangs := f.stopHangs
+	f.stops++
+	f.mu.Unlock()
+	if hangs {
+		<-ctx.Done()
+	}
+	f.kill(p.PID)
+	return hangs
+}
 
 func (f *fake) kill(pid int) {
 	f.mu.Lock()

@@ -29,6 +29,7 @@ type standbyOpts struct {
 	kdatCache bool
 	prepare   bool
 	keepBad   int
+	onTerm    string
 }
 
 func standbyCmd(g *globals) *cobra.Command {
@@ -45,9 +46,13 @@ checkpoints it now. Every transition is logged as JSON on stderr.
 The service's control socket reports its activity; what counts is in
 docs/standby.md ("When is a service idle?").
 
-SIGTERM or SIGINT stop kcr standby and leave the service as it is: running,
-or checkpointed with its image in --image-dir; a new kcr standby with the same
---image-dir goes on from there. See docs/standby.md.`,
+SIGTERM or SIGINT stop kcr standby. A running service is first checkpointed
+(--on-term checkpoint, the default: the next kcr standby with the same
+--image-dir restores it warm), stopped (--on-term stop: SIGTERM, then SIGKILL
+at the end of --term-grace) or left running (--on-term leave). A checkpoint
+refused or not done in time falls back to stop. Keep --term-grace below the
+time your service manager waits before SIGKILL (terminationGracePeriodSeconds,
+TimeoutStopSec). See docs/standby.md, "Shutdown".`,
 		Args: cobra.ArbitraryArgs,
 		RunE: runE(g, &opts, runStandby),
 	}
@@ -67,6 +72,8 @@ or checkpointed with its image in --image-dir; a new kcr standby with the same
 	f.BoolVar(&opts.kdatCache, "kdat-cache", true, "keep CRIU's kernel probe for kcr standby's lifetime where /run is not a tmpfs (else CRIU probes at every checkpoint and restore)")
 	f.BoolVar(&o.Lazy, "lazy", false, "restore memory on demand (userfaultfd): the wake does not grow with the service's RSS; see docs/benchmarks.md for what the service pays")
 	f.BoolVar(&opts.prepare, "prepare-restore", true, "while the service sleeps, verify its image and start CRIU, so that a wake pays for the restore only")
+	f.StringVar(&opts.onTerm, "on-term", string(standby.DefaultOnTerm), "what SIGTERM does to a running service: checkpoint (its image is kept and restored warm at the next start), stop (SIGTERM, then SIGKILL at the end of --term-grace) or leave (it runs on)")
+	f.DurationVar(&o.TermGrace, "term-grace", standby.DefaultTermGrace, "bound of the shutdown on SIGTERM; a checkpoint gets all of it but a third (at most 10s) kept for the stop it falls back to")
 	kafkaSecurityFlags(cmd, &o.Kafka)
 	f.StringVar(&o.Listen, "listen", "", "TCP address kcr listens on and hands to the service (LISTEN_FDS); a connection wakes it")
 	f.StringVar(&opts.metrics, "metrics", "", "serve Prometheus metrics (/metrics) and the liveness and readiness probes (/healthz, /readyz) on this address; a probe never wakes the service")
@@ -91,6 +98,7 @@ func runStandby(ctx context.Context, opts *standbyOpts, out *output) error {
 	o.NoHoldGroup = !opts.holdGroup
 	o.NoKdatCache = !opts.kdatCache
 	o.NoPrepare = !opts.prepare
+	o.OnTerm = standby.TermPolicy(opts.onTerm)
 	switch {
 	case opts.keepBad < 0:
 		return &exitError{exitUsage, fmt.Errorf("--keep-bad %d: give 0 (keep none) or more", opts.keepBad)}

@@ -37,8 +37,8 @@ type fake struct {
 	// touchOnRestore counts activity in a restored process before its
 	// restore returns (a record handed before the supervisor looks).
 	touchOnRestore bool
-	stops     int  // stop calls
-	stopHangs bool // the service ignores SIGTERM
+	stops          int  // stop calls
+	stopHangs      bool // the service ignores SIGTERM
 	// ckptDelay delays every checkpoint (a slow dump); it ends early
 	// with ctx, failing the checkpoint.
 	ckptDelay time.Duration

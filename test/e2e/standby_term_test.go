@@ -5,6 +5,8 @@ package e2e
 // the namespace, the service's included).
 
 import (
+	"sigs.k8s.io/yaml"
+
 	"fmt"
 	"os"
 	"path/filepath"
@@ -127,4 +129,83 @@ func closeInheritedFDs(t *testing.T) {
 			syscall.CloseOnExec(fd)
 		}
 	}
+}
+
+// The shipped manifests give kcr standby's shutdown the time it asks for:
+// --term-grace ends before the kubelet's SIGKILL
+// (terminationGracePeriodSeconds) and systemd's (TimeoutStopSec), and
+// systemd sends SIGTERM to kcr standby alone, killing what is left after
+// it (KillMode=mixed), so that the service is never orphaned.
+func TestStandbyShutdownManifests(t *testing.T) {
+	graceIn := func(args []string) time.Duration {
+		for i, a := range args {
+			if a == "--term-grace" && i+1 < len(args) {
+				d, err := time.ParseDuration(args[i+1])
+				if err != nil {
+					t.Fatal(err)
+				}
+				return d
+			}
+		}
+		return 25 * time.Second // standby.DefaultTermGrace
+	}
+	for _, f := range []string{standbyPodFile, standbyDeploymentFile} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := strings.NewReplacer("${METRICS_PORT}", "9464", "${ARGS}", "[]", "${IMAGE}", "x").Replace(string(b))
+		docs := strings.Split(s, "\n---\n")
+		var pod struct {
+			Spec struct {
+				Template struct {
+					Spec podSpec `json:"spec"`
+				} `json:"template"`
+				podSpec
+			} `json:"spec"`
+		}
+		if err := yaml.Unmarshal([]byte(docs[len(docs)-1]), &pod); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		ps := pod.Spec.podSpec
+		if len(ps.Containers) == 0 {
+			ps = pod.Spec.Template.Spec
+		}
+		if len(ps.Containers) != 1 || ps.Grace == nil {
+			t.Fatalf("%s: want one container and terminationGracePeriodSeconds", f)
+		}
+		grace := graceIn(append(ps.Containers[0].Command, ps.Containers[0].Args...))
+		if limit := time.Duration(*ps.Grace) * time.Second; grace+2*time.Second > limit {
+			t.Errorf("%s: --term-grace %v does not end well before terminationGracePeriodSeconds (%v)", f, grace, limit)
+		}
+	}
+	b, err := os.ReadFile("../../deploy/systemd/kcr-standby@.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unit := map[string]string{}
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(l, "="); ok && !strings.HasPrefix(l, "#") {
+			unit[k] = v
+		}
+	}
+	stop, err := time.ParseDuration(unit["TimeoutStopSec"])
+	if err != nil {
+		t.Fatalf("TimeoutStopSec %q: %v", unit["TimeoutStopSec"], err)
+	}
+	if grace := graceIn(strings.Fields(unit["ExecStart"])); grace+2*time.Second > stop {
+		t.Errorf("systemd unit: --term-grace %v does not end well before TimeoutStopSec=%v", grace, stop)
+	}
+	if unit["KillMode"] != "mixed" || unit["Restart"] != "always" {
+		t.Errorf("systemd unit: KillMode=%s Restart=%s, want mixed (SIGTERM to kcr standby, nothing orphaned) and always (docs/failure-modes.md)", unit["KillMode"], unit["Restart"])
+	}
+}
+
+// podSpec is the part of a pod's spec the shutdown depends on.
+type podSpec struct {
+	Grace      *int64 `json:"terminationGracePeriodSeconds"`
+	Containers []struct {
+		Command []string `json:"command"`
+		Args    []string `json:"args"`
+	} `json:"containers"`
 }

@@ -5,8 +5,6 @@ package e2e
 // the namespace, the service's included).
 
 import (
-	"sigs.k8s.io/yaml"
-
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"sigs.k8s.io/yaml"
 
 	"github.com/kcr-dev/kcr/internal/procfs"
 )

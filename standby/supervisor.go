@@ -3,6 +3,7 @@ package standby
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -45,6 +46,7 @@ type Supervisor struct {
 	cycle uint64
 	// ckptFails counts the failed checkpoints in a row (ckptBackoff).
 	ckptFails int
+	since     time.Time // when cur began to run
 
 	// stateMu serializes the writes of the state file: the group hold
 	// records its member id from its own goroutine.
@@ -133,8 +135,11 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 		if criuPath, _, err = engine.CRIU(ctx, o.CRIU); err != nil {
 			return nil, err
 		}
+		if err := becomeSubreaper(); err != nil {
+			s.log.Warn("standby: not a child subreaper: the exit status of a restored service is unknown", "err", err)
+		}
 	}
-	eb := &engineBackend{o: &s.o, log: s.log, dir: s.dir.path}
+	eb := &engineBackend{o: &s.o, log: s.log, dir: s.dir.path, exits: newExits()}
 	if s.ln != nil {
 		f, err := s.ln.File() // a dup, handed to every cold start
 		if err != nil {
@@ -295,7 +300,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	case StateStandby, StateRestoring:
 		s.log.Info("standby: resuming from an image", "image", s.image, "why", r.reason)
 	}
-	for ctx.Err() == nil {
+	for ctx.Err() == nil && c.next != StateStopped {
 		s.step(ctx, c)
 	}
 	s.shutdown(context.WithoutCancel(ctx))
@@ -304,7 +309,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	}
 	st := s.State()
 	s.log.Info("standby: stopping", "state", string(st), "pid", s.Status().PID, "image", s.Status().Image, "on_term", string(s.o.OnTerm))
-	return nil
+	return c.err
 }
 
 // run is where Run is in the cycle.
@@ -315,6 +320,7 @@ type run struct {
 	reason  string    // of the next cold start
 	src     string    // of the next restore
 	at      time.Time // when that wake came
+	err     error     // Run's (a crash loop)
 }
 
 // step does one step of the cycle: what c.next says.
@@ -323,6 +329,10 @@ func (s *Supervisor) step(ctx context.Context, c *run) {
 	case StateStarting:
 		s.coldStart(ctx, c)
 	case StateBackoff:
+		if s.crashLoop(c) {
+			c.next = StateStopped
+			return
+		}
 		d := backoff(s.o.BackoffMin, s.o.BackoffMax, c.crashes)
 		s.setState(StateBackoff, "wait_ms", ms(d), "failures_in_a_row", c.crashes)
 		select {
@@ -333,9 +343,7 @@ func (s *Supervisor) step(ctx context.Context, c *run) {
 	case StateRunning:
 		switch s.watch(ctx, c.p) {
 		case outCrashed:
-			c.crashes++
-			s.log.Error("standby: the service exited by itself; restarting it cold", "pid", c.p.PID, "failures_in_a_row", c.crashes)
-			c.reason, c.next = "the service exited", StateBackoff
+			s.serviceExited(c, "")
 		case outIdle, outSleep:
 			c.next = StateCheckpointing
 		}
@@ -366,6 +374,11 @@ func (s *Supervisor) step(ctx context.Context, c *run) {
 		c.src, c.at, c.next = src, at, StateRestoring
 	case StateRestoring:
 		p, err := s.restore(ctx, c.src, c.at)
+		if errors.Is(err, errExitedInRestore) {
+			c.p = p
+			s.serviceExited(c, "during its after-restore hooks")
+			return
+		}
 		if err != nil {
 			if ctx.Err() == nil {
 				c.reason, c.next = "restore failed", StateStarting
@@ -505,6 +518,9 @@ func (s *Supervisor) setImage(name string) {
 // running records that p runs now: a new cycle.
 func (s *Supervisor) running(p proc, attrs ...any) {
 	s.mu.Lock()
+	if s.cur != p {
+		s.since = time.Now()
+	}
 	s.cur = p
 	s.cycle++
 	s.mu.Unlock()
@@ -717,6 +733,12 @@ func (s *Supervisor) restore(ctx context.Context, source string, wokeAt time.Tim
 	p, err := s.b.restore(ctx, s.dir.path, s.image)
 	d := time.Since(t)
 	s.o.Observer.Restore(d, err)
+	if errors.Is(err, errExitedInRestore) {
+		s.mu.Lock()
+		s.since = t
+		s.mu.Unlock()
+		return p, err
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return proc{}, err

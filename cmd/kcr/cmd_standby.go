@@ -30,6 +30,7 @@ type standbyOpts struct {
 	prepare   bool
 	keepBad   int
 	onTerm    string
+	onExit    string
 }
 
 func standbyCmd(g *globals) *cobra.Command {
@@ -74,6 +75,9 @@ TimeoutStopSec). See docs/standby.md, "Shutdown".`,
 	f.BoolVar(&opts.prepare, "prepare-restore", true, "while the service sleeps, verify its image and start CRIU, so that a wake pays for the restore only")
 	f.StringVar(&opts.onTerm, "on-term", string(standby.DefaultOnTerm), "what SIGTERM does to a running service: checkpoint (its image is kept and restored warm at the next start), stop (SIGTERM, then SIGKILL at the end of --term-grace) or leave (it runs on)")
 	f.DurationVar(&o.TermGrace, "term-grace", standby.DefaultTermGrace, "bound of the shutdown on SIGTERM; a checkpoint gets all of it but a third (at most 10s) kept for the stop it falls back to")
+	f.StringVar(&opts.onExit, "on-exit", string(standby.DefaultOnExit), "what an exit 0 of the service does: restart (start it again cold, not a failure) or stop (kcr standby exits 0)")
+	f.IntVar(&o.CrashLimit, "crash-limit", standby.DefaultCrashLimit, "exit non-zero after this many failures of the service in a row (so that systemd or the kubelet sees a crash loop); 0 restarts forever")
+	f.DurationVar(&o.StableAfter, "stable-after", standby.DefaultStableAfter, "a run of the service this long forgets the failures before it")
 	kafkaSecurityFlags(cmd, &o.Kafka)
 	f.StringVar(&o.Listen, "listen", "", "TCP address kcr listens on and hands to the service (LISTEN_FDS); a connection wakes it")
 	f.StringVar(&opts.metrics, "metrics", "", "serve Prometheus metrics (/metrics) and the liveness and readiness probes (/healthz, /readyz) on this address; a probe never wakes the service")
@@ -99,6 +103,10 @@ func runStandby(ctx context.Context, opts *standbyOpts, out *output) error {
 	o.NoKdatCache = !opts.kdatCache
 	o.NoPrepare = !opts.prepare
 	o.OnTerm = standby.TermPolicy(opts.onTerm)
+	o.OnExit = standby.ExitPolicy(opts.onExit)
+	if o.CrashLimit == 0 {
+		o.CrashLimit = -1 // standby.Options: negative never stops, zero is the default
+	}
 	switch {
 	case opts.keepBad < 0:
 		return &exitError{exitUsage, fmt.Errorf("--keep-bad %d: give 0 (keep none) or more", opts.keepBad)}

@@ -5,8 +5,10 @@ package e2e
 // the namespace, the service's included).
 
 import (
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -208,4 +210,65 @@ type podSpec struct {
 		Command []string `json:"command"`
 		Args    []string `json:"args"`
 	} `json:"containers"`
+}
+
+// serviceHostPID is the host PID of the one copy of s's service (the
+// status names it in kcr standby's own PID namespace).
+func (s *sbRun) serviceHostPID() int {
+	s.t.Helper()
+	abs, _ := filepath.Abs(s.dir)
+	var pid int
+	eventually(s.t, 60*time.Second, "one copy of the service", func() (bool, string) {
+		ms := procfs.NamespaceInitsWith("KCR_STANDBY_DIR=" + abs)
+		if len(ms) == 1 {
+			pid = ms[0].PID
+		}
+		return len(ms) == 1, fmt.Sprintf("%d copies", len(ms))
+	})
+	return pid
+}
+
+// The service's exits, with kcr standby as a container's init: a SIGKILL
+// is logged as such and counted; an exit 0 (testapp's on SIGTERM) is
+// logged with its status at INFO and restarts the service at once,
+// uncounted; after --crash-limit failures in a row kcr standby exits
+// non-zero, which its own supervisor sees.
+func TestStandbyExits(t *testing.T) {
+	need(t)
+	k := &kafkaEnv{t: t}
+	closeInheritedFDs(t)
+	dir := filepath.Join(t.TempDir(), "img")
+	s := k.launchStandby(true, dir, []string{"--idle", "1h", "--crash-limit", "3", "--max-backoff", "1s", "--stable-after", "1h"}, appBin)
+	s.waitState("running", 60*time.Second)
+	syscall.Kill(s.serviceHostPID(), syscall.SIGKILL)
+	eventually(t, 60*time.Second, "the SIGKILL logged", func() (bool, string) {
+		return s.countLogs("standby: the service exited by itself; restarting it cold", "signal", "SIGKILL", "failures_in_a_row", "1") == 1, ""
+	})
+	s.waitState("running", 60*time.Second)
+	syscall.Kill(s.serviceHostPID(), syscall.SIGTERM)
+	eventually(t, 60*time.Second, "the exit 0 logged", func() (bool, string) {
+		return s.countLogs("standby: the service exited 0; starting it again cold", "exit_code", "0", "level", "INFO") == 1, ""
+	})
+	for kills := 0; ; kills++ {
+		if kills > 6 {
+			t.Fatal("kcr standby runs on after 6 more failures (--crash-limit 3)")
+		}
+		st, err := s.status()
+		if err == nil && st.State == "running" {
+			syscall.Kill(s.serviceHostPID(), syscall.SIGKILL)
+		}
+		select {
+		case err := <-s.done:
+			s.done <- err
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+				t.Fatalf("kcr standby exited with %v after a crash loop, want status 1", err)
+			}
+			if n := s.countLogs("standby: crash loop; exiting non-zero", "failures_in_a_row", "3"); n != 1 {
+				t.Errorf("%d crash loops logged after 3 failures, want 1", n)
+			}
+			return
+		case <-time.After(5 * time.Second):
+		}
+	}
 }

@@ -69,15 +69,29 @@ func (s *sbRun) term(timeout time.Duration) (time.Duration, error) {
 // checkpoints the running consumer and exits 0; records produced while
 // nothing runs are then processed by the copy the next kcr standby restores
 // from that image (no cold start), each once, and the group's commits (read
-// by kcr's own admin client) reach the end of the topic: 0 missing. With
-// kafka-go and franz-go.
+// by kcr's own admin client) reach the end of the topic: 0 missing. Then
+// the same with --on-term stop: a graceful stop and a cold start, nothing
+// missing. With kafka-go and franz-go, on the test broker and on one with
+// Kafka's production group settings.
 func TestStandbyTermCheckpoint(t *testing.T) {
-	for _, c := range []struct{ name, bin string }{{"kafka-go", kafkaBin}, {"franz-go", kgoBin}} {
+	for _, c := range []struct {
+		name, bin string
+		prod      bool
+		extra     []string // the service's own flags
+	}{
+		{"kafka-go", kafkaBin, false, nil},
+		{"franz-go", kgoBin, false, nil},
+		{"kafka-go-handover-prod", kafkaBin, true, []string{"-group-handover"}},
+		{"franz-go-kip848-prod", kgoBin, true, []string{"-balancer", "server"}},
+	} {
 		t.Run(c.name, func(t *testing.T) {
 			k := needKafka(t)
+			if c.prod {
+				k = needKafkaProd(t)
+			}
 			topic, group := k.newTopic("standby-term", 2), uniqueName("standby-term")
 			flags := []string{"--idle", "1h", "--group", group, "--topics", topic}
-			svc := consumerArgs(c.bin, k.brokers, topic, group)
+			svc := append(consumerArgs(c.bin, k.brokers, topic, group), c.extra...)
 			dir := filepath.Join(t.TempDir(), "img")
 			s := k.startStandbyInit(dir, flags, svc...)
 			s.waitState("running", 60*time.Second)
@@ -110,9 +124,38 @@ func TestStandbyTermCheckpoint(t *testing.T) {
 				t.Errorf("%d restores woken by the waiting records, want 1", n)
 			}
 			k.waitCommitted(group, topic, k.endOffsets(topic), 60*time.Second)
+
+			// --on-term stop: the service's own SIGTERM handling commits
+			// and leaves; the next start is cold (today's first result
+			// after a rollout, for comparison), and nothing is missed.
+			// s2's service is the restored one: stop it via its shutdown.
+			s2.waitState("running", 60*time.Second)
 			if _, err := s2.term(60 * time.Second); err != nil {
-				t.Errorf("the second kcr standby exited with %v after SIGTERM, want 0", err)
+				t.Fatalf("the second kcr standby exited with %v after SIGTERM, want 0", err)
 			}
+			stopFlags := append([]string{"--on-term", "stop"}, flags...)
+			s3 := k.startStandbyInit(dir, stopFlags, svc...)
+			s3.waitState("standby", 60*time.Second)
+			k.produceN(topic, 5)
+			s3.waitAllProcessed(topic, 60*time.Second)
+			s3.waitState("running", 60*time.Second)
+			if _, err := s3.term(60 * time.Second); err != nil {
+				t.Fatalf("kcr standby --on-term stop exited with %v after SIGTERM, want 0", err)
+			}
+			if n := s3.countLogs("standby: shutdown: the service is stopped", "killed", "false"); n != 1 {
+				t.Fatalf("%d graceful stops at shutdown logged, want 1", n)
+			}
+			k.produceN(topic, 5)
+			t0 = time.Now()
+			s4 := k.startStandbyInit(dir, flags, svc...)
+			s4.waitAllProcessed(topic, 60*time.Second)
+			if first, ok := s4.firstProcessed(t0); ok {
+				t.Logf("after --on-term stop, next start (cold) → first record processed: %v", first.Sub(t0).Round(time.Millisecond))
+			}
+			if n := s4.countLogs("standby: starting"); n != 1 {
+				t.Errorf("%d cold starts after a stop, want 1", n)
+			}
+			k.waitCommitted(group, topic, k.endOffsets(topic), 60*time.Second)
 		})
 	}
 }

@@ -5,8 +5,10 @@ package e2e
 // the namespace, the service's included).
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -313,5 +315,37 @@ func TestStandbyExits(t *testing.T) {
 			return
 		case <-time.After(5 * time.Second):
 		}
+	}
+}
+
+// A connection that wakes a restored service is answered only once the
+// service's own after-restore hooks ran, those registered after
+// notify.Listeners included (testapp's 1 s "late" hook): the answer shows
+// the hook done for this restore. kcr standby as a container's init.
+func TestStandbyListenAfterRestoreHooks(t *testing.T) {
+	need(t)
+	probe, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := probe.Addr().String()
+	probe.Close()
+	closeInheritedFDs(t)
+	k := &kafkaEnv{t: t}
+	s := k.launchStandby(true, filepath.Join(t.TempDir(), "img"), []string{"--idle", "1s", "--listen", addr}, appBin, "-listen-fds", "-late-hook", "1s")
+	s.waitState("standby", 60*time.Second)
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(60 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	f := strings.Fields(line)
+	if len(f) != 4 || f[1] == "0" || f[3] != "late="+f[1] {
+		t.Fatalf("answer %q: want \"counter generation id late=generation\" from the restored copy, its late hook done", line)
 	}
 }

@@ -55,6 +55,30 @@ func (p ExitPolicy) check() error {
 	return fmt.Errorf("--on-exit %q: give restart or stop", string(p))
 }
 
+// checkLifecycle checks the shutdown and exit options and fills in their
+// defaults.
+func (o *Options) checkLifecycle() error {
+	if o.OnTerm == "" {
+		o.OnTerm = DefaultOnTerm
+	}
+	if o.TermGrace == 0 {
+		o.TermGrace = DefaultTermGrace
+	}
+	if o.OnExit == "" {
+		o.OnExit = DefaultOnExit
+	}
+	if o.CrashLimit == 0 {
+		o.CrashLimit = DefaultCrashLimit
+	}
+	if o.StableAfter == 0 {
+		o.StableAfter = DefaultStableAfter
+	}
+	if err := o.OnTerm.check(); err != nil {
+		return err
+	}
+	return o.OnExit.check()
+}
+
 // exitInfo is how a copy of the service ended.
 type exitInfo struct {
 	Known  bool   // kcr reaped it (it was kcr's child): the fields below hold
@@ -178,8 +202,10 @@ func (x *exits) status(pid int) exitInfo {
 
 // becomeSubreaper makes kcr standby the parent of the copies CRIU restores
 // once CRIU exits, so that it reaps them and learns their exit status.
-func becomeSubreaper() error {
-	return unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+func (s *Supervisor) becomeSubreaper() {
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		s.log.Warn("standby: not a child subreaper: the exit status of a restored service is unknown", "err", err)
+	}
 }
 
 // oomCounter returns a reader of the OOM kill count of pid's memory

@@ -213,26 +213,8 @@ func (o *Options) check() error {
 	if err := o.Kafka.check(); err != nil {
 		return bad("%v", err)
 	}
-	if o.OnTerm == "" {
-		o.OnTerm = DefaultOnTerm
-	}
-	if err := o.OnTerm.check(); err != nil {
+	if err := o.checkLifecycle(); err != nil {
 		return bad("%v", err)
-	}
-	if o.TermGrace == 0 {
-		o.TermGrace = DefaultTermGrace
-	}
-	if o.OnExit == "" {
-		o.OnExit = DefaultOnExit
-	}
-	if err := o.OnExit.check(); err != nil {
-		return bad("%v", err)
-	}
-	if o.CrashLimit == 0 {
-		o.CrashLimit = DefaultCrashLimit
-	}
-	if o.StableAfter == 0 {
-		o.StableAfter = DefaultStableAfter
 	}
 	if o.ActivityPoll == 0 {
 		o.ActivityPoll = min(max(o.Idle/10, minActivityPoll), maxActivityPoll)

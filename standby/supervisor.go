@@ -135,9 +135,6 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 		if criuPath, _, err = engine.CRIU(ctx, o.CRIU); err != nil {
 			return nil, err
 		}
-		if err := becomeSubreaper(); err != nil {
-			s.log.Warn("standby: not a child subreaper: the exit status of a restored service is unknown", "err", err)
-		}
 	}
 	eb := &engineBackend{o: &s.o, log: s.log, dir: s.dir.path, exits: newExits()}
 	if s.ln != nil {
@@ -284,6 +281,9 @@ func (s *Supervisor) setState(st State, attrs ...any) {
 func (s *Supervisor) Run(ctx context.Context) error {
 	defer s.close()
 	defer s.setState(StateStopped)
+	if _, ok := s.b.(*engineBackend); ok {
+		s.becomeSubreaper()
+	}
 	// Before the hold may start, and before the service may join.
 	s.sweepHold()
 	// What an earlier kcr standby set aside beyond Options.KeepBad, or

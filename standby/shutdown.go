@@ -69,6 +69,7 @@ func (s *Supervisor) shutdown(parent context.Context) {
 		next := s.checkpoint(cctx, p, true)
 		ccancel()
 		if next == StateStandby {
+			s.setState(StateStandby, "image", s.Status().Image)
 			s.log.Info("standby: shutdown: the service is checkpointed; the next start restores it", "policy", string(s.o.OnTerm), "image", s.Status().Image, "shutdown_ms", ms(time.Since(t)))
 			return
 		}

@@ -110,7 +110,8 @@ var logLineRE = sync.OnceValue(func() *regexp.Regexp {
 // raise its rlimits and logs an Operation not permitted error, then carries on.
 func harmless(msg string) bool {
 	l := strings.ToLower(msg)
-	return strings.Contains(l, "rlimit") && strings.Contains(l, "not permitted")
+	return (strings.Contains(l, "rlimit") || strings.Contains(l, "rlim_") || strings.Contains(l, "nr_open")) &&
+		(strings.Contains(l, "not permitted") || strings.Contains(l, "cap_sys_resource"))
 }
 
 // ParseLog scans a CRIU log and returns the first real error message (its
@@ -249,14 +250,13 @@ func newError(op, logPath, output string, err error) *Error {
 	if _, statErr := os.Stat(logPath); statErr != nil {
 		logPath = ""
 	}
-	if first == "" || c == CauseUnknown {
-		ofirst, oc := parseOutput(output)
-		if first == "" {
-			first = ofirst
-		}
-		if c == CauseUnknown {
-			c = oc
-		}
+	if first == "" {
+		// What criu printed is read only when its log explains nothing:
+		// beside a real error in the log, a line there (CRIU's service
+		// setup, such as its rlimit without CAP_SYS_RESOURCE) would give
+		// its cause, and a hint about capabilities, to an unrelated
+		// failure.
+		first, c = parseOutput(output)
 	}
 	return &Error{Op: op, First: first, Log: logPath, Cause: c, Hint: c.Hint(), Err: err}
 }

@@ -62,6 +62,9 @@ type RunResult struct {
 	PID    int    // host PID
 	Log    string // absolute path of the log
 	Socket string // control socket, if it appeared within ReadyTimeout
+	// Exited receives how the program ended once it did (kcr reaps it
+	// while kcr runs).
+	Exited <-chan *os.ProcessState
 }
 
 // ErrNoSocketYet is returned by Run when the program runs but opened no kcr
@@ -132,10 +135,15 @@ func Run(ctx context.Context, o RunOptions) (*RunResult, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", o.Args[0], err)
 	}
-	res := &RunResult{PID: cmd.Process.Pid, Log: logPath}
+	ps := make(chan *os.ProcessState, 1)
+	res := &RunResult{PID: cmd.Process.Pid, Log: logPath, Exited: ps}
 	// Reap it if it dies while we wait; once kcr exits, init adopts it.
 	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	go func() {
+		err := cmd.Wait()
+		ps <- cmd.ProcessState
+		exited <- err
+	}()
 	if o.ReadyTimeout <= 0 {
 		return res, nil
 	}

@@ -190,3 +190,18 @@ func FindPending(dir string) []string {
 	}
 	return out
 }
+
+// FindPendingOf lists the interrupted checkpoints of the image named final
+// (kcr checkpoint's -o): the ".<base>.kcr-tmp-*" directories beside it
+// that hold a finished dump.
+func FindPendingOf(final string) []string {
+	final = filepath.Clean(final)
+	prefix := "." + filepath.Base(final) + tmpMarker
+	var out []string
+	for _, p := range FindPending(filepath.Dir(final)) {
+		if strings.HasPrefix(filepath.Base(p), prefix) {
+			out = append(out, p)
+		}
+	}
+	return out
+}

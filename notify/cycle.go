@@ -164,8 +164,17 @@ func (c *cycle) after(ctx context.Context, ev Event) (Event, []Report, error) {
 			errs = append(errs, err)
 		}
 	}
+	for _, e := range c.done {
+		if ce, ok := e.res.(cycleEnder); ok {
+			ce.AfterCycle()
+		}
+	}
 	return ev, reports, errors.Join(errs...)
 }
+
+// cycleEnder is a resource told when every after-restore hook of a cycle
+// has run (the handed-over listeners: their Accept waits until then).
+type cycleEnder interface{ AfterCycle() }
 
 // runHook calls fn with ctx, turns a panic into an error, and stops waiting
 // for it shortly after ctx ends, so that one hung hook cannot hold the whole

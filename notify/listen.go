@@ -35,7 +35,9 @@ const ListenFDsSocketEnv = "KCR_LISTEN_FDS_SOCKET"
 // after the restore (or resume) they fetch the sockets again from the
 // supervisor, with the connections that queued meanwhile (asking again
 // every 500 ms while it does not answer: it may be restarting), and Accept
-// goes on. Register the hooks that drain in-flight requests after calling
+// goes on once every after-restore hook of the cycle ran (those registered
+// after Listeners too), so that no handler runs in a copy whose hooks have
+// not. Register the hooks that drain in-flight requests after calling
 // Listeners, so that they run before the listeners close.
 //
 // Serve the listeners as usual and call Touch for every request handled,
@@ -134,6 +136,7 @@ func (s *handedSet) AfterRestore(ctx context.Context, ev Event) error {
 	s.mu.Lock()
 	epoch := s.epoch
 	s.mu.Unlock()
+	s.hold(true)
 	if s.fetch(ctx, epoch) == nil {
 		return nil
 	}
@@ -146,6 +149,18 @@ func (s *handedSet) AfterRestore(ctx context.Context, ev Event) error {
 		}
 	}()
 	return fmt.Errorf("notify: the listening sockets could not be fetched from %s yet; asking again every %v", s.sock, fetchRetry)
+}
+
+// AfterCycle lets Accept go on: every after-restore hook ran.
+func (s *handedSet) AfterCycle() { s.hold(false) }
+
+func (s *handedSet) hold(on bool) {
+	for _, h := range s.lns {
+		h.mu.Lock()
+		h.held = on
+		h.cond.Broadcast()
+		h.mu.Unlock()
+	}
 }
 
 func (s *handedSet) allClosed() bool {
@@ -201,12 +216,17 @@ type handedListener struct {
 	accepting int          // Accept calls inside inner
 	err       error        // set when the socket could not be fetched back
 	closed    bool
+	// held keeps Accept waiting from the restore (or resume) until every
+	// after-restore hook of the process ran (AfterCycle): a request is
+	// never served by a copy whose own hooks registered after Listeners
+	// (the recommended order) have not run yet.
+	held bool
 }
 
 func (h *handedListener) Accept() (net.Conn, error) {
 	h.mu.Lock()
 	for {
-		for h.inner == nil && !h.closed && h.err == nil {
+		for (h.inner == nil || h.held) && !h.closed && h.err == nil {
 			h.cond.Wait()
 		}
 		if h.closed {

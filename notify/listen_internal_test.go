@@ -212,3 +212,89 @@ func TestListenersFetchAgain(t *testing.T) {
 		t.Fatal("the queued connection was not accepted after the supervisor came back")
 	}
 }
+
+// A restored copy serves no request on its handed-over listener before its
+// own after-restore hooks, registered after Listeners as recommended, ran:
+// Accept waits until the whole cycle is over.
+func TestListenersWaitForRestoreHooks(t *testing.T) {
+	kcrLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kcrLn.Close()
+	kcrFile, err := kcrLn.(*net.TCPListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kcrFile.Close()
+	sock := filepath.Join(t.TempDir(), "sup.sock")
+	sup, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sup.Close()
+	go func() {
+		for {
+			c, err := sup.AcceptUnix()
+			if err != nil {
+				return
+			}
+			if line, _ := bufio.NewReader(c).ReadString('\n'); line == "fds\n" {
+				c.WriteMsgUnix([]byte("{}\n"), unix.UnixRights(int(kcrFile.Fd())), nil)
+			}
+			c.Close()
+		}
+	}()
+	g := NewRegistry()
+	dup, err := kcrLn.(*net.TCPListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lns, err := handOver(g, []*os.File{dup}, sock)
+	if err != nil || len(lns) != 1 {
+		t.Fatalf("handOver: %v, %d listeners", err, len(lns))
+	}
+	defer lns[0].Close()
+	accepted := make(chan struct{}, 8)
+	go func() {
+		for {
+			c, err := lns[0].Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+			accepted <- struct{}{}
+		}
+	}()
+	hookDone := make(chan struct{})
+	var early bool
+	// The app's own restore hook, registered after Listeners: a
+	// connection made while it runs must wait for it.
+	g.Register("app", Func(nil, func(context.Context, Event) error {
+		c, err := net.Dial("tcp", kcrLn.Addr().String())
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		select {
+		case <-accepted:
+			early = true
+		case <-time.After(300 * time.Millisecond):
+		}
+		close(hookDone)
+		return nil
+	}))
+	res, err := g.Simulate(context.Background(), SimRestore, 5*time.Second)
+	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
+		t.Fatalf("simulate: %v, before %v, after %v", err, res.BeforeErr, res.AfterErr)
+	}
+	<-hookDone
+	if early {
+		t.Fatal("a connection was accepted before the app's after-restore hook ran")
+	}
+	select {
+	case <-accepted:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the connection made during the hook was not accepted after the cycle")
+	}
+}

@@ -45,6 +45,11 @@ type backend interface {
 	ready(ctx context.Context, p proc) error
 	// killCopy kills p and waits until it is gone.
 	killCopy(p proc)
+	// exitStatus is how p ended, once it is gone (exits.go).
+	exitStatus(p proc) exitInfo
+	// stop stops p gracefully (SIGTERM), killing it if it is still
+	// there when ctx ends; it reports whether it killed it.
+	stop(ctx context.Context, p proc) (killed bool)
 }
 
 // engineBackend drives the service through package engine.
@@ -68,6 +73,8 @@ type engineBackend struct {
 	lazyWork string // its work directory
 
 	sockMu sync.Mutex // socket: activity is read by the watch and by watchFirstActivity
+
+	exits *exits // how each copy kcr reaps ended
 }
 
 func (b *engineBackend) start(ctx context.Context) (proc, error) {
@@ -88,6 +95,7 @@ func (b *engineBackend) start(ctx context.Context) (proc, error) {
 		}
 		return proc{}, err
 	}
+	b.exits.started(res.PID, res.Exited)
 	st, err := procfs.StartTime(res.PID)
 	if err != nil {
 		return proc{}, fmt.Errorf("started %s as PID %d, which exited already: see %s", b.o.Args[0], res.PID, res.Log)
@@ -138,14 +146,18 @@ func (b *engineBackend) restore(ctx context.Context, dir, name string) (proc, er
 	if res.LazyPID > 0 {
 		b.noteLazy(res.LazyPID, lazyWorkDir(dir, name))
 	}
+	st, err := procfs.StartTime(res.PID)
+	p := proc{PID: res.PID, Start: st}
+	if err == nil {
+		b.exits.restored(p)
+	}
+	if err != nil || !alive(p) {
+		return proc{PID: res.PID}, fmt.Errorf("restored PID %d, gone before its restore was over (after-restore hooks: %v): %w", res.PID, res.HookErr, errExitedInRestore)
+	}
 	if res.HookErr != nil {
 		b.log.Warn("restored, but the after-restore hooks failed; the service runs", "pid", res.PID, "err", res.HookErr)
 	}
-	st, err := procfs.StartTime(res.PID)
-	if err != nil {
-		return proc{}, fmt.Errorf("restored PID %d, which exited already: %w", res.PID, err)
-	}
-	return proc{PID: res.PID, Start: st}, nil
+	return p, nil
 }
 
 func (b *engineBackend) activity(ctx context.Context, p proc) (notify.Activity, error) {

@@ -171,6 +171,25 @@ type Options struct {
 	// the service sleeps, its image is verified and opened and CRIU
 	// started, so that a wake pays for the restore only.
 	NoPrepare bool
+	// OnTerm is what Run does with a running service once its context
+	// ends (SIGTERM): TermCheckpoint (default), TermStop or TermLeave.
+	OnTerm TermPolicy
+	// TermGrace bounds that shutdown (default 25 s): keep it below the
+	// time the service manager waits before SIGKILL (Kubernetes'
+	// terminationGracePeriodSeconds, systemd's TimeoutStopSec).
+	TermGrace time.Duration
+
+	// OnExit is what Run does when the service exits 0 by itself:
+	// ExitRestart (default) or ExitStop.
+	OnExit ExitPolicy
+	// CrashLimit: after this many failures in a row (exits other than
+	// 0, deaths, failed cold starts) Run returns ErrCrashLoop (default 5;
+	// negative: never).
+	CrashLimit int
+	// StableAfter: a run this long forgets the failures before it
+	// (default 1 min).
+	StableAfter time.Duration
+
 	// Logger receives the JSON transitions (default slog.Default()).
 	Logger *slog.Logger
 	// Observer, if set, is told every transition (metrics).
@@ -191,7 +210,7 @@ func (o *Options) check() error {
 		return bad("--image-dir is required: the directory that keeps the service's image while it sleeps")
 	case o.Idle <= 0:
 		return bad("--idle %v: give a positive duration such as 60s", o.Idle)
-	case o.Poll < 0, o.ActivityPoll < 0, o.HookBudget < 0, o.ReadyTimeout < 0, o.BackoffMin < 0, o.BackoffMax < 0, o.CheckpointBackoffMax < 0, o.BrokerTimeout < 0:
+	case o.Poll < 0, o.TermGrace < 0, o.StableAfter < 0, o.ActivityPoll < 0, o.HookBudget < 0, o.ReadyTimeout < 0, o.BackoffMin < 0, o.BackoffMax < 0, o.CheckpointBackoffMax < 0, o.BrokerTimeout < 0:
 		return bad("a negative duration: give positive durations such as 100ms")
 	case o.Group != "" && len(o.Brokers) == 0:
 		return bad("--group %q needs --brokers", o.Group)
@@ -209,6 +228,9 @@ func (o *Options) check() error {
 		return bad("the --kafka-tls-* and --kafka-sasl-* options need --group: they configure kcr standby's own Kafka clients")
 	}
 	if err := o.Kafka.check(); err != nil {
+		return bad("%v", err)
+	}
+	if err := o.checkLifecycle(); err != nil {
 		return bad("%v", err)
 	}
 	if o.ActivityPoll == 0 {

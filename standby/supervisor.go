@@ -3,6 +3,7 @@ package standby
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -45,6 +46,7 @@ type Supervisor struct {
 	cycle uint64
 	// ckptFails counts the failed checkpoints in a row (ckptBackoff).
 	ckptFails int
+	since     time.Time // when cur began to run
 
 	// stateMu serializes the writes of the state file: the group hold
 	// records its member id from its own goroutine.
@@ -134,7 +136,7 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 			return nil, err
 		}
 	}
-	eb := &engineBackend{o: &s.o, log: s.log, dir: s.dir.path}
+	eb := &engineBackend{o: &s.o, log: s.log, dir: s.dir.path, exits: newExits()}
 	if s.ln != nil {
 		f, err := s.ln.File() // a dup, handed to every cold start
 		if err != nil {
@@ -279,6 +281,9 @@ func (s *Supervisor) setState(st State, attrs ...any) {
 func (s *Supervisor) Run(ctx context.Context) error {
 	defer s.close()
 	defer s.setState(StateStopped)
+	if _, ok := s.b.(*engineBackend); ok {
+		s.becomeSubreaper()
+	}
 	// Before the hold may start, and before the service may join.
 	s.sweepHold()
 	// What an earlier kcr standby set aside beyond Options.KeepBad, or
@@ -295,15 +300,16 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	case StateStandby, StateRestoring:
 		s.log.Info("standby: resuming from an image", "image", s.image, "why", r.reason)
 	}
-	for ctx.Err() == nil {
+	for ctx.Err() == nil && c.next != StateStopped {
 		s.step(ctx, c)
 	}
+	s.shutdown(context.WithoutCancel(ctx))
 	if s.hold != nil {
 		s.hold.stop()
 	}
 	st := s.State()
-	s.log.Info("standby: stopping; the service is left as it is", "state", string(st), "pid", s.cur.PID, "image", s.image)
-	return nil
+	s.log.Info("standby: stopping", "state", string(st), "pid", s.Status().PID, "image", s.Status().Image, "on_term", string(s.o.OnTerm))
+	return c.err
 }
 
 // run is where Run is in the cycle.
@@ -314,6 +320,7 @@ type run struct {
 	reason  string    // of the next cold start
 	src     string    // of the next restore
 	at      time.Time // when that wake came
+	err     error     // Run's (a crash loop)
 }
 
 // step does one step of the cycle: what c.next says.
@@ -322,6 +329,10 @@ func (s *Supervisor) step(ctx context.Context, c *run) {
 	case StateStarting:
 		s.coldStart(ctx, c)
 	case StateBackoff:
+		if s.crashLoop(c) {
+			c.next = StateStopped
+			return
+		}
 		d := backoff(s.o.BackoffMin, s.o.BackoffMax, c.crashes)
 		s.setState(StateBackoff, "wait_ms", ms(d), "failures_in_a_row", c.crashes)
 		select {
@@ -332,14 +343,12 @@ func (s *Supervisor) step(ctx context.Context, c *run) {
 	case StateRunning:
 		switch s.watch(ctx, c.p) {
 		case outCrashed:
-			c.crashes++
-			s.log.Error("standby: the service exited by itself; restarting it cold", "pid", c.p.PID, "failures_in_a_row", c.crashes)
-			c.reason, c.next = "the service exited", StateBackoff
+			s.serviceExited(c, "")
 		case outIdle, outSleep:
 			c.next = StateCheckpointing
 		}
 	case StateCheckpointing:
-		c.next = s.checkpoint(ctx, c.p)
+		c.next = s.checkpoint(ctx, c.p, false)
 		if c.next == StateStandby {
 			c.crashes = 0
 		} else if c.next == StateBackoff {
@@ -365,6 +374,11 @@ func (s *Supervisor) step(ctx context.Context, c *run) {
 		c.src, c.at, c.next = src, at, StateRestoring
 	case StateRestoring:
 		p, err := s.restore(ctx, c.src, c.at)
+		if errors.Is(err, errExitedInRestore) {
+			c.p = p
+			s.serviceExited(c, "during its after-restore hooks")
+			return
+		}
 		if err != nil {
 			if ctx.Err() == nil {
 				c.reason, c.next = "restore failed", StateStarting
@@ -504,6 +518,9 @@ func (s *Supervisor) setImage(name string) {
 // running records that p runs now: a new cycle.
 func (s *Supervisor) running(p proc, attrs ...any) {
 	s.mu.Lock()
+	if s.cur != p {
+		s.since = time.Now()
+	}
 	s.cur = p
 	s.cycle++
 	s.mu.Unlock()
@@ -579,8 +596,9 @@ func (s *Supervisor) watch(ctx context.Context, p proc) outcome {
 // checkpoint checkpoints p into a new image, which then replaces the old
 // one. It returns the next state: StateStandby, StateRunning (the hooks
 // refused, or the dump failed: the service resumed) or StateBackoff (the
-// service is gone without an image).
-func (s *Supervisor) checkpoint(ctx context.Context, p proc) State {
+// service is gone without an image). atTerm is the shutdown's checkpoint
+// (shutdown.go): records waiting do not hold it back.
+func (s *Supervisor) checkpoint(ctx context.Context, p proc, atTerm bool) State {
 	name, err := s.dir.nextImage()
 	if err != nil {
 		s.log.Error("standby: cannot name the next image; the service runs on", "err", err)
@@ -588,7 +606,11 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc) State {
 	}
 	// Idle is not enough: work the service has not taken yet (it is still
 	// joining its group, say) keeps it awake.
-	for _, w := range s.wakes {
+	busy := s.wakes
+	if atTerm {
+		busy = nil
+	}
+	for _, w := range busy {
 		why, err := w.busy(ctx)
 		switch {
 		case err != nil:
@@ -711,6 +733,12 @@ func (s *Supervisor) restore(ctx context.Context, source string, wokeAt time.Tim
 	p, err := s.b.restore(ctx, s.dir.path, s.image)
 	d := time.Since(t)
 	s.o.Observer.Restore(d, err)
+	if errors.Is(err, errExitedInRestore) {
+		s.mu.Lock()
+		s.since = t
+		s.mu.Unlock()
+		return p, err
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return proc{}, err

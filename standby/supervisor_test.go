@@ -37,6 +37,15 @@ type fake struct {
 	// touchOnRestore counts activity in a restored process before its
 	// restore returns (a record handed before the supervisor looks).
 	touchOnRestore bool
+	exitInfos      map[int]exitInfo // how a process ended (default: unknown)
+	// exitInRestore makes the next restore's process exit in its
+	// after-restore hooks.
+	exitInRestore bool
+	stops         int  // stop calls
+	stopHangs     bool // the service ignores SIGTERM
+	// ckptDelay delays every checkpoint (a slow dump); it ends early
+	// with ctx, failing the checkpoint.
+	ckptDelay time.Duration
 	// onCheckpoint runs in a successful checkpoint: the service's hooks
 	// (its member leaves its group, say).
 	onCheckpoint func()
@@ -60,6 +69,11 @@ func (f *fake) start(ctx context.Context) (proc, error) {
 }
 
 func (f *fake) checkpoint(ctx context.Context, p proc, dir, name string) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(f.ckptDelay):
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.refuse > 0 {
@@ -91,6 +105,11 @@ func (f *fake) restore(ctx context.Context, dir, name string) (proc, error) {
 		return proc{}, errors.New("criu restore: bad image")
 	}
 	p := f.spawn()
+	if f.exitInRestore {
+		f.exitInRestore = false
+		delete(f.live, p.PID)
+		return p, errExitedInRestore
+	}
 	if f.touchOnRestore {
 		f.count[p.PID]++
 	}
@@ -126,6 +145,37 @@ func (f *fake) copies() []proc {
 func (f *fake) ready(ctx context.Context, p proc) error { return nil }
 
 func (f *fake) killCopy(p proc) { f.kill(p.PID) }
+
+func (f *fake) exitStatus(p proc) exitInfo {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.exitInfos[p.PID]
+}
+
+// exit ends pid as e says.
+func (f *fake) exit(pid int, e exitInfo) {
+	f.mu.Lock()
+	if f.exitInfos == nil {
+		f.exitInfos = map[int]exitInfo{}
+	}
+	f.exitInfos[pid] = e
+	delete(f.live, pid)
+	f.mu.Unlock()
+}
+
+// stop stops p at once, unless f.stopHangs: then p is killed when ctx
+// ends.
+func (f *fake) stop(ctx context.Context, p proc) bool {
+	f.mu.Lock()
+	hangs := f.stopHangs
+	f.stops++
+	f.mu.Unlock()
+	if hangs {
+		<-ctx.Done()
+	}
+	f.kill(p.PID)
+	return hangs
+}
 
 func (f *fake) kill(pid int) {
 	f.mu.Lock()
@@ -188,6 +238,22 @@ type rig struct {
 	dir string
 	log *syncBuf
 	end func()
+	// Run's end and error: r.runErr.
+	done      <-chan struct{}
+	err       error
+	errWanted bool
+}
+
+// runErr waits for Run to return by itself and returns its error.
+func (r *rig) runErr() error {
+	r.t.Helper()
+	select {
+	case <-r.done:
+	case <-time.After(10 * time.Second):
+		r.t.Fatalf("Run did not return; log:\n%s", r.log.String())
+	}
+	r.errWanted = true
+	return r.err
 }
 
 type syncBuf struct {
@@ -228,14 +294,16 @@ func startRig(t *testing.T, f *fake, dir string, mod func(*Options)) *rig {
 	}
 	r.s = s
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
+	done := make(chan struct{})
+	r.done = done
+	go func() { r.err = s.Run(ctx); close(done) }()
 	var once sync.Once
 	r.end = func() {
 		once.Do(func() {
 			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("Run: %v", err)
+			<-done
+			if r.err != nil && !r.errWanted {
+				t.Errorf("Run: %v", r.err)
 			}
 		})
 	}

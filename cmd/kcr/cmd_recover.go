@@ -21,7 +21,7 @@ func recoverCmd(g *globals) *cobra.Command {
 	var opts recoverOpts
 	cmd := &cobra.Command{
 		Use:   "recover DIR",
-		Short: "Finish images whose kcr checkpoint died after the dump (DIR: the hidden .NAME.kcr-tmp-* directory, or the directory holding them)",
+		Short: "Finish images whose kcr checkpoint died after the dump (DIR: the image's name given to -o, the hidden .NAME.kcr-tmp-* directory, or the directory holding them)",
 		Args:  cobra.ExactArgs(1),
 		RunE:  runE(g, &opts, runRecover),
 	}
@@ -45,7 +45,11 @@ func runRecover(ctx context.Context, opts *recoverOpts, out *output) error {
 	dirs := []string{args[0]}
 	if !strings.Contains(filepath.Base(filepath.Clean(args[0])), ".kcr-tmp-") {
 		if dirs = images.FindPending(args[0]); len(dirs) == 0 {
-			return fmt.Errorf("%s: %w: no interrupted checkpoint with a finished dump in it", args[0], images.ErrNotRecoverable)
+			// The image's name, as given to kcr checkpoint -o.
+			dirs = images.FindPendingOf(args[0])
+		}
+		if len(dirs) == 0 {
+			return fmt.Errorf("%s: %w: no interrupted checkpoint with a finished dump in it, nor of an image of that name", args[0], images.ErrNotRecoverable)
 		}
 	}
 	var recovered []string

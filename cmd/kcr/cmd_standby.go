@@ -32,6 +32,8 @@ type standbyOpts struct {
 	prepare   bool
 	keepBad   int
 	cred      credFlags
+	onTerm    string
+	onExit    string
 }
 
 func standbyCmd(g *globals) *cobra.Command {
@@ -48,9 +50,13 @@ checkpoints it now. Every transition is logged as JSON on stderr.
 The service's control socket reports its activity; what counts is in
 docs/standby.md ("When is a service idle?").
 
-SIGTERM or SIGINT stop kcr standby and leave the service as it is: running,
-or checkpointed with its image in --image-dir; a new kcr standby with the same
---image-dir goes on from there. See docs/standby.md.`,
+SIGTERM or SIGINT stop kcr standby. A running service is first checkpointed
+(--on-term checkpoint, the default: the next kcr standby with the same
+--image-dir restores it warm), stopped (--on-term stop: SIGTERM, then SIGKILL
+at the end of --term-grace) or left running (--on-term leave). A checkpoint
+refused or not done in time falls back to stop. Keep --term-grace below the
+time your service manager waits before SIGKILL (terminationGracePeriodSeconds,
+TimeoutStopSec). See docs/standby.md, "Shutdown".`,
 		Args: cobra.ArbitraryArgs,
 		RunE: runE(g, &opts, runStandby),
 	}
@@ -71,6 +77,11 @@ or checkpointed with its image in --image-dir; a new kcr standby with the same
 	f.BoolVar(&opts.kdatCache, "kdat-cache", true, "keep CRIU's kernel probe for kcr standby's lifetime where /run is not a tmpfs (else CRIU probes at every checkpoint and restore)")
 	f.BoolVar(&o.Lazy, "lazy", false, "restore memory on demand (userfaultfd): the wake does not grow with the service's RSS; see docs/benchmarks.md for what the service pays")
 	f.BoolVar(&opts.prepare, "prepare-restore", true, "while the service sleeps, verify its image and start CRIU, so that a wake pays for the restore only")
+	f.StringVar(&opts.onTerm, "on-term", string(standby.DefaultOnTerm), "what SIGTERM does to a running service: checkpoint (its image is kept and restored warm at the next start), stop (SIGTERM, then SIGKILL at the end of --term-grace) or leave (it runs on)")
+	f.DurationVar(&o.TermGrace, "term-grace", standby.DefaultTermGrace, "bound of the shutdown on SIGTERM; a checkpoint gets all of it but a third (at most 10s) kept for the stop it falls back to")
+	f.StringVar(&opts.onExit, "on-exit", string(standby.DefaultOnExit), "what an exit 0 of the service does: restart (start it again cold, not a failure) or stop (kcr standby exits 0)")
+	f.IntVar(&o.CrashLimit, "crash-limit", standby.DefaultCrashLimit, "exit non-zero after this many failures of the service in a row (so that systemd or the kubelet sees a crash loop); 0 restarts forever")
+	f.DurationVar(&o.StableAfter, "stable-after", standby.DefaultStableAfter, "a run of the service this long forgets the failures before it")
 	kafkaSecurityFlags(cmd, &o.Kafka)
 	f.StringVar(&o.Listen, "listen", "", "TCP address kcr listens on and hands to the service (LISTEN_FDS); a connection wakes it")
 	f.StringVar(&opts.metrics, "metrics", "", "serve Prometheus metrics (/metrics) and the liveness and readiness probes (/healthz, /readyz) on this address; a probe never wakes the service")
@@ -101,6 +112,11 @@ func runStandby(ctx context.Context, opts *standbyOpts, out *output) error {
 	var err error
 	if o.Cred, o.Caps, o.AllCaps, err = opts.cred.resolve(); err != nil {
 		return err
+	}
+	o.OnTerm = standby.TermPolicy(opts.onTerm)
+	o.OnExit = standby.ExitPolicy(opts.onExit)
+	if o.CrashLimit == 0 {
+		o.CrashLimit = -1 // standby.Options: negative never stops, zero is the default
 	}
 	switch {
 	case opts.keepBad < 0:

@@ -142,7 +142,8 @@ func slowCRIU(t *testing.T, d time.Duration, arg string) string {
 // kcr SIGKILLed after CRIU dumped the app and before the image was
 // published: the app is gone, but the image is not lost. "kcr recover"
 // finishes it, the restored app produces again, and the broker has every
-// record the app saw acknowledged.
+// record the app saw acknowledged. The image is recovered by the name given
+// to -o.
 func TestKCRKilledBeforePublish(t *testing.T) {
 	k := needKafka(t)
 	topic := k.newTopic("killed-dump", 3)
@@ -169,7 +170,8 @@ func TestKCRKilledBeforePublish(t *testing.T) {
 	if r := runKCR(t, kcrOpts{log: logFailed}, "restore", img); r.code == 0 {
 		t.Fatal("restore of the unpublished image succeeded")
 	}
-	r := runKCR(t, kcrOpts{must: true}, "recover", dir)
+	// By the image's own name, as given to -o.
+	r := runKCR(t, kcrOpts{must: true}, "recover", img)
 	if !strings.Contains(r.stderr, "recovered "+img) {
 		t.Fatalf("kcr recover: %q", r.stderr)
 	}

@@ -33,6 +33,7 @@ type sbRun struct {
 	errLog string // kcr standby's JSON log
 	cmd    *exec.Cmd
 	done   chan error
+	init   bool // kcr standby is init of its own PID namespace (unshare's child)
 }
 
 // startStandby starts kcr standby on dir (reused across runs of one test)
@@ -44,9 +45,16 @@ func (k *kafkaEnv) startStandby(dir string, flags []string, svc ...string) *sbRu
 
 // startStandbyNoKafka is startStandby without --brokers.
 func (k *kafkaEnv) startStandbyNoKafka(dir string, flags []string, svc ...string) *sbRun {
+	k.t.Helper()
+	return k.launchStandby(false, dir, flags, svc...)
+}
+
+// launchStandby starts kcr standby, as init of its own PID namespace (with
+// its own /proc) if init, the way a container's entrypoint runs.
+func (k *kafkaEnv) launchStandby(init bool, dir string, flags []string, svc ...string) *sbRun {
 	t := k.t
 	t.Helper()
-	s := &sbRun{t: t, k: k, dir: dir, svcLog: dir + ".service.log", errLog: fmt.Sprintf("%s.standby-%d.log", dir, time.Now().UnixNano())}
+	s := &sbRun{t: t, k: k, init: init, dir: dir, svcLog: dir + ".service.log", errLog: fmt.Sprintf("%s.standby-%d.log", dir, time.Now().UnixNano())}
 	f, err := os.OpenFile(s.errLog, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		t.Fatal(err)
@@ -55,6 +63,10 @@ func (k *kafkaEnv) startStandbyNoKafka(dir string, flags []string, svc ...string
 	args := append([]string{"standby", "--image-dir", dir, "--log", s.svcLog}, flags...)
 	args = append(append(args, "--"), svc...)
 	s.cmd = kcrOpts{}.cmd(args...)
+	if init {
+		// --kill-child: kcr standby dies with unshare (the cleanup's kill).
+		s.cmd = exec.Command("unshare", append([]string{"--pid", "--fork", "--mount-proc", "--kill-child=SIGKILL", kcrBin}, args...)...)
+	}
 	s.cmd.Stdout, s.cmd.Stderr = f, f
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := s.cmd.Start(); err != nil {

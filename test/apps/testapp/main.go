@@ -49,6 +49,7 @@ func main() {
 	startDelay := flag.Duration("start-delay", 0, "wait this long before opening the control socket (a slow cold start)")
 	afterDelay := flag.Duration("after-delay", 0, "an after-restore hook that takes this long (a slow restore)")
 	beforeDelay := flag.Duration("before-delay", 0, "a before-checkpoint hook that takes this long (a slow checkpoint)")
+	lateHook := flag.Duration("late-hook", 0, "an after-restore hook registered after the listeners that takes this long; each answer then ends with late=N, the generation it last ran for")
 	flag.Parse()
 	if *dial != "" {
 		os.Exit(dialMode(*dial))
@@ -159,6 +160,15 @@ func main() {
 		emit("fatal", "err", err.Error())
 		os.Exit(1)
 	}
+	var late atomic.Uint64
+	if *lateHook > 0 {
+		// After Listeners, as the docs recommend for the app's own hooks.
+		notify.Register("late", notify.Func(nil, func(_ context.Context, ev notify.Event) error {
+			time.Sleep(*lateHook)
+			late.Store(ev.Generation)
+			return nil
+		}))
+	}
 	time.Sleep(*startDelay)
 	srv, err := notify.Start()
 	if err != nil {
@@ -174,7 +184,11 @@ func main() {
 				return
 			}
 			gen, id := notify.Identity()
-			fmt.Fprintf(c, "%d %d %s\n", counter.Load(), gen, id)
+			if *lateHook > 0 {
+				fmt.Fprintf(c, "%d %d %s late=%d\n", counter.Load(), gen, id, late.Load())
+			} else {
+				fmt.Fprintf(c, "%d %d %s\n", counter.Load(), gen, id)
+			}
 			c.Close()
 			if *listenFDs {
 				notify.Touch()

@@ -85,17 +85,9 @@ func Run(ctx context.Context, o RunOptions) (*RunResult, error) {
 	}
 	defer null.Close()
 
-	env := append(os.Environ(), o.Env...)
-	if !strings.Contains(lastValue(env, "GODEBUG"), "multipathtcp=") {
-		godebug := lastValue(env, "GODEBUG")
-		if godebug != "" {
-			godebug += ","
-		}
-		env = append(env, "GODEBUG="+godebug+"multipathtcp=0")
-	}
 	cmd := exec.Command(prog, o.Args[1:]...)
 	cmd.Args[0] = o.Args[0]
-	cmd.Env = env
+	cmd.Env = RunEnv(o.Env)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = null, logf, logf
 	cmd.ExtraFiles = o.ExtraFiles
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -157,6 +149,21 @@ func OpenRunLog(logPath string) (*os.File, error) {
 		return nil, fmt.Errorf("open log %s: %w: give a regular file's path", logPath, err)
 	}
 	return logf, nil
+}
+
+// RunEnv is the environment Run gives a program: kcr's own, then extra,
+// then GODEBUG=multipathtcp=0 unless GODEBUG sets multipathtcp already
+// (CRIU cannot dump an MPTCP socket).
+func RunEnv(extra []string) []string {
+	env := append(os.Environ(), extra...)
+	if !strings.Contains(lastValue(env, "GODEBUG"), "multipathtcp=") {
+		godebug := lastValue(env, "GODEBUG")
+		if godebug != "" {
+			godebug += ","
+		}
+		env = append(env, "GODEBUG="+godebug+"multipathtcp=0")
+	}
+	return env
 }
 
 func lastValue(env []string, key string) string {

@@ -59,6 +59,12 @@ type Options struct {
 	Args []string
 	// Env is added to the service's environment.
 	Env []string
+	// IdentityEnvIgnore names more environment variables (NAME, or
+	// PREFIX*) that do not count in the service's identity, besides
+	// DefaultIdentityEnvIgnore: an image whose counted variables differ
+	// from the ones a start would give is not restored (docs/standby.md,
+	// "Deploying a new version"). "*" counts none but -e's.
+	IdentityEnvIgnore []string
 	// Log receives the service's stdout and stderr, appended (default
 	// IMAGE_DIR/service.log).
 	Log string

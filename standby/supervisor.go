@@ -288,6 +288,12 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		s.log.Warn("standby: removing the work directories of interrupted restores", "err", err)
 	}
 	r := s.resolve(ctx)
+	s.dir.pruneIdentities()
+	if r.next == StateStandby || r.next == StateRestoring {
+		if why := s.imageOutdated("start"); why != "" {
+			r.next, r.reason = StateStarting, why
+		}
+	}
 	c := &run{next: r.next, p: r.p, reason: r.reason, src: "resume", at: time.Now()}
 	switch r.next {
 	case StateRunning:
@@ -339,7 +345,7 @@ func (s *Supervisor) step(ctx context.Context, c *run) {
 			c.next = StateCheckpointing
 		}
 	case StateCheckpointing:
-		c.next = s.checkpoint(ctx, c.p)
+		s.checkpointWithIdentity(ctx, c)
 		if c.next == StateStandby {
 			c.crashes = 0
 		} else if c.next == StateBackoff {
@@ -364,6 +370,10 @@ func (s *Supervisor) step(ctx context.Context, c *run) {
 		}
 		c.src, c.at, c.next = src, at, StateRestoring
 	case StateRestoring:
+		if why := s.imageOutdated("wake"); why != "" {
+			c.reason, c.next = why, StateStarting
+			return
+		}
 		p, err := s.restore(ctx, c.src, c.at)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -598,6 +608,8 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc) State {
 			return StateRunning
 		}
 	}
+	// No kcr connection to the service may be open at the dump.
+	s.stopFirstActivity()
 	s.noteSleepActivity(ctx, p)
 	s.setState(StateCheckpointing, "pid", p.PID, "image", name)
 	if err := s.writeState(persisted{State: StateCheckpointing, PID: p.PID, Start: p.Start, Image: name, Wake: s.wakeStates()}); err != nil {
@@ -741,7 +753,7 @@ func (s *Supervisor) restore(ctx context.Context, source string, wokeAt time.Tim
 	}
 	w := s.noteWake(source, wokeAt, t.Add(d))
 	s.running(p, "source", source, "image", s.image, "wake_latency_ms", ms(latency), "restore_ms", ms(d))
-	s.bg.Go(func() { s.watchFirstActivity(ctx, p, w, wokeAt) })
+	s.startFirstActivity(ctx, p, w, wokeAt)
 	return p, nil
 }
 

@@ -72,6 +72,7 @@ or checkpointed with its image in --image-dir; a new kcr standby with the same
 	f.StringVar(&opts.metrics, "metrics", "", "serve Prometheus metrics (/metrics) and the liveness and readiness probes (/healthz, /readyz) on this address; a probe never wakes the service")
 	f.StringVar(&o.Log, "log", "", "file for the service's output, appended (default IMAGE_DIR/service.log)")
 	f.StringArrayVarP(&o.Env, "env", "e", nil, "add KEY=VALUE to the service's environment")
+	f.StringSliceVar(&o.IdentityEnvIgnore, "identity-env-ignore", nil, "environment variables (NAME or PREFIX*) whose change does not keep an image from being restored, besides HOSTNAME and the per-start ones (see docs/standby.md, Deploying a new version); \"*\" counts only -e")
 	f.DurationVar(&o.HookBudget, "hook-budget", standby.DefaultHookBudget, "deadline of the before-checkpoint hooks")
 	f.DurationVar(&o.ReadyTimeout, "ready-timeout", standby.DefaultReadyTimeout, "how long a cold start may take to open its control socket")
 	f.DurationVar(&o.BackoffMax, "max-backoff", standby.DefaultBackoffMax, "longest wait before restarting a service that keeps crashing")

@@ -1,0 +1,209 @@
+package standby
+
+import (
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kcr-dev/kcr/engine"
+)
+
+func TestIdentityEnvIgnored(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		extra []string
+		want  bool
+	}{
+		{"HOSTNAME", nil, true},
+		{"INVOCATION_ID", nil, true},
+		{markerEnv, nil, true},
+		{"KAFKA_BROKERS", nil, false},
+		{"POD_NAME", []string{"POD_NAME"}, true},
+		{"POD_IP", []string{"POD_*"}, true},
+		{"APOD_IP", []string{"POD_*"}, false},
+		{"ANYTHING", []string{"*"}, true},
+	} {
+		if got := identityEnvIgnored(c.name, c.extra); got != c.want {
+			t.Errorf("identityEnvIgnored(%q, %q) = %v, want %v", c.name, c.extra, got, c.want)
+		}
+	}
+}
+
+func TestIdentityChanges(t *testing.T) {
+	o := &Options{Args: []string{"svc", "-a"}, Env: []string{"E=1"}, Group: "g", Topics: []string{"b", "a"}}
+	base := func(salt string) identity {
+		env := map[string]string{"A": "1", "E": "1"}
+		return identity{Exe: "/bin/svc", ExeSize: 10, ExeSHA256: "x", Args: o.Args, EnvNames: []string{"A", "E"}, EnvSalt: salt,
+			EnvDigest: envDigest(salt, env), EnvFlagsDigest: envDigest(salt, countedEnv(o.Env, nil)), Group: "g", Topics: []string{"a", "b"}}
+	}
+	rec := base("s1")
+	for _, c := range []struct {
+		name   string
+		change func(*identity)
+		want   string
+	}{
+		{"same", func(*identity) {}, ""},
+		{"binary", func(w *identity) { w.ExeSHA256 = "y" }, "the binary changed"},
+		{"size", func(w *identity) { w.ExeSize = 11 }, "the binary changed"},
+		{"path", func(w *identity) { w.Exe = "/opt/svc" }, "the binary changed"},
+		{"args", func(w *identity) { w.Args = []string{"svc", "-b"} }, "the arguments changed"},
+		{"-e", func(w *identity) { w.EnvFlagsDigest = envDigest(w.EnvSalt, map[string]string{"E": "2"}) }, "-e changed"},
+		{"value", func(w *identity) { w.EnvDigest = envDigest(w.EnvSalt, map[string]string{"A": "2", "E": "1"}) }, "the environment changed: a value"},
+		{"names", func(w *identity) { w.EnvNames = []string{"B", "E"} }, "the environment changed: added B; removed A"},
+		{"group", func(w *identity) { w.Group = "h" }, "--group changed"},
+		{"topics", func(w *identity) { w.Topics = []string{"a"} }, "--topics changed"},
+		{"listen", func(w *identity) { w.Listen = ":80" }, "--listen changed"},
+		{"two", func(w *identity) { w.ExeSHA256, w.Group = "y", "h" }, "the binary changed, --group changed"},
+	} {
+		w := base("s1")
+		c.change(&w)
+		if got := rec.changes(w); got != c.want {
+			t.Errorf("%s: changes = %q, want %q", c.name, got, c.want)
+		}
+	}
+	// Another salt, the same values: a digest of the record's salt
+	// compares; one of another salt does not tell the values.
+	if base("s2").EnvDigest == rec.EnvDigest {
+		t.Error("the environment digest does not depend on the salt")
+	}
+}
+
+func TestMissingCPUFlags(t *testing.T) {
+	here := parseCPUFlags(strings.NewReader("processor\t: 0\nflags\t\t: sse2 avx2 fpu avx\nprocessor\t: 1\nflags\t\t: sse2\n"))
+	if !slices.Equal(here, []string{"avx", "avx2", "fpu", "sse2"}) {
+		t.Fatalf("parseCPUFlags = %v", here)
+	}
+	arm := parseCPUFlags(strings.NewReader("processor\t: 0\nFeatures\t: fp asimd\n"))
+	if !slices.Equal(arm, []string{"asimd", "fp"}) {
+		t.Fatalf("parseCPUFlags (arm64) = %v", arm)
+	}
+	if m := missingCPUFlags([]string{"avx2", "avx512f", "sse2"}, here); !slices.Equal(m, []string{"avx512f"}) {
+		t.Errorf("missing %v, want [avx512f]", m)
+	}
+	if m := missingCPUFlags([]string{"avx2"}, here); m != nil {
+		t.Errorf("missing %v, want none", m)
+	}
+	if m := missingCPUFlags(nil, here); m != nil {
+		t.Errorf("an image without a record misses %v", m)
+	}
+	if m := missingCPUFlags([]string{"avx2"}, nil); m != nil {
+		t.Errorf("unknown flags here refuse %v", m)
+	}
+	if len(cpuFlags()) == 0 || kernelRelease() == "" {
+		t.Errorf("this machine: flags %v, kernel %q", cpuFlags(), kernelRelease())
+	}
+}
+
+func TestIdentityRecord(t *testing.T) {
+	dir := t.TempDir()
+	d := &imageDir{path: dir}
+	os.Mkdir(filepath.Join(dir, "img-000002"), 0o700)
+	id := identity{Exe: "/bin/x", Args: []string{"x"}, CPUFlags: []string{"fpu"}}
+	for _, n := range []string{"img-000001", "img-000002"} {
+		if err := writeIdentity(dir, n, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.WriteFile(filepath.Join(dir, ".identity-123"), nil, 0o600) // a killed write's
+	d.pruneIdentities()
+	ents, _ := os.ReadDir(dir)
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if want := []string{"identity-img-000002.json", "img-000002"}; !slices.Equal(names, want) {
+		t.Errorf("after prune: %v, want %v", names, want)
+	}
+	got, ok, err := readIdentity(dir, "img-000002")
+	if err != nil || !ok || got.Exe != id.Exe || !slices.Equal(got.CPUFlags, id.CPUFlags) {
+		t.Errorf("readIdentity = %+v, %v, %v", got, ok, err)
+	}
+	if fi, _ := os.Stat(identityFile(dir, "img-000002")); fi.Mode().Perm() != 0o600 {
+		t.Errorf("record mode %v, want 0600", fi.Mode().Perm())
+	}
+	if _, ok, err := readIdentity(dir, "img-000009"); ok || err != nil {
+		t.Errorf("a missing record: ok %v, err %v", ok, err)
+	}
+	// Not an image, nor a number above the images.
+	if n, _ := d.nextImage(); n != "img-000003" {
+		t.Errorf("nextImage = %s", n)
+	}
+	if imgs, _ := d.imagesNewestFirst(); len(imgs) != 0 {
+		t.Errorf("images %v: none is complete", imgs)
+	}
+}
+
+// copyFile copies the executable src to dst through a temporary renamed
+// over it, as a package manager does.
+func copyFile(t *testing.T, src, dst string) {
+	t.Helper()
+	in, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst+".tmp", os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		t.Fatal(err)
+	}
+	out.Close()
+	if err := os.Rename(dst+".tmp", dst); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A process started the way a cold start does has the identity wanted
+// (the identity read from /proc agrees with the one computed from the
+// options), until its binary is renamed over or the options change.
+func TestProcIdentity(t *testing.T) {
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "svc")
+	copyFile(t, sleep, bin)
+	o := &Options{Args: []string{bin, "60"}, Env: []string{"KCR_TEST_E=1"}, Group: "g"}
+	cmd := exec.Command(bin, "60")
+	cmd.Env = append(engine.RunEnv(o.Env), markerEnv+"=/x", "HOSTNAME=elsewhere")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	var id identity
+	var replaced bool
+	deadline := time.Now().Add(10 * time.Second)
+	for { // until the child exec'd
+		id, replaced, err = procIdentity(cmd.Process.Pid, o)
+		if err == nil && slices.Equal(id.Args, o.Args) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err != nil || replaced {
+		t.Fatalf("procIdentity: %v (replaced %v)", err, replaced)
+	}
+	w, err := wantedIdentity(o, id.EnvSalt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if why := id.changes(w); why != "" {
+		t.Errorf("the process started as a cold start would: %s\nproc %+v\nwant %+v", why, id, w)
+	}
+	o2 := *o
+	o2.Env = []string{"KCR_TEST_E=2"}
+	if w, _ := wantedIdentity(&o2, id.EnvSalt); id.changes(w) != "-e changed" {
+		t.Errorf("-e changed: %q", id.changes(w))
+	}
+	copyFile(t, sleep, bin)
+	if _, replaced, err := procIdentity(cmd.Process.Pid, o); err != nil || !replaced {
+		t.Errorf("binary renamed over: replaced %v, err %v", replaced, err)
+	}
+}

@@ -207,3 +207,80 @@ func TestProcIdentity(t *testing.T) {
 		t.Errorf("binary renamed over: replaced %v, err %v", replaced, err)
 	}
 }
+
+// An image whose identity differs from what a start would run is removed,
+// at start or at wake, with one INFO line; the service starts cold, with
+// no error and no image set aside. An image from a CPU with a feature this
+// one lacks goes the same way, with a WARN line.
+func TestOutdatedImageNotRestored(t *testing.T) {
+	trueBin, err := exec.LookPath("true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "svc")
+	copyFile(t, trueBin, bin)
+	mod := func(o *Options) { o.Args = []string{bin, "-x"} }
+	dir := filepath.Join(t.TempDir(), "img")
+	record := func(change func(*identity)) {
+		t.Helper()
+		o := testOptions(dir)
+		mod(&o)
+		w, err := wantedIdentity(&o, newSalt())
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.CPUFlags = hereCPUFlags()
+		change(&w)
+		if err := writeIdentity(dir, imageName(1), w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(r *rig, f *fake, msg, level string) {
+		t.Helper()
+		r.waitState(StateRunning)
+		if starts, restores, _ := f.snapshot(); starts != 1 || len(restores) != 0 {
+			t.Errorf("starts %d, restores %v; want one cold start, no restore", starts, restores)
+		}
+		logs := r.log.String()
+		if n := strings.Count(logs, `"msg":"standby: not restoring the image, `+msg); n != 1 || !strings.Contains(logs, `"level":"`+level+`","msg":"standby: not restoring`) {
+			t.Errorf("%d lines %q at %s, want 1:\n%s", n, msg, level, logs)
+		}
+		if strings.Contains(logs, `"level":"ERROR"`) {
+			t.Errorf("an ERROR logged:\n%s", logs)
+		}
+		if ents := imagesIn(t, dir); len(ents) != 0 {
+			t.Errorf("images left: %v", ents)
+		}
+		r.end()
+	}
+
+	// At start: the arguments changed.
+	r := startRig(t, newFake(), dir, mod)
+	r.waitState(StateStandby)
+	r.end()
+	record(func(w *identity) { w.Args = []string{bin, "-y"} })
+	f := newFake()
+	check(startRig(t, f, dir, mod), f, "the arguments changed; starting the service cold", "INFO")
+
+	// At wake: the binary replaced while the service slept.
+	f = newFake()
+	r = startRig(t, f, dir, func(o *Options) { mod(o); o.Idle = time.Hour })
+	r.waitState(StateRunning)
+	r.s.Sleep()
+	r.waitState(StateStandby)
+	record(func(*identity) {})
+	copyFile(t, "/bin/sh", bin)
+	f.mu.Lock()
+	f.starts = 0
+	f.mu.Unlock()
+	r.s.Wake("manual")
+	check(r, f, "the binary changed; starting the service cold", "INFO")
+
+	// At start: a CPU feature missing here.
+	r = startRig(t, newFake(), dir, mod)
+	r.waitState(StateStandby)
+	r.end()
+	record(func(w *identity) { w.CPUFlags = append(w.CPUFlags, "kcr_test_feature") })
+	f = newFake()
+	check(startRig(t, f, dir, mod), f, "this CPU lacks features of the CPU the image was dumped on (kcr_test_feature)", "WARN")
+}

@@ -1,7 +1,6 @@
 package standby
 
 import (
-	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -25,15 +24,19 @@ import (
 	"github.com/kcr-dev/kcr/notify"
 )
 
-// A service's identity is what it runs as: its executable, its arguments,
-// its environment (a digest: never the values) and the kcr standby flags
-// that shape it. One is recorded with every image (identity-IMAGE.json
-// beside it), read from the checkpointed process itself, with the CPU
-// features and the kernel of the machine that dumped it. An image whose
-// identity differs from what kcr standby would start now is not restored:
-// the change would never take effect (a restored process keeps its old
-// binary, arguments and environment), or CRIU would refuse it (a new
-// binary). docs/standby.md, "Deploying a new version".
+// A service's identity is what kcr standby starts: the executable its
+// command resolves to, its arguments, its environment (a digest: never the
+// values) and the kcr standby flags that shape it. The identity a copy was
+// started with is recorded with every image it leaves (identity-IMAGE.json
+// beside it), with the executable the checkpointed process really ran
+// (/proc/PID/exe: a wrapper script may have exec'd it) and the CPU features
+// and kernel of the machine that dumped it. An image whose identity
+// differs from what kcr standby would start now is not restored: the change
+// would never take effect (a restored process keeps its old binary,
+// arguments and environment), or CRIU would refuse it (a new binary).
+// Identities are compared as kcr computes them from its options, never
+// with what the process shows in /proc: a wrapper that execs the service
+// changes nothing. docs/standby.md, "Deploying a new version".
 
 // identity is one service's identity; see identityFile for the record.
 type identity struct {
@@ -50,6 +53,11 @@ type identity struct {
 	Group          string   `json:"group,omitempty"`
 	Topics         []string `json:"topics,omitempty"`
 	Listen         string   `json:"listen,omitempty"`
+	// ProcExe is the executable the checkpointed process ran, and its
+	// size and digest then (image records only).
+	ProcExe       string `json:"proc_exe,omitempty"`
+	ProcExeSize   int64  `json:"proc_exe_size,omitempty"`
+	ProcExeSHA256 string `json:"proc_exe_sha256,omitempty"`
 	// Kernel and CPUFlags are the dumping machine's (image records only).
 	Kernel   string   `json:"kernel,omitempty"`
 	CPUFlags []string `json:"cpu_flags,omitempty"`
@@ -254,47 +262,34 @@ func envNamesDiff(was, now []string) string {
 	return strings.Join(out, "; ")
 }
 
-// procIdentity reads the identity of the running process pid from /proc:
-// what it really runs, whatever started it. replaced is set when its
-// executable was deleted or renamed over (a package upgrade): CRIU could
-// not dump it (a deleted binary is over its ghost-file limit).
-func procIdentity(pid int, o *Options) (id identity, replaced bool, err error) {
-	dir := "/proc/" + strconv.Itoa(pid)
-	exe, err := os.Readlink(dir + "/exe")
+// procExe reads the executable the running process pid runs, its size and
+// digest. replaced is set when it was deleted or renamed over (a package
+// upgrade): CRIU could not dump it (a deleted binary is over its
+// ghost-file limit).
+func procExe(pid int) (path string, size int64, sum string, replaced bool, err error) {
+	exe := "/proc/" + strconv.Itoa(pid) + "/exe"
+	path, err = os.Readlink(exe)
 	if err != nil {
-		return identity{}, false, err
+		return "", 0, "", false, err
 	}
-	if e, ok := strings.CutSuffix(exe, " (deleted)"); ok {
-		return identity{Exe: e}, true, nil
+	if p, ok := strings.CutSuffix(path, " (deleted)"); ok {
+		return p, 0, "", true, nil
 	}
-	cmdline, err := os.ReadFile(dir + "/cmdline")
-	if err != nil {
-		return identity{}, false, err
-	}
-	environ, err := os.ReadFile(dir + "/environ")
-	if err != nil {
-		return identity{}, false, err
-	}
-	size, sum, err := exeDigest(dir + "/exe")
-	if err != nil {
-		return identity{}, false, err
-	}
-	salt := newSalt()
-	env := countedEnv(splitNUL(environ), o.IdentityEnvIgnore)
-	return identity{
-		Exe: exe, ExeSize: size, ExeSHA256: sum, Args: splitNUL(cmdline),
-		EnvNames: slices.Sorted(mapKeys(env)), EnvSalt: salt, EnvDigest: envDigest(salt, env),
-		EnvFlagsDigest: envDigest(salt, countedEnv(o.Env, nil)),
-		Group:          o.Group, Topics: slices.Sorted(slices.Values(o.Topics)), Listen: o.Listen,
-	}, false, nil
+	size, sum, err = exeDigest(exe)
+	return path, size, sum, false, err
 }
 
-func splitNUL(b []byte) []string {
-	b = bytes.TrimSuffix(b, []byte{0})
-	if len(b) == 0 {
-		return nil
+// exeChanged names a change of the executable an image's process ran:
+// CRIU maps that file again at the restore, and refuses another one.
+func (r identity) exeChanged() string {
+	if r.ProcExe == "" {
+		return ""
 	}
-	return strings.Split(string(b), "\x00")
+	size, sum, err := exeDigest(r.ProcExe)
+	if err != nil || size != r.ProcExeSize || sum != r.ProcExeSHA256 {
+		return "the binary changed"
+	}
+	return ""
 }
 
 func newSalt() string {

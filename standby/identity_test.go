@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kcr-dev/kcr/engine"
 )
 
 func TestIdentityEnvIgnored(t *testing.T) {
@@ -160,51 +159,81 @@ func copyFile(t *testing.T, src, dst string) {
 	}
 }
 
-// A process started the way a cold start does has the identity wanted
-// (the identity read from /proc agrees with the one computed from the
-// options), until its binary is renamed over or the options change.
-func TestProcIdentity(t *testing.T) {
+// procExe reads the executable a process runs, and sees it replaced
+// (renamed over, as a package manager does); an image's record of it
+// tells when the file a restore would map changed.
+func TestProcExe(t *testing.T) {
 	sleep, err := exec.LookPath("sleep")
 	if err != nil {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(t.TempDir(), "svc")
 	copyFile(t, sleep, bin)
-	o := &Options{Args: []string{bin, "60"}, Env: []string{"KCR_TEST_E=1"}, Group: "g"}
 	cmd := exec.Command(bin, "60")
-	cmd.Env = append(engine.RunEnv(o.Env), markerEnv+"=/x", "HOSTNAME=elsewhere")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-	var id identity
+	var path, sum string
+	var size int64
 	var replaced bool
 	deadline := time.Now().Add(10 * time.Second)
 	for { // until the child exec'd
-		id, replaced, err = procIdentity(cmd.Process.Pid, o)
-		if err == nil && slices.Equal(id.Args, o.Args) || time.Now().After(deadline) {
+		path, size, sum, replaced, err = procExe(cmd.Process.Pid)
+		if err == nil && path == bin || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if err != nil || replaced {
-		t.Fatalf("procIdentity: %v (replaced %v)", err, replaced)
+	wsize, wsum, werr := exeDigest(bin)
+	if err != nil || replaced || path != bin || werr != nil || size != wsize || sum != wsum {
+		t.Fatalf("procExe = %q %d %q replaced %v, %v; the file: %d %q %v", path, size, sum, replaced, err, wsize, wsum, werr)
 	}
-	w, err := wantedIdentity(o, id.EnvSalt)
+	rec := identity{ProcExe: path, ProcExeSize: size, ProcExeSHA256: sum}
+	if why := rec.exeChanged(); why != "" {
+		t.Errorf("the same file: %q", why)
+	}
+	copyFile(t, "/bin/sh", bin)
+	if _, _, _, replaced, err := procExe(cmd.Process.Pid); err != nil || !replaced {
+		t.Errorf("binary renamed over: replaced %v, err %v", replaced, err)
+	}
+	if why := rec.exeChanged(); why != "the binary changed" {
+		t.Errorf("another file: %q", why)
+	}
+	os.Remove(bin)
+	if why := rec.exeChanged(); why != "the binary changed" {
+		t.Errorf("no file: %q", why)
+	}
+}
+
+// What a cold start would run is computed from the options alone, the
+// same way each time: a digest compares under the same salt, and -e, the
+// environment kcr inherits and the arguments each tell their change.
+func TestWantedIdentity(t *testing.T) {
+	o := &Options{Args: []string{"sleep", "60"}, Env: []string{"KCR_TEST_E=1"}, Group: "g"}
+	t.Setenv("KCR_TEST_INHERITED", "1")
+	a, err := wantedIdentity(o, "salt")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if why := id.changes(w); why != "" {
-		t.Errorf("the process started as a cold start would: %s\nproc %+v\nwant %+v", why, id, w)
+	if b, _ := wantedIdentity(o, "salt"); a.changes(b) != "" {
+		t.Errorf("the same options: %q", a.changes(b))
+	}
+	t.Setenv("HOSTNAME", "another-pod")
+	if b, _ := wantedIdentity(o, "salt"); a.changes(b) != "" {
+		t.Errorf("HOSTNAME counted: %q", a.changes(b))
+	}
+	t.Setenv("KCR_TEST_INHERITED", "2")
+	if b, _ := wantedIdentity(o, "salt"); a.changes(b) != "the environment changed: a value" {
+		t.Errorf("inherited variable: %q", a.changes(b))
 	}
 	o2 := *o
-	o2.Env = []string{"KCR_TEST_E=2"}
-	if w, _ := wantedIdentity(&o2, id.EnvSalt); id.changes(w) != "-e changed" {
-		t.Errorf("-e changed: %q", id.changes(w))
+	o2.Env, o2.Args = []string{"KCR_TEST_E=2"}, []string{"sleep", "61"}
+	if b, _ := wantedIdentity(&o2, "salt"); a.changes(b) != "the arguments changed, -e changed" {
+		t.Errorf("arguments and -e: %q", a.changes(b))
 	}
-	copyFile(t, sleep, bin)
-	if _, replaced, err := procIdentity(cmd.Process.Pid, o); err != nil || !replaced {
-		t.Errorf("binary renamed over: replaced %v, err %v", replaced, err)
+	if !strings.HasPrefix(a.Exe, "/") || a.ExeSHA256 == "" || slices.Contains(a.EnvNames, markerEnv) {
+		t.Errorf("identity %+v", a)
 	}
 }
 

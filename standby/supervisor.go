@@ -55,6 +55,10 @@ type Supervisor struct {
 	// successfully: setHoldSaved skips only a write that would repeat it.
 	holdOnDisk holdSaved
 
+	// ident is what the running copy was started as (identity.go); nil
+	// if unknown (adopted). Run's goroutine only.
+	ident *identity
+
 	lastWake wakeLog        // the last wake's phases (wakephases.go)
 	bg       sync.WaitGroup // goroutines that outlive a state: close waits
 }
@@ -389,6 +393,7 @@ func (s *Supervisor) step(ctx context.Context, c *run) {
 // (an earlier kcr standby's, found by its marker): that one is adopted.
 func (s *Supervisor) coldStart(ctx context.Context, c *run) {
 	if p, ok := s.liveCopy(ctx); ok {
+		s.ident = nil
 		s.running(p, "adopted", true, "why", "a copy of the service runs already")
 		c.p, c.next = p, StateRunning
 		return
@@ -398,6 +403,7 @@ func (s *Supervisor) coldStart(ctx context.Context, c *run) {
 		s.log.Warn("standby: state file", "err", err)
 	}
 	s.o.Observer.ColdStart(c.reason)
+	s.noteColdStart()
 	t := time.Now()
 	np, err := s.b.start(ctx)
 	if err != nil {

@@ -20,8 +20,10 @@ var hereCPUFlags = sync.OnceValue(cpuFlags)
 // would run now, and against this machine's CPU. An image that must not
 // be restored is removed (not set aside: it is sound, only outdated, and
 // as big as the service's memory) and why is returned: the caller starts
-// the service cold. "" means restore it.
+// the service cold. "" means restore it; its identity is then the
+// restored copy's.
 func (s *Supervisor) imageOutdated(when string) string {
+	s.ident = nil
 	name := s.image
 	if name == "" {
 		return ""
@@ -39,7 +41,11 @@ func (s *Supervisor) imageOutdated(when string) string {
 		s.log.Warn("standby: cannot tell what a cold start would run; restoring the image without comparing it", "image", name, "err", err)
 		return ""
 	}
-	if why := rec.changes(w); why != "" {
+	why := rec.changes(w)
+	if why == "" {
+		why = rec.exeChanged()
+	}
+	if why != "" {
 		s.discardImage(name)
 		s.log.Info("standby: not restoring the image, "+why+"; starting the service cold", "image", name, "at", when)
 		return why
@@ -51,7 +57,22 @@ func (s *Supervisor) imageOutdated(when string) string {
 			"image_kernel", rec.Kernel, "kernel", kernelRelease())
 		return why
 	}
+	rec.ProcExe, rec.ProcExeSize, rec.ProcExeSHA256, rec.Kernel, rec.CPUFlags = "", 0, "", "", nil
+	s.ident = &rec
 	return ""
+}
+
+// noteColdStart records the identity of the copy a cold start is about to
+// start (nil if it cannot be known: the copy is then never found
+// outdated, and its images have no record).
+func (s *Supervisor) noteColdStart() {
+	s.ident = nil
+	w, err := wantedIdentity(&s.o, newSalt())
+	if err != nil {
+		s.log.Warn("standby: cannot tell what the cold start runs; its images get no identity record", "err", err)
+		return
+	}
+	s.ident = &w
 }
 
 // discardImage removes the image name, and the restore prepared for it.
@@ -64,32 +85,37 @@ func (s *Supervisor) discardImage(name string) {
 	s.setImage("")
 }
 
-// serviceOutdated reads the running service's identity before its
-// checkpoint (before its hooks run) and compares it with what a cold
-// start would run now. why is "" if they agree; id is the identity to
-// record with the image.
-func (s *Supervisor) serviceOutdated(p proc) (id identity, why string) {
-	if _, ok := s.b.(*engineBackend); !ok {
-		return identity{}, "" // a test's fake service has no /proc entry
+// serviceOutdated compares, before the checkpoint of p (before its hooks
+// run), what p was started as with what a cold start would run now, and
+// reads the executable p runs. why is "" if p may be checkpointed; rec is
+// then the identity to record with its image (Exe "": none, p's identity
+// is unknown: it was adopted).
+func (s *Supervisor) serviceOutdated(p proc) (rec identity, why string) {
+	if _, ok := s.b.(*engineBackend); ok {
+		exe, size, sum, replaced, err := procExe(p.PID)
+		switch {
+		case replaced:
+			// CRIU would refuse it (a deleted binary is over its
+			// ghost-file limit), after the hooks, at every idle.
+			return identity{}, "the binary was replaced under the running service"
+		case err != nil:
+			s.log.Warn("standby: cannot read the service's executable; checkpointing it without an identity record", "pid", p.PID, "err", err)
+			return identity{}, ""
+		case s.ident != nil:
+			rec = *s.ident
+			rec.ProcExe, rec.ProcExeSize, rec.ProcExeSHA256 = exe, size, sum
+		}
 	}
-	id, replaced, err := procIdentity(p.PID, &s.o)
-	if err != nil {
-		s.log.Warn("standby: cannot read the service's identity; checkpointing it without a record", "pid", p.PID, "err", err)
+	if s.ident == nil {
 		return identity{}, ""
 	}
-	if replaced {
-		// CRIU would refuse it (a deleted binary is over its ghost-file
-		// limit), after the hooks, at every idle.
-		return identity{}, "the binary was replaced under the running service"
-	}
-	w, err := wantedIdentity(&s.o, id.EnvSalt)
+	w, err := wantedIdentity(&s.o, s.ident.EnvSalt)
 	if err != nil {
 		s.log.Warn("standby: cannot tell what a cold start would run; checkpointing the service as it is", "pid", p.PID, "err", err)
-		return id, ""
+		return rec, ""
 	}
-	return id, id.changes(w)
+	return rec, s.ident.changes(w)
 }
-
 // checkpointWithIdentity checkpoints p (Supervisor.checkpoint) with its
 // identity recorded beside the image, or, if p is outdated, stops it
 // gracefully and has it started cold (StateStarting).

@@ -116,6 +116,7 @@ func (s *Supervisor) serviceOutdated(p proc) (rec identity, why string) {
 	}
 	return rec, s.ident.changes(w)
 }
+
 // checkpointWithIdentity checkpoints p (Supervisor.checkpoint) with its
 // identity recorded beside the image, or, if p is outdated, stops it
 // gracefully and has it started cold (StateStarting).

@@ -181,7 +181,13 @@ func sleepNow(t *testing.T, dir string) {
 // and names what changed in one INFO line; a changed HOSTNAME (another
 // pod) does not count, and the image is restored warm.
 func TestStandbyChangedConfig(t *testing.T) {
-	r := newUpgradeRig(t, needKafka(t), kgoBin)
+	for _, c := range []struct{ name, bin string }{{"kafka-go", kafkaBin}, {"franz-go", kgoBin}} {
+		t.Run(c.name, func(t *testing.T) { testChangedConfig(t, c.bin) })
+	}
+}
+
+func testChangedConfig(t *testing.T, bin string) {
+	r := newUpgradeRig(t, needKafka(t), bin)
 	t.Setenv("KCR_E2E_CONF", "1")
 	t.Setenv("HOSTNAME", "pod-a")
 	base := append([]string{}, r.flags...)
@@ -223,7 +229,13 @@ func TestStandbyChangedConfig(t *testing.T) {
 // record says so) is not restored: one line names the feature, the service
 // starts cold, and nothing is lost.
 func TestStandbyImageFromOtherCPU(t *testing.T) {
-	r := newUpgradeRig(t, needKafka(t), kgoBin)
+	for _, c := range []struct{ name, bin string }{{"kafka-go", kafkaBin}, {"franz-go", kgoBin}} {
+		t.Run(c.name, func(t *testing.T) { testImageFromOtherCPU(t, c.bin) })
+	}
+}
+
+func testImageFromOtherCPU(t *testing.T, bin string) {
+	r := newUpgradeRig(t, needKafka(t), bin)
 	r.start()
 	st := r.s.waitState("standby", 90*time.Second)
 	r.s.stop(syscall.SIGKILL)
@@ -269,7 +281,13 @@ func TestStandbyImageFromOtherCPU(t *testing.T) {
 // when CRIU dumps it, or the checkpoint fails. Several cycles, so that a
 // dump that would meet the watch's connection does.
 func TestStandbyWakeWithoutWork(t *testing.T) {
-	r := newUpgradeRig(t, needKafka(t), kgoBin)
+	for _, c := range []struct{ name, bin string }{{"kafka-go", kafkaBin}, {"franz-go", kgoBin}} {
+		t.Run(c.name, func(t *testing.T) { testWakeWithoutWork(t, c.bin) })
+	}
+}
+
+func testWakeWithoutWork(t *testing.T, bin string) {
+	r := newUpgradeRig(t, needKafka(t), bin)
 	r.start()
 	for cycle := 1; cycle <= 4; cycle++ {
 		r.s.waitState("standby", 90*time.Second)

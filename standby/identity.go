@@ -361,7 +361,7 @@ func (d *imageDir) pruneIdentities() {
 			continue
 		}
 		img, ok := strings.CutPrefix(n, identityPrefix)
-		if img, ok2 := strings.CutSuffix(img, ".json"); ok && ok2 {
+		if img, ok2 := strings.CutSuffix(img, ".json"); ok && ok2 && img != runningIdentityName {
 			if _, err := os.Lstat(filepath.Join(d.path, img)); errors.Is(err, fs.ErrNotExist) {
 				os.Remove(filepath.Join(d.path, n))
 			}

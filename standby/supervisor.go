@@ -301,6 +301,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	c := &run{next: r.next, p: r.p, reason: r.reason, src: "resume", at: time.Now()}
 	switch r.next {
 	case StateRunning:
+		s.adoptIdentity()
 		s.running(r.p, "adopted", true, "why", r.reason)
 	case StateStandby, StateRestoring:
 		s.log.Info("standby: resuming from an image", "image", s.image, "why", r.reason)
@@ -393,7 +394,7 @@ func (s *Supervisor) step(ctx context.Context, c *run) {
 // (an earlier kcr standby's, found by its marker): that one is adopted.
 func (s *Supervisor) coldStart(ctx context.Context, c *run) {
 	if p, ok := s.liveCopy(ctx); ok {
-		s.ident = nil
+		s.adoptIdentity()
 		s.running(p, "adopted", true, "why", "a copy of the service runs already")
 		c.p, c.next = p, StateRunning
 		return

@@ -2,6 +2,7 @@ package standby
 
 import (
 	"context"
+	"os"
 	"strings"
 	"sync"
 
@@ -23,7 +24,7 @@ var hereCPUFlags = sync.OnceValue(cpuFlags)
 // the service cold. "" means restore it; its identity is then the
 // restored copy's.
 func (s *Supervisor) imageOutdated(when string) string {
-	s.ident = nil
+	s.setIdent(nil)
 	name := s.image
 	if name == "" {
 		return ""
@@ -58,21 +59,51 @@ func (s *Supervisor) imageOutdated(when string) string {
 		return why
 	}
 	rec.ProcExe, rec.ProcExeSize, rec.ProcExeSHA256, rec.Kernel, rec.CPUFlags = "", 0, "", "", nil
-	s.ident = &rec
+	s.setIdent(&rec)
 	return ""
+}
+
+// runningIdentityName is the record of the running copy's identity: a
+// kcr standby that adopts the copy reads it.
+const runningIdentityName = "running"
+
+// setIdent makes id the identity of the copy that runs next, recorded for
+// a kcr standby that would adopt it.
+func (s *Supervisor) setIdent(id *identity) {
+	s.ident = id
+	if id == nil {
+		os.Remove(identityFile(s.dir.path, runningIdentityName))
+		return
+	}
+	if err := writeIdentity(s.dir.path, runningIdentityName, *id); err != nil {
+		s.log.Warn("standby: the running copy's identity is not recorded; a kcr standby that adopts it will not know it", "err", err)
+	}
+}
+
+// adoptIdentity takes the identity of an adopted copy from the record
+// the kcr standby that started or restored it left.
+func (s *Supervisor) adoptIdentity() {
+	s.ident = nil
+	id, ok, err := readIdentity(s.dir.path, runningIdentityName)
+	if err != nil {
+		s.log.Warn("standby: the adopted copy's identity record is unreadable; it is only checked for a replaced binary", "err", err)
+	}
+	if ok {
+		s.ident = &id
+	}
 }
 
 // noteColdStart records the identity of the copy a cold start is about to
 // start (nil if it cannot be known: the copy is then never found
 // outdated, and its images have no record).
 func (s *Supervisor) noteColdStart() {
-	s.ident = nil
 	w, err := wantedIdentity(&s.o, newSalt())
 	if err != nil {
 		s.log.Warn("standby: cannot tell what the cold start runs; its images get no identity record", "err", err)
+		s.setIdent(nil)
 		return
 	}
-	s.ident = &w
+	s.setIdent(&w)
 }
 
 // discardImage removes the image name, and the restore prepared for it.

@@ -304,3 +304,40 @@ func testWakeWithoutWork(t *testing.T, bin string) {
 	r.s.waitState("standby", 90*time.Second)
 	r.checkClean()
 }
+
+// Arguments changed while the service runs: kcr standby is restarted with
+// them (an edited unit), adopts the running copy, and at its next idle
+// stops it and starts it cold with the new arguments, with one INFO line,
+// instead of checkpointing the old ones.
+func TestStandbyChangedConfigRunning(t *testing.T) {
+	for _, c := range []struct{ name, bin string }{{"kafka-go", kafkaBin}, {"franz-go", kgoBin}} {
+		t.Run(c.name, func(t *testing.T) {
+			r := newUpgradeRig(t, needKafka(t), c.bin)
+			r.flags[1] = "1h" // --idle: the test asks for each sleep
+			r.start()
+			r.s.waitState("running", 90*time.Second)
+			r.work(4)
+			r.s.stop(syscall.SIGKILL)
+			r.svc = append(r.svc, "-log-level", "debug")
+			r.start()
+			r.s.waitState("running", 90*time.Second)
+			if n := r.s.countLogs("standby: running", "adopted", "true"); n != 1 {
+				t.Fatalf("%d adoptions, want 1", n)
+			}
+			sleepNow(t, r.dir)
+			eventually(t, 90*time.Second, "the service started again", func() (bool, string) {
+				n := r.s.countLogs("standby: starting")
+				return n == 1, fmt.Sprintf("%d cold starts", n)
+			})
+			if n := r.s.countLogs("standby: the arguments changed; stopping the service and starting it cold, in place of its checkpoint"); n != 1 {
+				t.Errorf("%d lines saying the arguments changed, want 1", n)
+			}
+			r.s.waitState("running", 90*time.Second)
+			r.work(3)
+			sleepNow(t, r.dir)
+			r.s.waitState("standby", 90*time.Second)
+			r.work(3)
+			r.checkClean()
+		})
+	}
+}

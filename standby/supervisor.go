@@ -56,7 +56,7 @@ type Supervisor struct {
 	holdOnDisk holdSaved
 
 	// ident is what the running copy was started as (identity.go); nil
-	// if unknown (adopted). Run's goroutine only.
+	// if unknown (adopted without identity-running.json). Run's goroutine only.
 	ident *identity
 
 	lastWake wakeLog        // the last wake's phases (wakephases.go)

@@ -105,18 +105,11 @@ func Run(ctx context.Context, o RunOptions) (*RunResult, error) {
 	}
 	defer null.Close()
 
-	env := append(os.Environ(), o.Env...)
+	env := RunEnv(o.Env)
 	if o.Cred != nil && int(o.Cred.Uid) != os.Getuid() {
 		// kcr's runtime directory is not the program's: its kcr control
 		// socket goes to its own (notify.WithSocketDir).
 		env = slices.DeleteFunc(env, func(kv string) bool { return strings.HasPrefix(kv, "XDG_RUNTIME_DIR=") })
-	}
-	if !strings.Contains(lastValue(env, "GODEBUG"), "multipathtcp=") {
-		godebug := lastValue(env, "GODEBUG")
-		if godebug != "" {
-			godebug += ","
-		}
-		env = append(env, "GODEBUG="+godebug+"multipathtcp=0")
 	}
 	cmd := exec.Command(prog, o.Args[1:]...)
 	cmd.Args[0] = o.Args[0]
@@ -192,6 +185,21 @@ func OpenRunLog(logPath string) (*os.File, error) {
 		return nil, fmt.Errorf("open log %s: %w: give a regular file's path", logPath, err)
 	}
 	return logf, nil
+}
+
+// RunEnv is the environment Run gives a program: kcr's own, then extra,
+// then GODEBUG=multipathtcp=0 unless GODEBUG sets multipathtcp already
+// (CRIU cannot dump an MPTCP socket).
+func RunEnv(extra []string) []string {
+	env := append(os.Environ(), extra...)
+	if !strings.Contains(lastValue(env, "GODEBUG"), "multipathtcp=") {
+		godebug := lastValue(env, "GODEBUG")
+		if godebug != "" {
+			godebug += ","
+		}
+		env = append(env, "GODEBUG="+godebug+"multipathtcp=0")
+	}
+	return env
 }
 
 func lastValue(env []string, key string) string {

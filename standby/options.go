@@ -67,6 +67,12 @@ type Options struct {
 	Cred    *syscall.Credential
 	Caps    []uintptr
 	AllCaps bool
+	// IdentityEnvIgnore names more environment variables (NAME, or
+	// PREFIX*) that do not count in the service's identity, besides
+	// DefaultIdentityEnvIgnore: an image whose counted variables differ
+	// from the ones a start would give is not restored (docs/standby.md,
+	// "Deploying a new version"). "*" counts none but -e's.
+	IdentityEnvIgnore []string
 	// Log receives the service's stdout and stderr, appended (default
 	// IMAGE_DIR/service.log).
 	Log string

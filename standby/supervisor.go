@@ -57,6 +57,10 @@ type Supervisor struct {
 	// successfully: setHoldSaved skips only a write that would repeat it.
 	holdOnDisk holdSaved
 
+	// ident is what the running copy was started as (identity.go); nil
+	// if unknown (adopted without identity-running.json). Run's goroutine only.
+	ident *identity
+
 	lastWake wakeLog        // the last wake's phases (wakephases.go)
 	bg       sync.WaitGroup // goroutines that outlive a state: close waits
 }
@@ -293,9 +297,16 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		s.log.Warn("standby: removing the work directories of interrupted restores", "err", err)
 	}
 	r := s.resolve(ctx)
+	s.dir.pruneIdentities()
+	if r.next == StateStandby || r.next == StateRestoring {
+		if why := s.imageOutdated("start"); why != "" {
+			r.next, r.reason = StateStarting, why
+		}
+	}
 	c := &run{next: r.next, p: r.p, reason: r.reason, src: "resume", at: time.Now()}
 	switch r.next {
 	case StateRunning:
+		s.adoptIdentity()
 		s.running(r.p, "adopted", true, "why", r.reason)
 	case StateStandby, StateRestoring:
 		s.log.Info("standby: resuming from an image", "image", s.image, "why", r.reason)
@@ -348,7 +359,7 @@ func (s *Supervisor) step(ctx context.Context, c *run) {
 			c.next = StateCheckpointing
 		}
 	case StateCheckpointing:
-		c.next = s.checkpoint(ctx, c.p, false)
+		s.checkpointWithIdentity(ctx, c)
 		if c.next == StateStandby {
 			c.crashes = 0
 		} else if c.next == StateBackoff {
@@ -373,6 +384,10 @@ func (s *Supervisor) step(ctx context.Context, c *run) {
 		}
 		c.src, c.at, c.next = src, at, StateRestoring
 	case StateRestoring:
+		if why := s.imageOutdated("wake"); why != "" {
+			c.reason, c.next = why, StateStarting
+			return
+		}
 		p, err := s.restore(ctx, c.src, c.at)
 		if errors.Is(err, errExitedInRestore) {
 			c.p = p
@@ -393,6 +408,7 @@ func (s *Supervisor) step(ctx context.Context, c *run) {
 // (an earlier kcr standby's, found by its marker): that one is adopted.
 func (s *Supervisor) coldStart(ctx context.Context, c *run) {
 	if p, ok := s.liveCopy(ctx); ok {
+		s.adoptIdentity()
 		s.running(p, "adopted", true, "why", "a copy of the service runs already")
 		c.p, c.next = p, StateRunning
 		return
@@ -402,6 +418,7 @@ func (s *Supervisor) coldStart(ctx context.Context, c *run) {
 		s.log.Warn("standby: state file", "err", err)
 	}
 	s.o.Observer.ColdStart(c.reason)
+	s.noteColdStart()
 	t := time.Now()
 	np, err := s.b.start(ctx)
 	if err != nil {
@@ -620,6 +637,8 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc, atTerm bool) State 
 			return StateRunning
 		}
 	}
+	// No kcr connection to the service may be open at the dump.
+	s.stopFirstActivity()
 	s.noteSleepActivity(ctx, p)
 	s.setState(StateCheckpointing, "pid", p.PID, "image", name)
 	if err := s.writeState(persisted{State: StateCheckpointing, PID: p.PID, Start: p.Start, Image: name, Wake: s.wakeStates()}); err != nil {
@@ -769,7 +788,7 @@ func (s *Supervisor) restore(ctx context.Context, source string, wokeAt time.Tim
 	}
 	w := s.noteWake(source, wokeAt, t.Add(d))
 	s.running(p, "source", source, "image", s.image, "wake_latency_ms", ms(latency), "restore_ms", ms(d))
-	s.bg.Go(func() { s.watchFirstActivity(ctx, p, w, wokeAt) })
+	s.startFirstActivity(ctx, p, w, wokeAt)
 	return p, nil
 }
 

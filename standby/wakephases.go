@@ -55,6 +55,38 @@ type wakeLog struct {
 	// a restored service that counts more has done something.
 	base    uint64
 	hasBase bool
+	// stopWatch ends the running watchFirstActivity and waits for it
+	// (nil: none runs).
+	stopWatch func()
+}
+
+// startFirstActivity runs watchFirstActivity in the background until it
+// is done or stopFirstActivity ends it.
+func (s *Supervisor) startFirstActivity(ctx context.Context, p proc, wake *WakePhases, wokeAt time.Time) {
+	s.stopFirstActivity()
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	s.lastWake.mu.Lock()
+	s.lastWake.stopWatch = func() { cancel(); <-done }
+	s.lastWake.mu.Unlock()
+	s.bg.Go(func() {
+		defer close(done)
+		s.watchFirstActivity(ctx, p, wake, wokeAt)
+	})
+}
+
+// stopFirstActivity ends the first-activity watch, if one runs, and
+// waits until its connection to the service's control socket is closed:
+// CRIU refuses to dump a service with a socket connected to a process
+// outside its tree (kcr), so none may be open at a checkpoint.
+func (s *Supervisor) stopFirstActivity() {
+	s.lastWake.mu.Lock()
+	stop := s.lastWake.stopWatch
+	s.lastWake.stopWatch = nil
+	s.lastWake.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
 }
 
 // noteSleepActivity records the service's activity count as it goes to

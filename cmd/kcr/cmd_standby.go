@@ -88,6 +88,7 @@ TimeoutStopSec). See docs/standby.md, "Shutdown".`,
 	f.StringVar(&o.Log, "log", "", "file for the service's output, appended (default IMAGE_DIR/service.log)")
 	f.StringArrayVarP(&o.Env, "env", "e", nil, "add KEY=VALUE to the service's environment")
 	opts.cred.add(cmd)
+	f.StringSliceVar(&o.IdentityEnvIgnore, "identity-env-ignore", nil, "environment variables (NAME or PREFIX*) whose change does not keep an image from being restored, besides HOSTNAME and the per-start ones (see docs/standby.md, Deploying a new version); \"*\" counts only -e")
 	f.DurationVar(&o.HookBudget, "hook-budget", standby.DefaultHookBudget, "deadline of the before-checkpoint hooks")
 	f.DurationVar(&o.ReadyTimeout, "ready-timeout", standby.DefaultReadyTimeout, "how long a cold start may take to open its control socket")
 	f.DurationVar(&o.BackoffMax, "max-backoff", standby.DefaultBackoffMax, "longest wait before restarting a service that keeps crashing")

@@ -247,7 +247,9 @@ func TestOutdatedImageNotRestored(t *testing.T) {
 	}
 	bin := filepath.Join(t.TempDir(), "svc")
 	copyFile(t, trueBin, bin)
-	mod := func(o *Options) { o.Args = []string{bin, "-x"} }
+	// TermLeave: each phase ends its rig with the service as it is, not
+	// checkpointed by the shutdown policy, so the next phase starts cold.
+	mod := func(o *Options) { o.Args = []string{bin, "-x"}; o.OnTerm = TermLeave }
 	dir := filepath.Join(t.TempDir(), "img")
 	record := func(change func(*identity)) {
 		t.Helper()

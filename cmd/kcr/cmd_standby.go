@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
+	"github.com/kcr-dev/kcr/internal/pidone"
 	"github.com/kcr-dev/kcr/internal/procfs"
 	"github.com/kcr-dev/kcr/standby"
 )
@@ -87,6 +88,9 @@ or checkpointed with its image in --image-dir; a new kcr standby with the same
 
 // runStandby runs kcr standby until SIGTERM or SIGINT.
 func runStandby(ctx context.Context, opts *standbyOpts, out *output) error {
+	if os.Getpid() == 1 {
+		return runStandbyInit()
+	}
 	o := opts.o
 	o.Args = opts.args
 	if err := kafkaPasswordFromEnv(&o.Kafka); err != nil {
@@ -156,6 +160,24 @@ func runStandby(ctx context.Context, opts *standbyOpts, out *output) error {
 		}
 	}()
 	return sup.Run(ctx)
+}
+
+// runStandbyInit is kcr standby as PID 1 (a pod's entrypoint): it runs
+// kcr standby again as its child and does PID 1's duties (package
+// pidone): every copy of the service that outlives the CRIU that restored
+// it is orphaned to PID 1, and reaped there.
+func runStandbyInit() error {
+	// The child reads the password from the environment it is given;
+	// /proc/1/environ must not show it.
+	if _, err := procfs.ScrubSelfEnv(kafkaPasswordEnv); err != nil {
+		return fmt.Errorf("$%s: cannot remove it from /proc/1/environ (%v): give --kafka-sasl-password-file instead", kafkaPasswordEnv, err)
+	}
+	code, err := pidone.Run("/proc/self/exe", os.Args, os.Environ())
+	if err != nil {
+		return fmt.Errorf("start kcr standby under PID 1: %w", err)
+	}
+	os.Exit(code)
+	return nil
 }
 
 // kafkaPasswordEnv holds the SASL password of kcr standby's Kafka clients

@@ -78,3 +78,4 @@ func TestStandbyServiceUnprivileged(t *testing.T) {
 		checkConfined(t, "restored copy "+strconv.Itoa(cycle), st.PID, want)
 	}
 }
+

@@ -78,4 +78,3 @@ func TestStandbyServiceUnprivileged(t *testing.T) {
 		checkConfined(t, "restored copy "+strconv.Itoa(cycle), st.PID, want)
 	}
 }
-

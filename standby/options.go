@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"syscall"
 	"time"
 
@@ -282,3 +283,12 @@ func (nopObserver) Restore(time.Duration, error)           {}
 func (nopObserver) ColdStart(string)                       {}
 func (nopObserver) BrokerRequests(int)                     {}
 func (nopObserver) GroupHold(string)                       {}
+
+// serviceUID is the uid the service runs as: a process of another uid is
+// never taken for a copy of it.
+func (o *Options) serviceUID() uint32 {
+	if o.Cred != nil {
+		return o.Cred.Uid
+	}
+	return uint32(os.Geteuid())
+}

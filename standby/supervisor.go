@@ -98,7 +98,7 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 	lf.Close()
 	if o.Listen != "" {
 		if s.ln, err = listen(o.Listen); err != nil {
-			ln, terr := takeListener(s.dir.path, o.Listen)
+			ln, terr := takeListener(s.dir.path, o.Listen, o.serviceUID())
 			if terr != nil {
 				return nil, err
 			}

@@ -96,6 +96,10 @@ type Options struct {
 	// Idle doubled n times, at most this long (default 10 min, and never
 	// less than Idle). A manual sleep is tried at once.
 	CheckpointBackoffMax time.Duration
+	// StuckAfter is how long a checkpoint or a restore may last before the
+	// probes call it stuck: not live, not ready (HealthAt; default
+	// DefaultStuckAfter).
+	StuckAfter time.Duration
 	// KeepBad is how many images set aside after a failed restore
 	// (bad-img-N-TIME, for inspection) are kept: the newest; older ones
 	// are removed, since each holds a copy of the service's memory

@@ -38,6 +38,7 @@ type Supervisor struct {
 
 	mu    sync.Mutex
 	state State
+	since time.Time // when state began (Health)
 	cur   proc
 	image string // the newest image's base name
 	// cycle counts the times the service began to run (again): a request
@@ -266,7 +267,7 @@ func (s *Supervisor) Status() Status {
 func (s *Supervisor) setState(st State, attrs ...any) {
 	s.mu.Lock()
 	from := s.state
-	s.state = st
+	s.state, s.since = st, time.Now()
 	s.mu.Unlock()
 	s.o.Observer.State(st)
 	s.log.Info("standby: "+string(st), append([]any{"from", string(from), "to", string(st)}, attrs...)...)

@@ -3,7 +3,9 @@ package standby
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -58,4 +60,31 @@ func TestFindCopiesOwnerOnly(t *testing.T) {
 	if slices.ContainsFunc(findCopies(dir, 0), func(q proc) bool { return q.PID == fake.PID }) {
 		t.Error("a process of uid 65534 is taken for a copy of root's service")
 	}
+}
+
+// A volume root a group may write (2775, as provisioners make it with an
+// fsGroup) is refused with advice kcr standby can follow (no flag it does
+// not have); with the sticky bit (3775) it is accepted.
+func TestImageDirOnGroupVolume(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Fatal("run as root: the volume root is root's")
+	}
+	vol := filepath.Join(t.TempDir(), "vol")
+	if err := os.Mkdir(vol, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(vol, 0, 2000); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(vol, 0o775|os.ModeSetgid)
+	_, err := openImageDir(filepath.Join(vol, "img"))
+	if err == nil || !strings.Contains(err.Error(), "chmod +t") || strings.Contains(err.Error(), "--allow-untrusted") {
+		t.Fatalf("a 2775 volume root: %v, want it refused with the sticky bit as the fix, and no --allow-untrusted", err)
+	}
+	os.Chmod(vol, 0o775|os.ModeSetgid|os.ModeSticky)
+	d, err := openImageDir(filepath.Join(vol, "img"))
+	if err != nil {
+		t.Fatalf("a 3775 volume root: %v", err)
+	}
+	d.close()
 }

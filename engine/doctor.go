@@ -66,6 +66,9 @@ func Doctor(ctx context.Context, explicitCRIU string) []Check {
 		detail += fmt.Sprintf(", CAP_SYS_ADMIN=%v CAP_CHECKPOINT_RESTORE=%v", sys, cr)
 	}
 	add("privileges", capOK, detail, "run kcr as root (or with CAP_CHECKPOINT_RESTORE, CAP_SYS_PTRACE)")
+	if hdr, data := (unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}), [2]unix.CapUserData{}; root && unix.Capget(&hdr, &data[0]) == nil {
+		out = append(out, stepCapsCheck(uint64(data[0].Effective)|uint64(data[1].Effective)<<32))
+	}
 
 	_, err = os.Stat("/proc/self/map_files")
 	add("kernel: checkpoint/restore", err == nil, "/proc/self/map_files", "use a kernel built with CONFIG_CHECKPOINT_RESTORE=y")
@@ -86,6 +89,35 @@ func Doctor(ctx context.Context, explicitCRIU string) []Check {
 		}
 	}
 	return out
+}
+
+// stepCaps are the capabilities CRIU's steps need of a root kcr (in a
+// container, where root may lack some), and why.
+var stepCaps = []struct {
+	cap uintptr
+	why string
+}{
+	{unix.CAP_SYS_ADMIN, "the service's PID namespace, CRIU's dump and restore"},
+	{unix.CAP_NET_ADMIN, "CRIU's netlink requests (socket diagnostics)"},
+	{unix.CAP_SYS_TIME, "the restored time namespace's clock offsets: without it every restore fails and kcr standby starts cold"},
+	{unix.CAP_SYS_CHROOT, "CRIU's change of root while restoring"},
+}
+
+// stepCapsCheck checks the effective capabilities eff for each of
+// stepCaps.
+func stepCapsCheck(eff uint64) Check {
+	var missing, fix []string
+	for _, c := range stepCaps {
+		if eff&(1<<c.cap) == 0 {
+			missing = append(missing, CapName(c.cap))
+			fix = append(fix, CapName(c.cap)+": "+c.why)
+		}
+	}
+	if len(missing) == 0 {
+		return Check{Name: "capabilities for checkpoint and restore", OK: true, Detail: "CAP_SYS_ADMIN, CAP_NET_ADMIN, CAP_SYS_TIME, CAP_SYS_CHROOT"}
+	}
+	return Check{Name: "capabilities for checkpoint and restore", Detail: "missing " + strings.Join(missing, ", "),
+		Fix: "add them to the container's capabilities (" + strings.Join(fix, "; ") + ")"}
 }
 
 // kdatCacheNote warns when CRIU cannot keep its kernel-feature cache

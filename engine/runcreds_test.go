@@ -134,3 +134,19 @@ func TestParseCapsAndUser(t *testing.T) {
 		t.Errorf("unknown group: %v", err)
 	}
 }
+
+// kcr doctor names each capability a root kcr lacks for checkpoint and
+// restore, SYS_TIME among them.
+func TestStepCapsCheck(t *testing.T) {
+	all := uint64(1)<<21 | 1<<12 | 1<<25 | 1<<18
+	if c := stepCapsCheck(all); !c.OK || c.Fix != "" {
+		t.Errorf("all four: %+v", c)
+	}
+	c := stepCapsCheck(all &^ (1 << 25))
+	if c.OK || !strings.Contains(c.Detail, "CAP_SYS_TIME") || strings.Contains(c.Detail, "CAP_SYS_ADMIN") || !strings.Contains(c.Fix, "restore fails") {
+		t.Errorf("without SYS_TIME: %+v", c)
+	}
+	if c := stepCapsCheck(0); c.OK || strings.Count(c.Detail, "CAP_") != 4 {
+		t.Errorf("none: %+v", c)
+	}
+}

@@ -118,6 +118,13 @@ func CheckTrusted(p string) error {
 	return err
 }
 
+// CheckTrustedFix is CheckTrusted with fix as the advice of its
+// ErrUntrusted errors, for a caller whose user has no --allow-untrusted.
+func CheckTrustedFix(p, fix string) error {
+	_, err := checkTree(p, fix)
+	return err
+}
+
 // ResolveTrusted is CheckTrusted that returns the resolved path checked:
 // the caller must use that path, not p, whose links could change.
 func ResolveTrusted(p string) (string, error) { return checkTree(p, untrustedFix) }

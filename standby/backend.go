@@ -185,7 +185,7 @@ func (b *engineBackend) activity(ctx context.Context, p proc) (notify.Activity, 
 
 func (b *engineBackend) alive(p proc) bool { return alive(p) }
 
-func (b *engineBackend) copies() []proc { return findCopies(b.dir) }
+func (b *engineBackend) copies() []proc { return findCopies(b.dir, b.o.serviceUID()) }
 
 func (b *engineBackend) ready(ctx context.Context, p proc) error {
 	deadline := time.Now().Add(b.o.ReadyTimeout)

@@ -308,7 +308,7 @@ func (s *Supervisor) crashLoop(c *run) bool {
 func (s *Supervisor) runSince() time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.since
+	return s.runStart
 }
 
 func (b *engineBackend) exitStatus(p proc) exitInfo { return b.exits.status(p.PID) }

@@ -2,7 +2,9 @@ package standby
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"time"
 )
 
 // Health is the answer to a liveness or readiness probe (docs/standby.md,
@@ -49,8 +51,34 @@ func HealthOf(st State) Health {
 	return h
 }
 
+// DefaultStuckAfter is Options.StuckAfter's default.
+const DefaultStuckAfter = 5 * time.Minute
+
+// HealthAt is the probes' answer after in in state st: HealthOf, except
+// that a checkpoint or a restore that has lasted longer than stuckAfter
+// is stuck (CRIU on a hung volume, say), with the service frozen or not
+// there: neither live nor ready, so that the kubelet restarts the
+// container, which ends the stuck step and starts the service again.
+func HealthAt(st State, in, stuckAfter time.Duration) Health {
+	h := HealthOf(st)
+	if (st == StateCheckpointing || st == StateRestoring) && in > stuckAfter {
+		h.Live, h.Ready = false, false
+		h.Why = fmt.Sprintf("%s for %v, longer than %v: stuck (a hung volume or CRIU); a restart of kcr standby ends it", st, in.Round(time.Second), stuckAfter)
+	}
+	return h
+}
+
 // Health returns the probes' answer now.
-func (s *Supervisor) Health() Health { return HealthOf(s.State()) }
+func (s *Supervisor) Health() Health {
+	s.mu.Lock()
+	st, since := s.state, s.since
+	s.mu.Unlock()
+	stuck := s.o.StuckAfter
+	if stuck <= 0 {
+		stuck = DefaultStuckAfter
+	}
+	return HealthAt(st, time.Since(since), stuck)
+}
 
 // ProbeObserver is an Observer that is also told each probe answered
 // (Metrics is one): probe is "healthz" or "readyz".

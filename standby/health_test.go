@@ -178,3 +178,22 @@ func TestMetricsProbes(t *testing.T) {
 		}
 	}
 }
+
+// A checkpoint or a restore that lasts longer than the bound fails both
+// probes, with the reason; any other state, however long, answers as
+// HealthOf does.
+func TestHealthAtStuck(t *testing.T) {
+	for _, st := range allStates {
+		h := HealthAt(st, time.Hour, time.Minute)
+		stuck := st == StateCheckpointing || st == StateRestoring
+		if stuck && (h.Live || h.Ready || !strings.Contains(h.Why, "stuck")) {
+			t.Errorf("%s for an hour: %+v, want neither live nor ready, and why", st, h)
+		}
+		if !stuck && h != HealthOf(st) {
+			t.Errorf("%s for an hour: %+v, want %+v", st, h, HealthOf(st))
+		}
+		if h := HealthAt(st, 30*time.Second, time.Minute); h != HealthOf(st) {
+			t.Errorf("%s for 30 s: %+v, want %+v", st, h, HealthOf(st))
+		}
+	}
+}

@@ -44,6 +44,13 @@ type persisted struct {
 	holdSaved             // the group hold's
 }
 
+// imageDirFix is the advice when --image-dir or a directory above it is
+// open to another user. A volume root that a group may write (2775, as a
+// provisioner makes it with an fsGroup) is safe with the sticky bit:
+// nobody but its owner and root can then rename or remove the image
+// directory in it and put another in its place.
+const imageDirFix = "another user could swap the images kcr standby restores as root: chmod +t the directory named (the sticky bit, mode 3775 or 1777: a volume root a group may write), or chmod go-w it"
+
 // openImageDir creates (0700) or opens dir, checks that nobody but the
 // caller (or root) controls it or a directory above it, and takes its
 // lock: one supervisor per directory.
@@ -65,7 +72,7 @@ func openImageDir(dir string) (*imageDir, error) {
 	// The directory and everything above it; its entries are checked
 	// when they are used (images.OpenWith checks an image before CRIU
 	// reads it).
-	if err := images.CheckTrusted(abs); err != nil {
+	if err := images.CheckTrustedFix(abs, imageDirFix); err != nil {
 		return nil, fmt.Errorf("--image-dir %s: %w", abs, err)
 	}
 	lf, err := os.OpenFile(filepath.Join(abs, lockFileName), os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)

@@ -17,12 +17,12 @@ import (
 // the service alone (it was handed a dup), so the address is taken and a
 // new socket cannot be bound; the same socket, fetched with pidfd_getfd,
 // goes on queueing the connections for the service.
-func takeListener(dir, addr string) (*net.TCPListener, error) {
+func takeListener(dir, addr string, uid uint32) (*net.TCPListener, error) {
 	want, err := net.ResolveTCPAddr("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	for _, p := range findCopies(dir) {
+	for _, p := range findCopies(dir, uid) {
 		if ln, err := listenerOf(p.PID, want); err == nil {
 			return ln, nil
 		}

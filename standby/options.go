@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"syscall"
 	"time"
 
@@ -101,6 +102,10 @@ type Options struct {
 	// Idle doubled n times, at most this long (default 10 min, and never
 	// less than Idle). A manual sleep is tried at once.
 	CheckpointBackoffMax time.Duration
+	// StuckAfter is how long a checkpoint or a restore may last before the
+	// probes call it stuck: not live, not ready (HealthAt; default
+	// DefaultStuckAfter).
+	StuckAfter time.Duration
 	// KeepBad is how many images set aside after a failed restore
 	// (bad-img-N-TIME, for inspection) are kept: the newest; older ones
 	// are removed, since each holds a copy of the service's memory
@@ -319,3 +324,12 @@ func (nopObserver) Restore(time.Duration, error)           {}
 func (nopObserver) ColdStart(string)                       {}
 func (nopObserver) BrokerRequests(int)                     {}
 func (nopObserver) GroupHold(string)                       {}
+
+// serviceUID is the uid the service runs as: a process of another uid is
+// never taken for a copy of it.
+func (o *Options) serviceUID() uint32 {
+	if o.Cred != nil {
+		return o.Cred.Uid
+	}
+	return uint32(os.Geteuid())
+}

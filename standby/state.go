@@ -146,9 +146,17 @@ func containsProc(ps []proc, p proc) bool {
 
 // findCopies lists the processes that are init of their own PID namespace
 // and carry markerEnv=dir in their environment.
-func findCopies(dir string) []proc {
+//
+// Only a process of uid, every one of its uids, counts: the marker is an
+// environment variable, which any user can give a process of its own in a
+// PID namespace of its own, and kcr standby would then adopt it as its
+// service (and hand it the --listen socket).
+func findCopies(dir string, uid uint32) []proc {
 	var out []proc
 	for _, m := range procfs.NamespaceInitsWith(markerEnv + "=" + dir) {
+		if m.UIDs != [4]uint32{uid, uid, uid, uid} {
+			continue
+		}
 		out = append(out, proc{PID: m.PID, Start: m.Start})
 	}
 	return out

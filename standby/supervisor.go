@@ -39,6 +39,7 @@ type Supervisor struct {
 
 	mu    sync.Mutex
 	state State
+	since time.Time // when state began (Health)
 	cur   proc
 	image string // the newest image's base name
 	// cycle counts the times the service began to run (again): a request
@@ -46,7 +47,7 @@ type Supervisor struct {
 	cycle uint64
 	// ckptFails counts the failed checkpoints in a row (ckptBackoff).
 	ckptFails int
-	since     time.Time // when cur began to run
+	runStart  time.Time // when cur began to run
 
 	// stateMu serializes the writes of the state file: the group hold
 	// records its member id from its own goroutine.
@@ -104,7 +105,7 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 	lf.Close()
 	if o.Listen != "" {
 		if s.ln, err = listen(o.Listen); err != nil {
-			ln, terr := takeListener(s.dir.path, o.Listen)
+			ln, terr := takeListener(s.dir.path, o.Listen, o.serviceUID())
 			if terr != nil {
 				return nil, err
 			}
@@ -272,7 +273,7 @@ func (s *Supervisor) Status() Status {
 func (s *Supervisor) setState(st State, attrs ...any) {
 	s.mu.Lock()
 	from := s.state
-	s.state = st
+	s.state, s.since = st, time.Now()
 	s.mu.Unlock()
 	s.o.Observer.State(st)
 	s.log.Info("standby: "+string(st), append([]any{"from", string(from), "to", string(st)}, attrs...)...)
@@ -536,7 +537,7 @@ func (s *Supervisor) setImage(name string) {
 func (s *Supervisor) running(p proc, attrs ...any) {
 	s.mu.Lock()
 	if s.cur != p {
-		s.since = time.Now()
+		s.runStart = time.Now()
 	}
 	s.cur = p
 	s.cycle++
@@ -754,7 +755,7 @@ func (s *Supervisor) restore(ctx context.Context, source string, wokeAt time.Tim
 	s.o.Observer.Restore(d, err)
 	if errors.Is(err, errExitedInRestore) {
 		s.mu.Lock()
-		s.since = t
+		s.runStart = t
 		s.mu.Unlock()
 		return p, err
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
+	"github.com/kcr-dev/kcr/internal/pidone"
 	"github.com/kcr-dev/kcr/internal/procfs"
 	"github.com/kcr-dev/kcr/standby"
 )
@@ -92,6 +93,7 @@ TimeoutStopSec). See docs/standby.md, "Shutdown".`,
 	f.DurationVar(&o.HookBudget, "hook-budget", standby.DefaultHookBudget, "deadline of the before-checkpoint hooks")
 	f.DurationVar(&o.ReadyTimeout, "ready-timeout", standby.DefaultReadyTimeout, "how long a cold start may take to open its control socket")
 	f.DurationVar(&o.BackoffMax, "max-backoff", standby.DefaultBackoffMax, "longest wait before restarting a service that keeps crashing")
+	f.DurationVar(&o.StuckAfter, "stuck-after", standby.DefaultStuckAfter, "a checkpoint or restore that lasts longer fails the liveness and readiness probes (stuck: a hung volume or CRIU)")
 	f.IntVar(&opts.keepBad, "keep-bad", standby.DefaultKeepBad, "how many images set aside after failed restores (bad-img-*) to keep for inspection, the newest; older ones are removed (0 keeps none)")
 	cmd.AddCommand(standbyCtlCmd(g, "wake", "Restore the service of --image-dir now"),
 		standbyCtlCmd(g, "sleep", "Checkpoint the service of --image-dir now"),
@@ -101,6 +103,9 @@ TimeoutStopSec). See docs/standby.md, "Shutdown".`,
 
 // runStandby runs kcr standby until SIGTERM or SIGINT.
 func runStandby(ctx context.Context, opts *standbyOpts, out *output) error {
+	if os.Getpid() == 1 {
+		return runStandbyInit()
+	}
 	o := opts.o
 	o.Args = opts.args
 	if err := kafkaPasswordFromEnv(&o.Kafka); err != nil {
@@ -175,6 +180,24 @@ func runStandby(ctx context.Context, opts *standbyOpts, out *output) error {
 		}
 	}()
 	return sup.Run(ctx)
+}
+
+// runStandbyInit is kcr standby as PID 1 (a pod's entrypoint): it runs
+// kcr standby again as its child and does PID 1's duties (package
+// pidone): every copy of the service that outlives the CRIU that restored
+// it is orphaned to PID 1, and reaped there.
+func runStandbyInit() error {
+	// The child reads the password from the environment it is given;
+	// /proc/1/environ must not show it.
+	if _, err := procfs.ScrubSelfEnv(kafkaPasswordEnv); err != nil {
+		return fmt.Errorf("$%s: cannot remove it from /proc/1/environ (%v): give --kafka-sasl-password-file instead", kafkaPasswordEnv, err)
+	}
+	code, err := pidone.Run("/proc/self/exe", os.Args, os.Environ())
+	if err != nil {
+		return fmt.Errorf("start kcr standby under PID 1: %w", err)
+	}
+	os.Exit(code)
+	return nil
 }
 
 // kafkaPasswordEnv holds the SASL password of kcr standby's Kafka clients

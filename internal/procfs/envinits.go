@@ -9,7 +9,8 @@ import (
 // Marked is a live process found by NamespaceInitsWith.
 type Marked struct {
 	PID   int
-	Start uint64 // its start time (Stat.StartTime)
+	Start uint64    // its start time (Stat.StartTime)
+	UIDs  [4]uint32 // its real, effective, saved and filesystem uids
 }
 
 // NamespaceInitsWith lists the live processes, this one aside, that are
@@ -28,7 +29,8 @@ func NamespaceInitsWith(kv string) []Marked {
 		if err != nil || pid == os.Getpid() {
 			continue
 		}
-		if st, err := ReadStatus(pid); err != nil || !st.OwnPIDNamespace() {
+		status, err := ReadStatus(pid)
+		if err != nil || !status.OwnPIDNamespace() {
 			continue
 		}
 		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
@@ -36,7 +38,7 @@ func NamespaceInitsWith(kv string) []Marked {
 			continue
 		}
 		if stat, err := ReadStat(pid); err == nil && !stat.Zombie() {
-			out = append(out, Marked{PID: pid, Start: stat.StartTime})
+			out = append(out, Marked{PID: pid, Start: stat.StartTime, UIDs: status.UIDs})
 		}
 	}
 	return out

@@ -55,3 +55,30 @@ func ExampleNew() {
 	// before: true 0
 	// new client id: true
 }
+
+// A share-group worker: records it does not acknowledge are accepted by its
+// next poll; a failed one is released for another member. Before a
+// checkpoint the consumer hands back what it holds (docs/share-groups.md).
+func ExampleNewShareConsumer() {
+	brokers := []string{"127.0.0.1:9092"}
+	handle := func(*kgo.Record) error { return nil }
+	ctx := context.Background()
+	cons, err := kgohooks.NewShareConsumer([]kgo.Opt{
+		kgo.SeedBrokers(brokers...),
+		kgo.ShareGroup("workers"),
+		kgo.ConsumeTopics("jobs"),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cons.Close()
+	for {
+		fs := cons.PollFetches(ctx)
+		fs.EachRecord(func(r *kgo.Record) {
+			if err := handle(r); err != nil {
+				r.Ack(kgo.AckRelease) // let another member try
+			}
+			// not acknowledged: accepted by the next poll (kgo's rule)
+		})
+	}
+}

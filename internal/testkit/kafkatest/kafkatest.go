@@ -131,8 +131,9 @@ func PollMore(ctx context.Context, p Poller, got []string) []string {
 }
 
 // ReadValues reads topic from the start with a franz-go client of its own
-// (opts added) until want records arrived or 5 s passed, then 300 ms more,
-// and returns the values. Unlike ReadTopic it stops at a count, not at the
+// (opts added) until want records arrived or 30 s passed, then 300 ms more,
+// and returns the values. The bound is long for a loaded CI machine (5 s
+// once read nothing there); a reader that gets its count returns at once. Unlike ReadTopic it stops at a count, not at the
 // end offsets: a read_committed reader never reaches those past an aborted
 // transaction.
 func ReadValues(t testing.TB, addrs []string, topic string, want int, opts ...kgo.Opt) []string {
@@ -143,7 +144,7 @@ func ReadValues(t testing.TB, addrs []string, topic string, want int, opts ...kg
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	return PollMore(ctx, cl, PollValues(ctx, cl, nil, want))
 }

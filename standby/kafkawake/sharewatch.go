@@ -1,0 +1,172 @@
+package kafkawake
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// DefaultSharePoll is how often a ShareWatcher reads the share group's
+// backlog while it waits: DescribeShareGroupOffsets has no long poll.
+const DefaultSharePoll = 250 * time.Millisecond
+
+// ShareConfig configures a ShareWatcher. Zero values take the documented
+// defaults.
+type ShareConfig struct {
+	// Brokers are the bootstrap brokers (required).
+	Brokers []string
+	// Group is the service's share group (required).
+	Group string
+	// Topics, if set, are the only topics whose backlog counts (default:
+	// every topic the share group has offsets for).
+	Topics []string
+	// Poll is how often Wait reads the backlog (default DefaultSharePoll):
+	// one DescribeShareGroupOffsets request to the group's coordinator
+	// each time.
+	Poll time.Duration
+	// BrokerTimeout bounds the broker check of NewShare (default 5 s).
+	BrokerTimeout time.Duration
+	// Logger receives the watcher's records (default slog.Default()).
+	Logger *slog.Logger
+	// Requests, if set, is told how many requests were written to brokers
+	// since it was last told: every second while Wait runs, and when it
+	// returns.
+	Requests func(n int)
+	// Opts are added to the watcher's own kgo options (TLS, SASL).
+	Opts []kgo.Opt
+}
+
+// ShareWatcher watches one share group's backlog (ShareBacklog): records
+// no member has acknowledged yet. A share group needs no base offsets nor
+// state across restarts: the broker keeps the share-partition state.
+type ShareWatcher struct {
+	cfg  ShareConfig
+	log  *slog.Logger
+	cl   *kgo.Client
+	reqs atomic.Int64
+}
+
+// NewShare connects to the brokers and checks that they answer.
+func NewShare(ctx context.Context, cfg ShareConfig) (*ShareWatcher, error) {
+	if len(cfg.Brokers) == 0 || cfg.Group == "" {
+		return nil, fmt.Errorf("%w: brokers and a share group are required", ErrConfig)
+	}
+	if cfg.Poll <= 0 {
+		cfg.Poll = DefaultSharePoll
+	}
+	if cfg.BrokerTimeout <= 0 {
+		cfg.BrokerTimeout = 5 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	w := &ShareWatcher{cfg: cfg, log: cfg.Logger}
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...), kgo.ClientID("kcr-standby"),
+		kgo.WithHooks(RequestCounter{&w.reqs}),
+		// As the consumer-group watcher: a broker that is down or hangs
+		// fails a reading fast, and the next one asks again.
+		kgo.RequestRetries(0), kgo.RetryTimeout(time.Second), kgo.DialTimeout(time.Second),
+		kgo.RequestTimeoutOverhead(2 * time.Second)}, cfg.Opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --brokers %v: %v", ErrConfig, cfg.Brokers, err)
+	}
+	w.cl = cl
+	pctx, cancel := context.WithTimeout(ctx, cfg.BrokerTimeout)
+	defer cancel()
+	if _, err := ShareBacklog(pctx, cl, cfg.Group); err != nil {
+		cl.Close()
+		return nil, fmt.Errorf("--share-group %s: the backlog could not be read within %v (%v): start the broker (Kafka 4.2+, share groups on) or fix --brokers", cfg.Group, cfg.BrokerTimeout, err)
+	}
+	return w, nil
+}
+
+// Close closes the watcher's connections.
+func (w *ShareWatcher) Close() { w.cl.Close() }
+
+// ErrNoShareOffsets: the share group has no offsets on the watched topics
+// (no member has fetched from them yet), so records landing there are not
+// its backlog.
+var ErrNoShareOffsets = errors.New("the share group has no offsets on its topics yet (no member has fetched from them)")
+
+// Pending returns the share group's backlog on the watched topics, and the
+// topics with some. It fails with ErrNoShareOffsets when the group has no
+// offsets on any watched topic (on one of Topics, when given).
+func (w *ShareWatcher) Pending(ctx context.Context) (int64, []string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	b, err := ShareBacklog(ctx, w.cl, w.cfg.Group)
+	if err != nil {
+		return 0, nil, err
+	}
+	topics := w.cfg.Topics
+	if len(topics) == 0 {
+		topics = slices.Sorted(maps.Keys(b))
+	}
+	var n int64
+	var with []string
+	for _, t := range topics {
+		if len(b[t]) == 0 {
+			return 0, nil, fmt.Errorf("%w: topic %s", ErrNoShareOffsets, t)
+		}
+		var tn int64
+		for _, lag := range b[t] {
+			tn += lag
+		}
+		if tn > 0 {
+			n += tn
+			with = append(with, t)
+		}
+	}
+	if len(topics) == 0 {
+		return 0, nil, ErrNoShareOffsets
+	}
+	return n, with, nil
+}
+
+// Wait returns nil as soon as the share group has a backlog (see
+// Pending), or ctx.Err() when ctx ends first. It reads the backlog every
+// Poll. Errors never end it: they are logged once per outage.
+func (w *ShareWatcher) Wait(ctx context.Context) error {
+	stop := reportRequests(&w.reqs, w.cfg.Requests)
+	defer stop()
+	var out outage
+	for {
+		n, topics, err := w.Pending(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case err != nil:
+			if out.rounds == 0 {
+				out.since = time.Now()
+				w.log.Warn("standby: kafka wake: reading the share group's backlog failed; watching on, no wake on errors", "share_group", w.cfg.Group, "err", err)
+			}
+			out.rounds++
+			out.last = err
+		default:
+			if out.rounds > 0 {
+				w.log.Info("standby: kafka wake: the brokers answer again", "share_group", w.cfg.Group,
+					"failed_rounds", out.rounds, "failing_ms", msSince(out.since), "last_err", out.last)
+			}
+			out = outage{}
+			if n > 0 {
+				w.log.Info("standby: kafka work", "share_group", w.cfg.Group, "records", n, "topics", topics)
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(w.cfg.Poll):
+		}
+	}
+}
+
+// Group is the watched share group.
+func (w *ShareWatcher) Group() string { return w.cfg.Group }

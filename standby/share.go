@@ -49,6 +49,6 @@ func (k *shareSource) wait(ctx context.Context) error { return k.w.Wait(ctx) }
 
 // The broker keeps the share group's state: nothing to carry.
 func (k *shareSource) saveState() (json.RawMessage, error) { return nil, nil }
-func (k *shareSource) loadState(json.RawMessage) error      { return nil }
+func (k *shareSource) loadState(json.RawMessage) error     { return nil }
 
 func (k *shareSource) close() { k.w.Close() }

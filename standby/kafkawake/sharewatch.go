@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -51,6 +52,9 @@ type ShareWatcher struct {
 	log  *slog.Logger
 	cl   *kgo.Client
 	reqs atomic.Int64
+	// state is read and written by Pending, which callers do not run
+	// with Wait, State or SetState.
+	state ShareState
 }
 
 // NewShare connects to the brokers and checks that they answer.
@@ -98,25 +102,42 @@ var ErrNoShareOffsets = errors.New("the share group has no offsets on its topics
 // Pending returns the share group's backlog on the watched topics, and the
 // topics with some. It fails with ErrNoShareOffsets when the group has no
 // offsets on any watched topic (on one of Topics, when given).
+//
+// A partition where the group has not acknowledged a record yet has no lag
+// at the broker: there, the records past the end offset the watcher first
+// saw count (ShareState).
 func (w *ShareWatcher) Pending(ctx context.Context) (int64, []string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	b, err := ShareBacklog(ctx, w.cl, w.cfg.Group)
+	lags, unknown, err := describeShare(ctx, w.cl, w.cfg.Group)
 	if err != nil {
 		return 0, nil, err
 	}
 	topics := w.cfg.Topics
 	if len(topics) == 0 {
-		topics = slices.Sorted(maps.Keys(b))
+		topics = slices.Sorted(maps.Keys(lags))
+		for t := range unknown {
+			if lags[t] == nil {
+				topics = append(topics, t)
+			}
+		}
+		slices.Sort(topics)
+	}
+	if len(topics) == 0 {
+		return 0, nil, ErrNoShareOffsets
+	}
+	fresh, err := w.unacknowledged(ctx, topics, unknown)
+	if err != nil {
+		return 0, nil, err
 	}
 	var n int64
 	var with []string
 	for _, t := range topics {
-		if len(b[t]) == 0 {
+		if len(lags[t]) == 0 && len(unknown[t]) == 0 {
 			return 0, nil, fmt.Errorf("%w: topic %s", ErrNoShareOffsets, t)
 		}
-		var tn int64
-		for _, lag := range b[t] {
+		tn := fresh[t]
+		for _, lag := range lags[t] {
 			tn += lag
 		}
 		if tn > 0 {
@@ -124,10 +145,67 @@ func (w *ShareWatcher) Pending(ctx context.Context) (int64, []string, error) {
 			with = append(with, t)
 		}
 	}
-	if len(topics) == 0 {
-		return 0, nil, ErrNoShareOffsets
-	}
 	return n, with, nil
+}
+
+// unacknowledged counts, per topic, the records past each partition's base
+// among the unknown ones of topics (their end offsets: one ListOffsets
+// request per leader, only when there are some). A partition seen for the
+// first time gets its end offset as base; one no longer unknown loses it.
+func (w *ShareWatcher) unacknowledged(ctx context.Context, topics []string, unknown map[string][]int32) (map[string]int64, error) {
+	out := map[string]int64{}
+	var ask []string
+	for _, t := range topics {
+		if len(unknown[t]) > 0 {
+			ask = append(ask, t)
+		}
+	}
+	var ends kadm.ListedOffsets
+	if len(ask) > 0 {
+		var err error
+		if ends, err = kadm.NewClient(w.cl).ListEndOffsets(ctx, ask...); err != nil {
+			return nil, fmt.Errorf("share group %s: end offsets of %v: %w", w.cfg.Group, ask, err)
+		}
+	}
+	base := map[string]map[int32]int64{}
+	for _, t := range ask {
+		base[t] = map[int32]int64{}
+		for _, p := range unknown[t] {
+			lo, ok := ends.Lookup(t, p)
+			if !ok || lo.Err != nil {
+				return nil, fmt.Errorf("share group %s: end offset of %s/%d: %v", w.cfg.Group, t, p, lo.Err)
+			}
+			b, seen := w.state.Base[t][p]
+			if !seen {
+				b = lo.Offset
+			}
+			base[t][p] = b
+			out[t] += max(0, lo.Offset-b)
+		}
+	}
+	w.state.Base = base
+	return out, nil
+}
+
+// ShareState is what a ShareWatcher keeps across restarts of its process.
+type ShareState struct {
+	// Base is, per topic and partition where the group has acknowledged
+	// nothing yet, the end offset when the watcher first saw it.
+	Base map[string]map[int32]int64 `json:"base,omitempty"`
+}
+
+// State returns a copy of the watcher's state.
+func (w *ShareWatcher) State() ShareState { return ShareState{Base: cloneBase(w.state.Base)} }
+
+// SetState replaces the watcher's state by a copy of s.
+func (w *ShareWatcher) SetState(s ShareState) { w.state = ShareState{Base: cloneBase(s.Base)} }
+
+func cloneBase(b map[string]map[int32]int64) map[string]map[int32]int64 {
+	c := make(map[string]map[int32]int64, len(b))
+	for t, ps := range b {
+		c[t] = maps.Clone(ps)
+	}
+	return c
 }
 
 // Wait returns nil as soon as the share group has a backlog (see

@@ -9,6 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 )
@@ -95,5 +96,70 @@ func TestShareWatcher(t *testing.T) {
 	defer wcancel()
 	if err := wo.Wait(wctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Wait without a backlog: %v, want its context's end", err)
+	}
+}
+
+// A partition where the group has acknowledged nothing has no lag at a real
+// broker (start offset and lag -1, which kfake is made to answer here): the
+// records past the end offset first seen there count, and that base is
+// carried by the watcher's state.
+func TestShareWatcherUnacknowledged(t *testing.T) {
+	c, addrs := kafkatest.Cluster(t, kfake.SeedTopics(2, "sw"))
+	c.ControlKey(int16(kmsg.DescribeShareGroupOffsets), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		req := kreq.(*kmsg.DescribeShareGroupOffsetsRequest)
+		resp := req.ResponseKind().(*kmsg.DescribeShareGroupOffsetsResponse)
+		g := kmsg.NewDescribeShareGroupOffsetsResponseGroup()
+		g.GroupID = "sg"
+		rt := kmsg.NewDescribeShareGroupOffsetsResponseGroupTopic()
+		rt.Topic = "sw"
+		for p := range int32(2) {
+			rp := kmsg.NewDescribeShareGroupOffsetsResponseGroupTopicPartition()
+			rp.Partition, rp.StartOffset, rp.Lag = p, -1, -1
+			rt.Partitions = append(rt.Partitions, rp)
+		}
+		g.Topics = append(g.Topics, rt)
+		resp.Groups = append(resp.Groups, g)
+		return resp, nil, true
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	prod, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	to := func(p int32, n int) {
+		for range n {
+			if err := prod.ProduceSync(ctx, &kgo.Record{Topic: "sw", Partition: p}).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	to(0, 3) // before the watcher first looks: not counted
+	w, err := NewShare(ctx, ShareConfig{Brokers: addrs, Group: "sg"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if n, _, err := w.Pending(ctx); err != nil || n != 0 {
+		t.Fatalf("first look: backlog %d, %v; want 0", n, err)
+	}
+	to(1, 2)
+	if n, topics, err := w.Pending(ctx); err != nil || n != 2 || len(topics) != 1 {
+		t.Fatalf("2 records past the base: backlog %d on %v, %v; want 2 on [sw]", n, topics, err)
+	}
+	st := w.State()
+	if st.Base["sw"][0] != 3 || st.Base["sw"][1] != 0 {
+		t.Fatalf("state %+v: want base 3 on sw/0, 0 on sw/1", st)
+	}
+	w2, err := NewShare(ctx, ShareConfig{Brokers: addrs, Group: "sg"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w2.Close()
+	w2.SetState(st)
+	if n, _, err := w2.Pending(ctx); err != nil || n != 2 {
+		t.Fatalf("a new watcher with the state: backlog %d, %v; want 2", n, err)
 	}
 }

@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // DefaultSharePoll is how often a ShareWatcher reads the share group's
@@ -52,6 +54,10 @@ type ShareWatcher struct {
 	log  *slog.Logger
 	cl   *kgo.Client
 	reqs atomic.Int64
+	// earliest: the group's share.auto.offset.reset is earliest, so the
+	// broker hands out every record of a partition where the group has
+	// acknowledged nothing (read at NewShare).
+	earliest bool
 	// state is read and written by Pending, which callers do not run
 	// with Wait, State or SetState.
 	state ShareState
@@ -88,6 +94,14 @@ func NewShare(ctx context.Context, cfg ShareConfig) (*ShareWatcher, error) {
 		cl.Close()
 		return nil, fmt.Errorf("--share-group %s: the backlog could not be read within %v (%v): start the broker (Kafka 4.2+, share groups on) or fix --brokers", cfg.Group, cfg.BrokerTimeout, err)
 	}
+	reset, err := shareReset(pctx, cl, cfg.Group)
+	w.earliest = reset == "earliest"
+	if !w.earliest {
+		w.log.Warn("standby: kafka wake: the share group does not start at the earliest offset",
+			"share_group", cfg.Group, "share.auto.offset.reset", reset, "err", err,
+			"why", "records that land while the service sleeps, in a partition where the group has acknowledged nothing, may be skipped by the broker",
+			"fix", "set share.auto.offset.reset=earliest on the group")
+	}
 	return w, nil
 }
 
@@ -106,7 +120,18 @@ var ErrNoShareOffsets = errors.New("the share group has no offsets on its topics
 // A partition where the group has not acknowledged a record yet has no lag
 // at the broker: there, the records past the end offset the watcher first
 // saw count (ShareState).
+//
+// Unless the group's share.auto.offset.reset is earliest, the broker may
+// skip those records when it loads the partition again (after the service
+// slept): they wake the service but do not keep it awake, and Pending
+// takes the partition's end offset as its new base.
 func (w *ShareWatcher) Pending(ctx context.Context) (int64, []string, error) {
+	return w.pending(ctx, !w.earliest)
+}
+
+// pending is Pending; settle moves the base of every partition where the
+// group has acknowledged nothing to its end offset, and counts none there.
+func (w *ShareWatcher) pending(ctx context.Context, settle bool) (int64, []string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	lags, unknown, err := describeShare(ctx, w.cl, w.cfg.Group)
@@ -126,7 +151,7 @@ func (w *ShareWatcher) Pending(ctx context.Context) (int64, []string, error) {
 	if len(topics) == 0 {
 		return 0, nil, ErrNoShareOffsets
 	}
-	fresh, err := w.unacknowledged(ctx, topics, unknown)
+	fresh, err := w.unacknowledged(ctx, topics, unknown, settle)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -152,7 +177,7 @@ func (w *ShareWatcher) Pending(ctx context.Context) (int64, []string, error) {
 // among the unknown ones of topics (their end offsets: one ListOffsets
 // request per leader, only when there are some). A partition seen for the
 // first time gets its end offset as base; one no longer unknown loses it.
-func (w *ShareWatcher) unacknowledged(ctx context.Context, topics []string, unknown map[string][]int32) (map[string]int64, error) {
+func (w *ShareWatcher) unacknowledged(ctx context.Context, topics []string, unknown map[string][]int32, settle bool) (map[string]int64, error) {
 	out := map[string]int64{}
 	var ask []string
 	for _, t := range topics {
@@ -176,7 +201,7 @@ func (w *ShareWatcher) unacknowledged(ctx context.Context, topics []string, unkn
 				return nil, fmt.Errorf("share group %s: end offset of %s/%d: %v", w.cfg.Group, t, p, lo.Err)
 			}
 			b, seen := w.state.Base[t][p]
-			if !seen {
+			if !seen || settle {
 				b = lo.Offset
 			}
 			base[t][p] = b
@@ -216,7 +241,7 @@ func (w *ShareWatcher) Wait(ctx context.Context) error {
 	defer stop()
 	var out outage
 	for {
-		n, topics, err := w.Pending(ctx)
+		n, topics, err := w.pending(ctx, false)
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
@@ -248,3 +273,29 @@ func (w *ShareWatcher) Wait(ctx context.Context) error {
 
 // Group is the watched share group.
 func (w *ShareWatcher) Group() string { return w.cfg.Group }
+
+// shareReset reads the share group's share.auto.offset.reset (Kafka's
+// default, latest, when the broker does not say).
+func shareReset(ctx context.Context, cl *kgo.Client, group string) (string, error) {
+	req := kmsg.NewPtrDescribeConfigsRequest()
+	res := kmsg.NewDescribeConfigsRequestResource()
+	res.ResourceType = kmsg.ConfigResourceTypeGroupConfig
+	res.ResourceName = group
+	res.ConfigNames = []string{"share.auto.offset.reset"}
+	req.Resources = append(req.Resources, res)
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return "latest", err
+	}
+	for _, r := range resp.Resources {
+		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
+			return "latest", err
+		}
+		for _, c := range r.Configs {
+			if c.Name == "share.auto.offset.reset" && c.Value != nil {
+				return *c.Value, nil
+			}
+		}
+	}
+	return "latest", nil
+}

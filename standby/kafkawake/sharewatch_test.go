@@ -102,9 +102,12 @@ func TestShareWatcher(t *testing.T) {
 // A partition where the group has acknowledged nothing has no lag at a real
 // broker (start offset and lag -1, which kfake is made to answer here): the
 // records past the end offset first seen there count, and that base is
-// carried by the watcher's state.
+// carried by the watcher's state. In a group that does not start at the
+// earliest offset (the broker may skip those records), they wake (wait's
+// reading) but do not keep the service awake (Pending settles the base).
 func TestShareWatcherUnacknowledged(t *testing.T) {
 	c, addrs := kafkatest.Cluster(t, kfake.SeedTopics(2, "sw"))
+	c.SetGroupConfigs("sg", map[string]string{"share.auto.offset.reset": "earliest"})
 	c.ControlKey(int16(kmsg.DescribeShareGroupOffsets), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
 		c.KeepControl()
 		req := kreq.(*kmsg.DescribeShareGroupOffsetsRequest)
@@ -161,5 +164,25 @@ func TestShareWatcherUnacknowledged(t *testing.T) {
 	w2.SetState(st)
 	if n, _, err := w2.Pending(ctx); err != nil || n != 2 {
 		t.Fatalf("a new watcher with the state: backlog %d, %v; want 2", n, err)
+	}
+
+	wl, err := NewShare(ctx, ShareConfig{Brokers: addrs, Group: "sl"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wl.Close()
+	wl.SetState(st)
+	if n, _, err := wl.pending(ctx, false); err != nil || n != 2 {
+		t.Fatalf("group sl (latest), wait's reading: backlog %d, %v; want 2", n, err)
+	}
+	if n, _, err := wl.Pending(ctx); err != nil || n != 0 {
+		t.Fatalf("group sl (latest), Pending: backlog %d, %v; want 0", n, err)
+	}
+	if n, _, err := wl.pending(ctx, false); err != nil || n != 0 {
+		t.Fatalf("group sl (latest), wait's reading after Pending settled: backlog %d, %v; want 0", n, err)
+	}
+	to(0, 1)
+	if n, _, err := wl.pending(ctx, false); err != nil || n != 1 {
+		t.Fatalf("group sl (latest), a new record: backlog %d, %v; want 1", n, err)
 	}
 }

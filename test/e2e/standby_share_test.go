@@ -5,6 +5,7 @@ package e2e
 // and the real broker.
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -53,6 +54,9 @@ func TestStandbyShareCycles(t *testing.T) {
 	if n := s.countLogs("standby: running", "source", "kafka"); n != cycles {
 		t.Errorf("%d restores woken by the share backlog, want %d", n, cycles)
 	}
+	if n := s.countLogs("standby: kafka wake: the share group does not start at the earliest offset"); n != 0 {
+		t.Errorf("kcr standby did not see the group's share.auto.offset.reset=earliest (%d warnings)", n)
+	}
 	if n := s.countLogs("standby: kafka work", "share_group", group); n != cycles {
 		t.Errorf("%d share-backlog wakes logged, want %d", n, cycles)
 	}
@@ -73,4 +77,30 @@ func TestStandbyShareCycles(t *testing.T) {
 			t.Errorf("after-restore event of kind %v, want restore: %v", e["kind"], e)
 		}
 	}
+}
+
+// A share group left at Kafka's default share.auto.offset.reset=latest:
+// kcr standby warns, and records that land while the service sleeps in a
+// partition where the group has acknowledged nothing wake it, but do not
+// keep it awake (the broker may skip them): it sleeps again.
+func TestStandbyShareLatest(t *testing.T) {
+	k := needKafka(t)
+	topic, group := k.newTopic("sbsharel", 2), uniqueName("sbsharel")
+	dir := filepath.Join(t.TempDir(), "img")
+	s := k.startStandby(dir, []string{"--idle", "1s", "--share-group", group, "--topics", topic},
+		kgoBin, "-brokers", k.brokers, "-topic", topic, "-group", group, "-share", "-client-id", "sbsharel")
+	s.waitState("standby", 60*time.Second)
+	if n := s.countLogs("standby: kafka wake: the share group does not start at the earliest offset"); n != 1 {
+		t.Errorf("%d warnings about share.auto.offset.reset, want 1", n)
+	}
+	k.produceN(topic, 5)
+	eventually(t, 60*time.Second, "a wake by the share backlog", func() (bool, string) {
+		n := s.countLogs("standby: running", "source", "kafka")
+		return n == 1, fmt.Sprintf("%d wakes", n)
+	})
+	eventually(t, 60*time.Second, "the woken service checkpointed again", func() (bool, string) {
+		n := s.countLogs("standby: checkpointed")
+		return n == 2, fmt.Sprintf("%d checkpoints", n)
+	})
+	s.waitState("standby", 60*time.Second)
 }

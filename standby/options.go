@@ -120,6 +120,11 @@ type Options struct {
 	Brokers []string
 	Group   string
 	Topics  []string
+	// ShareGroup, instead of Group, is the service's share group (KIP-932):
+	// its backlog on Topics (default: every topic it has offsets for)
+	// wakes the service, read every Poll (default 250 ms), and there is no
+	// group hold (docs/share-groups.md).
+	ShareGroup string
 	// Poll, if set, fetches every Poll while the service sleeps; zero
 	// long-polls: the broker answers when a record lands.
 	Poll time.Duration
@@ -223,6 +228,10 @@ func (o *Options) check() error {
 		return bad("--idle %v: give a positive duration such as 60s", o.Idle)
 	case o.Poll < 0, o.TermGrace < 0, o.StableAfter < 0, o.ActivityPoll < 0, o.HookBudget < 0, o.ReadyTimeout < 0, o.BackoffMin < 0, o.BackoffMax < 0, o.CheckpointBackoffMax < 0, o.BrokerTimeout < 0:
 		return bad("a negative duration: give positive durations such as 100ms")
+	case o.Group != "" && o.ShareGroup != "":
+		return bad("--group and --share-group: give one, the kind of group the service consumes through")
+	case o.ShareGroup != "" && (len(o.Brokers) == 0 || o.Replicas):
+		return bad("--share-group %q needs --brokers, and takes no --replicas", o.ShareGroup)
 	case o.Group != "" && len(o.Brokers) == 0:
 		return bad("--group %q needs --brokers", o.Group)
 	case o.Replicas && o.Group == "":
@@ -233,9 +242,9 @@ func (o *Options) check() error {
 		return bad("--min-wake %d: at most %d", o.MinWake, maxMinWake)
 	case o.ReplicasKeyFile != "" && !o.Replicas:
 		return bad("--replicas-key-file needs --replicas")
-	case len(o.Topics) > 0 && o.Group == "":
+	case len(o.Topics) > 0 && o.Group == "" && o.ShareGroup == "":
 		return bad("--topics needs --group: the records watched are those the service's consumer group has not committed")
-	case o.Kafka.set() && o.Group == "":
+	case o.Kafka.set() && o.Group == "" && o.ShareGroup == "":
 		return bad("the --kafka-tls-* and --kafka-sasl-* options need --group: they configure kcr standby's own Kafka clients")
 	}
 	if err := o.Kafka.check(); err != nil {

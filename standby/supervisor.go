@@ -133,6 +133,13 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 			return nil, err
 		}
 	}
+	if o.ShareGroup != "" {
+		sh, err := newShareSource(ctx, &s.o)
+		if err != nil {
+			return nil, err
+		}
+		s.wakes = append(s.wakes, sh)
+	}
 	criuPath := ""
 	if b == nil {
 		// A CRIU that cannot work would be found at the first checkpoint,

@@ -67,6 +67,7 @@ TimeoutStopSec). See docs/standby.md, "Shutdown".`,
 	f.DurationVar(&o.Idle, "idle", 60*time.Second, "checkpoint the service after it has been idle this long")
 	f.StringSliceVar(&o.Brokers, "brokers", nil, "Kafka bootstrap brokers for the lag wake")
 	f.StringVar(&o.Group, "group", "", "the service's consumer group: its lag wakes the service")
+	f.StringVar(&o.ShareGroup, "share-group", "", "instead of --group, the service's share group (KIP-932): its backlog wakes the service, read every --poll (default 250ms); no group hold (see docs/share-groups.md)")
 	f.StringSliceVar(&o.Topics, "topics", nil, "topics whose lag counts (default: those the group committed)")
 	f.DurationVar(&o.Poll, "poll", 0, "fetch the group's records every this long while the service sleeps (default 0: a long-polling fetch, answered when a record lands)")
 	f.BoolVar(&opts.holdGroup, "hold-group", true, "keep a placeholder member in --group while the service sleeps, so that its wake does not wait for the broker's initial rebalance delay (classic groups)")

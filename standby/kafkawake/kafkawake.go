@@ -30,6 +30,10 @@
 // group's live members, Backlog reads its lag and the age of its oldest
 // unprocessed record, and Claims elects, through a topic, the one sleeping
 // replica that wakes.
+//
+// ShareWatcher watches a share group (KIP-932) instead: its backlog, the
+// records no member has acknowledged, read every Poll (DescribeShareGroupOffsets
+// has no long poll).
 package kafkawake
 
 import (

@@ -13,39 +13,49 @@ import (
 // partition: those past the share-partition start offset that no member has
 // acknowledged yet (available, or acquired and in flight), as the broker
 // reports them (DescribeShareGroupOffsets v1, KIP-1226: Kafka 4.2+). A
-// partition the group has not initialized yet is left out. One request to
-// the group's coordinator; nothing is fetched.
+// partition the group has not initialized yet, or where it has not
+// acknowledged a record yet (the broker reports no start offset there), is
+// left out. One request to the group's coordinator; nothing is fetched.
 func ShareBacklog(ctx context.Context, cl *kgo.Client, group string) (map[string]map[int32]int64, error) {
+	lags, _, err := describeShare(ctx, cl, group)
+	return lags, err
+}
+
+// describeShare is ShareBacklog, and the partitions the group has
+// initialized but not acknowledged a record in yet: the broker reports no
+// start offset nor lag for them.
+func describeShare(ctx context.Context, cl *kgo.Client, group string) (lags map[string]map[int32]int64, unknown map[string][]int32, err error) {
 	req := kmsg.NewPtrDescribeShareGroupOffsetsRequest()
 	g := kmsg.NewDescribeShareGroupOffsetsRequestGroup()
 	g.GroupID = group // no topics: every topic the group has offsets for
 	req.Groups = append(req.Groups, g)
 	resp, err := req.RequestWith(ctx, cl)
 	if err != nil {
-		return nil, fmt.Errorf("share group %s: describe offsets: %w", group, err)
+		return nil, nil, fmt.Errorf("share group %s: describe offsets: %w", group, err)
 	}
 	if resp.Version < 1 {
-		return nil, fmt.Errorf("share group %s: the broker does not report share-group lag (DescribeShareGroupOffsets v%d; Kafka 4.2+ has v1)", group, resp.Version)
+		return nil, nil, fmt.Errorf("share group %s: the broker does not report share-group lag (DescribeShareGroupOffsets v%d; Kafka 4.2+ has v1)", group, resp.Version)
 	}
-	out := map[string]map[int32]int64{}
+	lags, unknown = map[string]map[int32]int64{}, map[string][]int32{}
 	for _, rg := range resp.Groups {
 		if err := kerr.ErrorForCode(rg.ErrorCode); err != nil {
-			return nil, fmt.Errorf("share group %s: %w", group, err)
+			return nil, nil, fmt.Errorf("share group %s: %w", group, err)
 		}
 		for _, t := range rg.Topics {
 			for _, p := range t.Partitions {
 				if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
-					return nil, fmt.Errorf("share group %s: %s/%d: %w", group, t.Topic, p.Partition, err)
+					return nil, nil, fmt.Errorf("share group %s: %s/%d: %w", group, t.Topic, p.Partition, err)
 				}
 				if p.StartOffset < 0 || p.Lag < 0 {
-					continue // not initialized
+					unknown[t.Topic] = append(unknown[t.Topic], p.Partition)
+					continue
 				}
-				if out[t.Topic] == nil {
-					out[t.Topic] = map[int32]int64{}
+				if lags[t.Topic] == nil {
+					lags[t.Topic] = map[int32]int64{}
 				}
-				out[t.Topic][p.Partition] = p.Lag
+				lags[t.Topic][p.Partition] = p.Lag
 			}
 		}
 	}
-	return out, nil
+	return lags, unknown, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"sync/atomic"
 	"time"
 )
 
@@ -177,14 +178,18 @@ func rotate(parts []*part) {
 
 // reportRequests tells Config.Requests the requests written, every second
 // until the returned stop is called, and once more then.
-func (w *Watcher) reportRequests() (stop func()) {
-	if w.cfg.Requests == nil {
+func (w *Watcher) reportRequests() (stop func()) { return reportRequests(&w.reqs, w.cfg.Requests) }
+
+// reportRequests tells fn the requests counted in reqs, every second until
+// the returned stop is called, and once more then (nil fn: nothing).
+func reportRequests(reqs *atomic.Int64, fn func(int)) (stop func()) {
+	if fn == nil {
 		return func() {}
 	}
-	last := w.reqs.Load()
+	last := reqs.Load()
 	report := func() {
-		n := w.reqs.Load()
-		w.cfg.Requests(int(n - last))
+		n := reqs.Load()
+		fn(int(n - last))
 		last = n
 	}
 	done, finished := make(chan struct{}), make(chan struct{})

@@ -240,6 +240,21 @@ func (c *core) Flush(ctx context.Context) error {
 // kgo client of the moment, never an error caused by the checkpoint.
 func (c *core) PollFetches(ctx context.Context) kgo.Fetches { return c.PollRecords(ctx, -1) }
 
+// pollUntilStopped polls cl until ctx ends or a checkpoint cancels stop.
+// interrupted says the checkpoint ended the poll (not the caller's ctx);
+// its fetches are then cleared of the cancellation's errors.
+func pollUntilStopped(ctx, stop context.Context, cl *kgo.Client, maxPollRecords int) (fs kgo.Fetches, interrupted bool) {
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	unhook := context.AfterFunc(stop, cancel)
+	fs = cl.PollRecords(pctx, maxPollRecords)
+	unhook()
+	if interrupted = stop.Err() != nil && ctx.Err() == nil; interrupted {
+		fs = dropCanceled(fs)
+	}
+	return fs, interrupted
+}
+
 // PollRecords is kgo.Client.PollRecords, gated like PollFetches.
 func (c *core) PollRecords(ctx context.Context, maxPollRecords int) kgo.Fetches {
 	for {
@@ -247,15 +262,7 @@ func (c *core) PollRecords(ctx context.Context, maxPollRecords int) kgo.Fetches 
 		if err != nil {
 			return kgo.NewErrFetch(err)
 		}
-		pctx, cancel := context.WithCancel(ctx)
-		stop := context.AfterFunc(s.stop, cancel)
-		fs := s.cl.PollRecords(pctx, maxPollRecords)
-		stop()
-		cancel()
-		interrupted := s.stop.Err() != nil && ctx.Err() == nil
-		if interrupted {
-			fs = dropCanceled(fs)
-		}
+		fs, interrupted := pollUntilStopped(ctx, s.stop, s.cl, maxPollRecords)
 		if c.tpos != nil && len(fs) > 0 {
 			if fs = c.tpos.filter(s.cl, fs); len(fs) == 0 && !interrupted && ctx.Err() == nil {
 				c.polls.Add(-1)

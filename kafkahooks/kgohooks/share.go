@@ -172,15 +172,7 @@ func (c *ShareConsumer) PollRecords(ctx context.Context, maxPollRecords int) kgo
 		if err != nil {
 			return kgo.NewErrFetch(err)
 		}
-		pctx, cancel := context.WithCancel(ctx)
-		stop := context.AfterFunc(s.stop, cancel)
-		fs := s.cl.PollRecords(pctx, maxPollRecords)
-		stop()
-		cancel()
-		interrupted := s.stop.Err() != nil && ctx.Err() == nil
-		if interrupted {
-			fs = dropCanceled(fs)
-		}
+		fs, interrupted := pollUntilStopped(ctx, s.stop, s.cl, maxPollRecords)
 		if n := fs.NumRecords(); n > 0 {
 			c.heldGen.Store(s.gen)
 			c.held.Store(int64(n))

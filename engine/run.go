@@ -75,7 +75,9 @@ var ErrNoSocketYet = errors.New("no kcr control socket yet")
 // namespace of its own where it is init (no mount namespace, so /proc and
 // paths stay the host's), as leader of its own session, with stdin from
 // /dev/null and its output appended to a log. kcr keeps no fd of it and
-// does not wait for it.
+// does not wait for it. The program gets no descriptor of kcr's but
+// ExtraFiles: Run marks those kcr inherited close-on-exec first
+// (CloseInheritedFDs).
 func Run(ctx context.Context, o RunOptions) (*RunResult, error) {
 	if len(o.Args) == 0 {
 		return nil, errors.New("no program given: kcr run [flags] -- PROG ARGS")
@@ -105,21 +107,10 @@ func Run(ctx context.Context, o RunOptions) (*RunResult, error) {
 	}
 	defer null.Close()
 
-	env := RunEnv(o.Env)
-	if o.Cred != nil && int(o.Cred.Uid) != os.Getuid() {
-		// kcr's runtime directory is not the program's: its kcr control
-		// socket goes to its own (notify.WithSocketDir).
-		env = slices.DeleteFunc(env, func(kv string) bool { return strings.HasPrefix(kv, "XDG_RUNTIME_DIR=") })
+	if err := CloseInheritedFDs(); err != nil {
+		return nil, fmt.Errorf("mark inherited descriptors close-on-exec: %w", err)
 	}
-	cmd := exec.Command(prog, o.Args[1:]...)
-	cmd.Args[0] = o.Args[0]
-	cmd.Env = env
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = null, logf, logf
-	cmd.ExtraFiles = o.ExtraFiles
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Credential: o.Cred}
-	if !o.NoPIDNamespace {
-		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWPID
-	}
+	cmd := runCmd(prog, o, null, logf)
 	if o.AllCaps {
 		err = cmd.Start()
 	} else {
@@ -185,6 +176,28 @@ func OpenRunLog(logPath string) (*os.File, error) {
 		return nil, fmt.Errorf("open log %s: %w: give a regular file's path", logPath, err)
 	}
 	return logf, nil
+}
+
+// runCmd is the command Run starts: prog with o's arguments, environment,
+// credentials and ExtraFiles, in a session (and by default a PID
+// namespace) of its own.
+func runCmd(prog string, o RunOptions, null, logf *os.File) *exec.Cmd {
+	env := RunEnv(o.Env)
+	if o.Cred != nil && int(o.Cred.Uid) != os.Getuid() {
+		// kcr's runtime directory is not the program's: its kcr control
+		// socket goes to its own (notify.WithSocketDir).
+		env = slices.DeleteFunc(env, func(kv string) bool { return strings.HasPrefix(kv, "XDG_RUNTIME_DIR=") })
+	}
+	cmd := exec.Command(prog, o.Args[1:]...)
+	cmd.Args[0] = o.Args[0]
+	cmd.Env = env
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = null, logf, logf
+	cmd.ExtraFiles = o.ExtraFiles
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Credential: o.Cred}
+	if !o.NoPIDNamespace {
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWPID
+	}
+	return cmd
 }
 
 // RunEnv is the environment Run gives a program: kcr's own, then extra,

@@ -28,8 +28,9 @@ func runCmd(g *globals) *cobra.Command {
 
 The service runs as init of a PID namespace of its own (no mount namespace),
 as leader of its own session, with stdin from /dev/null and stdout and stderr
-appended to a log. GODEBUG=multipathtcp=0 is set unless GODEBUG already sets
-multipathtcp. kcr waits until the service's kcr control socket is up, prints
+appended to a log, and no other descriptor: none that kcr inherited (CRIU
+could not dump a file opened in another mount namespace).
+GODEBUG=multipathtcp=0 is set unless GODEBUG already sets multipathtcp. kcr waits until the service's kcr control socket is up, prints
 its host PID and exits; the service keeps running.
 
 As init of its namespace, the service is the parent of every orphaned

@@ -41,6 +41,10 @@ func (e *exitError) Error() string { return e.err.Error() }
 func (e *exitError) Unwrap() error { return e.err }
 
 func main() {
+	// Before anything starts a child (CRIU, runc, the service, kcr
+	// standby's own child as PID 1): a descriptor kcr inherited must not
+	// reach them. engine.Run, which starts the service, reports an error.
+	engine.CloseInheritedFDs()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var g globals

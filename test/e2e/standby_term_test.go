@@ -27,7 +27,6 @@ import (
 // namespace (with its own /proc), as a container's entrypoint.
 func (k *kafkaEnv) startStandbyInit(dir string, flags []string, svc ...string) *sbRun {
 	k.t.Helper()
-	closeInheritedFDs(k.t)
 	return k.launchStandby(true, dir, append([]string{"--brokers", k.brokers}, flags...), svc...)
 }
 
@@ -162,22 +161,6 @@ func TestStandbyTermCheckpoint(t *testing.T) {
 	}
 }
 
-// closeInheritedFDs marks the descriptors this test process inherited
-// (from the shell that ran go test) close-on-exec: inherited, they would
-// reach the service through kcr, on mounts of the host's mount namespace
-// that CRIU cannot find in the service's.
-func closeInheritedFDs(t *testing.T) {
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range ents {
-		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
-			syscall.CloseOnExec(fd)
-		}
-	}
-}
-
 // The shipped manifests give kcr standby's shutdown the time it asks for:
 // --term-grace ends before the kubelet's SIGKILL
 // (terminationGracePeriodSeconds) and systemd's (TimeoutStopSec), and
@@ -281,7 +264,6 @@ func (s *sbRun) serviceHostPID() int {
 func TestStandbyExits(t *testing.T) {
 	need(t)
 	k := &kafkaEnv{t: t}
-	closeInheritedFDs(t)
 	dir := filepath.Join(t.TempDir(), "img")
 	s := k.launchStandby(true, dir, []string{"--idle", "1h", "--crash-limit", "3", "--max-backoff", "1s", "--stable-after", "1h"}, appBin)
 	s.waitState("running", 60*time.Second)
@@ -330,7 +312,6 @@ func TestStandbyListenAfterRestoreHooks(t *testing.T) {
 	}
 	addr := probe.Addr().String()
 	probe.Close()
-	closeInheritedFDs(t)
 	k := &kafkaEnv{t: t}
 	s := k.launchStandby(true, filepath.Join(t.TempDir(), "img"), []string{"--idle", "1s", "--listen", addr}, appBin, "-listen-fds", "-late-hook", "1s")
 	s.waitState("standby", 60*time.Second)

@@ -2,7 +2,9 @@ package e2e
 
 // kcr standby through a service's deploys: a new binary while the service
 // sleeps or runs, changed arguments and environment, an image from a CPU
-// with other features, and a wake that brings no work.
+// with other features, and a wake that brings no work. kcr standby runs as
+// init of its own PID namespace, as a container's entrypoint, unless a
+// test says otherwise.
 
 import (
 	"encoding/json"
@@ -28,6 +30,9 @@ type upgradeRig struct {
 	flags []string
 	svc   []string
 	s     *sbRun
+	// host runs kcr standby in the host's PID namespace rather than as
+	// init of its own (a container's entrypoint, the default).
+	host bool
 }
 
 func newUpgradeRig(t *testing.T, k *kafkaEnv, app string, flags ...string) *upgradeRig {
@@ -40,7 +45,13 @@ func newUpgradeRig(t *testing.T, k *kafkaEnv, app string, flags ...string) *upgr
 	return r
 }
 
-func (r *upgradeRig) start() { r.s = r.k.startStandby(r.dir, r.flags, r.svc...) }
+func (r *upgradeRig) start() {
+	if r.host {
+		r.s = r.k.startStandby(r.dir, r.flags, r.svc...)
+		return
+	}
+	r.s = r.k.startStandbyInit(r.dir, r.flags, r.svc...)
+}
 
 // copyExe writes src to dst the way dpkg, rpm and go build -o do: a new
 // file renamed over the old one (a running process keeps the old one,
@@ -308,11 +319,13 @@ func testWakeWithoutWork(t *testing.T, bin string) {
 // Arguments changed while the service runs: kcr standby is restarted with
 // them (an edited unit), adopts the running copy, and at its next idle
 // stops it and starts it cold with the new arguments, with one INFO line,
-// instead of checkpointing the old ones.
+// instead of checkpointing the old ones. On a host: as a container's init,
+// kcr standby takes the running copy with it when it dies.
 func TestStandbyChangedConfigRunning(t *testing.T) {
 	for _, c := range []struct{ name, bin string }{{"kafka-go", kafkaBin}, {"franz-go", kgoBin}} {
 		t.Run(c.name, func(t *testing.T) {
 			r := newUpgradeRig(t, needKafka(t), c.bin)
+			r.host = true
 			r.flags[1] = "1h" // --idle: the test asks for each sleep
 			r.start()
 			r.s.waitState("running", 90*time.Second)

@@ -236,6 +236,79 @@ func testChangedConfig(t *testing.T, bin string) {
 	}
 }
 
+// A changed --group, then a changed --topics, while the service sleeps
+// (the service's own flags changed with them, as a user edits both): the
+// image is not restored (the restored copy would consume on the old group
+// or topic while kcr standby watches the new one), one INFO line names
+// --group or --topics, and the service starts cold on the new group or
+// topic and takes every record there once, with nothing missing.
+func TestStandbyChangedGroup(t *testing.T) {
+	for _, c := range []struct{ name, bin string }{{"kafka-go", kafkaBin}, {"franz-go", kgoBin}} {
+		t.Run(c.name, func(t *testing.T) { testChangedGroup(t, c.bin) })
+	}
+}
+
+func testChangedGroup(t *testing.T, bin string) {
+	r := newUpgradeRig(t, needKafka(t), bin)
+	steps := []struct {
+		what, why string
+		change    func()
+	}{
+		{"first start", "", func() {}},
+		{"--group", "--group changed", func() { r.group = uniqueName("standby-upgrade-g2") }},
+		{"--topics", "--topics changed", func() { r.topic = r.k.newTopic("standby-upgrade-t2", 2) }},
+	}
+	for _, st := range steps {
+		st.change()
+		r.flags[3], r.flags[5] = r.group, r.topic
+		r.svc = consumerArgs(r.bin, r.k.brokers, r.topic, r.group)
+		// Only this start's events: a new group reads its topic again.
+		fi, err := os.Stat(r.dir + ".service.log")
+		var off int64
+		if err == nil {
+			off = fi.Size()
+		}
+		r.start()
+		r.k.produceN(r.topic, 3)
+		a := &app{t: t, out: r.dir + ".service.log", logOff: off}
+		ends := r.k.endOffsets(r.topic)
+		eventually(t, 90*time.Second, st.what+": every record of "+r.topic+" processed on "+r.group, func() (bool, string) {
+			got := processed(a.events())
+			missing := 0
+			for p, end := range ends {
+				for o := int64(0); o < end; o++ {
+					if got[po{p, o}] == 0 {
+						missing++
+					}
+				}
+			}
+			return missing == 0, fmt.Sprintf("%d missing", missing)
+		})
+		for k, n := range processed(a.events()) {
+			if n > 1 {
+				t.Errorf("%s: partition %d offset %d processed %d times", st.what, k.p, k.o, n)
+			}
+		}
+		r.k.waitCommitted(r.group, r.topic, ends, 60*time.Second)
+		r.s.waitState("standby", 90*time.Second)
+		want := 1
+		if st.why != "" {
+			line := "standby: not restoring the image, the arguments changed, " + st.why + "; starting the service cold"
+			if n := r.s.countLogs(line, "at", "start"); n != 1 {
+				t.Errorf("%s: %d lines %q, want 1", st.what, n, line)
+			}
+		}
+		if n := r.s.countLogs("standby: starting"); n != want {
+			t.Errorf("%s: %d cold starts, want %d", st.what, n, want)
+		}
+		if n := r.s.countLogs("standby: running", "source", "kafka"); n != 0 {
+			t.Errorf("%s: %d restores of the old image, want 0", st.what, n)
+		}
+		r.checkClean()
+		r.s.stop(syscall.SIGKILL)
+	}
+}
+
 // An image dumped on a CPU with a feature this one lacks (its identity
 // record says so) is not restored: one line names the feature, the service
 // starts cold, and nothing is lost.

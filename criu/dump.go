@@ -382,7 +382,7 @@ func respError(ctx context.Context, op string, resp *rpc.CriuResp, callErr error
 		if msg == "" {
 			msg = "CRIU reported failure"
 		}
-		rpcCause, _ = classify(msg, CauseUnknown, len(causePatterns()))
+		rpcCause, _ = classify(msg, true, CauseUnknown, len(causePatterns()))
 		if no := syscall.Errno(resp.GetCrErrno()); no != 0 {
 			msg = fmt.Sprintf("%s (errno %d)", msg, no)
 			if no == syscall.ENOSPC || no == syscall.EDQUOT {

@@ -36,6 +36,11 @@ const (
 	// CauseDiskFull: CRIU could not write (its image, log or work files)
 	// because the disk or the quota is full: not the image's fault.
 	CauseDiskFull Cause = "disk-full"
+	// CauseMountLookup: the process holds a descriptor on a file whose
+	// mount CRIU cannot find in the process's mount namespace (one
+	// inherited from outside it, such as a shell's /dev/null): no
+	// privilege is missing.
+	CauseMountLookup Cause = "mount-lookup"
 )
 
 // Error returns the cause's name.
@@ -54,6 +59,7 @@ var hints = map[Cause]string{
 	CauseFileVanished:   "another process removed a file CRIU had just restored (clones of one image restoring at once?): try again",
 	CauseRestoreGone:    "the restore failed first: see its error",
 	CauseDiskFull:       "the disk (or quota) of the image or CRIU's work directory is full: free space and try again",
+	CauseMountLookup:    "the process holds a file descriptor (named above) on a mount CRIU cannot find in the process's mount namespace, usually one inherited from outside it: start the process without that descriptor (close-on-exec, or stdin from a file inside its namespace); no privilege is missing",
 }
 
 // rootPermissionHint replaces "run as root" when kcr already runs as root:
@@ -90,6 +96,9 @@ var causePatterns = sync.OnceValue(func() []causePattern {
 		{CauseShellJob, regexp.MustCompile(`(?i)not a session leader|shell-job|shell_job|controlling terminal`)},
 		{CauseNoProcess, regexp.MustCompile(`No such process`)},
 		{CausePermission, regexp.MustCompile(`(?i)operation not permitted|permission denied|CAP_SYS_ADMIN|CAP_CHECKPOINT_RESTORE|capability .* missing`)},
+		// After a refusal: a descriptor's mount CRIU could not read about
+		// may be one it was refused.
+		{CauseMountLookup, regexp.MustCompile(`Can't lookup mount=\d+ for fd=\d+`)},
 		// Last: any other cause in the daemon's log is news.
 		{CauseRestoreGone, regexp.MustCompile(`PID recv|Restorer unexpectedly closed`)},
 	}
@@ -150,19 +159,26 @@ func parseLog(r io.Reader) (first string, cause Cause) {
 		if msg == "" || harmless(msg) {
 			continue
 		}
-		if first == "" {
+		isFirst := first == ""
+		if isFirst {
 			first = msg
 		}
-		cause, rank = classify(msg, cause, rank)
+		cause, rank = classify(msg, isFirst, cause, rank)
 	}
 	return first, cause
 }
 
 // classify returns the cause msg matches if it ranks before the cause found
-// so far (rank is that cause's index in causePatterns).
-func classify(msg string, cause Cause, rank int) (Cause, int) {
+// so far (rank is that cause's index in causePatterns). A refusal counts
+// only in the first real error line (first): after another failure, CRIU's
+// clean-up can be refused too, and a hint about privileges would then
+// blame the wrong thing.
+func classify(msg string, first bool, cause Cause, rank int) (Cause, int) {
 	ps := causePatterns()
 	for i := 0; i < rank; i++ {
+		if ps[i].cause == CausePermission && !first {
+			continue
+		}
 		if ps[i].re.MatchString(msg) {
 			return ps[i].cause, i
 		}
@@ -186,10 +202,11 @@ func parseOutput(out string) (first string, cause Cause) {
 			}
 			line = strings.TrimSpace(m[3])
 		}
-		if first == "" {
+		isFirst := first == ""
+		if isFirst {
 			first = strings.TrimSuffix(line, ":")
 		}
-		cause, rank = classify(line, cause, rank)
+		cause, rank = classify(line, isFirst, cause, rank)
 	}
 	return first, cause
 }

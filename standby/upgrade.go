@@ -5,8 +5,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-
-	"golang.org/x/sys/unix"
 )
 
 // What kcr standby does with a service whose identity changed
@@ -177,11 +175,7 @@ func (s *Supervisor) checkpointWithIdentity(ctx context.Context, c *run) {
 // stopService stops p gracefully: SIGTERM, at most HookBudget to exit,
 // then SIGKILL.
 func (s *Supervisor) stopService(p proc) {
-	if _, ok := s.b.(*engineBackend); ok && s.b.alive(p) {
-		unix.Kill(p.PID, unix.SIGTERM)
-		waitGone(func() bool { return s.b.alive(p) }, s.o.HookBudget)
-	}
-	if s.b.alive(p) {
-		s.b.killCopy(p)
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.o.HookBudget)
+	defer cancel()
+	s.b.stop(ctx, p)
 }

@@ -110,9 +110,11 @@ func TestListenersHandBack(t *testing.T) {
 	if err != nil || res.BeforeErr != nil || res.AfterErr != nil {
 		t.Fatalf("simulate: %v, before %v, after %v", err, res.BeforeErr, res.AfterErr)
 	}
+	// The fake supervisor signals after its answer is written, so the
+	// restore can return first: wait for the signal.
 	select {
 	case <-fetches:
-	default:
+	case <-time.After(5 * time.Second):
 		t.Fatal("the listeners did not fetch the socket back")
 	}
 	for i := range queued {

@@ -61,20 +61,31 @@ func preDump(ctx context.Context, env Env, o Options, res *Result) (rerr error) 
 		}()
 	}
 	// The watcher starts while the hooks run: it waits for the outcome.
-	type spawned struct {
-		commit func(bool)
-		err    error
-	}
-	file := stateFile(o, env.CRIUPID)
 	watcher := make(chan spawned, 1)
 	go func() {
-		c, err := o.SpawnWatcher(file)
+		c, err := o.SpawnWatcher(stateFile(o, env.CRIUPID))
 		watcher <- spawned{c, err}
 	}()
-	// Every app quiesces at once: the pause is the slowest app's, not the sum.
+	ready := checkpointTargets(ctx, env, o, ts)
+	res.Targets = ts
+	return settlePreDump(env, o, res, ts, ready, <-watcher)
+}
+
+// spawned is the resume watcher as SpawnWatcher started it: commit tells it
+// whether the dump goes on.
+type spawned struct {
+	commit func(bool)
+	err    error
+}
+
+// checkpointTargets asks every target to run its before-checkpoint hooks,
+// all at once, so the pause is the slowest app's, not the sum; ready[i] is
+// whether ts[i] is ready for the dump, and a failed target gets its Error
+// and its hooks' reports.
+func checkpointTargets(ctx context.Context, env Env, o Options, ts []Target) (ready []bool) {
 	hctx, cancel := context.WithTimeout(ctx, o.HookBudget+5*time.Second)
 	defer cancel()
-	ready := make([]bool, len(ts))
+	ready = make([]bool, len(ts))
 	var wg sync.WaitGroup
 	for i := range ts {
 		wg.Go(func() {
@@ -90,23 +101,28 @@ func preDump(ctx context.Context, env Env, o Options, res *Result) (rerr error) 
 						ts[i].Error = hf.Msg
 					}
 				}
-				log.Warn("pre-dump: "+string(proto.FailedMarker), "pid", ts[i].PID, "err", ts[i].Error)
+				o.Logger.Warn("pre-dump: "+string(proto.FailedMarker), "pid", ts[i].PID, "err", ts[i].Error)
 				return
 			}
 			ready[i] = true
-			log.Info("pre-dump: before-checkpoint hooks done", "pid", ts[i].PID, "socket", ts[i].Socket, "took", time.Since(t).Round(time.Microsecond), "hooks", len(m.Reports), "leave_running", env.LeaveRunning)
+			o.Logger.Info("pre-dump: before-checkpoint hooks done", "pid", ts[i].PID, "socket", ts[i].Socket, "took", time.Since(t).Round(time.Microsecond), "hooks", len(m.Reports), "leave_running", env.LeaveRunning)
 		})
 	}
 	wg.Wait()
-	res.Targets = ts
+	return ready
+}
 
+// settlePreDump ends the pre-dump once the hooks are done: with every
+// target ready and the watcher started, it writes the reports and the
+// watcher's state and lets the dump go on; otherwise it resumes every
+// target and returns the failure.
+func settlePreDump(env Env, o Options, res *Result, ts []Target, ready []bool, w spawned) error {
 	var failed []Target
 	for i, t := range ts {
 		if !ready[i] {
 			failed = append(failed, t)
 		}
 	}
-	w := <-watcher
 	if len(failed) == 0 {
 		writeReports(env, res, o)
 		dir, _ := os.Readlink(env.ImageDir) // CRIU's fd: gone when the watcher looks

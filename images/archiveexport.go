@@ -63,23 +63,13 @@ func export(ctx context.Context, dir string, w io.Writer) (*Image, error) {
 		return nil, fmt.Errorf("images: %s: %w%s", dir, err, ioHint(err))
 	}
 	defer root.Close()
-
-	// Archive the manifest's exact bytes, and make sure they are the ones
-	// Open verified.
-	raw, err := readRootFile(root, ManifestName, MaxManifestSize)
-	if errors.Is(err, errTooBig) {
-		return nil, manifestTooBig(dir)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("images: %s: read %s: %w%s", dir, ManifestName, err, ioHint(err))
-	}
-	m, err := decodeManifest(dir, raw)
+	raw, m, err := exportedManifest(root, dir, im)
 	if err != nil {
 		return nil, err
 	}
-	if !slices.Equal(m.Files, im.Manifest.Files) {
-		return nil, newError(dir, ManifestName, ErrCorruptManifest, nil,
-			ManifestName+" changed while exporting: is something rewriting this image? export it again")
+	sig, signed, err := exportedSignature(root, dir)
+	if err != nil {
+		return nil, err
 	}
 
 	zw, err := zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedDefault))
@@ -98,28 +88,15 @@ func export(ctx context.Context, dir string, w io.Writer) (*Image, error) {
 	writeErr := func(err error) error {
 		return fmt.Errorf("images: %s: write archive: %w%s", dir, err, ioHint(err))
 	}
-	if err := tw.WriteHeader(header(ManifestName, int64(len(raw)))); err != nil {
-		return nil, writeErr(err)
-	}
-	if _, err := tw.Write(raw); err != nil {
+	if err := writeEntry(tw, header(ManifestName, int64(len(raw))), raw); err != nil {
 		return nil, writeErr(err)
 	}
 	// The signature, if any, travels second, so that an import can check
 	// it before it unpacks anything.
-	sig, err := readRootFile(root, SignatureName, maxSigFile)
-	switch {
-	case err == nil:
-		if err := tw.WriteHeader(header(SignatureName, int64(len(sig)))); err != nil {
+	if signed {
+		if err := writeEntry(tw, header(SignatureName, int64(len(sig))), sig); err != nil {
 			return nil, writeErr(err)
 		}
-		if _, err := tw.Write(sig); err != nil {
-			return nil, writeErr(err)
-		}
-	case errors.Is(err, errTooBig):
-		return nil, newError(dir, SignatureName, ErrSignature, nil,
-			fmt.Sprintf("%s is larger than %d bytes, not a kcr signature: remove it or sign the image again", SignatureName, maxSigFile))
-	case !errors.Is(err, fs.ErrNotExist):
-		return nil, fmt.Errorf("images: %s: read %s: %w%s", dir, SignatureName, err, ioHint(err))
 	}
 	buf := make([]byte, 1<<20)
 	for _, f := range m.Files {
@@ -134,6 +111,52 @@ func export(ctx context.Context, dir string, w io.Writer) (*Image, error) {
 		return nil, writeErr(err)
 	}
 	return im, nil
+}
+
+// exportedManifest reads the manifest's exact bytes to archive them, and
+// makes sure they are the ones Open verified in im.
+func exportedManifest(root *os.Root, dir string, im *Image) ([]byte, *Manifest, error) {
+	raw, err := readRootFile(root, ManifestName, MaxManifestSize)
+	if errors.Is(err, errTooBig) {
+		return nil, nil, manifestTooBig(dir)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("images: %s: read %s: %w%s", dir, ManifestName, err, ioHint(err))
+	}
+	m, err := decodeManifest(dir, raw)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !slices.Equal(m.Files, im.Manifest.Files) {
+		return nil, nil, newError(dir, ManifestName, ErrCorruptManifest, nil,
+			ManifestName+" changed while exporting: is something rewriting this image? export it again")
+	}
+	return raw, m, nil
+}
+
+// exportedSignature reads the image's signature to archive it; signed is
+// false when the image has none.
+func exportedSignature(root *os.Root, dir string) (sig []byte, signed bool, err error) {
+	sig, err = readRootFile(root, SignatureName, maxSigFile)
+	switch {
+	case err == nil:
+		return sig, true, nil
+	case errors.Is(err, errTooBig):
+		return nil, false, newError(dir, SignatureName, ErrSignature, nil,
+			fmt.Sprintf("%s is larger than %d bytes, not a kcr signature: remove it or sign the image again", SignatureName, maxSigFile))
+	case !errors.Is(err, fs.ErrNotExist):
+		return nil, false, fmt.Errorf("images: %s: read %s: %w%s", dir, SignatureName, err, ioHint(err))
+	}
+	return nil, false, nil
+}
+
+// writeEntry appends one entry of the archive, its header and its bytes.
+func writeEntry(tw *tar.Writer, h *tar.Header, data []byte) error {
+	if err := tw.WriteHeader(h); err != nil {
+		return err
+	}
+	_, err := tw.Write(data)
+	return err
 }
 
 // exportFile appends f to the archive, checking it against the manifest

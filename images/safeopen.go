@@ -70,93 +70,129 @@ func openDir(dir string, check bool, fix string) (*os.File, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("images: %s: %w", dir, err)
 	}
-	untrusted := func(p, why string) error {
-		return newError(dir, p, ErrUntrusted, nil, fmt.Sprintf("%s %s; %s", p, why, fix))
-	}
-	fd := -1
-	defer func() {
-		if fd >= 0 {
-			unix.Close(fd)
-		}
-	}()
-	var walked string
-	rest := strings.Split(abs, "/") // abs starts with "/": rest[0] is ""
-	for links := 0; ; {
-		if len(rest) > 0 && rest[0] == "" { // start again from "/"
-			if fd >= 0 {
-				unix.Close(fd)
-			}
-			if fd, err = unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+	w := &dirWalk{dir: dir, check: check, fix: fix, fd: -1, rest: strings.Split(abs, "/")} // abs starts with "/": rest[0] is ""
+	defer w.close()
+	for len(w.rest) > 0 {
+		if w.rest[0] == "" { // start again from "/"
+			w.rest = w.rest[1:]
+			if err := w.fromRoot(); err != nil {
 				return nil, "", err
-			}
-			walked, rest = "/", rest[1:]
-			var st unix.Stat_t
-			if err := unix.Fstat(fd, &st); err != nil {
-				return nil, "", err
-			}
-			if why := trustStat(st.Uid, st.Mode, true); check && why != "" {
-				return nil, "", untrusted(walked, why)
 			}
 			continue
 		}
-		if len(rest) == 0 {
-			break
-		}
-		c := rest[0]
-		rest = rest[1:]
+		c := w.rest[0]
+		w.rest = w.rest[1:]
 		switch c {
-		case "", ".":
+		case ".":
 			continue
 		case "..":
 			// Lexically, as filepath.Clean would: the walk never goes up
 			// through a directory it did not come down.
-			rest = append(strings.Split(filepath.Dir(walked), "/"), rest...)
+			w.rest = append(strings.Split(filepath.Dir(w.walked), "/"), w.rest...)
 			continue
 		}
-		next := filepath.Join(walked, c)
-		nfd, err := unix.Openat(fd, c, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return nil, "", &fs.PathError{Op: "open", Path: next, Err: err}
-		}
-		var st unix.Stat_t
-		if err := unix.Fstat(nfd, &st); err != nil {
-			unix.Close(nfd)
+		if err := w.step(c); err != nil {
 			return nil, "", err
 		}
-		switch st.Mode & unix.S_IFMT {
-		case unix.S_IFLNK:
-			if links++; links > maxLinks {
-				unix.Close(nfd)
-				return nil, "", &fs.PathError{Op: "open", Path: next, Err: unix.ELOOP}
-			}
-			if why := trustStat(st.Uid, 0, false); check && why != "" {
-				unix.Close(nfd)
-				return nil, "", untrusted(next+" (a link)", why)
-			}
-			target, err := readlinkat(fd, c)
-			unix.Close(nfd)
-			if err != nil {
-				return nil, "", &fs.PathError{Op: "readlink", Path: next, Err: err}
-			}
-			rest = append(strings.Split(target, "/"), rest...)
-			continue
-		case unix.S_IFDIR:
-		default:
-			unix.Close(nfd)
-			return nil, "", &fs.PathError{Op: "open", Path: next, Err: unix.ENOTDIR}
-		}
-		if why := trustStat(st.Uid, st.Mode, true); check && why != "" {
-			unix.Close(nfd)
-			return nil, "", untrusted(next, why)
-		}
-		unix.Close(fd)
-		fd, walked = nfd, next
 	}
-	rfd, err := unix.Openat(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	rfd, err := unix.Openat(w.fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, "", &fs.PathError{Op: "open", Path: walked, Err: err}
+		return nil, "", &fs.PathError{Op: "open", Path: w.walked, Err: err}
 	}
-	return os.NewFile(uintptr(rfd), walked), walked, nil
+	return os.NewFile(uintptr(rfd), w.walked), w.walked, nil
+}
+
+// dirWalk is openDir's walk down a path, one component at a time, each
+// opened O_PATH|O_NOFOLLOW under the last: fd is the directory reached
+// (-1 before the start), walked its path, rest the components to go.
+type dirWalk struct {
+	dir    string // as the caller gave it, for errors
+	check  bool
+	fix    string
+	fd     int
+	walked string
+	rest   []string
+	links  int // links followed so far, up to maxLinks
+}
+
+// close closes the directory reached, if any.
+func (w *dirWalk) close() {
+	if w.fd >= 0 {
+		unix.Close(w.fd)
+	}
+}
+
+// untrusted is the error for a directory or link on the way that another
+// user could change.
+func (w *dirWalk) untrusted(p, why string) error {
+	return newError(w.dir, p, ErrUntrusted, nil, fmt.Sprintf("%s %s; %s", p, why, w.fix))
+}
+
+// fromRoot starts the walk again from "/", checking it.
+func (w *dirWalk) fromRoot() error {
+	w.close()
+	fd, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		w.fd = -1
+		return err
+	}
+	w.fd, w.walked = fd, "/"
+	var st unix.Stat_t
+	if err := unix.Fstat(w.fd, &st); err != nil {
+		return err
+	}
+	if why := trustStat(st.Uid, st.Mode, true); w.check && why != "" {
+		return w.untrusted(w.walked, why)
+	}
+	return nil
+}
+
+// step goes down to the component c of the directory reached: a directory
+// becomes the one reached, a link's target is put before the rest.
+func (w *dirWalk) step(c string) error {
+	next := filepath.Join(w.walked, c)
+	nfd, err := unix.Openat(w.fd, c, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &fs.PathError{Op: "open", Path: next, Err: err}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(nfd, &st); err != nil {
+		unix.Close(nfd)
+		return err
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFLNK:
+		defer unix.Close(nfd)
+		return w.followLink(c, next, st.Uid)
+	case unix.S_IFDIR:
+	default:
+		unix.Close(nfd)
+		return &fs.PathError{Op: "open", Path: next, Err: unix.ENOTDIR}
+	}
+	if why := trustStat(st.Uid, st.Mode, true); w.check && why != "" {
+		unix.Close(nfd)
+		return w.untrusted(next, why)
+	}
+	unix.Close(w.fd)
+	w.fd, w.walked = nfd, next
+	return nil
+}
+
+// followLink puts the target of the link c (at next, owned by uid) before
+// the rest of the walk.
+func (w *dirWalk) followLink(c, next string, uid uint32) error {
+	if w.links++; w.links > maxLinks {
+		return &fs.PathError{Op: "open", Path: next, Err: unix.ELOOP}
+	}
+	if why := trustStat(uid, 0, false); w.check && why != "" {
+		return w.untrusted(next+" (a link)", why)
+	}
+	target, err := readlinkat(w.fd, c)
+	if err != nil {
+		return &fs.PathError{Op: "readlink", Path: next, Err: err}
+	}
+	w.rest = append(strings.Split(target, "/"), w.rest...)
+	return nil
 }
 
 // readlinkat reads the link name in the directory fd.

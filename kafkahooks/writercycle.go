@@ -10,20 +10,82 @@ import (
 // BeforeCheckpoint implements notify.Resource; see the type's documentation.
 func (w *Writer) BeforeCheckpoint(ctx context.Context) error {
 	start := time.Now()
-	w.mu.Lock()
-	if w.closed {
-		w.mu.Unlock()
+	c, ok := w.startCycle()
+	if !ok {
 		return nil
+	}
+	drained, completions := w.waitDrained(ctx, c.done)
+	w.mu.Lock()
+	conns := 0
+	if w.inCycle && w.cycle == c.cycle {
+		// Not when this hook overran its budget, was left behind and the
+		// after-restore hook has installed the next transport meanwhile.
+		conns = w.transport.pause()
+	}
+	w.mu.Unlock()
+
+	carried := int64(0)
+	if !drained {
+		carried = w.records()
+	}
+	elapsed := time.Since(start)
+	rep := WriterReport{
+		Phase:          "before-checkpoint",
+		ClientID:       c.clientID,
+		RecordsCarried: carried,
+		CallersBlocked: w.blocked.Load(),
+		DurationMS:     elapsed.Milliseconds(),
+		WriterCheckpoint: &WriterCheckpoint{
+			Async:              w.async,
+			Drained:            drained,
+			RecordsPending:     c.pending,
+			RecordsDrained:     max(c.pending-carried, 0),
+			CompletionsPending: completions,
+			ConnectionsClosed:  conns,
+		},
+	}
+	w.reports.Store(rep)
+	// Declared even when zero; under --require-drained a carry vetoes the
+	// dump: every resource resumes and the records are sent on resume.
+	if err := notify.Carrying(ctx, carried); err != nil {
+		w.cfg.log.Warn("kafka writer would carry records across the checkpoint, which asked for none; refusing it",
+			"records_carried", carried, "records_drained", rep.RecordsDrained, "duration", elapsed)
+		return err
+	}
+	if drained {
+		w.cfg.log.Debug("kafka writer quiesced", "records_drained", c.pending, "callers_blocked", rep.CallersBlocked, "duration", elapsed)
+	} else {
+		w.cfg.log.Warn("kafka writer could not drain within the checkpoint budget; unacknowledged records are carried across the checkpoint and sent after restore",
+			"records_carried", carried, "records_drained", rep.RecordsDrained, "callers_blocked", rep.CallersBlocked, "duration", elapsed, "cause", context.Cause(ctx))
+	}
+	return nil
+}
+
+// writerCycle is one before-checkpoint as startCycle began it.
+type writerCycle struct {
+	cycle    uint64
+	pending  int64         // records handed to the Writer and not yet acknowledged
+	done     chan struct{} // closed when the kafka.Writer being drained has closed
+	clientID string
+}
+
+// startCycle closes the gate to new records and starts closing the
+// kafka.Writer, which drains it; ok is false for a closed Writer.
+func (w *Writer) startCycle() (c writerCycle, ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return c, false
 	}
 	w.inCycle = true
 	w.cycle++
-	cycle := w.cycle
+	c.cycle = w.cycle
 	if w.cb != nil {
 		// From now on the closing kafka.Writer does not wait for user
 		// Completions, which may wait at a gate of this checkpoint.
 		w.cb.detach()
 	}
-	pending := w.records()
+	c.pending = w.records()
 	if w.closing == nil {
 		w.closing = make(chan struct{})
 		s := w.state.Load()
@@ -39,19 +101,23 @@ func (w *Writer) BeforeCheckpoint(ctx context.Context) error {
 	}
 	// Otherwise the gate is still closed since the previous cycle, whose
 	// carried records are still being resent: keep waiting for them.
-	done := w.closeDone
-	clientID := w.currentClientID()
-	w.mu.Unlock()
+	c.done = w.closeDone
+	c.clientID = w.currentClientID()
+	return c, true
+}
 
+// waitDrained waits for the drain to end, within the hook's budget less a
+// reserve, then, when it did, a moment for the last Completions; it
+// returns whether it drained and the Completions still pending.
+func (w *Writer) waitDrained(ctx context.Context, done <-chan struct{}) (drained bool, completions int) {
 	dctx, cancel := drainContext(ctx)
-	drained := true
+	defer cancel()
 	select {
 	case <-done:
 	case <-dctx.Done():
-		drained = false
+		return false, 0
 	}
-	completions := 0
-	if w.cb != nil && drained {
+	if w.cb != nil {
 		// Give Completions a moment; one waiting at another gate of this
 		// checkpoint is delivered after it.
 		gctx, gcancel := context.WithTimeout(dctx, completionGrace)
@@ -59,51 +125,7 @@ func (w *Writer) BeforeCheckpoint(ctx context.Context) error {
 		gcancel()
 		completions = w.cb.pending()
 	}
-	cancel()
-	w.mu.Lock()
-	conns := 0
-	if w.inCycle && w.cycle == cycle {
-		// Not when this hook overran its budget, was left behind and the
-		// after-restore hook has installed the next transport meanwhile.
-		conns = w.transport.pause()
-	}
-	w.mu.Unlock()
-
-	carried := int64(0)
-	if !drained {
-		carried = w.records()
-	}
-	elapsed := time.Since(start)
-	rep := WriterReport{
-		Phase:          "before-checkpoint",
-		ClientID:       clientID,
-		RecordsCarried: carried,
-		CallersBlocked: w.blocked.Load(),
-		DurationMS:     elapsed.Milliseconds(),
-		WriterCheckpoint: &WriterCheckpoint{
-			Async:              w.async,
-			Drained:            drained,
-			RecordsPending:     pending,
-			RecordsDrained:     max(pending-carried, 0),
-			CompletionsPending: completions,
-			ConnectionsClosed:  conns,
-		},
-	}
-	w.reports.Store(rep)
-	// Declared even when zero; under --require-drained a carry vetoes the
-	// dump: every resource resumes and the records are sent on resume.
-	if err := notify.Carrying(ctx, carried); err != nil {
-		w.cfg.log.Warn("kafka writer would carry records across the checkpoint, which asked for none; refusing it",
-			"records_carried", carried, "records_drained", rep.RecordsDrained, "duration", elapsed)
-		return err
-	}
-	if drained {
-		w.cfg.log.Debug("kafka writer quiesced", "records_drained", pending, "callers_blocked", rep.CallersBlocked, "duration", elapsed)
-	} else {
-		w.cfg.log.Warn("kafka writer could not drain within the checkpoint budget; unacknowledged records are carried across the checkpoint and sent after restore",
-			"records_carried", carried, "records_drained", rep.RecordsDrained, "callers_blocked", rep.CallersBlocked, "duration", elapsed, "cause", context.Cause(ctx))
-	}
-	return nil
+	return true, completions
 }
 
 // completionGrace bounds how long a drained Writer's before-checkpoint hook

@@ -76,6 +76,8 @@ func identifyPeer(c *net.UnixConn, cred *unix.Ucred, m proto.Message) peer {
 	return newPeer(cred, m, pidfd)
 }
 
+// handle answers one connection to the control socket: one request, one
+// answer, except a checkpoint, which keeps c until it answers "ready".
 func (s *Server) handle(c *net.UnixConn) {
 	closeConn := true
 	defer func() {
@@ -85,40 +87,13 @@ func (s *Server) handle(c *net.UnixConn) {
 	}()
 	cred, ok := s.peerAllowed(c)
 	if !ok {
-		attrs := []any{"path", s.Path()}
-		if cred != nil {
-			attrs = append(attrs, "peer_uid", cred.Uid, "peer_pid", cred.Pid)
-		}
-		s.cfg.log.Warn("kcr control socket: refused peer with another uid", attrs...)
-		// Take the request first: answering and closing before it came in
-		// would make the peer's write fail (EPIPE) and hide the answer.
-		c.SetReadDeadline(time.Now().Add(time.Second))
-		proto.Read(c)
-		c.SetWriteDeadline(time.Now().Add(time.Second))
-		proto.Write(c, proto.Message{Type: proto.TypeError, Error: "permission denied: only root or the process owner may control it"})
+		s.refusePeer(c, cred)
 		return
 	}
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	// Close must not wait for a client that connected and sends nothing.
-	stopRead := make(chan struct{})
-	go func() {
-		select {
-		case <-s.quit:
-			c.SetReadDeadline(time.Now())
-		case <-stopRead:
-		}
-	}()
-	m, err := proto.Read(c)
-	close(stopRead)
-	if err != nil {
-		if !errors.Is(err, io.EOF) {
-			s.cfg.log.Warn("kcr control socket: bad request", "err", err)
-			c.SetWriteDeadline(time.Now().Add(time.Second))
-			proto.Write(c, proto.Message{Type: proto.TypeError, Error: err.Error()})
-		}
+	m, ok := s.readRequest(c)
+	if !ok {
 		return
 	}
-	c.SetReadDeadline(time.Time{})
 	switch m.Type {
 	case proto.TypeHello:
 		s.reply(c, s.info())
@@ -139,40 +114,85 @@ func (s *Server) handle(c *net.UnixConn) {
 		closeConn = false
 		s.checkpoint(c, m, identifyPeer(c, cred, m))
 	case proto.TypeResume, proto.TypeRestored:
-		f := followup{msg: m, reply: make(chan proto.Message, 1)}
-		// Hand f over under s.mu: checkpoint clears s.followups and drains
-		// the channel under s.mu too, so f is either taken by await or
-		// answered by the drain, never left without an answer.
-		s.mu.Lock()
-		ch := s.followups
-		queued := false
-		if ch != nil {
-			select {
-			case ch <- f:
-				queued = true
-			default:
-			}
-		}
-		s.mu.Unlock()
-		if ch == nil && m.Type == proto.TypeRestored {
-			if done, ok := s.restoredMessage(m); ok {
-				s.reply(c, done)
-				return
-			}
-		}
-		if ch == nil {
-			s.reply(c, proto.Message{Type: proto.TypeError, Error: "no checkpoint is waiting for a " + m.Type + " message"})
-			return
-		}
-		if !queued {
-			s.reply(c, proto.Message{Type: proto.TypeError, Error: "a follow-up is already being handled"})
-			return
-		}
-		// The CLI bounds its own wait; we answer whenever hooks finish.
-		s.reply(c, <-f.reply)
+		s.reply(c, s.followUp(m))
 	default:
 		s.reply(c, proto.Message{Type: proto.TypeError, Error: "unexpected message type " + m.Type})
 	}
+}
+
+// refusePeer answers a peer of another uid (cred, when known) with an error.
+func (s *Server) refusePeer(c *net.UnixConn, cred *unix.Ucred) {
+	attrs := []any{"path", s.Path()}
+	if cred != nil {
+		attrs = append(attrs, "peer_uid", cred.Uid, "peer_pid", cred.Pid)
+	}
+	s.cfg.log.Warn("kcr control socket: refused peer with another uid", attrs...)
+	// Take the request first: answering and closing before it came in
+	// would make the peer's write fail (EPIPE) and hide the answer.
+	c.SetReadDeadline(time.Now().Add(time.Second))
+	proto.Read(c)
+	c.SetWriteDeadline(time.Now().Add(time.Second))
+	proto.Write(c, proto.Message{Type: proto.TypeError, Error: "permission denied: only root or the process owner may control it"})
+}
+
+// readRequest reads the peer's request, within 5 s and cut short by Close;
+// a bad request is answered with an error and ok is false.
+func (s *Server) readRequest(c *net.UnixConn) (m proto.Message, ok bool) {
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	// Close must not wait for a client that connected and sends nothing.
+	stopRead := make(chan struct{})
+	go func() {
+		select {
+		case <-s.quit:
+			c.SetReadDeadline(time.Now())
+		case <-stopRead:
+		}
+	}()
+	m, err := proto.Read(c)
+	close(stopRead)
+	if err != nil {
+		if !errors.Is(err, io.EOF) {
+			s.cfg.log.Warn("kcr control socket: bad request", "err", err)
+			c.SetWriteDeadline(time.Now().Add(time.Second))
+			proto.Write(c, proto.Message{Type: proto.TypeError, Error: err.Error()})
+		}
+		return m, false
+	}
+	c.SetReadDeadline(time.Time{})
+	return m, true
+}
+
+// followUp hands a resume or restored message to the checkpoint waiting
+// for it and returns its answer, given when the hooks finish (the CLI
+// bounds its own wait).
+func (s *Server) followUp(m proto.Message) proto.Message {
+	f := followup{msg: m, reply: make(chan proto.Message, 1)}
+	// Hand f over under s.mu: checkpoint clears s.followups and drains
+	// the channel under s.mu too, so f is either taken by await or
+	// answered by the drain, never left without an answer.
+	s.mu.Lock()
+	ch := s.followups
+	queued := false
+	if ch != nil {
+		select {
+		case ch <- f:
+			queued = true
+		default:
+		}
+	}
+	s.mu.Unlock()
+	if ch == nil && m.Type == proto.TypeRestored {
+		if done, ok := s.restoredMessage(m); ok {
+			return done
+		}
+	}
+	if ch == nil {
+		return proto.Message{Type: proto.TypeError, Error: "no checkpoint is waiting for a " + m.Type + " message"}
+	}
+	if !queued {
+		return proto.Message{Type: proto.TypeError, Error: "a follow-up is already being handled"}
+	}
+	return <-f.reply
 }
 
 func (s *Server) reply(c *net.UnixConn, m proto.Message) error {

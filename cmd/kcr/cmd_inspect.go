@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
@@ -37,41 +38,63 @@ func inspectCmd(g *globals) *cobra.Command {
 
 // runInspect runs kcr inspect: results on out's stdout, the report on its stderr.
 func runInspect(ctx context.Context, opts *inspectOpts, out *output) error {
-	args := opts.args
-	noVerify, rehash, keyFiles := opts.noVerify, opts.rehash, opts.keyFiles
-	keys, err := loadVerifyKeys(keyFiles)
+	keys, err := loadVerifyKeys(opts.keyFiles)
 	if err != nil {
 		return err
 	}
-	if noVerify && keys != nil {
+	if opts.noVerify && keys != nil {
 		return &exitError{exitUsage, errors.New("--no-verify skips the checks that --verify-key asks for: drop one of them")}
 	}
-	var m *images.Manifest
-	var warn []string
-	var signer ed25519.PublicKey
-	cached := 0
-	if noVerify {
-		if m, err = images.ReadManifest(args[0]); err != nil {
-			return err
-		}
-	} else {
-		img, err := images.OpenWith(ctx, args[0], images.OpenOptions{Rehash: rehash, VerifyKeys: keys})
-		if err != nil {
-			return err
-		}
-		img.Close()
-		m, warn = img.Manifest, img.Warnings
-		cached, signer = img.Cached, img.Signer
+	in, err := readInspected(ctx, opts, keys)
+	if err != nil {
+		return err
 	}
 	if out.json {
-		return out.JSON(m)
+		return out.JSON(in.m)
 	}
 	w := safeWriter{out.stdout}
-	verified := "not verified"
-	if !noVerify {
-		verified = fmt.Sprintf("verified: %d files hashed, %d unchanged since their last check", len(m.Files)-cached, cached)
+	printImageHeader(w, opts.args[0], in)
+	printImageSteps(w, in.m)
+	for _, x := range in.warn {
+		fmt.Fprintln(out.stderr, "kcr: warning: "+x)
 	}
-	fmt.Fprintf(w, "image         %s (format %s v%d, %s)\n", args[0], m.Format, m.FormatVersion, verified)
+	return nil
+}
+
+// inspected is an image's manifest as kcr inspect read it, with what the
+// check found when it was verified.
+type inspected struct {
+	m        *images.Manifest
+	verified bool
+	warn     []string
+	signer   ed25519.PublicKey
+	cached   int // files unchanged since their last check, not hashed again
+}
+
+// readInspected reads the image's manifest, verifying the image unless
+// --no-verify.
+func readInspected(ctx context.Context, opts *inspectOpts, keys []ed25519.PublicKey) (inspected, error) {
+	if opts.noVerify {
+		m, err := images.ReadManifest(opts.args[0])
+		return inspected{m: m}, err
+	}
+	img, err := images.OpenWith(ctx, opts.args[0], images.OpenOptions{Rehash: opts.rehash, VerifyKeys: keys})
+	if err != nil {
+		return inspected{}, err
+	}
+	img.Close()
+	return inspected{m: img.Manifest, verified: true, warn: img.Warnings, signer: img.Signer, cached: img.Cached}, nil
+}
+
+// printImageHeader prints what the image is: its origin, process, size,
+// options, carried records and signature.
+func printImageHeader(w io.Writer, path string, in inspected) {
+	m := in.m
+	verified := "not verified"
+	if in.verified {
+		verified = fmt.Sprintf("verified: %d files hashed, %d unchanged since their last check", len(m.Files)-in.cached, in.cached)
+	}
+	fmt.Fprintf(w, "image         %s (format %s v%d, %s)\n", path, m.Format, m.FormatVersion, verified)
 	fmt.Fprintf(w, "created       %s on %s (kernel %s, CRIU %s, kcr %s)\n", m.Created.Format(time.RFC3339), m.Host, m.Kernel, m.CRIUVersion, m.KCRVersion)
 	fmt.Fprintf(w, "process       PID %d %s (uid %d), cwd %s\n", m.Process.PID, m.Process.Comm, m.Process.UID, m.Process.Cwd)
 	fmt.Fprintf(w, "command       %s\n", strings.Join(m.Process.Cmdline, " "))
@@ -86,13 +109,18 @@ func runInspect(ctx context.Context, opts *inspectOpts, out *output) error {
 		fmt.Fprintln(w, "carried       no records")
 	}
 	switch {
-	case signer != nil:
-		fmt.Fprintf(w, "signature     verified: signed by %s\n", images.Fingerprint(signer))
-	case hasSignature(args[0]):
+	case in.signer != nil:
+		fmt.Fprintf(w, "signature     verified: signed by %s\n", images.Fingerprint(in.signer))
+	case hasSignature(path):
 		fmt.Fprintln(w, "signature     present, not checked (pass --verify-key)")
 	default:
 		fmt.Fprintln(w, "signature     none")
 	}
+}
+
+// printImageSteps prints how the checkpoint went: its phases, CRIU's
+// statistics and each hooked resource's before-checkpoint.
+func printImageSteps(w io.Writer, m *images.Manifest) {
 	fmt.Fprintln(w, "phases")
 	for _, p := range m.Phases {
 		fmt.Fprintf(w, "  %-20s %s\n", p.Name, fmtDur(p.Duration()))
@@ -113,8 +141,4 @@ func runInspect(ctx context.Context, opts *inspectOpts, out *output) error {
 			fmt.Fprintf(w, "  %-20s %s%s%s\n", r.Name, fmtDur(r.Duration()), carried, details(r.Details))
 		}
 	}
-	for _, x := range warn {
-		fmt.Fprintln(out.stderr, "kcr: warning: "+x)
-	}
-	return nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -94,33 +95,16 @@ type restoredJSON struct {
 
 // runRestore runs kcr restore: results on out's stdout, the report on its stderr.
 func runRestore(ctx context.Context, opts *restoreOpts, out *output) error {
-	g := &opts.globals
-	args := opts.args
-	o, ctr, keyFiles := &opts.o, &opts.ctr, opts.keyFiles
-	keys, err := loadVerifyKeys(keyFiles)
+	keys, err := loadVerifyKeys(opts.keyFiles)
 	if err != nil {
 		return err
 	}
-	if ctr.ID != "" || ctr.Bundle != "" {
-		ctr.Image, ctr.VerifyKeys, ctr.AllowUntrusted, ctr.AllowDuplicates = args[0], keys, opts.allowUntrusted, opts.allowDuplicates
-		if ctr.MaxSize <= 0 {
-			return &exitError{exitUsage, fmt.Errorf("--max-size %d: give a positive number of bytes", ctr.MaxSize)}
-		}
-		res, err := container.RestoreContainer(ctx, *ctr)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(out.stderr, "restored %s as container %s, init PID %d (generation %d, bundle %s)\n", ctr.Image, res.ID, res.PID, res.Generation, res.Bundle)
-		phaseLines(out.stderr, res.Timings)
-		if out.json {
-			return out.JSON(restoreJSON{Image: ctr.Image, Container: res.ID, Bundle: res.Bundle,
-				Restores: []restoredJSON{{PID: res.PID, Generation: res.Generation, Phases: res.Timings}}})
-		}
-		fmt.Fprintln(out.stdout, res.PID)
-		return nil
+	if ctr := &opts.ctr; ctr.ID != "" || ctr.Bundle != "" {
+		return restoreContainer(ctx, opts, keys, out)
 	}
-	o.Image, o.VerifyKeys, o.AllowUntrusted, o.AllowDuplicates = args[0], keys, opts.allowUntrusted, opts.allowDuplicates
-	o.CRIU = g.criu
+	o := &opts.o
+	o.Image, o.VerifyKeys, o.AllowUntrusted, o.AllowDuplicates = opts.args[0], keys, opts.allowUntrusted, opts.allowDuplicates
+	o.CRIU = opts.globals.criu
 	if err := nonNegative(map[string]time.Duration{"--wait": o.HookWait, "--pid-wait": o.PIDWait}); err != nil {
 		return err
 	}
@@ -129,7 +113,7 @@ func runRestore(ctx context.Context, opts *restoreOpts, out *output) error {
 	}
 	o.AfterVerify = testStall("KCR_TEST_STALL_AFTER_VERIFY")
 	o.Logger = slog.Default() // set up by the root command (-v: debug)
-	if g.verbose {
+	if opts.globals.verbose {
 		o.CRIULogLevel = 4
 	}
 	clones, err := engine.RestoreClones(ctx, *o)
@@ -139,21 +123,7 @@ func runRestore(ctx context.Context, opts *restoreOpts, out *output) error {
 	var hookErr error
 	doc := restoreJSON{Image: o.Image, Restores: []restoredJSON{}}
 	for _, res := range clones {
-		if o.Count > 1 {
-			fmt.Fprintf(out.stderr, "restored %s as PID %d (generation %d) in %s\n", res.Name, res.PID, res.Generation, fmtDur(res.Timings.Get(engine.PhaseRestore)))
-		} else {
-			fmt.Fprintf(out.stderr, "restored %s as PID %d (generation %d)\n", o.Image, res.PID, res.Generation)
-			phaseLines(out.stderr, res.Timings)
-			if st := res.CRIUStats; st != nil {
-				fmt.Fprintf(out.stderr, "  criu: restore %s (forking %s), pages restored %d\n", fmtDur(st.RestoreTime), fmtDur(st.ForkingTime), st.PagesRestored)
-			}
-		}
-		if res.LazyPID != 0 {
-			fmt.Fprintf(out.stderr, "lazy-pages daemon PID %d serves the remaining memory and exits when done (log %s); keep the image until then\n", res.LazyPID, res.LazyLog)
-		}
-		if res.HooksPending {
-			fmt.Fprintf(out.stderr, "kcr: warning: PID %d: after-restore hooks still pending after %v; the app goes on with them (see its log)\n", res.PID, o.HookWait)
-		}
+		reportRestored(out, o, res)
 		if res.HookErr != nil && hookErr == nil {
 			hookErr = fmt.Errorf("restored as PID %d, but %w", res.PID, res.HookErr)
 		}
@@ -161,13 +131,6 @@ func runRestore(ctx context.Context, opts *restoreOpts, out *output) error {
 			InstanceID: res.InstanceID, Phases: res.Timings, HooksPending: res.HooksPending,
 			HookError: errString(res.HookErr), Reports: res.Reports, Log: res.LogPath,
 			LazyPagesPID: res.LazyPID, LazyPagesLog: res.LazyLog, CRIUStats: res.CRIUStats})
-		if !out.json {
-			if o.Count > 1 {
-				fmt.Fprintf(out.stdout, "%d\t%s\t%s\n", res.PID, res.Name, fmtDur(res.Timings.Get(engine.PhaseRestore)))
-			} else {
-				fmt.Fprintln(out.stdout, res.PID)
-			}
-		}
 	}
 	if out.json {
 		if err := out.JSON(doc); err != nil {
@@ -178,6 +141,56 @@ func runRestore(ctx context.Context, opts *restoreOpts, out *output) error {
 		return err
 	}
 	return afterHooksErr(hookErr)
+}
+
+// restoreContainer runs kcr restore --container or --bundle: the image
+// restored as a container of the runtime.
+func restoreContainer(ctx context.Context, opts *restoreOpts, keys []ed25519.PublicKey, out *output) error {
+	ctr := &opts.ctr
+	ctr.Image, ctr.VerifyKeys, ctr.AllowUntrusted, ctr.AllowDuplicates = opts.args[0], keys, opts.allowUntrusted, opts.allowDuplicates
+	if ctr.MaxSize <= 0 {
+		return &exitError{exitUsage, fmt.Errorf("--max-size %d: give a positive number of bytes", ctr.MaxSize)}
+	}
+	res, err := container.RestoreContainer(ctx, *ctr)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out.stderr, "restored %s as container %s, init PID %d (generation %d, bundle %s)\n", ctr.Image, res.ID, res.PID, res.Generation, res.Bundle)
+	phaseLines(out.stderr, res.Timings)
+	if out.json {
+		return out.JSON(restoreJSON{Image: ctr.Image, Container: res.ID, Bundle: res.Bundle,
+			Restores: []restoredJSON{{PID: res.PID, Generation: res.Generation, Phases: res.Timings}}})
+	}
+	fmt.Fprintln(out.stdout, res.PID)
+	return nil
+}
+
+// reportRestored tells of one restored copy: on stderr how it went, on
+// stdout (unless --json) its PID, with its name and time for clones.
+func reportRestored(out *output, o *engine.RestoreOptions, res *engine.RestoreResult) {
+	if o.Count > 1 {
+		fmt.Fprintf(out.stderr, "restored %s as PID %d (generation %d) in %s\n", res.Name, res.PID, res.Generation, fmtDur(res.Timings.Get(engine.PhaseRestore)))
+	} else {
+		fmt.Fprintf(out.stderr, "restored %s as PID %d (generation %d)\n", o.Image, res.PID, res.Generation)
+		phaseLines(out.stderr, res.Timings)
+		if st := res.CRIUStats; st != nil {
+			fmt.Fprintf(out.stderr, "  criu: restore %s (forking %s), pages restored %d\n", fmtDur(st.RestoreTime), fmtDur(st.ForkingTime), st.PagesRestored)
+		}
+	}
+	if res.LazyPID != 0 {
+		fmt.Fprintf(out.stderr, "lazy-pages daemon PID %d serves the remaining memory and exits when done (log %s); keep the image until then\n", res.LazyPID, res.LazyLog)
+	}
+	if res.HooksPending {
+		fmt.Fprintf(out.stderr, "kcr: warning: PID %d: after-restore hooks still pending after %v; the app goes on with them (see its log)\n", res.PID, o.HookWait)
+	}
+	if out.json {
+		return
+	}
+	if o.Count > 1 {
+		fmt.Fprintf(out.stdout, "%d\t%s\t%s\n", res.PID, res.Name, fmtDur(res.Timings.Get(engine.PhaseRestore)))
+	} else {
+		fmt.Fprintln(out.stdout, res.PID)
+	}
 }
 
 // afterHooksErr is the error of a restore whose process runs but whose

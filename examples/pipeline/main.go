@@ -140,48 +140,11 @@ func run(c config) error {
 	// Created in this order, so that a checkpoint quiesces the pipeline
 	// first, then the producer, then the consumer, and a restore brings
 	// them back the other way round.
-	var (
-		in       Fetcher
-		out      Producer
-		lag      func() int64
-		closeAll func() error
-	)
-	if c.client == "franz" {
-		inOpts, outOpts := kgoOpts(c)
-		icl, err := kgohooks.New(inOpts, kgohooks.WithName("kgo-in/"+c.clientID))
-		if err != nil {
-			return err
-		}
-		ocl, err := kgohooks.New(outOpts, kgohooks.WithName("kgo-out/"+c.clientID))
-		if err != nil {
-			icl.Close()
-			return err
-		}
-		in, out, lag = newKgoFetcher(icl), kgoProducer{ocl}, func() int64 { return -1 }
-		closeAll = func() error {
-			fctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			err := ocl.Flush(fctx)
-			ocl.Close()
-			icl.Close()
-			return err
-		}
-	} else {
-		r, w := kafkaGoClients(c)
-		in, out, lag = r, w, func() int64 { return r.Stats().Lag }
-		closeAll = func() error {
-			if err := w.Close(); err != nil {
-				r.Close()
-				return fmt.Errorf("closing the writer: %w", err)
-			}
-			if err := r.Close(); err != nil {
-				return fmt.Errorf("closing the reader: %w", err)
-			}
-			return nil
-		}
+	e, err := openEnds(c)
+	if err != nil {
+		return err
 	}
-
-	p := &Pipeline{In: in, Out: out, Cache: cache, Emit: emit, Batch: c.batch, OrderCost: c.orderCost}
+	p := &Pipeline{In: e.in, Out: e.out, Cache: cache, Emit: emit, Batch: c.batch, OrderCost: c.orderCost}
 	p.init()
 	var before func(context.Context) error
 	if c.drain {
@@ -196,27 +159,75 @@ func run(c config) error {
 	defer srv.Close()
 
 	if c.statsEvery > 0 {
-		go func() {
-			tick := time.NewTicker(c.statsEvery)
-			defer tick.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-tick.C:
-					emit("stats", "processed", p.Processed(), "lag", lag())
-				}
-			}
-		}()
+		go emitStats(ctx, c.statsEvery, p, e.lag)
 	}
 
 	err = p.Run(ctx)
-	cerr := closeAll()
+	cerr := e.close()
 	emit("exit", "processed", p.Processed())
 	if err != nil {
 		return err
 	}
 	return cerr
+}
+
+// ends are the pipeline's Kafka clients: in reads orders, out writes
+// results.
+type ends struct {
+	in    Fetcher
+	out   Producer
+	lag   func() int64 // the consumer's lag, -1 when the client does not tell
+	close func() error
+}
+
+// openEnds opens the hooked clients of c.client: franz-go's or kafka-go's.
+func openEnds(c config) (ends, error) {
+	if c.client != "franz" {
+		r, w := kafkaGoClients(c)
+		return ends{in: r, out: w, lag: func() int64 { return r.Stats().Lag }, close: func() error {
+			if err := w.Close(); err != nil {
+				r.Close()
+				return fmt.Errorf("closing the writer: %w", err)
+			}
+			if err := r.Close(); err != nil {
+				return fmt.Errorf("closing the reader: %w", err)
+			}
+			return nil
+		}}, nil
+	}
+	inOpts, outOpts := kgoOpts(c)
+	icl, err := kgohooks.New(inOpts, kgohooks.WithName("kgo-in/"+c.clientID))
+	if err != nil {
+		return ends{}, err
+	}
+	ocl, err := kgohooks.New(outOpts, kgohooks.WithName("kgo-out/"+c.clientID))
+	if err != nil {
+		icl.Close()
+		return ends{}, err
+	}
+	return ends{in: newKgoFetcher(icl), out: kgoProducer{ocl}, lag: func() int64 { return -1 }, close: func() error {
+		fctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		err := ocl.Flush(fctx)
+		ocl.Close()
+		icl.Close()
+		return err
+	}}, nil
+}
+
+// emitStats emits the processed count and the lag every interval until
+// ctx ends.
+func emitStats(ctx context.Context, every time.Duration, p *Pipeline, lag func() int64) {
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			emit("stats", "processed", p.Processed(), "lag", lag())
+		}
+	}
 }
 
 func readerOpts(c config) []kafkahooks.ReaderOpt {

@@ -75,107 +75,132 @@ func read(ctx context.Context, brokers []string, orders, results string, wait ti
 		return nil, err
 	}
 	defer cl.Close()
-	adm := kadm.NewClient(cl)
-
-	starts, err := adm.ListStartOffsets(ctx, orders, results)
-	if err == nil {
-		err = starts.Error()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("list start offsets: %w", err)
-	}
-	pos := map[tp]int64{}
-	consume := map[string]map[int32]kgo.Offset{}
-	starts.Each(func(o kadm.ListedOffset) {
-		pos[tp{o.Topic, o.Partition}] = o.Offset
-		if consume[o.Topic] == nil {
-			consume[o.Topic] = map[int32]kgo.Offset{}
-		}
-		consume[o.Topic][o.Partition] = kgo.NewOffset().At(o.Offset)
-	})
-	for _, topic := range []string{orders, results} {
-		if len(consume[topic]) == 0 {
-			return nil, fmt.Errorf("topic %q does not exist or has no partitions", topic)
-		}
-	}
-	cl.AddConsumePartitions(consume)
-
-	ends := map[tp]int64{}
-	listEnds := func() error {
-		e, err := adm.ListEndOffsets(ctx, orders, results)
-		if err == nil {
-			err = e.Error()
-		}
-		if err != nil {
-			return fmt.Errorf("list end offsets: %w", err)
-		}
-		e.Each(func(o kadm.ListedOffset) { ends[tp{o.Topic, o.Partition}] = o.Offset })
-		return nil
-	}
-	if err := listEnds(); err != nil {
+	r := &reader{cl: cl, adm: kadm.NewClient(cl), orders: orders, results: results, pos: map[tp]int64{}, ends: map[tp]int64{}}
+	if err := r.fromStart(ctx); err != nil {
 		return nil, err
 	}
-	caughtUp := func() bool {
-		for k, end := range ends {
-			if pos[k] < end {
-				return false
-			}
-		}
-		return true
+	if err := r.listEnds(ctx); err != nil {
+		return nil, err
 	}
-
 	t := NewTally()
 	var waitUntil time.Time
 	for {
-		if caughtUp() {
+		if r.caughtUp() {
 			if waitUntil.IsZero() {
 				waitUntil = time.Now().Add(wait)
 			}
 			if t.Missing() == 0 || !time.Now().Before(waitUntil) {
 				return t, nil
 			}
-			if err := listEnds(); err != nil {
+			if err := r.listEnds(ctx); err != nil {
 				return nil, err
 			}
-			if caughtUp() {
+			if r.caughtUp() {
 				time.Sleep(100 * time.Millisecond)
 				continue
 			}
 		}
-		pctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-		fs := cl.PollFetches(pctx)
-		cancel()
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("reading did not catch up in time: %w", ctx.Err())
+		if err := r.poll(ctx, t); err != nil {
+			return nil, err
 		}
-		var ferr error
-		fs.EachError(func(topic string, p int32, err error) {
-			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
-				ferr = fmt.Errorf("fetch %s/%d: %w", topic, p, err)
-			}
-		})
-		if ferr != nil {
-			return nil, ferr
-		}
-		fs.EachRecord(func(r *kgo.Record) {
-			k := tp{r.Topic, r.Partition}
-			if r.Offset+1 > pos[k] {
-				pos[k] = r.Offset + 1
-			}
-			rec := Record{Partition: r.Partition, Offset: r.Offset, Key: string(r.Key), Value: r.Value, Timestamp: r.Timestamp}
-			if len(r.Headers) > 0 {
-				rec.Headers = make(map[string]string, len(r.Headers))
-				for _, h := range r.Headers {
-					rec.Headers[h.Key] = string(h.Value)
-				}
-			}
-			if r.Topic == orders {
-				t.AddOrder(rec)
-			} else {
-				t.AddResult(rec)
-			}
-		})
 	}
+}
+
+// reader reads the orders and results topics: pos is the next offset to
+// read of each partition, ends its end offset when last listed.
+type reader struct {
+	cl              *kgo.Client
+	adm             *kadm.Client
+	orders, results string
+	pos, ends       map[tp]int64
+}
+
+// fromStart has the client consume every partition of both topics from
+// its start offset.
+func (r *reader) fromStart(ctx context.Context) error {
+	starts, err := r.adm.ListStartOffsets(ctx, r.orders, r.results)
+	if err == nil {
+		err = starts.Error()
+	}
+	if err != nil {
+		return fmt.Errorf("list start offsets: %w", err)
+	}
+	consume := map[string]map[int32]kgo.Offset{}
+	starts.Each(func(o kadm.ListedOffset) {
+		r.pos[tp{o.Topic, o.Partition}] = o.Offset
+		if consume[o.Topic] == nil {
+			consume[o.Topic] = map[int32]kgo.Offset{}
+		}
+		consume[o.Topic][o.Partition] = kgo.NewOffset().At(o.Offset)
+	})
+	for _, topic := range []string{r.orders, r.results} {
+		if len(consume[topic]) == 0 {
+			return fmt.Errorf("topic %q does not exist or has no partitions", topic)
+		}
+	}
+	r.cl.AddConsumePartitions(consume)
+	return nil
+}
+
+// listEnds lists the end offsets of both topics' partitions.
+func (r *reader) listEnds(ctx context.Context) error {
+	e, err := r.adm.ListEndOffsets(ctx, r.orders, r.results)
+	if err == nil {
+		err = e.Error()
+	}
+	if err != nil {
+		return fmt.Errorf("list end offsets: %w", err)
+	}
+	e.Each(func(o kadm.ListedOffset) { r.ends[tp{o.Topic, o.Partition}] = o.Offset })
+	return nil
+}
+
+// caughtUp is whether every partition is read up to its end offset.
+func (r *reader) caughtUp() bool {
+	for k, end := range r.ends {
+		if r.pos[k] < end {
+			return false
+		}
+	}
+	return true
+}
+
+// poll fetches for up to half a second and adds what came to t.
+func (r *reader) poll(ctx context.Context, t *Tally) error {
+	pctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	fs := r.cl.PollFetches(pctx)
+	cancel()
+	if ctx.Err() != nil {
+		return fmt.Errorf("reading did not catch up in time: %w", ctx.Err())
+	}
+	var ferr error
+	fs.EachError(func(topic string, p int32, err error) {
+		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+			ferr = fmt.Errorf("fetch %s/%d: %w", topic, p, err)
+		}
+	})
+	if ferr != nil {
+		return ferr
+	}
+	fs.EachRecord(func(kr *kgo.Record) {
+		k := tp{kr.Topic, kr.Partition}
+		if kr.Offset+1 > r.pos[k] {
+			r.pos[k] = kr.Offset + 1
+		}
+		rec := Record{Partition: kr.Partition, Offset: kr.Offset, Key: string(kr.Key), Value: kr.Value, Timestamp: kr.Timestamp}
+		if len(kr.Headers) > 0 {
+			rec.Headers = make(map[string]string, len(kr.Headers))
+			for _, h := range kr.Headers {
+				rec.Headers[h.Key] = string(h.Value)
+			}
+		}
+		if kr.Topic == r.orders {
+			t.AddOrder(rec)
+		} else {
+			t.AddResult(rec)
+		}
+	})
+	return nil
 }
 
 func printText(w io.Writer, r Report) {

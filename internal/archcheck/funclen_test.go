@@ -14,20 +14,29 @@ import (
 
 // maxFuncLines is the longest a function in the product may be, from its
 // func line to its closing brace: longer ones read better as named steps.
-const maxFuncLines = 100
+const maxFuncLines = 80
 
 // longFuncAllowed names the functions over maxFuncLines that are known and
-// being mended, as "dir.Recv.Name" (or "dir.Name"); it must hold no function
-// that is short enough, so that it empties as they are split.
-var longFuncAllowed = map[string]bool{}
+// waiting to be split, as "dir.Recv.Name" (or "dir.Name"), each with its
+// length now. The list may only shrink: a listed function that grows fails,
+// and one that is shorter or gone fails too until its entry is lowered or
+// removed, so the list says what is.
+var longFuncAllowed = map[string]int{
+	"criu.Preflight":         83,
+	"criu.Restore":           91,
+	"engine.deps.restoreOne": 100,
+	"standby.newSupervisor":  94,
+}
 
-// TestFunctionLength fails for a function of the product (not tests, not
-// examples/, not test/) over maxFuncLines lines, naming each one.
+// TestFunctionLength fails for a function of the module's product code
+// (every .go file but tests and test/, examples/ included) over
+// maxFuncLines lines, naming each one, and for an entry of longFuncAllowed
+// that no longer says the function's length.
 func TestFunctionLength(t *testing.T) {
 	root := repoRoot(t)
 	fset := token.NewFileSet()
 	var long []string
-	seen := map[string]bool{}
+	seen := map[string]int{}
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -35,7 +44,7 @@ func TestFunctionLength(t *testing.T) {
 		rel, _ := filepath.Rel(root, path)
 		rel = filepath.ToSlash(rel)
 		if d.IsDir() {
-			if rel == "examples" || rel == "test" || strings.HasPrefix(d.Name(), ".") && rel != "." || d.Name() == "testdata" {
+			if rel == "test" || strings.HasPrefix(d.Name(), ".") && rel != "." || d.Name() == "testdata" {
 				return filepath.SkipDir
 			}
 			return nil
@@ -57,8 +66,8 @@ func TestFunctionLength(t *testing.T) {
 			if n <= maxFuncLines {
 				continue
 			}
-			seen[name] = true
-			if !longFuncAllowed[name] {
+			seen[name] = n
+			if allowed, ok := longFuncAllowed[name]; !ok || n > allowed {
 				long = append(long, name+" ("+fset.Position(fn.Pos()).String()[len(root)+1:]+", "+strconv.Itoa(n)+" lines)")
 			}
 		}
@@ -71,9 +80,12 @@ func TestFunctionLength(t *testing.T) {
 	for _, l := range long {
 		t.Errorf("function over %d lines: %s: split it into named steps", maxFuncLines, l)
 	}
-	for name := range longFuncAllowed {
-		if !seen[name] {
+	for name, allowed := range longFuncAllowed {
+		switch n := seen[name]; {
+		case n == 0:
 			t.Errorf("longFuncAllowed names %s, which is no longer over %d lines (or no longer exists): remove it", name, maxFuncLines)
+		case n < allowed:
+			t.Errorf("longFuncAllowed gives %s %d lines, but it has %d now: lower its entry to %d", name, allowed, n, n)
 		}
 	}
 }

@@ -78,3 +78,51 @@ func (c client) Next(ctx context.Context, n int) ([]string, error) {
 }
 
 func (c client) ClientID() string { return c.c.ClientID() }
+
+// TestShareConformance runs the suite's promises about the consumer
+// against kgohooks' ShareConsumer, with the Client producing.
+func TestShareConformance(t *testing.T) { kafkaconform.Run(t, franzGoShare{}) }
+
+// franzGoShare is the ShareConsumer's adapter to the suite: a member of a
+// share group that accepts each record it hands out. A checkpoint always
+// leaves the share group, --leave-running included; nothing it acquired is
+// in the image.
+type franzGoShare struct{ franzGo }
+
+func (franzGoShare) Caps() kafkaconform.Caps {
+	return kafkaconform.Caps{Idempotent: true, ShareGroup: true}
+}
+
+func (franzGoShare) Consumer(t testing.TB, addrs []string, reg *notify.Registry, group, topic, clientID string) kafkaconform.Consumer {
+	c, err := kgohooks.NewShareConsumer([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ShareGroup(group), kgo.ConsumeTopics(topic),
+		kgo.FetchMaxWait(100 * time.Millisecond), kgo.ClientID(clientID)}, kgohooks.WithRegistry(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return shareConsumer{c}
+}
+
+type shareConsumer struct{ c *kgohooks.ShareConsumer }
+
+func (c shareConsumer) Next(ctx context.Context, n int) ([]string, error) {
+	for {
+		fs := c.c.PollRecords(ctx, n)
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if errs := fs.Errors(); len(errs) > 0 {
+			return nil, errs[0].Err
+		}
+		var out []string
+		fs.EachRecord(func(r *kgo.Record) {
+			out = append(out, string(r.Value))
+			r.Ack(kgo.AckAccept)
+		})
+		if len(out) > 0 {
+			return out, nil
+		}
+	}
+}
+
+func (c shareConsumer) ClientID() string { return c.c.ClientID() }

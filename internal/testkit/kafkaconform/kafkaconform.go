@@ -37,9 +37,10 @@ type Wrapper interface {
 	// Producer returns a hooked producer of topic on addrs, registered in
 	// reg, whose client id starts as clientID; closed when t ends.
 	Producer(t testing.TB, addrs []string, reg *notify.Registry, topic, clientID string) Producer
-	// Consumer returns a hooked member of the classic consumer group that
-	// reads topic from its start, registered in reg, whose client id starts
-	// as clientID; closed when t ends.
+	// Consumer returns a hooked member of the consumer group (the share
+	// group, with Caps.ShareGroup) that reads topic from its start,
+	// registered in reg, whose client id starts as clientID; closed when t
+	// ends.
 	Consumer(t testing.TB, addrs []string, reg *notify.Registry, group, topic, clientID string) Consumer
 	// Caps is what the client under the wrapper can do, where clients
 	// differ.
@@ -57,6 +58,12 @@ type Caps struct {
 	// (kafka-go has no idempotent producer: its records are on the topic at
 	// least once, and acknowledged to the application once).
 	Idempotent bool
+	// ShareGroup: the Consumer is a member of a share group (KIP-932), not
+	// of a consumer group. The suite starts the group at the earliest
+	// offset and lists its members as a share group's, and runs only the
+	// promises about the consumer: the producer is another wrapper's, with
+	// its own run of the suite.
+	ShareGroup bool
 }
 
 // Producer is a wrapper's hooked producer, as an application uses it.
@@ -72,7 +79,8 @@ type Producer interface {
 }
 
 // Consumer is a wrapper's hooked group member, as an application uses it:
-// each record handed out is processed and committed (at least once).
+// each record handed out is processed and committed (at least once), or,
+// in a share group, acknowledged as accepted.
 type Consumer interface {
 	// Next hands out at least one and at most n values, in order per
 	// partition, and marks each processed; it returns ctx's error if none
@@ -88,6 +96,9 @@ type Promise struct {
 	// FakeOnly: the promise needs a broker the test controls (kfake holds
 	// Produce requests); a real broker cannot be made to.
 	FakeOnly bool
+	// Consumer: the promise is about the consumer (a share-group wrapper
+	// runs only these).
+	Consumer bool
 	Run      func(t *testing.T, e *Env)
 }
 
@@ -97,6 +108,7 @@ type Env struct {
 	Addrs []string
 	Fake  *kfake.Cluster // nil on a real broker
 	Adm   *kadm.Client
+	cl    *kgo.Client // Adm's
 	seq   int
 }
 
@@ -104,17 +116,22 @@ type Env struct {
 var Promises = []Promise{
 	{Name: "ProducerNothingLost", Run: producerNothingLost},
 	{Name: "ProducerUnacknowledgedCounted", FakeOnly: true, Run: producerUnacknowledgedCounted},
-	{Name: "ConsumerOnceAcrossRestore", Run: consumerOnceAcrossRestore},
-	{Name: "ConsumerLeavesGroupBeforeDump", Run: consumerLeavesGroupBeforeDump},
-	{Name: "FreshIdentityPerCopy", Run: freshIdentityPerCopy},
-	{Name: "LeaveRunning", Run: leaveRunning},
+	{Name: "ConsumerOnceAcrossRestore", Consumer: true, Run: consumerOnceAcrossRestore},
+	{Name: "ConsumerLeavesGroupBeforeDump", Consumer: true, Run: consumerLeavesGroupBeforeDump},
+	{Name: "FreshIdentityPerCopy", Consumer: true, Run: freshIdentityPerCopy},
+	{Name: "LeaveRunning", Consumer: true, Run: leaveRunning},
 }
 
-// Run runs every promise of the suite against w: on kfake, and on the
-// real broker of KCR_KAFKA_BROKERS when it is set.
+// Run runs every promise of the suite against w (those about the
+// consumer for a share-group wrapper): on kfake, and on the real broker of
+// KCR_KAFKA_BROKERS when it is set.
 func Run(t *testing.T, w Wrapper) {
+	share := w.Caps().ShareGroup
 	t.Run("kfake", func(t *testing.T) {
 		for _, p := range Promises {
+			if share && !p.Consumer {
+				continue
+			}
 			t.Run(p.Name, func(t *testing.T) {
 				c, addrs := kafkatest.Cluster(t, kafkatest.FastGroups())
 				p.Run(t, newEnv(t, w, addrs, c))
@@ -127,7 +144,7 @@ func Run(t *testing.T, w Wrapper) {
 	}
 	t.Run("broker", func(t *testing.T) {
 		for _, p := range Promises {
-			if p.FakeOnly {
+			if p.FakeOnly || share && !p.Consumer {
 				continue
 			}
 			t.Run(p.Name, func(t *testing.T) {
@@ -143,7 +160,37 @@ func newEnv(t *testing.T, w Wrapper, addrs []string, c *kfake.Cluster) *Env {
 		t.Fatal(err)
 	}
 	t.Cleanup(cl.Close)
-	return &Env{W: w, Addrs: addrs, Fake: c, Adm: kadm.NewClient(cl)}
+	return &Env{W: w, Addrs: addrs, Fake: c, Adm: kadm.NewClient(cl), cl: cl}
+}
+
+// Group names a group of its own for this test; a share group is set to
+// start at the earliest offset of its topics (Kafka's default is the
+// latest), as the promises read records produced before the member joins.
+func (e *Env) Group(t *testing.T) string {
+	t.Helper()
+	group := e.Name(t, "g")
+	if !e.W.Caps().ShareGroup {
+		return group
+	}
+	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	res := kmsg.NewIncrementalAlterConfigsRequestResource()
+	res.ResourceType = kmsg.ConfigResourceTypeGroupConfig
+	res.ResourceName = group
+	cfg := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+	cfg.Name = "share.auto.offset.reset"
+	cfg.Value = kmsg.StringPtr("earliest")
+	res.Configs = append(res.Configs, cfg)
+	req.Resources = append(req.Resources, res)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := req.RequestWith(ctx, e.cl)
+	if err == nil && len(resp.Resources) == 1 && resp.Resources[0].ErrorCode != 0 {
+		err = kerr.ErrorForCode(resp.Resources[0].ErrorCode)
+	}
+	if err != nil {
+		t.Fatalf("share.auto.offset.reset of group %s: %v", group, err)
+	}
+	return group
 }
 
 // Topic creates a topic of its own with the given partitions; Name gives
@@ -193,22 +240,46 @@ func (e *Env) produce(t *testing.T, topic string, values []string) {
 // members is the group's members as the broker lists them: member id →
 // client id.
 func (e *Env) members(ctx context.Context, group string) (map[string]string, error) {
+	_, m, err := e.describe(ctx, group)
+	return m, err
+}
+
+// describe is the group's state and members (member id → client id), of a
+// consumer group or, with Caps.ShareGroup, of a share group; a group the
+// broker does not know has none.
+func (e *Env) describe(ctx context.Context, group string) (state string, members map[string]string, err error) {
+	members = map[string]string{}
+	if e.W.Caps().ShareGroup {
+		gs, err := e.Adm.DescribeShareGroups(ctx, group)
+		g, ok := gs[group]
+		switch {
+		case err != nil:
+			return "", nil, err
+		case !ok:
+			return "", nil, fmt.Errorf("share group %s not described", group)
+		case g.Err != nil && !errors.Is(g.Err, kerr.GroupIDNotFound):
+			return "", nil, g.Err
+		}
+		for _, m := range g.Members {
+			members[m.MemberID] = m.ClientID
+		}
+		return g.GroupState, members, nil
+	}
 	gs, err := e.Adm.DescribeGroups(ctx, group)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	g, ok := gs[group]
 	if !ok {
-		return nil, fmt.Errorf("group %s not described", group)
+		return "", nil, fmt.Errorf("group %s not described", group)
 	}
 	if g.Err != nil && !errors.Is(g.Err, kerr.GroupIDNotFound) {
-		return nil, g.Err
+		return "", nil, g.Err
 	}
-	out := map[string]string{}
 	for _, m := range g.Members {
-		out[m.MemberID] = m.ClientID
+		members[m.MemberID] = m.ClientID
 	}
-	return out, nil
+	return g.State, members, nil
 }
 
 // stableMembers waits until the group is stable with n members, and
@@ -217,19 +288,16 @@ func (e *Env) stableMembers(t *testing.T, group string, n int) map[string]string
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	var state string
 	var last map[string]string
 	for ctx.Err() == nil {
-		gs, err := e.Adm.DescribeGroups(ctx, group)
-		if g, ok := gs[group]; err == nil && ok && g.Err == nil && g.State == "Stable" && len(g.Members) == n {
-			last = map[string]string{}
-			for _, m := range g.Members {
-				last[m.MemberID] = m.ClientID
-			}
+		var err error
+		if state, last, err = e.describe(ctx, group); err == nil && state == "Stable" && len(last) == n {
 			return last
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Fatalf("group %s not stable with %d members within 30 s", group, n)
+	t.Fatalf("group %s not stable with %d members within 30 s (%s, %v)", group, n, state, last)
 	return nil
 }
 
@@ -391,7 +459,7 @@ func producerUnacknowledgedCounted(t *testing.T, e *Env) {
 // twice.
 func consumerOnceAcrossRestore(t *testing.T, e *Env) {
 	topic := e.Topic(t, 2)
-	group := e.Name(t, "g")
+	group := e.Group(t)
 	e.produce(t, topic, vals("a", 10))
 	reg := notify.NewRegistry()
 	c := e.W.Consumer(t, e.Addrs, reg, group, topic, e.Name(t, "c"))
@@ -423,7 +491,7 @@ func consumerOnceAcrossRestore(t *testing.T, e *Env) {
 // restored one, and it consumes.
 func consumerLeavesGroupBeforeDump(t *testing.T, e *Env) {
 	topic := e.Topic(t, 1)
-	group := e.Name(t, "g")
+	group := e.Group(t)
 	e.produce(t, topic, vals("a", 2))
 	reg := notify.NewRegistry()
 	// Registered first, so its before hook runs last: the dump instant.
@@ -454,7 +522,7 @@ func consumerLeavesGroupBeforeDump(t *testing.T, e *Env) {
 // member is known to the broker under it; a resume keeps the id.
 func freshIdentityPerCopy(t *testing.T, e *Env) {
 	topic := e.Topic(t, 1)
-	group := e.Name(t, "g")
+	group := e.Group(t)
 	reg := notify.NewRegistry()
 	p := e.W.Producer(t, e.Addrs, reg, topic, e.Name(t, "p"))
 	c := e.W.Consumer(t, e.Addrs, reg, group, topic, e.Name(t, "c"))
@@ -496,7 +564,7 @@ func freshIdentityPerCopy(t *testing.T, e *Env) {
 // id and client id at the broker.
 func leaveRunning(t *testing.T, e *Env) {
 	topic := e.Topic(t, 1)
-	group := e.Name(t, "g")
+	group := e.Group(t)
 	e.produce(t, topic, vals("a", 3))
 	reg := notify.NewRegistry()
 	c := e.W.Consumer(t, e.Addrs, reg, group, topic, e.Name(t, "c"))

@@ -5,8 +5,10 @@
 // against kfake and, when KCR_KAFKA_BROKERS is set, a real broker.
 //
 // A wrapper joins it with an adapter in its own _test.go: a Wrapper that
-// builds its hooked producer and group consumer. A new wrapper gets these
-// tests by joining, and a wrapper that breaks one promise fails it.
+// builds its hooked producer and group consumer (a share consumer, with
+// Caps.ShareGroup, runs the promises about the consumer). A new wrapper
+// gets these tests by joining, and a wrapper that breaks one promise fails
+// it.
 package kafkaconform
 
 import (
@@ -124,7 +126,7 @@ var Promises = []Promise{
 
 // Run runs every promise of the suite against w (those about the
 // consumer for a share-group wrapper): on kfake, and on the real broker of
-// KCR_KAFKA_BROKERS when it is set.
+// KCR_KAFKA_BROKERS when it is set (with KCR_E2E=1, as in CI, it must be).
 func Run(t *testing.T, w Wrapper) {
 	share := w.Caps().ShareGroup
 	t.Run("kfake", func(t *testing.T) {
@@ -140,6 +142,11 @@ func Run(t *testing.T, w Wrapper) {
 	})
 	brokers := os.Getenv("KCR_KAFKA_BROKERS")
 	if brokers == "" {
+		// CI (KCR_E2E=1) runs every wrapper against the real broker too:
+		// a run that forgot the broker must not pass on kfake alone.
+		if os.Getenv("KCR_E2E") == "1" {
+			t.Fatal("KCR_E2E=1 without KCR_KAFKA_BROKERS: the conformance suite runs against a real broker too (scripts/kafka-up.sh starts one)")
+		}
 		return
 	}
 	t.Run("broker", func(t *testing.T) {

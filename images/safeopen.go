@@ -191,8 +191,25 @@ func (w *dirWalk) followLink(c, next string, uid uint32) error {
 	if err != nil {
 		return &fs.PathError{Op: "readlink", Path: next, Err: err}
 	}
-	w.rest = append(strings.Split(target, "/"), w.rest...)
+	w.rest = append(linkComponents(target), w.rest...)
 	return nil
+}
+
+// linkComponents splits a link's target into the components the walk
+// takes, a leading "" (start again from "/") for an absolute one; empty
+// components ("a//b", "a/") are dropped, as the kernel skips them, so they
+// never read as a new start from "/".
+func linkComponents(target string) []string {
+	var out []string
+	if strings.HasPrefix(target, "/") {
+		out = append(out, "")
+	}
+	for _, c := range strings.Split(target, "/") {
+		if c != "" {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // readlinkat reads the link name in the directory fd.

@@ -145,6 +145,13 @@ func OpenClaims(ctx context.Context, cfg ClaimsConfig) (*Claims, error) {
 	}
 	c := &Claims{topic: cfg.Topic, group: cfg.Group, self: cfg.Self, ver: cfg.Version, key: cfg.Key, log: log,
 		last: -1, hello: -1, changed: make(chan struct{}), read: make(chan struct{})}
+	// The topic exists before the consuming client starts: one that
+	// looked it up missing retried on its metadata schedule, and several
+	// replicas starting together (one creating it) timed out reading
+	// their hello.
+	if err := createClaims(ctx, cfg); err != nil {
+		return nil, err
+	}
 	opts := append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...), kgo.ClientID("kcr-standby-claims"),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{cfg.Topic: {0: kgo.NewOffset().AfterMilli(time.Now().Add(-claimsKeep).UnixMilli())}}),
 		kgo.ProducerLinger(0)}, cfg.Opts...)
@@ -153,10 +160,6 @@ func OpenClaims(ctx context.Context, cfg ClaimsConfig) (*Claims, error) {
 		return nil, fmt.Errorf("%w: --brokers %v: %v", ErrConfig, cfg.Brokers, err)
 	}
 	c.cl = cl
-	if err := c.create(ctx); err != nil {
-		cl.Close()
-		return nil, err
-	}
 	go c.tail()
 	off, err := c.write(ctx, claimRecord{Kind: "hello", Prev: -1, Version: cfg.Version})
 	if err != nil {
@@ -173,14 +176,18 @@ func OpenClaims(ctx context.Context, cfg ClaimsConfig) (*Claims, error) {
 	return c, nil
 }
 
-// create creates the claims topic if it is missing: its records are
+// createClaims creates the claims topic if it is missing: its records are
 // stamped by the broker (LogAppendTime), not by their writers.
-func (c *Claims) create(ctx context.Context) error {
-	adm := kadm.NewClient(c.cl)
+func createClaims(ctx context.Context, cfg ClaimsConfig) error {
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...), kgo.ClientID("kcr-standby-claims")}, cfg.Opts...)...)
+	if err != nil {
+		return fmt.Errorf("%w: --brokers %v: %v", ErrConfig, cfg.Brokers, err)
+	}
+	defer cl.Close()
 	day, seg, stamp := "86400000", "3600000", "LogAppendTime"
-	_, err := adm.CreateTopic(ctx, 1, -1, map[string]*string{"retention.ms": &day, "segment.ms": &seg, "message.timestamp.type": &stamp}, c.topic)
+	_, err = kadm.NewClient(cl).CreateTopic(ctx, 1, -1, map[string]*string{"retention.ms": &day, "segment.ms": &seg, "message.timestamp.type": &stamp}, cfg.Topic)
 	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
-		return fmt.Errorf("create the replicas' claims topic %q: %w (create it with one partition, or give --replicas-topic)", c.topic, err)
+		return fmt.Errorf("create the replicas' claims topic %q: %w (create it with one partition, or give --replicas-topic)", cfg.Topic, err)
 	}
 	return nil
 }

@@ -1,0 +1,66 @@
+package standby
+
+import (
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kcr-dev/kcr/internal/testkit/wait"
+)
+
+// Replicas that go idle together each see the other in the group when
+// they checkpoint. Each one's placeholder joins before its member leaves,
+// and one stays: the group is never empty, no placeholder's join waits
+// out the broker's initial delay, and the first wake after the collective
+// sleep is an ordinary rebalance.
+func TestGroupHoldReplicasSleepTogether(t *testing.T) {
+	e := newHoldEnv(t, true)
+	f1, f2 := newFake(), newFake()
+	e.service(f1, "svc1")
+	cl2, _ := e.member("svc2")
+	wait.For(t, 20*time.Second, "both services in the group", func() bool {
+		ds, err := e.adm.DescribeGroups(t.Context(), "g")
+		return err == nil && ds["g"].State == "Stable" && len(ds["g"].Members) == 2
+	})
+	// Both checkpoints are under way before either member leaves: each
+	// one's look at the group before it sees the other.
+	var both sync.WaitGroup
+	both.Add(2)
+	var once1, once2 sync.Once
+	cl1 := f1.onCheckpoint
+	f1.onCheckpoint = func() { once1.Do(func() { both.Done(); both.Wait() }); cl1() }
+	f2.onCheckpoint = func() { once2.Do(func() { both.Done(); both.Wait() }); cl2.Close() }
+	replicas := e.withGroup(func(o *Options) {
+		o.Replicas, o.ReplicasTopic, o.MinWake, o.ScaleUpAfter = true, "claims", 1, 10*time.Second
+	})
+	r1 := startRig(t, f1, filepath.Join(t.TempDir(), "img"), replicas)
+	r2 := startRig(t, f2, filepath.Join(t.TempDir(), "img"), replicas)
+	r1.waitState(StateStandby)
+	r2.waitState(StateStandby)
+	wait.For(t, 15*time.Second, "one placeholder alone in the group", func() bool {
+		clients, _ := e.members()
+		return slices.Equal(clients, []string{holdClientID})
+	})
+	if n := e.delay.Held(); n != 1 {
+		t.Fatalf("the initial delay held %d joins, want 1 (the first service's first): a placeholder joined the empty group\n%s\n%s", n, r1.log.String(), r2.log.String())
+	}
+	if !r1.s.Wake("manual") {
+		t.Fatal("the first supervisor is not asleep")
+	}
+	start := time.Now()
+	_, all := e.member("svc1")
+	if d := assigned(t, all, start, 4*initialDelay); d >= initialDelay {
+		t.Errorf("the first wake after the collective sleep took %v: it waited for the initial delay", d)
+	}
+	e.waitOnly(5*time.Second, "svc1")
+	if n := e.delay.Held(); n != 1 {
+		t.Errorf("the initial delay held %d joins, want 1", n)
+	}
+	for _, r := range []*rig{r1, r2} {
+		if hasResult(r, HoldFailed) {
+			t.Errorf("a hold failed:\n%s", r.log.String())
+		}
+	}
+}

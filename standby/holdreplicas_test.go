@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kmsg"
+
 	"github.com/kcr-dev/kcr/internal/testkit/wait"
 )
 
@@ -62,5 +64,51 @@ func TestGroupHoldReplicasSleepTogether(t *testing.T) {
 		if hasResult(r, HoldFailed) {
 			t.Errorf("a hold failed:\n%s", r.log.String())
 		}
+	}
+}
+
+// A placeholder that joins an empty group (removed while the service
+// sleeps, the group emptied) offers a rebalance timeout no longer than
+// the broker's default initial delay: the broker extends the delay for
+// each member that joins inside it only while the first member's
+// rebalance timeout exceeds it, so the restored member's join inside the
+// delay never waits for a second one. Later joins offer holdRebalance.
+func TestGroupHoldEmptyJoinRebalanceTimeout(t *testing.T) {
+	e := newHoldEnv(t, false)
+	var mu sync.Mutex
+	var joins []int32 // the placeholder's joins that make it a member
+	e.c.ControlKey(int16(kmsg.JoinGroup), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		e.c.KeepControl()
+		if req := kr.(*kmsg.JoinGroupRequest); req.MemberID != "" && isPlaceholder("", req.MemberID) {
+			mu.Lock()
+			joins = append(joins, req.RebalanceTimeoutMillis)
+			mu.Unlock()
+		}
+		return nil, nil, false
+	})
+	f := newFake()
+	e.service(f, "svc")
+	r := startRig(t, f, filepath.Join(t.TempDir(), "img"), e.withGroup(nil))
+	r.waitState(StateStandby)
+	id := e.waitPlaceholder(10 * time.Second)
+	mu.Lock()
+	armed := slices.Clone(joins)
+	mu.Unlock()
+	if len(armed) == 0 || slices.ContainsFunc(armed, func(ms int32) bool { return ms != int32(holdRebalance.Milliseconds()) }) {
+		t.Errorf("the armed placeholder's joins offered rebalance timeouts %v ms, want %v", armed, holdRebalance)
+	}
+	// Removed: its next heartbeat finds the group empty, and it joins again.
+	if err := r.s.hold.leaveGroup(id); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, 15*time.Second, "a new placeholder in the group", func() bool {
+		_, now := e.members()
+		return now != "" && now != id
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	empty := joins[len(armed)]
+	if empty > int32(initialDelay.Milliseconds()) {
+		t.Errorf("the join into the empty group offered a rebalance timeout of %d ms, want %v at most (all joins: %v)", empty, initialDelay, joins)
 	}
 }

@@ -96,6 +96,8 @@ type claimRecord struct {
 	Want    int    `json:"want,omitempty"`
 	Reason  string `json:"reason,omitempty"`
 	Version string `json:"kcr_version,omitempty"`
+	// At is when a hello was written (Unix ms, its writer's clock).
+	At int64 `json:"at,omitempty"`
 }
 
 // claimsFormat is the format of the records this kcr writes.
@@ -122,6 +124,11 @@ const (
 	// claimsAsleepTries bounds the writes of an asleep record that each
 	// came after another record of the group.
 	claimsAsleepTries = 10
+	// claimsHelloSkew bounds the distance between a hello's At and its
+	// broker timestamp: a replay later than that does not count for any
+	// reader, and one sooner finds its original in every reader's reading
+	// (claimsKeep back), so all readers agree on it.
+	claimsHelloSkew = 10 * time.Minute
 	// macHeader carries a record's HMAC-SHA256 when the replicas share a
 	// key.
 	macHeader = "kcr-mac"
@@ -174,7 +181,7 @@ func OpenClaims(ctx context.Context, cfg ClaimsConfig) (*Claims, error) {
 	}
 	c.cl = cl
 	go c.tail()
-	off, err := c.write(ctx, claimRecord{Kind: "hello", Prev: -1, Version: cfg.Version})
+	off, err := c.write(ctx, claimRecord{Kind: "hello", Prev: -1, Version: cfg.Version, At: time.Now().UnixMilli()})
 	if err != nil {
 		cl.Close()
 		return nil, err
@@ -314,6 +321,8 @@ func (c *Claims) apply(r *kgo.Record) {
 	case bad != "":
 	case cr.Kind == "hello" && c.hellos[cr.Replica]:
 		bad = "a hello replayed"
+	case cr.Kind == "hello" && (r.Timestamp.Sub(time.UnixMilli(cr.At)).Abs() > claimsHelloSkew):
+		bad = fmt.Sprintf("a hello written %v from its broker timestamp (replayed, or its host's clock is off)", r.Timestamp.Sub(time.UnixMilli(cr.At)).Round(time.Second))
 	case cr.Kind != "hello" && cr.Prev != c.last:
 		// A claim that lost, an asleep its writer writes again, or a
 		// replay: nothing changes.

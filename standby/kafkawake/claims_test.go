@@ -387,4 +387,22 @@ func TestClaimsReplayed(t *testing.T) {
 	if a.junk == 0 {
 		t.Error("the replayed hellos were not counted as records that do not count")
 	}
+	a.mu.Unlock()
+	// A hello first seen, signed, but written long before its broker
+	// timestamp (replayed after the readers' reading window) counts for
+	// no reader.
+	old := claimRecord{V: claimsFormat, Kind: "hello", Replica: "replayed", Prev: -1, At: time.Now().Add(-2 * time.Hour).UnixMilli()}
+	v, _ := json.Marshal(old)
+	r, err := f.cl.ProduceSync(t.Context(), &kgo.Record{Topic: "claims", Key: []byte("g"), Value: v,
+		Headers: []kgo.RecordHeader{{Key: macHeader, Value: a.mac(v)}}}).First()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.ReadTo(t.Context(), r.Offset); err != nil {
+		t.Fatal(err)
+	}
+	a.mu.Lock()
+	if a.hellos["replayed"] || a.last == r.Offset {
+		t.Errorf("a hello written 2 h before its broker timestamp counted")
+	}
 }

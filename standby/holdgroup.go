@@ -189,7 +189,10 @@ func (h *groupHold) arm(ctx context.Context) {
 	if proto != h.protocol() {
 		h.setProtocol(proto)
 	}
-	among := skip != ""
+	// Among replicas, whether or not the others were in the group when
+	// it looked (they may have left while it waited for a rebalance to
+	// settle), one placeholder stays.
+	among := h.o.Replicas
 	m := &holdMember{}
 	if err := h.memberID(ctx, m); err != nil {
 		h.result(HoldFailed, "err", err)

@@ -16,8 +16,18 @@ import (
 // they checkpoint. Each one's placeholder joins before its member leaves,
 // and one stays: the group is never empty, no placeholder's join waits
 // out the broker's initial delay, and the first wake after the collective
-// sleep is an ordinary rebalance.
+// sleep is an ordinary rebalance. So too when the second sleeps later,
+// and sees only its own member in the group: its placeholder is one of
+// two, and one stays.
 func TestGroupHoldReplicasSleepTogether(t *testing.T) {
+	for _, together := range []bool{true, false} {
+		t.Run(map[bool]string{true: "together", false: "one-after-the-other"}[together], func(t *testing.T) {
+			testReplicasSleep(t, together)
+		})
+	}
+}
+
+func testReplicasSleep(t *testing.T, together bool) {
 	e := newHoldEnv(t, true)
 	f1, f2 := newFake(), newFake()
 	e.service(f1, "svc1")
@@ -26,19 +36,27 @@ func TestGroupHoldReplicasSleepTogether(t *testing.T) {
 		ds, err := e.adm.DescribeGroups(t.Context(), "g")
 		return err == nil && ds["g"].State == "Stable" && len(ds["g"].Members) == 2
 	})
-	// Both checkpoints are under way before either member leaves: each
-	// one's look at the group before it sees the other.
-	var both sync.WaitGroup
-	both.Add(2)
-	var once1, once2 sync.Once
-	cl1 := f1.onCheckpoint
-	f1.onCheckpoint = func() { once1.Do(func() { both.Done(); both.Wait() }); cl1() }
-	f2.onCheckpoint = func() { once2.Do(func() { both.Done(); both.Wait() }); cl2.Close() }
-	replicas := e.withGroup(func(o *Options) {
-		o.Replicas, o.ReplicasTopic, o.MinWake, o.ScaleUpAfter = true, "claims", 1, 10*time.Second
-	})
-	r1 := startRig(t, f1, filepath.Join(t.TempDir(), "img"), replicas)
-	r2 := startRig(t, f2, filepath.Join(t.TempDir(), "img"), replicas)
+	f2.onCheckpoint = cl2.Close
+	idle2 := 150 * time.Millisecond
+	if together {
+		// Both checkpoints are under way before either member leaves:
+		// each one's look at the group before it sees the other.
+		var both sync.WaitGroup
+		both.Add(2)
+		var once1, once2 sync.Once
+		cl1 := f1.onCheckpoint
+		f1.onCheckpoint = func() { once1.Do(func() { both.Done(); both.Wait() }); cl1() }
+		f2.onCheckpoint = func() { once2.Do(func() { both.Done(); both.Wait() }); cl2.Close() }
+	} else {
+		idle2 = 2 * time.Second
+	}
+	replicas := func(idle time.Duration) func(*Options) {
+		return e.withGroup(func(o *Options) {
+			o.Replicas, o.ReplicasTopic, o.MinWake, o.ScaleUpAfter, o.Idle = true, "claims", 1, 10*time.Second, idle
+		})
+	}
+	r1 := startRig(t, f1, filepath.Join(t.TempDir(), "img"), replicas(150*time.Millisecond))
+	r2 := startRig(t, f2, filepath.Join(t.TempDir(), "img"), replicas(idle2))
 	r1.waitState(StateStandby)
 	r2.waitState(StateStandby)
 	wait.For(t, 15*time.Second, "one placeholder alone in the group", func() bool {

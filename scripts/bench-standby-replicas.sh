@@ -16,6 +16,13 @@
 #   - load stopped → the time until all three sleep;
 #   - orders missing and duplicated over the run (an independent reader of
 #     the results; both must be 0).
+# With KCR_BENCH_CYCLES=N, collective sleeps instead: N times, all three are
+# woken by hand, fall asleep together once idle, and one order is sent at
+# once: its order → first result latency (p50, p95, max) and the orders
+# missing; no burst, load or cold starts.
+#
+#   sudo KCR_BENCH_CYCLES=20 scripts/bench-standby-replicas.sh
+#
 # Then the same pipeline started cold for an order (scripts/bench-standby.sh's
 # way), and KEDA's model on the same numbers: its Kafka scaler polls the lag
 # every 30 s (a first wake waits 15 s on average), the HPA syncs every 15 s,
@@ -42,6 +49,8 @@ load="${KCR_BENCH_LOAD:-30}"
 idle="${KCR_BENCH_IDLE:-2s}"
 scale_up="${KCR_BENCH_SCALE_UP:-3s}"
 cold_cycles="${KCR_BENCH_COLD:-3}"
+cycles="${KCR_BENCH_CYCLES:-0}"
+[[ $cycles =~ ^[0-9]+$ ]] || die "KCR_BENCH_CYCLES must be a number"
 [[ $cost_ms =~ ^[1-9][0-9]*$ && $burst =~ ^[1-9][0-9]*$ && $load =~ ^[1-9][0-9]*$ && $cold_cycles =~ ^[1-9][0-9]*$ ]] ||
 	die "KCR_BENCH_ORDER_COST_MS, KCR_BENCH_BURST, KCR_BENCH_LOAD and KCR_BENCH_COLD must be positive integers"
 for c in $clients; do pipeline_client_args "$c" >/dev/null || die "KCR_BENCH_CLIENTS: see above"; done
@@ -89,11 +98,15 @@ for c in $clients; do
 		echo "${dirs[*]}"
 	)
 	"$bin/replicabench" -brokers "$brokers" -orders "$orders" -results "$res" -group "$group" -kcr "$bin/kcr" -dirs "$dirlist" \
-		-burst "$burst" -rate "$rate" -load "${load}s" >"$run/replicas.json" ||
+		-burst "$burst" -rate "$rate" -load "${load}s" -cycles "$cycles" >"$run/replicas.json" ||
 		{ tail -n 20 "$run"/standby-*.log >&2; die "the replicas run failed ($c)"; }
 	for p in "${sb_pids[@]}"; do stop_standby "$p"; done
 	sb_pids=()
 	stop_standby "" "${dirs[@]}"
+	if ((cycles > 0)); then
+		results+=("$c|$(cat "$run/replicas.json")|")
+		continue
+	fi
 
 	# The same pipeline cold, one order per start.
 	bench_cold_starts "$probe" "$brokers" "$orders-cold" "$res-cold" "$cold_cycles" "$tag-cold" "$run" "$bin/kcr" \
@@ -107,6 +120,12 @@ echo "  order cost $cost (one replica: $capacity orders/s), burst $burst, load $
 for r in "${results[@]}"; do
 	IFS='|' read -r c j k <<<"$r"
 	f() { jq -r "$1" <<<"$j"; }
+	if ((cycles > 0)); then
+		printf '%s: %s collective sleeps → one order: first result p50 %.0f ms, p95 %.0f ms, max %.0f ms; orders %s, missing %s, duplicated %s\n' \
+			"$c" "$(f .cycles)" "$(f .collective_p50_ms)" "$(f .collective_p95_ms)" "$(f .collective_max_ms)" "$(f .orders)" "$(f .missing)" "$(f .duplicated)"
+		echo "  each (ms): $(f '.collective_first_result_ms | map(floor) | join(" ")')"
+		continue
+	fi
 	cold=$(jq .p50_ms <<<"$k")
 	echo "$c:"
 	printf '  %-46s %8.0f ms, %s of 3 replicas woken\n' "burst to the sleeping group → first result" "$(f .burst_first_result_ms)" "$(f .burst_replicas_woken)"

@@ -41,6 +41,10 @@ type groupHold struct {
 	// group (Options.Replicas); asleep then holds the group if they all
 	// left with this replica.
 	others bool
+	// groupIdle (Options.Replicas) reports that no record waited in the
+	// group at the last look before the checkpoint: the other replicas
+	// are idle too, and likely to sleep with this one.
+	groupIdle func() bool
 }
 
 // skipReplicas is why arm skips a group that other replicas keep.
@@ -68,6 +72,13 @@ const (
 	// the pending member that join creates (memberID).
 	holdPendingSession = 6 * time.Second
 	holdRebalance      = 10 * time.Second
+	// holdEmptyRebalance is the rebalance timeout of a join into an empty
+	// group. The broker extends the initial delay for members that join
+	// inside it only while the first member's rebalance timeout exceeds
+	// the delay (3 s by default); at 3 s, neither a second placeholder nor
+	// the restored member extends it. It outlasts holdBeatAsleep: until
+	// the next join, it bounds the placeholder's rejoin of a rebalance.
+	holdEmptyRebalance = 3 * time.Second
 	// Heartbeats while the service checkpoints (the placeholder rejoins
 	// as soon as the service's member left) and while it sleeps.
 	holdBeatArmed  = 200 * time.Millisecond
@@ -162,7 +173,7 @@ func (h *groupHold) arm(ctx context.Context) {
 	case err != nil:
 		h.result(HoldFailed, "err", err)
 		return
-	case skip != "":
+	case skip != "" && !h.armAmongReplicas(skip):
 		if skip == skipReplicas && proto != "" && proto != h.protocol() {
 			h.setProtocol(proto)
 		}
@@ -178,6 +189,10 @@ func (h *groupHold) arm(ctx context.Context) {
 	if proto != h.protocol() {
 		h.setProtocol(proto)
 	}
+	// Among replicas, whether or not the others were in the group when
+	// it looked (they may have left while it waited for a rebalance to
+	// settle), one placeholder stays.
+	among := h.o.Replicas
 	m := &holdMember{}
 	if err := h.memberID(ctx, m); err != nil {
 		h.result(HoldFailed, "err", err)
@@ -191,7 +206,11 @@ func (h *groupHold) arm(ctx context.Context) {
 	go func() {
 		defer close(done)
 		defer h.report()
-		h.run(ctx, m, slept, woken)
+		if among {
+			h.runAmongReplicas(ctx, m, slept, woken)
+			return
+		}
+		h.run(ctx, m, slept, slept, woken)
 	}()
 	h.waitListed(ctx, m.id, done)
 }
@@ -243,8 +262,9 @@ func (h *groupHold) asleep(ctx context.Context) {
 		// The others' leaves settle first: a group still rebalancing may
 		// lose its last members yet.
 		h.settled(ctx)
-		// With no member left, canRejoin joins the empty group.
-		h.run(ctx, &holdMember{}, slept, woken)
+		// With no member left, canRejoin joins the empty group; another
+		// replica's placeholder may join it at the same moment.
+		h.runAmongReplicas(ctx, &holdMember{}, slept, woken)
 	}()
 }
 
@@ -304,8 +324,8 @@ func (h *groupHold) stop() {
 }
 
 // run keeps m in the group until the wake (then releases the group) or
-// until ctx ends (then m leaves).
-func (h *groupHold) run(ctx context.Context, m *holdMember, slept, woken <-chan struct{}) {
+// until ctx ends (then m leaves). slept and quiet: hold.
+func (h *groupHold) run(ctx context.Context, m *holdMember, slept, quiet, woken <-chan struct{}) {
 	mctx, cancel := context.WithCancel(ctx)
 	go func() {
 		select {
@@ -314,7 +334,7 @@ func (h *groupHold) run(ctx context.Context, m *holdMember, slept, woken <-chan 
 		case <-mctx.Done():
 		}
 	}()
-	h.hold(mctx, m, slept)
+	h.hold(mctx, m, slept, quiet)
 	cancel()
 	select {
 	case <-woken:

@@ -119,7 +119,7 @@ func (e *holdEnv) placeholder(protocol string) (*groupHold, *holdMember) {
 	h.saved.HoldProtocol = protocol
 	m := &holdMember{}
 	if err = h.memberID(e.t.Context(), m); err == nil {
-		err = h.joinSync(e.t.Context(), m, true)
+		err = h.joinSync(e.t.Context(), m)
 	}
 	if err != nil {
 		h.cl.Close()

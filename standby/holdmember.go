@@ -1,6 +1,7 @@
 package standby
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +17,9 @@ type holdMember struct {
 	generation int32
 	protocol   string
 	held       bool // HoldHeld reported
+	// rebalance is the rebalance timeout its joins offer: holdRebalance,
+	// or holdEmptyRebalance until its join into an empty group completed.
+	rebalance time.Duration
 }
 
 var (
@@ -31,13 +35,21 @@ func removed(err error) bool {
 }
 
 // hold keeps m in the group through every rebalance until ctx ends or
-// the group no longer needs it.
-func (h *groupHold) hold(ctx context.Context, m *holdMember, slept <-chan struct{}) {
+// the group no longer needs it. slept is closed once the service's member
+// left; quiet once m holds the group alone among replicas (slept, for a
+// single service): until then m heartbeats fast and, leading real
+// members, rejoins as a follower.
+func (h *groupHold) hold(ctx context.Context, m *holdMember, slept, quiet <-chan struct{}) {
 	failing := false
 	for ctx.Err() == nil {
 		if m.id == "" {
-			if !h.canRejoin(ctx, !isClosed(slept)) {
+			join, empty := h.canRejoin(ctx, !isClosed(slept))
+			if !join {
 				return
+			}
+			m.rebalance = holdRebalance
+			if empty {
+				m.rebalance = holdEmptyRebalance
 			}
 			if err := h.memberID(ctx, m); err != nil {
 				h.result(HoldFailed, "err", err)
@@ -47,14 +59,15 @@ func (h *groupHold) hold(ctx context.Context, m *holdMember, slept <-chan struct
 				continue
 			}
 		}
-		err := h.joinSync(ctx, m, isClosed(slept))
+		err := h.joinSync(ctx, m)
 		if err == nil {
 			failing = false
+			m.rebalance = holdRebalance
 			if !m.held {
 				m.held = true
 				h.result(HoldHeld, "member_id", m.id, "generation", m.generation, "protocol", m.protocol)
 			}
-			err = h.heartbeat(ctx, m, slept)
+			err = h.heartbeat(ctx, m, quiet)
 		}
 		h.report()
 		switch {
@@ -62,7 +75,7 @@ func (h *groupHold) hold(ctx context.Context, m *holdMember, slept <-chan struct
 			return
 		case errors.Is(err, errRejoin):
 		case errors.Is(err, errLeft):
-			if isClosed(slept) {
+			if isClosed(quiet) {
 				h.result(HoldReleased, "reason", "other members lead the group")
 				return
 			}
@@ -89,8 +102,9 @@ func (h *groupHold) hold(ctx context.Context, m *holdMember, slept <-chan struct
 // a new one joins: while the service checkpoints (armed), into a group
 // with members; asleep, only into an empty classic group, which would be
 // left empty otherwise (a group with members is held by them). A missing
-// group is not created; a KIP-848 group has no delay.
-func (h *groupHold) canRejoin(ctx context.Context, armed bool) bool {
+// group is not created; a KIP-848 group has no delay. empty: the join
+// goes into an empty group, and starts the broker's initial delay.
+func (h *groupHold) canRejoin(ctx context.Context, armed bool) (join, empty bool) {
 	for ctx.Err() == nil {
 		kip848, err := h.isKIP848(ctx)
 		var g holdGroup
@@ -100,10 +114,10 @@ func (h *groupHold) canRejoin(ctx context.Context, armed bool) bool {
 		h.report()
 		switch {
 		case ctx.Err() != nil:
-			return false
+			return false, false
 		case err != nil:
 			if !sleepCtx(ctx, holdRetry) {
-				return false
+				return false, false
 			}
 			continue
 		case kip848:
@@ -111,18 +125,18 @@ func (h *groupHold) canRejoin(ctx context.Context, armed bool) bool {
 		case !g.exists:
 			h.result(HoldSkipped, "reason", "the group is gone; the hold does not create it")
 		case armed && len(g.real) > 0:
-			return true
+			return true, false
 		case len(g.real)+len(g.placeholders) > 0:
 			h.result(HoldReleased, "reason", "other members hold the group")
 		case g.protocolType != "" && g.protocolType != "consumer":
 			h.result(HoldSkipped, "reason", fmt.Sprintf("protocol type %q is not that of a consumer group", g.protocolType))
 		default:
 			h.log.Info("standby: group hold: the group is empty; the placeholder joins it again", "group", h.o.Group)
-			return true
+			return true, true
 		}
-		return false
+		return false, false
 	}
-	return false
+	return false, false
 }
 
 // memberID makes m's first join: the broker answers with the member id
@@ -187,7 +201,7 @@ func (h *groupHold) joinRequest(m *holdMember, session time.Duration) *kmsg.Join
 	req := kmsg.NewPtrJoinGroupRequest()
 	req.Group, req.MemberID = h.o.Group, m.id
 	req.SessionTimeoutMillis = int32(session.Milliseconds())
-	req.RebalanceTimeoutMillis = int32(holdRebalance.Milliseconds())
+	req.RebalanceTimeoutMillis = int32(cmp.Or(m.rebalance, holdRebalance).Milliseconds())
 	req.ProtocolType = "consumer"
 	reason := holdReason
 	req.Reason = &reason
@@ -201,7 +215,7 @@ func (h *groupHold) joinRequest(m *holdMember, session time.Duration) *kmsg.Join
 // As the leader it gives every member an empty assignment when all are
 // placeholders; with real members it cannot run their assignor, so it
 // leaves (errLeft) and they rebalance without it.
-func (h *groupHold) joinSync(ctx context.Context, m *holdMember, asleep bool) error {
+func (h *groupHold) joinSync(ctx context.Context, m *holdMember) error {
 	resp, err := h.joinRequest(m, holdSession).RequestWith(ctx, h.cl)
 	h.report()
 	if err == nil {

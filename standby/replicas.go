@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode"
 
@@ -79,6 +80,9 @@ type replicaSource struct {
 	st        ReplicaStatus
 	live      int       // live members at the last reading
 	changedAt time.Time // when live last changed
+	// idle: no record waited in the group at the last busy (the group
+	// hold's groupIdle).
+	idle atomic.Bool
 }
 
 func newReplicaSource(ctx context.Context, o *Options, k *kafkaSource, version string) (*replicaSource, error) {
@@ -195,6 +199,7 @@ func (r *replicaSource) members(ctx context.Context) (int, error) {
 // partitions it gives up.
 func (r *replicaSource) busy(ctx context.Context) (string, error) {
 	why, err := r.kafkaSource.busy(ctx)
+	r.idle.Store(why == "" && err == nil)
 	if why == "" || err != nil {
 		return why, err
 	}

@@ -132,6 +132,9 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 		if s.hold, err = newGroupHold(&s.o, s.log, s.setHoldSaved); err != nil {
 			return nil, err
 		}
+		if s.replica != nil {
+			s.hold.groupIdle = s.replica.idle.Load
+		}
 	}
 	if o.ShareGroup != "" {
 		sh, err := newShareSource(ctx, &s.o)

@@ -31,8 +31,12 @@ import (
 // Each replica writes a hello record when it opens the log, so that its
 // first claim names a record every reader has read, and an asleep record
 // each time it goes to sleep: a claim is pending from its reading until
-// the group has the live members it wanted, its replica wrote again, or
-// a bound passed.
+// the group has the live members it wanted, its replica slept again, or
+// a bound passed. An asleep record is a compare-and-swap too (its writer
+// writes it again on a newer reading), and a replica's name is new at
+// each start, so that its one hello counts once: a record replayed by
+// someone who can read and write the topic, signed as it is, counts no
+// more (its previous offset is not the last, or its hello was seen).
 //
 // Only well-formed records of the group count in the compare-and-swap
 // (with a Key, only those it signed): junk, records of other groups and
@@ -57,8 +61,11 @@ type Claims struct {
 	valid   []Claim // the valid claims read, newest last (the last hour's, claimsMax at most)
 	junk    int     // records of the group that did not count
 	junkLog time.Time
-	changed chan struct{} // closed at a record that counts
-	read    chan struct{} // closed at every record
+	hellos  map[string]bool // the replicas whose hello counted
+	helloQ  []string        // hellos' names, oldest first (claimsMaxHellos)
+	asleep  int64           // offset of this replica's last asleep that counted
+	changed chan struct{}   // closed at a record that counts
+	read    chan struct{}   // closed at every record
 }
 
 // Claim is a valid claim: a replica that won the right to wake.
@@ -89,6 +96,8 @@ type claimRecord struct {
 	Want    int    `json:"want,omitempty"`
 	Reason  string `json:"reason,omitempty"`
 	Version string `json:"kcr_version,omitempty"`
+	// At is when a hello was written (Unix ms, its writer's clock).
+	At int64 `json:"at,omitempty"`
 }
 
 // claimsFormat is the format of the records this kcr writes.
@@ -109,6 +118,17 @@ const (
 	// claimsMaxStep bounds how many replicas one claim may want beyond
 	// the live members.
 	claimsMaxStep = 64
+	// claimsMaxHellos bounds the names of the replicas whose hello
+	// counted, kept to tell a replayed hello.
+	claimsMaxHellos = 4096
+	// claimsAsleepTries bounds the writes of an asleep record that each
+	// came after another record of the group.
+	claimsAsleepTries = 10
+	// claimsHelloSkew bounds the distance between a hello's At and its
+	// broker timestamp: a replay later than that does not count for any
+	// reader, and one sooner finds its original in every reader's reading
+	// (claimsKeep back), so all readers agree on it.
+	claimsHelloSkew = 10 * time.Minute
 	// macHeader carries a record's HMAC-SHA256 when the replicas share a
 	// key.
 	macHeader = "kcr-mac"
@@ -144,7 +164,14 @@ func OpenClaims(ctx context.Context, cfg ClaimsConfig) (*Claims, error) {
 		log = slog.Default()
 	}
 	c := &Claims{topic: cfg.Topic, group: cfg.Group, self: cfg.Self, ver: cfg.Version, key: cfg.Key, log: log,
-		last: -1, hello: -1, changed: make(chan struct{}), read: make(chan struct{})}
+		last: -1, hello: -1, asleep: -1, hellos: map[string]bool{}, changed: make(chan struct{}), read: make(chan struct{})}
+	// The topic exists before the consuming client starts: one that
+	// looked it up missing retried on its metadata schedule, and several
+	// replicas starting together (one creating it) timed out reading
+	// their hello.
+	if err := createClaims(ctx, cfg); err != nil {
+		return nil, err
+	}
 	opts := append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...), kgo.ClientID("kcr-standby-claims"),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{cfg.Topic: {0: kgo.NewOffset().AfterMilli(time.Now().Add(-claimsKeep).UnixMilli())}}),
 		kgo.ProducerLinger(0)}, cfg.Opts...)
@@ -153,12 +180,8 @@ func OpenClaims(ctx context.Context, cfg ClaimsConfig) (*Claims, error) {
 		return nil, fmt.Errorf("%w: --brokers %v: %v", ErrConfig, cfg.Brokers, err)
 	}
 	c.cl = cl
-	if err := c.create(ctx); err != nil {
-		cl.Close()
-		return nil, err
-	}
 	go c.tail()
-	off, err := c.write(ctx, claimRecord{Kind: "hello", Prev: -1, Version: cfg.Version})
+	off, err := c.write(ctx, claimRecord{Kind: "hello", Prev: -1, Version: cfg.Version, At: time.Now().UnixMilli()})
 	if err != nil {
 		cl.Close()
 		return nil, err
@@ -173,14 +196,18 @@ func OpenClaims(ctx context.Context, cfg ClaimsConfig) (*Claims, error) {
 	return c, nil
 }
 
-// create creates the claims topic if it is missing: its records are
+// createClaims creates the claims topic if it is missing: its records are
 // stamped by the broker (LogAppendTime), not by their writers.
-func (c *Claims) create(ctx context.Context) error {
-	adm := kadm.NewClient(c.cl)
+func createClaims(ctx context.Context, cfg ClaimsConfig) error {
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...), kgo.ClientID("kcr-standby-claims")}, cfg.Opts...)...)
+	if err != nil {
+		return fmt.Errorf("%w: --brokers %v: %v", ErrConfig, cfg.Brokers, err)
+	}
+	defer cl.Close()
 	day, seg, stamp := "86400000", "3600000", "LogAppendTime"
-	_, err := adm.CreateTopic(ctx, 1, -1, map[string]*string{"retention.ms": &day, "segment.ms": &seg, "message.timestamp.type": &stamp}, c.topic)
+	_, err = kadm.NewClient(cl).CreateTopic(ctx, 1, -1, map[string]*string{"retention.ms": &day, "segment.ms": &seg, "message.timestamp.type": &stamp}, cfg.Topic)
 	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
-		return fmt.Errorf("create the replicas' claims topic %q: %w (create it with one partition, or give --replicas-topic)", c.topic, err)
+		return fmt.Errorf("create the replicas' claims topic %q: %w (create it with one partition, or give --replicas-topic)", cfg.Topic, err)
 	}
 	return nil
 }
@@ -290,6 +317,18 @@ func (c *Claims) apply(r *kgo.Record) {
 	defer c.mu.Unlock()
 	c.next = r.Offset + 1
 	cr, bad := c.parse(r)
+	switch {
+	case bad != "":
+	case cr.Kind == "hello" && c.hellos[cr.Replica]:
+		bad = "a hello replayed"
+	case cr.Kind == "hello" && (r.Timestamp.Sub(time.UnixMilli(cr.At)).Abs() > claimsHelloSkew):
+		bad = fmt.Sprintf("a hello written %v from its broker timestamp (replayed, or its host's clock is off)", r.Timestamp.Sub(time.UnixMilli(cr.At)).Round(time.Second))
+	case cr.Kind != "hello" && cr.Prev != c.last:
+		// A claim that lost, an asleep its writer writes again, or a
+		// replay: nothing changes.
+		c.progressed()
+		return
+	}
 	if bad != "" {
 		if string(r.Key) == c.group {
 			c.junk++
@@ -305,26 +344,40 @@ func (c *Claims) apply(r *kgo.Record) {
 	if cr.V > claimsFormat {
 		c.log.Warn("standby: replicas: a claim of a newer format (another kcr version); the compare-and-swap still holds", "replica", cr.Replica, "format", cr.V)
 	}
-	prev := c.last
 	c.last = r.Offset
-	if cr.Kind == "hello" && cr.Replica != c.self && cr.Version != c.ver {
-		c.log.Info("standby: replicas: a replica of another kcr version; they still coordinate", "replica", cr.Replica, "kcr_version", cr.Version)
-	}
-	if cr.Kind != "claim" {
-		// A replica asleep again, or started again: its claims are
-		// spent, however briefly it was a member.
+	switch cr.Kind {
+	case "hello":
+		c.sawHello(cr.Replica)
+		if cr.Replica != c.self && cr.Version != c.ver {
+			c.log.Info("standby: replicas: a replica of another kcr version; they still coordinate", "replica", cr.Replica, "kcr_version", cr.Version)
+		}
+		return
+	case "asleep":
+		// Its claims are spent, however briefly it was a member.
 		for i := range c.valid {
 			if c.valid[i].Replica == cr.Replica {
 				c.valid[i].Spent = true
 			}
 		}
-		return
-	}
-	if cr.Prev != prev {
+		if cr.Replica == c.self {
+			c.asleep = r.Offset
+		}
 		return
 	}
 	c.valid = append(c.valid, Claim{Offset: r.Offset, At: c.readAt(r, now), Replica: cr.Replica, Live: cr.Live, Want: cr.Want, Reason: cr.Reason})
 	c.prune(now)
+}
+
+// sawHello records that name's hello counted; c.mu is held.
+func (c *Claims) sawHello(name string) {
+	c.hellos[name] = true
+	c.helloQ = append(c.helloQ, name)
+	if n := len(c.helloQ) - claimsMaxHellos; n > 0 {
+		for _, old := range c.helloQ[:n] {
+			delete(c.hellos, old)
+		}
+		c.helloQ = append(c.helloQ[:0], c.helloQ[n:]...)
+	}
 }
 
 // readAt is a claim's time: now, or, read when the log opens (before this
@@ -417,13 +470,29 @@ func (c *Claims) Claim(ctx context.Context, prev int64, live, want int, reason s
 }
 
 // Asleep records that this replica sleeps: its claims are spent. It
-// returns once it read the record back.
+// returns once the record counted: written on the last reading, as a
+// claim is (written after another record of the group, it is written
+// again).
 func (c *Claims) Asleep(ctx context.Context) error {
-	off, err := c.write(ctx, claimRecord{Kind: "asleep", Prev: -1})
-	if err != nil {
-		return err
+	for range claimsAsleepTries {
+		c.mu.Lock()
+		prev := c.last
+		c.mu.Unlock()
+		off, err := c.write(ctx, claimRecord{Kind: "asleep", Prev: prev})
+		if err != nil {
+			return err
+		}
+		if err := c.ReadTo(ctx, off); err != nil {
+			return err
+		}
+		c.mu.Lock()
+		ok := c.asleep == off
+		c.mu.Unlock()
+		if ok {
+			return nil
+		}
 	}
-	return c.ReadTo(ctx, off)
+	return fmt.Errorf("the claims topic %q: %d asleep records in a row came after another record of the group", c.topic, claimsAsleepTries)
 }
 
 // Pending are the valid claims not spent at now with live members: the

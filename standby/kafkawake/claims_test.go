@@ -1,6 +1,7 @@
 package kafkawake
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"sync"
@@ -290,5 +291,118 @@ func TestClaimsSigned(t *testing.T) {
 	c := openClaims(t, addrs, "g", "c", []byte("another key, 16 bytes+"))
 	if p, _ := c.Pending(time.Now(), 0, time.Minute); len(p) != 0 {
 		t.Errorf("a replica with another key counts %v", p)
+	}
+}
+
+// replay writes again, as they are (headers included), the records of
+// the claims topic up to off that match: what someone who can read and
+// write the topic, but has no key, can do with signed records.
+func (f *forger) replay(off int64, match func(claimRecord) bool) int64 {
+	f.t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(f.cl.OptValue(kgo.SeedBrokers).([]string)...),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{"claims": {0: kgo.NewOffset().AtStart()}}))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer cl.Close()
+	var recs []*kgo.Record
+	ctx, cancel := context.WithTimeout(f.t.Context(), 30*time.Second)
+	defer cancel()
+	for done := false; !done; {
+		fs := cl.PollFetches(ctx)
+		if err := fs.Err0(); err != nil {
+			f.t.Fatalf("reading the claims topic up to offset %d: %v", off, err)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			var cr claimRecord
+			if r.Offset <= off && json.Unmarshal(r.Value, &cr) == nil && match(cr) {
+				recs = append(recs, &kgo.Record{Topic: "claims", Key: r.Key, Value: r.Value, Headers: r.Headers})
+			}
+			done = done || r.Offset >= off
+		})
+	}
+	var last int64 = -1
+	for _, r := range recs {
+		res, err := f.cl.ProduceSync(f.t.Context(), r).First()
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		last = res.Offset
+	}
+	if last < 0 {
+		f.t.Fatal("nothing to replay")
+	}
+	return last
+}
+
+// Signed records written again as they are (a replay, by someone who can
+// read and write the topic without the key) count no more: a replayed
+// claim or hello does not make a claim decided before it lose, and a
+// replayed asleep of a replica does not spend the claim it won since.
+func TestClaimsReplayed(t *testing.T) {
+	_, addrs := kafkatest.Cluster(t, kfake.SeedTopics(1, "claims"))
+	key := []byte("0123456789abcdef-shared")
+	a, b := openClaims(t, addrs, "g", "a", key), openClaims(t, addrs, "g", "b", key)
+	f := newForger(t, addrs)
+	_, prev := b.Pending(time.Now(), 0, time.Minute)
+	if err := a.ReadTo(t.Context(), prev); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := a.Claim(t.Context(), prev, 0, 1, "work waits"); err != nil || !ok {
+		t.Fatalf("a's claim: won %v, err %v", ok, err)
+	}
+	if err := a.Asleep(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// b decides on its reading; replays land before its claim.
+	_, prev = a.Pending(time.Now(), 0, time.Minute)
+	if err := b.ReadTo(t.Context(), prev); err != nil {
+		t.Fatal(err)
+	}
+	f.replay(prev, func(cr claimRecord) bool { return cr.Kind == "claim" || cr.Kind == "hello" })
+	if ok, err := b.Claim(t.Context(), prev, 0, 1, "work waits"); err != nil || !ok {
+		t.Fatalf("b's claim after replayed claims and hellos: won %v, err %v; want won", ok, err)
+	}
+	if err := b.Asleep(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// a wins again; its earlier asleep, replayed, does not spend that.
+	_, prev = b.Pending(time.Now(), 0, time.Minute)
+	if err := a.ReadTo(t.Context(), prev); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := a.Claim(t.Context(), prev, 0, 1, "work waits again"); err != nil || !ok {
+		t.Fatalf("a's second claim: won %v, err %v", ok, err)
+	}
+	_, prev = a.Pending(time.Now(), 0, time.Minute)
+	off := f.replay(prev, func(cr claimRecord) bool { return cr.Kind == "asleep" && cr.Replica == "a" })
+	if err := b.ReadTo(t.Context(), off); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := b.Pending(time.Now(), 0, time.Minute); len(p) != 1 || p[0].Replica != "a" || p[0].Reason != "work waits again" {
+		t.Errorf("pending after a's asleep replayed: %v, want a's second claim", p)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.junk == 0 {
+		t.Error("the replayed hellos were not counted as records that do not count")
+	}
+	a.mu.Unlock()
+	// A hello first seen, signed, but written long before its broker
+	// timestamp (replayed after the readers' reading window) counts for
+	// no reader.
+	old := claimRecord{V: claimsFormat, Kind: "hello", Replica: "replayed", Prev: -1, At: time.Now().Add(-2 * time.Hour).UnixMilli()}
+	v, _ := json.Marshal(old)
+	r, err := f.cl.ProduceSync(t.Context(), &kgo.Record{Topic: "claims", Key: []byte("g"), Value: v,
+		Headers: []kgo.RecordHeader{{Key: macHeader, Value: a.mac(v)}}}).First()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.ReadTo(t.Context(), r.Offset); err != nil {
+		t.Fatal(err)
+	}
+	a.mu.Lock()
+	if a.hellos["replayed"] || a.last == r.Offset {
+		t.Errorf("a hello written 2 h before its broker timestamp counted")
 	}
 }

@@ -130,10 +130,10 @@ func TestStandbyReplicas(t *testing.T) {
 	r := newReplicaRig(t)
 	r.allAsleep("idle")
 	// They went idle together (all started together): the group is held
-	// all the same, by one placeholder or more, and nothing else.
-	eventually(t, 30*time.Second, "the group held by a placeholder", func() (bool, string) {
+	// all the same, by one placeholder, and nothing else.
+	eventually(t, 30*time.Second, "the group held by one placeholder", func() (bool, string) {
 		d, err := r.k.describe(r.group)
-		held := err == nil && len(d.Members) > 0
+		held := err == nil && len(d.Members) == 1
 		for _, m := range d.Members {
 			held = held && m.ClientID == "kcr-standby-hold"
 		}

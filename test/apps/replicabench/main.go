@@ -14,6 +14,11 @@
 //     its result came: the highest lag age);
 //  3. stop: the time from the last order to every replica asleep.
 //
+// With -cycles N it measures collective sleeps instead: N times, every
+// replica is woken by hand (kcr standby wake), all fall asleep together
+// once idle, and one order is sent at once; that order's first result's
+// latency each time (p50, p95, max).
+//
 // Orders are examples/loadgen's ({"id","n","ts"}); every result read back is
 // matched to its order: missing and duplicated over the whole run. It
 // prints one JSON line.
@@ -24,6 +29,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"slices"
@@ -64,6 +70,7 @@ func main() {
 	rate := flag.Int("rate", 125, "orders per second of the load")
 	load := flag.Duration("load", 30*time.Second, "how long the load lasts")
 	timeout := flag.Duration("timeout", 3*time.Minute, "longest wait for a state or the results")
+	cycles := flag.Int("cycles", 0, "collective sleeps to measure instead of the burst and the load (0: none)")
 	flag.Parse()
 	if *group == "" || *dirs == "" || *rate < 1 || *burst < 1 {
 		fail("give -group, -dirs, -rate ≥ 1 and -burst ≥ 1")
@@ -86,8 +93,12 @@ func main() {
 	go b.read(cons)
 	out := map[string]any{}
 	b.waitAll("standby", "the replicas asleep before the burst")
-	b.burst(out, *burst)
-	b.load(out, *rate, *load)
+	if *cycles > 0 {
+		b.collective(out, *cycles)
+	} else {
+		b.burst(out, *burst)
+		b.load(out, *rate, *load)
+	}
 	time.Sleep(time.Second) // late duplicates
 	b.mu.Lock()
 	missing, dup := 0, 0
@@ -234,6 +245,31 @@ func (b *bench) firstLatency(t0 time.Time) time.Duration {
 		}
 	}
 	return first
+}
+
+// collective wakes every replica by hand, waits until all sleep again
+// (together: none has work), and sends one order, n times: the order's
+// first result's latency each time.
+func (b *bench) collective(out map[string]any, n int) {
+	var lat []float64
+	for c := range n {
+		for _, d := range b.dirs {
+			if o, err := exec.Command(b.kcr, "standby", "wake", "--image-dir", d).CombinedOutput(); err != nil {
+				fail(fmt.Sprintf("kcr standby wake --image-dir %s: %v: %s", d, err, o))
+			}
+		}
+		b.waitAll("running", "every replica running after kcr standby wake")
+		b.waitAll("standby", "the replicas asleep together")
+		t0 := time.Now()
+		b.send(fmt.Sprintf("collective-%d-%d", t0.UnixNano(), c), int64(c), true)
+		b.waitResults("the order after a collective sleep")
+		lat = append(lat, ms(b.firstLatency(t0)))
+		b.waitAll("standby", "the replicas asleep after the order")
+	}
+	slices.Sort(lat)
+	q := func(p float64) float64 { return lat[max(0, int(math.Ceil(p*float64(len(lat))))-1)] } // nearest rank
+	out["cycles"], out["collective_first_result_ms"] = n, lat
+	out["collective_p50_ms"], out["collective_p95_ms"], out["collective_max_ms"] = q(0.5), q(0.95), lat[len(lat)-1]
 }
 
 // watch calls f with the replicas' states every 100 ms until stop.

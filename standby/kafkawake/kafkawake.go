@@ -174,13 +174,31 @@ func New(ctx context.Context, cfg Config) (*Watcher, error) {
 		return nil, fmt.Errorf("%w: --brokers %v: %v", ErrConfig, cfg.Brokers, err)
 	}
 	w.cl, w.adm = cl, kadm.NewClient(cl)
-	pctx, cancel := context.WithTimeout(ctx, cfg.BrokerTimeout)
-	defer cancel()
-	if _, err := w.adm.ListBrokers(pctx); err != nil {
+	if err := checkBrokers(ctx, w.adm, cfg.BrokerTimeout); err != nil {
 		cl.Close()
 		return nil, fmt.Errorf("--brokers %v: no broker answered within %v (%v): start the broker or fix --brokers", cfg.Brokers, cfg.BrokerTimeout, err)
 	}
 	return w, nil
+}
+
+// checkBrokers asks for the brokers until one answers or timeout ends: the
+// client neither retries a request nor waits past a second for a dial (the
+// rounds need that), and one slow TLS or SASL handshake on a loaded host
+// must not fail the start.
+func checkBrokers(ctx context.Context, adm *kadm.Client, timeout time.Duration) error {
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		_, err := adm.ListBrokers(pctx)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-pctx.Done():
+			return err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // Close closes the watcher's connections.

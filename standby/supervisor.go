@@ -138,7 +138,14 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 		if err != nil {
 			return nil, err
 		}
-		s.wakes = append(s.wakes, sh)
+		if !o.Replicas {
+			s.wakes = append(s.wakes, sh)
+		} else if s.replica, err = newReplicaSource(ctx, &s.o, sh, engine.Version); err != nil {
+			sh.close()
+			return nil, err
+		} else {
+			s.wakes = append(s.wakes, s.replica)
+		}
 	}
 	criuPath := ""
 	if b == nil {

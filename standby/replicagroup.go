@@ -6,6 +6,11 @@ import (
 	"github.com/kcr-dev/kcr/standby/kafkawake"
 )
 
+// blindWhy begins the reason a Kafka wake gives not to sleep when nothing
+// could wake the service from Kafka (the group has no offsets on its
+// topics yet): it holds for a replica too, however many others run.
+const blindWhy = "nothing could wake the service from Kafka: "
+
 // replicaGroup is the group a replica (Options.Replicas) reads to decide:
 // its Kafka wake, live members and backlog. A consumer group (kafkaSource,
 // --group) or a share group (shareSource, --share-group).

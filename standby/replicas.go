@@ -195,7 +195,7 @@ func (r *replicaSource) members(ctx context.Context) (int, error) {
 // partitions it gives up.
 func (r *replicaSource) busy(ctx context.Context) (string, error) {
 	why, err := r.replicaGroup.busy(ctx)
-	if why == "" || err != nil {
+	if why == "" || err != nil || strings.HasPrefix(why, blindWhy) {
 		return why, err
 	}
 	live, err := r.members(ctx)

@@ -36,7 +36,7 @@ func (k *shareSource) busy(ctx context.Context) (string, error) {
 	n, topics, err := k.w.Pending(ctx)
 	switch {
 	case errors.Is(err, kafkawake.ErrNoShareOffsets):
-		return "nothing could wake the service from Kafka: " + err.Error(), nil
+		return blindWhy + err.Error(), nil
 	case err != nil:
 		return "", err
 	case n > 0:

@@ -78,7 +78,7 @@ func main() {
 	shareMode := flag.Bool("share", false, "consume -topic as a member of the share group -group (kgohooks.ShareConsumer), instead of producing")
 	shareMax := flag.Int("share-max", 10, "with -share: records per poll (kgo.ShareMaxRecords, strict)")
 	heldWait := flag.Duration("held-wait", 0, "with -share: kgohooks.WithHeldWait (0: its default)")
-	shareEarliest := flag.Bool("share-earliest", false, "with -share: set the share group's share.auto.offset.reset to earliest first")
+	shareEarliest := flag.Bool("share-earliest", false, "set the share group -group's share.auto.offset.reset to earliest (first, with -share; else then exit)")
 	burst := flag.Int("burst", 0, "produce this many records to -topic at once, then exit")
 	listenFDs := flag.Bool("listen-fds", false, "with -consume: serve the state on the socket of LISTEN_FDS (kcr standby --listen); every connection counts as activity (notify.Touch)")
 	var sec appkit.Security
@@ -100,9 +100,12 @@ func main() {
 		}
 		return
 	}
-	if *shareEarliest && *shareMode {
+	if *shareEarliest {
 		if err := setShareEarliest(strings.Split(*brokers, ","), *group); err != nil {
 			appkit.Fatal(1, err.Error())
+		}
+		if !*shareMode {
+			return
 		}
 	}
 	if *shareMode {

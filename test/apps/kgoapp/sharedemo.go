@@ -41,7 +41,8 @@ func setShareEarliest(brokers []string, group string) error {
 }
 
 // produceBurst produces n records numbered from 1 to topic at once
-// (-burst), and returns once all are acknowledged.
+// (-burst), and returns once all are acknowledged; its event "burst" has
+// the time they were sent (sent_ns).
 func produceBurst(brokers []string, topic, clientID string, n int) error {
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(clientID), kgo.DefaultProduceTopic(topic),
 		kgo.ProducerLinger(5 * time.Millisecond)}, secOpts...)...)
@@ -55,9 +56,10 @@ func produceBurst(brokers []string, topic, clientID string, n int) error {
 	for i := range recs {
 		recs[i] = &kgo.Record{Value: []byte(strconv.Itoa(i + 1))}
 	}
+	sent := time.Now()
 	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		return err
 	}
-	emit("burst", "records", n)
+	emit("burst", "records", n, "sent_ns", sent.UnixNano())
 	return nil
 }

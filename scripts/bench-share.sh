@@ -58,9 +58,15 @@ pct() {
 	printf '%s\n' "$@" | sort -g | awk -v p="$p" '{a[NR] = $1} END { i = int((p * NR + 99) / 100); if (i < 1) i = 1; print a[i] }'
 }
 state_is() { [ "$("$bin/kcr" standby status --image-dir "$sbdir" --json 2>/dev/null | jq -r .state)" = "$1" ]; }
-# procs_after NS: the first "proc" event's time (ns) in the worker log
-# after NS.
-proc_after() { jq -R --argjson t "$1" 'fromjson? | select(.ev == "proc" and .t > $t) | .t' "$work/worker.log" | head -n1; }
+# proc_after NS: the first "proc" event's time (ns) in the worker log
+# after NS; has_proc_after NS: there is one.
+proc_after() { jq -R --argjson t "$1" 'fromjson? | select(.ev == "proc" and .t > $t) | .t' "$work/worker.log" 2>/dev/null | head -n1; }
+has_proc_after() { [ -n "$(proc_after "$1")" ]; }
+# procs: the "proc" events in the worker log; procs_ge N: N at least.
+procs() { jq -R 'fromjson? | select(.ev == "proc")' "$work/worker.log" 2>/dev/null | jq -s length; }
+procs_ge() { [ "$(procs)" -ge "$1" ]; }
+# burst N: produce N records to $topic; prints when they were sent (ns).
+burst() { "$bin/kgoapp" -brokers "$brokers" -topic "$topic" -burst "$1" -client-id bench-producer | jq -r 'select(.ev == "burst") | .sent_ns'; }
 
 # wake MODE: cycles of one record → first result under kcr standby.
 wake() {
@@ -80,11 +86,11 @@ wake() {
 		-- "$bin/kgoapp" -brokers "$brokers" -topic "$topic" -group "$tag" "${svc[@]}" -client-id "bench-$mode" </dev/null >"$work/standby.log" 2>&1 &
 	sb=$!
 	# A first record, so that the group has offsets on the topic.
-	"$bin/kgoapp" -brokers "$brokers" -topic "$topic" -burst 1 >/dev/null
+	burst 1 >/dev/null
 	wait_until 90 "the $mode worker to sleep" state_is standby || fail "the $mode worker did not sleep"
 	for ((i = 1; i <= cycles; i++)); do
-		sent=$("$bin/kgoapp" -brokers "$brokers" -topic "$topic" -burst 1 -client-id bench-producer | jq -r .sent_ns)
-		wait_until 60 "the $mode worker's result" proc_after "$sent" >/dev/null || fail "cycle $i: no result"
+		sent=$(burst 1)
+		wait_until 60 "the $mode worker's result" has_proc_after "$sent" || fail "cycle $i: no result"
 		first=$(proc_after "$sent")
 		lat+=($(((first - sent) / 1000)))
 		wait_until 60 "the $mode worker to sleep" state_is standby || fail "the $mode worker did not sleep again"
@@ -120,17 +126,17 @@ if [[ $skip != *" ckpt "* ]]; then
 	say "3. a share worker checkpointed with acquired records in hand, restored → first record ($cycles cycles)"
 	tag=bench-share-ckpt-$(date +%s%N) topic=$tag-t
 	"$bin/wakeprobe" -brokers "$brokers" -create 1 -orders "$topic" -results "$tag-r" || fail "cannot create $topic"
-	"$bin/kgoapp" -brokers "$brokers" -topic "$topic" -burst $((cycles * 40 + 100)) >/dev/null
+	burst $((cycles * 40 + 100)) >/dev/null
 	rm -f "$work/worker.log"
-	"$bin/kcr" run --log "$work/worker.log" -- "$bin/kgoapp" -brokers "$brokers" -topic "$topic" -group "$tag" -share -share-earliest \
-		-share-max 20 -proc-delay 100ms -held-wait 100ms -client-id bench-ckpt >"$work/run.pid"
-	runpid=$(cat "$work/run.pid")
+	"$bin/kgoapp" -brokers "$brokers" -topic "$topic" -group "$tag" -share-earliest || fail "cannot set share.auto.offset.reset"
+	"$bin/kcr" run --json --log "$work/worker.log" -- "$bin/kgoapp" -brokers "$brokers" -topic "$topic" -group "$tag" -share \
+		-share-max 20 -proc-delay 100ms -held-wait 100ms -client-id bench-ckpt >"$work/run.json" || fail "kcr run failed"
+	runpid=$(jq -r .pid "$work/run.json")
 	declare -a ck rs held rel
 	for ((i = 1; i <= cycles; i++)); do
 		# 5 records into a batch of 20: records in hand.
-		n0=$(jq -R 'fromjson? | select(.ev == "proc")' "$work/worker.log" | jq -s length)
-		wait_until 60 "records processed" test "$(jq -R 'fromjson? | select(.ev == "proc")' "$work/worker.log" | jq -s length)" -ge $((n0 + 25)) ||
-			fail "the worker does not process"
+		n0=$(procs)
+		wait_until 60 "records processed" procs_ge $((n0 + 25)) || fail "the worker does not process"
 		t0=$(now_ns)
 		"$bin/kcr" checkpoint --json -o "$work/img$i" "$runpid" >"$work/ckpt.json" 2>"$work/ckpt.err" || fail "kcr checkpoint failed"
 		t1=$(now_ns)
@@ -139,8 +145,8 @@ if [[ $skip != *" ckpt "* ]]; then
 		held+=("$(jq .records_held <<<"$rep")") rel+=("$(jq .records_released <<<"$rep")")
 		t0=$(now_ns)
 		"$bin/kcr" restore --json "$work/img$i" >"$work/restore.json" 2>>"$work/ckpt.err" || fail "kcr restore failed"
-		runpid=$(jq -r '.restores[0].pid // .pid' "$work/restore.json")
-		wait_until 60 "the restored worker's first record" proc_after "$t0" >/dev/null || fail "no record after the restore"
+		runpid=$(jq -r '.restores[0].pid' "$work/restore.json")
+		wait_until 60 "the restored worker's first record" has_proc_after "$t0" || fail "no record after the restore"
 		rs+=($((($(proc_after "$t0") - t0) / 1000)))
 	done
 	printf '  checkpoint (hooks + dump):      p50 %.1f ms, max %.1f ms; records held %s, released %s\n' "$(median_ms ck)" \

@@ -102,21 +102,26 @@ wait_until 120 "every replica to start and sleep" all_asleep || fail "the replic
 say "all $replicas replicas asleep: checkpointed, no worker process runs"
 
 say "a burst of $jobs jobs (one replica alone: $((jobs / 50)) s of work)"
+sent=$("$bin/kgoapp" -brokers "$brokers" -topic "$topic" -burst "$jobs" -client-id demo-producer | jq -r 'select(.ev == "burst") | .sent_ns') ||
+	fail "the burst was not produced"
 t0=$(now_ms)
-"$bin/kgoapp" -brokers "$brokers" -topic "$topic" -burst "$jobs" -client-id demo-producer >/dev/null || fail "the burst was not produced"
-declare -A up_at
 max_run=0
-while :; do
+while [ "$(done_jobs)" -lt "$jobs" ]; do
 	n=$(($(count_state running) + $(count_state restoring)))
 	((n > max_run)) && max_run=$n
-	for ((k = 1; k <= n; k++)); do [ -n "${up_at[$k]:-}" ] || up_at[$k]=$(($(now_ms) - t0)); done
-	[ "$(done_jobs)" -ge "$jobs" ] && break
 	(($(now_ms) - t0 < 180000)) || fail "$(done_jobs) of $jobs jobs done after 180 s"
 	sleep 0.2
 done
-took=$(($(now_ms) - t0))
-for ((k = 1; k <= max_run; k++)); do say "  $k replica(s) running ${up_at[$k]} ms after the burst"; done
-say "all $jobs jobs done in $took ms"
+# The times, from the workers' own events (ns): each replica's restore
+# (its after-restore hook) and first job after the burst was sent, and the
+# last job.
+since() { jq -R --argjson t "$sent" --arg ev "$1" 'fromjson? | select(.ev == $ev and .t > $t) | (.t - $t) / 1e6 | round' "$2" 2>/dev/null | head -n1; }
+mapfile -t woke < <(for ((i = 0; i < replicas; i++)); do since after "$work/r$i.worker.log"; done | sort -n)
+took=$(for ((i = 0; i < replicas; i++)); do
+	jq -R --argjson t "$sent" 'fromjson? | select(.ev == "proc" and .t > $t) | (.t - $t) / 1e6 | round' "$work/r$i.worker.log"
+done | sort -n | tail -n1)
+for k in "${!woke[@]}"; do say "  replica $((k + 1)) of $replicas restored ${woke[$k]} ms after the burst was sent"; done
+say "all $jobs jobs done ${took} ms after the burst was sent"
 wait_until 120 "every replica to sleep again" all_asleep || fail "the replicas did not all go back to sleep"
 say "all $replicas replicas asleep again"
 
@@ -138,7 +143,7 @@ done
 echo
 echo "summary"
 printf '  %-40s %s\n' "partitions / replicas that did jobs" "1 / $shared of $replicas (jobs by replica: ${per[*]})"
-printf '  %-40s %s\n' "most replicas running at once" "$max_run"
+printf '  %-40s %s\n' "replicas woken / most running at once" "${#woke[@]} / $max_run (seen every 0.2 s or so)"
 printf '  %-40s %s\n' "burst done in" "$took ms (one replica alone: $((jobs * 20)) ms of work; $(awk -v a="$((jobs * 20))" -v b="$took" 'BEGIN{printf "%.1f", a/b}')x)"
 printf '  %-40s %s\n' "warm wakes / cold starts" "$warm / $cold (one cold start per replica, at its first start)"
 printf '  %-40s %s\n' "jobs / missing / done twice (released)" "$jobs / $missing / $twice"

@@ -139,7 +139,7 @@ if [[ $skip != *" ckpt "* ]]; then
 	"$bin/kcr" run --json --log "$work/worker.log" -- "$bin/kgoapp" -brokers "$brokers" -topic "$topic" -group "$tag" -share \
 		-share-max 20 -proc-delay 100ms -held-wait 100ms -client-id bench-ckpt >"$work/run.json" || fail "kcr run failed"
 	runpid=$(jq -r .pid "$work/run.json")
-	declare -a ck rs held rel
+	declare -a ck rs rp held rel
 	for ((i = 1; i <= cycles; i++)); do
 		# 5 records into a batch of 20: records in hand.
 		n0=$(procs)
@@ -155,8 +155,11 @@ if [[ $skip != *" ckpt "* ]]; then
 		runpid=$(jq -r '.restores[0].pid' "$work/restore.json")
 		wait_until 60 "the restored worker's first record" has_polled_after "$t0" || fail "no record after the restore"
 		rs+=($((($(polled_after "$t0") - t0) / 1000)))
+		rp+=($((($(proc_after "$t0") - t0) / 1000)))
 	done
 	printf '  checkpoint (hooks + dump):      p50 %.1f ms, max %.1f ms; records held %s, released %s\n' "$(median_ms ck)" \
 		"$(awk -v x="$(pct 100 "${ck[@]}")" 'BEGIN{print x/1000}')" "${held[*]}" "${rel[*]}"
+	printf '  restore start → first record processed (the image'"'"'s handler, in its released batch): p50 %.1f ms, max %.1f ms\n' "$(median_ms rp)" \
+		"$(awk -v x="$(pct 100 "${rp[@]}")" 'BEGIN{print x/1000}')"
 	printf '  restore start → first records fetched by the new member: p50 %.1f ms, max %.1f ms\n' "$(median_ms rs)" "$(awk -v x="$(pct 100 "${rs[@]}")" 'BEGIN{print x/1000}')"
 fi

@@ -134,17 +134,8 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 		}
 	}
 	if o.ShareGroup != "" {
-		sh, err := newShareSource(ctx, &s.o)
-		if err != nil {
+		if err := s.addShareWake(ctx); err != nil {
 			return nil, err
-		}
-		if !o.Replicas {
-			s.wakes = append(s.wakes, sh)
-		} else if s.replica, err = newReplicaSource(ctx, &s.o, sh, engine.Version); err != nil {
-			sh.close()
-			return nil, err
-		} else {
-			s.wakes = append(s.wakes, s.replica)
 		}
 	}
 	criuPath := ""

@@ -88,9 +88,9 @@ func TestShareWatcherBacklog(t *testing.T) {
 	}
 }
 
-// A share group's Members: none before a member joins; a member (of a
-// share group on one partition) counts once it has its assignment, and
-// ignore leaves members out by client id.
+// A share group's Members: none before a member joins; two members of a
+// share group on one partition both count, stable once both have their
+// assignment, and ignore leaves members out by client id.
 func TestShareWatcherMembers(t *testing.T) {
 	_, addrs := kafkatest.Cluster(t, kfake.SeedTopics(1, "sm"))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -118,16 +118,14 @@ func TestShareWatcherMembers(t *testing.T) {
 		}()
 	}
 	for {
-		n, stable, err := w.Members(ctx, func(id string) bool { return id == "b" })
-		if err == nil && n == 1 && stable {
-			break
+		n, stable, err := w.Members(ctx, nil)
+		nb, _, errb := w.Members(ctx, func(id string) bool { return id == "b" })
+		if err == nil && errb == nil && n == 2 && stable && nb == 1 {
+			return
 		}
 		if ctx.Err() != nil {
-			t.Fatalf("%d members (b left out), stable %v, %v; want 1, stable", n, stable, err)
+			t.Fatalf("%d members (stable %v, %v), %d without b (%v); want 2, stable, and 1 without b", n, stable, err, nb, errb)
 		}
 		time.Sleep(20 * time.Millisecond)
-	}
-	if n, _, err := w.Members(ctx, nil); err != nil || n != 2 {
-		t.Fatalf("%d members, %v; want 2: two members of a one-partition share group", n, err)
 	}
 }

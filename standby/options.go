@@ -146,7 +146,9 @@ type Options struct {
 	// (docs/standby.md, "Replicas"): a sleeping replica wakes when the
 	// group has fewer than MinWake live members and work waits, or when
 	// the live members do not keep up (ScaleUpAfter); one replica at a
-	// time, elected by a claim in ReplicasTopic. It needs Group.
+	// time, elected by a claim in ReplicasTopic. It needs Group or
+	// ShareGroup: replicas of a share group all get records, beyond the
+	// partition count (docs/share-groups.md).
 	Replicas bool
 	// ReplicasTopic is the claims topic, shared by every replicated
 	// group (default "kcr-standby-replicas"; created with one partition
@@ -230,12 +232,12 @@ func (o *Options) check() error {
 		return bad("a negative duration: give positive durations such as 100ms")
 	case o.Group != "" && o.ShareGroup != "":
 		return bad("--group and --share-group: give one, the kind of group the service consumes through")
-	case o.ShareGroup != "" && (len(o.Brokers) == 0 || o.Replicas):
-		return bad("--share-group %q needs --brokers, and takes no --replicas", o.ShareGroup)
+	case o.ShareGroup != "" && len(o.Brokers) == 0:
+		return bad("--share-group %q needs --brokers", o.ShareGroup)
 	case o.Group != "" && len(o.Brokers) == 0:
 		return bad("--group %q needs --brokers", o.Group)
-	case o.Replicas && o.Group == "":
-		return bad("--replicas needs --group: the replicas coordinate through their consumer group")
+	case o.Replicas && o.Group == "" && o.ShareGroup == "":
+		return bad("--replicas needs --group or --share-group: the replicas coordinate through the service's group")
 	case o.MinWake < 0 || o.ScaleUpAfter < 0:
 		return bad("--min-wake and --scale-up-after must not be negative")
 	case o.MinWake > maxMinWake:

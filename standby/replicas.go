@@ -72,7 +72,7 @@ const (
 // the replica only when the group lacks it (package doc of kafkawake,
 // Claims; docs/standby.md, "Replicas").
 type replicaSource struct {
-	*kafkaSource
+	replicaGroup
 	claims *kafkawake.Claims
 	o      *Options
 
@@ -85,7 +85,7 @@ type replicaSource struct {
 	idle atomic.Bool
 }
 
-func newReplicaSource(ctx context.Context, o *Options, k *kafkaSource, version string) (*replicaSource, error) {
+func newReplicaSource(ctx context.Context, o *Options, k replicaGroup, version string) (*replicaSource, error) {
 	id, err := replicaID(o.ImageDir)
 	if err != nil {
 		return nil, err
@@ -99,12 +99,12 @@ func newReplicaSource(ctx context.Context, o *Options, k *kafkaSource, version s
 	// Bounded: a broker that stops answering now must not hang the start.
 	octx, cancel := context.WithTimeout(ctx, max(2*o.BrokerTimeout, 10*time.Second))
 	defer cancel()
-	c, err := kafkawake.OpenClaims(octx, kafkawake.ClaimsConfig{Brokers: o.Brokers, Topic: o.ReplicasTopic, Group: o.Group,
+	c, err := kafkawake.OpenClaims(octx, kafkawake.ClaimsConfig{Brokers: o.Brokers, Topic: o.ReplicasTopic, Group: k.groupID(),
 		Self: id, Version: version, Key: key, Logger: o.Logger, Opts: o.kafkaOpts})
 	if err != nil {
 		return nil, fmt.Errorf("--replicas: %w", err)
 	}
-	r := &replicaSource{kafkaSource: k, claims: c, o: o, changedAt: time.Now(), live: -1}
+	r := &replicaSource{replicaGroup: k, claims: c, o: o, changedAt: time.Now(), live: -1}
 	r.st = ReplicaStatus{ID: id, Decision: DecisionStarted, Why: "started", At: time.Now()}
 	return r, nil
 }
@@ -145,7 +145,7 @@ func readReplicasKey(file string) ([]byte, error) {
 
 func (r *replicaSource) close() {
 	r.claims.Close()
-	r.kafkaSource.close()
+	r.replicaGroup.close()
 }
 
 // status is the replica's last decision.
@@ -180,7 +180,7 @@ func (r *replicaSource) started(why string) {
 // changed: their number, or a rebalance (the last replica added has no
 // partitions yet: its effect is not seen).
 func (r *replicaSource) members(ctx context.Context) (int, error) {
-	n, stable, err := r.w.Members(ctx, func(clientID string) bool { return clientID == holdClientID })
+	n, stable, err := r.replicaGroup.members(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -198,16 +198,16 @@ func (r *replicaSource) members(ctx context.Context) (int, error) {
 // waits for the group). Otherwise the others take the work of the
 // partitions it gives up.
 func (r *replicaSource) busy(ctx context.Context) (string, error) {
-	why, err := r.kafkaSource.busy(ctx)
+	why, err := r.replicaGroup.busy(ctx)
 	r.idle.Store(why == "" && err == nil)
-	if why == "" || err != nil {
+	if why == "" || err != nil || strings.HasPrefix(why, blindWhy) {
 		return why, err
 	}
 	live, err := r.members(ctx)
 	if err != nil || live <= 1 {
 		return why, nil
 	}
-	b, err := r.w.Backlog(ctx)
+	b, err := r.backlog(ctx)
 	if err != nil {
 		return why, nil
 	}
@@ -229,7 +229,7 @@ func (r *replicaSource) wait(ctx context.Context) error {
 	for ctx.Err() == nil {
 		live, err := r.members(ctx)
 		if err != nil {
-			r.o.Logger.Warn("standby: replicas: reading the group failed; trying again", "group", r.o.Group, "err", err)
+			r.o.Logger.Warn("standby: replicas: reading the group failed; trying again", "group", r.groupID(), "err", err)
 			sleepCtx(ctx, replicaRetry)
 			continue
 		}
@@ -240,7 +240,7 @@ func (r *replicaSource) wait(ctx context.Context) error {
 			won, err = r.scaleUp(ctx, live)
 		}
 		if err != nil && ctx.Err() == nil {
-			r.o.Logger.Warn("standby: replicas: deciding failed; trying again", "group", r.o.Group, "err", err)
+			r.o.Logger.Warn("standby: replicas: deciding failed; trying again", "group", r.groupID(), "err", err)
 			sleepCtx(ctx, replicaRetry)
 		}
 		if won {
@@ -276,7 +276,7 @@ func (r *replicaSource) fromZero(ctx context.Context, live int) (bool, error) {
 		case <-wctx.Done():
 		}
 	}()
-	if err := r.kafkaSource.wait(wctx); err != nil {
+	if err := r.replicaGroup.wait(wctx); err != nil {
 		return false, nil
 	}
 	// Work: a member may have joined meanwhile (a replica without
@@ -298,7 +298,7 @@ func (r *replicaSource) fromZero(ctx context.Context, live int) (bool, error) {
 // the group's members is --scale-up-after old (its effect is seen).
 func (r *replicaSource) scaleUp(ctx context.Context, live int) (bool, error) {
 	every := min(max(r.o.ScaleUpAfter/5, 200*time.Millisecond), 2*time.Second)
-	b, err := r.w.Backlog(ctx)
+	b, err := r.backlog(ctx)
 	if err != nil {
 		return false, err
 	}

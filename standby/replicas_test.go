@@ -81,7 +81,7 @@ func (r *replicaRig) replica(group, name string) *replicaSource {
 	r.t.Cleanup(rs.close)
 	// The watcher's first reading: records from now on are work (a
 	// partition never committed counts from there).
-	if _, _, err := rs.w.Pending(r.t.Context()); err != nil {
+	if _, _, err := k.w.Pending(r.t.Context()); err != nil {
 		r.t.Fatal(err)
 	}
 	return rs

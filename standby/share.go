@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/standby/kafkawake"
 )
 
@@ -13,6 +14,25 @@ import (
 // the share group's backlog, records no member has acknowledged. No group
 // hold goes with it: a share group has no rebalance to wait for.
 type shareSource struct{ w *kafkawake.ShareWatcher }
+
+// addShareWake adds the share group's wake (Options.ShareGroup), through a
+// replica's decisions with Options.Replicas.
+func (s *Supervisor) addShareWake(ctx context.Context) error {
+	sh, err := newShareSource(ctx, &s.o)
+	if err != nil {
+		return err
+	}
+	if !s.o.Replicas {
+		s.wakes = append(s.wakes, sh)
+		return nil
+	}
+	if s.replica, err = newReplicaSource(ctx, &s.o, sh, engine.Version); err != nil {
+		sh.close()
+		return err
+	}
+	s.wakes = append(s.wakes, s.replica)
+	return nil
+}
 
 func newShareSource(ctx context.Context, o *Options) (*shareSource, error) {
 	var err error
@@ -36,7 +56,7 @@ func (k *shareSource) busy(ctx context.Context) (string, error) {
 	n, topics, err := k.w.Pending(ctx)
 	switch {
 	case errors.Is(err, kafkawake.ErrNoShareOffsets):
-		return "nothing could wake the service from Kafka: " + err.Error(), nil
+		return blindWhy + err.Error(), nil
 	case err != nil:
 		return "", err
 	case n > 0:

@@ -72,7 +72,6 @@ func TestShareGroupOptions(t *testing.T) {
 	}{
 		{func(o *Options) { o.Group = "g" }, "give one"},
 		{func(o *Options) { o.Brokers = nil }, "needs --brokers"},
-		{func(o *Options) { o.Replicas = true }, "takes no --replicas"},
 	} {
 		o := testOptions(t.TempDir())
 		o.Brokers, o.ShareGroup = []string{"127.0.0.1:1"}, "sg"
@@ -85,5 +84,9 @@ func TestShareGroupOptions(t *testing.T) {
 	o.Brokers, o.ShareGroup, o.Topics, o.Kafka = []string{"127.0.0.1:1"}, "sg", []string{"t"}, KafkaSecurity{TLS: true}
 	if err := o.check(); err != nil {
 		t.Errorf("--share-group with --topics and --kafka-tls: %v", err)
+	}
+	o.Replicas = true
+	if err := o.check(); err != nil {
+		t.Errorf("--share-group with --replicas: %v", err)
 	}
 }

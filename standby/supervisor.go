@@ -137,11 +137,9 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 		}
 	}
 	if o.ShareGroup != "" {
-		sh, err := newShareSource(ctx, &s.o)
-		if err != nil {
+		if err := s.addShareWake(ctx); err != nil {
 			return nil, err
 		}
-		s.wakes = append(s.wakes, sh)
 	}
 	criuPath := ""
 	if b == nil {

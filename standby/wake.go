@@ -52,7 +52,7 @@ func (k *kafkaSource) busy(ctx context.Context) (string, error) {
 	n, topics, err := k.w.Pending(ctx)
 	switch {
 	case errors.Is(err, kafkawake.ErrNoTopics):
-		return "nothing could wake the service from Kafka: " + err.Error(), nil
+		return blindWhy + err.Error(), nil
 	case err != nil:
 		return "", err
 	case n > 0:

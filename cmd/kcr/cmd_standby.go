@@ -71,7 +71,7 @@ TimeoutStopSec). See docs/standby.md, "Shutdown".`,
 	f.StringSliceVar(&o.Topics, "topics", nil, "topics whose lag counts (default: those the group committed)")
 	f.DurationVar(&o.Poll, "poll", 0, "fetch the group's records every this long while the service sleeps (default 0: a long-polling fetch, answered when a record lands)")
 	f.BoolVar(&opts.holdGroup, "hold-group", true, "keep a placeholder member in --group while the service sleeps, so that its wake does not wait for the broker's initial rebalance delay (classic groups)")
-	f.BoolVar(&o.Replicas, "replicas", false, "this is one of several replicas of the service, each under its own kcr standby with the same --group: wake only when the group lacks one (see docs/standby.md, Replicas)")
+	f.BoolVar(&o.Replicas, "replicas", false, "this is one of several replicas of the service, each under its own kcr standby with the same --group or --share-group: wake only when the group lacks one (see docs/standby.md, Replicas)")
 	f.StringVar(&o.ReplicasTopic, "replicas-topic", standby.DefaultReplicasTopic, "with --replicas: the topic where a sleeping replica claims its wake (one partition; created if missing)")
 	f.StringVar(&o.ReplicasKeyFile, "replicas-key-file", "", "with --replicas: a file holding a key the group's replicas share (16 bytes at least): claims not signed with it are ignored, so that others who can write --replicas-topic cannot steer the replicas")
 	f.IntVar(&o.MinWake, "min-wake", 1, "with --replicas: how many replicas the first records wake when none runs")

@@ -58,9 +58,12 @@ type ShareWatcher struct {
 	// broker hands out every record of a partition where the group has
 	// acknowledged nothing (read at NewShare).
 	earliest bool
-	// state is read and written by Pending, which callers do not run
-	// with Wait, State or SetState.
+	// state is read and written by Pending and Backlog, which callers do
+	// not run with Wait, State or SetState.
 	state ShareState
+	// arr: when the oldest unacknowledged records were first seen
+	// (Backlog).
+	arr arrivals
 }
 
 // NewShare connects to the brokers and checks that they answer.
@@ -132,53 +135,80 @@ func (w *ShareWatcher) Pending(ctx context.Context) (int64, []string, error) {
 // pending is Pending; settle moves the base of every partition where the
 // group has acknowledged nothing to its end offset, and counts none there.
 func (w *ShareWatcher) pending(ctx context.Context, settle bool) (int64, []string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	lags, unknown, err := describeShare(ctx, w.cl, w.cfg.Group)
+	parts, err := w.read(ctx, settle)
 	if err != nil {
 		return 0, nil, err
 	}
+	var n int64
+	var with []string
+	for _, pt := range parts {
+		if pt.records > 0 {
+			n += pt.records
+			if !slices.Contains(with, pt.topic) {
+				with = append(with, pt.topic)
+			}
+		}
+	}
+	return n, with, nil
+}
+
+// sharePart is one watched share partition at a reading.
+type sharePart struct {
+	topic string
+	p     int32
+	// from is its oldest unacknowledged record: the share-partition start
+	// offset, or the base where the group has acknowledged nothing.
+	from int64
+	// records are those counted in the backlog: the lag, or the records
+	// past the base.
+	records int64
+}
+
+// read reads the watched partitions of the share group, topic by topic in
+// order; settle as pending.
+func (w *ShareWatcher) read(ctx context.Context, settle bool) ([]sharePart, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	d, err := describeShare(ctx, w.cl, w.cfg.Group)
+	if err != nil {
+		return nil, err
+	}
 	topics := w.cfg.Topics
 	if len(topics) == 0 {
-		topics = slices.Sorted(maps.Keys(lags))
-		for t := range unknown {
-			if lags[t] == nil {
+		topics = slices.Sorted(maps.Keys(d.lags))
+		for t := range d.unknown {
+			if d.lags[t] == nil {
 				topics = append(topics, t)
 			}
 		}
 		slices.Sort(topics)
 	}
 	if len(topics) == 0 {
-		return 0, nil, ErrNoShareOffsets
+		return nil, ErrNoShareOffsets
 	}
-	fresh, err := w.unacknowledged(ctx, topics, unknown, settle)
+	fresh, err := w.unacknowledged(ctx, topics, d.unknown, settle)
 	if err != nil {
-		return 0, nil, err
+		return nil, err
 	}
-	var n int64
-	var with []string
+	var parts []sharePart
 	for _, t := range topics {
-		if len(lags[t]) == 0 && len(unknown[t]) == 0 {
-			return 0, nil, fmt.Errorf("%w: topic %s", ErrNoShareOffsets, t)
+		if len(d.lags[t]) == 0 && len(d.unknown[t]) == 0 {
+			return nil, fmt.Errorf("%w: topic %s", ErrNoShareOffsets, t)
 		}
-		tn := fresh[t]
-		for _, lag := range lags[t] {
-			tn += lag
+		for _, p := range slices.Sorted(maps.Keys(d.lags[t])) {
+			parts = append(parts, sharePart{t, p, d.starts[t][p], d.lags[t][p]})
 		}
-		if tn > 0 {
-			n += tn
-			with = append(with, t)
-		}
+		parts = append(parts, fresh[t]...)
 	}
-	return n, with, nil
+	return parts, nil
 }
 
-// unacknowledged counts, per topic, the records past each partition's base
-// among the unknown ones of topics (their end offsets: one ListOffsets
+// unacknowledged returns, per topic, the unknown partitions of topics with
+// the records past each one's base (their end offsets: one ListOffsets
 // request per leader, only when there are some). A partition seen for the
 // first time gets its end offset as base; one no longer unknown loses it.
-func (w *ShareWatcher) unacknowledged(ctx context.Context, topics []string, unknown map[string][]int32, settle bool) (map[string]int64, error) {
-	out := map[string]int64{}
+func (w *ShareWatcher) unacknowledged(ctx context.Context, topics []string, unknown map[string][]int32, settle bool) (map[string][]sharePart, error) {
+	out := map[string][]sharePart{}
 	var ask []string
 	for _, t := range topics {
 		if len(unknown[t]) > 0 {
@@ -205,7 +235,7 @@ func (w *ShareWatcher) unacknowledged(ctx context.Context, topics []string, unkn
 				b = lo.Offset
 			}
 			base[t][p] = b
-			out[t] += max(0, lo.Offset-b)
+			out[t] = append(out[t], sharePart{t, p, b, max(0, lo.Offset-b)})
 		}
 	}
 	w.state.Base = base

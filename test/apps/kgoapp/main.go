@@ -78,6 +78,8 @@ func main() {
 	shareMode := flag.Bool("share", false, "consume -topic as a member of the share group -group (kgohooks.ShareConsumer), instead of producing")
 	shareMax := flag.Int("share-max", 10, "with -share: records per poll (kgo.ShareMaxRecords, strict)")
 	heldWait := flag.Duration("held-wait", 0, "with -share: kgohooks.WithHeldWait (0: its default)")
+	shareEarliest := flag.Bool("share-earliest", false, "set the share group -group's share.auto.offset.reset to earliest (first, with -share; else then exit)")
+	burst := flag.Int("burst", 0, "produce this many records to -topic at once, then exit")
 	listenFDs := flag.Bool("listen-fds", false, "with -consume: serve the state on the socket of LISTEN_FDS (kcr standby --listen); every connection counts as activity (notify.Touch)")
 	var sec appkit.Security
 	sec.Flags(flag.CommandLine)
@@ -91,6 +93,20 @@ func main() {
 	var err error
 	if secOpts, err = securityOpts(&sec, *kgoLog); err != nil {
 		appkit.Fatal(2, err.Error())
+	}
+	if *burst > 0 {
+		if err := produceBurst(strings.Split(*brokers, ","), *topic, *clientID, *burst); err != nil {
+			appkit.Fatal(1, err.Error())
+		}
+		return
+	}
+	if *shareEarliest {
+		if err := setShareEarliest(strings.Split(*brokers, ","), *group); err != nil {
+			appkit.Fatal(1, err.Error())
+		}
+		if !*shareMode {
+			return
+		}
 	}
 	if *shareMode {
 		if *group == "" || *shareMax < 1 {

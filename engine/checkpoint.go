@@ -36,6 +36,11 @@ type CheckpointOptions struct {
 	// KafkaPorts are the broker ports whose connections kcr takes for a
 	// Kafka client's (default DefaultKafkaPorts).
 	KafkaPorts []int
+	// Abandonable lets a cancelled ctx end the dump within a chunk of
+	// pages, the process resumed (criu.SessionOptions.Abandonable), not
+	// only once CRIU wrote every page. Otherwise a cancel during the dump
+	// waits for CRIU's post-dump stage.
+	Abandonable bool
 	// NoHooks dumps a process that has no kcr control socket.
 	NoHooks bool
 	// RequireDrained fails the checkpoint (a *proto.HookFailure whose CarryVeto is
@@ -208,7 +213,7 @@ func (r *checkpointRun) startCRIU(ctx context.Context) error {
 			r.shell = true
 		}
 	}
-	if r.sess, err = r.deps.openDumper(ctx, r.o.CRIU, r.shell); err != nil {
+	if r.sess, err = r.deps.openDumper(ctx, r.o.CRIU, criu.SessionOptions{ShellJob: r.shell, Abandonable: r.o.Abandonable}); err != nil {
 		return err
 	}
 	if r.img, err = CreateImage(r.o.Output, r.o.SignKey); err != nil {
@@ -345,7 +350,12 @@ func (r *checkpointRun) dump(ctx context.Context) error {
 	unlock()
 	r.res.Timings.Add(PhaseFreezeDump, time.Since(t))
 	if err != nil {
-		r.abort("dump failed: " + err.Error())
+		reason := "dump failed: " + err.Error()
+		if ctx.Err() != nil {
+			// Abandoned: CRIU resumed the process.
+			reason = "checkpoint cancelled"
+		}
+		r.abort(reason)
 		return r.keepFailedLog(err)
 	}
 	r.dr = dr

@@ -73,6 +73,8 @@ type fakeDumper struct {
 	readied    int   // calls of Ready
 	readyErr   error // CRIU failed before its pre-dump stage
 	o          criu.DumpOptions
+	// inGo, if set, runs in Go before it returns (a cancel mid-dump).
+	inGo func()
 }
 
 func (d *fakeDumper) Begin(o criu.DumpOptions) (pendingDump, error) {
@@ -88,6 +90,9 @@ func (d *fakeDumper) Ready(ctx context.Context) error {
 
 func (d *fakeDumper) Go(ctx context.Context) (*criu.DumpResult, error) {
 	d.dumps++
+	if d.inGo != nil {
+		d.inGo()
+	}
 	if d.err != nil {
 		return nil, d.err
 	}
@@ -124,7 +129,7 @@ func fakeDeps(app *fakeApp, d *fakeDumper) deps {
 			}
 			return app, "/run/fake.sock", nil
 		},
-		openDumper: func(context.Context, string, bool) (dumper, error) { return d, nil },
+		openDumper: func(context.Context, string, criu.SessionOptions) (dumper, error) { return d, nil },
 		waitGone:   func(context.Context, int, time.Duration) (time.Duration, error) { return 0, nil },
 	}
 }
@@ -149,6 +154,7 @@ func TestCheckpointSeams(t *testing.T) {
 		hookErr    error
 		dumpErr    error
 		cancel     bool // kcr is interrupted between the hooks and the dump
+		cancelDump bool // kcr abandons the dump while CRIU writes it (CRIU then fails)
 		wantErr    func(error) bool
 		wantDumps  int
 		wantResume string // prefix of the one resume reason; "" for none
@@ -159,6 +165,8 @@ func TestCheckpointSeams(t *testing.T) {
 			wantErr: func(err error) bool { var he *proto.HookFailure; return errors.As(err, &he) && !he.CarryVeto() }},
 		{name: "cancelled between hooks and dump", cancel: true,
 			wantErr: func(err error) bool { return errors.Is(err, context.Canceled) }, wantResume: "checkpoint cancelled"},
+		{name: "abandoned during the dump", cancelDump: true, dumpErr: &criu.Error{Op: "dump", Err: context.Canceled},
+			wantErr: func(err error) bool { var ce *criu.Error; return errors.As(err, &ce) }, wantDumps: 1, wantResume: "checkpoint cancelled"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -169,6 +177,9 @@ func TestCheckpointSeams(t *testing.T) {
 			o := CheckpointOptions{PID: pid, Output: filepath.Join(dir, "img")}
 			if c.cancel {
 				o.AfterHooks = cancel
+			}
+			if c.cancelDump {
+				d.inGo = cancel
 			}
 			res, err := fakeDeps(app, d).checkpoint(ctx, o)
 			if err == nil || !c.wantErr(err) || res != nil {
@@ -242,7 +253,7 @@ func TestCheckpointSeamsCRIUPreparesEarly(t *testing.T) {
 		order = append(order, fmt.Sprintf("hooks begun=%d ready=%d dumps=%d", d.begun, d.readied, d.dumps))
 	}}
 	d2 := &draftChecker{fakeDumper: d, t: t}
-	s.openDumper = func(context.Context, string, bool) (dumper, error) { return d2, nil }
+	s.openDumper = func(context.Context, string, criu.SessionOptions) (dumper, error) { return d2, nil }
 	res, err := s.checkpoint(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)

@@ -107,12 +107,12 @@ func checkedVersion(path string, v criu.Version, err error) (criu.Version, error
 
 // startSession finds and starts CRIU for a dump; the session's Version,
 // answered by that CRIU, is checked with checkedVersion.
-func startSession(ctx context.Context, explicit string, shellJob bool) (*criu.Session, error) {
+func startSession(ctx context.Context, explicit string, o criu.SessionOptions) (*criu.Session, error) {
 	path, err := criu.Find(explicit)
 	if err != nil {
 		return nil, err
 	}
-	s, err := criu.StartSession(ctx, path, shellJob)
+	s, err := criu.StartDumpSession(ctx, path, o)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %w (reinstall it with scripts/install-criu.sh)", ErrCRIUUnusable, path, err)
 	}

@@ -309,7 +309,14 @@ func (r *checkpointRun) runHooks(ctx context.Context) error {
 		return nil
 	}
 	t := time.Now()
-	m, err := r.app.Checkpoint(ctx, client.CheckpointRequest{
+	hctx := ctx
+	if r.o.Abandonable {
+		// An abandoned checkpoint lets the hooks finish (HookBudget
+		// bounds them), then resumes the app: hooks cut off midway would
+		// leave it quiesced until its own ResumeAfter.
+		hctx = context.WithoutCancel(ctx)
+	}
+	m, err := r.app.Checkpoint(hctx, client.CheckpointRequest{
 		HookBudget: r.o.HookBudget, ResumeAfter: r.o.ResumeAfter, LeaveRunning: r.o.LeaveRunning, RequireDrained: r.o.RequireDrained})
 	r.res.Timings.Add(PhaseHooks, time.Since(t))
 	if _, ok := errors.AsType[*proto.HookFailure](err); ok {
@@ -374,7 +381,8 @@ func (r *checkpointRun) dump(ctx context.Context) error {
 		// The process must really be gone before the image is declared done:
 		// a restore on this host needs its PID. (Init of its own PID
 		// namespace is restored into a new namespace and needs no PID.)
-		if _, err := r.deps.waitGone(ctx, r.o.PID, 10*time.Second); err != nil {
+		// Dumped: an abandon that came too late does not cut this wait.
+		if _, err := r.deps.waitGone(context.WithoutCancel(ctx), r.o.PID, 10*time.Second); err != nil {
 			r.res.Warnings = append(r.res.Warnings, fmt.Sprintf("dumped process %d did not exit: %v", r.o.PID, err))
 		}
 		r.res.Timings.Add(PhaseExit, time.Since(t))

@@ -23,6 +23,8 @@ type fakeApp struct {
 	hookErr    error              // returned by Checkpoint
 	reports    []proto.HookReport // Checkpoint's reports (default: one "db")
 	restoreErr error              // returned by RestoredAs
+	// inHooks, if set, runs in Checkpoint with its ctx; its error is returned.
+	inHooks func(context.Context) error
 
 	mu       sync.Mutex
 	calls    int
@@ -34,6 +36,11 @@ func (a *fakeApp) Checkpoint(ctx context.Context, req client.CheckpointRequest) 
 	a.mu.Lock()
 	a.calls++
 	a.mu.Unlock()
+	if a.inHooks != nil {
+		if err := a.inHooks(ctx); err != nil {
+			return proto.Message{}, err
+		}
+	}
 	if a.hookErr != nil {
 		return proto.Message{}, a.hookErr
 	}
@@ -194,6 +201,33 @@ func TestCheckpointSeams(t *testing.T) {
 			noImage(t, dir)
 		})
 	}
+}
+
+// An abandonable checkpoint cancelled while the app's hooks run lets them
+// finish, then resumes the app: nothing dumped, no image.
+func TestCheckpointAbandonedInHooks(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	app := &fakeApp{pid: 4242, inHooks: func(hctx context.Context) error {
+		cancel()
+		return hctx.Err() // the hooks would be cut off
+	}}
+	d := &fakeDumper{}
+	dir := t.TempDir()
+	var opened criu.SessionOptions
+	ds := fakeDeps(app, d)
+	ds.openDumper = func(_ context.Context, _ string, o criu.SessionOptions) (dumper, error) { opened = o; return d, nil }
+	res, err := ds.checkpoint(ctx, CheckpointOptions{PID: 4242, Output: filepath.Join(dir, "img"), Abandonable: true})
+	if !errors.Is(err, context.Canceled) || res != nil {
+		t.Fatalf("checkpoint: %v, %v; want context.Canceled", res, err)
+	}
+	if !opened.Abandonable {
+		t.Error("CRIU's session was not opened abandonable")
+	}
+	if d.dumps != 0 || len(app.resumes) != 1 || app.resumes[0] != "checkpoint cancelled" {
+		t.Errorf("dumps %d, resumes %q; want no dump and one resume", d.dumps, app.resumes)
+	}
+	noImage(t, dir)
 }
 
 // A checkpoint through the deps writes a complete, verifiable image with

@@ -657,8 +657,15 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc, atTerm bool) State 
 		// In before the service's member leaves: the group is never empty.
 		s.hold.arm(ctx)
 	}
-	err = s.b.checkpoint(ctx, p, s.dir.path, name)
+	cctx, cw := ctx, (*ckptWake)(nil)
+	if !atTerm {
+		cctx, cw = s.watchCheckpoint(ctx, s.currentCycle())
+	}
+	err = s.b.checkpoint(cctx, p, s.dir.path, name)
 	d := time.Since(t)
+	if cw != nil && s.wokeInCheckpoint(ctx, cw, p, err, d) {
+		return StateRunning
+	}
 	if err != nil {
 		if s.hold != nil {
 			s.hold.stop()

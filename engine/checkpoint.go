@@ -96,7 +96,7 @@ func (d deps) checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointR
 	if o.ResumeAfter <= 0 {
 		o.ResumeAfter = proto.ResumeAfterFor(o.HookBudget)
 	}
-	r := &checkpointRun{deps: d, o: o, log: logger(o.Logger), start: time.Now(), res: &CheckpointResult{}}
+	r := &checkpointRun{deps: d, o: o, ctx: ctx, log: logger(o.Logger), start: time.Now(), res: &CheckpointResult{}}
 	defer r.close()
 	if err := r.prepare(ctx); err != nil {
 		return nil, err
@@ -116,6 +116,7 @@ func (d deps) checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointR
 type checkpointRun struct {
 	deps  deps
 	o     CheckpointOptions
+	ctx   context.Context // the checkpoint's (CRIU's notifications have none)
 	log   *slog.Logger
 	start time.Time
 	res   *CheckpointResult
@@ -232,12 +233,41 @@ func (r *checkpointRun) startCRIU(ctx context.Context) error {
 	return nil
 }
 
-// notify is CRIU's notification handler: every stage goes on.
+// notify is CRIU's notification handler: every stage goes on. At
+// post-dump, an abandonable checkpoint seals the pages first (prehash).
 func (r *checkpointRun) notify(script string, _ int) error {
-	if script == "post-dump" && r.o.AtPostDump != nil {
+	if script != "post-dump" {
+		return nil
+	}
+	if r.o.AtPostDump != nil {
 		r.o.AtPostDump()
 	}
+	if r.o.Abandonable {
+		return r.prehash()
+	}
 	return nil
+}
+
+// prehash hashes and syncs the pages, the bulk of the image, while CRIU
+// holds the dumped process frozen at its post-dump stage: until the pages
+// are durable the checkpoint can still be abandoned (a cancel fails the
+// stage, and CRIU resumes the process), so a wake never waits for the
+// hashing and the sync. publish then has only the small files left.
+func (r *checkpointRun) prehash() error {
+	t := time.Now()
+	ents, err := os.ReadDir(r.img.CRIUDir())
+	if err != nil {
+		return err
+	}
+	var rels []string
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "pages-") && strings.HasSuffix(e.Name(), ".img") {
+			rels = append(rels, images.CRIUSubdir+"/"+e.Name())
+		}
+	}
+	err = r.img.Prehash(r.ctx, rels)
+	r.res.Timings.Add(PhasePrehash, time.Since(t))
+	return err
 }
 
 // findApp finds the app's control socket; with NoHooks it only warns that

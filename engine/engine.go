@@ -36,6 +36,9 @@ const (
 	PhasePrepare = "prepare"
 	// PhaseDraft writes the draft manifest that "kcr recover" needs.
 	PhaseDraft = "draft manifest"
+	// PhasePrehash hashes and syncs the pages at CRIU's post-dump stage
+	// (an abandonable checkpoint), inside PhaseFreezeDump.
+	PhasePrehash = "prehash pages"
 	// PhaseCRIUExit is the wait for CRIU's exit left after the image write.
 	PhaseCRIUExit = "criu exit"
 	// PhaseCRIUReady is what kcr still waited, once its own preparation

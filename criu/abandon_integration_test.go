@@ -3,6 +3,7 @@ package criu
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -42,7 +43,7 @@ func TestE2EAbandonableDumpCancel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pd, err := s.Begin(DumpOptions{PID: h.PID, ImagesDir: img})
+	pd, err := s.Begin(DumpOptions{PID: h.PID, ImagesDir: img, LogLevel: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +58,14 @@ func TestE2EAbandonableDumpCancel(t *testing.T) {
 	}()
 	// Mid-dump: the page server has written its first pages.
 	if !wait.Until(2*time.Minute, func() bool { return pagesWritten(img) > 0 }) {
-		t.Fatalf("no pages written in 2 min; dump log:\n%s", logTail(filepath.Join(img, "dump.log")))
+		ents, _ := os.ReadDir(img)
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		ps, _ := exec.Command("ps", "-eo", "pid,stat,wchan:32,args").Output()
+		t.Fatalf("no pages written in 2 min; images dir %v; dump log:\n%s\npage server log:\n%s\nprocesses:\n%s", names,
+			logTail(filepath.Join(img, "dump.log")), logTail(filepath.Join(img, PageServerLog)), grepLines(string(ps), "criu"))
 	}
 	at := pagesWritten(img)
 	cancel()
@@ -129,4 +137,56 @@ func TestE2EAbandonableDumpRestore(t *testing.T) {
 	if after, _ := h.sum(t); after != before {
 		t.Errorf("heap sum %s after the restore, %s before", after, before)
 	}
+}
+
+// A dump cancelled at its post-dump stage (the images written, the tree
+// frozen: kcr syncs the pages there) fails, and CRIU resumes the tree
+// instead of killing it.
+func TestE2EAbandonableDumpCancelAtPostDump(t *testing.T) {
+	criu := needCRIU(t)
+	h := startHeap(t, 64, 5)
+	before, _ := h.sum(t)
+	img := mkdir(t, "img")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s, err := StartDumpSession(ctx, criu, SessionOptions{Abandonable: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stages []string
+	_, err = s.Dump(ctx, DumpOptions{PID: h.PID, ImagesDir: img, Notify: func(script string, _ int) error {
+		stages = append(stages, script)
+		if script == "post-dump" {
+			cancel()
+			return ctx.Err()
+		}
+		return nil
+	}})
+	if err == nil {
+		t.Fatalf("dump cancelled at post-dump succeeded (stages %v)", stages)
+	}
+	if pagesWritten(img) < 64<<20 {
+		t.Errorf("%d MiB of pages written at post-dump, want all 64", pagesWritten(img)>>20)
+	}
+	st, err := procfs.ReadStat(h.PID)
+	if err != nil {
+		t.Fatalf("the dumped process is gone after the cancel at post-dump: %v", err)
+	}
+	if st.State == 'T' || st.State == 't' || st.Zombie() {
+		t.Fatalf("the dumped process is in state %c after the cancel", st.State)
+	}
+	if after, _ := h.sum(t); after != before {
+		t.Errorf("heap sum %s after the cancel, %s before", after, before)
+	}
+}
+
+// grepLines is the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -15,6 +15,13 @@
 # in from the lazy-pages daemon). Every page must check out (bad 0). It
 # prints medians per size and mode, with lazy/plain ratios.
 #
+# Beside each size's first full checkpoint it copies that image's pages
+# with dd to a file on the same disk (conv=fdatasync), in the same run: the
+# checkpoint/dd ratio. With KCR_BENCH_ABANDON=N (default 0) it then wakes
+# the service N times at a random moment of a checkpoint (within the last
+# checkpoint's duration after it began): wake → first answer, and how many
+# of those checkpoints were abandoned (the service resumed, not restored).
+#
 # KCR_BENCH_IDLE is --idle (default 2s). KCR_BENCH_FLAGS adds kcr standby flags (e.g. "--kdat-cache=false
 # --prepare-restore=false" to measure what they save); KCR_BENCH_MODES
 # (default "plain lazy") picks the modes.
@@ -34,6 +41,7 @@ wakes="${2:-3}"
 read -r -a extra <<<"${KCR_BENCH_FLAGS:-}"
 modes="${KCR_BENCH_MODES:-plain lazy}"
 idle="${KCR_BENCH_IDLE:-2s}"
+abandon="${KCR_BENCH_ABANDON:-0}"
 sb_pid=""
 stop_all() { stop_standby "$sb_pid" "$work"/*/img; }
 start_work kcr-bench-standby-large "${KCR_BENCH_KEEP:-}" stop_all
@@ -51,6 +59,42 @@ ask() {
 	read -r l <&3 || true
 	exec 3<&-
 	echo "$l"
+}
+
+# dd_beside IMAGE WORK: copies IMAGE's pages (in the page cache, as the
+# dump's were in memory) to a file on the same disk with dd, synced, and
+# prints the milliseconds it took.
+dd_beside() {
+	local pages t0 ms
+	pages=$(find "$1/criu" -name 'pages-*.img' -printf '%s %p\n' | sort -n | tail -n1 | cut -d' ' -f2)
+	[ -n "$pages" ] || { echo 0; return; }
+	sync
+	t0=$(now_ns)
+	dd if="$pages" of="$2/dd.out" bs=1M conv=fdatasync status=none
+	ms=$(($(elapsed_us "$t0" "$(now_ns)") / 1000))
+	rm -f "$2/dd.out"
+	echo "$ms"
+}
+
+# abandon_wakes MB MODE PORT CKPT_MS: KCR_BENCH_ABANDON wakes, each at a
+# random moment within CKPT_MS of a checkpoint's start; sets ab_row to
+# "median wake → 1st answer µs|abandoned|tries".
+abandon_wakes() {
+	local i t0 d n0 lat=()
+	ab_row="||0"
+	[ "$abandon" -gt 0 ] || return 0
+	n0=$(grep -c 'checkpoint abandoned for a wake' "$run/standby.log" || true)
+	for ((i = 0; i < abandon; i++)); do
+		until [ "$($status 2>/dev/null | jq -r .state)" = checkpointing ]; do sleep 0.05; done
+		d=$((RANDOM % ($4 > 0 ? $4 : 1)))
+		sleep "$(awk -v d="$d" 'BEGIN { printf "%.3f", d/1000 }')"
+		t0=$(now_ns)
+		"$bin/kcr" standby wake --image-dir "$run/img" >/dev/null || true
+		until ans=$(ask "$3" ping) && [[ $ans == pong* ]]; do sleep 0.001; done
+		lat+=("$(elapsed_us "$t0" "$(now_ns)")")
+		echo "$1 MiB $2 wake $((d)) ms into a checkpoint: → first answer $((${lat[-1]} / 1000)) ms" >&2
+	done
+	ab_row="$(median "${lat[@]}")|$(($(grep -c 'checkpoint abandoned for a wake' "$run/standby.log" || true) - n0))|$abandon"
 }
 
 rows=()
@@ -90,10 +134,12 @@ for mb in "${mbs[@]}"; do
 			echo "$mb MiB $mode wake $((w + 1)): signal → restored $((${sigs[-1]} / 1000)) ms, wake → first answer $((${pings[-1]} / 1000)) ms, whole heap read $((${sums[-1]} / 1000)) ms" >&2
 		done
 		mapfile -t cl < <(jq -r 'select(.msg == "standby: checkpointed") | .duration_ms' "$run/standby.log")
+		ddms=$(dd_beside "$run/img/$($status | jq -r .image)" "$run")
+		abandon_wakes "$mb" "$mode" "$port" "${cl[-1]%.*}"
 		stop_standby "$sb_pid" "$run/img"
 		sb_pid=""
 		rss=$(jq -r 'select(.msg == "standby: checkpointed") | .image_bytes' "$run/standby.log" | tail -n1)
-		rows+=("$mb|$mode|$(median "${sigs[@]}")|$(median "${hooks[@]}")|$(median "${pings[@]}")|$(median "${sums[@]}")|$(median "${cl[@]%.*}")|$rss|$(median "${starts[@]}")")
+		rows+=("$mb|$mode|$(median "${sigs[@]}")|$(median "${hooks[@]}")|$(median "${pings[@]}")|$(median "${sums[@]}")|$(median "${cl[@]%.*}")|$rss|$(median "${starts[@]}")|$ddms|$ab_row")
 	done
 done
 
@@ -101,16 +147,19 @@ echo "kcr standby ${extra[*]}, large services: $(date -u +%F), commit $(git rev-
 echo "  → restored, → hooks: kcr standby's wake signal to CRIU done / after-restore hooks done; → 1st answer: the wake command to the first ping answered;"
 echo "  heap read after: the service's first read of its whole heap after the wake; checkpoint: kcr standby's checkpoint (after a lazy wake it waits for the daemon);"
 echo "  criu start: CRIU's start to its first notification (its kernel probe, reading the image), inside → restored"
-printf '%-9s %-6s %12s %12s %14s %16s %12s %10s %11s\n' heap mode "→ restored" "→ hooks" "→ 1st answer" "heap read after" checkpoint "image MiB" "criu start"
+echo "  dd: the image's pages copied with dd to the same disk (conv=fdatasync) right after; ckpt/dd: the checkpoint's median over it;"
+echo "  wake in ckpt: kcr standby wake at a random moment of a checkpoint → first answer (median), abandoned: checkpoints the wake abandoned"
+printf '%-9s %-6s %12s %12s %14s %16s %12s %10s %11s %8s %8s %13s %10s\n' heap mode "→ restored" "→ hooks" "→ 1st answer" "heap read after" checkpoint "image MiB" "criu start" "dd" "ckpt/dd" "wake in ckpt" abandoned
 for r in "${rows[@]}"; do
-	IFS='|' read -r mb mode sig hook ping sum ck img cs <<<"$r"
+	IFS='|' read -r mb mode sig hook ping sum ck img cs dd abl abn abt <<<"$r"
 	awk -v mb="$mb MiB" -v mode="$mode" -v a="$sig" -v b="$hook" -v c="$ping" -v d="$sum" -v e="${ck:-0}" -v f="${img:-0}" -v g="${cs:-0}" \
-		'BEGIN { printf "%-9s %-6s %12.0f %12.0f %14.0f %16.0f %12.0f %10.0f %11.1f\n", mb, mode, a/1000, b/1000, c/1000, d/1000, e, f/1048576, g/1000 }'
+		-v h="${dd:-0}" -v i="${abl:-0}" -v j="${abn:-0}/${abt:-0}" \
+		'BEGIN { printf "%-9s %-6s %12.0f %12.0f %14.0f %16.0f %12.0f %10.0f %11.1f %8.0f %8.2f %13.0f %10s\n", mb, mode, a/1000, b/1000, c/1000, d/1000, e, f/1048576, g/1000, h, (h > 0 ? e/h : 0), i/1000, j }'
 done
 for mb in "${mbs[@]}"; do
 	p="" l=""
 	for r in "${rows[@]}"; do
-		IFS='|' read -r m mode sig hook ping sum ck img cs <<<"$r"
+		IFS='|' read -r m mode sig hook ping sum ck img cs _ <<<"$r"
 		[ "$m" = "$mb" ] || continue
 		[ "$mode" = plain ] && p="$ping|$sum" || l="$ping|$sum"
 	done

@@ -209,8 +209,8 @@ func (s *Supervisor) ControlSocket() string { return s.dir.path + "/" + controlS
 
 // Wake asks the supervisor to restore the service now; it reports whether
 // the service is checkpointed or being checkpointed (a wake of a running
-// service does nothing). A wake during a checkpoint restores the service
-// as soon as its image is complete.
+// service does nothing). A wake during a checkpoint abandons it: the
+// service resumes and runs on (abandon.go).
 func (s *Supervisor) Wake(source string) bool {
 	s.mu.Lock()
 	st, c := s.state, s.cycle

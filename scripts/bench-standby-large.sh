@@ -85,6 +85,11 @@ abandon_wakes() {
 	[ "$abandon" -gt 0 ] || return 0
 	n0=$(grep -c 'checkpoint abandoned for a wake' "$run/standby.log" || true)
 	for ((i = 0; i < abandon; i++)); do
+		if [ "$($status 2>/dev/null | jq -r .state)" = standby ]; then
+			# Asleep: woken (not measured), it goes idle again.
+			"$bin/kcr" standby wake --image-dir "$run/img" >/dev/null
+			until ans=$(ask "$3" ping) && [[ $ans == pong* ]]; do sleep 0.01; done
+		fi
 		until [ "$($status 2>/dev/null | jq -r .state)" = checkpointing ]; do sleep 0.05; done
 		d=$((RANDOM % ($4 > 0 ? $4 : 1)))
 		sleep "$(awk -v d="$d" 'BEGIN { printf "%.3f", d/1000 }')"

@@ -24,11 +24,16 @@ type ckptWake struct {
 // watchCheckpoint returns a context for the checkpoint of the cycle's
 // copy that ends when a wake comes: a manual one for this cycle, or work
 // on a wake source (records that came after the check before the
-// checkpoint). stop ends the watch.
+// checkpoint; not the replicas' claims). stop ends the watch.
 func (s *Supervisor) watchCheckpoint(ctx context.Context, cycle uint64) (context.Context, *ckptWake) {
 	cctx, cancel := context.WithCancel(ctx)
 	w := &ckptWake{cancel: cancel}
 	for _, src := range s.wakes {
+		if _, ok := src.(*replicaSource); ok {
+			// Its wait records this replica asleep and may claim a wake
+			// in the claims topic: not for a copy that may run on.
+			continue
+		}
 		w.wg.Go(func() {
 			if src.wait(cctx) == nil {
 				w.woke(src.name())

@@ -81,19 +81,21 @@ dd_beside() {
 	echo "$ms"
 }
 
-# phases IMAGE: the image's checkpoint phases (ms) as "hooks frozen
-# memwrite prehash imagewrite", from its manifest.
+# phases IMAGE CKPT_MS: the image's checkpoint phases (ms) as "hooks frozen
+# memwrite prehash rest", from its manifest; rest is what CKPT_MS leaves
+# (the image's write after CRIU, kcr standby's own steps).
 phases() {
-	jq -r '[(.phases | map({(.name): (.duration_ns / 1e6)}) | add) as $p
+	jq -r --argjson ck "$2" '[(.phases | map({(.name): (.duration_ns / 1e6)}) | add) as $p
 		| ($p.hooks // 0), (.criu_stats.frozen_time_us // 0) / 1000, (.criu_stats.memwrite_time_us // 0) / 1000,
-		  ($p["prehash pages"] // 0), ($p["image write"] // 0)] | map(floor) | join(" ")' "$1/manifest.json"
+		  ($p["prehash pages"] // 0), $ck - ($p.hooks // 0) - (.criu_stats.frozen_time_us // 0) / 1000] | map(floor) | join(" ")' "$1/manifest.json"
 }
 
 # abandon_wakes MB MODE PORT CKPT_MS: KCR_BENCH_ABANDON wakes, each at a
-# random moment within CKPT_MS of a checkpoint's start; sets ab_row to
-# "median wake → 1st answer µs|abandoned|tries".
+# random moment within the last checkpoint's duration (CKPT_MS at first)
+# after a checkpoint's start; sets ab_row to
+# "abandoned median µs|count|too-late median µs|count".
 abandon_wakes() {
-	local i t0 d n0 n1 lat=() late=()
+	local i t0 d d2 n0 n1 ckl how lat=() late=()
 	ab_row="|0||0"
 	[ "$abandon" -gt 0 ] || return 0
 	for ((i = 0; i < abandon; i++)); do
@@ -103,15 +105,21 @@ abandon_wakes() {
 			until ans=$(ask "$3" ping) && [[ $ans == pong* ]]; do sleep 0.01; done
 		fi
 		until [ "$($status 2>/dev/null | jq -r .state)" = checkpointing ]; do sleep 0.05; done
-		d=$((RANDOM % ($4 > 0 ? $4 : 1)))
+		# Within the last complete checkpoint's duration: they vary with
+		# the disk's load.
+		ckl=$(jq -r 'select(.msg == "standby: checkpointed") | .duration_ms' "$run/standby.log" | tail -n1)
+		ckl=${ckl%.*}
+		d=$((RANDOM * 32768 + RANDOM))
+		d=$((d % (${ckl:-$4} > 0 ? ${ckl:-$4} : 1)))
 		sleep "$(awk -v d="$d" 'BEGIN { printf "%.3f", d/1000 }')"
 		n0=$(grep -c 'checkpoint abandoned for a wake' "$run/standby.log" || true)
 		t0=$(now_ns)
 		"$bin/kcr" standby wake --image-dir "$run/img" >/dev/null || true
 		until ans=$(ask "$3" ping) && [[ $ans == pong* ]]; do sleep 0.001; done
 		d2=$(elapsed_us "$t0" "$(now_ns)")
-		# The abandon is logged once the service's resume hooks are done.
-		sleep 0.5
+		# kcr standby logs the abandon (or the restore) before it says
+		# the service runs.
+		until [ "$($status 2>/dev/null | jq -r .state)" = running ]; do sleep 0.05; done
 		n1=$(grep -c 'checkpoint abandoned for a wake' "$run/standby.log" || true)
 		if [ "$n1" -gt "$n0" ]; then lat+=("$d2"); how=abandoned; else late+=("$d2"); how=restored; fi
 		echo "$1 MiB $2 wake $d ms into a checkpoint: $how, → first answer $((d2 / 1000)) ms" >&2
@@ -143,9 +151,9 @@ for mb in "${mbs[@]}"; do
 			ck=$(jq -r 'select(.msg == "standby: checkpointed") | .duration_ms' "$run/standby.log" | tail -n1)
 			dd=$(dd_beside "$img" "$run")
 			ratios+=("$(awk -v c="$ck" -v d="$dd" 'BEGIN { printf "%.3f", (d > 0 ? c / d : 0) }')")
-			read -r ph_h ph_f ph_m ph_p ph_i <<<"$(phases "$img")"
+			read -r ph_h ph_f ph_m ph_p ph_i <<<"$(phases "$img" "$ck")"
 			ph_hooks+=("$ph_h") ph_frozen+=("$ph_f") ph_mw+=("$ph_m") ph_pre+=("$ph_p") ph_iw+=("$ph_i") dds+=("$dd")
-			echo "$mb MiB $mode checkpoint $((w + 1)): ${ck%.*} ms (hooks $ph_h, CRIU frozen $ph_f of which page writes $ph_m, pages hashed+synced $ph_p, image write $ph_i), dd of its pages $dd ms" >&2
+			echo "$mb MiB $mode checkpoint $((w + 1)): ${ck%.*} ms (hooks $ph_h, CRIU frozen $ph_f of which page writes $ph_m, pages hashed+synced $ph_p; the rest $ph_i), dd of its pages $dd ms" >&2
 			[ "$w" -lt "$wakes" ] || break
 			t0=$(now_ns)
 			"$bin/kcr" standby wake --image-dir "$run/img" >/dev/null
@@ -164,7 +172,7 @@ for mb in "${mbs[@]}"; do
 		done
 		mapfile -t cl < <(jq -r 'select(.msg == "standby: checkpointed") | .duration_ms' "$run/standby.log")
 		ddms="$(median "${dds[@]}")|$(median "${ratios[@]}")"
-		breakdown+=("$mb MiB $mode checkpoint medians (ms): hooks $(median "${ph_hooks[@]}"), CRIU frozen $(median "${ph_frozen[@]}") (page writes $(median "${ph_mw[@]}")), pages hashed+synced at post-dump $(median "${ph_pre[@]}"), image write after $(median "${ph_iw[@]}")")
+		breakdown+=("$mb MiB $mode checkpoint medians (ms): hooks $(median "${ph_hooks[@]}"), CRIU frozen $(median "${ph_frozen[@]}") (page writes $(median "${ph_mw[@]}")), pages hashed+synced at post-dump $(median "${ph_pre[@]}"), the rest $(median "${ph_iw[@]}")")
 		abandon_wakes "$mb" "$mode" "$port" "${cl[-1]%.*}"
 		stop_standby "$sb_pid" "$run/img"
 		sb_pid=""

@@ -41,11 +41,16 @@ func (s *Supervisor) watchCheckpoint(ctx context.Context, cycle uint64) (context
 		})
 	}
 	w.wg.Go(func() {
-		select {
-		case <-cctx.Done():
-		case r := <-s.manual:
-			if r.cycle == cycle {
-				w.woke(r.source)
+		for {
+			select {
+			case <-cctx.Done():
+				return
+			case r := <-s.manual:
+				// One of an earlier cycle is spent.
+				if r.cycle == cycle {
+					w.woke(r.source)
+					return
+				}
 			}
 		}
 	})

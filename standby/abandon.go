@@ -2,6 +2,7 @@ package standby
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 )
@@ -74,6 +75,29 @@ func (w *ckptWake) stop() (source string, at time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.source, w.at
+}
+
+// errAbandoned is dump's error when a wake abandoned the checkpoint: the
+// service runs on.
+var errAbandoned = errors.New("checkpoint abandoned for a wake")
+
+// dump arms the group hold and has the backend checkpoint p into name,
+// begun at t, abandoned if a wake comes meanwhile (not at a shutdown's
+// checkpoint, atTerm).
+func (s *Supervisor) dump(ctx context.Context, p proc, name string, atTerm bool, t time.Time) error {
+	if s.hold != nil && !s.o.NoHoldGroup {
+		// In before the service's member leaves: the group is never empty.
+		s.hold.arm(ctx)
+	}
+	if atTerm {
+		return s.b.checkpoint(ctx, p, s.dir.path, name)
+	}
+	cctx, cw := s.watchCheckpoint(ctx, s.currentCycle())
+	err := s.b.checkpoint(cctx, p, s.dir.path, name)
+	if s.wokeInCheckpoint(ctx, cw, p, err, time.Since(t)) {
+		return errAbandoned
+	}
+	return err
 }
 
 // wokeInCheckpoint ends the watch of a checkpoint that took d and ended

@@ -653,17 +653,9 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc, atTerm bool) State 
 		s.log.Warn("standby: state file", "err", err)
 	}
 	t := time.Now()
-	if s.hold != nil && !s.o.NoHoldGroup {
-		// In before the service's member leaves: the group is never empty.
-		s.hold.arm(ctx)
-	}
-	cctx, cw := ctx, (*ckptWake)(nil)
-	if !atTerm {
-		cctx, cw = s.watchCheckpoint(ctx, s.currentCycle())
-	}
-	err = s.b.checkpoint(cctx, p, s.dir.path, name)
+	err = s.dump(ctx, p, name, atTerm, t)
 	d := time.Since(t)
-	if cw != nil && s.wokeInCheckpoint(ctx, cw, p, err, d) {
+	if errors.Is(err, errAbandoned) {
 		return StateRunning
 	}
 	if err != nil {

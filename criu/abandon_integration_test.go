@@ -13,6 +13,21 @@ import (
 	"github.com/kcr-dev/kcr/internal/testkit/wait"
 )
 
+// noOpenConns waits until the connection of the last request to pid is
+// gone (CRIU cannot dump it).
+func noOpenConns(t *testing.T, pid int) {
+	t.Helper()
+	var p []Problem
+	var err error
+	wait.Until(10*time.Second, func() bool {
+		p, err = Preflight(pid)
+		return err != nil || len(p) == 0
+	})
+	if err != nil || len(p) != 0 {
+		t.Fatalf("Preflight = %v, %v", p, err)
+	}
+}
+
 // pagesWritten is the size of the pages images in dir so far.
 func pagesWritten(dir string) int64 {
 	ents, _ := os.ReadDir(dir)
@@ -35,6 +50,7 @@ func TestE2EAbandonableDumpCancel(t *testing.T) {
 	const mb = 1024
 	h := startHeap(t, mb, 7)
 	before, _ := h.sum(t)
+	noOpenConns(t, h.PID)
 
 	img := mkdir(t, "img")
 	ctx, cancel := context.WithCancel(context.Background())
@@ -57,7 +73,16 @@ func TestE2EAbandonableDumpCancel(t *testing.T) {
 		done <- result{r, err}
 	}()
 	// Mid-dump: the page server has written its first pages.
-	if !wait.Until(2*time.Minute, func() bool { return pagesWritten(img) > 0 }) {
+	var early *result
+	if !wait.Until(2*time.Minute, func() bool {
+		select {
+		case r := <-done:
+			early = &r
+			return true
+		default:
+		}
+		return pagesWritten(img) > 0
+	}) {
 		ents, _ := os.ReadDir(img)
 		var names []string
 		for _, e := range ents {
@@ -66,6 +91,9 @@ func TestE2EAbandonableDumpCancel(t *testing.T) {
 		ps, _ := exec.Command("ps", "-eo", "pid,stat,wchan:32,args").Output()
 		t.Fatalf("no pages written in 2 min; images dir %v; dump log:\n%s\npage server log:\n%s\nprocesses:\n%s", names,
 			logTail(filepath.Join(img, "dump.log")), logTail(filepath.Join(img, PageServerLog)), grepLines(string(ps), "criu"))
+	}
+	if early != nil {
+		t.Fatalf("the dump ended before it wrote a page: %v", early.err)
 	}
 	at := pagesWritten(img)
 	cancel()
@@ -107,6 +135,7 @@ func TestE2EAbandonableDumpRestore(t *testing.T) {
 	criu := needCRIU(t)
 	h := startHeap(t, 64, 11)
 	before, _ := h.sum(t)
+	noOpenConns(t, h.PID)
 	img := mkdir(t, "img")
 	ctx := context.Background()
 	s, err := StartDumpSession(ctx, criu, SessionOptions{Abandonable: true})
@@ -146,6 +175,7 @@ func TestE2EAbandonableDumpCancelAtPostDump(t *testing.T) {
 	criu := needCRIU(t)
 	h := startHeap(t, 64, 5)
 	before, _ := h.sum(t)
+	noOpenConns(t, h.PID)
 	img := mkdir(t, "img")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

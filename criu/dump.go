@@ -257,7 +257,7 @@ func (ss *Session) begin(opts DumpOptions, gated bool) (*PendingDump, error) {
 		// CRIU sends its pages to the page server, which writes them
 		// into the same directory.
 		req.Opts.Ps = &rpc.CriuPageServerInfo{Fd: proto.Int32(psFD)}
-		if err := p.ps.start(ss.ctx, ss.path, opts.ImagesDir, level(opts.LogLevel)); err != nil {
+		if err := p.ps.start(ss.ctx, ss.path, dir, level(opts.LogLevel)); err != nil {
 			p.sendErr = err
 		}
 	}

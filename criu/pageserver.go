@@ -54,16 +54,17 @@ func newPageServer() (*pageServer, error) {
 	return &pageServer{dumpEnd: os.NewFile(uintptr(fds[0]), "criu-ps-dump"), serverEnd: os.NewFile(uintptr(fds[1]), "criu-ps-server")}, nil
 }
 
-// start runs "criu page-server" on the server's end, writing into dir;
+// start runs "criu page-server" on the server's end, writing into dir (an
+// open directory, handed over as an fd: no path is looked up again);
 // cancelling ctx shuts the pair down (see SessionOptions.Abandonable).
-func (ps *pageServer) start(ctx context.Context, criuPath, dir string, logLevel int32) error {
+func (ps *pageServer) start(ctx context.Context, criuPath string, dir *os.File, logLevel int32) error {
 	out, err := memfd("criu-page-server-output")
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(criuPath, "page-server", "--images-dir", dir, "--ps-socket", "3",
+	cmd := exec.Command(criuPath, "page-server", "--images-dir", "/proc/self/fd/4", "--ps-socket", "3",
 		"--log-file", PageServerLog, "-v"+fmt.Sprint(logLevel))
-	cmd.ExtraFiles = []*os.File{ps.serverEnd}
+	cmd.ExtraFiles = []*os.File{ps.serverEnd, dir}
 	cmd.Stdout, cmd.Stderr = out, out
 	// Terminal signals go to kcr's group, not to it (as for swrk).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

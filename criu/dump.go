@@ -112,6 +112,8 @@ type Session struct {
 	s     *swrk
 	begun bool // the dump request was sent: the PendingDump owns s
 	path  string
+	ctx   context.Context
+	ps    *pageServer // SessionOptions.Abandonable
 }
 
 // StartSession starts CRIU for one dump. shellJob must match the dump's
@@ -119,12 +121,29 @@ type Session struct {
 // Cancelling ctx hangs up on CRIU (see Dump). Close a session that is not
 // used for a dump.
 func StartSession(ctx context.Context, criuPath string, shellJob bool) (*Session, error) {
-	s, err := startSwrk(ctx, criuPath, !shellJob, true)
+	return StartDumpSession(ctx, criuPath, SessionOptions{ShellJob: shellJob})
+}
+
+// StartDumpSession is StartSession with options.
+func StartDumpSession(ctx context.Context, criuPath string, o SessionOptions) (*Session, error) {
+	var ps *pageServer
+	var extra []*os.File
+	if o.Abandonable {
+		var err error
+		if ps, err = newPageServer(); err != nil {
+			return nil, err
+		}
+		extra = append(extra, ps.dumpEnd)
+	}
+	s, err := startSwrk(ctx, criuPath, !o.ShellJob, true, extra...)
 	if err != nil {
+		if ps != nil {
+			_ = ps.finish(true)
+		}
 		return nil, err
 	}
 	s.askVersion()
-	return &Session{s: s, path: criuPath}, nil
+	return &Session{s: s, path: criuPath, ctx: ctx, ps: ps}, nil
 }
 
 // Path is the CRIU binary the session runs.
@@ -142,6 +161,9 @@ func (ss *Session) Close() {
 	if !ss.begun {
 		ss.s.close()
 		ss.begun = true
+		if ss.ps != nil {
+			_ = ss.ps.finish(true)
+		}
 	}
 }
 
@@ -180,6 +202,7 @@ type PendingDump struct {
 	ready   time.Time       // when CRIU reached its pre-dump stage
 	held    *rpc.CriuNotify // that notification, answered by Go
 	final   *rpc.CriuResp   // CRIU's answer, if it came before the stage
+	ps      *pageServer     // SessionOptions.Abandonable
 }
 
 func (ss *Session) begin(opts DumpOptions, gated bool) (*PendingDump, error) {
@@ -211,7 +234,7 @@ func (ss *Session) begin(opts DumpOptions, gated bool) (*PendingDump, error) {
 		ss.Close()
 		return nil, fmt.Errorf("criu dump: images directory: %w", err)
 	}
-	p := &PendingDump{s: ss.s, dir: dir, opts: opts, logPath: filepath.Join(opts.ImagesDir, logFile), start: time.Now()}
+	p := &PendingDump{s: ss.s, dir: dir, opts: opts, logPath: filepath.Join(opts.ImagesDir, logFile), start: time.Now(), ps: ss.ps}
 	ss.begun = true
 	req := &rpc.CriuReq{
 		Type: rpc.CriuReqType_DUMP.Enum(),
@@ -230,7 +253,15 @@ func (ss *Session) begin(opts DumpOptions, gated bool) (*PendingDump, error) {
 			NotifyScripts: proto.Bool(true),
 		},
 	}
-	if gated {
+	if p.ps != nil {
+		// CRIU sends its pages to the page server, which writes them
+		// into the same directory.
+		req.Opts.Ps = &rpc.CriuPageServerInfo{Fd: proto.Int32(psFD)}
+		if err := p.ps.start(ss.ctx, ss.path, dir, level(opts.LogLevel)); err != nil {
+			p.sendErr = err
+		}
+	}
+	if gated && p.sendErr == nil {
 		// A failed send shows in Go, with CRIU's output.
 		p.sendErr = p.s.send(req)
 	} else {
@@ -302,6 +333,9 @@ func (p *PendingDump) Cancel() {
 	p.s.close()
 	p.s = nil
 	p.dir.Close()
+	if p.ps != nil {
+		_ = p.ps.finish(true)
+	}
 }
 
 func (p *PendingDump) run(ctx context.Context, notify NotifyFunc) (*DumpResult, error) {
@@ -335,9 +369,17 @@ func (p *PendingDump) run(ctx context.Context, notify NotifyFunc) (*DumpResult, 
 	default:
 		resp, callErr = s.await(rpc.CriuReqType_DUMP, notify)
 	}
+	ok := resp.GetSuccess() && callErr == nil
+	if p.ps != nil {
+		// CRIU answered success only once the page server acknowledged
+		// every page; it exits at once.
+		if err := p.ps.finish(!ok); err != nil && ok {
+			ok, callErr = false, err
+		}
+	}
 	elapsed := time.Since(p.start)
 	res := &DumpResult{Duration: elapsed, LogPath: p.logPath, Ready: p.ready}
-	if resp.GetSuccess() && callErr == nil {
+	if ok {
 		// CRIU answers once every image file is written and closed; its
 		// exit (a few ms of teardown) overlaps with the caller's hashing
 		// and sync instead of delaying them. Wait collects it.

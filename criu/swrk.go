@@ -80,12 +80,13 @@ func (s *swrk) readVersion() (Version, error) {
 
 // startSwrk starts "criu swrk 3". The socketpair is created close-on-exec;
 // the child's end is handed over as fd 3 through ExtraFiles (dup2'd without
-// CLOEXEC in the child only), so neither end leaks into other children that
+// CLOEXEC in the child only; extra, if any, as fds 4 and up), so neither end
+// leaks into other children that
 // the program starts concurrently. With hangUpOnCancel (dumps), cancelling
 // ctx shuts the socket down, so that CRIU fails its next notification and
 // aborts; without it (restores), a cancelled ctx leaves CRIU's next
 // notification unanswered, with the same effect.
-func startSwrk(ctx context.Context, criuPath string, ownGroup, hangUpOnCancel bool) (*swrk, error) {
+func startSwrk(ctx context.Context, criuPath string, ownGroup, hangUpOnCancel bool, extra ...*os.File) (*swrk, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("criu: socketpair: %w", err)
@@ -108,7 +109,8 @@ func startSwrk(ctx context.Context, criuPath string, ownGroup, hangUpOnCancel bo
 	}
 
 	cmd := exec.Command(criuPath, "swrk", "3")
-	cmd.ExtraFiles = []*os.File{theirs}
+	// extra follow as fds 4, 5, ... (a page server's socket).
+	cmd.ExtraFiles = append([]*os.File{theirs}, extra...)
 	cmd.Stdout = out
 	cmd.Stderr = out
 	// Keep terminal signals (Ctrl-C in kcr's terminal) away from CRIU: a

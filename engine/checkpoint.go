@@ -36,6 +36,11 @@ type CheckpointOptions struct {
 	// KafkaPorts are the broker ports whose connections kcr takes for a
 	// Kafka client's (default DefaultKafkaPorts).
 	KafkaPorts []int
+	// Abandonable lets a cancelled ctx end the dump within a chunk of
+	// pages, the process resumed (criu.SessionOptions.Abandonable), not
+	// only once CRIU wrote every page. Otherwise a cancel during the dump
+	// waits for CRIU's post-dump stage.
+	Abandonable bool
 	// NoHooks dumps a process that has no kcr control socket.
 	NoHooks bool
 	// RequireDrained fails the checkpoint (a *proto.HookFailure whose CarryVeto is
@@ -91,7 +96,7 @@ func (d deps) checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointR
 	if o.ResumeAfter <= 0 {
 		o.ResumeAfter = proto.ResumeAfterFor(o.HookBudget)
 	}
-	r := &checkpointRun{deps: d, o: o, log: logger(o.Logger), start: time.Now(), res: &CheckpointResult{}}
+	r := &checkpointRun{deps: d, o: o, ctx: ctx, log: logger(o.Logger), start: time.Now(), res: &CheckpointResult{}}
 	defer r.close()
 	if err := r.prepare(ctx); err != nil {
 		return nil, err
@@ -111,6 +116,7 @@ func (d deps) checkpoint(ctx context.Context, o CheckpointOptions) (*CheckpointR
 type checkpointRun struct {
 	deps  deps
 	o     CheckpointOptions
+	ctx   context.Context // the checkpoint's (CRIU's notifications have none)
 	log   *slog.Logger
 	start time.Time
 	res   *CheckpointResult
@@ -208,7 +214,7 @@ func (r *checkpointRun) startCRIU(ctx context.Context) error {
 			r.shell = true
 		}
 	}
-	if r.sess, err = r.deps.openDumper(ctx, r.o.CRIU, r.shell); err != nil {
+	if r.sess, err = r.deps.openDumper(ctx, r.o.CRIU, criu.SessionOptions{ShellJob: r.shell, Abandonable: r.o.Abandonable}); err != nil {
 		return err
 	}
 	if r.img, err = CreateImage(r.o.Output, r.o.SignKey); err != nil {
@@ -227,12 +233,41 @@ func (r *checkpointRun) startCRIU(ctx context.Context) error {
 	return nil
 }
 
-// notify is CRIU's notification handler: every stage goes on.
+// notify is CRIU's notification handler: every stage goes on. At
+// post-dump, an abandonable checkpoint seals the pages first (prehash).
 func (r *checkpointRun) notify(script string, _ int) error {
-	if script == "post-dump" && r.o.AtPostDump != nil {
+	if script != "post-dump" {
+		return nil
+	}
+	if r.o.AtPostDump != nil {
 		r.o.AtPostDump()
 	}
+	if r.o.Abandonable {
+		return r.prehash()
+	}
 	return nil
+}
+
+// prehash hashes and syncs the pages, the bulk of the image, while CRIU
+// holds the dumped process frozen at its post-dump stage: until the pages
+// are durable the checkpoint can still be abandoned (a cancel fails the
+// stage, and CRIU resumes the process), so a wake never waits for the
+// hashing and the sync. publish then has only the small files left.
+func (r *checkpointRun) prehash() error {
+	t := time.Now()
+	ents, err := os.ReadDir(r.img.CRIUDir())
+	if err != nil {
+		return err
+	}
+	var rels []string
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "pages-") && strings.HasSuffix(e.Name(), ".img") {
+			rels = append(rels, images.CRIUSubdir+"/"+e.Name())
+		}
+	}
+	err = r.img.Prehash(r.ctx, rels)
+	r.res.Timings.Add(PhasePrehash, time.Since(t))
+	return err
 }
 
 // findApp finds the app's control socket; with NoHooks it only warns that
@@ -304,7 +339,14 @@ func (r *checkpointRun) runHooks(ctx context.Context) error {
 		return nil
 	}
 	t := time.Now()
-	m, err := r.app.Checkpoint(ctx, client.CheckpointRequest{
+	hctx := ctx
+	if r.o.Abandonable {
+		// An abandoned checkpoint lets the hooks finish (HookBudget
+		// bounds them), then resumes the app: hooks cut off midway would
+		// leave it quiesced until its own ResumeAfter.
+		hctx = context.WithoutCancel(ctx)
+	}
+	m, err := r.app.Checkpoint(hctx, client.CheckpointRequest{
 		HookBudget: r.o.HookBudget, ResumeAfter: r.o.ResumeAfter, LeaveRunning: r.o.LeaveRunning, RequireDrained: r.o.RequireDrained})
 	r.res.Timings.Add(PhaseHooks, time.Since(t))
 	if _, ok := errors.AsType[*proto.HookFailure](err); ok {
@@ -345,7 +387,12 @@ func (r *checkpointRun) dump(ctx context.Context) error {
 	unlock()
 	r.res.Timings.Add(PhaseFreezeDump, time.Since(t))
 	if err != nil {
-		r.abort("dump failed: " + err.Error())
+		reason := "dump failed: " + err.Error()
+		if ctx.Err() != nil {
+			// Abandoned: CRIU resumed the process.
+			reason = "checkpoint cancelled"
+		}
+		r.abort(reason)
 		return r.keepFailedLog(err)
 	}
 	r.dr = dr
@@ -364,7 +411,8 @@ func (r *checkpointRun) dump(ctx context.Context) error {
 		// The process must really be gone before the image is declared done:
 		// a restore on this host needs its PID. (Init of its own PID
 		// namespace is restored into a new namespace and needs no PID.)
-		if _, err := r.deps.waitGone(ctx, r.o.PID, 10*time.Second); err != nil {
+		// Dumped: an abandon that came too late does not cut this wait.
+		if _, err := r.deps.waitGone(context.WithoutCancel(ctx), r.o.PID, 10*time.Second); err != nil {
 			r.res.Warnings = append(r.res.Warnings, fmt.Sprintf("dumped process %d did not exit: %v", r.o.PID, err))
 		}
 		r.res.Timings.Add(PhaseExit, time.Since(t))

@@ -23,6 +23,8 @@ type fakeApp struct {
 	hookErr    error              // returned by Checkpoint
 	reports    []proto.HookReport // Checkpoint's reports (default: one "db")
 	restoreErr error              // returned by RestoredAs
+	// inHooks, if set, runs in Checkpoint with its ctx; its error is returned.
+	inHooks func(context.Context) error
 
 	mu       sync.Mutex
 	calls    int
@@ -34,6 +36,11 @@ func (a *fakeApp) Checkpoint(ctx context.Context, req client.CheckpointRequest) 
 	a.mu.Lock()
 	a.calls++
 	a.mu.Unlock()
+	if a.inHooks != nil {
+		if err := a.inHooks(ctx); err != nil {
+			return proto.Message{}, err
+		}
+	}
 	if a.hookErr != nil {
 		return proto.Message{}, a.hookErr
 	}
@@ -73,6 +80,8 @@ type fakeDumper struct {
 	readied    int   // calls of Ready
 	readyErr   error // CRIU failed before its pre-dump stage
 	o          criu.DumpOptions
+	// inGo, if set, runs in Go before it returns (a cancel mid-dump).
+	inGo func()
 }
 
 func (d *fakeDumper) Begin(o criu.DumpOptions) (pendingDump, error) {
@@ -88,6 +97,9 @@ func (d *fakeDumper) Ready(ctx context.Context) error {
 
 func (d *fakeDumper) Go(ctx context.Context) (*criu.DumpResult, error) {
 	d.dumps++
+	if d.inGo != nil {
+		d.inGo()
+	}
 	if d.err != nil {
 		return nil, d.err
 	}
@@ -124,7 +136,7 @@ func fakeDeps(app *fakeApp, d *fakeDumper) deps {
 			}
 			return app, "/run/fake.sock", nil
 		},
-		openDumper: func(context.Context, string, bool) (dumper, error) { return d, nil },
+		openDumper: func(context.Context, string, criu.SessionOptions) (dumper, error) { return d, nil },
 		waitGone:   func(context.Context, int, time.Duration) (time.Duration, error) { return 0, nil },
 	}
 }
@@ -149,6 +161,7 @@ func TestCheckpointSeams(t *testing.T) {
 		hookErr    error
 		dumpErr    error
 		cancel     bool // kcr is interrupted between the hooks and the dump
+		cancelDump bool // kcr abandons the dump while CRIU writes it (CRIU then fails)
 		wantErr    func(error) bool
 		wantDumps  int
 		wantResume string // prefix of the one resume reason; "" for none
@@ -159,6 +172,8 @@ func TestCheckpointSeams(t *testing.T) {
 			wantErr: func(err error) bool { var he *proto.HookFailure; return errors.As(err, &he) && !he.CarryVeto() }},
 		{name: "cancelled between hooks and dump", cancel: true,
 			wantErr: func(err error) bool { return errors.Is(err, context.Canceled) }, wantResume: "checkpoint cancelled"},
+		{name: "abandoned during the dump", cancelDump: true, dumpErr: &criu.Error{Op: "dump", Err: context.Canceled},
+			wantErr: func(err error) bool { var ce *criu.Error; return errors.As(err, &ce) }, wantDumps: 1, wantResume: "checkpoint cancelled"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -169,6 +184,9 @@ func TestCheckpointSeams(t *testing.T) {
 			o := CheckpointOptions{PID: pid, Output: filepath.Join(dir, "img")}
 			if c.cancel {
 				o.AfterHooks = cancel
+			}
+			if c.cancelDump {
+				d.inGo = cancel
 			}
 			res, err := fakeDeps(app, d).checkpoint(ctx, o)
 			if err == nil || !c.wantErr(err) || res != nil {
@@ -183,6 +201,33 @@ func TestCheckpointSeams(t *testing.T) {
 			noImage(t, dir)
 		})
 	}
+}
+
+// An abandonable checkpoint cancelled while the app's hooks run lets them
+// finish, then resumes the app: nothing dumped, no image.
+func TestCheckpointAbandonedInHooks(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	app := &fakeApp{pid: 4242, inHooks: func(hctx context.Context) error {
+		cancel()
+		return hctx.Err() // the hooks would be cut off
+	}}
+	d := &fakeDumper{}
+	dir := t.TempDir()
+	var opened criu.SessionOptions
+	ds := fakeDeps(app, d)
+	ds.openDumper = func(_ context.Context, _ string, o criu.SessionOptions) (dumper, error) { opened = o; return d, nil }
+	res, err := ds.checkpoint(ctx, CheckpointOptions{PID: 4242, Output: filepath.Join(dir, "img"), Abandonable: true})
+	if !errors.Is(err, context.Canceled) || res != nil {
+		t.Fatalf("checkpoint: %v, %v; want context.Canceled", res, err)
+	}
+	if !opened.Abandonable {
+		t.Error("CRIU's session was not opened abandonable")
+	}
+	if d.dumps != 0 || len(app.resumes) != 1 || app.resumes[0] != "checkpoint cancelled" {
+		t.Errorf("dumps %d, resumes %q; want no dump and one resume", d.dumps, app.resumes)
+	}
+	noImage(t, dir)
 }
 
 // A checkpoint through the deps writes a complete, verifiable image with
@@ -242,7 +287,7 @@ func TestCheckpointSeamsCRIUPreparesEarly(t *testing.T) {
 		order = append(order, fmt.Sprintf("hooks begun=%d ready=%d dumps=%d", d.begun, d.readied, d.dumps))
 	}}
 	d2 := &draftChecker{fakeDumper: d, t: t}
-	s.openDumper = func(context.Context, string, bool) (dumper, error) { return d2, nil }
+	s.openDumper = func(context.Context, string, criu.SessionOptions) (dumper, error) { return d2, nil }
 	res, err := s.checkpoint(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)

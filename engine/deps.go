@@ -64,7 +64,7 @@ type deps struct {
 	kafkaClients func(pid int) []string
 	// findApp returns the app's control socket and its path.
 	findApp    func(pid int) (appControl, string, error)
-	openDumper func(ctx context.Context, criuPath string, shellJob bool) (dumper, error)
+	openDumper func(ctx context.Context, criuPath string, o criu.SessionOptions) (dumper, error)
 	waitGone   func(ctx context.Context, pid int, timeout time.Duration) (time.Duration, error)
 
 	// findCRIU locates CRIU for a restore and checks it (CRIU).
@@ -94,8 +94,8 @@ var realDeps = deps{
 		}
 		return s, s.Path, nil
 	},
-	openDumper: func(ctx context.Context, criuPath string, shellJob bool) (dumper, error) {
-		s, err := startSession(ctx, criuPath, shellJob)
+	openDumper: func(ctx context.Context, criuPath string, o criu.SessionOptions) (dumper, error) {
+		s, err := startSession(ctx, criuPath, o)
 		if err != nil {
 			return nil, err
 		}

@@ -36,6 +36,9 @@ const (
 	PhasePrepare = "prepare"
 	// PhaseDraft writes the draft manifest that "kcr recover" needs.
 	PhaseDraft = "draft manifest"
+	// PhasePrehash hashes and syncs the pages at CRIU's post-dump stage
+	// (an abandonable checkpoint), inside PhaseFreezeDump.
+	PhasePrehash = "prehash pages"
 	// PhaseCRIUExit is the wait for CRIU's exit left after the image write.
 	PhaseCRIUExit = "criu exit"
 	// PhaseCRIUReady is what kcr still waited, once its own preparation
@@ -107,12 +110,12 @@ func checkedVersion(path string, v criu.Version, err error) (criu.Version, error
 
 // startSession finds and starts CRIU for a dump; the session's Version,
 // answered by that CRIU, is checked with checkedVersion.
-func startSession(ctx context.Context, explicit string, shellJob bool) (*criu.Session, error) {
+func startSession(ctx context.Context, explicit string, o criu.SessionOptions) (*criu.Session, error) {
 	path, err := criu.Find(explicit)
 	if err != nil {
 		return nil, err
 	}
-	s, err := criu.StartSession(ctx, path, shellJob)
+	s, err := criu.StartDumpSession(ctx, path, o)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %w (reinstall it with scripts/install-criu.sh)", ErrCRIUUnusable, path, err)
 	}

@@ -44,6 +44,17 @@ type Builder struct {
 	tmpBase, finalBase string
 
 	signer ed25519.PrivateKey // signs the manifest if set
+
+	// pre holds the hashes Prehash took, by path; seal uses one only if
+	// the file is still the one hashed.
+	pre map[string]prehashed
+}
+
+// prehashed is a file hashed ahead of Commit and what identified it then.
+type prehashed struct {
+	e       FileEntry
+	ino     uint64
+	mtimeNS int64
 }
 
 // SignWith makes Commit (and Recover) sign the manifest with priv, writing
@@ -412,7 +423,7 @@ func (b *Builder) seal(ctx context.Context) ([]FileEntry, []string, error) {
 			return newError(b.final, rel, ErrUnsafePath, nil,
 				fmt.Sprintf("%s is a %s: images may hold only regular files and directories; remove it", rel, kindOf(d.Type())))
 		}
-		e, err := sealFile(ctx, hs, b.root, rel)
+		e, err := sealFile(ctx, hs, b.root, rel, b.prehashedEntry)
 		if err != nil {
 			if _, ok := errors.AsType[*Error](err); ok {
 				return err
@@ -433,9 +444,72 @@ func (b *Builder) seal(ctx context.Context) ([]FileEntry, []string, error) {
 	return files, dirs, nil
 }
 
+// Prehash hashes the files rels (paths in the image) ahead of Commit, while
+// the caller still holds back the step that makes the image the only copy
+// (CRIU's post-dump stage, the dumped process frozen), and syncs the file
+// system, so that Commit then hashes and syncs only what was written
+// since. Commit uses a hash only for the same, unchanged file (inode, size,
+// modification time). Cancelling ctx ends it at once, even
+// during the sync, which goes on in the background.
+func (b *Builder) Prehash(ctx context.Context, rels []string) error {
+	if b.done || b.root == nil {
+		return fmt.Errorf("images: %s: prehash after commit or abort", b.final)
+	}
+	if b.pre == nil {
+		b.pre = map[string]prehashed{}
+	}
+	hs := newHasher()
+	for _, rel := range rels {
+		f, err := b.root.OpenFile(filepath.FromSlash(rel), os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+		if err != nil {
+			return fmt.Errorf("images: %s: prehash: %w", b.final, err)
+		}
+		var st unix.Stat_t
+		err = unix.Fstat(int(f.Fd()), &st)
+		if err == nil && st.Mode&unix.S_IFMT != unix.S_IFREG {
+			err = fmt.Errorf("%s is not a regular file", rel)
+		}
+		var n int64
+		var sum string
+		if err == nil {
+			n, sum, err = hs.sum(ctx, f)
+		}
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("images: %s: prehash %s: %w", b.final, rel, err)
+		}
+		b.pre[rel] = prehashed{e: FileEntry{Size: n, SHA256: sum}, ino: st.Ino, mtimeNS: st.Mtim.Nano()}
+	}
+	synced := make(chan error, 1)
+	go func() { synced <- unix.Syncfs(int(b.dir.Fd())) }()
+	select {
+	case err := <-synced:
+		if err != nil {
+			return fmt.Errorf("images: %s: sync: %w", b.final, err)
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("images: %s: prehash: %w", b.final, ctx.Err())
+	}
+}
+
+// prehashedEntry is rel's hash from Prehash if f (open on rel) is still
+// the file hashed then, unchanged.
+func (b *Builder) prehashedEntry(rel string, f *os.File) (FileEntry, bool) {
+	p, ok := b.pre[rel]
+	if !ok {
+		return FileEntry{}, false
+	}
+	var st unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &st) != nil || st.Ino != p.ino || st.Size != p.e.Size || st.Mtim.Nano() != p.mtimeNS {
+		return FileEntry{}, false
+	}
+	return p.e, true
+}
+
 // sealFile makes rel private and hashes it, through root, refusing
 // anything but a regular file. Commit syncs the file system.
-func sealFile(ctx context.Context, hs *hasher, root *os.Root, rel string) (FileEntry, error) {
+func sealFile(ctx context.Context, hs *hasher, root *os.Root, rel string, pre func(string, *os.File) (FileEntry, bool)) (FileEntry, error) {
 	f, err := root.OpenFile(filepath.FromSlash(rel), os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return FileEntry{}, err
@@ -450,6 +524,9 @@ func sealFile(ctx context.Context, hs *hasher, root *os.Root, rel string) (FileE
 	}
 	if err := f.Chmod(filePerm); err != nil {
 		return FileEntry{}, err
+	}
+	if e, ok := pre(rel, f); ok {
+		return e, nil
 	}
 	n, sum, err := hs.sum(ctx, f)
 	if err != nil {

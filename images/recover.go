@@ -186,9 +186,24 @@ func FindPending(dir string) []string {
 		if b, _, err := Reopen(p); err == nil {
 			b.release()
 			out = append(out, p)
+		} else if sealed(p) {
+			out = append(out, p)
 		}
 	}
 	return out
+}
+
+// sealed reports whether tmp holds a commit that was cut off after it
+// wrote the manifest (and removed the draft) but before the rename:
+// Recover publishes it.
+func sealed(tmp string) bool {
+	b, err := reopen(tmp)
+	if err != nil {
+		return false
+	}
+	defer b.release()
+	_, err = b.root.Lstat(ManifestName)
+	return err == nil
 }
 
 // FindPendingOf lists the interrupted checkpoints of the image named final

@@ -75,6 +75,10 @@ func TestRecoverAfterManifest(t *testing.T) {
 	if err := b.writeManifest(m); err != nil {
 		t.Fatal(err)
 	}
+	// kcr standby finds it to recover on its start.
+	if got := FindPending(filepath.Dir(final)); len(got) != 1 || got[0] != b.Dir() {
+		t.Fatalf("FindPending = %v, want [%s]", got, b.Dir())
+	}
 	if _, err := Recover(context.Background(), b.Dir(), nil); err != nil {
 		t.Fatal(err)
 	}

@@ -116,7 +116,7 @@ func (b *engineBackend) checkpoint(ctx context.Context, p proc, dir, name string
 		return err
 	}
 	_, err := engine.Checkpoint(ctx, engine.CheckpointOptions{
-		PID: p.PID, Output: dir + "/" + name, HookBudget: b.o.HookBudget, RequireDrained: true,
+		PID: p.PID, Output: dir + "/" + name, HookBudget: b.o.HookBudget, RequireDrained: true, Abandonable: true,
 		CRIU: b.o.CRIU, Logger: b.log, KeepFailedLog: dir + "/" + failedDumpLogName,
 	})
 	return err

@@ -38,7 +38,7 @@ func HealthOf(st State) Health {
 	case StateRunning:
 		h.Ready, h.Why = true, "the service runs"
 	case StateCheckpointing:
-		h.Ready, h.Why = true, "the service is being checkpointed; work that arrives wakes it once its image is complete"
+		h.Ready, h.Why = true, "the service is being checkpointed; work that arrives abandons the checkpoint and the service runs on"
 	case StateStandby:
 		h.Ready, h.Why = true, "the service sleeps; work that arrives wakes it"
 	case StateRestoring:

@@ -210,8 +210,8 @@ func (s *Supervisor) ControlSocket() string { return s.dir.path + "/" + controlS
 
 // Wake asks the supervisor to restore the service now; it reports whether
 // the service is checkpointed or being checkpointed (a wake of a running
-// service does nothing). A wake during a checkpoint restores the service
-// as soon as its image is complete.
+// service does nothing). A wake during a checkpoint abandons it: the
+// service resumes and runs on (abandon.go).
 func (s *Supervisor) Wake(source string) bool {
 	s.mu.Lock()
 	st, c := s.state, s.cycle
@@ -654,12 +654,11 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc, atTerm bool) State 
 		s.log.Warn("standby: state file", "err", err)
 	}
 	t := time.Now()
-	if s.hold != nil && !s.o.NoHoldGroup {
-		// In before the service's member leaves: the group is never empty.
-		s.hold.arm(ctx)
-	}
-	err = s.b.checkpoint(ctx, p, s.dir.path, name)
+	err = s.dump(ctx, p, name, atTerm, t)
 	d := time.Since(t)
+	if errors.Is(err, errAbandoned) {
+		return StateRunning
+	}
 	if err != nil {
 		if s.hold != nil {
 			s.hold.stop()

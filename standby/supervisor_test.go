@@ -625,3 +625,47 @@ func TestBadInput(t *testing.T) {
 		t.Fatalf("second supervisor on one directory: %v", err)
 	}
 }
+
+// A wake during a slow checkpoint abandons it: the same copy runs on (no
+// restore, no cold start), no image is left, and it is no failure (the
+// next idle period checkpoints it).
+func TestWakeAbandonsCheckpoint(t *testing.T) {
+	f := newFake()
+	f.ckptDelay = time.Minute
+	r := startRig(t, f, filepath.Join(t.TempDir(), "img"), nil)
+	r.waitState(StateRunning)
+	pid := r.s.Status().PID
+	r.waitState(StateCheckpointing)
+	t0 := time.Now()
+	if !r.s.Wake("manual") {
+		t.Fatal("Wake during a checkpoint returned false")
+	}
+	r.waitState(StateRunning)
+	if d := time.Since(t0); d > 30*time.Second {
+		t.Fatalf("the wake waited %v for the checkpoint", d)
+	}
+	if got := r.s.Status().PID; got != pid {
+		t.Errorf("running PID %d after the wake, want the same copy %d", got, pid)
+	}
+	starts, restores, cps := f.snapshot()
+	if starts != 1 || len(restores) != 0 || len(cps) != 0 {
+		t.Errorf("%d starts, restores %v, checkpoints %v; want 1 start and neither", starts, restores, cps)
+	}
+	if imgs := imagesIn(t, r.dir); len(imgs) != 0 {
+		t.Errorf("images %v after an abandoned checkpoint", imgs)
+	}
+	if log := r.log.String(); !strings.Contains(log, "checkpoint abandoned for a wake") || strings.Contains(log, "checkpoint refused or failed") {
+		t.Errorf("log:\n%s", log)
+	}
+	r.s.mu.Lock()
+	fails := r.s.ckptFails
+	r.s.mu.Unlock()
+	if fails != 0 {
+		t.Errorf("an abandoned checkpoint counted as %d failures", fails)
+	}
+	// Slow no more: the next idle period checkpoints it.
+	f.mu.Lock()
+	f.ckptDelay = 0
+	f.mu.Unlock()
+	r.waitState(StateStandby)
+}

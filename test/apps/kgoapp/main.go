@@ -83,7 +83,9 @@ func main() {
 	listenFDs := flag.Bool("listen-fds", false, "with -consume: serve the state on the socket of LISTEN_FDS (kcr standby --listen); every connection counts as activity (notify.Touch)")
 	var sec appkit.Security
 	sec.Flags(flag.CommandLine)
+	ballastMB := flag.Int("ballast-mb", 0, "hold this many MiB of touched memory (a large service: a longer dump)")
 	flag.Parse()
+	fillBallast(*ballastMB)
 	if *topic == "" || *rate < 1 || (*from != "" && (*group == "" || *txnID == "")) || (*consume && *group == "") {
 		appkit.Fatal(2, "need -topic, a positive -produce-rate, -group and -txn-id with -transform-from, -group with -consume")
 	}
@@ -279,5 +281,17 @@ func (a *app) reportProducer() {
 func (a *app) state() map[string]any {
 	return map[string]any{
 		"writer_client": a.cl.ClientID(), "acked": a.acked.Load(), "failed": a.failed.Load(), "pending": a.pending.Len(),
+	}
+}
+
+// ballast is memory the service holds, every page touched (fillBallast).
+var ballast []byte
+
+// fillBallast allocates mb MiB and writes every page, so that each is
+// resident and dumped.
+func fillBallast(mb int) {
+	ballast = make([]byte, mb<<20)
+	for i := 0; i < len(ballast); i += 4096 {
+		ballast[i] = byte(i>>12) | 1
 	}
 }

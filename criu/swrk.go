@@ -41,6 +41,9 @@ type swrk struct {
 	stderr *os.File // memfd collecting criu's stdout+stderr
 	stop   func() bool
 	buf    []byte // for CRIU's messages
+	// inherit are the caller's descriptors CRIU got, as fds 4, 5, … (for
+	// RestoreOptions.Inherit).
+	inherit []*os.File
 
 	// The answer to the VERSION request askVersion sent, read once.
 	verAsked, verRead bool
@@ -81,11 +84,12 @@ func (s *swrk) readVersion() (Version, error) {
 // startSwrk starts "criu swrk 3". The socketpair is created close-on-exec;
 // the child's end is handed over as fd 3 through ExtraFiles (dup2'd without
 // CLOEXEC in the child only), so neither end leaks into other children that
-// the program starts concurrently. With hangUpOnCancel (dumps), cancelling
+// the program starts concurrently. The inherit files follow as fds 4, 5, ….
+// With hangUpOnCancel (dumps), cancelling
 // ctx shuts the socket down, so that CRIU fails its next notification and
 // aborts; without it (restores), a cancelled ctx leaves CRIU's next
 // notification unanswered, with the same effect.
-func startSwrk(ctx context.Context, criuPath string, ownGroup, hangUpOnCancel bool) (*swrk, error) {
+func startSwrk(ctx context.Context, criuPath string, ownGroup, hangUpOnCancel bool, inherit ...*os.File) (*swrk, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("criu: socketpair: %w", err)
@@ -108,7 +112,7 @@ func startSwrk(ctx context.Context, criuPath string, ownGroup, hangUpOnCancel bo
 	}
 
 	cmd := exec.Command(criuPath, "swrk", "3")
-	cmd.ExtraFiles = []*os.File{theirs}
+	cmd.ExtraFiles = append([]*os.File{theirs}, inherit...)
 	cmd.Stdout = out
 	cmd.Stderr = out
 	// Keep terminal signals (Ctrl-C in kcr's terminal) away from CRIU: a
@@ -134,7 +138,7 @@ func startSwrk(ctx context.Context, criuPath string, ownGroup, hangUpOnCancel bo
 		out.Close()
 		return nil, fmt.Errorf("criu: start %s swrk: %w", criuPath, err)
 	}
-	s := &swrk{ctx: ctx, cmd: cmd, conn: conn, stderr: out}
+	s := &swrk{ctx: ctx, cmd: cmd, conn: conn, stderr: out, inherit: inherit}
 	s.stop = func() bool { return false }
 	if hangUpOnCancel {
 		s.stop = context.AfterFunc(ctx, s.hangUp)

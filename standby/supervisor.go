@@ -1,10 +1,12 @@
 package standby
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -96,13 +98,25 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 	if s.o.Log == "" {
 		s.o.Log = s.dir.path + "/" + defaultServiceLogName
 	}
-	// Found now, not at the first cold start (which would retry it
-	// forever).
-	lf, err := engine.OpenRunLog(s.o.Log)
-	if err != nil {
-		return nil, fmt.Errorf("%w: --log: %v", ErrBadOption, err)
+	var out *serviceOutput
+	if s.o.Log == LogStdio {
+		if out, err = newServiceOutput(cmp.Or[io.Writer](o.ServiceStdout, os.Stdout), cmp.Or[io.Writer](o.ServiceStderr, os.Stderr)); err != nil {
+			return nil, fmt.Errorf("the service's output pipes: %w", err)
+		}
+		defer func() {
+			if !ok {
+				out.close(0)
+			}
+		}()
+	} else {
+		// Found now, not at the first cold start (which would retry it
+		// forever).
+		lf, err := engine.OpenRunLog(s.o.Log)
+		if err != nil {
+			return nil, fmt.Errorf("%w: --log: %v", ErrBadOption, err)
+		}
+		lf.Close()
 	}
-	lf.Close()
 	if o.Listen != "" {
 		if s.ln, err = listen(o.Listen); err != nil {
 			ln, terr := takeListener(s.dir.path, o.Listen, o.serviceUID())
@@ -148,7 +162,7 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 			return nil, err
 		}
 	}
-	eb := &engineBackend{o: &s.o, log: s.log, dir: s.dir.path, exits: newExits()}
+	eb := &engineBackend{o: &s.o, log: s.log, dir: s.dir.path, exits: newExits(), out: out}
 	if s.ln != nil {
 		f, err := s.ln.File() // a dup, handed to every cold start
 		if err != nil {
@@ -186,6 +200,9 @@ func (s *Supervisor) close() {
 		for _, f := range eb.extra {
 			f.Close()
 		}
+		// What the last copy wrote before it was checkpointed or
+		// stopped, passed on before kcr standby exits.
+		eb.out.close(outputDrain)
 	}
 	if s.ln != nil {
 		s.ln.Close()

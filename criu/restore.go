@@ -219,6 +219,9 @@ func Restore(ctx context.Context, criuPath string, opts RestoreOptions) (*Restor
 			return nil, err
 		}
 	}
+	if s != nil {
+		s.watch(ctx) // this restore's deadline, not the session's
+	}
 	if s == nil {
 		s, err = startSwrk(ctx, criuPath, !opts.ShellJob, false, files...)
 		if err != nil {

@@ -41,6 +41,7 @@ type swrk struct {
 	stderr *os.File // memfd collecting criu's stdout+stderr
 	stop   func() bool
 	buf    []byte // for CRIU's messages
+	unwatch func() bool // stops watch's kill
 	// inherit are the caller's descriptors CRIU got, as fds 4, 5, … (for
 	// RestoreOptions.Inherit).
 	inherit []*os.File
@@ -143,7 +144,30 @@ func startSwrk(ctx context.Context, criuPath string, ownGroup, hangUpOnCancel bo
 	if hangUpOnCancel {
 		s.stop = context.AfterFunc(ctx, s.hangUp)
 	}
+	s.watch(ctx)
 	return s, nil
+}
+
+// KillGrace is how long CRIU has to exit once the context of its request
+// ended (a deadline, a shutdown) before kcr kills it. A working CRIU aborts
+// at its next notification, within milliseconds, and cures and resumes a
+// tree it seized; one that does not (stopped, or stuck on a hung volume
+// with the tree frozen) is killed: the kernel then detaches the tree, which
+// runs on, or dies if CRIU's parasite was in it; it is never left frozen.
+var KillGrace = 10 * time.Second
+
+// watch makes ctx the context of CRIU's request: once it ends, CRIU is
+// killed if it has not exited KillGrace later, which also ends our wait
+// for its answer (its socket closes with it).
+func (s *swrk) watch(ctx context.Context) {
+	if s.unwatch != nil {
+		s.unwatch()
+	}
+	s.ctx = ctx
+	proc := s.cmd.Process
+	s.unwatch = context.AfterFunc(ctx, func() {
+		time.AfterFunc(KillGrace, func() { _ = proc.Kill() }) // a no-op once it is reaped
+	})
 }
 
 // hangUp shuts our end of CRIU's socket down, as kcr's death would: CRIU

@@ -674,7 +674,9 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc, atTerm bool) State 
 		// In before the service's member leaves: the group is never empty.
 		s.hold.arm(ctx)
 	}
-	err = s.b.checkpoint(ctx, p, s.dir.path, name)
+	cctx, cancel := context.WithTimeout(ctx, s.stuckAfter())
+	err = s.b.checkpoint(cctx, p, s.dir.path, name)
+	cancel()
 	d := time.Since(t)
 	if err != nil {
 		if s.hold != nil {
@@ -774,7 +776,9 @@ func (s *Supervisor) restore(ctx context.Context, source string, wokeAt time.Tim
 		s.log.Warn("standby: state file", "err", err)
 	}
 	t := time.Now()
-	p, err := s.b.restore(ctx, s.dir.path, s.image)
+	rctx, cancel := context.WithTimeout(ctx, s.stuckAfter())
+	p, err := s.b.restore(rctx, s.dir.path, s.image)
+	cancel()
 	d := time.Since(t)
 	s.o.Observer.Restore(d, err)
 	if errors.Is(err, errExitedInRestore) {

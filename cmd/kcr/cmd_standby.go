@@ -95,7 +95,7 @@ TimeoutStopSec). See docs/standby.md, "Shutdown".`,
 	f.DurationVar(&o.HookBudget, "hook-budget", standby.DefaultHookBudget, "deadline of the before-checkpoint hooks")
 	f.DurationVar(&o.ReadyTimeout, "ready-timeout", standby.DefaultReadyTimeout, "how long a cold start may take to open its control socket")
 	f.DurationVar(&o.BackoffMax, "max-backoff", standby.DefaultBackoffMax, "longest wait before restarting a service that keeps crashing")
-	f.DurationVar(&o.StuckAfter, "stuck-after", standby.DefaultStuckAfter, "a checkpoint or restore that lasts longer fails the liveness and readiness probes (stuck: a hung volume or CRIU)")
+	f.DurationVar(&o.StuckAfter, "stuck-after", standby.DefaultStuckAfter, "deadline of a checkpoint or restore: one that lasts longer fails the liveness and readiness probes (stuck: a hung volume or CRIU) and is cancelled, its CRIU killed if it does not abort")
 	f.IntVar(&opts.keepBad, "keep-bad", standby.DefaultKeepBad, "how many images set aside after failed restores (bad-img-*) to keep for inspection, the newest; older ones are removed (0 keeps none)")
 	cmd.AddCommand(standbyCtlCmd(g, "wake", "Restore the service of --image-dir now"),
 		standbyCtlCmd(g, "sleep", "Checkpoint the service of --image-dir now"),

@@ -368,6 +368,10 @@ func (pr *PreparedRestore) restore(ctx context.Context) ([]*RestoreResult, error
 	early := pr.early
 	pr.early = nil
 	defer early.Close() // a no-op once a restore took it
+	inherit, err := o.stdioInherit(img.CRIUDir())
+	if err != nil {
+		return nil, err
+	}
 
 	results := make([]*RestoreResult, o.Count)
 	errs := make([]error, o.Count)
@@ -386,7 +390,7 @@ func (pr *PreparedRestore) restore(ctx context.Context) ([]*RestoreResult, error
 			if i == 0 {
 				sess = early
 			}
-			results[i], errs[i] = s.restoreOne(ctx, o, img, pr.criu, name, sess)
+			results[i], errs[i] = s.restoreOne(ctx, o, img, pr.criu, name, sess, inherit)
 		}()
 	}
 	for range o.Count {
@@ -414,7 +418,7 @@ func (pr *PreparedRestore) restore(ctx context.Context) ([]*RestoreResult, error
 
 // restoreOne restores one copy of a verified image.
 // A CRIU started ahead (sess, may be nil) is used or closed.
-func (s deps) restoreOne(ctx context.Context, o RestoreOptions, img *images.Image, criuPath, name string, sess *criu.RestoreSession) (res *RestoreResult, err error) {
+func (s deps) restoreOne(ctx context.Context, o RestoreOptions, img *images.Image, criuPath, name string, sess *criu.RestoreSession, inherit []criu.InheritFD) (res *RestoreResult, err error) {
 	defer sess.Close() // a no-op once the restore took it
 	m := img.Manifest
 	res = &RestoreResult{Name: name}
@@ -463,10 +467,6 @@ func (s deps) restoreOne(ctx context.Context, o RestoreOptions, img *images.Imag
 			return generation().err
 		}
 		return nil
-	}
-	inherit, err := o.stdioInherit(img.CRIUDir())
-	if err != nil {
-		return nil, err
 	}
 	t := time.Now()
 	rr, canceled, err := s.criuRestore(ctx, o.Count, criuPath, criu.RestoreOptions{

@@ -98,25 +98,15 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 	if s.o.Log == "" {
 		s.o.Log = s.dir.path + "/" + defaultServiceLogName
 	}
-	var out *serviceOutput
-	if s.o.Log == LogStdio {
-		if out, err = newServiceOutput(cmp.Or[io.Writer](o.ServiceStdout, os.Stdout), cmp.Or[io.Writer](o.ServiceStderr, os.Stderr)); err != nil {
-			return nil, fmt.Errorf("the service's output pipes: %w", err)
-		}
-		defer func() {
-			if !ok {
-				out.close(0)
-			}
-		}()
-	} else {
-		// Found now, not at the first cold start (which would retry it
-		// forever).
-		lf, err := engine.OpenRunLog(s.o.Log)
-		if err != nil {
-			return nil, fmt.Errorf("%w: --log: %v", ErrBadOption, err)
-		}
-		lf.Close()
+	out, err := openOutput(&s.o)
+	if err != nil {
+		return nil, err
 	}
+	defer func() {
+		if !ok {
+			out.close(0)
+		}
+	}()
 	if o.Listen != "" {
 		if s.ln, err = listen(o.Listen); err != nil {
 			ln, terr := takeListener(s.dir.path, o.Listen, o.serviceUID())
@@ -182,6 +172,24 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 	}
 	ok = true
 	return s, nil
+}
+
+// openOutput makes the pipes of the service's output with --log -, or
+// checks that its log opens (now, not at the first cold start, which would
+// retry it forever) and returns nil.
+func openOutput(o *Options) (*serviceOutput, error) {
+	if o.Log != LogStdio {
+		lf, err := engine.OpenRunLog(o.Log)
+		if err != nil {
+			return nil, fmt.Errorf("%w: --log: %v", ErrBadOption, err)
+		}
+		return nil, lf.Close()
+	}
+	out, err := newServiceOutput(cmp.Or[io.Writer](o.ServiceStdout, os.Stdout), cmp.Or[io.Writer](o.ServiceStderr, os.Stderr))
+	if err != nil {
+		return nil, fmt.Errorf("the service's output pipes: %w", err)
+	}
+	return out, nil
 }
 
 func (s *Supervisor) close() {

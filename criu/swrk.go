@@ -35,12 +35,12 @@ const maxMsg = 1 << 20
 
 // swrk is one "criu swrk" child and our end of its socket.
 type swrk struct {
-	ctx    context.Context
-	cmd    *exec.Cmd
-	conn   *net.UnixConn
-	stderr *os.File // memfd collecting criu's stdout+stderr
-	stop   func() bool
-	buf    []byte // for CRIU's messages
+	ctx     context.Context
+	cmd     *exec.Cmd
+	conn    *net.UnixConn
+	stderr  *os.File // memfd collecting criu's stdout+stderr
+	stop    func() bool
+	buf     []byte      // for CRIU's messages
 	unwatch func() bool // stops watch's kill
 	// inherit are the caller's descriptors CRIU got, as fds 4, 5, … (for
 	// RestoreOptions.Inherit).

@@ -1,6 +1,7 @@
 package standby
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -113,7 +114,7 @@ func (b *engineBackend) start(ctx context.Context) (proc, error) {
 	b.exits.started(res.PID, res.Exited)
 	st, err := procfs.StartTime(res.PID)
 	if err != nil {
-		return proc{}, fmt.Errorf("started %s as PID %d, which exited already: see %s", b.o.Args[0], res.PID, res.Log)
+		return proc{}, fmt.Errorf("started %s as PID %d, which exited already: see %s", b.o.Args[0], res.PID, cmp.Or(res.Log, "its output on kcr standby's stdout and stderr"))
 	}
 	b.forgetSocket()
 	return proc{PID: res.PID, Start: st}, nil

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -40,8 +41,9 @@ type swrk struct {
 	conn    *net.UnixConn
 	stderr  *os.File // memfd collecting criu's stdout+stderr
 	stop    func() bool
-	buf     []byte      // for CRIU's messages
-	unwatch func() bool // stops watch's kill
+	buf     []byte        // for CRIU's messages
+	unwatch func() bool   // stops watch's kill
+	watches atomic.Uint64 // watch's calls: only the last one's kill counts
 	// inherit are the caller's descriptors CRIU got, as fds 4, 5, … (for
 	// RestoreOptions.Inherit).
 	inherit []*os.File
@@ -164,9 +166,16 @@ func (s *swrk) watch(ctx context.Context) {
 		s.unwatch()
 	}
 	s.ctx = ctx
-	proc := s.cmd.Process
+	proc, gen := s.cmd.Process, s.watches.Add(1)
 	s.unwatch = context.AfterFunc(ctx, func() {
-		time.AfterFunc(KillGrace, func() { _ = proc.Kill() }) // a no-op once it is reaped
+		time.AfterFunc(KillGrace, func() {
+			// Not if a later request took CRIU over meanwhile (a
+			// session started ahead, then its restore); a no-op once
+			// CRIU is reaped.
+			if s.watches.Load() == gen {
+				_ = proc.Kill()
+			}
+		})
 	})
 }
 

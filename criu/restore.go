@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
@@ -45,6 +46,10 @@ type RestoreOptions struct {
 	// Notify, if set, is called at each CRIU stage (see NotifyFunc).
 	Notify NotifyFunc
 
+	// Inherit gives the restored tree the caller's descriptors in place of
+	// files it had (see InheritFD, StdioPipes).
+	Inherit []InheritFD
+
 	// Session, if set, is a CRIU started ahead (StartRestore) for this
 	// restore; Restore uses it if its ShellJob matches, closes it
 	// otherwise, and in every case owns it.
@@ -57,18 +62,20 @@ type RestoreOptions struct {
 type RestoreSession struct {
 	s        *swrk
 	shellJob bool
+	inherit  []*os.File
 }
 
 // StartRestore starts CRIU for one later Restore (RestoreOptions.Session)
-// of a shell job or not (see RestoreOptions.ShellJob). A session that is
+// of a shell job or not (see RestoreOptions.ShellJob), given the files
+// that restore's Inherit will name (CRIU gets them at its start). A session that is
 // never used must be closed. If the caller dies first, CRIU reads
 // end-of-file instead of a request and exits having done nothing.
-func StartRestore(ctx context.Context, criuPath string, shellJob bool) (*RestoreSession, error) {
-	s, err := startSwrk(ctx, criuPath, !shellJob, false)
+func StartRestore(ctx context.Context, criuPath string, shellJob bool, inherit ...*os.File) (*RestoreSession, error) {
+	s, err := startSwrk(ctx, criuPath, !shellJob, false, inherit...)
 	if err != nil {
 		return nil, err
 	}
-	return &RestoreSession{s: s, shellJob: shellJob}, nil
+	return &RestoreSession{s: s, shellJob: shellJob, inherit: inherit}, nil
 }
 
 // Close stops a session that was not used. It is safe on nil, after
@@ -83,13 +90,14 @@ func (rs *RestoreSession) Close() {
 	rs.s = nil
 }
 
-// take returns the session's CRIU for a restore of a shell job or not, or
-// nil (having closed the session) if it was started for the other kind.
-func (rs *RestoreSession) take(shellJob bool) *swrk {
+// take returns the session's CRIU for a restore of a shell job or not
+// that inherits files, or nil (having closed the session) if it was started
+// for another kind or with other files.
+func (rs *RestoreSession) take(shellJob bool, files []*os.File) *swrk {
 	if rs == nil || rs.s == nil {
 		return nil
 	}
-	if rs.shellJob != shellJob {
+	if rs.shellJob != shellJob || !slices.Equal(rs.inherit, files) {
 		rs.Close()
 		return nil
 	}
@@ -199,7 +207,8 @@ func Restore(ctx context.Context, criuPath string, opts RestoreOptions) (*Restor
 		return nil
 	}
 
-	s := opts.Session.take(opts.ShellJob)
+	files := inheritFiles(opts.Inherit)
+	s := opts.Session.take(opts.ShellJob, files)
 	var lazy *LazyPages
 	if opts.LazyPages {
 		lazy, err = StartLazyPages(ctx, criuPath, LazyPagesOptions{ImagesDir: opts.ImagesDir, ImagesDirFile: opts.ImagesDirFile, WorkDir: workDir})
@@ -210,13 +219,16 @@ func Restore(ctx context.Context, criuPath string, opts RestoreOptions) (*Restor
 			return nil, err
 		}
 	}
+	if s != nil {
+		s.watch(ctx) // this restore's deadline, not the session's
+	}
 	if s == nil {
-		s, err = startSwrk(ctx, criuPath, !opts.ShellJob, false)
+		s, err = startSwrk(ctx, criuPath, !opts.ShellJob, false, files...)
 		if err != nil {
 			return nil, lazy.abort(err)
 		}
 	}
-	resp, callErr := s.call(restoreRequest(opts, imgDir, wDir, logFile), notify)
+	resp, callErr := s.call(restoreRequest(opts, imgDir, wDir, logFile, s.inherit), notify)
 	elapsed := time.Since(start)
 	exited := make(chan struct{})
 	if resp.GetSuccess() && callErr == nil {
@@ -248,8 +260,8 @@ func Restore(ctx context.Context, criuPath string, opts RestoreOptions) (*Restor
 // restoreRequest is CRIU's restore request for opts, with the images and
 // work directories passed as descriptors (CRIU reads what kcr opened and
 // checked, not a path that may have changed since).
-func restoreRequest(opts RestoreOptions, imgDir, wDir *os.File, logFile string) *rpc.CriuReq {
-	return &rpc.CriuReq{
+func restoreRequest(opts RestoreOptions, imgDir, wDir *os.File, logFile string, files []*os.File) *rpc.CriuReq {
+	req := &rpc.CriuReq{
 		Type: rpc.CriuReqType_RESTORE.Enum(),
 		Opts: &rpc.CriuOpts{
 			ImagesDirFd:    proto.Int32(int32(imgDir.Fd())),
@@ -268,4 +280,22 @@ func restoreRequest(opts RestoreOptions, imgDir, wDir *os.File, logFile string) 
 			// Not RstSibling: that would make the tree our child.
 		},
 	}
+	for _, in := range opts.Inherit {
+		// CRIU's own descriptor for the file: 4 onwards, in order.
+		fd := 4 + slices.Index(files, in.File)
+		req.Opts.InheritFd = append(req.Opts.InheritFd, &rpc.InheritFd{Key: proto.String(in.Key), Fd: proto.Int32(int32(fd))})
+	}
+	return req
+}
+
+// inheritFiles lists the files of inherit once each, in order: CRIU gets
+// them as fds 4, 5, ….
+func inheritFiles(inherit []InheritFD) []*os.File {
+	var files []*os.File
+	for _, in := range inherit {
+		if !slices.Contains(files, in.File) {
+			files = append(files, in.File)
+		}
+	}
+	return files
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -35,12 +36,17 @@ const maxMsg = 1 << 20
 
 // swrk is one "criu swrk" child and our end of its socket.
 type swrk struct {
-	ctx    context.Context
-	cmd    *exec.Cmd
-	conn   *net.UnixConn
-	stderr *os.File // memfd collecting criu's stdout+stderr
-	stop   func() bool
-	buf    []byte // for CRIU's messages
+	ctx     context.Context
+	cmd     *exec.Cmd
+	conn    *net.UnixConn
+	stderr  *os.File // memfd collecting criu's stdout+stderr
+	stop    func() bool
+	buf     []byte        // for CRIU's messages
+	unwatch func() bool   // stops watch's kill
+	watches atomic.Uint64 // watch's calls: only the last one's kill counts
+	// inherit are the caller's descriptors CRIU got, as fds 4, 5, … (for
+	// RestoreOptions.Inherit).
+	inherit []*os.File
 
 	// The answer to the VERSION request askVersion sent, read once.
 	verAsked, verRead bool
@@ -80,13 +86,13 @@ func (s *swrk) readVersion() (Version, error) {
 
 // startSwrk starts "criu swrk 3". The socketpair is created close-on-exec;
 // the child's end is handed over as fd 3 through ExtraFiles (dup2'd without
-// CLOEXEC in the child only; extra, if any, as fds 4 and up), so neither end
+// CLOEXEC in the child only; inherit, if any, as fds 4 and up), so neither end
 // leaks into other children that
 // the program starts concurrently. With hangUpOnCancel (dumps), cancelling
 // ctx shuts the socket down, so that CRIU fails its next notification and
 // aborts; without it (restores), a cancelled ctx leaves CRIU's next
 // notification unanswered, with the same effect.
-func startSwrk(ctx context.Context, criuPath string, ownGroup, hangUpOnCancel bool, extra ...*os.File) (*swrk, error) {
+func startSwrk(ctx context.Context, criuPath string, ownGroup, hangUpOnCancel bool, inherit ...*os.File) (*swrk, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("criu: socketpair: %w", err)
@@ -109,8 +115,9 @@ func startSwrk(ctx context.Context, criuPath string, ownGroup, hangUpOnCancel bo
 	}
 
 	cmd := exec.Command(criuPath, "swrk", "3")
-	// extra follow as fds 4, 5, ... (a page server's socket).
-	cmd.ExtraFiles = append([]*os.File{theirs}, extra...)
+	// inherit follow as fds 4, 5, ... (a page server's socket, a
+	// restore's inherited pipes).
+	cmd.ExtraFiles = append([]*os.File{theirs}, inherit...)
 	cmd.Stdout = out
 	cmd.Stderr = out
 	// Keep terminal signals (Ctrl-C in kcr's terminal) away from CRIU: a
@@ -136,12 +143,42 @@ func startSwrk(ctx context.Context, criuPath string, ownGroup, hangUpOnCancel bo
 		out.Close()
 		return nil, fmt.Errorf("criu: start %s swrk: %w", criuPath, err)
 	}
-	s := &swrk{ctx: ctx, cmd: cmd, conn: conn, stderr: out}
+	s := &swrk{ctx: ctx, cmd: cmd, conn: conn, stderr: out, inherit: inherit}
 	s.stop = func() bool { return false }
 	if hangUpOnCancel {
 		s.stop = context.AfterFunc(ctx, s.hangUp)
 	}
+	s.watch(ctx)
 	return s, nil
+}
+
+// KillGrace is how long CRIU has to exit once the context of its request
+// ended (a deadline, a shutdown) before kcr kills it. A working CRIU aborts
+// at its next notification, within milliseconds, and cures and resumes a
+// tree it seized; one that does not (stopped, or stuck on a hung volume
+// with the tree frozen) is killed: the kernel then detaches the tree, which
+// runs on, or dies if CRIU's parasite was in it; it is never left frozen.
+var KillGrace = 10 * time.Second
+
+// watch makes ctx the context of CRIU's request: once it ends, CRIU is
+// killed if it has not exited KillGrace later, which also ends our wait
+// for its answer (its socket closes with it).
+func (s *swrk) watch(ctx context.Context) {
+	if s.unwatch != nil {
+		s.unwatch()
+	}
+	s.ctx = ctx
+	proc, gen := s.cmd.Process, s.watches.Add(1)
+	s.unwatch = context.AfterFunc(ctx, func() {
+		time.AfterFunc(KillGrace, func() {
+			// Not if a later request took CRIU over meanwhile (a
+			// session started ahead, then its restore); a no-op once
+			// CRIU is reaped.
+			if s.watches.Load() == gen {
+				_ = proc.Kill()
+			}
+		})
+	})
 }
 
 // hangUp shuts our end of CRIU's socket down, as kcr's death would: CRIU

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"os"
 	"time"
 
 	"github.com/kcr-dev/kcr/criu"
@@ -74,7 +75,7 @@ type deps struct {
 	pidsFree func(ctx context.Context, img *images.Image, wait time.Duration) error
 	// startRestore starts CRIU ahead of a restore (criu.StartRestore); a
 	// nil session is fine, restore then starts its own.
-	startRestore func(ctx context.Context, criuPath string) (*criu.RestoreSession, error)
+	startRestore func(ctx context.Context, criuPath string, inherit ...*os.File) (*criu.RestoreSession, error)
 	// restore is CRIU's restore (criu.Restore).
 	restore func(ctx context.Context, criuPath string, o criu.RestoreOptions) (*criu.RestoreResult, error)
 	// socketWait is how long a restored process may take to show its
@@ -108,8 +109,8 @@ var realDeps = deps{
 	},
 	pidsFree: checkPIDsFree,
 	// Most images are not shell jobs; one that is gets a CRIU of its own.
-	startRestore: func(ctx context.Context, p string) (*criu.RestoreSession, error) {
-		return criu.StartRestore(ctx, p, false)
+	startRestore: func(ctx context.Context, p string, inherit ...*os.File) (*criu.RestoreSession, error) {
+		return criu.StartRestore(ctx, p, false, inherit...)
 	},
 	restore:    criu.Restore,
 	socketWait: 3 * time.Second,

@@ -66,6 +66,45 @@ type RestoreOptions struct {
 	// Name labels the clones: NAME, or NAME-1 … NAME-N with Count > 1. The
 	// app sees it in notify.Event.Name.
 	Name string
+	// Stdout and Stderr, if set, replace the pipes that the image's process
+	// had as its stdout and stderr when it was dumped (its log, read by kcr
+	// standby): CRIU could not reconnect those, whose reader is outside the
+	// tree, and would give it new pipes nobody reads. A descriptor that was
+	// not a pipe is restored as it was.
+	Stdout, Stderr *os.File
+}
+
+// stdioFiles are the files o gives the restored tree (CRIU gets them at
+// its start).
+func (o RestoreOptions) stdioFiles() []*os.File {
+	var files []*os.File
+	for _, f := range []*os.File{o.Stdout, o.Stderr} {
+		if f != nil {
+			files = append(files, f)
+		}
+	}
+	return files
+}
+
+// stdioInherit maps the pipes the image's root task had as stdout and
+// stderr to o.Stdout and o.Stderr (criu.StdioPipes).
+func (o RestoreOptions) stdioInherit(criuDir string) ([]criu.InheritFD, error) {
+	if o.Stdout == nil && o.Stderr == nil {
+		return nil, nil
+	}
+	pipes, err := criu.StdioPipes(criuDir)
+	if err != nil {
+		return nil, fmt.Errorf("read the image's stdout and stderr: %w", err)
+	}
+	var inherit []criu.InheritFD
+	for fd, f := range []*os.File{1: o.Stdout, 2: o.Stderr} {
+		key, ok := pipes[fd]
+		if f == nil || !ok || (fd == 2 && pipes[1] == key && o.Stdout != nil) {
+			continue // one pipe for both: it becomes Stdout
+		}
+		inherit = append(inherit, criu.InheritFD{Key: key, File: f})
+	}
+	return inherit, nil
 }
 
 // RestoreResult describes a restored process.
@@ -254,7 +293,7 @@ func (s deps) prepareRestore(ctx context.Context, o RestoreOptions) (*PreparedRe
 		p, err := s.findCRIU(ctx, o.CRIU)
 		var early *criu.RestoreSession
 		if err == nil && s.startRestore != nil {
-			early, _ = s.startRestore(ctx, p) // on failure, restoreOne starts CRIU as usual
+			early, _ = s.startRestore(ctx, p, o.stdioFiles()...) // on failure, restoreOne starts CRIU as usual
 		}
 		criuCh <- found{p, early, err}
 	}()
@@ -329,6 +368,10 @@ func (pr *PreparedRestore) restore(ctx context.Context) ([]*RestoreResult, error
 	early := pr.early
 	pr.early = nil
 	defer early.Close() // a no-op once a restore took it
+	inherit, err := o.stdioInherit(img.CRIUDir())
+	if err != nil {
+		return nil, err
+	}
 
 	results := make([]*RestoreResult, o.Count)
 	errs := make([]error, o.Count)
@@ -347,7 +390,7 @@ func (pr *PreparedRestore) restore(ctx context.Context) ([]*RestoreResult, error
 			if i == 0 {
 				sess = early
 			}
-			results[i], errs[i] = s.restoreOne(ctx, o, img, pr.criu, name, sess)
+			results[i], errs[i] = s.restoreOne(ctx, o, img, pr.criu, name, sess, inherit)
 		}()
 	}
 	for range o.Count {
@@ -375,7 +418,7 @@ func (pr *PreparedRestore) restore(ctx context.Context) ([]*RestoreResult, error
 
 // restoreOne restores one copy of a verified image.
 // A CRIU started ahead (sess, may be nil) is used or closed.
-func (s deps) restoreOne(ctx context.Context, o RestoreOptions, img *images.Image, criuPath, name string, sess *criu.RestoreSession) (res *RestoreResult, err error) {
+func (s deps) restoreOne(ctx context.Context, o RestoreOptions, img *images.Image, criuPath, name string, sess *criu.RestoreSession, inherit []criu.InheritFD) (res *RestoreResult, err error) {
 	defer sess.Close() // a no-op once the restore took it
 	m := img.Manifest
 	res = &RestoreResult{Name: name}
@@ -429,7 +472,7 @@ func (s deps) restoreOne(ctx context.Context, o RestoreOptions, img *images.Imag
 	rr, canceled, err := s.criuRestore(ctx, o.Count, criuPath, criu.RestoreOptions{
 		ImagesDir: img.CRIUDir(), ImagesDirFile: imgDir, WorkDir: work, LazyPages: o.Lazy, LogLevel: o.CRIULogLevel,
 		TCPClose: m.Options.TCPClose, ShellJob: m.Options.ShellJob, FileLocks: m.Options.FileLocks,
-		Session: sess, Notify: needGen,
+		Session: sess, Notify: needGen, Inherit: inherit,
 	})
 	if canceled {
 		return nil, err

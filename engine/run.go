@@ -27,6 +27,9 @@ type RunOptions struct {
 	// (CRIU cannot restore a regular file that grew after the dump unless it
 	// is append-only). Default: ./NAME.log.
 	Log string
+	// Stdout and Stderr, if set, are the program's stdout and stderr in
+	// place of Log (kcr standby's log pipes: see RestoreOptions.Stdout).
+	Stdout, Stderr *os.File
 	// NoPIDNamespace runs the program in the host's PID namespace; it then
 	// cannot be restored more than once at a time.
 	NoPIDNamespace bool
@@ -89,18 +92,13 @@ func Run(ctx context.Context, o RunOptions) (*RunResult, error) {
 	if err != nil {
 		return nil, fmt.Errorf("program %q: %w", o.Args[0], err)
 	}
-	logPath := o.Log
-	if logPath == "" {
-		logPath = filepath.Base(o.Args[0]) + ".log"
-	}
-	if logPath, err = filepath.Abs(logPath); err != nil {
-		return nil, err
-	}
-	logf, err := OpenRunLog(logPath)
+	stdout, stderr, logPath, err := runOutput(o)
 	if err != nil {
 		return nil, err
 	}
-	defer logf.Close()
+	if logPath != "" {
+		defer stdout.Close()
+	}
 	null, err := os.Open(os.DevNull)
 	if err != nil {
 		return nil, err
@@ -110,7 +108,7 @@ func Run(ctx context.Context, o RunOptions) (*RunResult, error) {
 	if err := CloseInheritedFDs(); err != nil {
 		return nil, fmt.Errorf("mark inherited descriptors close-on-exec: %w", err)
 	}
-	cmd := runCmd(prog, o, null, logf)
+	cmd := runCmd(prog, o, null, stdout, stderr)
 	if o.AllCaps {
 		err = cmd.Start()
 	} else {
@@ -138,7 +136,7 @@ func Run(ctx context.Context, o RunOptions) (*RunResult, error) {
 	for {
 		select {
 		case err := <-exited:
-			return nil, fmt.Errorf("%s exited at start (%v): see %s", o.Args[0], err, logPath)
+			return nil, fmt.Errorf("%s exited at start (%v): see %s", o.Args[0], err, logName(logPath))
 		case <-ctx.Done():
 			return res, ctx.Err()
 		case <-deadline.C:
@@ -150,6 +148,33 @@ func Run(ctx context.Context, o RunOptions) (*RunResult, error) {
 			}
 		}
 	}
+}
+
+// runOutput returns the program's stdout and stderr: o's, or its log
+// opened, with the log's path (the caller closes it).
+func runOutput(o RunOptions) (stdout, stderr *os.File, logPath string, err error) {
+	if o.Stdout != nil || o.Stderr != nil {
+		return o.Stdout, o.Stderr, "", nil
+	}
+	logPath = o.Log
+	if logPath == "" {
+		logPath = filepath.Base(o.Args[0]) + ".log"
+	}
+	if logPath, err = filepath.Abs(logPath); err != nil {
+		return nil, nil, "", err
+	}
+	logf, err := OpenRunLog(logPath)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	return logf, logf, logPath, nil
+}
+
+func logName(logPath string) string {
+	if logPath == "" {
+		return "its output"
+	}
+	return logPath
 }
 
 // OpenRunLog opens (creating it) the log of a service for appending, as
@@ -181,7 +206,7 @@ func OpenRunLog(logPath string) (*os.File, error) {
 // runCmd is the command Run starts: prog with o's arguments, environment,
 // credentials and ExtraFiles, in a session (and by default a PID
 // namespace) of its own.
-func runCmd(prog string, o RunOptions, null, logf *os.File) *exec.Cmd {
+func runCmd(prog string, o RunOptions, null, stdout, stderr *os.File) *exec.Cmd {
 	env := RunEnv(o.Env)
 	if o.Cred != nil && int(o.Cred.Uid) != os.Getuid() {
 		// kcr's runtime directory is not the program's: its kcr control
@@ -191,7 +216,7 @@ func runCmd(prog string, o RunOptions, null, logf *os.File) *exec.Cmd {
 	cmd := exec.Command(prog, o.Args[1:]...)
 	cmd.Args[0] = o.Args[0]
 	cmd.Env = env
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = null, logf, logf
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = null, stdout, stderr
 	cmd.ExtraFiles = o.ExtraFiles
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Credential: o.Cred}
 	if !o.NoPIDNamespace {

@@ -89,10 +89,14 @@ func (s *Supervisor) dump(ctx context.Context, p proc, name string, atTerm bool,
 		// In before the service's member leaves: the group is never empty.
 		s.hold.arm(ctx)
 	}
+	// --stuck-after is the checkpoint's deadline: CRIU is killed past it
+	// and the service runs on (criu.KillGrace).
+	dctx, cancel := context.WithTimeout(ctx, s.stuckAfter())
+	defer cancel()
 	if atTerm {
-		return s.b.checkpoint(ctx, p, s.dir.path, name)
+		return s.b.checkpoint(dctx, p, s.dir.path, name)
 	}
-	cctx, cw := s.watchCheckpoint(ctx, s.currentCycle())
+	cctx, cw := s.watchCheckpoint(dctx, s.currentCycle())
 	err := s.b.checkpoint(cctx, p, s.dir.path, name)
 	if s.wokeInCheckpoint(ctx, cw, p, err, time.Since(t)) {
 		return errAbandoned

@@ -1,6 +1,7 @@
 package standby
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -75,6 +76,20 @@ type engineBackend struct {
 	sockMu sync.Mutex // socket: activity is read by the watch and by watchFirstActivity
 
 	exits *exits // how each copy kcr reaps ended
+
+	out *serviceOutput // the service's stdout and stderr with --log - (nil: a file)
+}
+
+// outputDrain bounds the wait for the service's last lines at exit.
+const outputDrain = 5 * time.Second
+
+// stdio returns the write ends of the service's output pipes (nil: it
+// writes to Options.Log).
+func (b *engineBackend) stdio() (stdout, stderr *os.File) {
+	if b.out == nil {
+		return nil, nil
+	}
+	return b.out.stdout, b.out.stderr
 }
 
 func (b *engineBackend) start(ctx context.Context) (proc, error) {
@@ -85,7 +100,8 @@ func (b *engineBackend) start(ctx context.Context) (proc, error) {
 		env = append(env, fmt.Sprintf("LISTEN_FDS=%d", len(b.extra)), "LISTEN_PID=1", "LISTEN_FDNAMES=kcr-standby",
 			notify.ListenFDsSocketEnv+"="+b.fdsSocket)
 	}
-	res, err := engine.Run(ctx, engine.RunOptions{Args: b.o.Args, Log: b.o.Log, Env: env,
+	stdout, stderr := b.stdio()
+	res, err := engine.Run(ctx, engine.RunOptions{Args: b.o.Args, Log: b.o.Log, Stdout: stdout, Stderr: stderr, Env: env,
 		ReadyTimeout: b.o.ReadyTimeout, ExtraFiles: b.extra, Cred: b.o.Cred, Caps: b.o.Caps, AllCaps: b.o.AllCaps})
 	if err != nil {
 		if res != nil && res.PID > 0 {
@@ -98,7 +114,7 @@ func (b *engineBackend) start(ctx context.Context) (proc, error) {
 	b.exits.started(res.PID, res.Exited)
 	st, err := procfs.StartTime(res.PID)
 	if err != nil {
-		return proc{}, fmt.Errorf("started %s as PID %d, which exited already: see %s", b.o.Args[0], res.PID, res.Log)
+		return proc{}, fmt.Errorf("started %s as PID %d, which exited already: see %s", b.o.Args[0], res.PID, cmp.Or(res.Log, "its output on kcr standby's stdout and stderr"))
 	}
 	b.forgetSocket()
 	return proc{PID: res.PID, Start: st}, nil

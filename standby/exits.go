@@ -299,7 +299,11 @@ func (s *Supervisor) crashLoop(c *run) bool {
 	if s.o.CrashLimit <= 0 || c.crashes < s.o.CrashLimit {
 		return false
 	}
-	c.err = fmt.Errorf("%w: the service failed %d times in a row, no run lasting %v: see its log %s (--crash-limit)", ErrCrashLoop, c.crashes, s.o.StableAfter, s.o.Log)
+	where := "its log " + s.o.Log
+	if s.o.Log == LogStdio {
+		where = "its output on kcr standby's stdout and stderr"
+	}
+	c.err = fmt.Errorf("%w: the service failed %d times in a row, no run lasting %v: see %s (--crash-limit)", ErrCrashLoop, c.crashes, s.o.StableAfter, where)
 	s.log.Error("standby: crash loop; exiting non-zero", "failures_in_a_row", c.crashes, "stable_after_ms", ms(s.o.StableAfter))
 	return true
 }

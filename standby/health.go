@@ -73,11 +73,7 @@ func (s *Supervisor) Health() Health {
 	s.mu.Lock()
 	st, since := s.state, s.since
 	s.mu.Unlock()
-	stuck := s.o.StuckAfter
-	if stuck <= 0 {
-		stuck = DefaultStuckAfter
-	}
-	return HealthAt(st, time.Since(since), stuck)
+	return HealthAt(st, time.Since(since), s.stuckAfter())
 }
 
 // ProbeObserver is an Observer that is also told each probe answered
@@ -114,4 +110,14 @@ func (s *Supervisor) HealthHandler() http.Handler {
 		}
 		json.NewEncoder(w).Encode(h)
 	})
+}
+
+// stuckAfter is Options.StuckAfter or its default. It is also the deadline
+// of a checkpoint and of a restore: past it the step is cancelled, and its
+// CRIU killed if it does not end (criu.KillGrace).
+func (s *Supervisor) stuckAfter() time.Duration {
+	if s.o.StuckAfter <= 0 {
+		return DefaultStuckAfter
+	}
+	return s.o.StuckAfter
 }

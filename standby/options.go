@@ -17,6 +17,7 @@ package standby
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"syscall"
@@ -75,8 +76,15 @@ type Options struct {
 	// "Deploying a new version"). "*" counts none but -e's.
 	IdentityEnvIgnore []string
 	// Log receives the service's stdout and stderr, appended (default
-	// IMAGE_DIR/service.log).
+	// IMAGE_DIR/service.log). LogStdio ("-") sends them through pipes to
+	// ServiceStdout and ServiceStderr instead, across checkpoints and
+	// restores, each line whole.
 	Log string
+	// ServiceStdout and ServiceStderr receive the service's output with
+	// Log "-" (defaults os.Stdout and os.Stderr): whole lines, in order,
+	// one Write per batch of lines. A writer shared with the Logger
+	// must serialize its Writes.
+	ServiceStdout, ServiceStderr io.Writer
 	// ImageDir holds the images, the state file, the lock and the control
 	// socket (required). It is created 0700 if missing; it must belong to
 	// the caller (or root) and not be writable by group or others, nor may
@@ -246,6 +254,8 @@ func (o *Options) check() error {
 		return bad("--replicas-key-file needs --replicas")
 	case len(o.Topics) > 0 && o.Group == "" && o.ShareGroup == "":
 		return bad("--topics needs --group: the records watched are those the service's consumer group has not committed")
+	case o.Log == LogStdio && o.OnTerm == TermLeave:
+		return bad("--log - with --on-term leave: the service would lose its stdout with kcr standby and die at its next line (SIGPIPE); give --log FILE, or another --on-term")
 	case o.Kafka.set() && o.Group == "" && o.ShareGroup == "":
 		return bad("the --kafka-tls-* and --kafka-sasl-* options need --group: they configure kcr standby's own Kafka clients")
 	}

@@ -1,10 +1,12 @@
 package standby
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -96,13 +98,15 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 	if s.o.Log == "" {
 		s.o.Log = s.dir.path + "/" + defaultServiceLogName
 	}
-	// Found now, not at the first cold start (which would retry it
-	// forever).
-	lf, err := engine.OpenRunLog(s.o.Log)
+	out, err := openOutput(&s.o)
 	if err != nil {
-		return nil, fmt.Errorf("%w: --log: %v", ErrBadOption, err)
+		return nil, err
 	}
-	lf.Close()
+	defer func() {
+		if !ok {
+			out.close(0)
+		}
+	}()
 	if o.Listen != "" {
 		if s.ln, err = listen(o.Listen); err != nil {
 			ln, terr := takeListener(s.dir.path, o.Listen, o.serviceUID())
@@ -149,7 +153,7 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 			return nil, err
 		}
 	}
-	eb := &engineBackend{o: &s.o, log: s.log, dir: s.dir.path, exits: newExits()}
+	eb := &engineBackend{o: &s.o, log: s.log, dir: s.dir.path, exits: newExits(), out: out}
 	if s.ln != nil {
 		f, err := s.ln.File() // a dup, handed to every cold start
 		if err != nil {
@@ -171,6 +175,24 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 	return s, nil
 }
 
+// openOutput makes the pipes of the service's output with --log -, or
+// checks that its log opens (now, not at the first cold start, which would
+// retry it forever) and returns nil.
+func openOutput(o *Options) (*serviceOutput, error) {
+	if o.Log != LogStdio {
+		lf, err := engine.OpenRunLog(o.Log)
+		if err != nil {
+			return nil, fmt.Errorf("%w: --log: %v", ErrBadOption, err)
+		}
+		return nil, lf.Close()
+	}
+	out, err := newServiceOutput(cmp.Or[io.Writer](o.ServiceStdout, os.Stdout), cmp.Or[io.Writer](o.ServiceStderr, os.Stderr))
+	if err != nil {
+		return nil, fmt.Errorf("the service's output pipes: %w", err)
+	}
+	return out, nil
+}
+
 func (s *Supervisor) close() {
 	s.bg.Wait()
 	if s.ctl != nil {
@@ -187,6 +209,9 @@ func (s *Supervisor) close() {
 		for _, f := range eb.extra {
 			f.Close()
 		}
+		// What the last copy wrote before it was checkpointed or
+		// stopped, passed on before kcr standby exits.
+		eb.out.close(outputDrain)
 	}
 	if s.ln != nil {
 		s.ln.Close()
@@ -757,7 +782,9 @@ func (s *Supervisor) restore(ctx context.Context, source string, wokeAt time.Tim
 		s.log.Warn("standby: state file", "err", err)
 	}
 	t := time.Now()
-	p, err := s.b.restore(ctx, s.dir.path, s.image)
+	rctx, cancel := context.WithTimeout(ctx, s.stuckAfter())
+	p, err := s.b.restore(rctx, s.dir.path, s.image)
+	cancel()
 	d := time.Since(t)
 	s.o.Observer.Restore(d, err)
 	if errors.Is(err, errExitedInRestore) {

@@ -49,6 +49,8 @@ type fake struct {
 	// onCheckpoint runs in a successful checkpoint: the service's hooks
 	// (its member leaves its group, say).
 	onCheckpoint func()
+	// restoreHangs makes restores hang until their ctx ends (a stuck CRIU).
+	restoreHangs bool
 }
 
 func newFake() *fake {
@@ -96,6 +98,11 @@ func (f *fake) checkpoint(ctx context.Context, p proc, dir, name string) error {
 
 func (f *fake) restore(ctx context.Context, dir, name string) (proc, error) {
 	f.mu.Lock()
+	if f.restoreHangs {
+		f.mu.Unlock()
+		<-ctx.Done()
+		return proc{}, ctx.Err()
+	}
 	defer f.mu.Unlock()
 	f.restores = append(f.restores, name)
 	if f.restoreErr != nil {

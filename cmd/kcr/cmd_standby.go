@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -87,14 +88,14 @@ TimeoutStopSec). See docs/standby.md, "Shutdown".`,
 	kafkaSecurityFlags(cmd, &o.Kafka)
 	f.StringVar(&o.Listen, "listen", "", "TCP address kcr listens on and hands to the service (LISTEN_FDS); a connection wakes it")
 	f.StringVar(&opts.metrics, "metrics", "", "serve Prometheus metrics (/metrics) and the liveness and readiness probes (/healthz, /readyz) on this address; a probe never wakes the service")
-	f.StringVar(&o.Log, "log", "", "file for the service's output, appended (default IMAGE_DIR/service.log)")
+	f.StringVar(&o.Log, "log", "", "file for the service's output, appended (default IMAGE_DIR/service.log); \"-\" sends its stdout and stderr to kcr standby's own, line by line, across checkpoints and restores (journald, kubectl logs)")
 	f.StringArrayVarP(&o.Env, "env", "e", nil, "add KEY=VALUE to the service's environment")
 	opts.cred.add(cmd)
 	f.StringSliceVar(&o.IdentityEnvIgnore, "identity-env-ignore", nil, "environment variables (NAME or PREFIX*) whose change does not keep an image from being restored, besides HOSTNAME and the per-start ones (see docs/standby.md, Deploying a new version); \"*\" counts only -e")
 	f.DurationVar(&o.HookBudget, "hook-budget", standby.DefaultHookBudget, "deadline of the before-checkpoint hooks")
 	f.DurationVar(&o.ReadyTimeout, "ready-timeout", standby.DefaultReadyTimeout, "how long a cold start may take to open its control socket")
 	f.DurationVar(&o.BackoffMax, "max-backoff", standby.DefaultBackoffMax, "longest wait before restarting a service that keeps crashing")
-	f.DurationVar(&o.StuckAfter, "stuck-after", standby.DefaultStuckAfter, "a checkpoint or restore that lasts longer fails the liveness and readiness probes (stuck: a hung volume or CRIU)")
+	f.DurationVar(&o.StuckAfter, "stuck-after", standby.DefaultStuckAfter, "deadline of a checkpoint or restore: one that lasts longer fails the liveness and readiness probes (stuck: a hung volume or CRIU) and is cancelled, its CRIU killed if it does not abort")
 	f.IntVar(&opts.keepBad, "keep-bad", standby.DefaultKeepBad, "how many images set aside after failed restores (bad-img-*) to keep for inspection, the newest; older ones are removed (0 keeps none)")
 	cmd.AddCommand(standbyCtlCmd(g, "wake", "Restore the service of --image-dir now"),
 		standbyCtlCmd(g, "sleep", "Checkpoint the service of --image-dir now"),
@@ -137,7 +138,12 @@ func runStandby(ctx context.Context, opts *standbyOpts, out *output) error {
 	if opts.verbose {
 		lvl = slog.LevelDebug
 	}
-	o.Logger = slog.New(slog.NewJSONHandler(out.stderr, &slog.HandlerOptions{Level: lvl}))
+	// One lock for kcr's log lines and the service's stderr (--log -),
+	// so that neither cuts the other's. The service's bytes go as they
+	// are, as a container runtime passes a container's.
+	var mu sync.Mutex
+	o.ServiceStdout, o.ServiceStderr = out.stdout, &lockedWriter{mu: &mu, w: rawWriter(out.stderr)}
+	o.Logger = slog.New(slog.NewJSONHandler(&lockedWriter{mu: &mu, w: out.stderr}, &slog.HandlerOptions{Level: lvl}))
 	var metricsLn net.Listener
 	var reg *prometheus.Registry
 	if opts.metrics != "" {
@@ -293,4 +299,24 @@ func printStandbyStatus(w io.Writer, st standby.Status) {
 		fmt.Fprintf(w, "; replica %q: %s (%q)", rp.ID, rp.Decision, rp.Why)
 	}
 	fmt.Fprintln(w)
+}
+
+// lockedWriter serializes Writes to w with the other writers of mu.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// rawWriter is w without termSafe's escapes.
+func rawWriter(w io.Writer) io.Writer {
+	if s, ok := w.(safeWriter); ok {
+		return s.w
+	}
+	return w
 }

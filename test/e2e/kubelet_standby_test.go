@@ -263,6 +263,8 @@ func TestKubeletStandbyPod(t *testing.T) {
 	if now := c.kubeletContainer(p.name); now.Id != p.ctr.Id || now.Metadata.Attempt != 0 {
 		t.Errorf("the pod's container is %s (attempt %d), was %s: the kubelet restarted it", now.Id, now.Metadata.Attempt, p.ctr.Id)
 	}
+	checkPodLeastPrivileged(t, c, p, 3)
+	mark("pod 1: the service confined, its log in the container's, no zombie")
 	if n, _ := strconv.Atoi(os.Getenv("KCR_KUBELET_BENCH")); n > 0 {
 		benchStandbyPodAndHost(t, k, p.sbRun, orders, results, group, args, n)
 	}

@@ -49,6 +49,7 @@ func main() {
 	startDelay := flag.Duration("start-delay", 0, "wait this long before opening the control socket (a slow cold start)")
 	afterDelay := flag.Duration("after-delay", 0, "an after-restore hook that takes this long (a slow restore)")
 	beforeDelay := flag.Duration("before-delay", 0, "a before-checkpoint hook that takes this long (a slow checkpoint)")
+	logRate := flag.Int("log-rate", 0, "write this many numbered lines a second (\"logline N ...\"): nine in ten to stdout, one in ten to stderr, one in a thousand 8 KiB long (above PIPE_BUF, so more than one write)")
 	lateHook := flag.Duration("late-hook", 0, "an after-restore hook registered after the listeners that takes this long; each answer then ends with late=N, the generation it last ran for")
 	flag.Parse()
 	if *dial != "" {
@@ -216,6 +217,9 @@ func main() {
 		}
 	}()
 
+	if *logRate > 0 {
+		go logLines(*logRate)
+	}
 	emit("ready", "listen", ln.Addr().String(), "socket", srv.Path())
 	sig := make(chan os.Signal, 1)
 	signalNotify(sig)
@@ -248,4 +252,36 @@ func dialMode(path string) int {
 		return 4
 	}
 	return 0
+}
+
+// logLines writes rate numbered lines a second, forever, each with one
+// write(2) but the long ones: "logline N out|err PADDING", N from 0 and
+// the same sequence across both streams.
+func logLines(rate int) {
+	pad := strings.Repeat("x", 80)
+	long := strings.Repeat("y", 8<<10)
+	const batch = 10 // lines per tick: a 1 ms ticker at 10,000 lines/s
+	tick := time.NewTicker(time.Second * batch / time.Duration(rate))
+	defer tick.Stop()
+	for n := 0; ; {
+		<-tick.C
+		for range batch {
+			w, name, p := os.Stdout, "out", pad
+			if n%10 == 9 {
+				w, name = os.Stderr, "err"
+			}
+			if n%1000 == 999 {
+				p = long
+			}
+			line := fmt.Sprintf("logline %d %s %s\n", n, name, p)
+			if w == os.Stdout {
+				outMu.Lock() // not between the bytes of an event
+			}
+			w.WriteString(line)
+			if w == os.Stdout {
+				outMu.Unlock()
+			}
+			n++
+		}
+	}
 }

@@ -207,26 +207,9 @@ func Restore(ctx context.Context, criuPath string, opts RestoreOptions) (*Restor
 		return nil
 	}
 
-	files := inheritFiles(opts.Inherit)
-	s := opts.Session.take(opts.ShellJob, files)
-	var lazy *LazyPages
-	if opts.LazyPages {
-		lazy, err = StartLazyPages(ctx, criuPath, LazyPagesOptions{ImagesDir: opts.ImagesDir, ImagesDirFile: opts.ImagesDirFile, WorkDir: workDir})
-		if err != nil {
-			if s != nil {
-				(&RestoreSession{s: s}).Close()
-			}
-			return nil, err
-		}
-	}
-	if s != nil {
-		s.watch(ctx) // this restore's deadline, not the session's
-	}
-	if s == nil {
-		s, err = startSwrk(ctx, criuPath, !opts.ShellJob, false, files...)
-		if err != nil {
-			return nil, lazy.abort(err)
-		}
+	s, lazy, err := restoreSwrk(ctx, criuPath, opts, workDir)
+	if err != nil {
+		return nil, err
 	}
 	resp, callErr := s.call(restoreRequest(opts, imgDir, wDir, logFile, s.inherit), notify)
 	elapsed := time.Since(start)
@@ -255,6 +238,33 @@ func Restore(ctx context.Context, criuPath string, opts RestoreOptions) (*Restor
 	res := &RestoreResult{PID: pid, Duration: elapsed, LogPath: logPath, Lazy: lazy, Stages: stages, exited: exited}
 	res.Stats, res.StatsErr = ReadRestoreStats(workDir)
 	return res, nil
+}
+
+// restoreSwrk returns the CRIU that restores: the one opts.Session started
+// ahead, or a new one; and the lazy-pages daemon, with opts.LazyPages.
+func restoreSwrk(ctx context.Context, criuPath string, opts RestoreOptions, workDir string) (*swrk, *LazyPages, error) {
+	files := inheritFiles(opts.Inherit)
+	s := opts.Session.take(opts.ShellJob, files)
+	var lazy *LazyPages
+	if opts.LazyPages {
+		var err error
+		lazy, err = StartLazyPages(ctx, criuPath, LazyPagesOptions{ImagesDir: opts.ImagesDir, ImagesDirFile: opts.ImagesDirFile, WorkDir: workDir})
+		if err != nil {
+			if s != nil {
+				(&RestoreSession{s: s}).Close()
+			}
+			return nil, nil, err
+		}
+	}
+	if s != nil {
+		s.watch(ctx) // this restore's deadline, not the session's
+		return s, lazy, nil
+	}
+	s, err := startSwrk(ctx, criuPath, !opts.ShellJob, false, files...)
+	if err != nil {
+		return nil, nil, lazy.abort(err)
+	}
+	return s, lazy, nil
 }
 
 // restoreRequest is CRIU's restore request for opts, with the images and

@@ -265,6 +265,12 @@ func (o *Options) check() error {
 	if err := o.checkLifecycle(); err != nil {
 		return bad("%v", err)
 	}
+	o.setDefaults()
+	return nil
+}
+
+// setDefaults gives every zero option its default.
+func (o *Options) setDefaults() {
 	if o.ActivityPoll == 0 {
 		o.ActivityPoll = min(max(o.Idle/10, minActivityPoll), maxActivityPoll)
 	}
@@ -305,7 +311,6 @@ func (o *Options) check() error {
 	if o.Observer == nil {
 		o.Observer = nopObserver{}
 	}
-	return nil
 }
 
 // State is the supervisor's state.

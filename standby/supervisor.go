@@ -107,38 +107,11 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 			out.close(0)
 		}
 	}()
-	if o.Listen != "" {
-		if s.ln, err = listen(o.Listen); err != nil {
-			ln, terr := takeListener(s.dir.path, o.Listen, o.serviceUID())
-			if terr != nil {
-				return nil, err
-			}
-			s.log.Info("standby: took the --listen socket back from the running service", "listen", o.Listen)
-			s.ln = ln
-		}
+	if err := s.openListen(); err != nil {
+		return nil, err
 	}
-	if o.Group != "" {
-		if s.o.kafkaOpts, err = s.o.Kafka.kgoOpts(s.log); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrBadOption, err)
-		}
-		k, err := newKafkaSource(ctx, &s.o)
-		if err != nil {
-			return nil, err
-		}
-		if !o.Replicas {
-			s.wakes = append(s.wakes, k)
-		} else if s.replica, err = newReplicaSource(ctx, &s.o, k, engine.Version); err != nil {
-			k.close()
-			return nil, err
-		} else {
-			s.wakes = append(s.wakes, s.replica)
-		}
-		if s.hold, err = newGroupHold(&s.o, s.log, s.setHoldSaved); err != nil {
-			return nil, err
-		}
-		if s.replica != nil {
-			s.hold.groupIdle = s.replica.idle.Load
-		}
+	if err := s.addKafkaWake(ctx); err != nil {
+		return nil, err
 	}
 	if o.ShareGroup != "" {
 		if err := s.addShareWake(ctx); err != nil {
@@ -173,6 +146,55 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 	}
 	ok = true
 	return s, nil
+}
+
+// openListen opens the --listen socket, or takes it back from the service
+// a previous kcr standby left running.
+func (s *Supervisor) openListen() error {
+	if s.o.Listen == "" {
+		return nil
+	}
+	var err error
+	if s.ln, err = listen(s.o.Listen); err != nil {
+		ln, terr := takeListener(s.dir.path, s.o.Listen, s.o.serviceUID())
+		if terr != nil {
+			return err
+		}
+		s.log.Info("standby: took the --listen socket back from the running service", "listen", s.o.Listen)
+		s.ln = ln
+	}
+	return nil
+}
+
+// addKafkaWake adds the wake on the consumer group's records (through the
+// replicas' claims with --replicas) and the group hold, given --group.
+func (s *Supervisor) addKafkaWake(ctx context.Context) error {
+	if s.o.Group == "" {
+		return nil
+	}
+	var err error
+	if s.o.kafkaOpts, err = s.o.Kafka.kgoOpts(s.log); err != nil {
+		return fmt.Errorf("%w: %v", ErrBadOption, err)
+	}
+	k, err := newKafkaSource(ctx, &s.o)
+	if err != nil {
+		return err
+	}
+	if !s.o.Replicas {
+		s.wakes = append(s.wakes, k)
+	} else if s.replica, err = newReplicaSource(ctx, &s.o, k, engine.Version); err != nil {
+		k.close()
+		return err
+	} else {
+		s.wakes = append(s.wakes, s.replica)
+	}
+	if s.hold, err = newGroupHold(&s.o, s.log, s.setHoldSaved); err != nil {
+		return err
+	}
+	if s.replica != nil {
+		s.hold.groupIdle = s.replica.idle.Load
+	}
+	return nil
 }
 
 // openOutput makes the pipes of the service's output with --log -, or

@@ -108,31 +108,9 @@ func runStandby(ctx context.Context, opts *standbyOpts, out *output) error {
 	if os.Getpid() == 1 {
 		return runStandbyInit()
 	}
-	o := opts.o
-	o.Args = opts.args
-	if err := kafkaPasswordFromEnv(&o.Kafka); err != nil {
+	o, err := standbyOptions(opts)
+	if err != nil {
 		return err
-	}
-	o.CRIU = opts.criu
-	o.NoHoldGroup = !opts.holdGroup
-	o.NoKdatCache = !opts.kdatCache
-	o.NoPrepare = !opts.prepare
-	var err error
-	if o.Cred, o.Caps, o.AllCaps, err = opts.cred.resolve(); err != nil {
-		return err
-	}
-	o.OnTerm = standby.TermPolicy(opts.onTerm)
-	o.OnExit = standby.ExitPolicy(opts.onExit)
-	if o.CrashLimit == 0 {
-		o.CrashLimit = -1 // standby.Options: negative never stops, zero is the default
-	}
-	switch {
-	case opts.keepBad < 0:
-		return &exitError{exitUsage, fmt.Errorf("--keep-bad %d: give 0 (keep none) or more", opts.keepBad)}
-	case opts.keepBad == 0:
-		o.KeepBad = -1 // standby.Options: negative keeps none, zero is the default
-	default:
-		o.KeepBad = opts.keepBad
 	}
 	lvl := slog.LevelInfo
 	if opts.verbose {
@@ -187,6 +165,38 @@ func runStandby(ctx context.Context, opts *standbyOpts, out *output) error {
 		}
 	}()
 	return sup.Run(ctx)
+}
+
+// standbyOptions turns the flags into standby.Options, but for the logger
+// and the observer.
+func standbyOptions(opts *standbyOpts) (standby.Options, error) {
+	o := opts.o
+	o.Args = opts.args
+	if err := kafkaPasswordFromEnv(&o.Kafka); err != nil {
+		return o, err
+	}
+	o.CRIU = opts.criu
+	o.NoHoldGroup = !opts.holdGroup
+	o.NoKdatCache = !opts.kdatCache
+	o.NoPrepare = !opts.prepare
+	var err error
+	if o.Cred, o.Caps, o.AllCaps, err = opts.cred.resolve(); err != nil {
+		return o, err
+	}
+	o.OnTerm = standby.TermPolicy(opts.onTerm)
+	o.OnExit = standby.ExitPolicy(opts.onExit)
+	if o.CrashLimit == 0 {
+		o.CrashLimit = -1 // standby.Options: negative never stops, zero is the default
+	}
+	switch {
+	case opts.keepBad < 0:
+		return o, &exitError{exitUsage, fmt.Errorf("--keep-bad %d: give 0 (keep none) or more", opts.keepBad)}
+	case opts.keepBad == 0:
+		o.KeepBad = -1 // standby.Options: negative keeps none, zero is the default
+	default:
+		o.KeepBad = opts.keepBad
+	}
+	return o, nil
 }
 
 // runStandbyInit is kcr standby as PID 1 (a pod's entrypoint): it runs

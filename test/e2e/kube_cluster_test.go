@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
 )
@@ -70,6 +71,12 @@ func newKube(t *testing.T) *kubeEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The certificates in memory: client-go caches transports by the CA
+	// file's path, and each kube-up.sh makes a new CA at the same path.
+	if err := rest.LoadTLSFiles(cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg.CAFile, cfg.CertFile, cfg.KeyFile = "", "", ""
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -16,10 +16,19 @@
 # /usr/libexec/kubernetes, /var/log/pods) are recorded when absent and
 # removed by kubelet-down.sh.
 #
+# With KCR_KUBELET_KUBECONFIG (kube-up.sh's HOME/kubelet.kubeconfig) it
+# also registers as the node kcr-node of that API server and runs the pods
+# scheduled to it; its static pods still run. The node's address is the
+# host's (the kubelet refuses a loopback --node-ip) while its API stays on
+# 127.0.0.1: the API server cannot reach it for logs or exec, and a probe
+# of a service on loopback names host 127.0.0.1.
+#
 # Prints the static pod directory.
 #
 # Environment:
 #   KCR_KUBELET_HOME  its files (default /var/tmp/kcr-kubelet-run)
+#   KCR_KUBELET_KUBECONFIG  the API server to register with (default none:
+#                     standalone)
 #   KCR_CONTAINERD_SOCK as for containerd-up.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +39,11 @@ HOME_=${KCR_KUBELET_HOME:-/var/tmp/kcr-kubelet-run}
 SOCK=${KCR_CONTAINERD_SOCK:-/run/kcr-containerd/containerd.sock}
 CGROOT=kcr-kubelet
 KUBELET=$(scripts/install-kubelet.sh)
+api=()
+if [ -n "${KCR_KUBELET_KUBECONFIG:-}" ]; then
+	[ -r "$KCR_KUBELET_KUBECONFIG" ] || die "KCR_KUBELET_KUBECONFIG $KCR_KUBELET_KUBECONFIG: not readable: run scripts/kube-up.sh first"
+	api=(--kubeconfig "$KCR_KUBELET_KUBECONFIG")
+fi
 [ -S "$SOCK" ] || die "no containerd at $SOCK: run scripts/containerd-up.sh first"
 if [ -r "$HOME_/kubelet.pid" ] && alive "$(cat "$HOME_/kubelet.pid")"; then
 	echo "$HOME_/manifests"
@@ -91,8 +105,8 @@ setsid unshare --mount --propagation private bash -c '
 		mount --bind "$f" /proc/sys/$s
 	done
 	exec "$0" --config '"$HOME_"'/config.yaml --root-dir '"$HOME_"'/root --cert-dir '"$HOME_"'/pki \
-		--hostname-override kcr-node --v 2
-' "$KUBELET" </dev/null >>"$LOG" 2>&1 &
+		--hostname-override kcr-node --v 2 "${@:1}"
+' "$KUBELET" "${api[@]}" </dev/null >>"$LOG" 2>&1 &
 echo $! >"$HOME_/kubelet.pid"
 for _ in $(seq 1 300); do
 	if curl -sf http://127.0.0.1:10248/healthz >/dev/null 2>&1; then

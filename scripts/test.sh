@@ -26,17 +26,23 @@ scripts/install-runc.sh
 scripts/install-podman.sh
 scripts/install-containerd.sh
 # The kubelet for test/e2e/kubelet_test.go, which starts and stops it
-# (kubelet-up.sh, kubelet-down.sh): built from the Go module proxy once
-# (minutes), then cached by version; it builds while the brokers start.
-scripts/install-kubelet.sh >/dev/null &
-kubelet=$!
+# (kubelet-up.sh, kubelet-down.sh), then the control plane for
+# test/e2e/kube_cluster_test.go (kube-up.sh, kube-down.sh, the kubelet
+# registered as its node): built from the Go module proxy once (minutes),
+# then cached by version; one after the other (they share most packages),
+# while the brokers start.
+{
+	scripts/install-kubelet.sh >/dev/null || exit 1
+	scripts/install-kube-control-plane.sh >/dev/null || exit 2
+} &
+kube=$!
 prod_port=${KCR_KAFKA_PROD_PORT:-9094}
 prod_env=(KCR_KAFKA_PROD=1 KCR_KAFKA_PORT="$prod_port"
 	KCR_KAFKA_CONTROLLER_PORT="${KCR_KAFKA_PROD_CONTROLLER_PORT:-9095}"
 	KCR_KAFKA_HOME="${KCR_KAFKA_PROD_HOME:-/var/tmp/kcr-kafka-prod}")
 cluster_env=(KCR_KAFKA_BROKERS_N=3 KCR_KAFKA_PORT="${KCR_KAFKA_CLUSTER_PORT:-9192}"
 	KCR_KAFKA_HOME="${KCR_KAFKA_CLUSTER_HOME:-/var/tmp/kcr-kafka-cluster}")
-trap 'scripts/kafka-down.sh >/dev/null 2>&1 || true; env "${prod_env[@]}" scripts/kafka-down.sh >/dev/null 2>&1 || true; env "${cluster_env[@]}" scripts/kafka-down.sh >/dev/null 2>&1 || true; scripts/containerd-down.sh || true' EXIT
+trap 'scripts/kubelet-down.sh >/dev/null 2>&1 || true; scripts/kube-down.sh >/dev/null 2>&1 || true; scripts/kafka-down.sh >/dev/null 2>&1 || true; env "${prod_env[@]}" scripts/kafka-down.sh >/dev/null 2>&1 || true; env "${cluster_env[@]}" scripts/kafka-down.sh >/dev/null 2>&1 || true; scripts/containerd-down.sh || true' EXIT
 scripts/containerd-up.sh >/dev/null
 # The brokers start at once (each JVM takes 256-512 MiB of heap).
 scripts/kafka-up.sh &
@@ -50,7 +56,10 @@ go vet ./...
 wait "$fast"
 wait "$prod"
 wait "$cluster"
-wait "$kubelet" || die "the kubelet did not build (scripts/install-kubelet.sh)"
+wait "$kube" || case $? in
+1) die "the kubelet did not build (scripts/install-kubelet.sh)" ;;
+*) die "the control plane did not build (scripts/install-kube-control-plane.sh)" ;;
+esac
 export KCR_KAFKA_BROKERS="${KCR_KAFKA_BROKERS:-127.0.0.1:${KCR_KAFKA_PORT:-9092}}"
 export KCR_KAFKA_PROD_BROKERS="${KCR_KAFKA_PROD_BROKERS:-127.0.0.1:$prod_port}"
 export KCR_KAFKA_CLUSTER_HOME="${KCR_KAFKA_CLUSTER_HOME:-/var/tmp/kcr-kafka-cluster}"

@@ -66,8 +66,11 @@ func (ps *pageServer) start(ctx context.Context, criuPath string, dir *os.File, 
 		"--log-file", PageServerLog, "-v"+fmt.Sprint(logLevel))
 	cmd.ExtraFiles = []*os.File{ps.serverEnd, dir}
 	cmd.Stdout, cmd.Stderr = out, out
-	// Terminal signals go to kcr's group, not to it (as for swrk).
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Terminal signals go to kcr's group, not to it (as for swrk). Unlike
+	// swrk's CRIU, the page server touches no process: it dies with kcr,
+	// so that none outlives a kcr killed while its dump CRIU was already
+	// gone (the server would wait on its socket for good).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		out.Close()
 		return fmt.Errorf("criu: start %s page-server: %w", criuPath, err)

@@ -57,41 +57,10 @@ func Preflight(pid int) ([]Problem, error) {
 	for _, p := range tree {
 		inTree[p] = true
 	}
-	type sock struct {
-		pid, fd int
-		ino     uint64
+	socks, treeInodes, err := treeSockets(pid, tree)
+	if err != nil {
+		return nil, err
 	}
-	var socks []sock
-	treeInodes := map[uint64]bool{}
-	for _, p := range tree {
-		dir := "/proc/" + strconv.Itoa(p) + "/fd"
-		ents, err := os.ReadDir(dir)
-		if err != nil {
-			if p == pid {
-				return nil, fmt.Errorf("criu preflight: process %d: %w", pid, err)
-			}
-			continue // a child that just exited
-		}
-		for _, e := range ents {
-			link, err := os.Readlink(dir + "/" + e.Name())
-			if err != nil {
-				continue
-			}
-			ino, ok := socketInode(link)
-			if !ok {
-				continue
-			}
-			fd, err := strconv.Atoi(e.Name())
-			if err != nil {
-				continue
-			}
-			if !treeInodes[ino] {
-				socks = append(socks, sock{p, fd, ino})
-			}
-			treeInodes[ino] = true
-		}
-	}
-
 	var problems []Problem
 	pidfds := map[int]int{}
 	defer func() {
@@ -133,6 +102,49 @@ func Preflight(pid int) ([]Problem, error) {
 		return problems[i].FD < problems[j].FD
 	})
 	return problems, nil
+}
+
+// treeSock is a socket descriptor of a process of the tree.
+type treeSock struct {
+	pid, fd int
+	ino     uint64
+}
+
+// treeSockets lists the sockets of the tree's processes, each inode once,
+// and the set of those inodes. Only the root's /proc going away is an
+// error: a child may exit meanwhile.
+func treeSockets(pid int, tree []int) ([]treeSock, map[uint64]bool, error) {
+	var socks []treeSock
+	treeInodes := map[uint64]bool{}
+	for _, p := range tree {
+		dir := "/proc/" + strconv.Itoa(p) + "/fd"
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			if p == pid {
+				return nil, nil, fmt.Errorf("criu preflight: process %d: %w", pid, err)
+			}
+			continue // a child that just exited
+		}
+		for _, e := range ents {
+			link, err := os.Readlink(dir + "/" + e.Name())
+			if err != nil {
+				continue
+			}
+			ino, ok := socketInode(link)
+			if !ok {
+				continue
+			}
+			fd, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			if !treeInodes[ino] {
+				socks = append(socks, treeSock{p, fd, ino})
+			}
+			treeInodes[ino] = true
+		}
+	}
+	return socks, treeInodes, nil
 }
 
 func socketInode(link string) (uint64, bool) {

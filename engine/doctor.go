@@ -67,7 +67,12 @@ func Doctor(ctx context.Context, explicitCRIU string) []Check {
 	}
 	add("privileges", capOK, detail, "run kcr as root (or with CAP_CHECKPOINT_RESTORE, CAP_SYS_PTRACE)")
 	if hdr, data := (unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}), [2]unix.CapUserData{}; root && unix.Capget(&hdr, &data[0]) == nil {
-		out = append(out, stepCapsCheck(uint64(data[0].Effective)|uint64(data[1].Effective)<<32))
+		eff := uint64(data[0].Effective) | uint64(data[1].Effective)<<32
+		out = append(out, stepCapsCheck(eff))
+		b, _ := os.ReadFile("/proc/sys/vm/unprivileged_userfaultfd")
+		if c, ok := lazyCapNote(eff, strings.TrimSpace(string(b)) == "1"); ok {
+			out = append(out, c)
+		}
 	}
 
 	_, err = os.Stat("/proc/self/map_files")
@@ -118,6 +123,18 @@ func stepCapsCheck(eff uint64) Check {
 	}
 	return Check{Name: "capabilities for checkpoint and restore", Detail: "missing " + strings.Join(missing, ", "),
 		Fix: "add them to the container's capabilities (" + strings.Join(fix, "; ") + ")"}
+}
+
+// lazyCapNote warns when --lazy restores cannot work: CRIU's lazy-pages
+// daemon opens a userfaultfd, which takes CAP_SYS_PTRACE unless
+// vm.unprivileged_userfaultfd is 1. Only a note: a plain restore needs
+// neither.
+func lazyCapNote(eff uint64, unprivUffd bool) (Check, bool) {
+	if eff&(1<<unix.CAP_SYS_PTRACE) != 0 || unprivUffd {
+		return Check{}, false
+	}
+	return Check{Name: "note: lazy restore", OK: true,
+		Detail: "without CAP_SYS_PTRACE (and vm.unprivileged_userfaultfd=0) CRIU cannot open a userfaultfd: every --lazy restore fails and kcr standby starts the service cold; add SYS_PTRACE to the container's capabilities or restore without --lazy"}, true
 }
 
 // kdatCacheNote warns when CRIU cannot keep its kernel-feature cache

@@ -445,29 +445,7 @@ func (s deps) restoreOne(ctx context.Context, o RestoreOptions, img *images.Imag
 		return nil, err
 	}
 	defer imgDir.Close()
-	// The restore is counted, durably, while CRIU restores: the count is
-	// needed only to tell the app, and a failed restore uses one up anyway.
-	type counted struct {
-		gen uint64
-		d   time.Duration
-		err error
-	}
-	genCh := make(chan counted, 1)
-	go func() {
-		t := time.Now()
-		gen, err := nextGeneration(img.Dir)
-		genCh <- counted{gen, time.Since(t), err}
-	}()
-	generation := sync.OnceValue(func() counted { return <-genCh })
-	// Without its count a tree must not run (it could not be told it is a
-	// new instance): failing CRIU's post-restore notification makes CRIU
-	// kill it before it resumes.
-	needGen := func(script string, _ int) error {
-		if script == "post-restore" {
-			return generation().err
-		}
-		return nil
-	}
+	generation, needGen := countRestore(img.Dir)
 	t := time.Now()
 	rr, canceled, err := s.criuRestore(ctx, o.Count, criuPath, criu.RestoreOptions{
 		ImagesDir: img.CRIUDir(), ImagesDirFile: imgDir, WorkDir: work, LazyPages: o.Lazy, LogLevel: o.CRIULogLevel,
@@ -504,19 +482,56 @@ func (s deps) restoreOne(ctx context.Context, o RestoreOptions, img *images.Imag
 	}
 
 	if !m.NoHooks {
-		t = time.Now()
-		done, err := s.afterRestore(ctx, rr.PID, m.Process.PID, c.gen, name, o.HookWait)
-		res.Timings.Add(PhaseAfterHooks, time.Since(t))
-		res.Reports = done.Reports
-		res.InstanceID = done.InstanceID
-		switch {
-		case errors.Is(err, client.ErrPending):
-			res.HooksPending = true
-		case err != nil:
-			res.HookErr = err
-		}
+		s.runAfterHooks(ctx, res, rr.PID, m.Process.PID, c.gen, name, o.HookWait)
 	}
 	return res, nil
+}
+
+// runAfterHooks tells the restored tree (pid, dumped as oldPID) it was
+// restored, as copy gen, and records the answer in res.
+func (s deps) runAfterHooks(ctx context.Context, res *RestoreResult, pid, oldPID int, gen uint64, name string, wait time.Duration) {
+	t := time.Now()
+	done, err := s.afterRestore(ctx, pid, oldPID, gen, name, wait)
+	res.Timings.Add(PhaseAfterHooks, time.Since(t))
+	res.Reports = done.Reports
+	res.InstanceID = done.InstanceID
+	switch {
+	case errors.Is(err, client.ErrPending):
+		res.HooksPending = true
+	case err != nil:
+		res.HookErr = err
+	}
+}
+
+// counted is a restore's count (its generation), how long taking it took,
+// and why it could not be taken.
+type counted struct {
+	gen uint64
+	d   time.Duration
+	err error
+}
+
+// countRestore counts a restore of the image in dir, durably, while CRIU
+// restores: the count is needed only to tell the app, and a failed restore
+// uses one up anyway. generation waits for the count; needGen is CRIU's
+// notification callback that fails post-restore without it, so that CRIU
+// kills a tree that could not be told it is a new instance before it
+// resumes.
+func countRestore(dir string) (generation func() counted, needGen func(string, int) error) {
+	genCh := make(chan counted, 1)
+	go func() {
+		t := time.Now()
+		gen, err := nextGeneration(dir)
+		genCh <- counted{gen, time.Since(t), err}
+	}()
+	generation = sync.OnceValue(func() counted { return <-genCh })
+	needGen = func(script string, _ int) error {
+		if script == "post-restore" {
+			return generation().err
+		}
+		return nil
+	}
+	return generation, needGen
 }
 
 // criuRestore has CRIU restore one copy, and tries again (up to 10 times)

@@ -46,14 +46,7 @@ t0=$(now_ms)
 echo "install-kube-control-plane: building etcd and the control plane $V from the Go module proxy (first run only, minutes)" >&2
 (
 	cd "$WORK"
-	go mod init kcr.local/kube-build >/dev/null 2>&1
-	gomod=$(go mod download -json "k8s.io/kubernetes@$V" | sed -n 's/^\t"GoMod": "\(.*\)",$/\1/p')
-	[ -r "$gomod" ] || die "could not download k8s.io/kubernetes@$V from the Go module proxy"
-	mods=$(sed -n 's#^\t\(k8s.io/[a-z0-9-]*\) => ./staging/src/.*#\1#p' "$gomod")
-	[ -n "$mods" ] || die "k8s.io/kubernetes@$V's go.mod has no staging replaces: this script does not know how to build it"
-	args=(-require "k8s.io/kubernetes@$V")
-	for m in $mods; do args+=(-replace "$m=$m@$STAGING"); done
-	go mod edit "${args[@]}"
+	kube_module "$V" "$STAGING"
 	cat >tools.go <<-'EOF'
 		package tools
 

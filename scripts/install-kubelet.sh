@@ -43,15 +43,7 @@ t0=$(now_ms)
 echo "install-kubelet: building the kubelet $V from the Go module proxy (first run only, minutes)" >&2
 (
 	cd "$WORK"
-	go mod init kcr.local/kubelet-build >/dev/null 2>&1
-	gomod=$(go mod download -json "k8s.io/kubernetes@$V" | sed -n 's/^\t"GoMod": "\(.*\)",$/\1/p')
-	[ -r "$gomod" ] || die "could not download k8s.io/kubernetes@$V from the Go module proxy"
-	# Every staging replace of kubernetes' go.mod, at its published version.
-	mods=$(sed -n 's#^\t\(k8s.io/[a-z0-9-]*\) => ./staging/src/.*#\1#p' "$gomod")
-	[ -n "$mods" ] || die "k8s.io/kubernetes@$V's go.mod has no staging replaces: this script does not know how to build it"
-	args=(-require "k8s.io/kubernetes@$V")
-	for m in $mods; do args+=(-replace "$m=$m@$STAGING"); done
-	go mod edit "${args[@]}"
+	kube_module "$V" "$STAGING"
 	printf 'package tools\n\nimport _ "k8s.io/kubernetes/cmd/kubelet"\n' >tools.go
 	go mod tidy >>"$WORK/build.log" 2>&1 || { tail -n 20 "$WORK/build.log" >&2; die "go mod tidy failed for the kubelet $V"; }
 	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$V" \

@@ -274,3 +274,20 @@ fail_logs() {
 	done
 	exit 1
 }
+
+# kube_module V STAGING: makes the current directory a throw-away Go module
+# that requires k8s.io/kubernetes@V, each of its staging modules (which its
+# own go.mod replaces with directories of its tree) replaced by the
+# published STAGING (v0.MINOR.PATCH). What install-kubelet.sh and
+# install-kube-control-plane.sh build from.
+kube_module() {
+	local v=$1 staging=$2 gomod mods m
+	local args=(-require "k8s.io/kubernetes@$v")
+	go mod init kcr.local/kube-build >/dev/null 2>&1
+	gomod=$(go mod download -json "k8s.io/kubernetes@$v" | sed -n 's/^\t"GoMod": "\(.*\)",$/\1/p')
+	[ -r "$gomod" ] || die "could not download k8s.io/kubernetes@$v from the Go module proxy"
+	mods=$(sed -n 's#^\t\(k8s.io/[a-z0-9-]*\) => ./staging/src/.*#\1#p' "$gomod")
+	[ -n "$mods" ] || die "k8s.io/kubernetes@$v's go.mod has no staging replaces: kcr's scripts do not know how to build it"
+	for m in $mods; do args+=(-replace "$m=$m@$staging"); done
+	go mod edit "${args[@]}"
+}

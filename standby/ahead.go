@@ -72,6 +72,12 @@ func (b *engineBackend) dropPrepared() {
 func (b *engineBackend) close() {
 	b.dropPrepared()
 	b.kdat.Release()
+	for _, f := range b.extra {
+		f.Close()
+	}
+	// What the last copy wrote before it was checkpointed or stopped,
+	// passed on before kcr standby exits.
+	b.out.close(outputDrain)
 }
 
 func (b *engineBackend) restoreOptions(dir, name string) engine.RestoreOptions {
@@ -100,7 +106,5 @@ func (b *engineBackend) restoreOptions(dir, name string) engine.RestoreOptions {
 // prepareRestore prepares the restore of the current image, if the backend
 // can.
 func (s *Supervisor) prepareRestore(ctx context.Context) {
-	if eb, ok := s.b.(*engineBackend); ok {
-		eb.prepare(ctx, s.dir.path, s.image)
-	}
+	s.b.prepare(ctx, s.dir.path, s.image)
 }

@@ -51,6 +51,27 @@ type backend interface {
 	// stop stops p gracefully (SIGTERM), killing it if it is still
 	// there when ctx ends; it reports whether it killed it.
 	stop(ctx context.Context, p proc) (killed bool)
+
+	// adoptCopies makes kcr standby the parent of every copy it restores
+	// (a child subreaper), so that their exits are seen (exits.go).
+	adoptCopies()
+	// prepare starts the restore of the image dir/name ahead of a wake,
+	// where the backend can (ahead.go); dropPrepared drops it.
+	prepare(ctx context.Context, dir, name string)
+	dropPrepared()
+	// exe reads the executable p runs: its path, size and SHA-256, and
+	// whether it was replaced under p; path "" where the backend cannot
+	// tell (upgrade.go).
+	exe(p proc) (path string, size int64, sum string, replaced bool, err error)
+	// lastRestore is the phases of the last restore and whether it was
+	// prepared ahead; known is false where the backend does not time
+	// them (wakephases.go).
+	lastRestore() (t engine.Timings, prepared, known bool)
+	// listenFiles are the --listen sockets handed to the service.
+	listenFiles() []*os.File
+	// close releases what the backend holds, the service's output
+	// drained, before kcr standby exits.
+	close()
 }
 
 // engineBackend drives the service through package engine.
@@ -67,7 +88,7 @@ type engineBackend struct {
 	kdat          *criu.KdatCache              // CRIU's kernel probe, kept (ahead.go)
 	preparing     chan *engine.PreparedRestore // the restore of preparedImage, prepared ahead (nil on failure)
 	preparedImage string
-	lastRestore   engine.Timings // the phases of the last restore
+	lastTimings   engine.Timings // the phases of the last restore
 	lastPrepared  bool           // the last restore was prepared ahead
 
 	lazy     proc   // the lazy-pages daemon of the last restore (lazy.go)
@@ -158,7 +179,7 @@ func (b *engineBackend) restore(ctx context.Context, dir, name string) (proc, er
 		os.RemoveAll(restoreWorkDir(dir, name))
 	}
 	b.forgetSocket()
-	b.lastRestore = res.Timings
+	b.lastTimings = res.Timings
 	if res.LazyPID > 0 {
 		b.noteLazy(res.LazyPID, lazyWorkDir(dir, name))
 	}
@@ -200,6 +221,14 @@ func (b *engineBackend) activity(ctx context.Context, p proc) (notify.Activity, 
 }
 
 func (b *engineBackend) alive(p proc) bool { return alive(p) }
+
+func (b *engineBackend) exe(p proc) (string, int64, string, bool, error) { return procExe(p.PID) }
+
+func (b *engineBackend) lastRestore() (engine.Timings, bool, bool) {
+	return b.lastTimings, b.lastPrepared, true
+}
+
+func (b *engineBackend) listenFiles() []*os.File { return b.extra }
 
 func (b *engineBackend) copies() []proc { return findCopies(b.dir, b.o.serviceUID()) }
 

@@ -202,9 +202,9 @@ func (x *exits) status(pid int) exitInfo {
 
 // becomeSubreaper makes kcr standby the parent of the copies CRIU restores
 // once CRIU exits, so that it reaps them and learns their exit status.
-func (s *Supervisor) becomeSubreaper() {
+func (b *engineBackend) adoptCopies() {
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
-		s.log.Warn("standby: not a child subreaper: the exit status of a restored service is unknown", "err", err)
+		b.log.Warn("standby: not a child subreaper: the exit status of a restored service is unknown", "err", err)
 	}
 }
 

@@ -226,14 +226,8 @@ func (s *Supervisor) close() {
 	for _, w := range s.wakes {
 		w.close()
 	}
-	if eb, ok := s.b.(*engineBackend); ok {
-		eb.close()
-		for _, f := range eb.extra {
-			f.Close()
-		}
-		// What the last copy wrote before it was checkpointed or
-		// stopped, passed on before kcr standby exits.
-		eb.out.close(outputDrain)
+	if s.b != nil {
+		s.b.close()
 	}
 	if s.ln != nil {
 		s.ln.Close()
@@ -244,12 +238,7 @@ func (s *Supervisor) close() {
 }
 
 // listenFiles are the --listen sockets handed to the service.
-func (s *Supervisor) listenFiles() []*os.File {
-	if eb, ok := s.b.(*engineBackend); ok {
-		return eb.extra
-	}
-	return nil
-}
+func (s *Supervisor) listenFiles() []*os.File { return s.b.listenFiles() }
 
 // ControlSocket is the path of the supervisor's control socket (kcr
 // standby wake|sleep|status).
@@ -341,9 +330,7 @@ func (s *Supervisor) setState(st State, attrs ...any) {
 func (s *Supervisor) Run(ctx context.Context) error {
 	defer s.close()
 	defer s.setState(StateStopped)
-	if _, ok := s.b.(*engineBackend); ok {
-		s.becomeSubreaper()
-	}
+	s.b.adoptCopies()
 	// Before the hold may start, and before the service may join.
 	s.sweepHold()
 	// What an earlier kcr standby set aside beyond Options.KeepBad, or

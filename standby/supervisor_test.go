@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/images"
 	"github.com/kcr-dev/kcr/internal/procfs"
 	"github.com/kcr-dev/kcr/internal/testkit/wait"
@@ -150,6 +151,16 @@ func (f *fake) copies() []proc {
 }
 
 func (f *fake) ready(ctx context.Context, p proc) error { return nil }
+
+// The fake's copies are no processes: it has no orphans to adopt, no
+// restore to prepare, no executable to read, no timings and no files.
+func (f *fake) adoptCopies()                                    {}
+func (f *fake) prepare(ctx context.Context, dir, name string)   {}
+func (f *fake) dropPrepared()                                   {}
+func (f *fake) exe(p proc) (string, int64, string, bool, error) { return "", 0, "", false, nil }
+func (f *fake) lastRestore() (engine.Timings, bool, bool)       { return nil, false, false }
+func (f *fake) listenFiles() []*os.File                         { return nil }
+func (f *fake) close()                                          {}
 
 func (f *fake) killCopy(p proc) { f.kill(p.PID) }
 

@@ -106,9 +106,7 @@ func (s *Supervisor) noteColdStart() {
 
 // discardImage removes the image name, and the restore prepared for it.
 func (s *Supervisor) discardImage(name string) {
-	if eb, ok := s.b.(*engineBackend); ok {
-		eb.dropPrepared()
-	}
+	s.b.dropPrepared()
 	s.dir.discard(name)
 	s.dir.pruneIdentities()
 	s.setImage("")
@@ -120,20 +118,18 @@ func (s *Supervisor) discardImage(name string) {
 // then the identity to record with its image (Exe "": none, p's identity
 // is unknown: it was adopted).
 func (s *Supervisor) serviceOutdated(p proc) (rec identity, why string) {
-	if _, ok := s.b.(*engineBackend); ok {
-		exe, size, sum, replaced, err := procExe(p.PID)
-		switch {
-		case replaced:
-			// CRIU would refuse it (a deleted binary is over its
-			// ghost-file limit), after the hooks, at every idle.
-			return identity{}, "the binary was replaced under the running service"
-		case err != nil:
-			s.log.Warn("standby: cannot read the service's executable; checkpointing it without an identity record", "pid", p.PID, "err", err)
-			return identity{}, ""
-		case s.ident != nil:
-			rec = *s.ident
-			rec.ProcExe, rec.ProcExeSize, rec.ProcExeSHA256 = exe, size, sum
-		}
+	exe, size, sum, replaced, err := s.b.exe(p)
+	switch {
+	case replaced:
+		// CRIU would refuse it (a deleted binary is over its
+		// ghost-file limit), after the hooks, at every idle.
+		return identity{}, "the binary was replaced under the running service"
+	case err != nil:
+		s.log.Warn("standby: cannot read the service's executable; checkpointing it without an identity record", "pid", p.PID, "err", err)
+		return identity{}, ""
+	case s.ident != nil && exe != "":
+		rec = *s.ident
+		rec.ProcExe, rec.ProcExeSize, rec.ProcExeSHA256 = exe, size, sum
 	}
 	if s.ident == nil {
 		return identity{}, ""

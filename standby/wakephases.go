@@ -119,10 +119,9 @@ func (w *wakeLog) set(p *WakePhases) {
 func (s *Supervisor) noteWake(source string, wokeAt, done time.Time) *WakePhases {
 	p := &WakePhases{Source: source, At: wokeAt.Round(0), HooksDoneMS: ms(done.Sub(wokeAt))}
 	p.RestoredMS = p.HooksDoneMS
-	if eb, ok := s.b.(*engineBackend); ok {
-		t := eb.lastRestore
+	if t, prepared, known := s.b.lastRestore(); known {
 		p.RestoredMS -= ms(t.Get(engine.PhaseAfterHooks))
-		p.Prepared = eb.lastPrepared
+		p.Prepared = prepared
 		p.Restore = map[string]float64{}
 		for _, ph := range t {
 			p.Restore[ph.Name] = ms(ph.Duration())

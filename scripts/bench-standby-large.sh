@@ -50,20 +50,7 @@ sb_pid=""
 stop_all() { stop_standby "$sb_pid" "$work"/*/img; }
 start_work kcr-bench-standby-large "${KCR_BENCH_KEEP:-}" stop_all
 bin="$work/bin"
-mkdir -p "$bin"
-for p in cmd/kcr test/apps/lazyheap; do
-	GOFLAGS=-buildvcs=false go build -o "$bin/$(basename "$p")" "./$p"
-done
-
-# ask PORT CMD: send CMD to lazyheap on PORT and print its answer line.
-ask() {
-	local l
-	{ exec 3<>"/dev/tcp/127.0.0.1/$1"; } 2>/dev/null || return 1
-	echo "$2" >&3
-	read -r l <&3 || true
-	exec 3<&-
-	echo "$l"
-}
+build_bins "$bin" cmd/kcr test/apps/lazyheap
 
 # dd_beside IMAGE WORK: copies IMAGE's pages (in the page cache, as the
 # dump's were in memory) to a file on the same disk with dd, synced, and
@@ -102,7 +89,7 @@ abandon_wakes() {
 		if [ "$($status 2>/dev/null | jq -r .state)" = standby ]; then
 			# Asleep: woken (not measured), it goes idle again.
 			"$bin/kcr" standby wake --image-dir "$run/img" >/dev/null
-			until ans=$(ask "$3" ping) && [[ $ans == pong* ]]; do sleep 0.01; done
+			until ans=$(tcp_ask "$3" ping) && [[ $ans == pong* ]]; do sleep 0.01; done
 		fi
 		until [ "$($status 2>/dev/null | jq -r .state)" = checkpointing ]; do sleep 0.05; done
 		# Within the last complete checkpoint's duration: they vary with
@@ -115,7 +102,7 @@ abandon_wakes() {
 		n0=$(grep -c 'checkpoint abandoned for a wake' "$run/standby.log" || true)
 		t0=$(now_ns)
 		"$bin/kcr" standby wake --image-dir "$run/img" >/dev/null || true
-		until ans=$(ask "$3" ping) && [[ $ans == pong* ]]; do sleep 0.001; done
+		until ans=$(tcp_ask "$3" ping) && [[ $ans == pong* ]]; do sleep 0.001; done
 		d2=$(elapsed_us "$t0" "$(now_ns)")
 		# kcr standby logs the abandon (or the restore) before it says
 		# the service runs.
@@ -157,10 +144,10 @@ for mb in "${mbs[@]}"; do
 			[ "$w" -lt "$wakes" ] || break
 			t0=$(now_ns)
 			"$bin/kcr" standby wake --image-dir "$run/img" >/dev/null
-			until ans=$(ask "$port" ping) && [[ $ans == pong* ]]; do sleep 0.001; done
+			until ans=$(tcp_ask "$port" ping) && [[ $ans == pong* ]]; do sleep 0.001; done
 			t1=$(now_ns)
 			# At once: the service must not go back to sleep first.
-			sum=$(ask "$port" sum)
+			sum=$(tcp_ask "$port" sum)
 			pings+=("$(elapsed_us "$t0" "$t1")")
 			[[ $sum =~ bad\ 0\ ms\ ([0-9]+) ]] || die "$mb MiB $mode wake $w: heap check failed: $sum"
 			sums+=("$((BASH_REMATCH[1] * 1000))")

@@ -28,10 +28,7 @@ sb_pid=""
 stop_all() { stop_standby "$sb_pid" "$work"/*/img; }
 start_work kcr-bench-standby-logpipe "${KCR_BENCH_KEEP:-}" stop_all
 bin="$work/bin"
-mkdir -p "$bin"
-for p in cmd/kcr test/apps/testapp; do
-	GOFLAGS=-buildvcs=false go build -o "$bin/$(basename "$p")" "./$p"
-done
+build_bins "$bin" cmd/kcr test/apps/testapp
 
 asleep() { [ "$("$bin/kcr" standby status --image-dir "$1" --json 2>/dev/null | jq -r .state)" = standby ]; }
 

@@ -31,27 +31,14 @@ sb_pid=""
 stop_all() { stop_standby "$sb_pid" "$work"/*/img; }
 start_work kcr-bench-standby-term "${KCR_BENCH_KEEP:-}" stop_all
 bin="$work/bin"
-mkdir -p "$bin"
-for p in cmd/kcr test/apps/lazyheap; do
-	GOFLAGS=-buildvcs=false go build -o "$bin/$(basename "$p")" "./$p"
-done
-
-# ask PORT CMD: send CMD to lazyheap on PORT and print its answer line.
-ask() {
-	local l
-	{ exec 3<>"/dev/tcp/127.0.0.1/$1"; } 2>/dev/null || return 1
-	echo "$2" >&3
-	read -r l <&3 || true
-	exec 3<&-
-	echo "$l"
-}
+build_bins "$bin" cmd/kcr test/apps/lazyheap
 
 # first_answer PORT T0: wait (up to 600 s) for lazyheap's first pong on
 # PORT and print the µs since T0.
 first_answer() {
 	local i ans
 	for ((i = 0; i < 600000; i++)); do
-		ans=$(ask "$1" ping) && [[ $ans == pong* ]] && { elapsed_us "$2" "$(now_ns)"; return; }
+		ans=$(tcp_ask "$1" ping) && [[ $ans == pong* ]] && { elapsed_us "$2" "$(now_ns)"; return; }
 		sleep 0.001
 	done
 	die "no answer on port $1 within 600 s"
@@ -98,7 +85,7 @@ for mb in "${mbs[@]}"; do
 			sleep 0.001
 		done
 		warms+=("$(first_answer "$port" "$t0")")
-		sum=$(ask "$port" sum)
+		sum=$(tcp_ask "$port" sum)
 		[[ $sum =~ bad\ 0 ]] || die "$mb MiB run $r: heap check after the restore failed: $sum"
 		grep -q '"msg":"standby: starting"' "$run/warm.log" && die "$mb MiB run $r: the next start was cold"
 		echo "$mb MiB run $r: cold start → 1st answer $((${colds[-1]} / 1000)) ms, SIGTERM → kcr exited $((${terms[-1]} / 1000)) ms, image $((${imgs[-1]} / 1048576)) MiB, next start → 1st answer $((${warms[-1]} / 1000)) ms" >&2

@@ -34,10 +34,7 @@ sb_pid=""
 stop_all() { stop_standby "$sb_pid" "$work"/*/img; }
 start_work kcr-bench-upgrade "${KCR_BENCH_KEEP:-}" stop_all
 bin="$work/bin"
-mkdir -p "$bin"
-for p in cmd/kcr test/apps/wakeprobe; do
-	GOFLAGS=-buildvcs=false go build -o "$bin/$(basename "$p")" "./$p"
-done
+build_bins "$bin" cmd/kcr test/apps/wakeprobe
 # Two versions of the pipeline: another link, another binary.
 for v in 1 2; do
 	GOFLAGS=-buildvcs=false go build -ldflags "-X main.kcrBenchVersion=$v" -o "$bin/pipeline-v$v" ./examples/pipeline

@@ -69,10 +69,7 @@ stop_all() {
 start_work kcr-bench-standby "${KCR_BENCH_KEEP:-}" stop_all
 bin="$work/bin"
 
-mkdir -p "$bin"
-for p in cmd/kcr examples/pipeline test/apps/wakeprobe; do
-	GOFLAGS=-buildvcs=false go build -o "$bin/$(basename "$p")" "./$p"
-done
+build_bins "$bin" cmd/kcr examples/pipeline test/apps/wakeprobe
 probe="$bin/wakeprobe"
 "$probe" -brokers "$brokers" -create 1 -orders "kcr-bench-ping-$$" -results "kcr-bench-pong-$$" >/dev/null ||
 	die "broker $brokers does not answer: start one (scripts/kafka-up.sh) or set KCR_KAFKA_BROKERS"

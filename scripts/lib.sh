@@ -169,6 +169,28 @@ need_build_run() {
 	need_jq
 }
 
+# build_bins DIR PKG...: build each of the module's packages PKG (a main
+# package's path, such as cmd/kcr) into DIR, named after its last element.
+build_bins() {
+	local dir=$1 p
+	shift
+	mkdir -p "$dir"
+	for p; do
+		GOFLAGS=-buildvcs=false go build -o "$dir/$(basename "$p")" "./$p"
+	done
+}
+
+# tcp_ask PORT LINE: send LINE to 127.0.0.1:PORT and print the answer's
+# first line (test/apps/lazyheap's protocol); fails if nothing listens.
+tcp_ask() {
+	local l
+	{ exec 3<>"/dev/tcp/127.0.0.1/$1"; } 2>/dev/null || return 1
+	echo "$2" >&3
+	read -r l <&3 || true
+	exec 3<&-
+	echo "$l"
+}
+
 # start_work NAME KEEP [STOP]: make a new work directory /var/tmp/NAME.XXXXXX
 # in $work, and at exit (also on SIGINT or SIGTERM, as 130 and 143) run the
 # function STOP, to stop what the script started, and then finish_work.

@@ -45,10 +45,7 @@ long) args=(-cycles 1000 -faults 200 -max-time "${KCR_SOAK_MAX_TIME:-4h}" -broke
 esac
 start_work kcr-soak-standby "${KCR_SOAK_KEEP:-}"
 bin="$work/bin"
-mkdir -p "$bin"
-for p in cmd/kcr test/apps/kgoapp test/apps/kafkaapp test/soak; do
-	GOFLAGS=-buildvcs=false go build -o "$bin/$(basename "$p")" "./$p"
-done
+build_bins "$bin" cmd/kcr test/apps/kgoapp test/apps/kafkaapp test/soak
 kenv="KCR_KAFKA_HOME=${KCR_KAFKA_HOME:-/var/tmp/kcr-kafka},KCR_KAFKA_PORT=${KCR_KAFKA_PORT:-9092}"
 kenv+=",KCR_KAFKA_CONTROLLER_PORT=${KCR_KAFKA_CONTROLLER_PORT:-9093},KCR_KAFKA_KEEP_DATA=1"
 "$bin/soak" -kcr "$bin/kcr" -kgoapp "$bin/kgoapp" -kafkaapp "$bin/kafkaapp" -repo "$PWD" \

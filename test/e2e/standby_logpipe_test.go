@@ -8,11 +8,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
-
-	"github.com/kcr-dev/kcr/internal/procfs"
 )
 
 // launchStandbyStdio starts kcr standby with --log -, as init of its own PID
@@ -35,25 +32,7 @@ func launchStandbyStdio(t *testing.T, dir, outPath string, flags []string, svc .
 	args = append(append(args, "--"), svc...)
 	s.cmd = exec.Command("unshare", append([]string{"--pid", "--fork", "--mount-proc", "--kill-child=SIGKILL", kcrBin}, args...)...)
 	s.cmd.Stdout, s.cmd.Stderr = outf, errf
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := s.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	s.done = make(chan error, 1)
-	go func() { s.done <- s.cmd.Wait() }()
-	t.Cleanup(func() {
-		s.cmd.Process.Kill()
-		<-s.done
-		if abs, err := filepath.Abs(s.dir); err == nil {
-			for _, m := range procfs.NamespaceInitsWith("KCR_STANDBY_DIR=" + abs) {
-				killWait(m.PID)
-			}
-		}
-		if t.Failed() {
-			b, _ := os.ReadFile(s.errLog)
-			t.Logf("kcr standby log %s:\n%s", s.errLog, tailLines(string(b), 40))
-		}
-	})
+	s.start()
 	return s
 }
 

@@ -68,6 +68,15 @@ func (k *kafkaEnv) launchStandby(init bool, dir string, flags []string, svc ...s
 		s.cmd = exec.Command("unshare", append([]string{"--pid", "--fork", "--mount-proc", "--kill-child=SIGKILL", kcrBin}, args...)...)
 	}
 	s.cmd.Stdout, s.cmd.Stderr = f, f
+	s.start()
+	return s
+}
+
+// start starts s.cmd (kcr standby) in a session of its own, and at the
+// test's end kills it and every copy of its service.
+func (s *sbRun) start() {
+	t := s.t
+	t.Helper()
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -92,7 +101,6 @@ func (k *kafkaEnv) launchStandby(init bool, dir string, flags []string, svc ...s
 			t.Logf("kcr standby log %s:\n%s", s.errLog, tailLines(string(b), 40))
 		}
 	})
-	return s
 }
 
 // statePID is the service's PID from the state file, if it runs.

@@ -69,8 +69,13 @@ func (ps *pageServer) start(ctx context.Context, criuPath string, dir *os.File, 
 	// Terminal signals go to kcr's group, not to it (as for swrk). Unlike
 	// swrk's CRIU, the page server touches no process: it dies with kcr,
 	// so that none outlives a kcr killed while its dump CRIU was already
-	// gone (the server would wait on its socket for good).
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// gone (the server would wait on its socket for good). It is the init
+	// of a PID namespace of its own, so that its death takes every process
+	// it forked along: at its start CRIU probes the CPU through a helper
+	// it forks and kills a few ms later; killed in between (an abandon,
+	// kcr's death), it would leave the helper asleep for good, holding the
+	// images directory.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Cloneflags: syscall.CLONE_NEWPID}
 	if err := cmd.Start(); err != nil {
 		out.Close()
 		return fmt.Errorf("criu: start %s page-server: %w", criuPath, err)

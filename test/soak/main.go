@@ -876,11 +876,47 @@ func (s *soak) finish(ctx context.Context) bool {
 		s.note("CRIU processes left running: %v", left)
 		ok = false
 		for _, pid := range left {
+			s.note("left CRIU %d: %s", pid, describeProc(pid))
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
 	exec.Command("umount", "-l", s.tmp).Run()
 	return ok
+}
+
+// describeProc says what a left process is and where it waits: its
+// command line, state, parent, kernel wait channel and stack, its
+// directory's newest CRIU log lines.
+func describeProc(pid int) string {
+	read := func(f string) string {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/%s", pid, f))
+		return strings.TrimSpace(string(b))
+	}
+	var st []string
+	for _, l := range strings.Split(read("status"), "\n") {
+		if strings.HasPrefix(l, "State:") || strings.HasPrefix(l, "PPid:") || strings.HasPrefix(l, "SigBlk:") || strings.HasPrefix(l, "SigIgn:") {
+			st = append(st, strings.Join(strings.Fields(l), " "))
+		}
+	}
+	cwd, _ := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
+	var fds []string
+	ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	for _, e := range ents {
+		l, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, e.Name()))
+		fds = append(fds, e.Name()+"="+l)
+	}
+	out := fmt.Sprintf("cmdline %q; %s; wchan %s; cwd %s; fds %s; stack %q",
+		strings.ReplaceAll(read("cmdline"), "\x00", " "), strings.Join(st, "; "), read("wchan"), cwd, strings.Join(fds, " "), read("stack"))
+	logs, _ := filepath.Glob(filepath.Join(cwd, "*.log"))
+	for _, lf := range logs {
+		b, _ := os.ReadFile(lf)
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		if len(lines) > 8 {
+			lines = lines[len(lines)-8:]
+		}
+		out += fmt.Sprintf("; %s ends: %q", filepath.Base(lf), strings.Join(lines, " | "))
+	}
+	return out
 }
 
 // usesDir reports whether process pid works in dir or has a file open

@@ -122,16 +122,16 @@ func newGroupHold(o *Options, log *slog.Logger, save func(holdSaved) error) (*gr
 	return h, nil
 }
 
-// close stops a running hold (the placeholder leaves) and the client.
-func (h *groupHold) close() {
-	h.stop()
+// Close stops a running hold (the placeholder leaves) and the client.
+func (h *groupHold) Close() {
+	h.Stop()
 	h.cl.Close()
 }
 
-// load takes what an earlier kcr standby recorded.
-func (h *groupHold) load(s holdSaved) {
+// Load takes what an earlier kcr standby recorded.
+func (h *groupHold) Load(member, protocol string) {
 	h.mu.Lock()
-	h.saved = s
+	h.saved = holdSaved{HoldMember: member, HoldProtocol: protocol}
 	h.mu.Unlock()
 }
 
@@ -159,12 +159,15 @@ func (h *groupHold) protocol() string {
 	return h.saved.HoldProtocol
 }
 
-// arm puts a placeholder in the group before the checkpoint, while the
+// Arm puts a placeholder in the group before the checkpoint, while the
 // service's member is in it, and returns once the broker lists it (or the
 // hold is skipped): the service's member may leave then. ctx bounds the
 // whole hold.
-func (h *groupHold) arm(ctx context.Context) {
-	h.stop()
+func (h *groupHold) Arm(ctx context.Context) {
+	if h.o.NoHoldGroup {
+		return
+	}
+	h.Stop()
 	defer h.report()
 	proto, skip, err := h.serviceProtocol(ctx)
 	switch {
@@ -237,11 +240,11 @@ func (h *groupHold) waitListed(ctx context.Context, member string, done <-chan s
 	}
 }
 
-// asleep tells the running hold that the checkpoint is done: the
+// Asleep tells the running hold that the checkpoint is done: the
 // service's member left. If arm skipped the group for other replicas,
 // and they left too (they slept at the same moment), a placeholder joins
 // the group, empty now: later wakes do not pay the initial delay.
-func (h *groupHold) asleep(ctx context.Context) {
+func (h *groupHold) Asleep(ctx context.Context) {
 	h.closeOnce(func() *chan struct{} { return &h.slept })
 	h.mu.Lock()
 	others := h.others
@@ -281,9 +284,9 @@ func (h *groupHold) settled(ctx context.Context) {
 	}
 }
 
-// wake tells the running hold that the service is being restored: the
+// Woken tells the running hold that the service is being restored: the
 // placeholders leave once the restored member's join started a rebalance.
-func (h *groupHold) wake() { h.closeOnce(func() *chan struct{} { return &h.woken }) }
+func (h *groupHold) Woken() { h.closeOnce(func() *chan struct{} { return &h.woken }) }
 
 func (h *groupHold) closeOnce(ch func() *chan struct{}) {
 	h.mu.Lock()
@@ -294,7 +297,7 @@ func (h *groupHold) closeOnce(ch func() *chan struct{}) {
 	}
 }
 
-// releaseOthers removes, the service woken without a hold of its own,
+// ReleaseOthers removes, the service woken without a hold of its own,
 // the placeholders in the group once a member is in it: other replicas'
 // (they would rejoin every rebalance of the live members), and those a
 // restarted broker brought back. A coordinator that reloads a group whose
@@ -302,7 +305,10 @@ func (h *groupHold) closeOnce(ch func() *chan struct{}) {
 // generation, placeholders that had left included; such a placeholder
 // never heartbeats again, and held up the restored member's join for its
 // whole session (30 s from the reload).
-func (h *groupHold) releaseOthers(ctx context.Context) {
+func (h *groupHold) ReleaseOthers(ctx context.Context) {
+	if h.o.NoHoldGroup && !h.o.Replicas {
+		return
+	}
 	h.mu.Lock()
 	running := h.done != nil && !isClosed(h.done)
 	h.mu.Unlock()
@@ -311,8 +317,8 @@ func (h *groupHold) releaseOthers(ctx context.Context) {
 	}
 }
 
-// stop stops the running hold and waits until the placeholder left.
-func (h *groupHold) stop() {
+// Stop stops the running hold and waits until the placeholder left.
+func (h *groupHold) Stop() {
 	h.mu.Lock()
 	cancel, done := h.cancel, h.done
 	h.cancel, h.done, h.slept, h.woken = nil, nil, nil, nil
@@ -522,9 +528,9 @@ func (h *groupHold) isKIP848(ctx context.Context) (bool, error) {
 	return ok && g.GroupType == "consumer", nil
 }
 
-// sweep removes the placeholder an earlier kcr standby left in the group
+// Sweep removes the placeholder an earlier kcr standby left in the group
 // (it was killed while holding it).
-func (h *groupHold) sweep(member string) error {
+func (h *groupHold) Sweep(member string) error {
 	err := h.leaveGroup(member)
 	h.report()
 	if err != nil {

@@ -322,16 +322,16 @@ func (h *groupHold) heartbeat(ctx context.Context, m *holdMember, slept <-chan s
 func (h *groupHold) leave(member string) {
 	if err := h.leaveGroup(member); err != nil {
 		h.log.Warn("standby: group hold: leaving the group failed; trying again until its session ends", "group", h.o.Group, "member_id", member, "err", err)
-		go h.leaveLater(member)
+		go h.LeaveLater(member)
 		return
 	}
 	h.clearMember(member)
 }
 
-// leaveLater tries member's leave again until it succeeds, its session has
+// LeaveLater tries member's leave again until it succeeds, its session has
 // surely ended, or the hold's client is closed (kcr standby stops: the state
 // file keeps the member for the next one's sweep).
-func (h *groupHold) leaveLater(member string) {
+func (h *groupHold) LeaveLater(member string) {
 	end := time.Now().Add(holdSession + holdLeaveBudget)
 	for time.Now().Before(end) {
 		select {

@@ -116,7 +116,7 @@ func TestGroupHoldEmptyJoinRebalanceTimeout(t *testing.T) {
 		t.Errorf("the armed placeholder's joins offered rebalance timeouts %v ms, want %v", armed, holdRebalance)
 	}
 	// Removed: its next heartbeat finds the group empty, and it joins again.
-	if err := r.s.hold.leaveGroup(id); err != nil {
+	if err := r.s.hold.(*groupHold).leaveGroup(id); err != nil {
 		t.Fatal(err)
 	}
 	wait.For(t, 15*time.Second, "a new placeholder in the group", func() bool {

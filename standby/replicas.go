@@ -143,13 +143,13 @@ func readReplicasKey(file string) ([]byte, error) {
 	return b, nil
 }
 
-func (r *replicaSource) close() {
+func (r *replicaSource) Close() {
 	r.claims.Close()
-	r.replicaGroup.close()
+	r.replicaGroup.Close()
 }
 
-// status is the replica's last decision.
-func (r *replicaSource) status() ReplicaStatus {
+// Status is the replica's last decision.
+func (r *replicaSource) Status() ReplicaStatus {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.st
@@ -171,8 +171,12 @@ func (r *replicaSource) note(decision, why string, live int, b kafkawake.Backlog
 	}
 }
 
-// started records that the replica runs for another reason than a claim.
-func (r *replicaSource) started(why string) {
+// Started records that the replica runs for another reason than a claim
+// (a wake of its own is its claims).
+func (r *replicaSource) Started(by, why string) {
+	if by == r.Name() {
+		return
+	}
 	r.note(DecisionStarted, why, 0, kafkawake.Backlog{})
 }
 
@@ -197,8 +201,8 @@ func (r *replicaSource) members(ctx context.Context) (int, error) {
 // again at once: a replica just woken to help is idle while its join
 // waits for the group). Otherwise the others take the work of the
 // partitions it gives up.
-func (r *replicaSource) busy(ctx context.Context) (string, error) {
-	why, err := r.replicaGroup.busy(ctx)
+func (r *replicaSource) Busy(ctx context.Context) (string, error) {
+	why, err := r.replicaGroup.Busy(ctx)
 	r.idle.Store(why == "" && err == nil)
 	if why == "" || err != nil || strings.HasPrefix(why, blindWhy) {
 		return why, err
@@ -220,7 +224,7 @@ func (r *replicaSource) busy(ctx context.Context) (string, error) {
 // wait returns once this replica won a claim to wake: the group has fewer
 // live members than --min-wake and work waits, or its live members do not
 // keep up. ctx ends it.
-func (r *replicaSource) wait(ctx context.Context) error {
+func (r *replicaSource) Wait(ctx context.Context) error {
 	// The claim that woke it last (if any) is spent, however briefly it
 	// was a member.
 	if err := r.claims.Asleep(ctx); err != nil && ctx.Err() == nil {
@@ -276,7 +280,7 @@ func (r *replicaSource) fromZero(ctx context.Context, live int) (bool, error) {
 		case <-wctx.Done():
 		}
 	}()
-	if err := r.replicaGroup.wait(wctx); err != nil {
+	if err := r.replicaGroup.Wait(wctx); err != nil {
 		return false, nil
 	}
 	// Work: a member may have joined meanwhile (a replica without
@@ -329,3 +333,7 @@ func (r *replicaSource) scaleUp(ctx context.Context, live int) (bool, error) {
 	}
 	return won, err
 }
+
+// AbandonsCheckpoint: its wait records this replica asleep and may claim
+// a wake in the claims topic, not for a copy that may run on.
+func (r *replicaSource) AbandonsCheckpoint() bool { return false }

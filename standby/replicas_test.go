@@ -75,10 +75,10 @@ func (r *replicaRig) replica(group, name string) *replicaSource {
 	}
 	rs, err := newReplicaSource(r.t.Context(), &o, k, "test")
 	if err != nil {
-		k.close()
+		k.Close()
 		r.t.Fatal(err)
 	}
-	r.t.Cleanup(rs.close)
+	r.t.Cleanup(rs.Close)
 	// The watcher's first reading: records from now on are work (a
 	// partition never committed counts from there).
 	if _, _, err := k.w.Pending(r.t.Context()); err != nil {
@@ -106,7 +106,7 @@ func wantDecision(t *testing.T, rs *replicaSource, won bool, err error, wantWon 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st := rs.status(); won != wantWon || st.Decision != want {
+	if st := rs.Status(); won != wantWon || st.Decision != want {
 		t.Errorf("%s: won %v, decision %s (%s); want won %v, %s", st.ID, won, st.Decision, st.Why, wantWon, want)
 	}
 }
@@ -150,7 +150,7 @@ func TestReplicaScaleUp(t *testing.T) {
 				}
 			}
 			wantDecision(t, a, won, err, c.wake, c.decide)
-			st := a.status()
+			st := a.Status()
 			if st.Lag != 6 || (c.wake && st.OldestAgeMS < float64(r.scaleUp.Milliseconds())) || (!c.wake && st.OldestAgeMS > 5000) {
 				t.Errorf("status %+v: want lag 6, oldest past --scale-up-after %v if woken, else young", st, r.scaleUp)
 			}
@@ -215,8 +215,8 @@ func TestReplicasOverTLSAndSCRAM(t *testing.T) {
 		t.Fatalf("kcr standby --replicas on TLS and SCRAM: %v", err)
 	}
 	defer s.close()
-	_, prev := s.replica.claims.Pending(time.Now(), 0, claimBound)
-	if won, err := s.replica.claims.Claim(t.Context(), prev, 0, 1, "test"); err != nil || !won {
+	_, prev := s.replica.(*replicaSource).claims.Pending(time.Now(), 0, claimBound)
+	if won, err := s.replica.(*replicaSource).claims.Claim(t.Context(), prev, 0, 1, "test"); err != nil || !won {
 		t.Errorf("claim over TLS and SCRAM: won %v, err %v", won, err)
 	}
 }

@@ -26,11 +26,12 @@ func (s *Supervisor) addShareWake(ctx context.Context) error {
 		s.wakes = append(s.wakes, sh)
 		return nil
 	}
-	if s.replica, err = newReplicaSource(ctx, &s.o, sh, engine.Version); err != nil {
-		sh.close()
+	replica, err := newReplicaSource(ctx, &s.o, sh, engine.Version)
+	if err != nil {
+		sh.Close()
 		return err
 	}
-	s.wakes = append(s.wakes, s.replica)
+	s.wakes, s.replica = append(s.wakes, replica), replica
 	return nil
 }
 
@@ -50,9 +51,11 @@ func newShareSource(ctx context.Context, o *Options) (*shareSource, error) {
 	return &shareSource{w}, nil
 }
 
-func (k *shareSource) name() string { return "kafka" }
+func (k *shareSource) Name() string { return "kafka" }
 
-func (k *shareSource) busy(ctx context.Context) (string, error) {
+func (k *shareSource) AbandonsCheckpoint() bool { return true }
+
+func (k *shareSource) Busy(ctx context.Context) (string, error) {
 	n, topics, err := k.w.Pending(ctx)
 	switch {
 	case errors.Is(err, kafkawake.ErrNoShareOffsets):
@@ -65,10 +68,10 @@ func (k *shareSource) busy(ctx context.Context) (string, error) {
 	return "", nil
 }
 
-func (k *shareSource) wait(ctx context.Context) error { return k.w.Wait(ctx) }
+func (k *shareSource) Wait(ctx context.Context) error { return k.w.Wait(ctx) }
 
 // The broker keeps the share group's state: nothing to carry.
-func (k *shareSource) saveState() (json.RawMessage, error) { return nil, nil }
-func (k *shareSource) loadState(json.RawMessage) error     { return nil }
+func (k *shareSource) SaveState() (json.RawMessage, error) { return nil, nil }
+func (k *shareSource) LoadState(json.RawMessage) error     { return nil }
 
-func (k *shareSource) close() { k.w.Close() }
+func (k *shareSource) Close() { k.w.Close() }

@@ -27,10 +27,10 @@ func shareReplica(t *testing.T, addrs []string, g, topic, name string, scaleUp t
 	}
 	rs, err := newReplicaSource(t.Context(), &o, sh, "test")
 	if err != nil {
-		sh.close()
+		sh.Close()
 		t.Fatal(err)
 	}
-	t.Cleanup(rs.close)
+	t.Cleanup(rs.Close)
 	return rs
 }
 
@@ -91,7 +91,7 @@ func TestShareReplicas(t *testing.T) {
 		won, err = x.scaleUp(ctx, live)
 	}
 	wantDecision(t, x, won, err, true, DecisionScaledUp)
-	if st := x.status(); st.Lag < 1 || st.OldestAgeMS < 500 {
+	if st := x.Status(); st.Lag < 1 || st.OldestAgeMS < 500 {
 		t.Errorf("status %+v: want a backlog whose oldest record waited past --scale-up-after", st)
 	}
 	settle(t, y)

@@ -5,29 +5,71 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 
 	"github.com/kcr-dev/kcr/standby/kafkawake"
 )
 
-// wakeSource finds the work that wakes the sleeping service (besides a
-// manual wake and a connection on --listen).
-type wakeSource interface {
-	// name is the source's name: the "source" of its wakes, and its key
+// WakeSource finds the work that wakes the sleeping service (besides a
+// manual wake): the Kafka wake (kafkaSource, shareSource, replicaSource),
+// a connection on --listen (listenSource).
+type WakeSource interface {
+	// Name is the source's name: the "source" of its wakes, and its key
 	// in the state file.
-	name() string
-	// busy is asked before a checkpoint: why the service must not sleep
+	Name() string
+	// Busy is asked before a checkpoint: why the service must not sleep
 	// now ("": it may). An error means unknown, and the checkpoint goes
 	// on: the wait wakes the service on any work.
-	busy(ctx context.Context) (why string, err error)
-	// wait returns nil once work arrived, or ctx.Err() when ctx ended; the
+	Busy(ctx context.Context) (why string, err error)
+	// Wait returns nil once work arrived, or ctx.Err() when ctx ended; the
 	// source's own errors never end it.
-	wait(ctx context.Context) error
-	// saveState and loadState carry what the source needs across restarts
-	// of kcr standby, in the state file.
-	saveState() (json.RawMessage, error)
-	loadState(json.RawMessage) error
-	close()
+	Wait(ctx context.Context) error
+	// AbandonsCheckpoint reports whether its work abandons a checkpoint
+	// under way (abandon.go). Not a source whose wait acts (the replicas'
+	// claim is not for a copy that may run on), nor one whose work waits
+	// for the restored copy anyway (a connection in --listen's backlog).
+	AbandonsCheckpoint() bool
+	// SaveState and LoadState carry what the source needs across restarts
+	// of kcr standby, in the state file (nil: nothing).
+	SaveState() (json.RawMessage, error)
+	LoadState(json.RawMessage) error
+	Close()
+}
+
+// GroupKeeper keeps the service's consumer group from being empty while
+// the service sleeps, so that its wake does not wait out the broker's
+// initial rebalance delay (the group hold, groupHold). The supervisor
+// tells it where the cycle is; it records its placeholder in the state
+// file through the save function it was built with.
+type GroupKeeper interface {
+	// Load takes what an earlier kcr standby recorded in the state file,
+	// before any other call.
+	Load(member, protocol string)
+	// Sweep removes the placeholder member an earlier kcr standby left;
+	// LeaveLater retries that until the member's session ends.
+	Sweep(member string) error
+	LeaveLater(member string)
+	// Arm holds the group before the checkpoint, while the service's
+	// member is in it; Asleep says the checkpoint is done.
+	Arm(ctx context.Context)
+	Asleep(ctx context.Context)
+	// Woken says the service is being restored; ReleaseOthers, run
+	// beside it, removes placeholders left in the group by others.
+	Woken()
+	ReleaseOthers(ctx context.Context)
+	// Stop ends the hold (its placeholder leaves); Close also frees its
+	// client.
+	Stop()
+	Close()
+}
+
+// Replica is a replica's wake among several (Options.Replicas): what it
+// decided, for Status, and the service's runs it did not decide.
+type Replica interface {
+	Status() ReplicaStatus
+	// Started says the service runs for another reason than this
+	// replica's claim: started cold, or woken by source by (another
+	// source than the replica's own).
+	Started(by, why string)
 }
 
 // kafkaSource is the Kafka wake: records past the commits of the service's
@@ -46,9 +88,11 @@ func newKafkaSource(ctx context.Context, o *Options) (*kafkaSource, error) {
 	return &kafkaSource{w}, nil
 }
 
-func (k *kafkaSource) name() string { return "kafka" }
+func (k *kafkaSource) Name() string { return "kafka" }
 
-func (k *kafkaSource) busy(ctx context.Context) (string, error) {
+func (k *kafkaSource) AbandonsCheckpoint() bool { return true }
+
+func (k *kafkaSource) Busy(ctx context.Context) (string, error) {
 	n, topics, err := k.w.Pending(ctx)
 	switch {
 	case errors.Is(err, kafkawake.ErrNoTopics):
@@ -61,11 +105,11 @@ func (k *kafkaSource) busy(ctx context.Context) (string, error) {
 	return "", nil
 }
 
-func (k *kafkaSource) wait(ctx context.Context) error { return k.w.Wait(ctx) }
+func (k *kafkaSource) Wait(ctx context.Context) error { return k.w.Wait(ctx) }
 
-func (k *kafkaSource) saveState() (json.RawMessage, error) { return json.Marshal(k.w.State()) }
+func (k *kafkaSource) SaveState() (json.RawMessage, error) { return json.Marshal(k.w.State()) }
 
-func (k *kafkaSource) loadState(b json.RawMessage) error {
+func (k *kafkaSource) LoadState(b json.RawMessage) error {
 	var st kafkawake.State
 	if err := json.Unmarshal(b, &st); err != nil {
 		return err
@@ -74,16 +118,4 @@ func (k *kafkaSource) loadState(b json.RawMessage) error {
 	return nil
 }
 
-func (k *kafkaSource) close() { k.w.Close() }
-
-// listen opens --listen, which must be free.
-func listen(addr string) (*net.TCPListener, error) {
-	// Not MPTCP (Go's default for listeners): CRIU cannot dump it.
-	var lc net.ListenConfig
-	lc.SetMultipathTCP(false)
-	ln, err := lc.Listen(context.Background(), "tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("%w: --listen %s: %v: choose a free address", ErrBadOption, addr, err)
-	}
-	return ln.(*net.TCPListener), nil
-}
+func (k *kafkaSource) Close() { k.w.Close() }

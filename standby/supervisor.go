@@ -115,11 +115,6 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 	if err := s.addKafkaWake(ctx); err != nil {
 		return nil, err
 	}
-	if o.ShareGroup != "" {
-		if err := s.addShareWake(ctx); err != nil {
-			return nil, err
-		}
-	}
 	criuPath := ""
 	if b == nil {
 		// A CRIU that cannot work would be found at the first checkpoint,
@@ -150,37 +145,27 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 	return s, nil
 }
 
-// addKafkaWake adds the wake on the consumer group's records (through the
-// replicas' claims with --replicas) and the group hold, given --group.
+// addKafkaWake opens the Kafka wake (Options.KafkaWake), given --group
+// or --share-group: its wake source, the replica and the group hold.
 func (s *Supervisor) addKafkaWake(ctx context.Context) error {
-	if s.o.Group == "" {
+	if s.o.Group == "" && s.o.ShareGroup == "" {
 		return nil
 	}
-	var err error
-	if s.o.kafkaOpts, err = s.o.Kafka.kgoOpts(s.log); err != nil {
-		return fmt.Errorf("%w: %v", ErrBadOption, err)
+	if s.o.KafkaWake == nil {
+		return fmt.Errorf("%w: --group and --share-group need the Kafka wake: set Options.KafkaWake (package kafkastandby)", ErrBadOption)
 	}
-	k, err := newKafkaSource(ctx, &s.o)
+	k, err := s.o.KafkaWake(ctx, &s.o, s.setHoldSaved)
+	var bad interface{ BadOption() bool }
+	if errors.As(err, &bad) && bad.BadOption() {
+		return badOption{err}
+	}
 	if err != nil {
 		return err
 	}
-	var replica *replicaSource
-	if !s.o.Replicas {
-		s.wakes = append(s.wakes, k)
-	} else if replica, err = newReplicaSource(ctx, &s.o, k, engine.Version); err != nil {
-		k.Close()
-		return err
-	} else {
-		s.wakes, s.replica = append(s.wakes, replica), replica
+	if k.Source != nil {
+		s.wakes = append(s.wakes, k.Source)
 	}
-	hold, err := newGroupHold(&s.o, s.log, s.setHoldSaved)
-	if err != nil {
-		return err
-	}
-	if replica != nil {
-		hold.groupIdle = replica.idle.Load
-	}
-	s.hold = hold
+	s.hold, s.replica = k.Keeper, k.Replica
 	return nil
 }
 
@@ -506,7 +491,8 @@ func (s *Supervisor) writeState(p persisted) error {
 
 // setHoldSaved records the group hold's placeholder and protocol in the
 // state file.
-func (s *Supervisor) setHoldSaved(h holdSaved) error {
+func (s *Supervisor) setHoldSaved(member, protocol string) error {
+	h := holdSaved{HoldMember: member, HoldProtocol: protocol}
 	s.stateMu.Lock()
 	defer s.stateMu.Unlock()
 	s.holdSaved = h

@@ -3,15 +3,12 @@ package standby
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
-
-	"github.com/kcr-dev/kcr/standby/kafkawake"
+	"time"
 )
 
 // WakeSource finds the work that wakes the sleeping service (besides a
-// manual wake): the Kafka wake (kafkaSource, shareSource, replicaSource),
-// a connection on --listen (listenSource).
+// manual wake): a connection on --listen (listenSource), the Kafka wake
+// (package kafkastandby, through Options.KafkaWake).
 type WakeSource interface {
 	// Name is the source's name: the "source" of its wakes, and its key
 	// in the state file.
@@ -37,7 +34,7 @@ type WakeSource interface {
 
 // GroupKeeper keeps the service's consumer group from being empty while
 // the service sleeps, so that its wake does not wait out the broker's
-// initial rebalance delay (the group hold, groupHold). The supervisor
+// initial rebalance delay (the group hold: kafkastandby.Hold). The supervisor
 // tells it where the cycle is; it records its placeholder in the state
 // file through the save function it was built with.
 type GroupKeeper interface {
@@ -62,6 +59,13 @@ type GroupKeeper interface {
 	Close()
 }
 
+// KafkaParts is what Options.KafkaWake opens; a nil field is none.
+type KafkaParts struct {
+	Source  WakeSource
+	Keeper  GroupKeeper
+	Replica Replica
+}
+
 // Replica is a replica's wake among several (Options.Replicas): what it
 // decided, for Status, and the service's runs it did not decide.
 type Replica interface {
@@ -72,50 +76,21 @@ type Replica interface {
 	Started(by, why string)
 }
 
-// kafkaSource is the Kafka wake: records past the commits of the service's
-// consumer group.
-type kafkaSource struct{ w *kafkawake.Watcher }
-
-func newKafkaSource(ctx context.Context, o *Options) (*kafkaSource, error) {
-	w, err := kafkawake.New(ctx, kafkawake.Config{Brokers: o.Brokers, Group: o.Group, Topics: o.Topics, Poll: o.Poll,
-		BrokerTimeout: o.BrokerTimeout, Logger: o.Logger, Requests: o.Observer.BrokerRequests, Opts: o.kafkaOpts})
-	if errors.Is(err, kafkawake.ErrConfig) {
-		return nil, fmt.Errorf("%w: %v", ErrBadOption, err)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return &kafkaSource{w}, nil
+// ReplicaStatus is a replica's last decision, in Status.
+type ReplicaStatus struct {
+	ID       string    `json:"id"`
+	Decision string    `json:"decision"`
+	Why      string    `json:"why"`
+	At       time.Time `json:"at"`
+	// What the decision saw: the group's live members (placeholders
+	// left out), its lag, and the age of its oldest unprocessed record.
+	Live        int     `json:"live_members"`
+	Lag         int64   `json:"lag"`
+	OldestAgeMS float64 `json:"oldest_age_ms"`
 }
 
-func (k *kafkaSource) Name() string { return "kafka" }
-
-func (k *kafkaSource) AbandonsCheckpoint() bool { return true }
-
-func (k *kafkaSource) Busy(ctx context.Context) (string, error) {
-	n, topics, err := k.w.Pending(ctx)
-	switch {
-	case errors.Is(err, kafkawake.ErrNoTopics):
-		return blindWhy + err.Error(), nil
-	case err != nil:
-		return "", err
-	case n > 0:
-		return fmt.Sprintf("%d records wait on %v", n, topics), nil
-	}
-	return "", nil
+// ReplicaObserver, if the Observer implements it, is told every change of
+// a replica's decision (kafkastandby's Decision constants).
+type ReplicaObserver interface {
+	ReplicaDecision(decision string)
 }
-
-func (k *kafkaSource) Wait(ctx context.Context) error { return k.w.Wait(ctx) }
-
-func (k *kafkaSource) SaveState() (json.RawMessage, error) { return json.Marshal(k.w.State()) }
-
-func (k *kafkaSource) LoadState(b json.RawMessage) error {
-	var st kafkawake.State
-	if err := json.Unmarshal(b, &st); err != nil {
-		return err
-	}
-	k.w.SetState(st)
-	return nil
-}
-
-func (k *kafkaSource) Close() { k.w.Close() }

@@ -1,4 +1,4 @@
-package standby
+package kafkastandby
 
 import (
 	"context"
@@ -14,18 +14,16 @@ import (
 
 // shareReplica is one replica's Kafka wake on share group g of topic
 // (one partition), as its kcr standby --share-group --replicas has it.
-func shareReplica(t *testing.T, addrs []string, g, topic, name string, scaleUp time.Duration) *replicaSource {
+func shareReplica(t *testing.T, addrs []string, g, topic, name string, scaleUp time.Duration) *Replica {
 	t.Helper()
-	o := Options{Args: []string{"true"}, ImageDir: filepath.Join(t.TempDir(), name), Idle: time.Second, Brokers: addrs,
-		ShareGroup: g, Topics: []string{topic}, Replicas: true, ReplicasTopic: "claims", ScaleUpAfter: scaleUp}
-	if err := o.check(); err != nil {
-		t.Fatal(err)
-	}
+	o := testConfig(t, addrs)
+	o.ImageDir = filepath.Join(t.TempDir(), name)
+	o.ShareGroup, o.Topics, o.Replicas, o.ReplicasTopic, o.ScaleUpAfter = g, []string{topic}, true, "claims", scaleUp
 	sh, err := newShareSource(t.Context(), &o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rs, err := newReplicaSource(t.Context(), &o, sh, "test")
+	rs, err := newReplica(t.Context(), &o, sh)
 	if err != nil {
 		sh.Close()
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package standby
+package kafkastandby
 
 import (
 	"context"
@@ -15,7 +15,7 @@ const blindWhy = "nothing could wake the service from Kafka: "
 // its Kafka wake, live members and backlog. A consumer group (kafkaSource,
 // --group) or a share group (shareSource, --share-group).
 type replicaGroup interface {
-	WakeSource
+	Source
 	// groupID names the group: the key of its claims.
 	groupID() string
 	// members counts the group's live members, kcr's placeholders left

@@ -1,4 +1,4 @@
-package standby
+package kafkastandby
 
 import (
 	"context"
@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/kcr-dev/kcr/engine"
 	"github.com/kcr-dev/kcr/standby/kafkawake"
 )
 
@@ -15,31 +14,8 @@ import (
 // hold goes with it: a share group has no rebalance to wait for.
 type shareSource struct{ w *kafkawake.ShareWatcher }
 
-// addShareWake adds the share group's wake (Options.ShareGroup), through a
-// replica's decisions with Options.Replicas.
-func (s *Supervisor) addShareWake(ctx context.Context) error {
-	sh, err := newShareSource(ctx, &s.o)
-	if err != nil {
-		return err
-	}
-	if !s.o.Replicas {
-		s.wakes = append(s.wakes, sh)
-		return nil
-	}
-	replica, err := newReplicaSource(ctx, &s.o, sh, engine.Version)
-	if err != nil {
-		sh.Close()
-		return err
-	}
-	s.wakes, s.replica = append(s.wakes, replica), replica
-	return nil
-}
-
-func newShareSource(ctx context.Context, o *Options) (*shareSource, error) {
-	var err error
-	if o.kafkaOpts, err = o.Kafka.kgoOpts(o.Logger); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadOption, err)
-	}
+// newShareSource opens the wake of the share group (Config.ShareGroup).
+func newShareSource(ctx context.Context, o *Config) (*shareSource, error) {
 	w, err := kafkawake.NewShare(ctx, kafkawake.ShareConfig{Brokers: o.Brokers, Group: o.ShareGroup, Topics: o.Topics, Poll: o.Poll,
 		BrokerTimeout: o.BrokerTimeout, Logger: o.Logger, Requests: o.Observer.BrokerRequests, Opts: o.kafkaOpts})
 	if errors.Is(err, kafkawake.ErrConfig) {

@@ -38,10 +38,10 @@ type Hold struct {
 	slept  chan struct{}      // closed by asleep
 	woken  chan struct{}      // closed by wake
 	// others: the last arm was skipped because other replicas were in the
-	// group (Options.Replicas); asleep then holds the group if they all
+	// group (Config.Replicas); asleep then holds the group if they all
 	// left with this replica.
 	others bool
-	// groupIdle (Options.Replicas) reports that no record waited in the
+	// groupIdle (Config.Replicas) reports that no record waited in the
 	// group at the last look before the checkpoint: the other replicas
 	// are idle too, and likely to sleep with this one.
 	groupIdle func() bool

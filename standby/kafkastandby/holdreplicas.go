@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// The hold among replicas (Options.Replicas): replicas that go idle
+// The hold among replicas (Config.Replicas): replicas that go idle
 // together checkpoint at the same moment, and each sees the others in the
 // group. Were they all to skip the hold, the group would be left empty,
 // and the placeholder joining it then would start the broker's initial

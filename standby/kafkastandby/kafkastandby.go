@@ -6,7 +6,7 @@
 //
 // It imports nothing of package standby: its Wake's parts have the method
 // sets of standby's WakeSource, GroupKeeper and Replica, and cmd/kcr wires
-// them into the supervisor (Options.KafkaWake).
+// them into the supervisor (standby.Options.KafkaWake).
 package kafkastandby
 
 import (

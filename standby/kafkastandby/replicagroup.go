@@ -11,7 +11,7 @@ import (
 // topics yet): it holds for a replica too, however many others run.
 const blindWhy = "nothing could wake the service from Kafka: "
 
-// replicaGroup is the group a replica (Options.Replicas) reads to decide:
+// replicaGroup is the group a replica (Config.Replicas) reads to decide:
 // its Kafka wake, live members and backlog. A consumer group (kafkaSource,
 // --group) or a share group (shareSource, --share-group).
 type replicaGroup interface {

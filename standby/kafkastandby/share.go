@@ -9,7 +9,7 @@ import (
 	"github.com/kcr-dev/kcr/standby/kafkawake"
 )
 
-// shareSource is the Kafka wake of a share-group service (Options.ShareGroup):
+// shareSource is the Kafka wake of a share-group service (Config.ShareGroup):
 // the share group's backlog, records no member has acknowledged. No group
 // hold goes with it: a share group has no rebalance to wait for.
 type shareSource struct{ w *kafkawake.ShareWatcher }

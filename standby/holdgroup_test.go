@@ -56,7 +56,7 @@ func newHoldEnv(t *testing.T, delayed bool) *holdEnv {
 	}
 	t.Cleanup(cl.Close)
 	e.cl, e.adm = cl, kadm.NewClient(cl)
-	produce(t, addrs, "t", 3)
+	kafkatest.Produce(t, addrs, "t", 3)
 	ends, err := e.adm.ListEndOffsets(t.Context(), "t")
 	if err != nil {
 		t.Fatal(err)
@@ -279,7 +279,7 @@ func TestGroupHold(t *testing.T) {
 				if _, err := e.adm.DeleteGroup(t.Context(), "g"); !errors.Is(err, kerr.NonEmptyGroup) {
 					t.Errorf("deleting the held group: %v, want NON_EMPTY_GROUP", err)
 				}
-				produce(t, e.addrs, "t", 1) // held, the group's lag still wakes the service
+				kafkatest.Produce(t, e.addrs, "t", 1) // held, the group's lag still wakes the service
 				r.waitState(StateRunning)
 			} else if !r.s.Wake("manual") {
 				t.Fatal("the supervisor is not asleep")

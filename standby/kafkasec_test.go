@@ -1,8 +1,6 @@
 package standby
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"os"
 	"path/filepath"
@@ -10,12 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
-	"github.com/kcr-dev/kcr/internal/testkit/tlstest"
 )
 
 // Bad TLS and SASL options of the supervisor's Kafka clients are refused
@@ -49,35 +44,12 @@ func TestKafkaSecurityOptions(t *testing.T) {
 	}
 }
 
-// secureCluster starts a kfake broker that speaks TLS only and asks for
-// SCRAM-SHA-512 (user kcr, password "s3cret"), with topic t, and returns
-// its addresses, a client of its own, and the CA's PEM file.
-func secureCluster(t *testing.T) ([]string, *kgo.Client, string) {
-	t.Helper()
-	server, caPEM := tlstest.SelfSignedPEM(t)
-	_, addrs := kafkatest.Cluster(t, kfake.TLS(server), kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-512", "kcr", "s3cret"),
-		kfake.SeedTopics(1, "t"))
-	ca := filepath.Join(t.TempDir(), "ca.pem")
-	if err := os.WriteFile(ca, caPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(caPEM)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.DialTLSConfig(&tls.Config{RootCAs: roots}),
-		kgo.SASL(scram.Auth{User: "kcr", Pass: "s3cret"}.AsSha512Mechanism()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
-	return addrs, cl, ca
-}
-
 // The Kafka wake and the group hold reach a broker that speaks TLS and
 // SCRAM only, with the CA and password files: the service sleeps and a
 // record wakes it. Without the options, or with a wrong password, kcr
 // standby does not start.
 func TestKafkaWakeOverTLSAndSCRAM(t *testing.T) {
-	addrs, cl, ca := secureCluster(t)
+	addrs, cl, ca := kafkatest.SecureCluster(t)
 	pwFile := filepath.Join(t.TempDir(), "pw")
 	if err := os.WriteFile(pwFile, []byte("s3cret\n"), 0o600); err != nil {
 		t.Fatal(err)

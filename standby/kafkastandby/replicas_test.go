@@ -11,6 +11,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 )
 
 // replicaRig is a kfake broker with topic "t" (2 partitions).
@@ -204,7 +206,7 @@ func TestReplicaFromZero(t *testing.T) {
 // the same options as the lag watch and the hold: the wake opens, and its
 // claim wins.
 func TestReplicasOverTLSAndSCRAM(t *testing.T) {
-	addrs, ca := secureCluster(t)
+	addrs, _, ca := kafkatest.SecureCluster(t)
 	o := testConfig(t, addrs)
 	o.Group, o.Topics, o.Replicas = "g", []string{"t"}, true
 	o.Kafka = Security{TLSCA: ca, SASLMechanism: "scram-sha-512", SASLUser: "kcr", SASLPassword: "s3cret"}

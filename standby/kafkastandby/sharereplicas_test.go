@@ -59,12 +59,12 @@ func TestShareReplicas(t *testing.T) {
 	defer cancel()
 	for _, g := range []string{"z", "u"} {
 		c.SetGroupConfigs(g, map[string]string{"share.auto.offset.reset": "earliest"})
-		produce(t, addrs, "s"+g, 1)
-		shareAccept(t, addrs, g, "s"+g, 1) // the group's offsets
+		kafkatest.Produce(t, addrs, "s"+g, 1)
+		kafkatest.ShareAccept(t, addrs, g, "s"+g, 1) // the group's offsets
 	}
 
 	a, b := shareReplica(t, addrs, "z", "sz", "a", 10*time.Second), shareReplica(t, addrs, "z", "sz", "b", 10*time.Second)
-	produce(t, addrs, "sz", 2)
+	kafkatest.Produce(t, addrs, "sz", 2)
 	won, err := a.fromZero(ctx, 0)
 	wantDecision(t, a, won, err, true, DecisionWokenByLag)
 	if err := b.claims.ReadTo(t.Context(), lastClaim(t, a)); err != nil {
@@ -74,7 +74,7 @@ func TestShareReplicas(t *testing.T) {
 	wantDecision(t, b, won, err, false, DecisionWaitingForOther)
 
 	x, y := shareReplica(t, addrs, "u", "su", "x", 500*time.Millisecond), shareReplica(t, addrs, "u", "su", "y", 500*time.Millisecond)
-	produce(t, addrs, "su", 3)
+	kafkatest.Produce(t, addrs, "su", 3)
 	shareHolder(t, addrs, "u", "su")
 	var live int
 	deadline := time.Now().Add(20 * time.Second)

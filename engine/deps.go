@@ -53,6 +53,29 @@ func (s session) Version() (criu.Version, error) {
 	return checkedVersion(s.Path(), v, err)
 }
 
+// restorer restores an image with CRIU: criuRestorer, package criu's.
+type restorer interface {
+	// Start starts CRIU ahead of a restore (criu.StartRestore), while
+	// the image is verified; a nil session is fine, Restore then starts
+	// its own.
+	Start(ctx context.Context, criuPath string, inherit ...*os.File) (*criu.RestoreSession, error)
+	// Restore is CRIU's restore (criu.Restore).
+	Restore(ctx context.Context, criuPath string, o criu.RestoreOptions) (*criu.RestoreResult, error)
+}
+
+// criuRestorer is package criu's restore.
+type criuRestorer struct{}
+
+// Start: most images are not shell jobs; one that is gets a CRIU of its
+// own.
+func (criuRestorer) Start(ctx context.Context, criuPath string, inherit ...*os.File) (*criu.RestoreSession, error) {
+	return criu.StartRestore(ctx, criuPath, false, inherit...)
+}
+
+func (criuRestorer) Restore(ctx context.Context, criuPath string, o criu.RestoreOptions) (*criu.RestoreResult, error) {
+	return criu.Restore(ctx, criuPath, o)
+}
+
 // deps are the outside world a checkpoint or a restore drives: the target
 // process, its control socket and CRIU. realDeps are the real ones; unit tests put fakes
 // in their place to reach the failure paths.
@@ -73,11 +96,8 @@ type deps struct {
 	// pidsFree checks that the PIDs a verified image needs are free,
 	// waiting up to wait for zombies (checkPIDsFree).
 	pidsFree func(ctx context.Context, img *images.Image, wait time.Duration) error
-	// startRestore starts CRIU ahead of a restore (criu.StartRestore); a
-	// nil session is fine, restore then starts its own.
-	startRestore func(ctx context.Context, criuPath string, inherit ...*os.File) (*criu.RestoreSession, error)
-	// restore is CRIU's restore (criu.Restore).
-	restore func(ctx context.Context, criuPath string, o criu.RestoreOptions) (*criu.RestoreResult, error)
+	// restorer is CRIU's restore (criuRestorer).
+	restorer restorer
 	// socketWait is how long a restored process may take to show its
 	// control socket.
 	socketWait time.Duration
@@ -107,11 +127,7 @@ var realDeps = deps{
 		p, _, err := CRIU(ctx, explicit)
 		return p, err
 	},
-	pidsFree: checkPIDsFree,
-	// Most images are not shell jobs; one that is gets a CRIU of its own.
-	startRestore: func(ctx context.Context, p string, inherit ...*os.File) (*criu.RestoreSession, error) {
-		return criu.StartRestore(ctx, p, false, inherit...)
-	},
-	restore:    criu.Restore,
+	pidsFree:   checkPIDsFree,
+	restorer:   criuRestorer{},
 	socketWait: 3 * time.Second,
 }

@@ -74,7 +74,7 @@ func kafkaTCPCloseImage(t *testing.T, leaveRunning bool) (*restoreFixture, *Chec
 		t.Fatal(err)
 	}
 	f.s.findCRIU = func(context.Context, string) (string, error) { return "/fake/criu", nil }
-	f.s.restore = f.r.restore
+	f.s.restorer = f.r
 	f.s.findApp = func(pid int) (appControl, string, error) {
 		return f.app, filepath.Join("/run/kcr", proto.SocketName(pid)), nil
 	}

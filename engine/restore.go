@@ -292,8 +292,8 @@ func (s deps) prepareRestore(ctx context.Context, o RestoreOptions) (*PreparedRe
 	go func() {
 		p, err := s.findCRIU(ctx, o.CRIU)
 		var early *criu.RestoreSession
-		if err == nil && s.startRestore != nil {
-			early, _ = s.startRestore(ctx, p, o.stdioFiles()...) // on failure, restoreOne starts CRIU as usual
+		if err == nil {
+			early, _ = s.restorer.Start(ctx, p, o.stdioFiles()...) // on failure, restoreOne starts CRIU as usual
 		}
 		criuCh <- found{p, early, err}
 	}()
@@ -541,7 +541,7 @@ func countRestore(dir string) (generation func() counted, needGen func(string, i
 // ended while it waited to try again; err is the last attempt's.
 func (s deps) criuRestore(ctx context.Context, count int, criuPath string, opts criu.RestoreOptions) (rr *criu.RestoreResult, canceled bool, err error) {
 	for attempt := 1; ; attempt++ {
-		rr, err = s.restore(ctx, criuPath, opts)
+		rr, err = s.restorer.Restore(ctx, criuPath, opts)
 		opts.Session = nil // used (or closed) by the first attempt
 		if err == nil || count <= 1 || attempt == 10 || !bindRace(err) {
 			return rr, false, err

@@ -48,7 +48,12 @@ type fakeRestorer struct {
 	dirs  []string
 }
 
-func (r *fakeRestorer) restore(ctx context.Context, criuPath string, o criu.RestoreOptions) (*criu.RestoreResult, error) {
+// Start starts nothing: Restore does it all.
+func (r *fakeRestorer) Start(context.Context, string, ...*os.File) (*criu.RestoreSession, error) {
+	return nil, nil
+}
+
+func (r *fakeRestorer) Restore(ctx context.Context, criuPath string, o criu.RestoreOptions) (*criu.RestoreResult, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.calls++
@@ -90,7 +95,7 @@ func newRestoreFixture(t *testing.T, pidNamespace bool, reports []proto.HookRepo
 		t.Error("PIDs checked for an image with its own PID namespace")
 		return nil
 	}
-	f.s.restore = f.r.restore
+	f.s.restorer = f.r
 	// The restored app shows its socket under its new PID at once.
 	f.s.findApp = func(pid int) (appControl, string, error) {
 		return f.app, filepath.Join("/run/kcr", proto.SocketName(pid)), nil

@@ -30,14 +30,12 @@ func (s *Supervisor) watchCheckpoint(ctx context.Context, cycle uint64) (context
 	cctx, cancel := context.WithCancel(ctx)
 	w := &ckptWake{cancel: cancel}
 	for _, src := range s.wakes {
-		if _, ok := src.(*replicaSource); ok {
-			// Its wait records this replica asleep and may claim a wake
-			// in the claims topic: not for a copy that may run on.
+		if !src.AbandonsCheckpoint() {
 			continue
 		}
 		w.wg.Go(func() {
-			if src.wait(cctx) == nil {
-				w.woke(src.name())
+			if src.Wait(cctx) == nil {
+				w.woke(src.Name())
 			}
 		})
 	}
@@ -85,9 +83,9 @@ var errAbandoned = errors.New("checkpoint abandoned for a wake")
 // begun at t, abandoned if a wake comes meanwhile (not at a shutdown's
 // checkpoint, atTerm).
 func (s *Supervisor) dump(ctx context.Context, p proc, name string, atTerm bool, t time.Time) error {
-	if s.hold != nil && !s.o.NoHoldGroup {
+	if s.hold != nil {
 		// In before the service's member leaves: the group is never empty.
-		s.hold.arm(ctx)
+		s.hold.Arm(ctx)
 	}
 	// --stuck-after is the checkpoint's deadline: CRIU is killed past it
 	// and the service runs on (criu.KillGrace).
@@ -120,7 +118,7 @@ func (s *Supervisor) wokeInCheckpoint(ctx context.Context, cw *ckptWake, p proc,
 		return false
 	}
 	if s.hold != nil {
-		s.hold.stop()
+		s.hold.Stop()
 	}
 	s.log.Info("standby: checkpoint abandoned for a wake; the service resumed", "pid", p.PID, "source", src,
 		"checkpoint_ms", ms(d), "wake_to_resumed_ms", ms(time.Since(at)))

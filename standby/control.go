@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -195,35 +194,4 @@ func Control(ctx context.Context, imageDir, cmd string) (Reply, error) {
 		return r, fmt.Errorf("kcr standby refused %s: %s", cmd, r.Error)
 	}
 	return r, nil
-}
-
-// watchListener sends "connection" on wake once ln has a connection
-// waiting in its backlog. It does not accept it: the restored service does.
-func watchListener(ctx context.Context, ln *net.TCPListener, wake chan<- string, log *slog.Logger) {
-	raw, err := ln.SyscallConn()
-	if err != nil {
-		log.Error("standby: --listen socket", "err", err)
-		return
-	}
-	for ctx.Err() == nil {
-		ready := false
-		var perr error
-		raw.Control(func(fd uintptr) {
-			fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-			var n int
-			n, perr = unix.Poll(fds, 100)
-			ready = n > 0 && fds[0].Revents&unix.POLLIN != 0
-		})
-		if perr != nil && !errors.Is(perr, unix.EINTR) {
-			log.Error("standby: poll --listen socket", "err", perr)
-			return
-		}
-		if ready {
-			select {
-			case wake <- "connection":
-			default:
-			}
-			return
-		}
-	}
 }

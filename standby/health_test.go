@@ -115,7 +115,7 @@ func TestProbesDoNotWake(t *testing.T) {
 		t.Errorf("GET /nothing: %d, want 404", code)
 	}
 
-	c, err := net.Dial("tcp", r.s.ln.Addr().String())
+	c, err := net.Dial("tcp", r.s.listen.ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}

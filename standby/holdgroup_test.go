@@ -3,8 +3,6 @@ package standby
 import (
 	"context"
 	"errors"
-	"fmt"
-	"log/slog"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -21,6 +19,7 @@ import (
 
 	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 	"github.com/kcr-dev/kcr/internal/testkit/wait"
+	"github.com/kcr-dev/kcr/standby/kafkastandby"
 )
 
 // initialDelay is the emulated group.initial.rebalance.delay.ms, Kafka's
@@ -33,6 +32,7 @@ type holdEnv struct {
 	t     *testing.T
 	c     *kfake.Cluster
 	addrs []string
+	cl    *kgo.Client
 	adm   *kadm.Client
 	delay *kafkatest.RebalanceDelay // nil without the initial delay
 	joins atomic.Int32              // JoinGroup requests that make a member
@@ -55,8 +55,8 @@ func newHoldEnv(t *testing.T, delayed bool) *holdEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(cl.Close)
-	e.adm = kadm.NewClient(cl)
-	produce(t, addrs, "t", 3)
+	e.cl, e.adm = cl, kadm.NewClient(cl)
+	kafkatest.Produce(t, addrs, "t", 3)
 	ends, err := e.adm.ListEndOffsets(t.Context(), "t")
 	if err != nil {
 		t.Fatal(err)
@@ -105,27 +105,73 @@ func (e *holdEnv) waitPlaceholder(d time.Duration) string {
 	return id
 }
 
-// placeholder joins a placeholder offering protocol to group "g" by hand,
-// as a kcr standby's hold does, and returns its hold (whose client the
-// caller closes: closed, the placeholder stays without heartbeats until its
-// session ends) and member.
-func (e *holdEnv) placeholder(protocol string) (*groupHold, *holdMember) {
+// The hold's client id and timing, as package kafkastandby has them.
+const (
+	holdClientID  = "kcr-standby-hold"
+	holdSession   = 30 * time.Second
+	holdRebalance = 10 * time.Second
+	// holdBeatAsleep: the placeholder heartbeats this often while the
+	// service sleeps.
+	holdBeatAsleep = 2 * time.Second
+)
+
+// leftPlaceholder joins a placeholder offering protocol to group "g" by
+// hand, as a kcr standby's hold does, and leaves it there without
+// heartbeats (its kcr standby was killed): it stays until its session
+// ends. It returns its member id.
+func (e *holdEnv) leftPlaceholder(protocol string) string {
 	e.t.Helper()
-	o := Options{Brokers: e.addrs, Group: "g", Observer: nopObserver{}}
-	h, err := newGroupHold(&o, slog.New(slog.DiscardHandler), func(holdSaved) error { return nil })
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.addrs...), kgo.ClientID(holdClientID))
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	h.saved.HoldProtocol = protocol
-	m := &holdMember{}
-	if err = h.memberID(e.t.Context(), m); err == nil {
-		err = h.joinSync(e.t.Context(), m)
+	defer cl.Close()
+	join := kmsg.NewPtrJoinGroupRequest()
+	join.Group, join.ProtocolType = "g", "consumer"
+	join.SessionTimeoutMillis, join.RebalanceTimeoutMillis = int32(holdSession.Milliseconds()), int32(holdRebalance.Milliseconds())
+	meta := kmsg.NewConsumerMemberMetadata()
+	meta.Topics = []string{"t"}
+	p := kmsg.NewJoinGroupRequestProtocol()
+	p.Name, p.Metadata = protocol, meta.AppendTo(nil)
+	join.Protocols = []kmsg.JoinGroupRequestProtocol{p}
+	resp, err := join.RequestWith(e.t.Context(), cl)
+	if err == nil && errors.Is(kerr.ErrorForCode(resp.ErrorCode), kerr.MemberIDRequired) {
+		join.MemberID = resp.MemberID
+		resp, err = join.RequestWith(e.t.Context(), cl)
+	}
+	if err == nil {
+		err = kerr.ErrorForCode(resp.ErrorCode)
 	}
 	if err != nil {
-		h.cl.Close()
 		e.t.Fatalf("joining a placeholder by hand: %v", err)
 	}
-	return h, m
+	sync := kmsg.NewPtrSyncGroupRequest()
+	sync.Group, sync.Generation, sync.MemberID = "g", resp.Generation, resp.MemberID
+	sync.ProtocolType, sync.Protocol = kmsg.StringPtr("consumer"), resp.Protocol
+	sresp, err := sync.RequestWith(e.t.Context(), cl)
+	if err == nil {
+		err = kerr.ErrorForCode(sresp.ErrorCode)
+	}
+	if err != nil {
+		e.t.Fatalf("syncing a placeholder by hand: %v", err)
+	}
+	return resp.MemberID
+}
+
+// leave removes member from group "g", as an admin would.
+func (e *holdEnv) leave(member string) {
+	e.t.Helper()
+	m := kmsg.NewLeaveGroupRequestMember()
+	m.MemberID = member
+	req := kmsg.NewPtrLeaveGroupRequest()
+	req.Group, req.Members = "g", []kmsg.LeaveGroupRequestMember{m}
+	resp, err := req.RequestWith(e.t.Context(), e.cl)
+	if err == nil {
+		err = kerr.ErrorForCode(resp.ErrorCode)
+	}
+	if err != nil {
+		e.t.Fatalf("removing %s from the group: %v", member, err)
+	}
 }
 
 // waitOnly waits until the group's members are exactly clients.
@@ -223,7 +269,7 @@ func TestGroupHold(t *testing.T) {
 			r := startRig(t, f, filepath.Join(t.TempDir(), "img"), e.withGroup(nil))
 			r.waitState(StateStandby)
 			if c.settle {
-				wait.For(t, 10*time.Second, "the hold held", func() bool { return hasResult(r, HoldHeld) })
+				wait.For(t, 10*time.Second, "the hold held", func() bool { return hasResult(r, kafkastandby.HoldHeld) })
 				e.waitOnly(10*time.Second, holdClientID)
 				st, _ := r.s.dir.readState()
 				if _, id := e.members(); st.HoldMember != id || st.HoldProtocol != c.protocol {
@@ -233,7 +279,7 @@ func TestGroupHold(t *testing.T) {
 				if _, err := e.adm.DeleteGroup(t.Context(), "g"); !errors.Is(err, kerr.NonEmptyGroup) {
 					t.Errorf("deleting the held group: %v, want NON_EMPTY_GROUP", err)
 				}
-				produce(t, e.addrs, "t", 1) // held, the group's lag still wakes the service
+				kafkatest.Produce(t, e.addrs, "t", 1) // held, the group's lag still wakes the service
 				r.waitState(StateRunning)
 			} else if !r.s.Wake("manual") {
 				t.Fatal("the supervisor is not asleep")
@@ -246,7 +292,7 @@ func TestGroupHold(t *testing.T) {
 				t.Errorf("the initial delay held %d joins, want 1 (the service's first)", n)
 			}
 			e.waitOnly(5*time.Second, "svc")
-			wait.For(t, 5*time.Second, "the hold released", func() bool { return hasResult(r, HoldReleased) })
+			wait.For(t, 5*time.Second, "the hold released", func() bool { return hasResult(r, kafkastandby.HoldReleased) })
 			if st, _ := r.s.dir.readState(); st.HoldMember != "" {
 				t.Errorf("state file hold_member %q after the placeholder left", st.HoldMember)
 			}
@@ -292,7 +338,7 @@ func TestGroupHoldTwoHolds(t *testing.T) {
 		t.Errorf("the initial delay held %d joins, want 1 (the first service's first)", n)
 	}
 	for _, r := range []*rig{r1, r2} {
-		if hasResult(r, HoldFailed) {
+		if hasResult(r, kafkastandby.HoldFailed) {
 			t.Errorf("a hold failed:\n%s", r.log.String())
 		}
 	}
@@ -306,7 +352,7 @@ func TestGroupHoldSkips(t *testing.T) {
 		e := newHoldEnv(t, false)
 		r := startRig(t, newFake(), filepath.Join(t.TempDir(), "img"), e.withGroup(func(o *Options) { o.Group = "gone" }))
 		r.waitState(StateStandby)
-		wait.For(t, 5*time.Second, "the hold skipped", func() bool { return hasResult(r, HoldSkipped) })
+		wait.For(t, 5*time.Second, "the hold skipped", func() bool { return hasResult(r, kafkastandby.HoldSkipped) })
 		if n := e.joins.Load(); n != 0 {
 			t.Fatalf("%d joins into a missing group", n)
 		}
@@ -320,7 +366,7 @@ func TestGroupHoldSkips(t *testing.T) {
 		e.service(f, "svc848", kgo.ServerSideBalancer())
 		r := startRig(t, f, filepath.Join(t.TempDir(), "img"), e.withGroup(nil))
 		r.waitState(StateStandby)
-		wait.For(t, 5*time.Second, "the hold skipped", func() bool { return hasResult(r, HoldSkipped) })
+		wait.For(t, 5*time.Second, "the hold skipped", func() bool { return hasResult(r, kafkastandby.HoldSkipped) })
 		if !strings.Contains(r.log.String(), "KIP-848") {
 			t.Errorf("the skip does not say why:\n%s", r.log.String())
 		}
@@ -382,19 +428,18 @@ func TestGroupHoldSweepsLeftPlaceholder(t *testing.T) {
 
 	// A placeholder whose kcr standby was killed: in the group, no
 	// heartbeats, no leave, its member id in the state file.
-	h, m := e.placeholder("range")
-	h.cl.Close()
+	id := e.leftPlaceholder("range")
 	d := &imageDir{path: dir}
 	st, err := d.readState()
 	if err != nil {
 		t.Fatal(err)
 	}
-	st.HoldMember = m.id
+	st.HoldMember = id
 	if err := d.writeState(st); err != nil {
 		t.Fatal(err)
 	}
-	if _, id := e.members(); id != m.id {
-		t.Fatalf("placeholder %q in the group, want the left one %q", id, m.id)
+	if _, in := e.members(); in != id {
+		t.Fatalf("placeholder %q in the group, want the left one %q", in, id)
 	}
 	r2 := startRig(t, newFake(), dir, e.withGroup(nil))
 	r2.waitState(StateStandby)
@@ -404,38 +449,6 @@ func TestGroupHoldSweepsLeftPlaceholder(t *testing.T) {
 	}
 	if st, _ := d.readState(); st.HoldMember != "" {
 		t.Errorf("state file hold_member %q after the sweep", st.HoldMember)
-	}
-}
-
-// The placeholder's leave fails (the broker is unreachable for longer than
-// the leave's budget): it is tried again until it succeeds, so that the
-// placeholder does not stay in the group for its whole session (30 s),
-// holding up the rebalance of the restored member's join.
-func TestGroupHoldLeaveRetried(t *testing.T) {
-	e := newHoldEnv(t, false)
-	var down atomic.Bool
-	e.c.ControlKey(int16(kmsg.LeaveGroup), func(kmsg.Request) (kmsg.Response, error, bool) {
-		e.c.KeepControl()
-		if down.Load() {
-			return nil, errors.New("broker down"), true
-		}
-		return nil, nil, false
-	})
-	h, m := e.placeholder("range")
-	defer h.cl.Close()
-	h.setMember(m.id)
-	down.Store(true)
-	h.leave(m.id) // fails within holdLeaveBudget
-	if _, id := e.members(); id != m.id {
-		t.Fatalf("placeholder %q in the group, want %q (its leave failed)", id, m.id)
-	}
-	down.Store(false)
-	e.waitOnly(holdSession / 3)
-	h.mu.Lock()
-	saved := h.saved.HoldMember
-	h.mu.Unlock()
-	if saved != "" {
-		t.Errorf("hold_member %q recorded after the placeholder left", saved)
 	}
 }
 
@@ -492,48 +505,6 @@ func TestGroupHoldLoad(t *testing.T) {
 	}
 }
 
-// The state file cannot record the placeholder (a full disk): it does not
-// join, and the member id the broker handed out is removed, so that no
-// placeholder a later kcr standby could not find is left in the group.
-func TestGroupHoldUnrecordedPlaceholder(t *testing.T) {
-	e := newHoldEnv(t, false)
-	var left sync.Map // member ids named by a LeaveGroup
-	e.c.ControlKey(int16(kmsg.LeaveGroup), func(kr kmsg.Request) (kmsg.Response, error, bool) {
-		e.c.KeepControl()
-		for _, m := range kr.(*kmsg.LeaveGroupRequest).Members {
-			left.Store(m.MemberID, true)
-		}
-		return nil, nil, false
-	})
-	full := errors.New("write the state file: no space left on device")
-	o := Options{Brokers: e.addrs, Group: "g", Observer: nopObserver{}}
-	var tries []holdSaved
-	h, err := newGroupHold(&o, slog.New(slog.DiscardHandler), func(s holdSaved) error {
-		tries = append(tries, s)
-		return full
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.cl.Close()
-	h.saved.HoldProtocol = "range"
-	m := &holdMember{}
-	err = h.memberID(t.Context(), m)
-	if !errors.Is(err, full) || m.id != "" {
-		t.Fatalf("memberID with the state file full: id %q, err %v; want no member and the write's error", m.id, err)
-	}
-	if len(tries) == 0 || tries[0].HoldMember == "" {
-		t.Fatalf("state file writes %+v: the placeholder's member id was never offered", tries)
-	}
-	id := tries[0].HoldMember
-	if _, ok := left.Load(id); !ok {
-		t.Errorf("member id %q the broker handed out was not removed", id)
-	}
-	if _, ph := e.members(); ph != "" {
-		t.Errorf("placeholder %q in the group", ph)
-	}
-}
-
 // The service woken while no hold of this kcr standby runs (it was
 // skipped: the group was empty at the checkpoint), and a placeholder is in
 // the group that nobody heartbeats (a restarted broker restored it from
@@ -551,64 +522,19 @@ func TestGroupHoldReleasesRestoredPlaceholder(t *testing.T) {
 	})
 	r := startRig(t, newFake(), filepath.Join(t.TempDir(), "img"), e.withGroup(nil))
 	r.waitState(StateStandby)
-	if !slices.Contains(r.rec.holdResults(), HoldSkipped) {
+	if !slices.Contains(r.rec.holdResults(), kafkastandby.HoldSkipped) {
 		t.Fatalf("hold results %v, want it skipped (no member at the checkpoint)", r.rec.holdResults())
 	}
 
 	// The zombie: in the group, never heartbeating, in no state file.
-	h, m := e.placeholder("cooperative-sticky")
-	h.cl.Close()
+	id := e.leftPlaceholder("cooperative-sticky")
 
 	r.s.Wake("manual")
 	r.waitState(StateRunning)
 	_, all := e.member("svc") // the restored service's member
 	assigned(t, all, time.Now(), holdSession)
-	if _, ok := left.Load(m.id); !ok {
-		t.Errorf("the placeholder nobody heartbeats (%s) was not removed; hold results %v", m.id, r.rec.holdResults())
+	if _, ok := left.Load(id); !ok {
+		t.Errorf("the placeholder nobody heartbeats (%s) was not removed; hold results %v", id, r.rec.holdResults())
 	}
 	e.waitOnly(5*time.Second, "svc")
-}
-
-// The first join asks for a short session: its pending member is what a
-// kcr standby killed before it recorded the id leaves behind, and every
-// rebalance waits for it until that session ends. The join that makes the
-// member asks for holdSession; so does a first join again where the broker
-// refuses the short session.
-func TestGroupHoldPendingSession(t *testing.T) {
-	for _, refuse := range []bool{false, true} {
-		t.Run(fmt.Sprintf("refused=%v", refuse), func(t *testing.T) {
-			e := newHoldEnv(t, false)
-			var mu sync.Mutex
-			var first, second []int32
-			e.c.ControlKey(int16(kmsg.JoinGroup), func(kr kmsg.Request) (kmsg.Response, error, bool) {
-				e.c.KeepControl()
-				req := kr.(*kmsg.JoinGroupRequest)
-				mu.Lock()
-				defer mu.Unlock()
-				if req.MemberID != "" {
-					second = append(second, req.SessionTimeoutMillis)
-					return nil, nil, false
-				}
-				first = append(first, req.SessionTimeoutMillis)
-				if refuse && req.SessionTimeoutMillis < int32(holdSession.Milliseconds()) {
-					resp := req.ResponseKind().(*kmsg.JoinGroupResponse)
-					resp.ErrorCode = kerr.InvalidSessionTimeout.Code
-					return resp, nil, true
-				}
-				return nil, nil, false
-			})
-			h, _ := e.placeholder("range")
-			defer h.cl.Close()
-			mu.Lock()
-			defer mu.Unlock()
-			short, long := int32(holdPendingSession.Milliseconds()), int32(holdSession.Milliseconds())
-			wantFirst := []int32{short}
-			if refuse {
-				wantFirst = append(wantFirst, long)
-			}
-			if !slices.Equal(first, wantFirst) || !slices.Equal(second, []int32{long}) {
-				t.Fatalf("session timeouts asked: first joins %v, member's join %v; want %v and [%d]", first, second, wantFirst, long)
-			}
-		})
-	}
 }

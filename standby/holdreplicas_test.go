@@ -3,6 +3,7 @@ package standby
 import (
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kcr-dev/kcr/internal/testkit/wait"
+	"github.com/kcr-dev/kcr/standby/kafkastandby"
 )
 
 // Replicas that go idle together each see the other in the group when
@@ -79,7 +81,7 @@ func testReplicasSleep(t *testing.T, together bool) {
 		t.Errorf("the initial delay held %d joins, want 1", n)
 	}
 	for _, r := range []*rig{r1, r2} {
-		if hasResult(r, HoldFailed) {
+		if hasResult(r, kafkastandby.HoldFailed) {
 			t.Errorf("a hold failed:\n%s", r.log.String())
 		}
 	}
@@ -97,7 +99,7 @@ func TestGroupHoldEmptyJoinRebalanceTimeout(t *testing.T) {
 	var joins []int32 // the placeholder's joins that make it a member
 	e.c.ControlKey(int16(kmsg.JoinGroup), func(kr kmsg.Request) (kmsg.Response, error, bool) {
 		e.c.KeepControl()
-		if req := kr.(*kmsg.JoinGroupRequest); req.MemberID != "" && isPlaceholder("", req.MemberID) {
+		if req := kr.(*kmsg.JoinGroupRequest); req.MemberID != "" && strings.HasPrefix(req.MemberID, holdClientID+"-") {
 			mu.Lock()
 			joins = append(joins, req.RebalanceTimeoutMillis)
 			mu.Unlock()
@@ -116,9 +118,7 @@ func TestGroupHoldEmptyJoinRebalanceTimeout(t *testing.T) {
 		t.Errorf("the armed placeholder's joins offered rebalance timeouts %v ms, want %v", armed, holdRebalance)
 	}
 	// Removed: its next heartbeat finds the group empty, and it joins again.
-	if err := r.s.hold.leaveGroup(id); err != nil {
-		t.Fatal(err)
-	}
+	e.leave(id)
 	wait.For(t, 15*time.Second, "a new placeholder in the group", func() bool {
 		_, now := e.members()
 		return now != "" && now != id

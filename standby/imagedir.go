@@ -28,6 +28,19 @@ type imageDir struct {
 	lock *os.File
 }
 
+// holdSaved is what the group hold (GroupKeeper) keeps in the state file.
+type holdSaved struct {
+	// HoldMember is the placeholder's member id while it may be in the
+	// group: a kcr standby killed meanwhile left it there, and the next
+	// one removes it first.
+	HoldMember string `json:"hold_member,omitempty"`
+	// HoldProtocol is the assignor the service's group used, which the
+	// placeholder offers: the only protocol a classic group keeps for a
+	// member across a coordinator change is its selected one, so the
+	// placeholder's must be the service's.
+	HoldProtocol string `json:"hold_protocol,omitempty"`
+}
+
 // persisted is the state file: what a new supervisor with the same
 // directory needs to go on (adopt a running service, or restore).
 type persisted struct {

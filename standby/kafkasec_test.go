@@ -1,24 +1,16 @@
 package standby
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/sasl/scram"
 
-	"github.com/kcr-dev/kcr/images"
-	"github.com/kcr-dev/kcr/internal/testkit/imagetest"
 	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
-	"github.com/kcr-dev/kcr/internal/testkit/tlstest"
 )
 
 // Bad TLS and SASL options of the supervisor's Kafka clients are refused
@@ -52,35 +44,12 @@ func TestKafkaSecurityOptions(t *testing.T) {
 	}
 }
 
-// secureCluster starts a kfake broker that speaks TLS only and asks for
-// SCRAM-SHA-512 (user kcr, password "s3cret"), with topic t, and returns
-// its addresses, a client of its own, and the CA's PEM file.
-func secureCluster(t *testing.T) ([]string, *kgo.Client, string) {
-	t.Helper()
-	server, caPEM := tlstest.SelfSignedPEM(t)
-	_, addrs := kafkatest.Cluster(t, kfake.TLS(server), kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-512", "kcr", "s3cret"),
-		kfake.SeedTopics(1, "t"))
-	ca := filepath.Join(t.TempDir(), "ca.pem")
-	if err := os.WriteFile(ca, caPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(caPEM)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.DialTLSConfig(&tls.Config{RootCAs: roots}),
-		kgo.SASL(scram.Auth{User: "kcr", Pass: "s3cret"}.AsSha512Mechanism()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
-	return addrs, cl, ca
-}
-
 // The Kafka wake and the group hold reach a broker that speaks TLS and
 // SCRAM only, with the CA and password files: the service sleeps and a
 // record wakes it. Without the options, or with a wrong password, kcr
 // standby does not start.
 func TestKafkaWakeOverTLSAndSCRAM(t *testing.T) {
-	addrs, cl, ca := secureCluster(t)
+	addrs, cl, ca := kafkatest.SecureCluster(t)
 	pwFile := filepath.Join(t.TempDir(), "pw")
 	if err := os.WriteFile(pwFile, []byte("s3cret\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -109,60 +78,5 @@ func TestKafkaWakeOverTLSAndSCRAM(t *testing.T) {
 	r.waitState(StateRunning)
 	if !strings.Contains(r.log.String(), `"source":"kafka"`) {
 		t.Fatalf("not woken by Kafka lag:\n%s", r.log.String())
-	}
-}
-
-// The OAUTHBEARER token file is read at every authentication: a token
-// renewed in place is the one sent next.
-func TestKafkaTokenFileReadEachTime(t *testing.T) {
-	file := filepath.Join(t.TempDir(), "token")
-	k := KafkaSecurity{SASLMechanism: "OAuthBearer", SASLTokenFile: file}
-	if err := k.check(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := k.kgoOpts(slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "--kafka-sasl-token-file") {
-		t.Fatalf("missing token file: %v, want an error naming --kafka-sasl-token-file", err)
-	}
-	if err := os.WriteFile(file, []byte("first.jwt.x\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	m, err := k.mechanism() // one mechanism, as the client keeps it
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, tok := range []string{"first.jwt.x", "second.jwt.y"} {
-		if err := os.WriteFile(file, []byte(tok+"\n"), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		_, msg, err := m.Authenticate(t.Context(), "127.0.0.1:9092")
-		if err != nil || !strings.Contains(string(msg), "auth=Bearer "+tok+"\x01") {
-			t.Fatalf("authenticate: %q, %v: want the token %s", msg, err, tok)
-		}
-	}
-}
-
-// As root, a password file another user could have written is refused:
-// that user would choose what kcr standby sends to the brokers.
-func TestKafkaFilesTrusted(t *testing.T) {
-	imagetest.NeedRoot(t)
-	dir := t.TempDir()
-	os.Chmod(dir, 0o755)
-	log := slog.New(slog.DiscardHandler)
-	for _, c := range []struct {
-		name string
-		prep func(string)
-	}{
-		{"another uid's", func(p string) { os.Chown(p, imagetest.OtherUID, imagetest.OtherUID) }},
-		{"group-writable", func(p string) { os.Chmod(p, 0o620) }},
-	} {
-		p := filepath.Join(dir, c.name)
-		if err := os.WriteFile(p, []byte("pw\n"), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		c.prep(p)
-		k := KafkaSecurity{SASLMechanism: "plain", SASLUser: "u", SASLPasswordFile: p}
-		if _, err := k.kgoOpts(log); !errors.Is(err, images.ErrUntrusted) {
-			t.Errorf("%s password file: %v, want ErrUntrusted", c.name, err)
-		}
 	}
 }

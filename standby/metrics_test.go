@@ -10,6 +10,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kcr-dev/kcr/standby/kafkastandby"
 )
 
 // The metrics follow what the supervisor reports, in the text format.
@@ -27,9 +29,9 @@ func TestMetrics(t *testing.T) {
 	m.ColdStart("first start")
 	m.BrokerRequests(7)
 	m.BrokerRequests(3)
-	m.GroupHold(HoldHeld)
-	m.GroupHold(HoldReleased)
-	m.GroupHold(HoldHeld)
+	m.GroupHold(kafkastandby.HoldHeld)
+	m.GroupHold(kafkastandby.HoldReleased)
+	m.GroupHold(kafkastandby.HoldHeld)
 	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	defer srv.Close()
 	res, err := srv.Client().Get(srv.URL)

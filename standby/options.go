@@ -15,6 +15,7 @@
 package standby
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -23,20 +24,21 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/kcr-dev/kcr/notify"
 )
 
 // Defaults of Options.
 const (
-	DefaultHookBudget     = notify.DefaultHookBudget
-	DefaultReadyTimeout   = 30 * time.Second
-	DefaultBackoffMin     = 500 * time.Millisecond
-	DefaultBackoffMax     = 30 * time.Second
-	DefaultBrokerTimeout  = 5 * time.Second
-	DefaultReplicasTopic  = "kcr-standby-replicas"
-	DefaultScaleUpAfter   = 10 * time.Second
+	DefaultHookBudget    = notify.DefaultHookBudget
+	DefaultReadyTimeout  = 30 * time.Second
+	DefaultBackoffMin    = 500 * time.Millisecond
+	DefaultBackoffMax    = 30 * time.Second
+	DefaultBrokerTimeout = 5 * time.Second
+	DefaultReplicasTopic = "kcr-standby-replicas"
+	DefaultScaleUpAfter  = 10 * time.Second
+	// maxMinWake bounds --min-wake: a claim wants that many replicas
+	// more at most.
+	maxMinWake            = 64
 	minActivityPoll       = 20 * time.Millisecond
 	maxActivityPoll       = time.Second
 	stateFileName         = "standby.json"
@@ -145,8 +147,12 @@ type Options struct {
 	// Kafka is how the Kafka wake and the group hold reach Brokers: TLS
 	// and SASL (default: PLAINTEXT).
 	Kafka KafkaSecurity
-	// kafkaOpts are Kafka's kgo options, read by New.
-	kafkaOpts []kgo.Opt
+	// KafkaWake opens the Kafka wake of Group or ShareGroup: its wake
+	// source (through the replicas' claims with Replicas) and the group
+	// hold. cmd/kcr gives package kafkastandby's; New calls it once the
+	// options are checked and the image directory is open. Without it,
+	// Group and ShareGroup are refused.
+	KafkaWake func(ctx context.Context, o *Options, saveHold func(member, protocol string) error) (KafkaParts, error)
 
 	// Replicas makes this kcr standby one of several replicas of the
 	// service, each under its own kcr standby with the same Group
@@ -224,6 +230,13 @@ type Options struct {
 
 // ErrBadOption is wrapped by every error of Options.check.
 var ErrBadOption = errors.New("bad standby option")
+
+// badOption is a bad option found outside the package (Options.KafkaWake's
+// error has a BadOption method): ErrBadOption, in its own words.
+type badOption struct{ error }
+
+func (e badOption) Is(target error) bool { return target == ErrBadOption }
+func (e badOption) Unwrap() error        { return e.error }
 
 func (o *Options) check() error {
 	bad := func(format string, a ...any) error {
@@ -336,8 +349,8 @@ type Observer interface {
 	Restore(d time.Duration, err error)
 	ColdStart(reason string)
 	BrokerRequests(n int)
-	// GroupHold is told how a group hold went: HoldHeld, HoldSkipped,
-	// HoldReleased or HoldFailed.
+	// GroupHold is told how a group hold went (kafkastandby's HoldHeld,
+	// HoldSkipped, HoldReleased or HoldFailed).
 	GroupHold(result string)
 }
 

@@ -8,27 +8,9 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 )
-
-// shareAccept has a member of share group g accept n records of topic t,
-// then leave.
-func shareAccept(t *testing.T, addrs []string, g, topic string, n int) {
-	t.Helper()
-	m, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ShareGroup(g), kgo.ConsumeTopics(topic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	for got := 0; got < n && t.Context().Err() == nil; {
-		m.PollFetches(t.Context()).EachRecord(func(r *kgo.Record) { got++; r.Ack(kgo.AckAccept) })
-	}
-	if err := m.FlushAcks(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // --share-group: the service sleeps once the share group's backlog is
 // empty, a record wakes it (source kafka), it stays up while the backlog
@@ -37,8 +19,8 @@ func shareAccept(t *testing.T, addrs []string, g, topic string, n int) {
 func TestShareGroupWake(t *testing.T) {
 	c, addrs := kafkatest.Cluster(t, kfake.SeedTopics(1, "sw"))
 	c.SetGroupConfigs("sg", map[string]string{"share.auto.offset.reset": "earliest"})
-	produce(t, addrs, "sw", 2)
-	shareAccept(t, addrs, "sg", "sw", 2)
+	kafkatest.Produce(t, addrs, "sw", 2)
+	kafkatest.ShareAccept(t, addrs, "sg", "sw", 2)
 	f := newFake()
 	r := startRig(t, f, filepath.Join(t.TempDir(), "img"), func(o *Options) {
 		o.Brokers, o.ShareGroup, o.Topics, o.Poll, o.BrokerTimeout = addrs, "sg", []string{"sw"}, 20*time.Millisecond, 2*time.Second
@@ -47,7 +29,7 @@ func TestShareGroupWake(t *testing.T) {
 		t.Error("a group hold for a share group")
 	}
 	r.waitState(StateStandby)
-	produce(t, addrs, "sw", 1)
+	kafkatest.Produce(t, addrs, "sw", 1)
 	r.waitState(StateRunning)
 	if !strings.Contains(r.log.String(), `"source":"kafka"`) {
 		t.Fatalf("not woken by the share backlog:\n%s", r.log.String())
@@ -57,7 +39,7 @@ func TestShareGroupWake(t *testing.T) {
 	if st := r.s.State(); st != StateRunning {
 		t.Fatalf("state %s with a record in the share backlog, want running; log:\n%s", st, r.log.String())
 	}
-	shareAccept(t, addrs, "sg", "sw", 1)
+	kafkatest.ShareAccept(t, addrs, "sg", "sw", 1)
 	r.waitState(StateStandby)
 	if _, restores, _ := f.snapshot(); len(restores) != 1 {
 		t.Errorf("restores %v, want 1", restores)

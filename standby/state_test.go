@@ -182,13 +182,13 @@ func TestHoldSavedRetriedAfterFailedWrite(t *testing.T) {
 	if err := os.Mkdir(block, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.setHoldSaved(h); err == nil {
+	if err := s.setHoldSaved(h.HoldMember, h.HoldProtocol); err == nil {
 		t.Fatal("setHoldSaved: no error with the state file blocked")
 	}
 	if err := os.Remove(block); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.setHoldSaved(h); err != nil {
+	if err := s.setHoldSaved(h.HoldMember, h.HoldProtocol); err != nil {
 		t.Fatalf("setHoldSaved again: %v", err)
 	}
 	st, err := d.readState()
@@ -203,7 +203,7 @@ func TestHoldSavedRetriedAfterFailedWrite(t *testing.T) {
 	if err := os.Remove(block); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.setHoldSaved(h); err != nil {
+	if err := s.setHoldSaved(h.HoldMember, h.HoldProtocol); err != nil {
 		t.Fatalf("setHoldSaved a third time: %v", err)
 	}
 	if _, err := os.Stat(block); !errors.Is(err, os.ErrNotExist) {

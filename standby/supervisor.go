@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"sync"
@@ -24,15 +23,15 @@ type Supervisor struct {
 	log   *slog.Logger
 	dir   *imageDir
 	b     backend
-	wakes []wakeSource // besides manual wakes and --listen
+	wakes []WakeSource // besides manual wakes
 	// hold keeps the group from being empty while the service sleeps;
 	// nil without Options.Group. With Options.NoHoldGroup it only sweeps
 	// a placeholder an earlier kcr standby left.
-	hold *groupHold
+	hold GroupKeeper
 	// replica is the Kafka wake among replicas (Options.Replicas), also
 	// in wakes; nil without.
-	replica *replicaSource
-	ln      *net.TCPListener // nil without Options.Listen
+	replica Replica
+	listen  *listenSource // --listen, also in wakes; nil without
 	ctl     *controlServer
 
 	wakeCh  chan string  // wake sources while checkpointed; buffered, sends never block
@@ -107,16 +106,14 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 			out.close(0)
 		}
 	}()
-	if err := s.openListen(); err != nil {
-		return nil, err
+	if o.Listen != "" {
+		if s.listen, err = openListen(&s.o, s.dir.path, s.log); err != nil {
+			return nil, err
+		}
+		s.wakes = append(s.wakes, s.listen)
 	}
 	if err := s.addKafkaWake(ctx); err != nil {
 		return nil, err
-	}
-	if o.ShareGroup != "" {
-		if err := s.addShareWake(ctx); err != nil {
-			return nil, err
-		}
 	}
 	criuPath := ""
 	if b == nil {
@@ -127,8 +124,8 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 		}
 	}
 	eb := &engineBackend{o: &s.o, log: s.log, dir: s.dir.path, exits: newExits(), out: out}
-	if s.ln != nil {
-		f, err := s.ln.File() // a dup, handed to every cold start
+	if s.listen != nil {
+		f, err := s.listen.file() // a dup, handed to every cold start
 		if err != nil {
 			return nil, fmt.Errorf("--listen %s: %w", o.Listen, err)
 		}
@@ -148,52 +145,27 @@ func newSupervisor(ctx context.Context, o Options, b backend) (*Supervisor, erro
 	return s, nil
 }
 
-// openListen opens the --listen socket, or takes it back from the service
-// a previous kcr standby left running.
-func (s *Supervisor) openListen() error {
-	if s.o.Listen == "" {
-		return nil
-	}
-	var err error
-	if s.ln, err = listen(s.o.Listen); err != nil {
-		ln, terr := takeListener(s.dir.path, s.o.Listen, s.o.serviceUID())
-		if terr != nil {
-			return err
-		}
-		s.log.Info("standby: took the --listen socket back from the running service", "listen", s.o.Listen)
-		s.ln = ln
-	}
-	return nil
-}
-
-// addKafkaWake adds the wake on the consumer group's records (through the
-// replicas' claims with --replicas) and the group hold, given --group.
+// addKafkaWake opens the Kafka wake (Options.KafkaWake), given --group
+// or --share-group: its wake source, the replica and the group hold.
 func (s *Supervisor) addKafkaWake(ctx context.Context) error {
-	if s.o.Group == "" {
+	if s.o.Group == "" && s.o.ShareGroup == "" {
 		return nil
 	}
-	var err error
-	if s.o.kafkaOpts, err = s.o.Kafka.kgoOpts(s.log); err != nil {
-		return fmt.Errorf("%w: %v", ErrBadOption, err)
+	if s.o.KafkaWake == nil {
+		return fmt.Errorf("%w: --group and --share-group need the Kafka wake: set Options.KafkaWake (package kafkastandby)", ErrBadOption)
 	}
-	k, err := newKafkaSource(ctx, &s.o)
+	k, err := s.o.KafkaWake(ctx, &s.o, s.setHoldSaved)
+	var bad interface{ BadOption() bool }
+	if errors.As(err, &bad) && bad.BadOption() {
+		return badOption{err}
+	}
 	if err != nil {
 		return err
 	}
-	if !s.o.Replicas {
-		s.wakes = append(s.wakes, k)
-	} else if s.replica, err = newReplicaSource(ctx, &s.o, k, engine.Version); err != nil {
-		k.close()
-		return err
-	} else {
-		s.wakes = append(s.wakes, s.replica)
+	if k.Source != nil {
+		s.wakes = append(s.wakes, k.Source)
 	}
-	if s.hold, err = newGroupHold(&s.o, s.log, s.setHoldSaved); err != nil {
-		return err
-	}
-	if s.replica != nil {
-		s.hold.groupIdle = s.replica.idle.Load
-	}
+	s.hold, s.replica = k.Keeper, k.Replica
 	return nil
 }
 
@@ -221,16 +193,13 @@ func (s *Supervisor) close() {
 		s.ctl.close()
 	}
 	if s.hold != nil {
-		s.hold.close()
+		s.hold.Close()
 	}
 	for _, w := range s.wakes {
-		w.close()
+		w.Close()
 	}
 	if s.b != nil {
 		s.b.close()
-	}
-	if s.ln != nil {
-		s.ln.Close()
 	}
 	if s.dir != nil {
 		s.dir.close()
@@ -305,7 +274,7 @@ func (s *Supervisor) Status() Status {
 	defer s.mu.Unlock()
 	st := Status{State: s.state, Image: s.image, LastWake: s.lastWake.get()}
 	if s.replica != nil {
-		r := s.replica.status()
+		r := s.replica.Status()
 		st.Replica = &r
 	}
 	if s.state == StateRunning || s.state == StateCheckpointing {
@@ -359,7 +328,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	}
 	s.shutdown(context.WithoutCancel(ctx))
 	if s.hold != nil {
-		s.hold.stop()
+		s.hold.Stop()
 	}
 	st := s.State()
 	s.log.Info("standby: stopping", "state", string(st), "pid", s.Status().PID, "image", s.Status().Image, "on_term", string(s.o.OnTerm))
@@ -420,10 +389,8 @@ func (s *Supervisor) step(ctx context.Context, c *run) {
 			return
 		}
 		if s.hold != nil {
-			s.hold.wake()
-			if s.replica != nil || !s.o.NoHoldGroup {
-				s.bg.Go(func() { s.hold.releaseOthers(ctx) })
-			}
+			s.hold.Woken()
+			s.bg.Go(func() { s.hold.ReleaseOthers(ctx) })
 		}
 		c.src, c.at, c.next = src, at, StateRestoring
 	case StateRestoring:
@@ -475,7 +442,7 @@ func (s *Supervisor) coldStart(ctx context.Context, c *run) {
 	}
 	c.p = np
 	if s.replica != nil {
-		s.replica.started("started cold: " + c.reason)
+		s.replica.Started("", "started cold: "+c.reason)
 	}
 	s.running(np, "cold_start_ms", ms(time.Since(t)))
 	c.next = StateRunning
@@ -485,12 +452,14 @@ func (s *Supervisor) coldStart(ctx context.Context, c *run) {
 func (s *Supervisor) wakeStates() map[string]json.RawMessage {
 	states := map[string]json.RawMessage{}
 	for _, w := range s.wakes {
-		st, err := w.saveState()
+		st, err := w.SaveState()
 		if err != nil {
-			s.log.Warn("standby: state file: a wake source's state", "source", w.name(), "err", err)
+			s.log.Warn("standby: state file: a wake source's state", "source", w.Name(), "err", err)
 			continue
 		}
-		states[w.name()] = st
+		if st != nil {
+			states[w.Name()] = st
+		}
 	}
 	return states
 }
@@ -498,9 +467,9 @@ func (s *Supervisor) wakeStates() map[string]json.RawMessage {
 // loadWakeStates gives the wake sources their states from the state file.
 func (s *Supervisor) loadWakeStates(states map[string]json.RawMessage) {
 	for _, w := range s.wakes {
-		if st, ok := states[w.name()]; ok {
-			if err := w.loadState(st); err != nil {
-				s.log.Warn("standby: ignoring a wake source's state in the state file", "source", w.name(), "err", err)
+		if st, ok := states[w.Name()]; ok {
+			if err := w.LoadState(st); err != nil {
+				s.log.Warn("standby: ignoring a wake source's state in the state file", "source", w.Name(), "err", err)
 			}
 		}
 	}
@@ -522,7 +491,8 @@ func (s *Supervisor) writeState(p persisted) error {
 
 // setHoldSaved records the group hold's placeholder and protocol in the
 // state file.
-func (s *Supervisor) setHoldSaved(h holdSaved) error {
+func (s *Supervisor) setHoldSaved(member, protocol string) error {
+	h := holdSaved{HoldMember: member, HoldProtocol: protocol}
 	s.stateMu.Lock()
 	defer s.stateMu.Unlock()
 	s.holdSaved = h
@@ -552,7 +522,7 @@ func (s *Supervisor) sweepHold() {
 	s.saved.holdSaved = holdSaved{}
 	s.stateMu.Unlock()
 	if s.hold != nil {
-		s.hold.load(st.holdSaved)
+		s.hold.Load(st.HoldMember, st.HoldProtocol)
 	}
 	if st.HoldMember == "" {
 		return
@@ -561,9 +531,9 @@ func (s *Supervisor) sweepHold() {
 		s.log.Warn("standby: an earlier kcr standby left a placeholder in its group; without --group it stays until its session times out", "member_id", st.HoldMember)
 		return
 	}
-	if err := s.hold.sweep(st.HoldMember); err != nil {
+	if err := s.hold.Sweep(st.HoldMember); err != nil {
 		s.log.Warn("standby: removing the placeholder an earlier kcr standby left in the group failed; trying again until its session ends", "group", s.o.Group, "member_id", st.HoldMember, "err", err)
-		go s.hold.leaveLater(st.HoldMember)
+		go s.hold.LeaveLater(st.HoldMember)
 		return
 	}
 	s.log.Info("standby: removed the placeholder an earlier kcr standby left in the group", "group", s.o.Group, "member_id", st.HoldMember)
@@ -671,12 +641,12 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc, atTerm bool) State 
 		busy = nil
 	}
 	for _, w := range busy {
-		why, err := w.busy(ctx)
+		why, err := w.Busy(ctx)
 		switch {
 		case err != nil:
-			s.log.Warn("standby: pending work unknown before the checkpoint; going on (the wait wakes the service on any work)", "source", w.name(), "err", err)
+			s.log.Warn("standby: pending work unknown before the checkpoint; going on (the wait wakes the service on any work)", "source", w.Name(), "err", err)
 		case why != "":
-			s.log.Info("standby: not checkpointing: work is waiting", "source", w.name(), "why", why, "pid", p.PID)
+			s.log.Info("standby: not checkpointing: work is waiting", "source", w.Name(), "why", why, "pid", p.PID)
 			return StateRunning
 		}
 	}
@@ -695,7 +665,7 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc, atTerm bool) State 
 	}
 	if err != nil {
 		if s.hold != nil {
-			s.hold.stop()
+			s.hold.Stop()
 		}
 		s.o.Observer.Checkpoint(d, 0, err)
 		if !s.b.alive(p) {
@@ -714,7 +684,7 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc, atTerm bool) State 
 		return StateRunning
 	}
 	if s.hold != nil {
-		s.hold.asleep(ctx)
+		s.hold.Asleep(ctx)
 	}
 	s.mu.Lock()
 	s.ckptFails = 0
@@ -738,9 +708,9 @@ func (s *Supervisor) checkpoint(ctx context.Context, p proc, atTerm bool) State 
 	return StateStandby
 }
 
-// waitWake waits, the service checkpointed, for a wake: a manual one, lag
-// on the broker, a connection on the listening socket. ok is false if ctx
-// ended first.
+// waitWake waits, the service checkpointed, for a wake: a manual one, or
+// one of the wake sources' (lag on the broker, a connection on the
+// listening socket). ok is false if ctx ended first.
 func (s *Supervisor) waitWake(ctx context.Context) (source string, at time.Time, ok bool) {
 	wctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -756,16 +726,13 @@ func (s *Supervisor) waitWake(ctx context.Context) (source string, at time.Time,
 	}
 	for _, w := range s.wakes {
 		wg.Go(func() {
-			if w.wait(wctx) == nil {
+			if w.Wait(wctx) == nil {
 				select {
-				case s.wakeCh <- w.name():
+				case s.wakeCh <- w.Name():
 				default:
 				}
 			}
 		})
-	}
-	if s.ln != nil {
-		wg.Go(func() { watchListener(wctx, s.ln, s.wakeCh, s.log) })
 	}
 	cycle := s.currentCycle()
 	for {
@@ -827,8 +794,8 @@ func (s *Supervisor) restore(ctx context.Context, source string, wokeAt time.Tim
 	}
 	latency := time.Since(wokeAt)
 	s.o.Observer.Wake(source, latency)
-	if s.replica != nil && source != "kafka" {
-		s.replica.started("woken by " + source)
+	if s.replica != nil {
+		s.replica.Started(source, "woken by "+source)
 	}
 	w := s.noteWake(source, wokeAt, t.Add(d))
 	s.running(p, "source", source, "image", s.image, "wake_latency_ms", ms(latency), "restore_ms", ms(d))

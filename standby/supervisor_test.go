@@ -293,7 +293,7 @@ func (b *syncBuf) String() string {
 
 func testOptions(dir string) Options {
 	return Options{Args: []string{"true"}, ImageDir: dir, Idle: 150 * time.Millisecond, ActivityPoll: 10 * time.Millisecond,
-		BackoffMin: 20 * time.Millisecond, BackoffMax: 80 * time.Millisecond}
+		BackoffMin: 20 * time.Millisecond, BackoffMax: 80 * time.Millisecond, KafkaWake: kafkaWake}
 }
 
 // startRig runs a Supervisor on f in dir until the test ends (or r.end).

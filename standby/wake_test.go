@@ -14,20 +14,6 @@ import (
 	"github.com/kcr-dev/kcr/internal/testkit/kafkatest"
 )
 
-func produce(t *testing.T, addrs []string, topic string, n int) {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	for range n {
-		if err := cl.ProduceSync(t.Context(), &kgo.Record{Topic: topic, Value: []byte("x")}).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 // twoPartitions starts a cluster with topic t of two partitions and returns
 // its addresses, a client, and to(p), which produces a record to partition p.
 func twoPartitions(t *testing.T) ([]string, *kgo.Client, func(p int32)) {

@@ -176,6 +176,7 @@ func standbyOptions(opts *standbyOpts) (standby.Options, error) {
 		return o, err
 	}
 	o.CRIU = opts.criu
+	o.KafkaWake = kafkaWake
 	o.NoHoldGroup = !opts.holdGroup
 	o.NoKdatCache = !opts.kdatCache
 	o.NoPrepare = !opts.prepare

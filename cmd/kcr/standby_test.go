@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kcr-dev/kcr/standby"
+	"github.com/kcr-dev/kcr/standby/kafkastandby"
 )
 
 // kcr standby refuses bad input with one line and a non-zero exit before
@@ -95,7 +96,7 @@ func TestStandbyHoldGroupFlag(t *testing.T) {
 // escaped.
 func TestStandbyStatusQuotesReplica(t *testing.T) {
 	var b strings.Builder
-	printStandbyStatus(&b, standby.Status{State: "standby", Replica: &standby.ReplicaStatus{ID: "evil\x1b[2J", Decision: standby.DecisionWaitingForOther, Why: "replica evil\x1b]0;x\x07 won"}})
+	printStandbyStatus(&b, standby.Status{State: "standby", Replica: &standby.ReplicaStatus{ID: "evil\x1b[2J", Decision: kafkastandby.DecisionWaitingForOther, Why: "replica evil\x1b]0;x\x07 won"}})
 	out := b.String()
 	if strings.ContainsAny(out, "\x1b\x07") || !strings.Contains(out, `"evil\x1b[2J"`) {
 		t.Errorf("status line %q: want the id and why quoted", out)

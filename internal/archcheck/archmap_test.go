@@ -51,6 +51,38 @@ func TestArchitectureMap(t *testing.T) {
 	}
 }
 
+// forbiddenDeps are, for a package, the packages it must not depend on,
+// even through others (prefixes of import paths): docs/architecture.md,
+// "Kafka stays out of the supervisor".
+var forbiddenDeps = map[string][]string{
+	"standby": {"github.com/segmentio/kafka-go", "github.com/twmb/franz-go",
+		module + "/standby/kafkawake", module + "/standby/kafkastandby"},
+}
+
+// TestForbiddenDeps fails when a package of forbiddenDeps depends on one
+// it must not: the supervisor knows wake sources, a group keeper and a
+// backend, not Kafka, which cmd/kcr wires in (package kafkastandby).
+func TestForbiddenDeps(t *testing.T) {
+	root := repoRoot(t)
+	for pkg, bad := range forbiddenDeps {
+		cmd := exec.Command("go", "list", "-deps", "./"+pkg)
+		cmd.Dir = root
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("go list -deps ./%s: %v: %s", pkg, err, stderr.String())
+		}
+		for _, dep := range strings.Fields(string(out)) {
+			for _, b := range bad {
+				if dep == b || strings.HasPrefix(dep, b+"/") {
+					t.Errorf("%s depends on %s (%s must not): move what needs it out of %s, behind the interfaces it owns", pkg, dep, b, pkg)
+				}
+			}
+		}
+	}
+}
+
 // readMap returns, for each package row of the map, the set of kcr packages
 // (relative to the module) that it may import.
 func readMap(t *testing.T, path string) map[string]map[string]bool {

@@ -1,4 +1,4 @@
-package standby
+package kafkastandby
 
 import (
 	"context"
@@ -11,11 +11,11 @@ import (
 // topics yet): it holds for a replica too, however many others run.
 const blindWhy = "nothing could wake the service from Kafka: "
 
-// replicaGroup is the group a replica (Options.Replicas) reads to decide:
+// replicaGroup is the group a replica (Config.Replicas) reads to decide:
 // its Kafka wake, live members and backlog. A consumer group (kafkaSource,
 // --group) or a share group (shareSource, --share-group).
 type replicaGroup interface {
-	wakeSource
+	Source
 	// groupID names the group: the key of its claims.
 	groupID() string
 	// members counts the group's live members, kcr's placeholders left

@@ -1,4 +1,4 @@
-package standby
+package kafkastandby
 
 import (
 	"context"
@@ -16,20 +16,20 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// groupHold keeps the service's classic consumer group from ever being
+// Hold keeps the service's classic consumer group from ever being
 // empty while the service sleeps, so that a wake does not wait out the
 // broker's group.initial.rebalance.delay.ms: a placeholder member joins
 // before the checkpoint and is removed once the restored member's join has
 // started a rebalance. Why it works this way, step by step: docs/standby.md,
 // "The group hold". It never creates a group, nor joins a KIP-848 or an
 // empty one (that join would start the very delay it avoids).
-type groupHold struct {
-	o    *Options
+type Hold struct {
+	o    *Config
 	log  *slog.Logger
 	cl   *kgo.Client
 	adm  *kadm.Client
-	save func(holdSaved) error // records the hold in the state file
-	reqs atomic.Int64          // requests written, for Observer.BrokerRequests
+	save func(member, protocol string) error // records the hold in the state file (Config.SaveHold)
+	reqs atomic.Int64                        // requests written, for Observer.BrokerRequests
 
 	mu     sync.Mutex
 	saved  holdSaved
@@ -38,10 +38,10 @@ type groupHold struct {
 	slept  chan struct{}      // closed by asleep
 	woken  chan struct{}      // closed by wake
 	// others: the last arm was skipped because other replicas were in the
-	// group (Options.Replicas); asleep then holds the group if they all
+	// group (Config.Replicas); asleep then holds the group if they all
 	// left with this replica.
 	others bool
-	// groupIdle (Options.Replicas) reports that no record waited in the
+	// groupIdle (Config.Replicas) reports that no record waited in the
 	// group at the last look before the checkpoint: the other replicas
 	// are idle too, and likely to sleep with this one.
 	groupIdle func() bool
@@ -50,17 +50,12 @@ type groupHold struct {
 // skipReplicas is why arm skips a group that other replicas keep.
 const skipReplicas = "other replicas keep the group"
 
-// holdSaved is what the hold keeps in the state file.
+// holdSaved is what the hold keeps in the state file (Config.SaveHold):
+// its placeholder's member id while it may be in the group, and the
+// protocol it offers, the service's (standby's holdSaved says why).
 type holdSaved struct {
-	// HoldMember is the placeholder's member id while it may be in the
-	// group: a kcr standby killed meanwhile left it there, and the next
-	// one removes it first.
-	HoldMember string `json:"hold_member,omitempty"`
-	// HoldProtocol is the assignor the service's group used, which the
-	// placeholder offers: the only protocol a classic group keeps for a
-	// member across a coordinator change is its selected one, so the
-	// placeholder's must be the service's.
-	HoldProtocol string `json:"hold_protocol,omitempty"`
+	HoldMember   string
+	HoldProtocol string
 }
 
 // The placeholder's timing.
@@ -111,8 +106,8 @@ const (
 	HoldFailed   = "failed"   // a request failed; the group may be empty
 )
 
-func newGroupHold(o *Options, log *slog.Logger, save func(holdSaved) error) (*groupHold, error) {
-	h := &groupHold{o: o, log: log, save: save}
+func newHold(o *Config) (*Hold, error) {
+	h := &Hold{o: o, log: o.Logger, save: o.SaveHold}
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(o.Brokers...), kgo.ClientID(holdClientID),
 		kgo.WithHooks(kafkawake.RequestCounter{N: &h.reqs})}, o.kafkaOpts...)...)
 	if err != nil {
@@ -122,49 +117,52 @@ func newGroupHold(o *Options, log *slog.Logger, save func(holdSaved) error) (*gr
 	return h, nil
 }
 
-// close stops a running hold (the placeholder leaves) and the client.
-func (h *groupHold) close() {
-	h.stop()
+// Close stops a running hold (the placeholder leaves) and the client.
+func (h *Hold) Close() {
+	h.Stop()
 	h.cl.Close()
 }
 
-// load takes what an earlier kcr standby recorded.
-func (h *groupHold) load(s holdSaved) {
+// Load takes what an earlier kcr standby recorded.
+func (h *Hold) Load(member, protocol string) {
 	h.mu.Lock()
-	h.saved = s
+	h.saved = holdSaved{HoldMember: member, HoldProtocol: protocol}
 	h.mu.Unlock()
 }
 
 // setMember and setProtocol record the hold in the state file; the
 // error says the record failed (a full disk).
-func (h *groupHold) setMember(id string) error {
+func (h *Hold) setMember(id string) error {
 	h.mu.Lock()
 	h.saved.HoldMember = id
 	s := h.saved
 	h.mu.Unlock()
-	return h.save(s)
+	return h.save(s.HoldMember, s.HoldProtocol)
 }
 
-func (h *groupHold) setProtocol(p string) {
+func (h *Hold) setProtocol(p string) {
 	h.mu.Lock()
 	h.saved.HoldProtocol = p
 	s := h.saved
 	h.mu.Unlock()
-	h.save(s)
+	h.save(s.HoldMember, s.HoldProtocol)
 }
 
-func (h *groupHold) protocol() string {
+func (h *Hold) protocol() string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.saved.HoldProtocol
 }
 
-// arm puts a placeholder in the group before the checkpoint, while the
+// Arm puts a placeholder in the group before the checkpoint, while the
 // service's member is in it, and returns once the broker lists it (or the
 // hold is skipped): the service's member may leave then. ctx bounds the
 // whole hold.
-func (h *groupHold) arm(ctx context.Context) {
-	h.stop()
+func (h *Hold) Arm(ctx context.Context) {
+	if h.o.NoHoldGroup {
+		return
+	}
+	h.Stop()
 	defer h.report()
 	proto, skip, err := h.serviceProtocol(ctx)
 	switch {
@@ -217,7 +215,7 @@ func (h *groupHold) arm(ctx context.Context) {
 
 // waitListed waits until the broker lists member in the group (its join
 // made it a member), the hold ended, or holdArmBound passed.
-func (h *groupHold) waitListed(ctx context.Context, member string, done <-chan struct{}) {
+func (h *Hold) waitListed(ctx context.Context, member string, done <-chan struct{}) {
 	bound := time.After(holdArmBound)
 	for {
 		g, err := h.describe(ctx)
@@ -237,11 +235,11 @@ func (h *groupHold) waitListed(ctx context.Context, member string, done <-chan s
 	}
 }
 
-// asleep tells the running hold that the checkpoint is done: the
+// Asleep tells the running hold that the checkpoint is done: the
 // service's member left. If arm skipped the group for other replicas,
 // and they left too (they slept at the same moment), a placeholder joins
 // the group, empty now: later wakes do not pay the initial delay.
-func (h *groupHold) asleep(ctx context.Context) {
+func (h *Hold) Asleep(ctx context.Context) {
 	h.closeOnce(func() *chan struct{} { return &h.slept })
 	h.mu.Lock()
 	others := h.others
@@ -269,7 +267,7 @@ func (h *groupHold) asleep(ctx context.Context) {
 }
 
 // settled waits, up to holdSettle, until the group is not rebalancing.
-func (h *groupHold) settled(ctx context.Context) {
+func (h *Hold) settled(ctx context.Context) {
 	for deadline := time.Now().Add(holdSettle); time.Now().Before(deadline); {
 		g, err := h.describe(ctx)
 		if err == nil && g.state != "PreparingRebalance" && g.state != "CompletingRebalance" {
@@ -281,11 +279,11 @@ func (h *groupHold) settled(ctx context.Context) {
 	}
 }
 
-// wake tells the running hold that the service is being restored: the
+// Woken tells the running hold that the service is being restored: the
 // placeholders leave once the restored member's join started a rebalance.
-func (h *groupHold) wake() { h.closeOnce(func() *chan struct{} { return &h.woken }) }
+func (h *Hold) Woken() { h.closeOnce(func() *chan struct{} { return &h.woken }) }
 
-func (h *groupHold) closeOnce(ch func() *chan struct{}) {
+func (h *Hold) closeOnce(ch func() *chan struct{}) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if c := ch(); *c != nil {
@@ -294,7 +292,7 @@ func (h *groupHold) closeOnce(ch func() *chan struct{}) {
 	}
 }
 
-// releaseOthers removes, the service woken without a hold of its own,
+// ReleaseOthers removes, the service woken without a hold of its own,
 // the placeholders in the group once a member is in it: other replicas'
 // (they would rejoin every rebalance of the live members), and those a
 // restarted broker brought back. A coordinator that reloads a group whose
@@ -302,7 +300,10 @@ func (h *groupHold) closeOnce(ch func() *chan struct{}) {
 // generation, placeholders that had left included; such a placeholder
 // never heartbeats again, and held up the restored member's join for its
 // whole session (30 s from the reload).
-func (h *groupHold) releaseOthers(ctx context.Context) {
+func (h *Hold) ReleaseOthers(ctx context.Context) {
+	if h.o.NoHoldGroup && !h.o.Replicas {
+		return
+	}
 	h.mu.Lock()
 	running := h.done != nil && !isClosed(h.done)
 	h.mu.Unlock()
@@ -311,8 +312,8 @@ func (h *groupHold) releaseOthers(ctx context.Context) {
 	}
 }
 
-// stop stops the running hold and waits until the placeholder left.
-func (h *groupHold) stop() {
+// Stop stops the running hold and waits until the placeholder left.
+func (h *Hold) Stop() {
 	h.mu.Lock()
 	cancel, done := h.cancel, h.done
 	h.cancel, h.done, h.slept, h.woken = nil, nil, nil, nil
@@ -325,7 +326,7 @@ func (h *groupHold) stop() {
 
 // run keeps m in the group until the wake (then releases the group) or
 // until ctx ends (then m leaves). slept and quiet: hold.
-func (h *groupHold) run(ctx context.Context, m *holdMember, slept, quiet, woken <-chan struct{}) {
+func (h *Hold) run(ctx context.Context, m *holdMember, slept, quiet, woken <-chan struct{}) {
 	mctx, cancel := context.WithCancel(ctx)
 	go func() {
 		select {
@@ -351,7 +352,7 @@ func (h *groupHold) run(ctx context.Context, m *holdMember, slept, quiet, woken 
 // placeholders is in the group (the restored one joined), and then
 // removes every placeholder: the rebalance the join started completes
 // without them. own is the placeholder of this hold ("": none).
-func (h *groupHold) release(ctx context.Context, own string) {
+func (h *Hold) release(ctx context.Context, own string) {
 	start := time.Now()
 	for {
 		g, err := h.describe(ctx)
@@ -395,13 +396,13 @@ func (h *groupHold) release(ctx context.Context, own string) {
 }
 
 // report passes the requests written since the last report on.
-func (h *groupHold) report() {
+func (h *Hold) report() {
 	if n := h.reqs.Swap(0); n > 0 {
 		h.o.Observer.BrokerRequests(int(n))
 	}
 }
 
-func (h *groupHold) result(r string, attrs ...any) {
+func (h *Hold) result(r string, attrs ...any) {
 	h.o.Observer.GroupHold(r)
 	lvl := slog.LevelInfo
 	if r == HoldFailed {
@@ -431,7 +432,7 @@ func (g holdGroup) has(member string) bool {
 }
 
 // describe describes the group.
-func (h *groupHold) describe(ctx context.Context) (holdGroup, error) {
+func (h *Hold) describe(ctx context.Context) (holdGroup, error) {
 	rctx, cancel := context.WithTimeout(ctx, holdLeaveBudget)
 	defer cancel()
 	var g holdGroup
@@ -467,7 +468,7 @@ func isPlaceholder(clientID, memberID string) bool {
 
 // serviceProtocol describes the group before the checkpoint: the
 // protocol its members use, or why not to hold it at all.
-func (h *groupHold) serviceProtocol(ctx context.Context) (proto, skip string, err error) {
+func (h *Hold) serviceProtocol(ctx context.Context) (proto, skip string, err error) {
 	kip848, err := h.isKIP848(ctx)
 	if err != nil {
 		return "", "", err
@@ -511,7 +512,7 @@ func (h *groupHold) serviceProtocol(ctx context.Context) (proto, skip string, er
 // isKIP848 reports whether the group is a KIP-848 ("consumer" type) group.
 // A broker without KIP-848 ignores the type filter and leaves the type
 // empty.
-func (h *groupHold) isKIP848(ctx context.Context) (bool, error) {
+func (h *Hold) isKIP848(ctx context.Context) (bool, error) {
 	rctx, cancel := context.WithTimeout(ctx, holdLeaveBudget)
 	defer cancel()
 	lg, err := h.adm.ListGroupsByType(rctx, []string{"consumer"})
@@ -522,9 +523,9 @@ func (h *groupHold) isKIP848(ctx context.Context) (bool, error) {
 	return ok && g.GroupType == "consumer", nil
 }
 
-// sweep removes the placeholder an earlier kcr standby left in the group
+// Sweep removes the placeholder an earlier kcr standby left in the group
 // (it was killed while holding it).
-func (h *groupHold) sweep(member string) error {
+func (h *Hold) Sweep(member string) error {
 	err := h.leaveGroup(member)
 	h.report()
 	if err != nil {

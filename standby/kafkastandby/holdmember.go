@@ -1,4 +1,4 @@
-package standby
+package kafkastandby
 
 import (
 	"cmp"
@@ -39,7 +39,7 @@ func removed(err error) bool {
 // left; quiet once m holds the group alone among replicas (slept, for a
 // single service): until then m heartbeats fast and, leading real
 // members, rejoins as a follower.
-func (h *groupHold) hold(ctx context.Context, m *holdMember, slept, quiet <-chan struct{}) {
+func (h *Hold) hold(ctx context.Context, m *holdMember, slept, quiet <-chan struct{}) {
 	failing := false
 	for ctx.Err() == nil {
 		if m.id == "" {
@@ -104,7 +104,7 @@ func (h *groupHold) hold(ctx context.Context, m *holdMember, slept, quiet <-chan
 // left empty otherwise (a group with members is held by them). A missing
 // group is not created; a KIP-848 group has no delay. empty: the join
 // goes into an empty group, and starts the broker's initial delay.
-func (h *groupHold) canRejoin(ctx context.Context, armed bool) (join, empty bool) {
+func (h *Hold) canRejoin(ctx context.Context, armed bool) (join, empty bool) {
 	for ctx.Err() == nil {
 		kip848, err := h.isKIP848(ctx)
 		var g holdGroup
@@ -148,7 +148,7 @@ func (h *groupHold) canRejoin(ctx context.Context, armed bool) (join, empty bool
 // restored member's join waited 21 s for such a member). So the first join
 // asks for the shortest session a broker allows by default
 // (group.min.session.timeout.ms), and holdSession where that is refused.
-func (h *groupHold) memberID(ctx context.Context, m *holdMember) error {
+func (h *Hold) memberID(ctx context.Context, m *holdMember) error {
 	m.id, m.held = "", false
 	resp, err := h.joinRequest(m, holdPendingSession).RequestWith(ctx, h.cl)
 	h.report()
@@ -182,7 +182,7 @@ func (h *groupHold) memberID(ctx context.Context, m *holdMember) error {
 // ends (30 s, counted again from a broker restart). So when the record
 // fails (a full disk), the broker's pending member is removed and the
 // group is not held.
-func (h *groupHold) record(m *holdMember, id string) error {
+func (h *Hold) record(m *holdMember, id string) error {
 	if err := h.setMember(id); err != nil {
 		if lerr := h.leaveGroup(id); lerr != nil {
 			h.log.Warn("standby: group hold: removing the placeholder the state file could not record failed; its session ends it", "group", h.o.Group, "member_id", id, "err", lerr)
@@ -196,7 +196,7 @@ func (h *groupHold) record(m *holdMember, id string) error {
 
 // joinRequest is the placeholder's JoinGroup: the service's protocol,
 // with a subscription to no topic.
-func (h *groupHold) joinRequest(m *holdMember, session time.Duration) *kmsg.JoinGroupRequest {
+func (h *Hold) joinRequest(m *holdMember, session time.Duration) *kmsg.JoinGroupRequest {
 	meta := kmsg.NewConsumerMemberMetadata()
 	req := kmsg.NewPtrJoinGroupRequest()
 	req.Group, req.MemberID = h.o.Group, m.id
@@ -215,7 +215,7 @@ func (h *groupHold) joinRequest(m *holdMember, session time.Duration) *kmsg.Join
 // As the leader it gives every member an empty assignment when all are
 // placeholders; with real members it cannot run their assignor, so it
 // leaves (errLeft) and they rebalance without it.
-func (h *groupHold) joinSync(ctx context.Context, m *holdMember) error {
+func (h *Hold) joinSync(ctx context.Context, m *holdMember) error {
 	resp, err := h.joinRequest(m, holdSession).RequestWith(ctx, h.cl)
 	h.report()
 	if err == nil {
@@ -265,7 +265,7 @@ func (h *groupHold) joinSync(ctx context.Context, m *holdMember) error {
 // heartbeat keeps m in its generation until a rebalance begins (errRejoin),
 // m is removed, or ctx ends. Heartbeats are fast while the service
 // checkpoints, so that m rejoins as soon as the service's member left.
-func (h *groupHold) heartbeat(ctx context.Context, m *holdMember, slept <-chan struct{}) error {
+func (h *Hold) heartbeat(ctx context.Context, m *holdMember, slept <-chan struct{}) error {
 	every := holdBeatArmed
 	if isClosed(slept) {
 		every, slept = holdBeatAsleep, nil
@@ -319,19 +319,19 @@ func (h *groupHold) heartbeat(ctx context.Context, m *holdMember, slept <-chan s
 // placeholder left behind would stay until its session times out, and the
 // rebalance a restored member's join starts would wait for it. A leave
 // that fails (the broker is unreachable) is tried again in the background.
-func (h *groupHold) leave(member string) {
+func (h *Hold) leave(member string) {
 	if err := h.leaveGroup(member); err != nil {
 		h.log.Warn("standby: group hold: leaving the group failed; trying again until its session ends", "group", h.o.Group, "member_id", member, "err", err)
-		go h.leaveLater(member)
+		go h.LeaveLater(member)
 		return
 	}
 	h.clearMember(member)
 }
 
-// leaveLater tries member's leave again until it succeeds, its session has
+// LeaveLater tries member's leave again until it succeeds, its session has
 // surely ended, or the hold's client is closed (kcr standby stops: the state
 // file keeps the member for the next one's sweep).
-func (h *groupHold) leaveLater(member string) {
+func (h *Hold) LeaveLater(member string) {
 	end := time.Now().Add(holdSession + holdLeaveBudget)
 	for time.Now().Before(end) {
 		select {
@@ -349,7 +349,7 @@ func (h *groupHold) leaveLater(member string) {
 
 // clearMember forgets member in the state file, unless another placeholder
 // was recorded since.
-func (h *groupHold) clearMember(member string) {
+func (h *Hold) clearMember(member string) {
 	h.mu.Lock()
 	other := h.saved.HoldMember != member
 	h.mu.Unlock()
@@ -360,7 +360,7 @@ func (h *groupHold) clearMember(member string) {
 
 // leaveGroup removes members from the group; a member the group does not
 // know (any more) has left.
-func (h *groupHold) leaveGroup(members ...string) error {
+func (h *Hold) leaveGroup(members ...string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), holdLeaveBudget)
 	defer cancel()
 	req := kmsg.NewPtrLeaveGroupRequest()

@@ -1,4 +1,4 @@
-package standby
+package kafkastandby
 
 import (
 	"bytes"
@@ -15,8 +15,8 @@ import (
 	"github.com/kcr-dev/kcr/standby/kafkawake"
 )
 
-// Decisions of a replica (Options.Replicas): why it is awake or asleep,
-// in Status.Replica and Observer's ReplicaObserver.
+// Decisions of a replica (Config.Replicas): why it is awake or asleep,
+// in its Status and told a ReplicaObserver.
 const (
 	// Awake: it started cold, or was woken by hand.
 	DecisionStarted = "started"
@@ -35,23 +35,15 @@ const (
 	DecisionIdle = "asleep_no_work"
 )
 
-// ReplicaStatus is a replica's last decision, in Status.
+// ReplicaStatus is a replica's last decision: standby's ReplicaStatus.
 type ReplicaStatus struct {
-	ID       string    `json:"id"`
-	Decision string    `json:"decision"`
-	Why      string    `json:"why"`
-	At       time.Time `json:"at"`
-	// What the decision saw: the group's live members (placeholders
-	// left out), its lag, and the age of its oldest unprocessed record.
-	Live        int     `json:"live_members"`
-	Lag         int64   `json:"lag"`
-	OldestAgeMS float64 `json:"oldest_age_ms"`
-}
-
-// ReplicaObserver, if the Observer implements it, is told every change of
-// a replica's decision.
-type ReplicaObserver interface {
-	ReplicaDecision(decision string)
+	ID          string
+	Decision    string
+	Why         string
+	At          time.Time
+	Live        int
+	Lag         int64
+	OldestAgeMS float64
 }
 
 // Timing of the replicas' decisions.
@@ -62,19 +54,16 @@ const (
 	claimBound = 30 * time.Second
 	// replicaRetry: the wait after a failed reading of the group.
 	replicaRetry = time.Second
-	// maxMinWake bounds --min-wake: a claim wants that many replicas
-	// more at most.
-	maxMinWake = 64
 )
 
-// replicaSource is the Kafka wake of one replica among several of a
+// Replica is the Kafka wake of one replica among several of a
 // service, each under its own kcr standby with the same group: it wakes
 // the replica only when the group lacks it (package doc of kafkawake,
 // Claims; docs/standby.md, "Replicas").
-type replicaSource struct {
+type Replica struct {
 	replicaGroup
 	claims *kafkawake.Claims
-	o      *Options
+	o      *Config
 
 	mu        sync.Mutex
 	st        ReplicaStatus
@@ -85,7 +74,7 @@ type replicaSource struct {
 	idle atomic.Bool
 }
 
-func newReplicaSource(ctx context.Context, o *Options, k replicaGroup, version string) (*replicaSource, error) {
+func newReplica(ctx context.Context, o *Config, k replicaGroup) (*Replica, error) {
 	id, err := replicaID(o.ImageDir)
 	if err != nil {
 		return nil, err
@@ -100,11 +89,11 @@ func newReplicaSource(ctx context.Context, o *Options, k replicaGroup, version s
 	octx, cancel := context.WithTimeout(ctx, max(2*o.BrokerTimeout, 10*time.Second))
 	defer cancel()
 	c, err := kafkawake.OpenClaims(octx, kafkawake.ClaimsConfig{Brokers: o.Brokers, Topic: o.ReplicasTopic, Group: k.groupID(),
-		Self: id, Version: version, Key: key, Logger: o.Logger, Opts: o.kafkaOpts})
+		Self: id, Version: o.Version, Key: key, Logger: o.Logger, Opts: o.kafkaOpts})
 	if err != nil {
 		return nil, fmt.Errorf("--replicas: %w", err)
 	}
-	r := &replicaSource{replicaGroup: k, claims: c, o: o, changedAt: time.Now(), live: -1}
+	r := &Replica{replicaGroup: k, claims: c, o: o, changedAt: time.Now(), live: -1}
 	r.st = ReplicaStatus{ID: id, Decision: DecisionStarted, Why: "started", At: time.Now()}
 	return r, nil
 }
@@ -143,20 +132,20 @@ func readReplicasKey(file string) ([]byte, error) {
 	return b, nil
 }
 
-func (r *replicaSource) close() {
+func (r *Replica) Close() {
 	r.claims.Close()
-	r.replicaGroup.close()
+	r.replicaGroup.Close()
 }
 
-// status is the replica's last decision.
-func (r *replicaSource) status() ReplicaStatus {
+// Status is the replica's last decision.
+func (r *Replica) Status() ReplicaStatus {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.st
 }
 
 // note records a decision, and logs and counts it when it changed.
-func (r *replicaSource) note(decision, why string, live int, b kafkawake.Backlog) {
+func (r *Replica) note(decision, why string, live int, b kafkawake.Backlog) {
 	now := time.Now()
 	r.mu.Lock()
 	changed := r.st.Decision != decision
@@ -171,15 +160,19 @@ func (r *replicaSource) note(decision, why string, live int, b kafkawake.Backlog
 	}
 }
 
-// started records that the replica runs for another reason than a claim.
-func (r *replicaSource) started(why string) {
+// Started records that the replica runs for another reason than a claim
+// (a wake of its own is its claims).
+func (r *Replica) Started(by, why string) {
+	if by == r.Name() {
+		return
+	}
 	r.note(DecisionStarted, why, 0, kafkawake.Backlog{})
 }
 
 // members reads the group's live members, and notes when they last
 // changed: their number, or a rebalance (the last replica added has no
 // partitions yet: its effect is not seen).
-func (r *replicaSource) members(ctx context.Context) (int, error) {
+func (r *Replica) members(ctx context.Context) (int, error) {
 	n, stable, err := r.replicaGroup.members(ctx)
 	if err != nil {
 		return 0, err
@@ -197,8 +190,8 @@ func (r *replicaSource) members(ctx context.Context) (int, error) {
 // again at once: a replica just woken to help is idle while its join
 // waits for the group). Otherwise the others take the work of the
 // partitions it gives up.
-func (r *replicaSource) busy(ctx context.Context) (string, error) {
-	why, err := r.replicaGroup.busy(ctx)
+func (r *Replica) Busy(ctx context.Context) (string, error) {
+	why, err := r.replicaGroup.Busy(ctx)
 	r.idle.Store(why == "" && err == nil)
 	if why == "" || err != nil || strings.HasPrefix(why, blindWhy) {
 		return why, err
@@ -220,7 +213,7 @@ func (r *replicaSource) busy(ctx context.Context) (string, error) {
 // wait returns once this replica won a claim to wake: the group has fewer
 // live members than --min-wake and work waits, or its live members do not
 // keep up. ctx ends it.
-func (r *replicaSource) wait(ctx context.Context) error {
+func (r *Replica) Wait(ctx context.Context) error {
 	// The claim that woke it last (if any) is spent, however briefly it
 	// was a member.
 	if err := r.claims.Asleep(ctx); err != nil && ctx.Err() == nil {
@@ -253,7 +246,7 @@ func (r *replicaSource) wait(ctx context.Context) error {
 // fromZero is the wait of a group with fewer live members than
 // --min-wake: the first records wake one replica (each claim adds one
 // until --min-wake), and the others stay asleep.
-func (r *replicaSource) fromZero(ctx context.Context, live int) (bool, error) {
+func (r *Replica) fromZero(ctx context.Context, live int) (bool, error) {
 	changed := r.claims.Changed()
 	pending, prev := r.claims.Pending(time.Now(), live, claimBound)
 	if live+len(pending) >= r.o.MinWake {
@@ -276,7 +269,7 @@ func (r *replicaSource) fromZero(ctx context.Context, live int) (bool, error) {
 		case <-wctx.Done():
 		}
 	}()
-	if err := r.replicaGroup.wait(wctx); err != nil {
+	if err := r.replicaGroup.Wait(wctx); err != nil {
 		return false, nil
 	}
 	// Work: a member may have joined meanwhile (a replica without
@@ -296,7 +289,7 @@ func (r *replicaSource) fromZero(ctx context.Context, live int) (bool, error) {
 // replica when the oldest unprocessed record is older than
 // --scale-up-after, no other replica is waking, and the last change of
 // the group's members is --scale-up-after old (its effect is seen).
-func (r *replicaSource) scaleUp(ctx context.Context, live int) (bool, error) {
+func (r *Replica) scaleUp(ctx context.Context, live int) (bool, error) {
 	every := min(max(r.o.ScaleUpAfter/5, 200*time.Millisecond), 2*time.Second)
 	b, err := r.backlog(ctx)
 	if err != nil {
@@ -329,3 +322,7 @@ func (r *replicaSource) scaleUp(ctx context.Context, live int) (bool, error) {
 	}
 	return won, err
 }
+
+// AbandonsCheckpoint: its wait records this replica asleep and may claim
+// a wake in the claims topic, not for a copy that may run on.
+func (r *Replica) AbandonsCheckpoint() bool { return false }

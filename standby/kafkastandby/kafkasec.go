@@ -1,10 +1,9 @@
-package standby
+package kafkastandby
 
 import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -18,44 +17,23 @@ import (
 	"github.com/kcr-dev/kcr/images"
 )
 
-// KafkaSecurity is how the supervisor's own Kafka clients (the lag watch
-// and the group hold) reach the brokers: TLS and SASL. The zero value is
-// PLAINTEXT without SASL. The service's own clients are its business.
-//
-// As root, every file is read as images.ReadTrustedFile reads: it and the
-// directories above it must belong to root (or the caller) and not be
-// writable by group or others.
-type KafkaSecurity struct {
-	// TLS connects with TLS. It is implied by TLSCA, TLSCert and
-	// TLSServerName.
-	TLS bool
-	// TLSCA is a PEM file of the CAs that sign the brokers' certificates
-	// (default: the system's).
-	TLSCA string
-	// TLSCert and TLSKey are PEM files of a client certificate and its key,
-	// for brokers that ask for one (ssl.client.auth=required).
-	TLSCert, TLSKey string
-	// TLSServerName is the name checked in the brokers' certificates
-	// (default: the host of each broker's address).
-	TLSServerName string
-
-	// SASLMechanism is "" (no SASL), "plain", "scram-sha-256",
-	// "scram-sha-512" or "oauthbearer" (any case).
-	SASLMechanism string
-	// SASLUser is the user of plain and SCRAM.
-	SASLUser string
-	// SASLPassword, or the content of SASLPasswordFile (read once, at New;
-	// a trailing newline is dropped), is the password of plain and SCRAM:
-	// one of them, not both.
+// Security is standby.Options.Kafka (KafkaSecurity, whose fields it has,
+// documented there): how kcr standby's own Kafka clients (the lag watch,
+// the claims and the group hold) reach the brokers, TLS and SASL. Checked
+// by standby; the zero value is PLAINTEXT without SASL.
+type Security struct {
+	TLS              bool
+	TLSCA            string
+	TLSCert, TLSKey  string
+	TLSServerName    string
+	SASLMechanism    string
+	SASLUser         string
 	SASLPassword     string
 	SASLPasswordFile string
-	// SASLTokenFile holds the OAUTHBEARER token. It is read at every
-	// authentication, so whatever renews the token (a sidecar, a
-	// projected service account token) replaces the file's content.
-	SASLTokenFile string
+	SASLTokenFile    string
 }
 
-// Mechanisms of KafkaSecurity.SASLMechanism.
+// Mechanisms of Security.SASLMechanism.
 const (
 	SASLPlain       = "plain"
 	SASLScramSHA256 = "scram-sha-256"
@@ -70,48 +48,10 @@ const kafkaFileFix = "whoever can write it decides which brokers kcr standby tru
 // maxKafkaFile bounds the CA, certificate, key, password and token files.
 const maxKafkaFile = 1 << 20
 
-// set reports whether any option is set.
-func (k *KafkaSecurity) set() bool { return *k != KafkaSecurity{} }
-
-// check validates the options; its errors name the flag and the fix.
-func (k *KafkaSecurity) check() error {
-	k.SASLMechanism = strings.ToLower(k.SASLMechanism)
-	secret := k.SASLPassword != "" || k.SASLPasswordFile != ""
-	switch k.SASLMechanism {
-	case "":
-		if k.SASLUser != "" || secret || k.SASLTokenFile != "" {
-			return errors.New("SASL credentials without --kafka-sasl-mechanism: give the mechanism (plain, scram-sha-256, scram-sha-512 or oauthbearer)")
-		}
-	case SASLPlain, SASLScramSHA256, SASLScramSHA512:
-		switch {
-		case k.SASLUser == "":
-			return fmt.Errorf("--kafka-sasl-mechanism %s needs --kafka-sasl-user", k.SASLMechanism)
-		case !secret:
-			return fmt.Errorf("--kafka-sasl-mechanism %s needs the password: --kafka-sasl-password-file FILE, or $KCR_KAFKA_SASL_PASSWORD", k.SASLMechanism)
-		case k.SASLPassword != "" && k.SASLPasswordFile != "":
-			return errors.New("two SASL passwords: give --kafka-sasl-password-file or $KCR_KAFKA_SASL_PASSWORD, not both")
-		case k.SASLTokenFile != "":
-			return fmt.Errorf("--kafka-sasl-token-file is for oauthbearer, not %s", k.SASLMechanism)
-		}
-	case SASLOAuthBearer:
-		switch {
-		case k.SASLTokenFile == "":
-			return errors.New("--kafka-sasl-mechanism oauthbearer needs --kafka-sasl-token-file")
-		case k.SASLUser != "" || secret:
-			return errors.New("--kafka-sasl-mechanism oauthbearer takes its identity from the token: drop the SASL user and password")
-		}
-	default:
-		return fmt.Errorf("--kafka-sasl-mechanism %q: want plain, scram-sha-256, scram-sha-512 or oauthbearer", k.SASLMechanism)
-	}
-	if (k.TLSCert == "") != (k.TLSKey == "") {
-		return errors.New("--kafka-tls-cert and --kafka-tls-key go together: give both, or neither")
-	}
-	return nil
-}
-
 // kgoOpts reads the files and returns the kgo options of the supervisor's
-// clients (none for PLAINTEXT without SASL). Call check first.
-func (k *KafkaSecurity) kgoOpts(log *slog.Logger) ([]kgo.Opt, error) {
+// clients (none for PLAINTEXT without SASL). standby checked k.
+func (k *Security) kgoOpts(log *slog.Logger) ([]kgo.Opt, error) {
+	k.SASLMechanism = strings.ToLower(k.SASLMechanism)
 	var opts []kgo.Opt
 	tlsOn := k.TLS || k.TLSCA != "" || k.TLSCert != "" || k.TLSServerName != ""
 	if tlsOn {
@@ -134,7 +74,7 @@ func (k *KafkaSecurity) kgoOpts(log *slog.Logger) ([]kgo.Opt, error) {
 	return append(opts, kgo.SASL(m)), nil
 }
 
-func (k *KafkaSecurity) tlsConfig() (*tls.Config, error) {
+func (k *Security) tlsConfig() (*tls.Config, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: k.TLSServerName}
 	if k.TLSCA != "" {
 		pem, err := readKafkaFile("--kafka-tls-ca", k.TLSCA)
@@ -164,7 +104,7 @@ func (k *KafkaSecurity) tlsConfig() (*tls.Config, error) {
 	return cfg, nil
 }
 
-func (k *KafkaSecurity) mechanism() (sasl.Mechanism, error) {
+func (k *Security) mechanism() (sasl.Mechanism, error) {
 	if k.SASLMechanism == SASLOAuthBearer {
 		file := k.SASLTokenFile
 		if _, err := readToken(file); err != nil {

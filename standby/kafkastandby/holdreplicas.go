@@ -1,4 +1,4 @@
-package standby
+package kafkastandby
 
 import (
 	"context"
@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// The hold among replicas (Options.Replicas): replicas that go idle
+// The hold among replicas (Config.Replicas): replicas that go idle
 // together checkpoint at the same moment, and each sees the others in the
 // group. Were they all to skip the hold, the group would be left empty,
 // and the placeholder joining it then would start the broker's initial
@@ -23,7 +23,7 @@ const holdAmongReplicas = holdSettle
 // armAmongReplicas reports whether arm holds a group it would skip for
 // skip: other replicas are in it, and no record waited at the last look,
 // so they are likely to sleep with this one.
-func (h *groupHold) armAmongReplicas(skip string) bool {
+func (h *Hold) armAmongReplicas(skip string) bool {
 	return skip == skipReplicas && h.groupIdle != nil && h.groupIdle()
 }
 
@@ -31,7 +31,7 @@ func (h *groupHold) armAmongReplicas(skip string) bool {
 // fast, and follows real members' leaders, until it holds the group alone
 // (elect); it leaves if another placeholder is elected, or if real
 // members still run holdAmongReplicas after the service slept.
-func (h *groupHold) runAmongReplicas(ctx context.Context, m *holdMember, slept, woken <-chan struct{}) {
+func (h *Hold) runAmongReplicas(ctx context.Context, m *holdMember, slept, woken <-chan struct{}) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	quiet := make(chan struct{})
@@ -50,7 +50,7 @@ func (h *groupHold) runAmongReplicas(ctx context.Context, m *holdMember, slept, 
 // left and no other placeholder's member id is lower (the others leave),
 // false when it should leave. Every replica applies the same rule to the
 // same group, so one placeholder stays.
-func (h *groupHold) elect(ctx context.Context, slept <-chan struct{}) bool {
+func (h *Hold) elect(ctx context.Context, slept <-chan struct{}) bool {
 	select {
 	case <-ctx.Done():
 		return false
@@ -86,7 +86,7 @@ func (h *groupHold) elect(ctx context.Context, slept <-chan struct{}) bool {
 
 // member is the placeholder's member id recorded in the state file ("":
 // none).
-func (h *groupHold) member() string {
+func (h *Hold) member() string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.saved.HoldMember

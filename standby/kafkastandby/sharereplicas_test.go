@@ -1,4 +1,4 @@
-package standby
+package kafkastandby
 
 import (
 	"context"
@@ -14,23 +14,21 @@ import (
 
 // shareReplica is one replica's Kafka wake on share group g of topic
 // (one partition), as its kcr standby --share-group --replicas has it.
-func shareReplica(t *testing.T, addrs []string, g, topic, name string, scaleUp time.Duration) *replicaSource {
+func shareReplica(t *testing.T, addrs []string, g, topic, name string, scaleUp time.Duration) *Replica {
 	t.Helper()
-	o := Options{Args: []string{"true"}, ImageDir: filepath.Join(t.TempDir(), name), Idle: time.Second, Brokers: addrs,
-		ShareGroup: g, Topics: []string{topic}, Replicas: true, ReplicasTopic: "claims", ScaleUpAfter: scaleUp}
-	if err := o.check(); err != nil {
-		t.Fatal(err)
-	}
+	o := testConfig(t, addrs)
+	o.ImageDir = filepath.Join(t.TempDir(), name)
+	o.ShareGroup, o.Topics, o.Replicas, o.ReplicasTopic, o.ScaleUpAfter = g, []string{topic}, true, "claims", scaleUp
 	sh, err := newShareSource(t.Context(), &o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rs, err := newReplicaSource(t.Context(), &o, sh, "test")
+	rs, err := newReplica(t.Context(), &o, sh)
 	if err != nil {
-		sh.close()
+		sh.Close()
 		t.Fatal(err)
 	}
-	t.Cleanup(rs.close)
+	t.Cleanup(rs.Close)
 	return rs
 }
 
@@ -61,12 +59,12 @@ func TestShareReplicas(t *testing.T) {
 	defer cancel()
 	for _, g := range []string{"z", "u"} {
 		c.SetGroupConfigs(g, map[string]string{"share.auto.offset.reset": "earliest"})
-		produce(t, addrs, "s"+g, 1)
-		shareAccept(t, addrs, g, "s"+g, 1) // the group's offsets
+		kafkatest.Produce(t, addrs, "s"+g, 1)
+		kafkatest.ShareAccept(t, addrs, g, "s"+g, 1) // the group's offsets
 	}
 
 	a, b := shareReplica(t, addrs, "z", "sz", "a", 10*time.Second), shareReplica(t, addrs, "z", "sz", "b", 10*time.Second)
-	produce(t, addrs, "sz", 2)
+	kafkatest.Produce(t, addrs, "sz", 2)
 	won, err := a.fromZero(ctx, 0)
 	wantDecision(t, a, won, err, true, DecisionWokenByLag)
 	if err := b.claims.ReadTo(t.Context(), lastClaim(t, a)); err != nil {
@@ -76,7 +74,7 @@ func TestShareReplicas(t *testing.T) {
 	wantDecision(t, b, won, err, false, DecisionWaitingForOther)
 
 	x, y := shareReplica(t, addrs, "u", "su", "x", 500*time.Millisecond), shareReplica(t, addrs, "u", "su", "y", 500*time.Millisecond)
-	produce(t, addrs, "su", 3)
+	kafkatest.Produce(t, addrs, "su", 3)
 	shareHolder(t, addrs, "u", "su")
 	var live int
 	deadline := time.Now().Add(20 * time.Second)
@@ -91,7 +89,7 @@ func TestShareReplicas(t *testing.T) {
 		won, err = x.scaleUp(ctx, live)
 	}
 	wantDecision(t, x, won, err, true, DecisionScaledUp)
-	if st := x.status(); st.Lag < 1 || st.OldestAgeMS < 500 {
+	if st := x.Status(); st.Lag < 1 || st.OldestAgeMS < 500 {
 		t.Errorf("status %+v: want a backlog whose oldest record waited past --scale-up-after", st)
 	}
 	settle(t, y)

@@ -18,8 +18,10 @@
 # After each checkpoint it copies that image's pages with dd to a file on
 # the same disk (conv=fdatasync): the median of checkpoint/dd over the
 # pairs, and where the checkpoints' time went (from each image's manifest:
-# the hooks, CRIU's frozen time and its page writes, the pages' hash and
-# sync at post-dump, the rest of the image's write). With
+# the hooks, CRIU's frozen time, its collection of the pages and its page
+# writes, the pages' hash and sync at post-dump, the rest of the image's
+# write), with collection/checkpoint: the share of a checkpoint CRIU spends
+# reading every page, whatever a parent image holds. With
 # KCR_BENCH_ABANDON=N (default 0) it then wakes the service N times at a
 # random moment of a checkpoint (within the last checkpoint's duration after
 # it began): wake → first answer, apart for the checkpoints the wake

@@ -2,8 +2,10 @@ package standby
 
 import (
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -68,5 +70,35 @@ func TestLazyFor(t *testing.T) {
 		if got := b.restoreOptions(dir, c.image).Lazy; got != c.want {
 			t.Errorf("%s: restoreOptions(%s).Lazy = %v, want %v", c.name, c.image, got, c.want)
 		}
+	}
+}
+
+// Where kcr may not create a userfaultfd (no CAP_SYS_PTRACE and
+// vm.unprivileged_userfaultfd 0, as in a pod given only the restore's
+// capabilities), uffdUsable says so, and lazyFor restores eagerly.
+func TestUffdUsableWithoutPtrace(t *testing.T) {
+	if os.Getenv("KCR_TEST_UFFD_CHILD") == "1" {
+		fmt.Println("uffd usable:", uffdUsable())
+		return
+	}
+	if os.Geteuid() != 0 {
+		t.Fatal("run as root: the test drops CAP_SYS_PTRACE from a child's capabilities")
+	}
+	if !uffdUsable() {
+		t.Fatal("root with CAP_SYS_PTRACE: userfaultfd refused")
+	}
+	sysctl, err := os.ReadFile("/proc/sys/vm/unprivileged_userfaultfd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strings.TrimSpace(string(sysctl)) == "1"
+	cmd := exec.Command("setpriv", "--bounding-set", "-sys_ptrace", os.Args[0], "-test.run", "^TestUffdUsableWithoutPtrace$")
+	cmd.Env = append(os.Environ(), "KCR_TEST_UFFD_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("setpriv: %v: %s", err, out)
+	}
+	if !strings.Contains(string(out), fmt.Sprintf("uffd usable: %v", want)) {
+		t.Fatalf("without CAP_SYS_PTRACE (vm.unprivileged_userfaultfd %s): %s; want uffd usable: %v", strings.TrimSpace(string(sysctl)), out, want)
 	}
 }

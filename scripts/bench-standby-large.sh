@@ -18,8 +18,10 @@
 # After each checkpoint it copies that image's pages with dd to a file on
 # the same disk (conv=fdatasync): the median of checkpoint/dd over the
 # pairs, and where the checkpoints' time went (from each image's manifest:
-# the hooks, CRIU's frozen time and its page writes, the pages' hash and
-# sync at post-dump, the rest of the image's write). With
+# the hooks, CRIU's frozen time, its collection of the pages and its page
+# writes, the pages' hash and sync at post-dump, the rest of the image's
+# write), with collection/checkpoint: the share of a checkpoint CRIU spends
+# reading every page, whatever a parent image holds. With
 # KCR_BENCH_ABANDON=N (default 0) it then wakes the service N times at a
 # random moment of a checkpoint (within the last checkpoint's duration after
 # it began): wake → first answer, apart for the checkpoints the wake
@@ -69,12 +71,16 @@ dd_beside() {
 }
 
 # phases IMAGE CKPT_MS: the image's checkpoint phases (ms) as "hooks frozen
-# memwrite prehash rest", from its manifest; rest is what CKPT_MS leaves
-# (the image's write after CRIU, kcr standby's own steps).
+# memwrite prehash rest collect", from its manifest; rest is what CKPT_MS
+# leaves (the image's write after CRIU, kcr standby's own steps); collect is
+# CRIU's memory dump less its page writes (reading the pagemap, the
+# parasite's vmsplice of every page into pipes): what CRIU spends on the
+# pages before a byte reaches the page server, with or without a parent.
 phases() {
 	jq -r --argjson ck "$2" '[(.phases | map({(.name): (.duration_ns / 1e6)}) | add) as $p
 		| ($p.hooks // 0), (.criu_stats.frozen_time_us // 0) / 1000, (.criu_stats.memwrite_time_us // 0) / 1000,
-		  ($p["prehash pages"] // 0), $ck - ($p.hooks // 0) - (.criu_stats.frozen_time_us // 0) / 1000] | map(floor) | join(" ")' "$1/manifest.json"
+		  ($p["prehash pages"] // 0), $ck - ($p.hooks // 0) - (.criu_stats.frozen_time_us // 0) / 1000,
+		  ((.criu_stats.memdump_time_us // 0) - (.criu_stats.memwrite_time_us // 0)) / 1000] | map(floor) | join(" ")' "$1/manifest.json"
 }
 
 # abandon_wakes MB MODE PORT CKPT_MS: KCR_BENCH_ABANDON wakes, each at a
@@ -127,7 +133,7 @@ for mb in "${mbs[@]}"; do
 		setsid "$bin/kcr" standby --image-dir "$run/img" --idle "$idle" --lazy="$lazy" "${extra[@]}" \
 			-- "$bin/lazyheap" -notify -mb "$mb" -listen "127.0.0.1:$port" </dev/null >"$run/standby.log" 2>&1 &
 		sb_pid=$!
-		sigs=() hooks=() pings=() sums=() starts=() ratios=() dds=() ph_hooks=() ph_frozen=() ph_mw=() ph_pre=() ph_iw=()
+		sigs=() hooks=() pings=() sums=() starts=() ratios=() dds=() ph_hooks=() ph_frozen=() ph_mw=() ph_pre=() ph_iw=() ph_col=() colr=()
 		for ((w = 0; w <= wakes; w++)); do
 			for ((i = 0; i < 3000; i++)); do
 				[ "$($status 2>/dev/null | jq -r .state)" = standby ] && break
@@ -138,9 +144,10 @@ for mb in "${mbs[@]}"; do
 			ck=$(jq -r 'select(.msg == "standby: checkpointed") | .duration_ms' "$run/standby.log" | tail -n1)
 			dd=$(dd_beside "$img" "$run")
 			ratios+=("$(awk -v c="$ck" -v d="$dd" 'BEGIN { printf "%.3f", (d > 0 ? c / d : 0) }')")
-			read -r ph_h ph_f ph_m ph_p ph_i <<<"$(phases "$img" "$ck")"
-			ph_hooks+=("$ph_h") ph_frozen+=("$ph_f") ph_mw+=("$ph_m") ph_pre+=("$ph_p") ph_iw+=("$ph_i") dds+=("$dd")
-			echo "$mb MiB $mode checkpoint $((w + 1)): ${ck%.*} ms (hooks $ph_h, CRIU frozen $ph_f of which page writes $ph_m, pages hashed+synced $ph_p; the rest $ph_i), dd of its pages $dd ms" >&2
+			read -r ph_h ph_f ph_m ph_p ph_i ph_c <<<"$(phases "$img" "$ck")"
+			ph_hooks+=("$ph_h") ph_frozen+=("$ph_f") ph_mw+=("$ph_m") ph_pre+=("$ph_p") ph_iw+=("$ph_i") ph_col+=("$ph_c") dds+=("$dd")
+			colr+=("$(awk -v c="$ph_c" -v k="$ck" 'BEGIN { printf "%.3f", (k > 0 ? c / k : 0) }')")
+			echo "$mb MiB $mode checkpoint $((w + 1)): ${ck%.*} ms (hooks $ph_h, CRIU frozen $ph_f of which page collection $ph_c and page writes $ph_m, pages hashed+synced $ph_p; the rest $ph_i), dd of its pages $dd ms, load $(cut -d' ' -f1 /proc/loadavg)" >&2
 			[ "$w" -lt "$wakes" ] || break
 			t0=$(now_ns)
 			"$bin/kcr" standby wake --image-dir "$run/img" >/dev/null
@@ -159,7 +166,7 @@ for mb in "${mbs[@]}"; do
 		done
 		mapfile -t cl < <(jq -r 'select(.msg == "standby: checkpointed") | .duration_ms' "$run/standby.log")
 		ddms="$(median "${dds[@]}")|$(median "${ratios[@]}")"
-		breakdown+=("$mb MiB $mode checkpoint medians (ms): hooks $(median "${ph_hooks[@]}"), CRIU frozen $(median "${ph_frozen[@]}") (page writes $(median "${ph_mw[@]}")), pages hashed+synced at post-dump $(median "${ph_pre[@]}"), the rest $(median "${ph_iw[@]}")")
+		breakdown+=("$mb MiB $mode checkpoint medians (ms): hooks $(median "${ph_hooks[@]}"), CRIU frozen $(median "${ph_frozen[@]}") (page collection $(median "${ph_col[@]}"), page writes $(median "${ph_mw[@]}")), collection/checkpoint $(median "${colr[@]}") (median of pairs), pages hashed+synced at post-dump $(median "${ph_pre[@]}"), the rest $(median "${ph_iw[@]}")")
 		abandon_wakes "$mb" "$mode" "$port" "${cl[-1]%.*}"
 		stop_standby "$sb_pid" "$run/img"
 		sb_pid=""

@@ -37,7 +37,14 @@
 #
 # The wake's phases (from the order's send: the wake signal, restored, hooks
 # done, first record handed, first result) come from kcr standby's status
-# (last_wake) and the probe's own clock.
+# (last_wake) and the probe's own clock. With KCR_BENCH_IN_CHECKPOINT=D (a
+# duration, default 0: off) each order is produced instead at a random
+# moment within D after a checkpoint began: order → result apart for the
+# orders that abandoned the checkpoint (the service resumed) and for those
+# that came after its image was complete (restored); set D to about a
+# checkpoint's length (kcr standby logs each as "checkpointed").
+#
+# The phases are given as p50 and as p95, each phase on its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -57,6 +64,7 @@ cluster_home="${KCR_BENCH_CLUSTER:-}"
 kdat="${KCR_BENCH_KDAT:-true}"
 prepare="${KCR_BENCH_PREPARE:-true}"
 lazy="${KCR_BENCH_LAZY:-false}"
+in_ckpt="${KCR_BENCH_IN_CHECKPOINT:-0}"
 for v in hold kdat prepare lazy; do
 	[[ ${!v} == true || ${!v} == false ]] || die "KCR_BENCH_${v^^} must be true or false (got '${!v}')"
 done
@@ -138,7 +146,7 @@ for target in "${targets[@]}"; do
 		rps=$(awk -v a="${req0:-0}" -v b="${req1:-0}" -v s="$sample" 'BEGIN{printf "%.1f", (b-a)/s}')
 
 		"$probe" -brokers "$pbrokers" -orders "$orders" -results "$res" -cycles "$cycles" -status "$status" \
-			-asleep "$asleep" -prefix "$tag-warm" >"$run/warm.jsonl" || { tail -n 20 "$run/standby.log" >&2; die "standby cycles failed ($c)"; }
+			-asleep "$asleep" -in-checkpoint "$in_ckpt" -prefix "$tag-warm" >"$run/warm.jsonl" || { tail -n 20 "$run/standby.log" >&2; die "standby cycles failed ($c)"; }
 		# Put the service to sleep before kcr standby goes: it would be left
 		# running otherwise, and answer the cold runs' orders.
 		for ((i = 0; i < 600; i++)); do
@@ -163,15 +171,19 @@ for target in "${targets[@]}"; do
 
 		w=$(tail -n1 "$run/warm.jsonl")
 		k=$(tail -n1 "$run/cold.jsonl")
-		results+=("$c on the $target|$w|$k|$rss|$cpu|$rps|$kwake")
+		# Each phase's p95 over the cycles (nearest rank, as the probe's).
+		p95=$(jq -s -r '[.[] | .phases_ms // empty] as $c | ($c | length) as $n
+			| def p95(k): [$c[] | .[k] // empty] | sort | if length == 0 then "?" else .[((95 * length + 99) / 100 | floor) - 1] | floor end;
+			"detect \(p95("detect")) → restored \(p95("restored")) → hooks done \(p95("hooks_done")) → first record handed \(p95("first_handed")) → first result \(p95("result"))"' "$run/warm.jsonl")
+		results+=("$c on the $target|$w|$k|$rss|$cpu|$rps|$kwake|$p95")
 	done
 done
 
 where="$brokers"
 [[ -n $cluster_home ]] && where+=" (the broker) and the cluster $KCR_KAFKA_CLUSTER_SCRAM_BROKERS (SASL_SSL, SCRAM-SHA-512)"
-echo "kcr standby on $where, $(date -u +%F), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'): $cycles idle → wake cycles (--idle $idle, --poll $poll, --hold-group=$hold, --kdat-cache=$kdat, --prepare-restore=$prepare, --lazy=$lazy, cache $cache_mb MiB, asleep $asleep, load $(cut -d' ' -f1-3 /proc/loadavg)), $cold_cycles cold starts"
+echo "kcr standby on $where, $(date -u +%F), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'): $cycles idle → wake cycles (--idle $idle, --poll $poll, --hold-group=$hold, --kdat-cache=$kdat, --prepare-restore=$prepare, --lazy=$lazy, cache $cache_mb MiB, asleep $asleep, in checkpoint $in_ckpt, load $(cut -d' ' -f1-3 /proc/loadavg)), $cold_cycles cold starts"
 for r in "${results[@]}"; do
-	IFS='|' read -r c w k rss cpu rps kwake <<<"$r"
+	IFS='|' read -r c w k rss cpu rps kwake p95 <<<"$r"
 	echo "$c:"
 	printf '  %-44s p50 %7.0f  p95 %7.0f  max %7.0f ms\n' "order → result, woken from standby" \
 		"$(jq .p50_ms <<<"$w")" "$(jq .p95_ms <<<"$w")" "$(jq .max_ms <<<"$w")"
@@ -181,6 +193,11 @@ for r in "${results[@]}"; do
 	printf '  %-44s %7.0f ms\n' "kcr's wake signal → restored (median)" "$kwake"
 	printf '  %-44s %s\n' "phases, p50 ms from the order's send:" \
 		"$(jq -r '.phases_p50_ms // {} | "detect \(.detect // "?") → restored \(.restored // "?") → hooks done \(.hooks_done // "?") → first record handed \(.first_handed // "?") → first result \(.result // "?")"' <<<"$w")"
+	printf '  %-44s %s\n' "phases, p95 ms (each phase on its own):" "$p95"
+	if [[ $in_ckpt != 0 ]]; then
+		printf '  %-44s %s\n' "orders at a random moment of a checkpoint:" \
+			"$(jq -r '"abandoned it \(.abandoned // 0) (p50 \(.abandoned_p50_ms // "-") ms, max \(.abandoned_max_ms // "-")), after its image: restored \(.restored // 0) (p50 \(.restored_p50_ms // "-") ms, max \(.restored_max_ms // "-"))"' <<<"$w")"
+	fi
 	printf '  %-44s %7s MiB RSS, %s %% of a core (service: 0, gone)\n' "kcr standby while the service sleeps" "$rss" "$cpu"
 	printf '  %-44s %7s requests/s\n' "broker load of the Kafka wake and hold" "$rps"
 	echo "  orders missing: $(jq .missing <<<"$w") (standby) $(jq .missing <<<"$k") (cold), duplicated: $(jq .duplicated <<<"$w") (standby) $(jq .duplicated <<<"$k") (cold)"

@@ -83,7 +83,7 @@ func (b *engineBackend) close() {
 func (b *engineBackend) restoreOptions(dir, name string) engine.RestoreOptions {
 	o := engine.RestoreOptions{Image: dir + "/" + name, CRIU: b.o.CRIU, Logger: b.log}
 	o.Stdout, o.Stderr = b.stdio()
-	if !b.o.Lazy {
+	if !b.lazyFor(dir, name) {
 		// CRIU's log, kept after a failed restore with the image set
 		// aside; not in /tmp, where each would stay for good.
 		o.WorkDir = restoreWorkDir(dir, name)

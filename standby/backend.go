@@ -175,9 +175,8 @@ func (b *engineBackend) restore(ctx context.Context, dir, name string) (proc, er
 	if err != nil {
 		return proc{}, err
 	}
-	if !b.o.Lazy {
-		os.RemoveAll(restoreWorkDir(dir, name))
-	}
+	// A lazy restore's work directory is another (waitLazy removes it).
+	os.RemoveAll(restoreWorkDir(dir, name))
 	b.forgetSocket()
 	b.lastTimings = res.Timings
 	if res.LazyPID > 0 {

@@ -52,6 +52,10 @@ const (
 	// DefaultKeepBad is how many images set aside after failed restores
 	// are kept.
 	DefaultKeepBad = 3
+	// DefaultLazyAbove is the image memory from which a restore is lazy
+	// (Options.LazyAbove): below it, starting CRIU's lazy-pages daemon
+	// costs about what it saves (docs/benchmarks-standby.md).
+	DefaultLazyAbove = 64 << 20
 	// DefaultCheckpointBackoffMax bounds the idle time asked for before a
 	// checkpoint after failed ones.
 	DefaultCheckpointBackoffMax = 10 * time.Minute
@@ -199,6 +203,11 @@ type Options struct {
 	// each page not copied yet, and the next checkpoint waits until the
 	// daemon has copied them all.
 	Lazy bool
+	// LazyAbove, unless Lazy is set, restores lazily an image whose
+	// memory pages are at least this many bytes, and eagerly a smaller
+	// one or when userfaultfd is not available to kcr. 0 is
+	// DefaultLazyAbove; negative restores eagerly always.
+	LazyAbove int64
 	// NoPrepare turns off the restore prepared ahead. By default, while
 	// the service sleeps, its image is verified and opened and CRIU
 	// started, so that a wake pays for the restore only.
@@ -305,6 +314,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.KeepBad == 0 {
 		o.KeepBad = DefaultKeepBad
+	}
+	if o.LazyAbove == 0 {
+		o.LazyAbove = DefaultLazyAbove
 	}
 	if o.BrokerTimeout == 0 {
 		o.BrokerTimeout = DefaultBrokerTimeout

@@ -33,6 +33,8 @@ type standbyOpts struct {
 	kdatCache bool
 	prepare   bool
 	keepBad   int
+	lazy      lazyFlag
+	lazyAbove int
 	cred      credFlags
 	onTerm    string
 	onExit    string
@@ -78,7 +80,10 @@ TimeoutStopSec). See docs/standby.md, "Shutdown".`,
 	f.IntVar(&o.MinWake, "min-wake", 1, "with --replicas: how many replicas the first records wake when none runs")
 	f.DurationVar(&o.ScaleUpAfter, "scale-up-after", standby.DefaultScaleUpAfter, "with --replicas: wake a sleeping replica when the oldest record the running ones have not processed is older than this")
 	f.BoolVar(&opts.kdatCache, "kdat-cache", true, "keep CRIU's kernel probe for kcr standby's lifetime where /run is not a tmpfs (else CRIU probes at every checkpoint and restore)")
-	f.BoolVar(&o.Lazy, "lazy", false, "restore memory on demand (userfaultfd): the wake does not grow with the service's RSS; see docs/benchmarks.md for what the service pays")
+	opts.lazy = lazyAuto
+	f.Var(&opts.lazy, "lazy", "restore memory on demand (userfaultfd), so that the wake does not grow with the service's RSS: true, false, or auto (an image with --lazy-above MiB of memory or more); see docs/standby.md for what the service pays")
+	f.Lookup("lazy").NoOptDefVal = "true"
+	f.IntVar(&opts.lazyAbove, "lazy-above", standby.DefaultLazyAbove>>20, "with --lazy=auto: the image memory (MiB) from which a restore is lazy; 0 restores every image lazily")
 	f.BoolVar(&opts.prepare, "prepare-restore", true, "while the service sleeps, verify its image and start CRIU, so that a wake pays for the restore only")
 	f.StringVar(&opts.onTerm, "on-term", string(standby.DefaultOnTerm), "what SIGTERM does to a running service: checkpoint (its image is kept and restored warm at the next start), stop (SIGTERM, then SIGKILL at the end of --term-grace) or leave (it runs on)")
 	f.DurationVar(&o.TermGrace, "term-grace", standby.DefaultTermGrace, "bound of the shutdown on SIGTERM; a checkpoint gets all of it but a third (at most 10s) kept for the stop it falls back to")
@@ -183,6 +188,16 @@ func standbyOptions(opts *standbyOpts) (standby.Options, error) {
 	var err error
 	if o.Cred, o.Caps, o.AllCaps, err = opts.cred.resolve(); err != nil {
 		return o, err
+	}
+	switch {
+	case opts.lazyAbove < 0:
+		return o, &exitError{exitUsage, fmt.Errorf("--lazy-above %d: give 0 MiB (every image lazily) or more", opts.lazyAbove)}
+	case opts.lazy == lazyFalse:
+		o.LazyAbove = -1 // standby.Options: negative restores eagerly always
+	case opts.lazy == lazyTrue || opts.lazyAbove == 0:
+		o.Lazy = true
+	default:
+		o.LazyAbove = int64(opts.lazyAbove) << 20
 	}
 	o.OnTerm = standby.TermPolicy(opts.onTerm)
 	o.OnExit = standby.ExitPolicy(opts.onExit)
@@ -330,4 +345,30 @@ func rawWriter(w io.Writer) io.Writer {
 		return s.w
 	}
 	return w
+}
+
+// lazyFlag is --lazy: true, false or auto, and "--lazy" alone is true.
+type lazyFlag string
+
+const (
+	lazyAuto  lazyFlag = "auto"
+	lazyTrue  lazyFlag = "true"
+	lazyFalse lazyFlag = "false"
+)
+
+func (l *lazyFlag) String() string { return string(*l) }
+func (l *lazyFlag) Type() string   { return "mode" }
+
+func (l *lazyFlag) Set(v string) error {
+	switch lazyFlag(strings.ToLower(v)) {
+	case lazyTrue, "1", "t":
+		*l = lazyTrue
+	case lazyFalse, "0", "f":
+		*l = lazyFalse
+	case lazyAuto:
+		*l = lazyAuto
+	default:
+		return errors.New("give true, false or auto")
+	}
+	return nil
 }

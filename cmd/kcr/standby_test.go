@@ -102,3 +102,41 @@ func TestStandbyStatusQuotesReplica(t *testing.T) {
 		t.Errorf("status line %q: want the id and why quoted", out)
 	}
 }
+
+// --lazy is true, false or auto (by --lazy-above, the default), "--lazy"
+// alone true; each becomes the standby.Options that choose the restore.
+func TestStandbyLazyFlag(t *testing.T) {
+	for _, c := range []struct {
+		args      []string
+		lazy      bool
+		lazyAbove int64
+		err       string
+	}{
+		{nil, false, standby.DefaultLazyAbove, ""},
+		{[]string{"--lazy"}, true, 0, ""},
+		{[]string{"--lazy=true"}, true, 0, ""},
+		{[]string{"--lazy=false"}, false, -1, ""},
+		{[]string{"--lazy=false", "--lazy-above", "0"}, false, -1, ""},
+		{[]string{"--lazy=auto", "--lazy-above", "512"}, false, 512 << 20, ""},
+		{[]string{"--lazy-above", "0"}, true, 0, ""},
+		{[]string{"--lazy-above", "-1"}, false, 0, "--lazy-above -1"},
+		{[]string{"--lazy=maybe"}, false, 0, `"maybe" for "--lazy" flag: give true, false or auto`},
+	} {
+		cmd := standbyCmd(&globals{})
+		err := cmd.ParseFlags(c.args)
+		if err == nil {
+			var o standby.Options
+			above, _ := cmd.Flags().GetInt("lazy-above")
+			o, err = standbyOptions(&standbyOpts{lazy: lazyFlag(cmd.Flags().Lookup("lazy").Value.String()), lazyAbove: above})
+			if err == nil && (o.Lazy != c.lazy || o.LazyAbove != c.lazyAbove) {
+				t.Errorf("%q: Lazy %v, LazyAbove %d; want %v, %d", c.args, o.Lazy, o.LazyAbove, c.lazy, c.lazyAbove)
+			}
+		}
+		if c.err == "" && err != nil {
+			t.Errorf("%q: %v", c.args, err)
+		}
+		if c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)) {
+			t.Errorf("%q: error %v, want one saying %q", c.args, err, c.err)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -67,5 +68,50 @@ func checkLazyDirs(t *testing.T, dir, image string) {
 		if filepath.Base(d) != "lazy-"+image {
 			t.Errorf("lazy-pages work directory %s left after the checkpoint of %s", d, image)
 		}
+	}
+}
+
+// kcr standby without --lazy chooses by the image: an 80 MiB heap is
+// restored lazily (the lazy-pages daemon's work directory is there) under
+// the default --lazy-above (64 MiB), eagerly under --lazy-above 128; the
+// heap is intact either way.
+func TestStandbyLazyAuto(t *testing.T) {
+	need(t)
+	bin := filepath.Join(binDir, "lazyheap")
+	if out, err := exec.Command("go", "build", "-o", bin, "../apps/lazyheap").CombinedOutput(); err != nil {
+		t.Fatalf("build lazyheap: %v\n%s", err, out)
+	}
+	const mb = 80
+	for _, c := range []struct {
+		flags []string
+		lazy  bool
+	}{
+		{nil, true},
+		{[]string{"--lazy-above", "128"}, false},
+	} {
+		probe, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := probe.Addr().String()
+		probe.Close()
+		dir := filepath.Join(t.TempDir(), "img")
+		k := &kafkaEnv{t: t}
+		s := k.startStandbyNoKafka(dir, append([]string{"--idle", "1s", "-e", "GODEBUG=multipathtcp=0"}, c.flags...),
+			bin, "-notify", "-mb", "80", "-listen", addr)
+		st := s.waitState("standby", 60*time.Second)
+		if out, err := (kcrOpts{}).cmd("standby", "wake", "--image-dir", dir).CombinedOutput(); err != nil {
+			t.Fatalf("%q: kcr standby wake: %v: %s", c.flags, err, out)
+		}
+		s.waitState("running", 60*time.Second)
+		_, err = os.Stat(filepath.Join(dir, "lazy-"+st.Image))
+		if lazy := err == nil; lazy != c.lazy {
+			t.Errorf("%q: restored lazily: %v, want %v (%v)", c.flags, lazy, c.lazy, err)
+		}
+		_, pages, _, err := (&heaptest.Heap{Addr: addr}).Sum(context.Background())
+		if err != nil || pages != mb<<8 {
+			t.Fatalf("%q: heap after the wake: %d pages, %v; want %d", c.flags, pages, err, mb<<8)
+		}
+		s.stop(syscall.SIGTERM)
 	}
 }

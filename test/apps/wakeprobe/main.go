@@ -14,6 +14,13 @@
 // -burst N produces N orders per cycle at once; the cycle's latency is then
 // to the first of their results (last_ms: to the last).
 //
+// -in-checkpoint D (with -status) produces each order at a random moment
+// within D after a checkpoint began (the status says "checkpointing")
+// instead of once the service is asleep: the order either abandons the
+// checkpoint (the service resumes) or comes after the image is complete
+// (the service is restored). Each cycle's line says which ("restored"),
+// and the summary gives both apart.
+//
 // It prints one JSON line per cycle and a summary line:
 // {"cycles","p50_ms","p95_ms","max_ms","missing","duplicated"}, where
 // missing counts orders without a result and duplicated the results beyond
@@ -23,8 +30,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"slices"
@@ -51,13 +60,14 @@ func main() {
 	asleep := flag.Duration("asleep", 0, "with -status: how long the service stays asleep before each order (a long sleep outlives its group session)")
 	create := flag.Int("create", 0, "create -orders and -results with this many partitions, then exit")
 	burst := flag.Int("burst", 1, "orders per cycle, produced together")
+	inCkpt := flag.Duration("in-checkpoint", 0, "with -status: produce each order at a random moment within this long after a checkpoint begins")
 	flag.Parse()
 	if *create > 0 {
 		createTopics(strings.Split(*brokers, ","), int32(*create), *orders, *results)
 		return
 	}
-	if (*status == "") == (*cold == "") || *burst < 1 {
-		fail("give -status or -cold, and -burst ≥ 1")
+	if (*status == "") == (*cold == "") || *burst < 1 || (*inCkpt > 0 && *status == "") {
+		fail("give -status or -cold, -burst ≥ 1, and -in-checkpoint only with -status")
 	}
 	ctx := context.Background()
 	bs := strings.Split(*brokers, ",")
@@ -99,10 +109,34 @@ func main() {
 
 	var lat []time.Duration
 	var ids []string
-	phases := map[string][]time.Duration{} // per wake phase, with -status
+	phases := map[string][]time.Duration{}  // per wake phase, with -status
+	var abandoned, restored []time.Duration // with -in-checkpoint
 	for i := range *cycles {
-		if *status != "" {
-			if err := waitAsleep(*status, *timeout); err != nil {
+		switch {
+		case *inCkpt > 0:
+			// Asleep (the first cycle; a checkpoint missed), an order not
+			// timed wakes the service, which then goes idle again.
+			for {
+				err := waitState(*status, "checkpointing", *timeout, "standby")
+				if err != errOther {
+					if err != nil {
+						fail(fmt.Sprintf("cycle %d: %v", i+1, err))
+					}
+					break
+				}
+				id := fmt.Sprintf("%s-%d-wake", *prefix, i)
+				v, _ := json.Marshal(order.Order{ID: id, N: -1, TS: time.Now().UnixNano()})
+				if err := prod.ProduceSync(ctx, &kgo.Record{Topic: *orders, Key: []byte(id), Value: v}).FirstErr(); err != nil {
+					fail(fmt.Sprintf("cycle %d: produce: %v", i+1, err))
+				}
+				ids = append(ids, id)
+				if err := waitState(*status, "running", *timeout); err != nil {
+					fail(fmt.Sprintf("cycle %d: %v", i+1, err))
+				}
+			}
+			time.Sleep(rand.N(*inCkpt))
+		case *status != "":
+			if err := waitState(*status, "standby", *timeout); err != nil {
 				fail(fmt.Sprintf("cycle %d: %v", i+1, err))
 			}
 			time.Sleep(*asleep)
@@ -158,7 +192,17 @@ func main() {
 		d := first.Sub(t0)
 		lat = append(lat, d)
 		l := map[string]any{"cycle": i + 1, "order": burstIDs[0], "orders": len(burstIDs), "latency_ms": ms(d), "last_ms": ms(last.Sub(t0))}
-		if *status != "" {
+		switch {
+		case *inCkpt > 0:
+			// A restore since the order was sent: it came after the image.
+			r := wakePhases(*status, t0) != nil
+			l["restored"] = r
+			if r {
+				restored = append(restored, d)
+			} else {
+				abandoned = append(abandoned, d)
+			}
+		case *status != "":
 			addPhases(l, phases, *status, t0, d)
 		}
 		line(l)
@@ -185,6 +229,15 @@ func main() {
 		"missing": missing, "duplicated": dup}
 	if len(phases) > 0 {
 		sum["phases_p50_ms"] = p50s(phases)
+	}
+	if *inCkpt > 0 {
+		for k, v := range map[string][]time.Duration{"abandoned": abandoned, "restored": restored} {
+			sum[k] = len(v)
+			if len(v) > 0 {
+				slices.Sort(v)
+				sum[k+"_p50_ms"], sum[k+"_max_ms"] = ms(pct(v, 50)), ms(v[len(v)-1])
+			}
+		}
 	}
 	line(sum)
 }
@@ -287,8 +340,12 @@ func createTopics(brokers []string, partitions int32, topics ...string) {
 	fail("topics have no leaders after 30s")
 }
 
-// waitAsleep runs the status command until it reports "standby".
-func waitAsleep(cmd string, timeout time.Duration) error {
+// errOther is waitState's error when the status reported the other state.
+var errOther = errors.New("the other state")
+
+// waitState runs the status command until it reports state, or, if given,
+// other (errOther).
+func waitState(cmd, state string, timeout time.Duration, other ...string) error {
 	deadline := time.Now().Add(timeout)
 	var last string
 	for time.Now().Before(deadline) {
@@ -296,13 +353,18 @@ func waitAsleep(cmd string, timeout time.Duration) error {
 		var st struct {
 			State string `json:"state"`
 		}
-		if err == nil && json.Unmarshal(out, &st) == nil && st.State == "standby" {
-			return nil
+		if err == nil && json.Unmarshal(out, &st) == nil {
+			switch {
+			case st.State == state:
+				return nil
+			case slices.Contains(other, st.State):
+				return errOther
+			}
 		}
 		last = strings.TrimSpace(string(out))
 		time.Sleep(50 * time.Millisecond)
 	}
-	return fmt.Errorf("the service did not go to sleep within %v (last status %q)", timeout, last)
+	return fmt.Errorf("the service's state was not %s within %v (last status %q)", state, timeout, last)
 }
 
 // pct is the p-th percentile of sorted d (nearest rank).

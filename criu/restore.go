@@ -211,6 +211,7 @@ func Restore(ctx context.Context, criuPath string, opts RestoreOptions) (*Restor
 	if err != nil {
 		return nil, err
 	}
+	s.tree.Store(true)
 	resp, callErr := s.call(restoreRequest(opts, imgDir, wDir, logFile, s.inherit), notify)
 	elapsed := time.Since(start)
 	exited := make(chan struct{})

@@ -123,9 +123,14 @@ var logLineRE = sync.OnceValue(func() *regexp.Regexp {
 
 // harmless reports error lines CRIU prints that do not explain a failure:
 // when kcr runs without CAP_SYS_RESOURCE (containers, some VMs) CRIU cannot
-// raise its rlimits and logs an Operation not permitted error, then carries on.
+// raise its rlimits and logs an Operation not permitted error, then carries
+// on; in a user namespace its probe of the kernel cannot create a tun
+// device, and it carries on too.
 func harmless(msg string) bool {
 	l := strings.ToLower(msg)
+	if strings.HasPrefix(l, "tun: unable to create tun:") {
+		return true
+	}
 	return (strings.Contains(l, "rlimit") || strings.Contains(l, "rlim_") || strings.Contains(l, "nr_open")) &&
 		(strings.Contains(l, "not permitted") || strings.Contains(l, "cap_sys_resource"))
 }

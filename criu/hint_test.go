@@ -107,3 +107,18 @@ func TestHintSeccomp(t *testing.T) {
 		t.Errorf("first %q cause %q hint %q: want the seccomp filter named", e.First, e.Cause, e.Hint)
 	}
 }
+
+// In a user namespace CRIU's kernel probe logs that it cannot create a tun
+// device and carries on: the first real error is the one after it.
+func TestHintSkipsTunProbe(t *testing.T) {
+	body := "(00.003093) Error (criu/tun.c:85): tun: Unable to create tun: Permission denied\n" +
+		"(00.180315) Error (criu/sockets.c:495): sockets: Unable to set socket SO_SNDBUFFORCE/SO_RCVBUFFORCE: Operation not permitted\n" +
+		"(00.180900) Error (criu/cr-restore.c:2331): Restoring FAILED.\n"
+	log := filepath.Join(t.TempDir(), "restore.log")
+	if err := os.WriteFile(log, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if e := newError("restore", log, "", nil); !strings.Contains(e.First, "SO_SNDBUFFORCE") {
+		t.Errorf("first %q: want the socket's buffer sizes", e.First)
+	}
+}

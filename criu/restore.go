@@ -291,6 +291,9 @@ func restoreRequest(opts RestoreOptions, imgDir, wDir *os.File, logFile string, 
 			// Not RstSibling: that would make the tree our child.
 		},
 	}
+	if inChildUserNS() {
+		req.Opts.Unprivileged = proto.Bool(true)
+	}
 	for _, in := range opts.Inherit {
 		// CRIU's own descriptor for the file: 4 onwards, in order.
 		fd := 4 + slices.Index(files, in.File)

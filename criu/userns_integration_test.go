@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -99,6 +100,7 @@ func inUserNS(t *testing.T, dir, bin string) {
 		t.Fatal(err)
 	}
 	loUp(t)
+	closeInherited(t)
 	tg := &target{dir: dir, out: filepath.Join(dir, "out.log")}
 	out, err := os.OpenFile(tg.out, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -186,5 +188,21 @@ func copyFile(t *testing.T, from, to string) {
 	}
 	if err := out.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// closeInherited marks every descriptor above 2 close-on-exec: one this
+// test inherited (from its runner) would otherwise reach the helper, and
+// CRIU cannot dump a file of a mount outside the namespace.
+func closeInherited(t *testing.T) {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			unix.CloseOnExec(fd)
+		}
 	}
 }

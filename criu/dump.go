@@ -253,6 +253,9 @@ func (ss *Session) begin(opts DumpOptions, gated bool) (*PendingDump, error) {
 			NotifyScripts: proto.Bool(true),
 		},
 	}
+	if inChildUserNS() {
+		req.Opts.Unprivileged = proto.Bool(true)
+	}
 	if p.ps != nil {
 		// CRIU sends its pages to the page server, which writes them
 		// into the same directory.

@@ -41,6 +41,9 @@ const (
 	// inherited from outside it, such as a shell's /dev/null): no
 	// privilege is missing.
 	CauseMountLookup Cause = "mount-lookup"
+	// CauseSeccomp: CRIU runs under a seccomp filter and dumps a process
+	// that has one, which the kernel allows only an unfiltered tracer.
+	CauseSeccomp Cause = "seccomp"
 )
 
 // Error returns the cause's name.
@@ -59,6 +62,7 @@ var hints = map[Cause]string{
 	CauseFileVanished:   "another process removed a file CRIU had just restored (clones of one image restoring at once?): try again",
 	CauseRestoreGone:    "the restore failed first: see its error",
 	CauseDiskFull:       "the disk (or quota) of the image or CRIU's work directory is full: free space and try again",
+	CauseSeccomp:        "kcr and CRIU run under a seccomp filter (a container's seccompProfile other than Unconfined), and the kernel lets only a tracer without one suspend the seccomp filter of the process it dumps: run kcr without a seccomp filter (seccompProfile: Unconfined)",
 	CauseMountLookup:    "the process holds a file descriptor (named above) on a mount CRIU cannot find in the process's mount namespace, usually one inherited from outside it: start the process without that descriptor (close-on-exec, or stdin from a file inside its namespace); no privilege is missing",
 }
 
@@ -93,6 +97,9 @@ var causePatterns = sync.OnceValue(func() []causePattern {
 		{CauseUnixBindInUse, regexp.MustCompile(`Can't bind .*Address already in use`)},
 		// cr_fchpermat chowns, then stats: the file can go before either.
 		{CauseFileVanished, regexp.MustCompile(`Unable to (?:change \[-?\d+\]/.* ownership .*|stat \[-?\d+\]/.*): No such file or directory`)},
+		// Before a refusal and a vanished process: CRIU detaches from
+		// the process after it, which fails with No such process.
+		{CauseSeccomp, regexp.MustCompile(`suspending seccomp failed`)},
 		{CauseShellJob, regexp.MustCompile(`(?i)not a session leader|shell-job|shell_job|controlling terminal`)},
 		{CauseNoProcess, regexp.MustCompile(`No such process`)},
 		{CausePermission, regexp.MustCompile(`(?i)operation not permitted|permission denied|CAP_SYS_ADMIN|CAP_CHECKPOINT_RESTORE|capability .* missing`)},
@@ -116,9 +123,14 @@ var logLineRE = sync.OnceValue(func() *regexp.Regexp {
 
 // harmless reports error lines CRIU prints that do not explain a failure:
 // when kcr runs without CAP_SYS_RESOURCE (containers, some VMs) CRIU cannot
-// raise its rlimits and logs an Operation not permitted error, then carries on.
+// raise its rlimits and logs an Operation not permitted error, then carries
+// on; in a user namespace its probe of the kernel cannot create a tun
+// device, and it carries on too.
 func harmless(msg string) bool {
 	l := strings.ToLower(msg)
+	if strings.HasPrefix(l, "tun: unable to create tun:") {
+		return true
+	}
 	return (strings.Contains(l, "rlimit") || strings.Contains(l, "rlim_") || strings.Contains(l, "nr_open")) &&
 		(strings.Contains(l, "not permitted") || strings.Contains(l, "cap_sys_resource"))
 }

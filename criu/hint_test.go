@@ -85,3 +85,40 @@ func TestHintPermissionFirst(t *testing.T) {
 		t.Errorf("hint %q, want the refusal's", h)
 	}
 }
+
+// A dump by a CRIU under a seccomp filter of a process with one (any
+// container's profile but Unconfined) fails at the seize: the hint names
+// the filter, not a process gone (CRIU's detach after it says No such
+// process) nor a missing capability. The log is CRIU 4.2.1's, in a filter
+// that allows every call.
+func TestHintSeccomp(t *testing.T) {
+	geteuid = func() int { return 0 }
+	t.Cleanup(func() { geteuid = os.Geteuid })
+	body := "(00.095917) Error (criu/util.c:1534): rlimit: Can't setup RLIMIT_NOFILE for self: Operation not permitted\n" +
+		"(00.105647) Error (compel/src/lib/ptrace.c:27): suspending seccomp failed: Operation not permitted\n" +
+		"(00.105692) Error (compel/src/lib/infect.c:417): Unable to detach from 15486: No such process\n" +
+		"(00.105709) Error (criu/cr-dump.c:1975): Dumping FAILED.\n"
+	log := filepath.Join(t.TempDir(), "dump.log")
+	if err := os.WriteFile(log, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e := newError("dump", log, "", nil)
+	if e.Cause != CauseSeccomp || !strings.Contains(e.Hint, "Unconfined") || !strings.HasPrefix(e.First, "suspending seccomp failed") {
+		t.Errorf("first %q cause %q hint %q: want the seccomp filter named", e.First, e.Cause, e.Hint)
+	}
+}
+
+// In a user namespace CRIU's kernel probe logs that it cannot create a tun
+// device and carries on: the first real error is the one after it.
+func TestHintSkipsTunProbe(t *testing.T) {
+	body := "(00.003093) Error (criu/tun.c:85): tun: Unable to create tun: Permission denied\n" +
+		"(00.180315) Error (criu/sockets.c:495): sockets: Unable to set socket SO_SNDBUFFORCE/SO_RCVBUFFORCE: Operation not permitted\n" +
+		"(00.180900) Error (criu/cr-restore.c:2331): Restoring FAILED.\n"
+	log := filepath.Join(t.TempDir(), "restore.log")
+	if err := os.WriteFile(log, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if e := newError("restore", log, "", nil); !strings.Contains(e.First, "SO_SNDBUFFORCE") {
+		t.Errorf("first %q: want the socket's buffer sizes", e.First)
+	}
+}

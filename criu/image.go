@@ -246,3 +246,78 @@ func ImageTasks(imagesDir string) ([]Task, error) {
 	}
 	return tasks, nil
 }
+
+// coreMagic is a task's core image (core-TID.img, one per thread).
+const coreMagic = 0x55053847
+
+// Caps are capability sets, bit N for capability N (capabilities(7)).
+type Caps struct {
+	Inh, Prm, Eff, Bnd uint64
+}
+
+// ImageCaps returns the union, over every thread of the tree dumped in
+// imagesDir, of the capability sets CRIU restores as they were: the
+// restorer sets them on each thread with capset(2), which refuses a
+// permitted set larger than the restoring CRIU's own.
+func ImageCaps(imagesDir string) (Caps, error) {
+	tasks, err := ImageTasks(imagesDir)
+	if err != nil {
+		return Caps{}, err
+	}
+	var all Caps
+	for _, t := range tasks {
+		tids := t.Threads
+		if len(tids) == 0 {
+			tids = []int{t.PID}
+		}
+		for _, tid := range tids {
+			c, err := threadCaps(filepath.Join(imagesDir, fmt.Sprintf("core-%d.img", tid)))
+			if err != nil {
+				return Caps{}, err
+			}
+			all.Inh |= c.Inh
+			all.Prm |= c.Prm
+			all.Eff |= c.Eff
+			all.Bnd |= c.Bnd
+		}
+	}
+	return all, nil
+}
+
+// threadCaps reads the capability sets of one core image: core_entry's
+// thread_core (5), its creds (10): cap_inh 9, cap_prm 10, cap_eff 11,
+// cap_bnd 12, each 32-bit words, low first.
+func threadCaps(path string) (Caps, error) {
+	entries, err := readImage(path, imgCommonMagic, coreMagic)
+	if err != nil {
+		return Caps{}, err
+	}
+	if len(entries) == 0 {
+		return Caps{}, fmt.Errorf("criu: %s: no entry", path)
+	}
+	_, subs, err := fields(entries[0], nil)
+	if err == nil && subs[5] != nil {
+		_, subs, err = fields(subs[5], nil)
+	}
+	if err != nil {
+		return Caps{}, fmt.Errorf("criu: %s: %w", path, err)
+	}
+	if subs[10] == nil {
+		return Caps{}, fmt.Errorf("criu: %s: no credentials", path)
+	}
+	packed := map[protowire.Number]bool{9: true, 10: true, 11: true, 12: true}
+	v, _, err := fields(subs[10], packed)
+	if err != nil {
+		return Caps{}, fmt.Errorf("criu: %s: %w", path, err)
+	}
+	word := func(n protowire.Number) uint64 {
+		var c uint64
+		for i, w := range v[n] {
+			if i < 2 {
+				c |= (w & 0xffffffff) << (32 * i)
+			}
+		}
+		return c
+	}
+	return Caps{Inh: word(9), Prm: word(10), Eff: word(11), Bnd: word(12)}, nil
+}

@@ -211,6 +211,7 @@ func Restore(ctx context.Context, criuPath string, opts RestoreOptions) (*Restor
 	if err != nil {
 		return nil, err
 	}
+	s.tree.Store(true)
 	resp, callErr := s.call(restoreRequest(opts, imgDir, wDir, logFile, s.inherit), notify)
 	elapsed := time.Since(start)
 	exited := make(chan struct{})
@@ -289,6 +290,9 @@ func restoreRequest(opts RestoreOptions, imgDir, wDir *os.File, logFile string, 
 			NotifyScripts: proto.Bool(true),
 			// Not RstSibling: that would make the tree our child.
 		},
+	}
+	if inChildUserNS() {
+		req.Opts.Unprivileged = proto.Bool(true)
 	}
 	for _, in := range opts.Inherit {
 		// CRIU's own descriptor for the file: 4 onwards, in order.

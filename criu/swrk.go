@@ -16,6 +16,8 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/kcr-dev/kcr/internal/procfs"
 )
 
 // NotifyFunc is called for each CRIU action-script notification when set in
@@ -44,6 +46,11 @@ type swrk struct {
 	buf     []byte        // for CRIU's messages
 	unwatch func() bool   // stops watch's kill
 	watches atomic.Uint64 // watch's calls: only the last one's kill counts
+	// tree is set while a restore's tree is CRIU's and not whole: from the
+	// restore request until kcr acknowledged post-restore. A kill of CRIU
+	// then kills the tree too, which would otherwise wait in CRIU's
+	// restorer for good, holding the image's PIDs.
+	tree atomic.Bool
 	// inherit are the caller's descriptors CRIU got, as fds 4, 5, … (for
 	// RestoreOptions.Inherit).
 	inherit []*os.File
@@ -158,6 +165,9 @@ func startSwrk(ctx context.Context, criuPath string, ownGroup, hangUpOnCancel bo
 // tree it seized; one that does not (stopped, or stuck on a hung volume
 // with the tree frozen) is killed: the kernel then detaches the tree, which
 // runs on, or dies if CRIU's parasite was in it; it is never left frozen.
+// A restoring CRIU is killed with the tasks it forked, unless they were
+// already told to run (post-restore): a task in CRIU's restorer never
+// runs without CRIU (one whose capset failed waits there for good).
 var KillGrace = 10 * time.Second
 
 // watch makes ctx the context of CRIU's request: once it ends, CRIU is
@@ -168,17 +178,34 @@ func (s *swrk) watch(ctx context.Context) {
 		s.unwatch()
 	}
 	s.ctx = ctx
-	proc, gen := s.cmd.Process, s.watches.Add(1)
+	proc, gen, grace := s.cmd.Process, s.watches.Add(1), KillGrace
 	s.unwatch = context.AfterFunc(ctx, func() {
-		time.AfterFunc(KillGrace, func() {
+		time.AfterFunc(grace, func() {
 			// Not if a later request took CRIU over meanwhile (a
 			// session started ahead, then its restore); a no-op once
 			// CRIU is reaped.
 			if s.watches.Load() == gen {
+				if s.tree.Load() {
+					killForked(proc)
+				}
 				_ = proc.Kill()
 			}
 		})
 	})
+}
+
+// killForked kills what CRIU forked, leaves first. CRIU is stopped
+// first, so that it neither forks more nor reaps one of them, whose PID
+// could then be reused before the kill; a task in the restorer reaps
+// nothing either.
+func killForked(criu *os.Process) {
+	if criu.Signal(syscall.SIGSTOP) != nil {
+		return // gone already
+	}
+	tree := procfs.Tree(criu.Pid)
+	for i := len(tree) - 1; i > 0; i-- {
+		_ = unix.Kill(tree[i], unix.SIGKILL)
+	}
 }
 
 // hangUp shuts our end of CRIU's socket down, as kcr's death would: CRIU
@@ -286,10 +313,14 @@ func (s *swrk) answer(nt *rpc.CriuNotify, notify NotifyFunc, notifyErr *error) e
 		// would strand them in its restorer).
 		return err
 	}
-	return s.send(&rpc.CriuReq{
+	err := s.send(&rpc.CriuReq{
 		Type:          rpc.CriuReqType_NOTIFY.Enum(),
 		NotifySuccess: proto.Bool(ok),
 	})
+	if err == nil && ok && nt.GetScript() == "post-restore" {
+		s.tree.Store(false) // CRIU no longer aborts: the tree runs
+	}
+	return err
 }
 
 // close shuts the socket (criu swrk exits on EOF), waits for the process and

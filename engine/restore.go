@@ -29,6 +29,11 @@ type RestoreOptions struct {
 	// PIDWait is how long a PID held by a zombie may take to be reaped, or
 	// one held by a restore that CRIU is aborting (its kcr died) to be freed.
 	PIDWait time.Duration
+	// CRIUWait, if positive, is the deadline of each CRIU restore: one that
+	// has not answered by then (stuck in its restorer, on a hung volume) is
+	// cancelled, and killed with the tasks it forked criu.KillGrace later
+	// if it does not abort. Zero: ctx's deadline alone.
+	CRIUWait time.Duration
 	// WorkDir receives CRIU's restore log (default: a new directory under
 	// $TMPDIR/kcr-restore-*).
 	WorkDir string
@@ -252,7 +257,10 @@ func (pr *PreparedRestore) reopen(ctx context.Context) error {
 	}
 	pr.img = img
 	pr.pre.Add(PhaseVerify, time.Since(t))
-	return pr.s.checkImage(pr.o, img.Manifest)
+	if err := pr.s.checkImage(pr.o, img.Manifest); err != nil {
+		return err
+	}
+	return checkCaps(pr.o.Image, img.CRIUDir())
 }
 
 // Close releases the image and the CRIU started ahead; a no-op after
@@ -315,6 +323,11 @@ func (s deps) prepareRestore(ctx context.Context, o RestoreOptions) (*PreparedRe
 		o.AfterVerify()
 	}
 	if err := s.checkImage(o, img.Manifest); err != nil {
+		img.Close()
+		drop()
+		return nil, err
+	}
+	if err := checkCaps(o.Image, img.CRIUDir()); err != nil {
 		img.Close()
 		drop()
 		return nil, err
@@ -445,9 +458,14 @@ func (s deps) restoreOne(ctx context.Context, o RestoreOptions, img *images.Imag
 		return nil, err
 	}
 	defer imgDir.Close()
-	generation, needGen := countRestore(img.Dir)
+	rctx, cancel := ctx, context.CancelFunc(func() {})
+	if o.CRIUWait > 0 {
+		rctx, cancel = context.WithTimeout(ctx, o.CRIUWait)
+	}
+	defer cancel() // after CRIU's exit (rr.Wait, deferred below)
+	generation, needGen := countRestore(rctx, img.Dir)
 	t := time.Now()
-	rr, canceled, err := s.criuRestore(ctx, o.Count, criuPath, criu.RestoreOptions{
+	rr, canceled, err := s.criuRestore(rctx, o.Count, criuPath, criu.RestoreOptions{
 		ImagesDir: img.CRIUDir(), ImagesDirFile: imgDir, WorkDir: work, LazyPages: o.Lazy, LogLevel: o.CRIULogLevel,
 		TCPClose: m.Options.TCPClose, ShellJob: m.Options.ShellJob, FileLocks: m.Options.FileLocks,
 		Session: sess, Notify: needGen, Inherit: inherit,
@@ -457,6 +475,9 @@ func (s deps) restoreOne(ctx context.Context, o RestoreOptions, img *images.Imag
 	}
 	res.Timings.Add(PhaseRestore, time.Since(t))
 	c := generation()
+	if err != nil && ctx.Err() == nil && rctx.Err() != nil {
+		return nil, stuckRestore(o, err)
+	}
 	if err != nil {
 		if c.err != nil {
 			return nil, fmt.Errorf("restore of %s aborted before it resumed: %w", o.Image, c.err)
@@ -513,18 +534,25 @@ type counted struct {
 
 // countRestore counts a restore of the image in dir, durably, while CRIU
 // restores: the count is needed only to tell the app, and a failed restore
-// uses one up anyway. generation waits for the count; needGen is CRIU's
-// notification callback that fails post-restore without it, so that CRIU
-// kills a tree that could not be told it is a new instance before it
-// resumes.
-func countRestore(dir string) (generation func() counted, needGen func(string, int) error) {
+// uses one up anyway. generation waits for the count, or for ctx (a hung
+// volume); needGen is CRIU's notification callback that fails post-restore
+// without it, so that CRIU kills a tree that could not be told it is a new
+// instance before it resumes.
+func countRestore(ctx context.Context, dir string) (generation func() counted, needGen func(string, int) error) {
 	genCh := make(chan counted, 1)
 	go func() {
 		t := time.Now()
 		gen, err := nextGeneration(dir)
 		genCh <- counted{gen, time.Since(t), err}
 	}()
-	generation = sync.OnceValue(func() counted { return <-genCh })
+	generation = sync.OnceValue(func() counted {
+		select {
+		case c := <-genCh:
+			return c
+		case <-ctx.Done():
+			return counted{err: fmt.Errorf("count the restore in %s: %w", dir, ctx.Err())}
+		}
+	})
 	needGen = func(script string, _ int) error {
 		if script == "post-restore" {
 			return generation().err
@@ -533,6 +561,38 @@ func countRestore(dir string) (generation func() counted, needGen func(string, i
 	}
 	return generation, needGen
 }
+
+// stuckRestore is the error of a restore whose CRIU did not answer within
+// o.CRIUWait (err, its error): one line with what CRIU's log says went
+// wrong, and the fix. It wraps err (a *criu.Error, ctx's deadline).
+func stuckRestore(o RestoreOptions, err error) error {
+	first, hint, log := "", "", ""
+	var ce *criu.Error
+	if errors.As(err, &ce) && ce.Log != "" {
+		log = ce.Log
+		first, hint = criu.ParseLogFile(log)
+	}
+	msg := fmt.Sprintf("restore of %s: CRIU did not finish within %s (--criu-wait) and was stopped, with the tasks it had restored so far", o.Image, o.CRIUWait)
+	if first != "" {
+		msg += "; CRIU's first error: " + first
+	}
+	if log != "" {
+		msg += " (log: " + log + ")"
+	}
+	if hint == "" {
+		hint = "see CRIU's log; a restore that only needs more time (a slow disk, a large image) takes a longer --criu-wait"
+	}
+	return &stuckError{msg: msg + "; hint: " + hint, err: err}
+}
+
+// stuckError is a restore stopped at its deadline (stuckRestore).
+type stuckError struct {
+	msg string
+	err error
+}
+
+func (e *stuckError) Error() string { return e.msg }
+func (e *stuckError) Unwrap() error { return e.err }
 
 // criuRestore has CRIU restore one copy, and tries again (up to 10 times)
 // when count clones race for a bound Unix socket path: CRIU unlinks and

@@ -53,6 +53,7 @@ host PID, name and restore time.`,
 	f := cmd.Flags()
 	f.DurationVar(&opts.o.HookWait, "wait", 30*time.Second, "how long to wait for the app's after-restore hooks")
 	f.DurationVar(&opts.o.PIDWait, "pid-wait", 5*time.Second, "how long to wait for a zombie holding the image's PID")
+	f.DurationVar(&opts.o.CRIUWait, "criu-wait", 2*time.Minute, "how long CRIU's restore may take: one still running then is stopped, with the tasks it restored so far (0: no limit)")
 	f.IntVar(&opts.o.Count, "count", 1, "restore this many clones at once (images of services started with kcr run)")
 	f.StringVar(&opts.o.Name, "name", "", "name of the restored instance (clones are NAME-1 … NAME-N)")
 	f.BoolVar(&opts.o.Lazy, "lazy", false, "restore memory on demand through CRIU's lazy-pages daemon")
@@ -105,7 +106,7 @@ func runRestore(ctx context.Context, opts *restoreOpts, out *output) error {
 	o := &opts.o
 	o.Image, o.VerifyKeys, o.AllowUntrusted, o.AllowDuplicates = opts.args[0], keys, opts.allowUntrusted, opts.allowDuplicates
 	o.CRIU = opts.globals.criu
-	if err := nonNegative(map[string]time.Duration{"--wait": o.HookWait, "--pid-wait": o.PIDWait}); err != nil {
+	if err := nonNegative(map[string]time.Duration{"--wait": o.HookWait, "--pid-wait": o.PIDWait, "--criu-wait": o.CRIUWait}); err != nil {
 		return err
 	}
 	if o.Count < 1 {

@@ -255,3 +255,65 @@ func TestReplicasKeyFile(t *testing.T) {
 		t.Error("--replicas-key-file without --replicas accepted")
 	}
 }
+
+// waitNoPending waits until rs sees no pending claim of the group (none
+// from live members 0), within a bound well below claimBound.
+func waitNoPending(t *testing.T, rs *replicaSource, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		pending, _ := rs.claims.Pending(time.Now(), 0, claimBound)
+		if len(pending) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: replica %s still waits for the claim of %s (claimBound %v)", what, rs.status().ID, pending[0].Replica, claimBound)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A replica that won a claim and whose kcr standby stops releases it at
+// once: another replica wakes for the work without waiting claimBound.
+func TestReplicaStopReleasesClaim(t *testing.T) {
+	r := newReplicaRig(t)
+	a, b := r.replica("h", "a"), r.replica("h", "b")
+	r.produce(1, time.Now())
+	won, err := a.fromZero(t.Context(), 0)
+	wantDecision(t, a, won, err, true, DecisionWokenByLag)
+	if err := b.claims.ReadTo(t.Context(), lastClaim(t, a)); err != nil {
+		t.Fatal(err)
+	}
+	a.close()
+	waitNoPending(t, b, "a's kcr standby stopped")
+	won, err = b.fromZero(t.Context(), 0)
+	wantDecision(t, b, won, err, true, DecisionWokenByLag)
+}
+
+// A replica whose service dies (here while a claim it won is pending, as
+// during its restore) releases the claim at once, before its kcr standby
+// starts the service again.
+func TestReplicaServiceExitReleasesClaim(t *testing.T) {
+	rr := newReplicaRig(t)
+	f := newFake()
+	sr := startRig(t, f, filepath.Join(t.TempDir(), "img"), func(o *Options) {
+		o.Brokers, o.Group, o.Topics, o.Replicas, o.ReplicasTopic = rr.addrs, "h", []string{"t"}, true, "claims"
+		o.Idle, o.BackoffMin, o.BackoffMax = time.Hour, time.Minute, time.Minute
+	})
+	sr.waitState(StateRunning)
+	b := rr.replica("h", "b")
+	a := sr.s.replica
+	_, prev := a.claims.Pending(time.Now(), 0, claimBound)
+	if won, err := a.claims.Claim(t.Context(), prev, 0, 1, "test"); err != nil || !won {
+		t.Fatalf("the running replica's claim: won %v, %v", won, err)
+	}
+	if err := b.claims.ReadTo(t.Context(), lastClaim(t, a)); err != nil {
+		t.Fatal(err)
+	}
+	if pending, _ := b.claims.Pending(time.Now(), 0, claimBound); len(pending) != 1 {
+		t.Fatalf("b sees %d pending claims, want 1", len(pending))
+	}
+	f.exit(sr.s.Status().PID, exitInfo{Known: true, Signal: "SIGSEGV"})
+	sr.waitState(StateBackoff)
+	waitNoPending(t, b, "a's service died")
+}

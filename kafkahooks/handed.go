@@ -187,3 +187,32 @@ func (h *handedTable) inApp(waiting map[tpKey]int64) int64 {
 	}
 	return n
 }
+
+// settled returns, per partition, the offset after the last record handed
+// out or committed: what inHand counts from.
+func (h *handedTable) settled() map[tpKey]int64 {
+	m := *h.m.Load()
+	s := make(map[tpKey]int64, len(m))
+	for k, mk := range m {
+		s[k] = max(mk.last.Load()+1, mk.committed.Load())
+	}
+	return s
+}
+
+// inHand returns how many records handed out from the offsets of base on
+// (a settled result; nil: from the first) are not committed.
+func (h *handedTable) inHand(base *map[tpKey]int64) int64 {
+	var n int64
+	for k, mk := range *h.m.Load() {
+		from := max(mk.first, mk.committed.Load())
+		if base != nil {
+			if b, ok := (*base)[k]; ok {
+				from = max(from, b)
+			}
+		}
+		if last := min(mk.last.Load(), mk.dropped.Load()-1); last >= from {
+			n += last - from + 1
+		}
+	}
+	return n
+}

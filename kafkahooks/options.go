@@ -128,6 +128,8 @@ func WithOffsetsCheckAfter(d time.Duration) ReaderOpt {
 // uncommitted records; one that never commits some (or batches them until
 // its next FetchMessage returns) pays it at every checkpoint, and those
 // records are delivered again after it (RecordsInApp in the report).
+// The same wait, at most half the RebalanceTimeout, bounds how long a
+// rebalance waits for those commits (see Reader, "Rebalances").
 func WithCommitWait(d time.Duration) ReaderOpt {
 	return readerOpt(func(c *config) { c.commitWait = max(d, 0) })
 }

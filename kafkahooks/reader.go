@@ -74,17 +74,33 @@ var ErrConnsClosed = conntrack.ErrClosed
 // is, or was, delivered again. Until the first checkpoint, commits pass
 // unchanged.
 //
-// kafka-go itself can move an offset back when a plain rebalance (not a
-// checkpoint) falls between a FetchMessage and its CommitMessages: the
-// commit goes out with the new generation, for a partition that another
-// member may have advanced meanwhile. The Reader does not change that.
+// # Rebalances
+//
+// When a group Reader's generation ends (a member joined or left, the
+// partitions changed), FetchMessage hands out nothing more until the next
+// generation has started, and the Reader waits, up to WithCommitWait and
+// at most half the RebalanceTimeout, for the application to commit the
+// records it holds before kafka-go rejoins: those commits still go out
+// with the ending generation, so that the partitions' next owners (this
+// member or others) start after them and do not process them again. Alone,
+// kafka-go would send them with the next generation, after the new owner
+// had read the older offset, and would hand out during the rejoin the
+// records it had prefetched for the ending generation. Records the
+// application does not commit within the wait may still be processed
+// again by the next owner; a FetchMessage call already waiting inside
+// kafka-go when the generation ends may still return one such record.
+// The rebalance waits for the records of one batch at most (the other
+// members wait for this one to rejoin); an application that holds records
+// uncommitted while it fetches more pays the whole wait.
 //
 // # Cost
 //
-// Outside checkpoints FetchMessage costs two atomic loads more than
+// Outside checkpoints FetchMessage costs three atomic loads more than
 // kafka.Reader.FetchMessage, plus, for group readers, one lookup in a small
 // read-only map (the partitions handed out since the last checkpoint) and an
-// atomic store.
+// atomic store. A group Reader always gives kafka-go a Logger (to see its
+// generations end and start), so kafka-go formats its log lines, among
+// them one per commit, also when the ReaderConfig has no Logger.
 type Reader struct {
 	cfg        config
 	rcfg       kafka.ReaderConfig
@@ -133,6 +149,12 @@ type Reader struct {
 	hoDone    chan struct{} // closed when it has ended
 	handovers atomic.Pointer[HandoverResult]
 	delayMS   atomic.Int64 // the coordinator's group.initial.rebalance.delay.ms; -1 until read
+
+	// rebalances (rebalance.go)
+	hold       atomic.Pointer[rebalanceHold]   // non-nil while a rebalance holds fetches
+	holdBase   atomic.Pointer[map[tpKey]int64] // handedTable.settled at the last generation's start
+	holds      atomic.Int64                    // rebalances held
+	holdMissed atomic.Int64                    // records not committed within a hold's wait
 }
 
 type readerState struct {
@@ -229,7 +251,16 @@ func (r *Reader) newInner() *kafka.Reader {
 		r.member = &memberLog{next: c.Logger}
 		c.Logger = r.member
 	}
+	var gl *groupLog
+	if r.group {
+		gl = &groupLog{r: r, next: c.Logger}
+		c.Logger = gl
+		r.holdBase.Store(nil)
+	}
 	inner := kafka.NewReader(c)
+	if gl != nil {
+		gl.inner.Store(inner)
+	}
 	if !r.group && r.next != kafka.FirstOffset && r.next != kafka.LastOffset {
 		inner.SetOffset(r.next)
 	}
@@ -284,6 +315,9 @@ func (r *Reader) lastOffset(ctx context.Context) (int64, error) {
 // until the process is resumed or restored, or until ctx ends. After Close it
 // returns io.EOF.
 func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
+	if err := r.waitHold(ctx); err != nil {
+		return kafka.Message{}, err
+	}
 	return gatedCall(ctx, &r.gate, io.EOF, func(s *readerState) (kafka.Message, bool, error) {
 		if s.tail {
 			err := r.resolveTail(ctx, s)
@@ -569,6 +603,7 @@ func (r *Reader) Close() error {
 	}
 	conns, fetches := r.conns, r.fetches
 	r.mu.Unlock()
+	r.releaseHold()
 	r.unregister()
 	close(r.quit)
 	r.stopHandover()

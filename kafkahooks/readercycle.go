@@ -83,6 +83,7 @@ func (r *Reader) closeGate() (quiesceCycle, bool) {
 	r.state.Store(&readerState{r: s.r, gate: r.closing, handed: s.handed, retired: s.retired})
 	c := quiesceCycle{s: s, cycle: r.cycle, inner: s.r, conns: r.conns, fetches: r.fetches, member: r.member}
 	r.mu.Unlock()
+	r.releaseHold() // fetches held by a rebalance wait at the gate instead
 	if r.stash != nil {
 		// Says whether the hook has commits of its own to flush.
 		r.cfg.log.Debug("kafka reader quiescing", "pending_commit_partitions", r.stash.size())

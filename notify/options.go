@@ -24,6 +24,7 @@ type serverConfig struct {
 	pollEvery   time.Duration
 	restoreWait time.Duration
 	afterBudget time.Duration
+	keepHeap    bool // WithFreeHeapBeforeDump(false)
 	// instance names this process instance (instanceKey); a field so that
 	// tests can fake a restore, which needs CRIU otherwise.
 	instance func(pid int) (uint64, error)
@@ -92,4 +93,15 @@ func WithRestoreGrace(d time.Duration) Opt {
 // Default: DefaultAfterBudget (30 s).
 func WithAfterBudget(d time.Duration) Opt {
 	return serverOpt{func(c *serverConfig) { c.afterBudget = d }}
+}
+
+// WithFreeHeapBeforeDump sets whether the app, once its before-checkpoint
+// hooks succeeded, collects its garbage and returns the heap's free pages
+// to the kernel (debug.FreeOSMemory) before it answers ready: CRIU dumps,
+// and every restore reads back, only the pages the process holds, and a
+// Go heap keeps up to its goal (twice the live heap with GOGC=100) until
+// its scavenger returns the rest, slowly. It costs one collection in the
+// checkpoint. Default: true.
+func WithFreeHeapBeforeDump(on bool) Opt {
+	return serverOpt{func(c *serverConfig) { c.keepHeap = !on }}
 }

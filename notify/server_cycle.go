@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime/debug"
 	"time"
 
 	"github.com/kcr-dev/kcr/notify/proto"
@@ -49,9 +50,22 @@ func (s *Server) checkpoint(c *net.UnixConn, m proto.Message, kcr peer) {
 	case s.quitting():
 		s.abortClosed(c, cyc)
 	default:
+		s.freeHeap()
 		ev, f := s.ready(c, st0, resumeAfter, kcr, reports)
 		s.finish(cyc, ev, f)
 	}
+}
+
+// freeHeap returns the heap's free pages to the kernel before the dump
+// (WithFreeHeapBeforeDump), the hooks done: they are then neither dumped
+// nor restored.
+func (s *Server) freeHeap() {
+	if s.cfg.keepHeap {
+		return
+	}
+	start := time.Now()
+	debug.FreeOSMemory()
+	s.cfg.log.Debug("kcr: returned the free heap to the kernel before the dump", "took", time.Since(start))
 }
 
 // limits are the hook budget and the wait for kcr's follow-up that m asks

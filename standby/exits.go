@@ -266,6 +266,9 @@ func parseOOMKill(s string) (uint64, bool) {
 // by Options.OnExit, counting a failure unless it exited 0 on its own. A
 // run of Options.StableAfter or longer forgets the failures before it.
 func (s *Supervisor) serviceExited(c *run, during string) {
+	if s.replica != nil {
+		s.replica.Gone("the service exited")
+	}
 	e := s.b.exitStatus(c.p)
 	ran := time.Since(s.runSince())
 	if c.crashes > 0 && ran >= s.o.StableAfter {

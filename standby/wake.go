@@ -74,6 +74,10 @@ type Replica interface {
 	// replica's claim: started cold, or woken by source by (another
 	// source than the replica's own).
 	Started(by, why string)
+	// Gone says the service will not join the group for this replica's
+	// claims (it exited), so that the other replicas need not wait for
+	// them.
+	Gone(why string)
 }
 
 // ReplicaStatus is a replica's last decision, in Status.

@@ -96,8 +96,14 @@ func toKafka(r *kgo.Record) kafka.Message {
 
 // kgoOpts are the franz-go options of the pipeline's consumer and producer.
 func kgoOpts(c config) (in, out []kgo.Opt) {
+	// FetchMaxWait as the kafka-go consumer's MaxWait: kgo sends one fetch
+	// to a broker at a time, and a member that has just joined may send its
+	// first with only some of its partitions ready (their offsets still
+	// being validated); the others, the one whose record woke it among
+	// them, wait for that fetch's long poll to end (5 s by default).
 	in = []kgo.Opt{kgo.SeedBrokers(c.brokers...), kgo.ClientID(c.clientID), kgo.ConsumerGroup(c.group),
-		kgo.ConsumeTopics(c.in), kgo.DisableAutoCommit(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}
+		kgo.ConsumeTopics(c.in), kgo.DisableAutoCommit(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(250 * time.Millisecond)}
 	if c.balancer == "server" {
 		in = append(in, kgo.ServerSideBalancer())
 	}

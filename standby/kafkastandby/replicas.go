@@ -133,8 +133,27 @@ func readReplicasKey(file string) ([]byte, error) {
 }
 
 func (r *Replica) Close() {
+	r.Gone("kcr standby stops")
 	r.claims.Close()
 	r.replicaGroup.Close()
+}
+
+// goneBound bounds the write of Gone: a broker that does not answer must
+// not hold up a stop or a restart.
+const goneBound = 2 * time.Second
+
+// Gone spends this replica's claims at once (an asleep record), when its
+// service will not join the group for them: kcr standby stops, or the
+// service died. The other replicas then decide without waiting claimBound
+// for it.
+func (r *Replica) Gone(why string) {
+	ctx, cancel := context.WithTimeout(context.Background(), goneBound)
+	defer cancel()
+	if err := r.claims.Asleep(ctx); err != nil {
+		r.o.Logger.Warn("standby: replicas: recording in the claims topic that this replica's service is gone failed; the others wait for its claims' bound", "why", why, "err", err)
+		return
+	}
+	r.o.Logger.Info("standby: replicas: this replica's claims released", "why", why)
 }
 
 // Status is the replica's last decision.

@@ -252,3 +252,56 @@ func TestReplicasKeyFile(t *testing.T) {
 		t.Errorf("a good key: %q, %v", k, err)
 	}
 }
+
+// waitNoPending waits until rs sees no pending claim of the group (none
+// from live members 0), within a bound well below claimBound.
+func waitNoPending(t *testing.T, rs *Replica, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		pending, _ := rs.claims.Pending(time.Now(), 0, claimBound)
+		if len(pending) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: replica %s still waits for the claim of %s (claimBound %v)", what, rs.Status().ID, pending[0].Replica, claimBound)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A replica that won a claim and whose kcr standby stops releases it at
+// once: another replica wakes for the work without waiting claimBound.
+func TestReplicaStopReleasesClaim(t *testing.T) {
+	r := newReplicaRig(t)
+	a, b := r.replica("h", "a"), r.replica("h", "b")
+	r.produce(1, time.Now())
+	won, err := a.fromZero(t.Context(), 0)
+	wantDecision(t, a, won, err, true, DecisionWokenByLag)
+	if err := b.claims.ReadTo(t.Context(), lastClaim(t, a)); err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	waitNoPending(t, b, "a's kcr standby stopped")
+	won, err = b.fromZero(t.Context(), 0)
+	wantDecision(t, b, won, err, true, DecisionWokenByLag)
+}
+
+// A replica whose service died (here while a claim it won is pending, as
+// during its restore) releases the claim at once.
+func TestReplicaGoneReleasesClaim(t *testing.T) {
+	r := newReplicaRig(t)
+	a, b := r.replica("h", "a"), r.replica("h", "b")
+	_, prev := a.claims.Pending(time.Now(), 0, claimBound)
+	if won, err := a.claims.Claim(t.Context(), prev, 0, 1, "test"); err != nil || !won {
+		t.Fatalf("a's claim: won %v, %v", won, err)
+	}
+	if err := b.claims.ReadTo(t.Context(), lastClaim(t, a)); err != nil {
+		t.Fatal(err)
+	}
+	if pending, _ := b.claims.Pending(time.Now(), 0, claimBound); len(pending) != 1 {
+		t.Fatalf("b sees %d pending claims, want 1", len(pending))
+	}
+	a.Gone("the service exited")
+	waitNoPending(t, b, "a's service died")
+}

@@ -144,9 +144,21 @@ type sbWakePhase struct {
 // service's first record handed.
 func (s *sbRun) checkWakePhases(cycle int) {
 	s.t.Helper()
-	st, err := s.status()
-	if err != nil {
-		s.t.Fatalf("cycle %d: status: %v", cycle, err)
+	// kcr standby notes the service's first activity after a wake in the
+	// background, polling its activity count: a check right after the
+	// results arrived may come first.
+	var st sbStatus
+	var err error
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err = s.status()
+		if err != nil {
+			s.t.Fatalf("cycle %d: status: %v", cycle, err)
+		}
+		if w := st.LastWake; w == nil || w.FirstActivityMS > 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	w := st.LastWake
 	if w == nil || w.Source != "kafka" || !w.Prepared || w.RestoredMS <= 0 || w.HooksDoneMS < w.RestoredMS || w.FirstActivityMS < w.HooksDoneMS {

@@ -54,7 +54,7 @@ func TestMissingCaps(t *testing.T) {
 // CRIU for good.)
 func TestRestoreSeamsCRIUStuck(t *testing.T) {
 	f := newRestoreFixture(t, true, nil)
-	f.s.restore = func(ctx context.Context, _ string, o criu.RestoreOptions) (*criu.RestoreResult, error) {
+	f.s.restorer = restoreFunc(func(ctx context.Context, _ string, o criu.RestoreOptions) (*criu.RestoreResult, error) {
 		log := filepath.Join(o.WorkDir, "restore.log")
 		line := "pie: 5001: Error (criu/pie/restorer.c:347): Unable to restore capabilities: -1\n"
 		if err := os.WriteFile(log, []byte(line), 0o600); err != nil {
@@ -62,7 +62,7 @@ func TestRestoreSeamsCRIUStuck(t *testing.T) {
 		}
 		<-ctx.Done() // as criu.Restore: CRIU killed at the deadline
 		return nil, &criu.Error{Op: "restore", Log: log, Err: fmt.Errorf("interrupted: %w", ctx.Err())}
-	}
+	})
 	done := make(chan error, 1)
 	go func() {
 		_, err := f.s.restoreClones(context.Background(), RestoreOptions{Image: f.image, CRIUWait: 200 * time.Millisecond, WorkDir: t.TempDir()})
@@ -84,4 +84,16 @@ func TestRestoreSeamsCRIUStuck(t *testing.T) {
 		}
 	}
 	imageKept(t, f.image)
+}
+
+// restoreFunc is a restorer whose Restore is the function itself and
+// whose Start starts nothing.
+type restoreFunc func(ctx context.Context, criuPath string, o criu.RestoreOptions) (*criu.RestoreResult, error)
+
+func (f restoreFunc) Start(context.Context, string, ...*os.File) (*criu.RestoreSession, error) {
+	return nil, nil
+}
+
+func (f restoreFunc) Restore(ctx context.Context, criuPath string, o criu.RestoreOptions) (*criu.RestoreResult, error) {
+	return f(ctx, criuPath, o)
 }

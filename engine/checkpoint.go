@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -66,7 +67,8 @@ type CheckpointOptions struct {
 	SignKey ed25519.PrivateKey
 	// KeepFailedLog, if set, is where CRIU's log of a failed dump is moved
 	// (replacing what is there) before the unfinished image is removed; the
-	// error then names it. Default: the log goes with the image.
+	// error then names it. Default: beside the image, as
+	// "<output>.failed-dump.log".
 	KeepFailedLog string
 }
 
@@ -420,21 +422,33 @@ func (r *checkpointRun) dump(ctx context.Context) error {
 	return nil
 }
 
-// keepFailedLog moves CRIU's log of a failed dump to KeepFailedLog (a
-// rename: it needs no space on a full disk) and names it in err.
+// keepFailedLog moves CRIU's log of a failed dump to KeepFailedLog, or
+// beside the image (a rename: it needs no space on a full disk), and names
+// it in err: the unfinished image, where CRIU wrote it, is removed.
 func (r *checkpointRun) keepFailedLog(err error) error {
 	var ce *criu.Error
-	if r.o.KeepFailedLog == "" || !errors.As(err, &ce) || ce.Log == "" {
+	if !errors.As(err, &ce) || ce.Log == "" {
 		return err
 	}
-	if rerr := os.Rename(ce.Log, r.o.KeepFailedLog); rerr != nil {
+	kept := r.o.KeepFailedLog
+	var rerr error
+	if kept != "" {
+		rerr = os.Rename(ce.Log, kept)
+	} else if r.img != nil {
+		kept, rerr = r.img.KeepBeside(ce.Log, filepath.Base(r.img.Final())+failedDumpLogSuffix)
+	}
+	if rerr != nil || kept == "" {
 		r.log.Warn("keeping CRIU's log of the failed dump", "err", rerr)
 		ce.Log = ""
 		return err
 	}
-	ce.Log = r.o.KeepFailedLog
+	ce.Log = kept
 	return err
 }
+
+// failedDumpLogSuffix names CRIU's log of a failed dump kept beside the
+// image it was to write.
+const failedDumpLogSuffix = ".failed-dump.log"
 
 // draftManifest is the manifest of the image so far: everything but CRIU's
 // statistics and the phases after the dump.

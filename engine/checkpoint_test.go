@@ -365,3 +365,35 @@ func TestCheckpointSeamsCRIUNotReady(t *testing.T) {
 	}
 	noImage(t, dir)
 }
+
+// CRIU's log of a failed dump outlives the unfinished image it was written
+// into: kept beside the image's path and named in the error.
+func TestCheckpointKeepsFailedDumpLog(t *testing.T) {
+	dir := t.TempDir()
+	d := &fakeDumper{}
+	d.inGo = func() {
+		log := filepath.Join(d.o.ImagesDir, "dump.log")
+		if err := os.WriteFile(log, []byte("Error (criu/cr-dump.c:1): Can't dump\n"), 0o600); err != nil {
+			t.Error(err)
+		}
+		d.err = &criu.Error{Op: "dump", First: "Can't dump", Log: log}
+	}
+	_, err := fakeDeps(&fakeApp{pid: 4242}, d).checkpoint(context.Background(), CheckpointOptions{PID: 4242, Output: filepath.Join(dir, "img")})
+	var ce *criu.Error
+	if !errors.As(err, &ce) {
+		t.Fatalf("checkpoint: %v, want CRIU's error", err)
+	}
+	want := filepath.Join(dir, "img"+failedDumpLogSuffix)
+	if ce.Log != want {
+		t.Errorf("the error names the log %q, want %q", ce.Log, want)
+	}
+	if b, err := os.ReadFile(want); err != nil || !strings.Contains(string(b), "Can't dump") {
+		t.Errorf("the kept log: %q, %v", b, err)
+	}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if e.Name() != filepath.Base(want) {
+			t.Errorf("a failed checkpoint left %s in %s", e.Name(), dir)
+		}
+	}
+}

@@ -267,6 +267,28 @@ func (b *Builder) Detach(name string) error {
 	return nil
 }
 
+// KeepBeside moves the file at path, inside the unfinished image, into
+// the image's parent directory as name (replacing what is there), and
+// returns its new path: for CRIU's log of a failed dump, which Abort would
+// remove with the image. Both directories are the ones the Builder opened
+// and checked, so no path is looked up again.
+func (b *Builder) KeepBeside(path, name string) (string, error) {
+	if b.root == nil {
+		return "", fmt.Errorf("images: %s: builder already committed or aborted", b.final)
+	}
+	rel, err := filepath.Rel(b.tmp, path)
+	if err != nil || !filepath.IsLocal(rel) {
+		return "", fmt.Errorf("images: %s: %s is not inside the image", b.final, path)
+	}
+	if filepath.Base(name) != name || name == "." || name == ".." {
+		return "", fmt.Errorf("images: %s: %q is not a plain file name", b.final, name)
+	}
+	if err := unix.Renameat(int(b.dir.Fd()), rel, int(b.parent.Fd()), name); err != nil {
+		return "", fmt.Errorf("images: %s: keep %s: %w%s", b.final, rel, err, ioHint(err))
+	}
+	return filepath.Join(filepath.Dir(b.tmp), name), nil
+}
+
 func (b *Builder) detach(name string) error {
 	src, err := b.root.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {

@@ -30,26 +30,8 @@ func TestListenersHandBack(t *testing.T) {
 	defer kcrFile.Close()
 	// The supervisor's socket: answers "fds" with kcrFile.
 	sock := filepath.Join(t.TempDir(), "sup.sock")
-	sup, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sup.Close()
 	fetches := make(chan struct{}, 8)
-	go func() {
-		for {
-			c, err := sup.AcceptUnix()
-			if err != nil {
-				return
-			}
-			line, _ := bufio.NewReader(c).ReadString('\n')
-			if line == "fds\n" {
-				c.WriteMsgUnix([]byte("{}\n"), unix.UnixRights(int(kcrFile.Fd())), nil)
-				fetches <- struct{}{}
-			}
-			c.Close()
-		}
-	}()
+	fakeSupervisor(t, sock, kcrFile, fetches)
 
 	g := NewRegistry()
 	addr := kcrLn.Addr().String()
@@ -188,23 +170,7 @@ func TestListenersFetchAgain(t *testing.T) {
 	case <-time.After(100 * time.Millisecond):
 	}
 	// The supervisor is back.
-	sup, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sup.Close()
-	go func() {
-		for {
-			c, err := sup.AcceptUnix()
-			if err != nil {
-				return
-			}
-			if line, _ := bufio.NewReader(c).ReadString('\n'); line == "fds\n" {
-				c.WriteMsgUnix([]byte("{}\n"), unix.UnixRights(int(kcrFile.Fd())), nil)
-			}
-			c.Close()
-		}
-	}()
+	fakeSupervisor(t, sock, kcrFile, nil)
 	select {
 	case err := <-accepted:
 		if err != nil {
@@ -230,23 +196,7 @@ func TestListenersWaitForRestoreHooks(t *testing.T) {
 	}
 	defer kcrFile.Close()
 	sock := filepath.Join(t.TempDir(), "sup.sock")
-	sup, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sup.Close()
-	go func() {
-		for {
-			c, err := sup.AcceptUnix()
-			if err != nil {
-				return
-			}
-			if line, _ := bufio.NewReader(c).ReadString('\n'); line == "fds\n" {
-				c.WriteMsgUnix([]byte("{}\n"), unix.UnixRights(int(kcrFile.Fd())), nil)
-			}
-			c.Close()
-		}
-	}()
+	fakeSupervisor(t, sock, kcrFile, nil)
 	g := NewRegistry()
 	dup, err := kcrLn.(*net.TCPListener).File()
 	if err != nil {
@@ -299,4 +249,46 @@ func TestListenersWaitForRestoreHooks(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the connection made during the hook was not accepted after the cycle")
 	}
+}
+
+// fakeSupervisor listens on sock as kcr standby does and answers each
+// "fds" request with a copy of ln, signalling fetches (if not nil) after
+// its answer is written. It serves a copy of ln's descriptor of its own and
+// stops, its last answer written, before the test's deferred closes run
+// out: a request still on its way as the test ends must not read a file
+// the test closes.
+func fakeSupervisor(t *testing.T, sock string, ln *os.File, fetches chan<- struct{}) {
+	t.Helper()
+	fd, err := unix.Dup(int(ln.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sup, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		unix.Close(fd)
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := sup.AcceptUnix()
+			if err != nil {
+				return
+			}
+			if line, _ := bufio.NewReader(c).ReadString('\n'); line == "fds\n" {
+				c.WriteMsgUnix([]byte("{}\n"), unix.UnixRights(fd), nil)
+				select {
+				case fetches <- struct{}{}: // nil: never
+				default: // nobody waits for it
+				}
+			}
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() {
+		sup.Close()
+		<-done
+		unix.Close(fd)
+	})
 }

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -26,6 +27,9 @@ type SessionOptions struct {
 	// post-dump stage, once every page is written.
 	Abandonable bool
 }
+
+// pageServerGrace is how long an abandoned page server has to exit.
+const pageServerGrace = 10 * time.Second
 
 // psFD is the page server's socket in the dumping CRIU's fd table: after
 // the swrk socket (fd 3).
@@ -66,16 +70,16 @@ func (ps *pageServer) start(ctx context.Context, criuPath string, dir *os.File, 
 		"--log-file", PageServerLog, "-v"+fmt.Sprint(logLevel))
 	cmd.ExtraFiles = []*os.File{ps.serverEnd, dir}
 	cmd.Stdout, cmd.Stderr = out, out
-	// Terminal signals go to kcr's group, not to it (as for swrk). Unlike
-	// swrk's CRIU, the page server touches no process: it dies with kcr,
-	// so that none outlives a kcr killed while its dump CRIU was already
-	// gone (the server would wait on its socket for good). It is the init
-	// of a PID namespace of its own, so that its death takes every process
-	// it forked along: at its start CRIU probes the CPU through a helper
-	// it forks and kills a few ms later; killed in between (an abandon,
-	// kcr's death), it would leave the helper asleep for good, holding the
-	// images directory.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Cloneflags: syscall.CLONE_NEWPID}
+	// Terminal signals go to kcr's group, not to it (as for swrk). It is
+	// never killed while it may start (nor dies with kcr, no Pdeathsig): at
+	// its start CRIU probes the CPU through a helper it forks and kills a
+	// few ms later, and a page server killed in between leaves the helper
+	// asleep for good, holding the images directory. It ends on its own
+	// instead, at the end of its input: a shutdown of the pair, or the exit
+	// of the dumping CRIU and of kcr, the two holders of the other end. (A
+	// PID namespace of its own would take the helper along, but a page
+	// server in one fails in a container: "Can't send PSI 4 to server".)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		out.Close()
 		return fmt.Errorf("criu: start %s page-server: %w", criuPath, err)
@@ -100,21 +104,20 @@ func (ps *pageServer) abandon() {
 	}
 }
 
-// finish waits for the page server once the dump is over (kill: the dump
-// failed, it need not finish) and returns an error if it did not exit 0
-// after a successful dump.
-func (ps *pageServer) finish(kill bool) error {
+// finish waits for the page server once the dump is over and returns an
+// error if it did not exit 0 after a successful dump. With abandon (the dump
+// failed, it need not finish) the pair is shut down first: the server reads
+// the end of its input and exits; it is killed only if it has not exited
+// pageServerGrace later, long after its start.
+func (ps *pageServer) finish(abandon bool) error {
 	if ps.stop != nil {
 		ps.stop()
 	}
 	if ps.serverEnd != nil {
 		ps.serverEnd.Close()
 	}
-	if kill {
+	if abandon {
 		ps.abandon()
-		if ps.cmd != nil {
-			_ = ps.cmd.Process.Kill()
-		}
 	}
 	// The page server sees the end of its input once the dumping CRIU is
 	// gone too.
@@ -122,9 +125,14 @@ func (ps *pageServer) finish(kill bool) error {
 	if ps.cmd == nil {
 		return nil
 	}
+	select {
+	case <-ps.done:
+	case <-time.After(pageServerGrace):
+		_ = ps.cmd.Process.Kill()
+	}
 	<-ps.done
 	defer ps.out.Close()
-	if ps.waitErr == nil || kill {
+	if ps.waitErr == nil || abandon {
 		return nil
 	}
 	var output string

@@ -36,10 +36,11 @@ func holders(dir string) []string {
 	return out
 }
 
-// A page server killed at any moment of its start, while CRIU probes the
+// A page server abandoned at any moment of its start, while CRIU probes the
 // CPU through a helper process it forks and later kills, leaves no process
-// behind: the helper would sleep for good, holding the images directory.
-func TestE2EPageServerKilledAtStartLeavesNothing(t *testing.T) {
+// behind: killed then, it left the helper asleep for good, holding the
+// images directory.
+func TestE2EPageServerAbandonedAtStartLeavesNothing(t *testing.T) {
 	criu := needCRIU(t)
 	dir := mkdir(t, "img")
 	for i := range 100 {
@@ -66,6 +67,6 @@ func TestE2EPageServerKilledAtStartLeavesNothing(t *testing.T) {
 		return len(left) == 0
 	})
 	if len(left) > 0 {
-		t.Fatalf("processes left holding the images directory after their page server was killed: %v", left)
+		t.Fatalf("processes left holding the images directory after their page server was abandoned: %v", left)
 	}
 }

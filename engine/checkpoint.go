@@ -395,7 +395,7 @@ func (r *checkpointRun) dump(ctx context.Context) error {
 			reason = "checkpoint cancelled"
 		}
 		r.abort(reason)
-		return r.keepFailedLog(err)
+		return r.keepFailedLog(err, ctx.Err() != nil)
 	}
 	r.dr = dr
 	if r.o.AfterDump != nil {
@@ -423,9 +423,11 @@ func (r *checkpointRun) dump(ctx context.Context) error {
 }
 
 // keepFailedLog moves CRIU's log of a failed dump to KeepFailedLog, or
-// beside the image (a rename: it needs no space on a full disk), and names
-// it in err: the unfinished image, where CRIU wrote it, is removed.
-func (r *checkpointRun) keepFailedLog(err error) error {
+// beside the image unless the checkpoint was cancelled (an interrupted
+// kcr leaves nothing behind), and names it in err: the unfinished image,
+// where CRIU wrote it, is removed. A rename: it needs no space on a full
+// disk.
+func (r *checkpointRun) keepFailedLog(err error, cancelled bool) error {
 	var ce *criu.Error
 	if !errors.As(err, &ce) || ce.Log == "" {
 		return err
@@ -434,6 +436,9 @@ func (r *checkpointRun) keepFailedLog(err error) error {
 	var rerr error
 	if kept != "" {
 		rerr = os.Rename(ce.Log, kept)
+	} else if cancelled {
+		ce.Log = ""
+		return err
 	} else if r.img != nil {
 		kept, rerr = r.img.KeepBeside(ce.Log, filepath.Base(r.img.Final())+failedDumpLogSuffix)
 	}

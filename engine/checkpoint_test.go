@@ -397,3 +397,23 @@ func TestCheckpointKeepsFailedDumpLog(t *testing.T) {
 		}
 	}
 }
+
+// An interrupted checkpoint leaves nothing behind, CRIU's log included.
+func TestCheckpointCancelledKeepsNoLog(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	d := &fakeDumper{}
+	d.inGo = func() {
+		log := filepath.Join(d.o.ImagesDir, "dump.log")
+		if err := os.WriteFile(log, []byte("Dumping FAILED\n"), 0o600); err != nil {
+			t.Error(err)
+		}
+		cancel()
+		d.err = &criu.Error{Op: "dump", Log: log, Err: context.Canceled}
+	}
+	if _, err := fakeDeps(&fakeApp{pid: 4242}, d).checkpoint(ctx, CheckpointOptions{PID: 4242, Output: filepath.Join(dir, "img")}); err == nil {
+		t.Fatal("a cancelled checkpoint succeeded")
+	}
+	noImage(t, dir)
+}

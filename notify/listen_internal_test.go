@@ -18,16 +18,7 @@ import (
 // back after the restore and accepts every queued connection; Accept never
 // fails in between.
 func TestListenersHandBack(t *testing.T) {
-	kcrLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer kcrLn.Close()
-	kcrFile, err := kcrLn.(*net.TCPListener).File()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer kcrFile.Close()
+	kcrLn, kcrFile := kcrListener(t)
 	// The supervisor's socket: answers "fds" with kcrFile.
 	sock := filepath.Join(t.TempDir(), "sup.sock")
 	fetches := make(chan struct{}, 8)
@@ -54,7 +45,7 @@ func TestListenersHandBack(t *testing.T) {
 		}
 		return nil
 	}, nil))
-	dup, err := kcrLn.(*net.TCPListener).File()
+	dup, err := kcrLn.File()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,17 +116,8 @@ func TestListenersHandBack(t *testing.T) {
 func TestListenersFetchAgain(t *testing.T) {
 	defer func(d time.Duration) { fetchRetry = d }(fetchRetry)
 	fetchRetry = 20 * time.Millisecond
-	kcrLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer kcrLn.Close()
-	kcrFile, err := kcrLn.(*net.TCPListener).File()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer kcrFile.Close()
-	dup, err := kcrLn.(*net.TCPListener).File()
+	kcrLn, kcrFile := kcrListener(t)
+	dup, err := kcrLn.File()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,20 +167,11 @@ func TestListenersFetchAgain(t *testing.T) {
 // own after-restore hooks, registered after Listeners as recommended, ran:
 // Accept waits until the whole cycle is over.
 func TestListenersWaitForRestoreHooks(t *testing.T) {
-	kcrLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer kcrLn.Close()
-	kcrFile, err := kcrLn.(*net.TCPListener).File()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer kcrFile.Close()
+	kcrLn, kcrFile := kcrListener(t)
 	sock := filepath.Join(t.TempDir(), "sup.sock")
 	fakeSupervisor(t, sock, kcrFile, nil)
 	g := NewRegistry()
-	dup, err := kcrLn.(*net.TCPListener).File()
+	dup, err := kcrLn.File()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -291,4 +264,21 @@ func fakeSupervisor(t *testing.T, sock string, ln *os.File, fetches chan<- struc
 		<-done
 		unix.Close(fd)
 	})
+}
+
+// kcrListener is kcr standby's --listen socket and a file of it, closed when
+// the test ends.
+func kcrListener(t *testing.T) (*net.TCPListener, *os.File) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	f, err := ln.(*net.TCPListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return ln.(*net.TCPListener), f
 }

@@ -568,13 +568,7 @@ func TestE2ENotifyCancelAndLeaks(t *testing.T) {
 func TestE2ERestoreCancelled(t *testing.T) {
 	criu := needCRIU(t)
 	tg := startTarget(t, false)
-	img := mkdir(t, "img")
-	if _, err := Dump(context.Background(), criu, DumpOptions{PID: tg.pid, ImagesDir: img}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := WaitGone(context.Background(), tg.pid, 10*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	img := tg.dumpGone(t, criu)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	forked := false
@@ -655,4 +649,18 @@ func TestE2ERestoreEarlySession(t *testing.T) {
 	if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
 		t.Errorf("unused CRIU %d still there after Close", pid)
 	}
+}
+
+// dumpGone dumps the target into a new images directory, which it returns,
+// once the target is gone (CRIU killed it).
+func (tg *target) dumpGone(t *testing.T, criu string) string {
+	t.Helper()
+	img := mkdir(t, "img")
+	if _, err := Dump(context.Background(), criu, DumpOptions{PID: tg.pid, ImagesDir: img}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := WaitGone(context.Background(), tg.pid, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return img
 }

@@ -20,13 +20,7 @@ import (
 func TestE2ERestorerFailsKilledWithTree(t *testing.T) {
 	criu := needCRIU(t)
 	tg := startTarget(t, false)
-	img := mkdir(t, "img")
-	if _, err := Dump(context.Background(), criu, DumpOptions{PID: tg.pid, ImagesDir: img}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := WaitGone(context.Background(), tg.pid, 10*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	img := tg.dumpGone(t, criu)
 	if c, err := ImageCaps(img); err != nil || c.Prm&(1<<22) == 0 {
 		t.Fatalf("the dumped helper's permitted set %x (%v) lacks CAP_SYS_BOOT", c.Prm, err)
 	}
@@ -70,13 +64,7 @@ func TestE2ERestorerFailsKilledWithTree(t *testing.T) {
 func TestE2ERestoreStuckKilledWithTree(t *testing.T) {
 	criu := needCRIU(t)
 	tg := startTarget(t, false)
-	img := mkdir(t, "img")
-	if _, err := Dump(context.Background(), criu, DumpOptions{PID: tg.pid, ImagesDir: img}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := WaitGone(context.Background(), tg.pid, 10*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	img := tg.dumpGone(t, criu)
 	defer func(g time.Duration) { KillGrace = g }(KillGrace)
 	KillGrace = 200 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())

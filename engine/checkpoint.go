@@ -434,15 +434,16 @@ func (r *checkpointRun) keepFailedLog(err error, cancelled bool) error {
 	}
 	kept := r.o.KeepFailedLog
 	var rerr error
-	if kept != "" {
+	switch {
+	case kept != "":
 		rerr = os.Rename(ce.Log, kept)
-	} else if cancelled {
+	case cancelled:
 		ce.Log = ""
 		return err
-	} else if r.img != nil {
+	default: // CRIU dumped into the image being built: r.img is set
 		kept, rerr = r.img.KeepBeside(ce.Log, filepath.Base(r.img.Final())+failedDumpLogSuffix)
 	}
-	if rerr != nil || kept == "" {
+	if rerr != nil {
 		r.log.Warn("keeping CRIU's log of the failed dump", "err", rerr)
 		ce.Log = ""
 		return err
